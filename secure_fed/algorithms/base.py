@@ -1,0 +1,111 @@
+"""What an algorithm is: a client update plus a server update over the shared round engine.
+
+The engine (``secure_fed.engine``) owns the loop, sampling, aggregation and the
+server optimiser. An algorithm says
+
+* what the server sends a client (:meth:`Algorithm.downlink`),
+* which loss clients minimise and whether they train their class row(s),
+* what the server does to W after aggregation (:meth:`Algorithm.server_step`),
+* any one-off protocol before round 0 (:meth:`Algorithm.setup`).
+
+Clients are plain functions of ``(payload, data)``: see ``client.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import scipy.sparse as sp
+import torch
+
+if TYPE_CHECKING:
+    from secure_fed.config.schema import AlgorithmConfig
+
+
+@dataclass
+class ClientData:
+    """Everything one client holds, and nothing else.
+
+    Attributes:
+        client_id: the client's index.
+        x: its preprocessed features ``(n, D)``, on the compute device.
+        pos: ``(n, k)`` bool; ``pos[i, j]`` says instance i has label ``known_labels[j]``.
+        known_labels: ``(k,)`` the labels this client knows. In the positive-only
+            setting this is the client's single class.
+        raw: its raw features (CSR), used only to compute tokens.
+    """
+
+    client_id: int
+    x: torch.Tensor
+    pos: torch.Tensor
+    known_labels: torch.Tensor
+    raw: sp.csr_matrix
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.x.shape[0])
+
+
+Payload = dict[str, Any]
+ClientFn = Callable[[Payload, ClientData], Payload]
+
+
+class SetupContext:
+    """What :meth:`Algorithm.setup` may use: a guarded one-off exchange with every client."""
+
+    def __init__(
+        self,
+        *,
+        query: Callable[[Callable[[int], Payload], ClientFn], list[tuple[int, Payload]]],
+        num_labels: int,
+        W: torch.Tensor,
+        device: torch.device,
+        generator: torch.Generator,
+    ):
+        self.query = query
+        self.num_labels = num_labels
+        self.W = W
+        self.device = device
+        self.generator = generator
+
+
+class Algorithm:
+    """Base class; subclasses set the class attributes and override hooks."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: clients train their own class-embedding row(s) and send the delta back
+    trains_rows: ClassVar[bool] = True
+    #: one client holding all data and all labels (the oracle)
+    centralized: ClassVar[bool] = False
+    #: client loss, a key of ``secure_fed.algorithms.losses.LOSSES``
+    client_loss: ClassVar[str] = "positive"
+
+    def __init__(self, cfg: AlgorithmConfig):
+        self.cfg = cfg
+
+    def setup(self, ctx: SetupContext) -> dict[str, Any]:
+        """One-off protocol before round 0. Returns facts to log in the summary."""
+        return {}
+
+    def downlink(self, theta: dict[str, torch.Tensor], W: torch.Tensor, known_labels: torch.Tensor) -> Payload:
+        """The payload for a client that knows ``known_labels``: θ and only its own rows."""
+        return {
+            "theta": theta,
+            "rows": W[known_labels],
+            "row_ids": known_labels,
+            "train_rows": self.trains_rows,
+            "loss": self.client_loss,
+        }
+
+    def server_step(self, W: torch.Tensor, round_idx: int) -> dict[str, float]:
+        """Modify W in place after aggregation; return stats to log. Default: nothing."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

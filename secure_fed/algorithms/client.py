@@ -1,0 +1,92 @@
+"""Client-side code: pure functions of (payload received, the client's own data).
+
+These functions never see the server's state or another client's data, so a
+Flower ``ClientApp`` (or any transport) can host them unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from secure_fed.algorithms.base import ClientData, Payload
+from secure_fed.algorithms.label_sets import TOKENIZERS
+from secure_fed.algorithms.losses import LOSSES
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalTraining:
+    """Local optimisation settings (sent by the server as plain numbers)."""
+
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.01
+    optimizer: str = "sgd"  # sgd | adam
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    precision: str = "fp32"  # fp32 | bf16 (autocast of the encoder; weights and updates stay fp32)
+
+
+class LocalTrainer:
+    """Runs local training for one client at a time on a reusable working model.
+
+    ``model`` is a worker-local copy of the encoder; its weights are overwritten
+    from each payload, so nothing leaks from one client's update to the next.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.names = [n for n, _ in model.named_parameters()]
+
+    @torch.no_grad()
+    def _load(self, theta: dict[str, torch.Tensor]) -> None:
+        for n, p in self.model.named_parameters():
+            p.copy_(theta[n])
+
+    def update(self, payload: Payload, data: ClientData, hp: LocalTraining, generator: torch.Generator) -> Payload:
+        """One client's local update; returns deltas for θ and its own rows."""
+        self._load(payload["theta"])
+        rows = payload["rows"].detach().clone()
+        train_rows = bool(payload["train_rows"])
+        rows.requires_grad_(train_rows)
+        params = list(self.model.parameters()) + ([rows] if train_rows else [])
+        if hp.optimizer == "adam":
+            opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        else:
+            opt = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        loss_fn = LOSSES[payload["loss"]]
+        n = data.num_examples
+        total, steps = 0.0, 0
+        self.model.train()
+        for _ in range(hp.epochs):
+            perm = torch.randperm(n, generator=generator).to(data.x.device)
+            for start in range(0, n, hp.batch_size):
+                idx = perm[start : start + hp.batch_size]
+                with torch.autocast(data.x.device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16"):
+                    emb = self.model(data.x[idx])
+                z = F.normalize(emb.float(), dim=-1)
+                scores = z @ F.normalize(rows, dim=-1).T
+                loss = loss_fn(scores, data.pos[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+                steps += 1
+        with torch.no_grad():
+            theta_delta = {n_: p.detach() - payload["theta"][n_] for n_, p in self.model.named_parameters()}
+            reply: Payload = {"theta_delta": theta_delta, "num_examples": n, "loss": total / max(steps, 1)}
+            if train_rows:
+                reply["rows_delta"] = rows.detach() - payload["rows"]
+                reply["row_ids"] = payload["row_ids"]
+        return reply
+
+
+def token_client(payload: Payload, data: ClientData) -> Payload:
+    """Label-set collection, client side: tokens of every instance plus the client's label."""
+    tokenizer = TOKENIZERS[payload["tokenizer"]]()
+    if len(data.known_labels) != 1:
+        raise ValueError("label-set collection needs the positive-only setting (one label per client)")
+    return {"tokens": tokenizer.tokens(data.raw), "label": int(data.known_labels[0])}

@@ -1,0 +1,24 @@
+"""FedAvg and FedAvg-fixed baselines in the positive-only setting.
+
+* **FedAvg**: clients minimise the positive loss only (FedALC eq. 14) over θ and
+  their own row w_c; the server averages θ and writes back the rows. Nothing
+  stops the rows from collapsing — that is the point of the baseline.
+* **FedAvg-fixed** (FedAwS "Baseline-2"): W stays at its spread-out random
+  initialisation; clients train θ only.
+"""
+
+from __future__ import annotations
+
+from secure_fed.algorithms.base import Algorithm
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    description = "positive loss only, clients train θ and their own row; W may collapse"
+    trains_rows = True
+
+
+class FedAvgFixed(Algorithm):
+    name = "fedavg_fixed"
+    description = "positive loss only, W frozen at its random spread-out initialisation"
+    trains_rows = False

@@ -1,0 +1,22 @@
+"""The centralised oracle: the upper bound.
+
+One "client" holds all training data with full label vectors and trains θ and
+all of W with a loss that sees negatives (softmax cross-entropy over scaled
+cosines by default, or FedAwS eq. 12's contrastive loss). Each round is
+``training.local_epochs`` epochs of ordinary centralised training.
+"""
+
+from __future__ import annotations
+
+from secure_fed.algorithms.base import Algorithm
+
+
+class Oracle(Algorithm):
+    name = "oracle"
+    description = "centralised training with all labels and negatives (upper bound)"
+    trains_rows = True
+    centralized = True
+
+    @property
+    def client_loss(self) -> str:  # type: ignore[override]
+        return self.cfg.oracle_loss

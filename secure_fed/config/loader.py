@@ -1,0 +1,106 @@
+"""Load, override and validate experiment configs with one-line errors."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from secure_fed.config.schema import ExperimentConfig
+from secure_fed.errors import ConfigError
+
+
+def default_config_text() -> str:
+    return resources.files("secure_fed.config").joinpath("default.yaml").read_text()
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides; values are parsed as YAML (``1e-3``, ``[1,2]``, ``true``)."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key.path=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {key}: '{p}' is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return data
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    cur: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(cur, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        cur = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if cur is None:
+            return []
+    return list(getattr(cur, "model_fields", {}))
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """First error as one line: ``SOURCE: key.path: message``."""
+    err = exc.errors()[0]
+    loc = tuple(err.get("loc", ()))
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        hint = difflib.get_close_matches(str(loc[-1]), _known_keys(ExperimentConfig, loc), n=1)
+        msg = "unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+        if "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+            msg += f" (got {err['input']!r})"
+    more = len(exc.errors()) - 1
+    tail = f" [+{more} more]" if more else ""
+    return f"{source}: {path}: {msg}{tail}"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load ``path`` (or the embedded default), apply overrides and validate."""
+    if path is None:
+        data, source = yaml.safe_load(default_config_text()), "default config"
+    else:
+        data, source = _read_yaml(Path(path)), str(path)
+    data = apply_overrides(data, overrides or [])
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

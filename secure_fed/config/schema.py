@@ -1,0 +1,155 @@
+"""The experiment configuration: one YAML file, validated by pydantic.
+
+Unknown keys, wrong types and out-of-range values are rejected; see
+:func:`secure_fed.config.loader.load_config` for the one-line error format.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SyntheticConfig(_Strict):
+    num_train: int = Field(3000, ge=10)
+    num_test: int = Field(1000, ge=10)
+    num_features: int = Field(64, ge=2)
+    num_labels: int = Field(20, ge=2)
+    num_groups: int = Field(5, ge=1)
+    cooccurrence: float = Field(0.3, ge=0.0, le=1.0)
+    noise_label_rate: float = Field(0.01, ge=0.0, le=1.0)
+    group_similarity: float = Field(0.5, ge=0.0, le=1.0)
+    feature_noise: float = Field(0.6, ge=0.0)
+    zipf: float = Field(0.8, ge=0.0)
+
+
+class DatasetConfig(_Strict):
+    """Either ``name`` (registry or ``synthetic``) or ``format`` plus file paths."""
+
+    name: str | None = "synthetic"
+    root: str | None = Field(None, description="data root; default $SECURE_FED_DATA or ~/.cache/secure-fed/data")
+    format: Literal["arff", "xc"] | None = None
+    train: str | None = None
+    test: str | None = None
+    labels: str | None = None
+    train_split: str | None = None
+    test_split: str | None = None
+    fold: int = Field(0, ge=0)
+    feature_kind: Literal["auto", "sparse", "dense"] = "auto"
+    synthetic: SyntheticConfig = SyntheticConfig()
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetConfig:
+        if self.format is not None:
+            if self.train is None:
+                raise ValueError("dataset.format is set, so dataset.train (a file path) is required")
+        elif not self.name:
+            raise ValueError("give dataset.name (a registered dataset or 'synthetic') or dataset.format with file paths")
+        return self
+
+
+class PartitionConfig(_Strict):
+    name: Literal["positive_only", "iid", "dirichlet"] = "positive_only"
+    num_clients: int | None = Field(None, ge=1)
+    alpha: float = Field(0.5, gt=0.0)
+
+
+class ModelConfig(_Strict):
+    name: Literal["auto", "sparse_text", "mlp"] = "auto"
+    embedding_dim: int = Field(512, ge=2, description="d, the dimension of g(x) and of W's rows")
+    embed_dim: int = Field(512, ge=2, description="sparse_text: width of the linear input embedding")
+    hidden_dims: list[int] | None = Field(None, description="default: [1024, 1024] for sparse_text, [256] for mlp")
+    preprocessing: Literal["auto", "rsqrt_nnz", "standardize", "none"] = "auto"
+
+
+class AlgorithmConfig(_Strict):
+    name: Literal["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed", "oracle"] = "fedalc"
+    lam: float = Field(10.0, ge=0.0, description="λ, the regulariser's learning-rate multiplier")
+    reg_lr: float = Field(1e-4, gt=0.0, description="η, server learning rate of the regulariser step")
+    k: int = Field(5, ge=1, description="negative mining: number of nearest classes per class")
+    negative_mining: bool = Field(True, description="fedaws: eq. 8 (top-k) instead of eq. 7")
+    margin: float = Field(1.0, gt=0.0, description="ν in cosine distance (fedalc eq. 11/12, fedaws eq. 7)")
+    gamma_scale: Literal["classes_minus_one"] | float = "classes_minus_one"
+    normalize_gamma: bool = Field(True, description="fedalc: use γ (eq. 10) rather than σ (eq. 9)")
+    tokenizer: Literal["sha256"] = "sha256"
+    alpha: float = Field(1.0, ge=0.0, description="fedalc_fixed: weight of positive pairs in eq. 12")
+    beta: float = Field(1.0, ge=0.0, description="fedalc_fixed: weight of negative pairs in eq. 12")
+    fixed_steps: int = Field(500, ge=0, description="fedalc_fixed: server steps on reg_fc before training")
+    fixed_lr: float = Field(1.0, gt=0.0, description="fedalc_fixed: η of the reg_fc steps")
+    oracle_loss: Literal["softmax", "contrastive"] = "softmax"
+
+
+class ServerOptimizerConfig(_Strict):
+    name: Literal["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"] = "fedadam"
+    lr: float = Field(1e-3, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    tau: float = Field(1e-8, gt=0.0, description="adaptivity ε of FedAdam/FedAdagrad/FedYogi")
+    bias_correction: bool = True
+    apply_to_rows: bool = Field(False, description="also run the server optimiser on W rows (else rows are written back)")
+
+
+class TrainingConfig(_Strict):
+    rounds: int = Field(50, ge=1)
+    client_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    sampling: Literal["uniform", "proportional"] = "uniform"
+    aggregation: Literal["uniform", "num_examples"] = Field("uniform", description="weights when averaging θ")
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    client_optimizer: Literal["sgd", "adam"] = "sgd"
+    client_lr: float = Field(0.01, gt=0.0)
+    client_momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast client forward passes (fp32 weights)")
+    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
+
+
+class EvaluationConfig(_Strict):
+    every: int = Field(10, ge=1, description="evaluate every N rounds (and after the last)")
+    ks: list[int] = Field(default_factory=lambda: [1, 3, 5])
+    threshold: float = 0.5
+    max_test: int | None = Field(None, ge=1, description="evaluate on the first N test rows only")
+
+
+class OutputConfig(_Strict):
+    dir: str = "runs"
+    name: str | None = None
+    checkpoint_every: int = Field(25, ge=1)
+    progress: bool = True
+    log_messages: bool = Field(False, description="keep every client/server message in memory (tests, audits)")
+
+
+class PrivacyConfig(_Strict):
+    """Differential privacy. No mechanism is available yet: runs report ε = ∞."""
+
+
+class ExperimentConfig(_Strict):
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dataset: DatasetConfig = DatasetConfig()
+    partition: PartitionConfig = PartitionConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    training: TrainingConfig = TrainingConfig()
+    protocols: list[str] = Field(default_factory=list)
+    privacy: PrivacyConfig = PrivacyConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    output: OutputConfig = OutputConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ExperimentConfig:
+        if self.protocols:
+            raise ValueError(f"protocols: {self.protocols} requested, but no protocol layer is available in this version")
+        needs_positive_only = self.algorithm.name in ("fedalc", "fedalc_fixed")
+        if needs_positive_only and self.partition.name != "positive_only":
+            raise ValueError(
+                f"algorithm.name={self.algorithm.name} collects label sets from one-label clients, "
+                "so partition.name must be positive_only"
+            )
+        return self

@@ -1,0 +1,27 @@
+"""Datasets: readers (Mulan ARFF, XC), the registry, downloads, synthetic data, partitioners."""
+
+from secure_fed.data.arff import read_arff, read_label_names
+from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
+from secure_fed.data.partition import PARTITIONERS, ClientShard, Partitioner, build_partitioner
+from secure_fed.data.registry import REGISTRY, load_from_paths, load_registered, resolve_root
+from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
+from secure_fed.data.xc import read_xc, read_xc_split
+
+__all__ = [
+    "PARTITIONERS",
+    "REGISTRY",
+    "ClientShard",
+    "MultiLabelDataset",
+    "MultiLabelSplit",
+    "Partitioner",
+    "SyntheticSpec",
+    "build_partitioner",
+    "load_from_paths",
+    "load_registered",
+    "make_synthetic",
+    "read_arff",
+    "read_label_names",
+    "read_xc",
+    "read_xc_split",
+    "resolve_root",
+]

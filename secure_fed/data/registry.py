@@ -1,0 +1,143 @@
+"""Datasets by name, and datasets by path.
+
+Named datasets live under a *data root*, resolved in this order: the explicit
+``root`` argument (config ``dataset.root`` or ``--data-root``), then the
+``SECURE_FED_DATA`` environment variable, then ``~/.cache/secure-fed/data``.
+Files are laid out as ``ROOT/mulan/NAME/NAME-{train,test}.arff`` plus
+``ROOT/mulan/NAME/NAME.xml``, exactly as ``secure-fed data download`` writes them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from secure_fed.data.arff import read_arff, read_label_names
+from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
+from secure_fed.data.xc import read_xc, read_xc_split
+from secure_fed.errors import DataError
+
+DEFAULT_ROOT = Path.home() / ".cache" / "secure-fed" / "data"
+
+
+@dataclass(frozen=True)
+class RegisteredDataset:
+    name: str
+    description: str
+    feature_kind: str  # "sparse" (bag of words) or "dense" (numeric)
+    files: tuple[str, ...]  # relative to the data root; train, test, label list
+
+    @property
+    def train(self) -> str:
+        return self.files[0]
+
+    @property
+    def test(self) -> str:
+        return self.files[1]
+
+    @property
+    def labels(self) -> str:
+        return self.files[2]
+
+
+def _mulan(name: str, description: str, kind: str) -> RegisteredDataset:
+    base = f"mulan/{name}/{name}"
+    return RegisteredDataset(name, description, kind, (f"{base}-train.arff", f"{base}-test.arff", f"{base}.xml"))
+
+
+REGISTRY: dict[str, RegisteredDataset] = {
+    d.name: d
+    for d in (
+        _mulan("bibtex", "BibSonomy tags; 4880/2515, 1836 binary word features, 159 labels", "sparse"),
+        _mulan("scene", "scene images; 1211/1196, 294 numeric features, 6 labels", "dense"),
+        _mulan("yeast", "yeast genes; 1500/917, 103 numeric features, 14 labels", "dense"),
+        _mulan("emotions", "music clips; 391/202, 72 numeric features, 6 labels", "dense"),
+    )
+}
+
+
+def resolve_root(root: str | os.PathLike | None = None) -> Path:
+    """The data root: ``root`` if given, else ``$SECURE_FED_DATA``, else the user cache."""
+    if root:
+        return Path(root).expanduser()
+    env = os.environ.get("SECURE_FED_DATA")
+    if env:
+        return Path(env).expanduser()
+    return DEFAULT_ROOT
+
+
+def load_registered(name: str, root: str | os.PathLike | None = None) -> MultiLabelDataset:
+    """Load a named dataset from the data root, with a clear error if files are missing."""
+    if name not in REGISTRY:
+        raise DataError(f"unknown dataset '{name}'; known: {', '.join(sorted(REGISTRY))}, synthetic")
+    entry = REGISTRY[name]
+    base = resolve_root(root)
+    paths = [base / f for f in entry.files]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise DataError(
+            f"dataset '{name}' not found: missing {missing[0]} (fetch it with: secure-fed data download {name} --root {base})"
+        )
+    names = read_label_names(paths[2])
+    train = read_arff(paths[0], names)
+    test = read_arff(paths[1], names)
+    return MultiLabelDataset(name, train, test, names, entry.feature_kind, {"root": str(base)})
+
+
+def load_from_paths(
+    *,
+    format: str,
+    train: str | os.PathLike,
+    test: str | os.PathLike | None = None,
+    labels: str | os.PathLike | None = None,
+    train_split: str | os.PathLike | None = None,
+    test_split: str | os.PathLike | None = None,
+    fold: int = 0,
+    feature_kind: str = "auto",
+    name: str | None = None,
+) -> MultiLabelDataset:
+    """Load a user's own dataset from file paths.
+
+    ``format="arff"``: ``train`` and ``test`` ARFF files plus ``labels`` (Mulan XML).
+    ``format="xc"``: ``train`` and ``test`` XC files, or one XC file in ``train``
+    cut by ``train_split``/``test_split`` fold files (``fold`` picks the column).
+    """
+    if format == "arff":
+        if test is None or labels is None:
+            raise DataError("format 'arff' needs dataset.train, dataset.test and dataset.labels (XML)")
+        names = read_label_names(labels)
+        tr, te = read_arff(train, names), read_arff(test, names)
+    elif format == "xc":
+        if train_split is not None or test_split is not None:
+            if train_split is None or test_split is None:
+                raise DataError("format 'xc' with fold files needs both dataset.train_split and dataset.test_split")
+            tr, te = read_xc_split(train, train_split, test_split, fold=fold)
+        else:
+            if test is None:
+                raise DataError("format 'xc' needs dataset.test (or dataset.train_split/test_split)")
+            tr, te = read_xc(train), read_xc(test)
+            if tr.labels.shape[1] != te.labels.shape[1]:
+                raise DataError(f"{train} and {test} disagree on the number of labels")
+        n_labels = tr.labels.shape[1]
+        names = [f"label_{i}" for i in range(n_labels)]
+        if labels is not None:
+            lp = Path(labels)
+            if not lp.is_file():
+                raise DataError(f"label list not found: {lp}")
+            names = [ln.strip() for ln in lp.read_text().splitlines() if ln.strip()]
+            if len(names) != n_labels:
+                raise DataError(f"{lp} lists {len(names)} labels but the data has {n_labels}")
+    else:
+        raise DataError(f"unknown dataset format '{format}' (use 'arff' or 'xc')")
+    if feature_kind == "auto":
+        feature_kind = "sparse" if _looks_sparse(tr) else "dense"
+    return MultiLabelDataset(name or Path(train).stem, tr, te, names, feature_kind, {"format": format})
+
+
+def _looks_sparse(split: MultiLabelSplit) -> bool:
+    x = split.features
+    density = x.nnz / max(1, x.shape[0] * x.shape[1])
+    return density < 0.2 and bool(np.all(np.isin(x.data[:10000], (0.0, 1.0))))

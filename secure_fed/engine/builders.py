@@ -1,0 +1,126 @@
+"""Turn a validated config into data, clients, model and algorithm objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from secure_fed.algorithms import ALGORITHMS, Algorithm, ClientData
+from secure_fed.config.schema import ExperimentConfig
+from secure_fed.data import (
+    ClientShard,
+    MultiLabelDataset,
+    SyntheticSpec,
+    build_partitioner,
+    load_from_paths,
+    load_registered,
+    make_synthetic,
+)
+from secure_fed.errors import ConfigError
+from secure_fed.models import Preprocessor, build_encoder
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when a GPU is visible, else CPU; ``cuda`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no CUDA device is available (use 'auto' or 'cpu')")
+    return torch.device(name)
+
+
+def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
+    d = cfg.dataset
+    if d.format is not None:
+        return load_from_paths(
+            format=d.format,
+            train=d.train,
+            test=d.test,
+            labels=d.labels,
+            train_split=d.train_split,
+            test_split=d.test_split,
+            fold=d.fold,
+            feature_kind=d.feature_kind,
+            name=d.name if d.name != "synthetic" else None,
+        )
+    if d.name == "synthetic":
+        return make_synthetic(SyntheticSpec(**d.synthetic.model_dump()), seed=cfg.seed)
+    ds = load_registered(d.name, data_root or d.root)
+    if d.feature_kind != "auto" and d.feature_kind != ds.feature_kind:
+        ds = MultiLabelDataset(ds.name, ds.train, ds.test, ds.label_names, d.feature_kind, ds.meta)
+    return ds
+
+
+def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str, list[int]]:
+    name = cfg.model.name
+    if name == "auto":
+        name = "sparse_text" if ds.feature_kind == "sparse" else "mlp"
+    prep = cfg.model.preprocessing
+    if prep == "auto":
+        prep = "rsqrt_nnz" if name == "sparse_text" else "standardize"
+    hidden = cfg.model.hidden_dims
+    if hidden is None:
+        hidden = [1024, 1024] if name == "sparse_text" else [256]
+    return name, prep, hidden
+
+
+def build_encoder_for(cfg: ExperimentConfig, ds: MultiLabelDataset, seed_offset: int = 0) -> nn.Module:
+    name, _, hidden = model_choice(cfg, ds)
+    torch.manual_seed(cfg.seed * 7919 + seed_offset)
+    return build_encoder(
+        name, ds.num_features, embedding_dim=cfg.model.embedding_dim, hidden_dims=hidden, embed_dim=cfg.model.embed_dim
+    )
+
+
+@dataclass
+class Federation:
+    """The clients' data (each :class:`ClientData` holds only its own rows) and test tensors."""
+
+    clients: list[ClientData]
+    shards: list[ClientShard]
+    x_test: torch.Tensor
+    y_test: np.ndarray
+    preprocessor: Preprocessor
+
+
+def build_federation(
+    cfg: ExperimentConfig, ds: MultiLabelDataset, algorithm: type[Algorithm], device: torch.device
+) -> Federation:
+    _, prep_kind, _ = model_choice(cfg, ds)
+    prep = Preprocessor.fit(prep_kind, ds.train.features)
+    x_train = torch.from_numpy(prep.transform(ds.train.features))
+    y_train = ds.train.labels.toarray().astype(bool)
+    rng = np.random.default_rng([cfg.seed, 11])
+    if algorithm.centralized:
+        shards = [ClientShard(0, np.arange(ds.train.num_instances))]
+    else:
+        part = build_partitioner(cfg.partition.name, num_clients=cfg.partition.num_clients, alpha=cfg.partition.alpha)
+        shards = part.partition(ds.train, rng)
+    clients = []
+    for s in shards:
+        if s.label is not None:
+            known = np.array([s.label])
+        elif algorithm.centralized:
+            known = np.arange(ds.num_labels)
+        else:
+            known = np.flatnonzero(y_train[s.indices].any(axis=0))
+        clients.append(
+            ClientData(
+                client_id=s.client_id,
+                x=x_train[s.indices].to(device),
+                pos=torch.from_numpy(y_train[np.ix_(s.indices, known)]).to(device),
+                known_labels=torch.from_numpy(known.astype(np.int64)),
+                raw=ds.train.features[s.indices],
+            )
+        )
+    n_test = ds.test.num_instances if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, ds.test.num_instances)
+    x_test = torch.from_numpy(prep.transform(ds.test.features[:n_test])).to(device)
+    y_test = ds.test.labels[:n_test].toarray().astype(np.int8)
+    return Federation(clients, shards, x_test, y_test, prep)
+
+
+def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
+    return ALGORITHMS[cfg.algorithm.name](cfg.algorithm)

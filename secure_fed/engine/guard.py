@@ -1,0 +1,97 @@
+"""Enforcement of who may see what, on every message.
+
+:class:`MessageGuard` checks each server→client payload and each
+client→server reply against the positive-label setting's rules:
+
+* a client receives θ (exactly the encoder's parameters) and the rows of W
+  for the labels it knows, and nothing else about W;
+* the server receives θ deltas, deltas of the client's own rows, tokens and a
+  label, counts and a loss — never features and never another client's row.
+
+A violation raises :class:`~secure_fed.errors.PrivacyViolation` before the
+message is delivered. With ``log`` set, every delivered message is recorded so
+tests and audits can inspect exactly what each party saw.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from secure_fed.errors import PrivacyViolation
+
+DOWN_KEYS = {"theta", "rows", "row_ids", "train_rows", "loss", "tokenizer"}
+UP_KEYS = {"theta_delta", "rows_delta", "row_ids", "num_examples", "loss", "tokens", "label"}
+MAX_TOKEN_BYTES = 64
+
+
+class MessageGuard:
+    def __init__(
+        self,
+        *,
+        theta_shapes: dict[str, tuple[int, ...]],
+        embedding_dim: int,
+        allowed_rows: dict[int, set[int]],
+        log: list[dict[str, Any]] | None = None,
+    ):
+        self.theta_shapes = theta_shapes
+        self.d = embedding_dim
+        self.allowed_rows = allowed_rows
+        self.log = log
+
+    def _fail(self, direction: str, cid: int, why: str) -> None:
+        raise PrivacyViolation(f"{direction} message for client {cid}: {why}")
+
+    def _check_theta(self, direction: str, cid: int, theta: Any) -> None:
+        if not isinstance(theta, dict) or set(theta) != set(self.theta_shapes):
+            self._fail(direction, cid, "θ must hold exactly the encoder's parameters")
+        for k, v in theta.items():
+            if not isinstance(v, torch.Tensor) or tuple(v.shape) != self.theta_shapes[k]:
+                self._fail(direction, cid, f"θ entry '{k}' has the wrong shape")
+
+    def _check_rows(self, direction: str, cid: int, msg: dict, key: str) -> None:
+        ids = msg.get("row_ids")
+        rows = msg.get(key)
+        if ids is None or rows is None:
+            self._fail(direction, cid, f"'{key}' needs 'row_ids'")
+        ids_list = [int(i) for i in torch.as_tensor(ids).reshape(-1)]
+        extra = set(ids_list) - self.allowed_rows.get(cid, set())
+        if extra:
+            self._fail(direction, cid, f"class rows {sorted(extra)[:5]} do not belong to this client")
+        if not isinstance(rows, torch.Tensor) or tuple(rows.shape) != (len(ids_list), self.d):
+            self._fail(direction, cid, f"'{key}' must have shape ({len(ids_list)}, {self.d})")
+
+    def check_down(self, cid: int, payload: dict[str, Any]) -> None:
+        extra = set(payload) - DOWN_KEYS
+        if extra:
+            self._fail("downlink", cid, f"keys {sorted(extra)} are not allowed")
+        if "theta" in payload:
+            self._check_theta("downlink", cid, payload["theta"])
+        if "rows" in payload or "row_ids" in payload:
+            self._check_rows("downlink", cid, payload, "rows")
+        for k in ("train_rows", "loss", "tokenizer"):
+            if k in payload and not isinstance(payload[k], (bool, str)):
+                self._fail("downlink", cid, f"'{k}' must be a flag or a name")
+        if self.log is not None:
+            self.log.append({"direction": "down", "client": cid, "message": payload})
+
+    def check_up(self, cid: int, reply: dict[str, Any]) -> None:
+        extra = set(reply) - UP_KEYS
+        if extra:
+            self._fail("uplink", cid, f"keys {sorted(extra)} are not allowed")
+        if "theta_delta" in reply:
+            self._check_theta("uplink", cid, reply["theta_delta"])
+        if "rows_delta" in reply:
+            self._check_rows("uplink", cid, reply, "rows_delta")
+        if "tokens" in reply:
+            toks = reply["tokens"]
+            if not isinstance(toks, list) or any(not isinstance(t, bytes) or len(t) > MAX_TOKEN_BYTES for t in toks):
+                self._fail("uplink", cid, f"tokens must be a list of byte strings of ≤ {MAX_TOKEN_BYTES} bytes")
+        if "label" in reply and reply["label"] not in self.allowed_rows.get(cid, set()):
+            self._fail("uplink", cid, "a client may only report its own label")
+        for k in ("num_examples", "loss"):
+            if k in reply and not isinstance(reply[k], (int, float)):
+                self._fail("uplink", cid, f"'{k}' must be a number")
+        if self.log is not None:
+            self.log.append({"direction": "up", "client": cid, "message": reply})

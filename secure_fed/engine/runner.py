@@ -1,0 +1,312 @@
+"""The round engine: one process simulates server and clients through a guarded channel.
+
+Per round: sample clients → send each its payload (checked by the
+:class:`~secure_fed.engine.guard.MessageGuard`) → run the client function on
+(payload, its own data) → check the reply → aggregate θ and rows → server
+optimiser → the algorithm's server step on W → evaluate / checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from secure_fed.algorithms import SetupContext
+from secure_fed.algorithms.client import LocalTrainer, LocalTraining
+from secure_fed.config import dump_config
+from secure_fed.config.schema import ExperimentConfig
+from secure_fed.engine.builders import (
+    build_algorithm,
+    build_dataset,
+    build_encoder_for,
+    build_federation,
+    resolve_device,
+)
+from secure_fed.engine.guard import MessageGuard
+from secure_fed.engine.server_optimizers import ServerOptimizer
+from secure_fed.metrics import evaluate_scores
+from secure_fed.models import mean_pairwise_cosine, spread_init
+
+CHECKPOINT_VERSION = 1
+
+
+def client_seed(seed: int, round_idx: int, cid: int) -> int:
+    return int(np.random.SeedSequence([seed, round_idx, cid]).generate_state(1)[0])
+
+
+def sample_clients(sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int) -> np.ndarray:
+    """Client ids for one round: ``ceil(fraction·N)`` without replacement, uniform or ∝ size."""
+    n = len(sizes)
+    m = max(1, math.ceil(fraction * n))
+    if m >= n:
+        return np.arange(n)
+    rng = np.random.default_rng([seed, 7, round_idx])
+    p = sizes / sizes.sum() if how == "proportional" else None
+    return np.sort(rng.choice(n, size=m, replace=False, p=p))
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] | None = None
+
+
+class Experiment:
+    """A configured run. ``run()`` trains, evaluates, checkpoints and writes the run directory."""
+
+    def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.device = resolve_device(cfg.device)
+        self.dataset = build_dataset(cfg, data_root)
+        self.algorithm = build_algorithm(cfg)
+        self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device)
+        # server model (θ) and a worker model for local training
+        self.encoder = build_encoder_for(cfg, self.dataset).to(self.device)
+        self.worker = build_encoder_for(cfg, self.dataset).to(self.device)
+        self.theta = {n: p.detach().clone() for n, p in self.encoder.named_parameters()}
+        gen = torch.Generator().manual_seed(cfg.seed * 104729 + 1)
+        self.W = spread_init(self.dataset.num_labels, cfg.model.embedding_dim, generator=gen).to(self.device)
+        so = cfg.training.server_optimizer
+        self.server_opt = ServerOptimizer(
+            name=so.name,
+            lr=so.lr,
+            momentum=so.momentum,
+            beta1=so.beta1,
+            beta2=so.beta2,
+            tau=so.tau,
+            bias_correction=so.bias_correction,
+        )
+        self.row_opt = ServerOptimizer(
+            name=so.name,
+            lr=so.lr,
+            momentum=so.momentum,
+            beta1=so.beta1,
+            beta2=so.beta2,
+            tau=so.tau,
+            bias_correction=so.bias_correction,
+        )
+        self.messages: list[dict[str, Any]] | None = [] if cfg.output.log_messages else None
+        self.guard = MessageGuard(
+            theta_shapes={n: tuple(t.shape) for n, t in self.theta.items()},
+            embedding_dim=cfg.model.embedding_dim,
+            allowed_rows={c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients},
+            log=self.messages,
+        )
+        self.trainer = LocalTrainer(self.worker)
+        t = cfg.training
+        self.local = LocalTraining(
+            epochs=t.local_epochs,
+            batch_size=t.batch_size,
+            lr=t.client_lr,
+            optimizer=t.client_optimizer,
+            momentum=t.client_momentum,
+            weight_decay=t.weight_decay,
+            precision=t.precision,
+        )
+        self.round = 0
+        self.history: list[dict[str, Any]] = []
+        self.setup_facts: dict[str, Any] | None = None
+        self.wall_before = 0.0
+
+    # ----------------------------------------------------------------- channel
+    def _exchange(self, cid: int, payload: dict, client_fn) -> dict:
+        client = self.fed.clients[cid]
+        self.guard.check_down(cid, payload)
+        reply = client_fn(payload, client)
+        self.guard.check_up(cid, reply)
+        return reply
+
+    def _query_all(self, payload_fn, client_fn) -> list[tuple[int, dict]]:
+        return [(c.client_id, self._exchange(c.client_id, payload_fn(c.client_id), client_fn)) for c in self.fed.clients]
+
+    # ----------------------------------------------------------------- rounds
+    def setup(self) -> None:
+        if self.setup_facts is not None:
+            return
+        ctx = SetupContext(
+            query=self._query_all,
+            num_labels=self.dataset.num_labels,
+            W=self.W,
+            device=self.device,
+            generator=torch.Generator().manual_seed(self.cfg.seed),
+        )
+        self.setup_facts = self.algorithm.setup(ctx)
+
+    def train_round(self) -> dict[str, float]:
+        cfg, algo = self.cfg, self.algorithm
+        sizes = np.array([c.num_examples for c in self.fed.clients], dtype=float)
+        chosen = sample_clients(sizes, cfg.training.client_fraction, cfg.training.sampling, cfg.seed, self.round)
+        theta_sum = {n: torch.zeros_like(t) for n, t in self.theta.items()}
+        row_sum = torch.zeros_like(self.W)
+        row_cnt = torch.zeros(self.W.shape[0], device=self.W.device)
+        total_w, losses = 0.0, []
+        for cid in chosen:
+            client = self.fed.clients[cid]
+            payload = algo.downlink(self.theta, self.W, client.known_labels.to(self.W.device))
+            gen = torch.Generator().manual_seed(client_seed(cfg.seed, self.round, int(cid)))
+            reply = self._exchange(int(cid), payload, lambda p, d, g=gen: self.trainer.update(p, d, self.local, g))
+            w = float(reply["num_examples"]) if cfg.training.aggregation == "num_examples" else 1.0
+            for n, dlt in reply["theta_delta"].items():
+                theta_sum[n].add_(dlt, alpha=w)
+            total_w += w
+            if "rows_delta" in reply:
+                ids = torch.as_tensor(reply["row_ids"], device=self.W.device)
+                row_sum.index_add_(0, ids, reply["rows_delta"])
+                row_cnt.index_add_(0, ids, torch.ones(len(ids), device=self.W.device))
+            losses.append(reply["loss"])
+        deltas = {n: s / total_w for n, s in theta_sum.items()}
+        self.server_opt.step(self.theta, deltas)
+        if algo.trains_rows:
+            seen = row_cnt > 0
+            row_delta = row_sum / row_cnt.clamp(min=1).unsqueeze(1)
+            if cfg.training.server_optimizer.apply_to_rows:
+                self.row_opt.step({"W": self.W}, {"W": row_delta}, masks={"W": seen})
+            else:
+                self.W[seen] += row_delta[seen]
+            self.W[seen] = F.normalize(self.W[seen], dim=-1)  # rows live on the unit sphere
+        stats = algo.server_step(self.W, self.round)
+        self.round += 1
+        return {"train_loss": float(np.mean(losses)), "clients": len(chosen), **stats}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        for n, p in self.encoder.named_parameters():
+            p.copy_(self.theta[n])
+        self.encoder.eval()
+        Wn = F.normalize(self.W, dim=-1)
+        chunks = [F.normalize(self.encoder(xb), dim=-1) @ Wn.T for xb in torch.split(self.fed.x_test, 2048)]
+        scores = torch.cat(chunks).float().cpu().numpy()
+        ks = tuple(self.cfg.evaluation.ks)
+        return evaluate_scores(scores, self.fed.y_test, ks=ks, threshold=self.cfg.evaluation.threshold)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": CHECKPOINT_VERSION,
+            "round": self.round,
+            "theta": {n: t.cpu() for n, t in self.theta.items()},
+            "W": self.W.cpu(),
+            "server_opt": self.server_opt.state_dict(),
+            "row_opt": self.row_opt.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "setup_facts": self.setup_facts,
+            "history": self.history,
+            "wall_seconds": self.wall_before,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.round = sd["round"]
+        self.theta = {n: t.to(self.device) for n, t in sd["theta"].items()}
+        self.W = sd["W"].to(self.device)
+        self.server_opt.load_state_dict(sd["server_opt"])
+        self.row_opt.load_state_dict(sd["row_opt"])
+        if sd["setup_facts"] is not None:
+            self.algorithm.load_state_dict(sd["algorithm"])
+            if hasattr(self.algorithm, "weights"):
+                self.algorithm.weights = self.algorithm.weights.to(self.device)
+        self.setup_facts = sd["setup_facts"]
+        self.history = sd["history"]
+        self.wall_before = sd["wall_seconds"]
+
+    def save_checkpoint(self, name: str = "last.pt") -> Path:
+        ckpt_dir = self.run_dir / "checkpoints"
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        tmp = ckpt_dir / (name + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        tmp.replace(ckpt_dir / name)
+        return ckpt_dir / name
+
+    def resume(self) -> bool:
+        """Load ``checkpoints/last.pt`` if present; returns whether it did."""
+        path = self.run_dir / "checkpoints" / "last.pt"
+        if not path.is_file():
+            return False
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        return True
+
+    # -------------------------------------------------------------------- run
+    def _write_metrics(self) -> None:
+        with (self.run_dir / "metrics.jsonl").open("w") as fh:
+            for rec in self.history:
+                fh.write(json.dumps(rec) + "\n")
+
+    def summary(self, wall: float, status: str) -> dict[str, Any]:
+        last = next((h for h in reversed(self.history) if "P@1" in h), {})
+        metric_keys = [
+            k for k in last if k not in ("round", "train_loss", "clients", "reg", "wall_seconds", "privacy", "W_mean_cos")
+        ]
+        return {
+            "algorithm": self.cfg.algorithm.name,
+            "dataset": self.dataset.name,
+            "rounds_completed": self.round,
+            "rounds_planned": self.cfg.training.rounds,
+            "status": status,
+            "final": {k: last[k] for k in metric_keys},
+            "W_mean_cos": last.get("W_mean_cos"),
+            "privacy": {"epsilon": "inf", "delta": None, "note": "no differential privacy mechanism in this run"},
+            "setup": self.setup_facts,
+            "wall_seconds": wall,
+            "seconds_per_round": wall / max(self.round, 1),
+            "device": str(self.device),
+            "num_clients": len(self.fed.clients),
+        }
+
+    def run(self, *, progress: bool | None = None) -> RunResult:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        progress = cfg.output.progress if progress is None else progress
+        t0 = time.perf_counter()
+        self.setup()
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.training.rounds, initial=self.round, desc=f"{cfg.algorithm.name}", unit="round")
+        status = "completed"
+        try:
+            while self.round < cfg.training.rounds:
+                stats = self.train_round()
+                rec: dict[str, Any] = {"round": self.round, **stats}
+                if self.round % cfg.evaluation.every == 0 or self.round == cfg.training.rounds:
+                    rec.update(self.evaluate())
+                    rec["W_mean_cos"] = mean_pairwise_cosine(self.W)
+                    rec["wall_seconds"] = self.wall_before + time.perf_counter() - t0
+                    rec["privacy"] = {"epsilon": "inf"}
+                    self.history.append(rec)
+                    self._write_metrics()
+                if bar is not None:
+                    post = {"loss": f"{stats['train_loss']:.4f}"}
+                    last = self.history[-1] if self.history else {}
+                    if "P@1" in last:
+                        post["P@1"] = f"{last['P@1']:.2f}"
+                        post["cos(W)"] = f"{last['W_mean_cos']:.3f}"
+                    bar.set_postfix(post)
+                    bar.update(1)
+                if self.round % cfg.output.checkpoint_every == 0 and self.round < cfg.training.rounds:
+                    self.wall_before += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    self.save_checkpoint()
+        except KeyboardInterrupt:
+            status = "interrupted"
+        finally:
+            if bar is not None:
+                bar.close()
+        self.wall_before += time.perf_counter() - t0
+        self.save_checkpoint()
+        if status == "completed":
+            self.save_checkpoint("final.pt")
+        summary = self.summary(self.wall_before, status)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return RunResult(self.run_dir, summary, self.history, self.messages)

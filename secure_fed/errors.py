@@ -1,0 +1,26 @@
+"""User-facing error types.
+
+Anything raised as a :class:`SecureFedError` is a user mistake (bad config,
+missing file, ...). The CLI prints its message on one line and exits with
+status 2, without a traceback.
+"""
+
+
+class SecureFedError(Exception):
+    """Base class for errors caused by user input."""
+
+
+class ConfigError(SecureFedError):
+    """The experiment configuration is invalid."""
+
+
+class DataError(SecureFedError):
+    """A dataset file is missing or malformed."""
+
+
+class PrivacyViolation(RuntimeError):
+    """A message would give a party more than the algorithm allows.
+
+    This is a programming error in an algorithm or protocol layer, never a user
+    error, so it is not a :class:`SecureFedError`.
+    """

@@ -1,0 +1,52 @@
+"""``secure-fed report``: plots and a table from finished (or running) run directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from secure_fed.errors import SecureFedError
+
+
+def load_run(run_dir: Path) -> tuple[list[dict], dict | None]:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise SecureFedError(f"{run_dir}: no metrics.jsonl (is this a run directory?)")
+    history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    return history, summary
+
+
+def report(run_dirs: list[Path], *, out: Path | None = None) -> Path:
+    """Plot P@1, P@5, mAP and the collapse measure against round; print a final-metrics table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("P@1", "P@1 (%)"), ("P@5", "P@5 (%)"), ("mAP", "mAP (%)"), ("W_mean_cos", "mean pairwise cos(W)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    print(f"{'run':<40} {'rounds':>6} {'P@1':>7} {'P@3':>7} {'P@5':>7} {'mAP':>7} {'cos(W)':>7}  ε")
+    for rd in run_dirs:
+        history, summary = load_run(rd)
+        label = rd.name
+        rounds = [h["round"] for h in history]
+        for ax, (key, _) in zip(axes, panels, strict=False):
+            ax.plot(rounds, [h.get(key, float("nan")) for h in history], label=label)
+        last = history[-1] if history else {}
+        eps = (summary or {}).get("privacy", {}).get("epsilon", "?")
+        print(
+            f"{label:<40} {last.get('round', 0):>6} "
+            + " ".join(f"{last.get(k, float('nan')):>7.2f}" for k in ("P@1", "P@3", "P@5", "mAP", "W_mean_cos"))
+            + f"  {eps}"
+        )
+    for ax, (_, ylabel) in zip(axes, panels, strict=False):
+        ax.set(xlabel="round", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    out = out or (run_dirs[0] / "report.png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,96 @@
+import itertools
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from secure_fed.algorithms.fedaws import regularizer_step
+from secure_fed.algorithms.regularizers import (
+    cooccurrence_counts,
+    correlation_gamma,
+    correlation_sigma,
+    correlation_top_k,
+    fixed_embedding_reg,
+    nearest_classes,
+    spreadout,
+    spreadout_top_k,
+)
+
+# 4 instances, 3 labels:  {0,1}, {0}, {1,2}, {0,1}
+Y = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]], dtype=torch.float32)
+
+
+def d(u, v):
+    return 1 - float(F.normalize(u, dim=0) @ F.normalize(v, dim=0))
+
+
+def test_sigma_eq9_by_hand():
+    s = correlation_sigma(Y)
+    # σ_01 = #(0 positive and 1 negative)/4 = 1/4 (instance {0}); σ_10 = 1/4 ({1,2}); σ_02 = 3/4; σ_21 = 0
+    assert s[0, 1] == pytest.approx(0.25) and s[1, 0] == pytest.approx(0.25)
+    assert s[0, 2] == pytest.approx(0.75) and s[2, 1] == pytest.approx(0.0) and s[2, 0] == pytest.approx(0.25)
+    assert torch.all(s.diagonal() == 0)
+
+
+def test_gamma_eq10_rows_sum_to_one():
+    g = correlation_gamma(correlation_sigma(Y))
+    assert torch.allclose(g.sum(1), torch.ones(3, dtype=g.dtype))
+    assert g[0, 2] == pytest.approx(0.75 / 1.0)
+
+
+def test_spreadout_top_k_eq8_brute_force():
+    torch.manual_seed(0)
+    W = torch.randn(6, 4)
+    k = 2
+    nn = nearest_classes(W, k)
+    brute = 0.0
+    for c in range(6):
+        dists = sorted((d(W[c], W[j]), j) for j in range(6) if j != c)
+        assert set(nn[c].tolist()) == {j for _, j in dists[:k]}
+        brute += sum(-(dist**2) for dist, _ in dists[:k])
+    assert float(spreadout_top_k(W, k)) == pytest.approx(brute, rel=1e-5)
+
+
+def test_spreadout_eq7_brute_force():
+    torch.manual_seed(1)
+    W = torch.randn(5, 3)
+    brute = sum(max(0.0, 0.8 - d(W[a], W[b])) ** 2 for a, b in itertools.permutations(range(5), 2))
+    assert float(spreadout(W, 0.8)) == pytest.approx(brute, rel=1e-5)
+
+
+def test_correlation_top_k_eq11_brute_force():
+    torch.manual_seed(2)
+    W = torch.randn(3, 4)
+    g = correlation_gamma(correlation_sigma(Y)).float()
+    brute = 0.0
+    for u in range(3):
+        near = sorted((d(W[u], W[j]), j) for j in range(3) if j != u)[:1]
+        brute += sum(float(g[u, j]) * max(0.0, 1.0 - dist) ** 2 for dist, j in near)
+    assert float(correlation_top_k(W, g, 1, 1.0)) == pytest.approx(brute, rel=1e-5)
+
+
+def test_fixed_reg_eq12_closed_form_equals_per_instance_sum():
+    torch.manual_seed(3)
+    W = torch.randn(3, 4)
+    alpha, beta, nu = 0.7, 1.3, 0.9
+    brute = 0.0
+    for row in Y:
+        P = [i for i in range(3) if row[i] == 1]
+        N = [i for i in range(3) if row[i] == 0]
+        brute += alpha * sum(d(W[a], W[b]) ** 2 for a in P for b in P if a != b)
+        brute += beta * sum(max(0.0, nu - d(W[a], W[b])) ** 2 for a in P for b in N)
+    brute /= len(Y)
+    A, n_u, n = cooccurrence_counts(Y)
+    got = fixed_embedding_reg(W, A, n_u, n, alpha=alpha, beta=beta, margin=nu)
+    assert float(got) == pytest.approx(brute, rel=1e-5)
+
+
+def test_regulariser_step_spreads_nearest_classes():
+    torch.manual_seed(4)
+    W = F.normalize(torch.randn(20, 8) * 0.5 + torch.ones(8), dim=-1)  # crowded rows (mean cos ≈ 0.8)
+    before = float((F.normalize(W, dim=-1) @ F.normalize(W, dim=-1).T).mean())
+    for _ in range(50):
+        regularizer_step(W, lambda V: spreadout_top_k(V, 3), 0.5)
+    after = float((W @ W.T).mean())
+    assert after < before - 0.5
+    assert torch.allclose(W.norm(dim=1), torch.ones(20), atol=1e-5)  # rows stay on the sphere

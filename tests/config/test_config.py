@@ -1,0 +1,64 @@
+from pathlib import Path
+
+import pytest
+
+from secure_fed.config import load_config
+from secure_fed.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_embedded_default_is_fedalc_on_synthetic():
+    cfg = load_config()
+    assert cfg.algorithm.name == "fedalc" and cfg.dataset.name == "synthetic"
+    assert cfg.protocols == []
+
+
+EXPERIMENT_CONFIGS = [p for p in sorted((REPO / "experiments" / "configs").glob("*.yaml")) if "grid" not in p.name]
+
+
+@pytest.mark.parametrize("path", EXPERIMENT_CONFIGS, ids=lambda p: p.name)
+def test_shipped_experiment_configs_validate(path):
+    assert load_config(path).training.rounds >= 1
+
+
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("algorithm: {name: fedalc, lamda: 3}\n", "algorithm.lamda: unknown key (did you mean 'lam'?)"),
+        ("training: {rounds: ten}\n", "training.rounds: Input should be a valid integer"),
+        ("training: {client_lr: -0.1}\n", "training.client_lr: Input should be greater than 0"),
+        ("algorithm: {name: fedsgd}\n", "algorithm.name: Input should be"),
+        ("bogus: 1\n", "bogus: unknown key"),
+        ("protocols: [dp]\n", "no protocol layer is available"),
+        ("algorithm: {name: fedalc}\npartition: {name: iid}\n", "partition.name must be positive_only"),
+    ],
+)
+def test_bad_config_gives_one_line_naming_the_key(tmp_path, yaml_text, expected):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml_text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(str(p))
+    assert expected in msg
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("training:\n  rounds: [1,\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+: not valid YAML"):
+        load_config(p)
+
+
+def test_overrides_parse_yaml_values():
+    cfg = load_config(overrides=["training.rounds=7", "model.hidden_dims=[8, 4]", "training.server_optimizer.lr=1e-2"])
+    assert cfg.training.rounds == 7 and cfg.model.hidden_dims == [8, 4]
+    assert cfg.training.server_optimizer.lr == 0.01
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        load_config(overrides=["training.rounds"])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("/nonexistent/x.yaml")

@@ -1,0 +1,124 @@
+"""Who sees what. These tests inspect every message of real runs and check that
+tampered algorithms or clients are stopped by the guard."""
+
+import numpy as np
+import pytest
+import torch
+
+from secure_fed.algorithms.fedaws import FedAwS
+from secure_fed.engine import Experiment
+from secure_fed.errors import PrivacyViolation
+from tests.conftest import small_config
+
+ALGOS = ["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed"]
+
+
+def _logged_run(tmp_path, algo, *ov):
+    exp = Experiment(
+        small_config(f"algorithm.name={algo}", "output.log_messages=true", "training.rounds=2", "algorithm.fixed_steps=5", *ov),
+        run_dir=tmp_path,
+    )
+    W_per_round = []
+    exp.setup()
+    W_per_round.append(exp.W.clone())
+    while exp.round < 2:
+        exp.train_round()
+        W_per_round.append(exp.W.clone())
+    return exp, W_per_round
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_client_receives_only_its_own_class_row(tmp_path, algo):
+    exp, Ws = _logged_run(tmp_path, algo)
+    downs = [m for m in exp.messages if m["direction"] == "down" and "rows" in m["message"]]
+    assert len(downs) == 2 * len(exp.fed.clients)
+    for i, m in enumerate(downs):
+        cid, msg = m["client"], m["message"]
+        assert msg["row_ids"].tolist() == [cid]  # its own label only
+        assert msg["rows"].shape == (1, exp.W.shape[1])
+        rnd = i // len(exp.fed.clients)
+        assert torch.equal(msg["rows"][0], Ws[rnd][cid])  # and that row is W's row for its label
+        assert set(msg) <= {"theta", "rows", "row_ids", "train_rows", "loss"}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_server_receives_no_features_and_no_foreign_rows(tmp_path, algo):
+    exp, _ = _logged_run(tmp_path, algo)
+    ups = [m for m in exp.messages if m["direction"] == "up"]
+    feature_rows = {tuple(np.round(r, 5)) for r in exp.dataset.train.features.toarray()}
+    theta_keys = set(exp.theta)
+    for m in ups:
+        msg, cid = m["message"], m["client"]
+        assert set(msg) <= {"theta_delta", "rows_delta", "row_ids", "num_examples", "loss", "tokens", "label"}
+        if "theta_delta" in msg:
+            assert set(msg["theta_delta"]) == theta_keys
+        if "rows_delta" in msg:
+            assert msg["row_ids"].tolist() == [cid]
+        if "label" in msg:
+            assert msg["label"] == cid
+            assert all(isinstance(t, bytes) and len(t) == 32 for t in msg["tokens"])
+        for v in msg.values():  # no value anywhere equals a training feature vector
+            if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[-1] == exp.dataset.num_features:
+                assert not any(tuple(np.round(r, 5)) in feature_rows for r in v.reshape(-1, v.shape[-1]).numpy())
+    if algo in ("fedavg_fixed", "fedalc_fixed"):
+        assert not any("rows_delta" in m["message"] for m in ups)  # fixed W: rows are not even sent back
+
+
+def test_client_data_holds_only_its_own_instances(tmp_path):
+    exp = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path)
+    y = exp.dataset.train.labels.toarray()
+    for c in exp.fed.clients:
+        own = np.flatnonzero(y[:, c.client_id])
+        assert c.num_examples == len(own)
+        assert c.known_labels.tolist() == [c.client_id]
+        assert (c.raw != exp.dataset.train.features[own]).nnz == 0
+
+
+class LeakyFedAwS(FedAwS):
+    """A broken algorithm that ships the whole class-embedding matrix to every client."""
+
+    def downlink(self, theta, W, known_labels):
+        payload = super().downlink(theta, W, known_labels)
+        payload["rows"], payload["row_ids"] = W, torch.arange(W.shape[0])
+        return payload
+
+
+class SneakyFedAwS(FedAwS):
+    """Hides W inside an extra key."""
+
+    def downlink(self, theta, W, known_labels):
+        return {**super().downlink(theta, W, known_labels), "extra": W}
+
+
+@pytest.mark.parametrize("cls", [LeakyFedAwS, SneakyFedAwS])
+def test_guard_stops_an_algorithm_that_sends_foreign_rows(tmp_path, cls):
+    exp = Experiment(small_config("algorithm.name=fedaws"), run_dir=tmp_path)
+    exp.algorithm = cls(exp.cfg.algorithm)
+    with pytest.raises(PrivacyViolation):
+        exp.train_round()
+
+
+def test_guard_stops_a_client_that_uploads_features_or_lies_about_its_label(tmp_path):
+    exp = Experiment(small_config("algorithm.name=fedaws"), run_dir=tmp_path)
+    client = exp.fed.clients[0]
+    honest = exp.trainer.update
+    payload = exp.algorithm.downlink(exp.theta, exp.W, client.known_labels)
+
+    def leak(p, d):
+        return {**honest(p, d, exp.local, torch.Generator().manual_seed(0)), "features": d.x}
+
+    with pytest.raises(PrivacyViolation, match="not allowed"):
+        exp._exchange(0, payload, leak)
+
+    def other_row(p, d):
+        r = honest(p, d, exp.local, torch.Generator().manual_seed(0))
+        r["row_ids"] = torch.tensor([1])
+        return r
+
+    with pytest.raises(PrivacyViolation, match="do not belong"):
+        exp._exchange(0, payload, other_row)
+    with pytest.raises(PrivacyViolation, match="own label"):
+        exp._exchange(0, {"tokenizer": "sha256"}, lambda p, d: {"tokens": [b"x" * 32], "label": 3})
+    with pytest.raises(PrivacyViolation, match="shape"):
+        bad_theta = {k: torch.zeros(1) for k in exp.theta}
+        exp._exchange(0, {**payload, "theta": bad_theta}, honest)

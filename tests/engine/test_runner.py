@@ -1,0 +1,67 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from secure_fed.engine import Experiment, sample_clients
+from secure_fed.engine.builders import resolve_device
+from secure_fed.errors import ConfigError
+from tests.conftest import small_config
+
+
+def test_run_directory_contents(tmp_path):
+    res = Experiment(small_config(), run_dir=tmp_path).run(progress=False)
+    assert {p.name for p in tmp_path.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints"}
+    assert (tmp_path / "checkpoints" / "final.pt").is_file()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("algorithm", "dataset", "rounds_completed", "final", "privacy", "wall_seconds"):
+        assert key in summary
+    assert summary["privacy"]["epsilon"] == "inf"
+    assert {"P@1", "P@3", "P@5", "mAP"} <= set(summary["final"])
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [2, 4]
+    assert all("W_mean_cos" in x and x["privacy"]["epsilon"] == "inf" for x in lines)
+    assert res.summary == summary
+
+
+@pytest.mark.parametrize("algo", ["fedalc", "fedaws"])
+def test_same_seed_same_run_and_resume_is_exact(tmp_path, algo):
+    ov = [f"algorithm.name={algo}", "training.rounds=4", "output.checkpoint_every=2"]
+    a = Experiment(small_config(*ov), run_dir=tmp_path / "a")
+    a.run(progress=False)
+    b = Experiment(small_config(*ov), run_dir=tmp_path / "b")
+    b.run(progress=False)
+    assert torch.equal(a.W, b.W) and all(torch.equal(a.theta[k], b.theta[k]) for k in a.theta)
+
+    # stop after 2 rounds (checkpoint), then resume in a fresh process-like object
+    c = Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "c")
+    c.run(progress=False)
+    d = Experiment(small_config(*ov), run_dir=tmp_path / "c")
+    assert d.resume() and d.round == 2
+    d.run(progress=False)
+    assert torch.equal(a.W, d.W) and all(torch.equal(a.theta[k], d.theta[k]) for k in a.theta)
+    ha = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    hd = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["P@1"] for x in ha] == [x["P@1"] for x in hd]
+
+
+def test_sampling_fraction_and_proportional():
+    sizes = np.array([1, 1, 1, 1000.0])
+    assert len(sample_clients(sizes, 0.5, "uniform", 0, 0)) == 2
+    picks = [3 in sample_clients(sizes, 0.25, "proportional", 0, r) for r in range(50)]
+    assert sum(picks) > 45
+    assert sample_clients(sizes, 1.0, "uniform", 0, 0).tolist() == [0, 1, 2, 3]
+
+
+def test_device_resolution():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def test_bf16_precision_runs(tmp_path):
+    res = Experiment(small_config("training.precision=bf16"), run_dir=tmp_path).run(progress=False)
+    assert np.isfinite(res.summary["final"]["P@1"])

@@ -1,0 +1,96 @@
+"""The command line as a user meets it: real subprocesses, real exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import SMALL
+
+
+def cli(*args, cwd=None, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "secure_fed.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def test_run_default_with_overrides_writes_run_dir(tmp_path):
+    sets = [x for s in SMALL for x in ("--set", s)]
+    r = cli("run", *sets, "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["algorithm"] == "fedalc" and summary["rounds_completed"] == 4
+    assert "ε = inf" in r.stdout
+    # a second run into the same directory is refused; resuming a finished run is a no-op that succeeds
+    again = cli("run", *sets, "--out", str(tmp_path / "run"))
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    res = cli("resume", str(tmp_path / "run"))
+    assert res.returncode == 0 and "resuming" in res.stdout
+
+
+def test_resume_continues_to_more_rounds(tmp_path):
+    sets = [x for s in SMALL for x in ("--set", s)]
+    assert cli("run", *sets, "--set", "training.rounds=2", "--out", str(tmp_path / "r")).returncode == 0
+    r = cli("run", "--resume", str(tmp_path / "r"), "--set", "training.rounds=4")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["rounds_completed"] == 4
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("algorithm:\n  lamda: 10\n", "algorithm.lamda: unknown key (did you mean 'lam'?)"),
+        ("training:\n  rounds: many\n", "training.rounds: Input should be a valid integer"),
+    ],
+)
+def test_bad_config_one_line_no_traceback(tmp_path, content, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(content)
+    for cmd in (["validate", str(p)], ["run", str(p)]):
+        r = cli(*cmd)
+        assert r.returncode == 2
+        assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+        assert needle in r.stderr
+
+
+def test_missing_data_file_is_one_clear_line(tmp_path):
+    r = cli("run", "--set", "dataset.name=bibtex", "--data-root", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    assert str(tmp_path / "mulan" / "bibtex" / "bibtex-train.arff") in r.stderr
+    assert "secure-fed data download bibtex" in r.stderr
+
+
+def test_list_shows_every_registry():
+    r = cli("list")
+    assert r.returncode == 0
+    for word in (
+        "fedavg_fixed",
+        "fedaws",
+        "fedalc_fixed",
+        "oracle",
+        "bibtex",
+        "synthetic",
+        "positive_only",
+        "dirichlet",
+        "protocols:",
+        "attacks:",
+    ):
+        assert word in r.stdout
+
+
+def test_sweep_and_report(tmp_path):
+    sets = [x for s in SMALL for x in ("--set", s)]
+    r = cli("sweep", "--grid", "algorithm.lam=1,100", *sets, "--set", "training.rounds=2", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert [row["point"]["algorithm.lam"] for row in rows] == ["1", "100"]
+    rep = cli("report", *(row["run_dir"] for row in rows), "--out", str(tmp_path / "r.png"))
+    assert rep.returncode == 0 and (tmp_path / "r.png").stat().st_size > 1000
