@@ -23,6 +23,7 @@ SMALL = [
     "dataset.synthetic.num_labels=8",
     "dataset.synthetic.num_groups=2",
     "dataset.synthetic.num_features=16",
+    "dataset.synthetic.feature_noise=0.6",
     "model.embedding_dim=16",
     "model.hidden_dims=[32]",
     "device=cpu",

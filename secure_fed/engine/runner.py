@@ -273,7 +273,7 @@ class Experiment:
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.training.rounds, initial=self.round, desc=f"{cfg.algorithm.name}", unit="round")
+            bar = tqdm(total=cfg.training.rounds, initial=self.round, desc=f"{cfg.algorithm.name}", unit="round", mininterval=1.0)
         status = "completed"
         try:
             while self.round < cfg.training.rounds:
