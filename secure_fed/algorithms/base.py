@@ -83,8 +83,10 @@ class Algorithm:
     #: client loss, a key of ``secure_fed.algorithms.losses.LOSSES``
     client_loss: ClassVar[str] = "positive"
 
-    def __init__(self, cfg: AlgorithmConfig):
+    def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None):
         self.cfg = cfg
+        #: where server-side tensors of the algorithm live (set by the engine)
+        self.device = device or torch.device("cpu")
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
         """One-off protocol before round 0. Returns facts to log in the summary."""

@@ -63,14 +63,14 @@ class FedALC(_LabelSetMixin, Algorithm):
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
         facts = self.collect_label_sets(ctx)
-        self._build_weights(ctx.num_labels, ctx.device)
+        self._build_weights(ctx.num_labels)
         return facts
 
-    def _build_weights(self, num_labels: int, device: torch.device) -> None:
+    def _build_weights(self, num_labels: int) -> None:
         sigma = correlation_sigma(self.label_sets)
         w = correlation_gamma(sigma) if self.cfg.normalize_gamma else sigma
         scale = (num_labels - 1) if self.cfg.gamma_scale == "classes_minus_one" else float(self.cfg.gamma_scale)
-        self.weights = (scale * w).to(torch.float32).to(device)
+        self.weights = (scale * w).to(torch.float32).to(self.device)
 
     def server_step(self, W: torch.Tensor, round_idx: int) -> dict[str, float]:
         cfg = self.cfg
@@ -82,7 +82,7 @@ class FedALC(_LabelSetMixin, Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.label_sets = state["label_sets"]
-        self._build_weights(self.label_sets.shape[1], torch.device("cpu"))
+        self._build_weights(self.label_sets.shape[1])
 
 
 class FedALCFixed(_LabelSetMixin, Algorithm):

@@ -70,6 +70,7 @@ class Experiment:
         self.device = resolve_device(cfg.device)
         self.dataset = build_dataset(cfg, data_root)
         self.algorithm = build_algorithm(cfg)
+        self.algorithm.device = self.device
         self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device)
         # server model (θ) and a worker model for local training
         self.encoder = build_encoder_for(cfg, self.dataset).to(self.device)
@@ -213,8 +214,6 @@ class Experiment:
         self.row_opt.load_state_dict(sd["row_opt"])
         if sd["setup_facts"] is not None:
             self.algorithm.load_state_dict(sd["algorithm"])
-            if hasattr(self.algorithm, "weights"):
-                self.algorithm.weights = self.algorithm.weights.to(self.device)
         self.setup_facts = sd["setup_facts"]
         self.history = sd["history"]
         self.wall_before = sd["wall_seconds"]
