@@ -106,12 +106,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"cos(W) {s['W_mean_cos']:.3f} rounds {s['rounds_completed']} ({s['wall_seconds']:.0f}s)",
                 flush=True,
             )
-    write_outputs(out, [j[0] for j in jobs], seeds, summaries)
+    write_outputs(out, [j[0] for j in jobs])
     return 0
 
 
-def write_outputs(out: Path, labels: list[str], seeds: list[int], summaries: dict) -> None:
-    labels = list(dict.fromkeys(labels))
+def collect_runs(out: Path) -> dict[tuple[str, int], dict]:
+    """Every completed run under ``out/runs``, keyed by (label, seed)."""
+    found = {}
+    for summ in sorted((out / "runs").glob("*-seed*/summary.json")):
+        s = json.loads(summ.read_text())
+        if s.get("status") != "completed":
+            continue
+        stem, _, seed = summ.parent.name.rpartition("-seed")
+        label = stem.replace("-lam", ":")
+        found[(label, int(seed))] = {**s, "run_dir": str(summ.parent)}
+    return found
+
+
+def write_outputs(out: Path, requested: list[str]) -> None:
+    """Aggregate all completed runs in ``out/runs`` (earlier invocations included) into the outputs."""
+    summaries = collect_runs(out)
+    seen = list(dict.fromkeys([*requested, *(label for label, _ in sorted(summaries))]))
+    labels = [lab for lab in seen if any(k[0] == lab for k in summaries)]
+    seeds = sorted({seed for _, seed in summaries})
     results = {}
     for label in labels:
         runs = [summaries[(label, s)] for s in seeds if (label, s) in summaries]
@@ -152,9 +169,34 @@ def write_outputs(out: Path, labels: list[str], seeds: list[int], summaries: dic
             f"| {label} | {len(r['seeds'])} | {r['rounds']} | {pm(r, 'P@1')} | {pm(r, 'P@3')} | {pm(r, 'P@5')} | "
             f"{paper} | {r['W_mean_cos']:.3f} |"
         )
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    comparison = compare_methods(results)
+    (out / "table.md").write_text("\n".join(lines) + "\n" + (f"\n{comparison}" if comparison else ""))
     print("\n".join(lines))
     plot(out, labels, seeds, summaries)
+
+
+def compare_methods(results: dict) -> str:
+    """FedAwS against FedALC at every λ that both have: the paper's claim is FedALC > FedAwS."""
+    lams = sorted(
+        {float(k.split(":")[1]) for k in results if k.startswith("fedaws:")}
+        & {float(k.split(":")[1]) for k in results if k.startswith("fedalc:")}
+    )
+    if not lams:
+        return ""
+    rows = [
+        "| λ | FedAwS P@1 | FedALC P@1 | FedALC − FedAwS | seeds | paper FedAwS | paper FedALC |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for lam in lams:
+        a, c = results[f"fedaws:{fmt_lam(lam)}"], results[f"fedalc:{fmt_lam(lam)}"]
+        n = min(len(a["seeds"]), len(c["seeds"]))
+        sd = lambda r: f" ± {r['P@1_std']:.2f}" if len(r["seeds"]) > 1 else ""  # noqa: E731
+        pa, pc = PAPER.get(f"fedaws:{fmt_lam(lam)}"), PAPER.get(f"fedalc:{fmt_lam(lam)}")
+        rows.append(
+            f"| {fmt_lam(lam)} | {a['P@1']:.2f}{sd(a)} | {c['P@1']:.2f}{sd(c)} | {c['P@1'] - a['P@1']:+.2f} | {n} | "
+            f"{pa[0] if pa else '—'} | {pc[0] if pc else '—'} |"
+        )
+    return "\n".join(rows) + "\n"
 
 
 def plot(out: Path, labels: list[str], seeds: list[int], summaries: dict) -> None:
