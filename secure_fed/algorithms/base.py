@@ -102,8 +102,11 @@ class Algorithm:
             "loss": self.client_loss,
         }
 
-    def server_step(self, W: torch.Tensor, round_idx: int) -> dict[str, float]:
-        """Modify W in place after aggregation; return stats to log. Default: nothing."""
+    def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
+        """Modify W in place after aggregation; return stats to log. Default: nothing.
+
+        ``participating`` holds the labels whose clients took part in this round (𝔆ᵗ).
+        """
         return {}
 
     def state_dict(self) -> dict[str, Any]:

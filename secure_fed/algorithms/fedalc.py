@@ -72,7 +72,7 @@ class FedALC(_LabelSetMixin, Algorithm):
         scale = (num_labels - 1) if self.cfg.gamma_scale == "classes_minus_one" else float(self.cfg.gamma_scale)
         self.weights = (scale * w).to(torch.float32).to(self.device)
 
-    def server_step(self, W: torch.Tensor, round_idx: int) -> dict[str, float]:
+    def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
         fn = lambda V: correlation_top_k(V, self.weights, cfg.k, cfg.margin)  # noqa: E731
         return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr)}

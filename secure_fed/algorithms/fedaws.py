@@ -35,10 +35,10 @@ class FedAwS(Algorithm):
     description = "FedAvg + server spreadout regulariser with top-k negative mining (FedAwS eq. 8)"
     trains_rows = True
 
-    def server_step(self, W: torch.Tensor, round_idx: int) -> dict[str, float]:
+    def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
-        if cfg.negative_mining:
-            fn = lambda V: spreadout_top_k(V, cfg.k)  # noqa: E731
+        if cfg.negative_mining:  # eq. 8: outer sum over this round's classes 𝔆ᵗ
+            fn = lambda V: spreadout_top_k(V, cfg.k, classes=participating)  # noqa: E731
         else:
             fn = lambda V: spreadout(V, cfg.margin)  # noqa: E731
         reg = regularizer_step(W, fn, cfg.lam * cfg.reg_lr)

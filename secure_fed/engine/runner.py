@@ -176,7 +176,8 @@ class Experiment:
             else:
                 self.W[seen] += row_delta[seen]
             self.W[seen] = F.normalize(self.W[seen], dim=-1)  # rows live on the unit sphere
-        stats = algo.server_step(self.W, self.round)
+        participating = torch.unique(torch.cat([self.fed.clients[int(c)].known_labels for c in chosen])).to(self.W.device)
+        stats = algo.server_step(self.W, self.round, participating)
         self.round += 1
         return {"train_loss": float(np.mean(losses)), "clients": len(chosen), **stats}
 

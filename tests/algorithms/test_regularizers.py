@@ -94,3 +94,12 @@ def test_regulariser_step_spreads_nearest_classes():
     after = float((W @ W.T).mean())
     assert after < before - 0.5
     assert torch.allclose(W.norm(dim=1), torch.ones(20), atol=1e-5)  # rows stay on the sphere
+
+
+def test_spreadout_top_k_outer_sum_over_participating_classes_only():
+    torch.manual_seed(5)
+    W = torch.randn(6, 4)
+    part = torch.tensor([1, 4])
+    nn = nearest_classes(W, 2)
+    brute = sum(-(d(W[c], W[j]) ** 2) for c in part.tolist() for j in nn[c].tolist())
+    assert float(spreadout_top_k(W, 2, classes=part)) == pytest.approx(brute, rel=1e-5)
