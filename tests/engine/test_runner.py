@@ -65,3 +65,21 @@ def test_device_resolution():
 def test_bf16_precision_runs(tmp_path):
     res = Experiment(small_config("training.precision=bf16"), run_dir=tmp_path).run(progress=False)
     assert np.isfinite(res.summary["final"]["P@1"])
+
+
+def test_server_optimizer_on_rows_touches_only_participating_rows(tmp_path):
+    exp = Experiment(
+        small_config(
+            "algorithm.name=fedavg",
+            "training.server_optimizer.apply_to_rows=true",
+            "training.client_fraction=0.25",
+            "training.rounds=1",
+        ),
+        run_dir=tmp_path,
+    )
+    W0 = exp.W.clone()
+    exp.setup()
+    exp.train_round()
+    moved = (exp.W - W0).norm(dim=1) > 0
+    assert int(moved.sum()) == 2
+    assert torch.allclose(exp.W[moved].norm(dim=1), torch.ones(2))
