@@ -64,3 +64,11 @@ def test_own_dataset_by_path_runs_end_to_end(tmp_path, fmt):
     result = exp.run(progress=False)
     assert result.summary["rounds_completed"] == 2
     assert result.summary["dataset"] == "own"
+
+
+def test_real_dense_dataset_runs_with_the_mlp(data_root, tmp_path):
+    cfg = small_config("dataset.name=emotions", f"dataset.root={data_root}", "model.name=auto", "training.rounds=2")
+    exp = Experiment(cfg, run_dir=tmp_path)
+    assert exp.dataset.feature_kind == "dense" and len(exp.fed.clients) == 6
+    res = exp.run(progress=False)
+    assert res.summary["dataset"] == "emotions" and np.isfinite(res.summary["final"]["P@1"])
