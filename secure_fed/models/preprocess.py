@@ -10,8 +10,11 @@ import scipy.sparse as sp
 
 @dataclass
 class Preprocessor:
-    """``rsqrt_nnz`` scales each row by 1/sqrt(nnz) (sparse text); ``standardize``
-    centres and scales each feature with training statistics (dense data)."""
+    """``rsqrt_nnz`` scales each row by 1/sqrt(nnz) (sparse text; no shared statistics);
+    ``standardize`` centres and scales each feature with statistics of the whole
+    training split (dense data). The latter is computed centrally, a simulation
+    convenience that a deployment would replace by public or securely aggregated
+    statistics."""
 
     kind: str
     mean: np.ndarray | None = None
