@@ -7,9 +7,11 @@
 ``NAME:λ`` picks λ; ``fedaws:grid`` / ``fedalc:grid`` expand to the λ grid of
 ``configs/bibtex_lambda_grid.yaml``. Every run lives in ``DIR/runs/LABEL-seedS``
 and is skipped when already complete (or resumed from its checkpoint), so the
-script can be stopped and restarted. It writes
+script can be stopped and restarted; ``--report-only`` rebuilds the outputs from
+the runs already in ``DIR/runs`` without training. It writes
 
-* ``DIR/results.json``: label → {P@1, P@3, P@5 (mean over seeds), rounds, wall_seconds, ...},
+* ``DIR/results.json``: label → {P@1, P@3, P@5 (mean over seeds, at the last round), best_P@1 and its
+  round, rounds, wall_seconds, ...},
 * ``DIR/table.md``: P@1/3/5 beside the paper's numbers,
 * ``DIR/p_at_1.png``: P@1 against round for FedAvg, FedAwS and FedALC.
 """
@@ -76,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=default_workers())
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--data-root", default=None)
+    ap.add_argument("--report-only", action="store_true", help="do not train; rebuild the outputs from DIR/runs")
     args = ap.parse_args(argv)
+    if args.report_only:
+        write_outputs(Path(args.out), [label for label, _, _ in expand(args.methods)])
+        return 0
 
     out = Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -139,8 +145,11 @@ def write_outputs(out: Path, requested: list[str]) -> None:
             vals = np.array([r["final"][k] for r in runs])
             agg[k] = float(vals.mean())
             agg[f"{k}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+        best = [max(history(r["run_dir"]), key=lambda h: h["P@1"]) for r in runs]
         agg.update(
             {
+                "best_P@1": float(np.mean([b["P@1"] for b in best])),
+                "best_round": [int(b["round"]) for b in best],
                 "rounds": int(runs[0]["rounds_completed"]),
                 "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs])),
                 "seconds_per_round": float(np.mean([r["seconds_per_round"] for r in runs])),
@@ -154,8 +163,8 @@ def write_outputs(out: Path, requested: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     lines = [
-        "| method | seeds | rounds | P@1 | P@3 | P@5 | paper P@1 / P@3 / P@5 | mean cos(W) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| method | seeds | rounds | P@1 | P@3 | P@5 | paper P@1 / P@3 / P@5 | mean cos(W) | best P@1 (round) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def pm(r: dict, k: str) -> str:
@@ -167,7 +176,7 @@ def write_outputs(out: Path, requested: list[str]) -> None:
             paper += " (SLEEC)"
         lines.append(
             f"| {label} | {len(r['seeds'])} | {r['rounds']} | {pm(r, 'P@1')} | {pm(r, 'P@3')} | {pm(r, 'P@5')} | "
-            f"{paper} | {r['W_mean_cos']:.3f} |"
+            f"{paper} | {r['W_mean_cos']:.3f} | {r['best_P@1']:.2f} ({', '.join(map(str, r['best_round']))}) |"
         )
     comparison = compare_methods(results)
     (out / "table.md").write_text("\n".join(lines) + "\n" + (f"\n{comparison}" if comparison else ""))

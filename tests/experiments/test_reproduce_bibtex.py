@@ -46,4 +46,5 @@ def test_outputs_aggregate_seeds_and_compare_methods(tmp_path):
     assert res["fedalc:10"]["paper"]["P@1"] == 59.67
     table = (tmp_path / "table.md").read_text()
     assert "| 10 | 41.00 ± 1.41 | 51.00 ± 1.41 | +10.00 | 2 | 26.79 | 59.67 |" in table
+    assert res["fedalc:10"]["best_P@1"] == pytest.approx(51.0) and res["fedalc:10"]["best_round"] == [5, 5]
     assert (tmp_path / "p_at_1.png").stat().st_size > 1000
