@@ -38,6 +38,17 @@ from secure_fed.models import mean_pairwise_cosine, spread_init
 CHECKPOINT_VERSION = 1
 
 
+def _to_cpu(obj: Any) -> Any:
+    """A copy of nested dicts/lists of tensors with every tensor on the CPU (portable checkpoints)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    return obj
+
+
 def client_seed(seed: int, round_idx: int, cid: int) -> int:
     return int(np.random.SeedSequence([seed, round_idx, cid]).generate_state(1)[0])
 
@@ -199,9 +210,9 @@ class Experiment:
             "round": self.round,
             "theta": {n: t.cpu() for n, t in self.theta.items()},
             "W": self.W.cpu(),
-            "server_opt": self.server_opt.state_dict(),
-            "row_opt": self.row_opt.state_dict(),
-            "algorithm": self.algorithm.state_dict(),
+            "server_opt": _to_cpu(self.server_opt.state_dict()),
+            "row_opt": _to_cpu(self.row_opt.state_dict()),
+            "algorithm": _to_cpu(self.algorithm.state_dict()),
             "setup_facts": self.setup_facts,
             "history": self.history,
             "wall_seconds": self.wall_before,
@@ -211,8 +222,8 @@ class Experiment:
         self.round = sd["round"]
         self.theta = {n: t.to(self.device) for n, t in sd["theta"].items()}
         self.W = sd["W"].to(self.device)
-        self.server_opt.load_state_dict(sd["server_opt"])
-        self.row_opt.load_state_dict(sd["row_opt"])
+        self.server_opt.load_state_dict(sd["server_opt"], self.device)
+        self.row_opt.load_state_dict(sd["row_opt"], self.device)
         if sd["setup_facts"] is not None:
             self.algorithm.load_state_dict(sd["algorithm"])
         self.setup_facts = sd["setup_facts"]

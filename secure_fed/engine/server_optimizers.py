@@ -112,5 +112,6 @@ class ServerOptimizer:
     def state_dict(self) -> dict[str, Any]:
         return {"state": {k: {n: t.clone() for n, t in v.items()} for k, v in self.state.items()}}
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.state = {k: dict(v) for k, v in sd["state"].items()}
+    def load_state_dict(self, sd: dict[str, Any], device: torch.device | str | None = None) -> None:
+        """Restore moments, moved to ``device`` (the parameters' device) when given."""
+        self.state = {k: {n: (t.to(device) if device is not None else t) for n, t in v.items()} for k, v in sd["state"].items()}

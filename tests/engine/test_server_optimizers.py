@@ -67,3 +67,11 @@ def test_state_dict_round_trip():
     opt.step(p, {"x": torch.ones(2)})
     opt2.step(q, {"x": torch.ones(2)})
     assert torch.equal(p["x"], q["x"])
+
+
+def test_load_state_dict_moves_moments_to_the_parameters_device():
+    opt = ServerOptimizer(name="fedadam", lr=0.1)
+    opt.step({"x": torch.zeros(2)}, {"x": torch.ones(2)})
+    opt2 = ServerOptimizer(name="fedadam", lr=0.1)
+    opt2.load_state_dict(opt.state_dict(), torch.device("meta"))
+    assert all(t.device.type == "meta" for t in opt2.state["x"].values())
