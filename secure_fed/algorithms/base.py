@@ -62,13 +62,11 @@ class SetupContext:
         num_labels: int,
         W: torch.Tensor,
         device: torch.device,
-        generator: torch.Generator,
     ):
         self.query = query
         self.num_labels = num_labels
         self.W = W
         self.device = device
-        self.generator = generator
 
 
 class Algorithm:

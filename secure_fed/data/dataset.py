@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import scipy.sparse as sp
 
 
@@ -27,11 +26,6 @@ class MultiLabelSplit:
     @property
     def num_instances(self) -> int:
         return int(self.features.shape[0])
-
-    def label_lists(self) -> list[np.ndarray]:
-        """The positive label indices of each instance."""
-        lab = self.labels.tocsr()
-        return [lab.indices[lab.indptr[i] : lab.indptr[i + 1]] for i in range(lab.shape[0])]
 
 
 @dataclass(frozen=True)

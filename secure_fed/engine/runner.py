@@ -151,7 +151,6 @@ class Experiment:
             num_labels=self.dataset.num_labels,
             W=self.W,
             device=self.device,
-            generator=torch.Generator().manual_seed(self.cfg.seed),
         )
         self.setup_facts = self.algorithm.setup(ctx)
 
