@@ -89,25 +89,10 @@ class Experiment:
         self.theta = {n: p.detach().clone() for n, p in self.encoder.named_parameters()}
         gen = torch.Generator().manual_seed(cfg.seed * 104729 + 1)
         self.W = spread_init(self.dataset.num_labels, cfg.model.embedding_dim, generator=gen).to(self.device)
-        so = cfg.training.server_optimizer
-        self.server_opt = ServerOptimizer(
-            name=so.name,
-            lr=so.lr,
-            momentum=so.momentum,
-            beta1=so.beta1,
-            beta2=so.beta2,
-            tau=so.tau,
-            bias_correction=so.bias_correction,
-        )
-        self.row_opt = ServerOptimizer(
-            name=so.name,
-            lr=so.lr,
-            momentum=so.momentum,
-            beta1=so.beta1,
-            beta2=so.beta2,
-            tau=so.tau,
-            bias_correction=so.bias_correction,
-        )
+        # one optimiser for θ, one for W rows (used when server_optimizer.apply_to_rows is set)
+        opt_args = cfg.training.server_optimizer.model_dump(exclude={"apply_to_rows"})
+        self.server_opt = ServerOptimizer(**opt_args)
+        self.row_opt = ServerOptimizer(**opt_args)
         self.messages: list[dict[str, Any]] | None = [] if cfg.output.log_messages else None
         self.guard = MessageGuard(
             theta_shapes={n: tuple(t.shape) for n, t in self.theta.items()},
