@@ -83,7 +83,7 @@ class Algorithm:
 
     def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None):
         self.cfg = cfg
-        #: where server-side tensors of the algorithm live (set by the engine)
+        #: where the algorithm's server-side tensors live
         self.device = device or torch.device("cpu")
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:

@@ -122,5 +122,5 @@ def build_federation(
     return Federation(clients, shards, x_test, y_test, prep)
 
 
-def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
-    return ALGORITHMS[cfg.algorithm.name](cfg.algorithm)
+def build_algorithm(cfg: ExperimentConfig, device: torch.device) -> Algorithm:
+    return ALGORITHMS[cfg.algorithm.name](cfg.algorithm, device=device)

@@ -80,8 +80,7 @@ class Experiment:
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.device)
         self.dataset = build_dataset(cfg, data_root)
-        self.algorithm = build_algorithm(cfg)
-        self.algorithm.device = self.device
+        self.algorithm = build_algorithm(cfg, self.device)
         self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device)
         # server model (θ) and a worker model for local training
         self.encoder = build_encoder_for(cfg, self.dataset).to(self.device)
