@@ -32,8 +32,10 @@ def run_cached(config_path: str, overrides: list[str], run_dir: str, data_root: 
 
 
 def history(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The evaluated rounds of a run (metrics.jsonl has one line per round; metrics on evaluation rounds)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [h for h in lines if "P@1" in h]
 
 
 def default_workers() -> int:

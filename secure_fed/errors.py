@@ -24,3 +24,11 @@ class PrivacyViolation(RuntimeError):
     This is a programming error in an algorithm or protocol layer, never a user
     error, so it is not a :class:`SecureFedError`.
     """
+
+
+class RoundAborted(RuntimeError):
+    """A protocol could not complete this round (e.g. too few clients survived secure aggregation).
+
+    The engine skips the round — no update is applied and no privacy is spent —
+    and records why in ``metrics.jsonl``.
+    """

@@ -12,7 +12,8 @@ def load_run(run_dir: Path) -> tuple[list[dict], dict | None]:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         raise SecureFedError(f"{run_dir}: no metrics.jsonl (is this a run directory?)")
-    history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    history = [h for h in lines if "P@1" in h]  # evaluated rounds
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     return history, summary

@@ -73,6 +73,10 @@ class FedALC(_LabelSetMixin, Algorithm):
         self.weights = (scale * w).to(torch.float32).to(self.device)
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
+        return self.correlation_update(W)
+
+    def correlation_update(self, W: torch.Tensor) -> dict[str, float]:
+        """One step on eq. 11 with the γ weights. The ``dp`` layer replaces this with DP-SGD over label sets."""
         cfg = self.cfg
         fn = lambda V: correlation_top_k(V, self.weights, cfg.k, cfg.margin)  # noqa: E731
         return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr)}
@@ -95,13 +99,20 @@ class FedALCFixed(_LabelSetMixin, Algorithm):
         cfg = self.cfg
         A, n_u, n_all = cooccurrence_counts(self.label_sets)
         A, n_u = A.to(ctx.device), n_u.to(ctx.device)
-        fn = lambda V: fixed_embedding_reg(V, A, n_u, n_all, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin)  # noqa: E731
-        first = last = None
-        for _ in range(cfg.fixed_steps):
-            last = regularizer_step(ctx.W, fn, cfg.lam * cfg.fixed_lr)
-            first = last if first is None else first
-        facts.update({"reg_fc_first": first, "reg_fc_last": float(fn(ctx.W).detach())})
+        self._reg_fc = lambda V: fixed_embedding_reg(V, A, n_u, n_all, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin)  # noqa: E731
+        first, done = None, 0
+        for i in range(cfg.fixed_steps):
+            out = self.pretrain_update(ctx.W, i)
+            if out is None:  # the dp layer's budget is spent
+                break
+            first = out["reg"] if first is None else first
+            done += 1
+        facts.update({"reg_fc_first": first, "reg_fc_last": float(self._reg_fc(ctx.W).detach()), "fixed_steps_done": done})
         return facts
+
+    def pretrain_update(self, W: torch.Tensor, step: int) -> dict[str, float] | None:
+        """One step of W ← W − λη∇reg_fc(W) (eq. 12). The ``dp`` layer replaces this with DP-SGD over label sets."""
+        return {"reg": regularizer_step(W, self._reg_fc, self.cfg.lam * self.cfg.fixed_lr)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_sets": self.label_sets}

@@ -95,3 +95,67 @@ def fixed_embedding_reg(
     pos_term = alpha * (A * D**2 * off).sum()
     neg_term = beta * (neg * torch.clamp(margin - D, min=0.0) ** 2 * off).sum()
     return (pos_term + neg_term) / max(n_all, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-label-set forms (for DP-SGD on the server's W update, protocols/dp/label_set_dpsgd.py).
+#
+# Both FedALC regularisers are sums over label sets j with per-set terms on pairs (u, v):
+#   eq. 11 (σ weights, eq. 9):  ℓ_j = s Σ_{u ∈ L_j} Σ_{v ∈ N_K(u) \ L_j} max(0, ν − d_uv)²
+#   eq. 12:                     ℓ_j = α Σ_{u ≠ v ∈ L_j} d_uv² + β Σ_{u ∈ L_j, v ∉ L_j} max(0, ν − d_uv)²
+# so reg(W) = (1/n_all) Σ_j ℓ_j. With A[u, v] = ∂h(w_u, w_v)/∂w_u for a symmetric pair term h,
+# ∇_{w_r} ℓ_j = Σ_v (M_j[r, v] + M_j[v, r]) A[r, v], where M_j[u, v] weights pair (u, v) in set j.
+# --------------------------------------------------------------------------------------------
+
+
+def _cos_grads(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c, ∂c_uv/∂w_u) with c_uv = ŵ_u·ŵ_v: shapes (C, C) and (C, C, d)."""
+    norms = W.norm(dim=-1).clamp(min=1e-12)
+    Wn = W / norms.unsqueeze(1)
+    c = Wn @ Wn.T
+    dc = (Wn.unsqueeze(0) - c.unsqueeze(2) * Wn.unsqueeze(1)) / norms.view(-1, 1, 1)
+    return c, dc
+
+
+def pair_hinge_grads(W: torch.Tensor, margin: float) -> torch.Tensor:
+    """A[u, v] = ∂/∂w_u max(0, ν − d(w_u, w_v))², shape (C, C, d)."""
+    c, dc = _cos_grads(W)
+    m = torch.clamp(margin - (1.0 - c), min=0.0)
+    return 2.0 * m.unsqueeze(2) * dc
+
+
+def pair_sqdist_grads(W: torch.Tensor) -> torch.Tensor:
+    """A[u, v] = ∂/∂w_u d(w_u, w_v)², shape (C, C, d)."""
+    c, dc = _cos_grads(W)
+    return -2.0 * (1.0 - c).unsqueeze(2) * dc
+
+
+def _per_set(M: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """(B, C, C) pair weights × (C, C, d) pair gradients → (B, C, d) per-set gradients."""
+    Ms = (M + M.transpose(1, 2)).to(A.dtype)
+    return torch.bmm(Ms.permute(1, 0, 2), A).permute(1, 0, 2)
+
+
+def label_set_correlation_grads(
+    W: torch.Tensor, Y: torch.Tensor, *, k: int, margin: float, scale: float, nn_idx: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-label-set gradients (B, C, d) of ℓ_j for eq. 11 with σ weights (eq. 9), label sets Y (B, C)."""
+    C = W.shape[0]
+    nn_idx = nearest_classes(W, k) if nn_idx is None else nn_idx
+    near = torch.zeros(C, C, dtype=W.dtype, device=W.device)
+    near[torch.arange(C, device=W.device).unsqueeze(1), nn_idx] = 1.0
+    Yf = Y.to(W.dtype)
+    M = scale * Yf.unsqueeze(2) * (1.0 - Yf).unsqueeze(1) * near.unsqueeze(0)
+    return _per_set(M, pair_hinge_grads(W, margin))
+
+
+def label_set_fixed_grads(
+    W: torch.Tensor, Y: torch.Tensor, *, alpha: float, beta: float, margin: float, pair_grads=None
+) -> torch.Tensor:
+    """Per-label-set gradients (B, C, d) of ℓ_j for eq. 12."""
+    Yf = Y.to(W.dtype)
+    eye = torch.eye(W.shape[0], dtype=W.dtype, device=W.device)
+    pos = alpha * Yf.unsqueeze(2) * Yf.unsqueeze(1) * (1.0 - eye)
+    neg = beta * Yf.unsqueeze(2) * (1.0 - Yf).unsqueeze(1)
+    A_sq, A_h = pair_grads if pair_grads is not None else (pair_sqdist_grads(W), pair_hinge_grads(W, margin))
+    return _per_set(pos, A_sq) + _per_set(neg, A_h)

@@ -98,7 +98,7 @@ class ServerOptimizerConfig(_Strict):
 class TrainingConfig(_Strict):
     rounds: int = Field(50, ge=1)
     client_fraction: float = Field(1.0, gt=0.0, le=1.0)
-    sampling: Literal["uniform", "proportional"] = "uniform"
+    sampling: Literal["uniform", "proportional", "poisson"] = "uniform"
     aggregation: Literal["uniform", "num_examples"] = Field("uniform", description="weights when averaging θ")
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -125,8 +125,60 @@ class OutputConfig(_Strict):
     log_messages: bool = Field(False, description="keep every client/server message in memory (tests, audits)")
 
 
+class _DPUnitConfig(_Strict):
+    clip_norm: float = Field(1.0, gt=0.0, description="L2 clipping bound C (per privacy unit's contribution)")
+    noise_multiplier: float | None = Field(None, gt=0.0, description="σ; noise std is σ·C. Omit to calibrate from target_epsilon")
+    target_epsilon: float | None = Field(None, gt=0.0, description="budget: calibrates σ if noise_multiplier is unset; enforced")
+
+
+class InstanceDPConfig(_DPUnitConfig):
+    """DP-SGD on the server's class-embedding update (FedALC eq. 11, FedALC-fixed eq. 12); the unit is a label set."""
+
+    sample_rate: float = Field(0.1, gt=0.0, le=1.0, description="q: Poisson sampling rate of label sets per server step")
+
+
+class ClientDPConfig(_DPUnitConfig):
+    """DP-FedAvg: each client's whole update (θ and its rows) clipped to C, Gaussian noise on the sum."""
+
+
 class PrivacyConfig(_Strict):
-    """Differential privacy. No mechanism is available yet: runs report ε = ∞."""
+    """Differential privacy settings; active only when ``dp`` is listed in ``protocols``."""
+
+    delta: float = Field(1e-5, gt=0.0, lt=1.0)
+    accountant: Literal["rdp", "prv", "gdp"] = "rdp"
+    instance: InstanceDPConfig | None = None
+    client: ClientDPConfig | None = None
+
+
+class KeyedHashingConfig(_Strict):
+    pseudonymize_labels: bool = Field(True, description="label pseudonyms HMAC(run key, 'label:'+name); rows in keyed order")
+
+
+class SecureAggregationConfig(_Strict):
+    threshold: float = Field(0.6, gt=0.0, le=1.0, description="t as a fraction of each client's neighbourhood (incl. itself)")
+    neighbors: int | None = Field(None, ge=2, description="SecAgg+ neighbours per client; null = complete graph (SecAgg)")
+    clip_range: float = Field(1.0e4, gt=0.0, description="values are clipped to [-R, R] before fixed-point encoding")
+    frac_bits: int = Field(24, ge=4, le=40, description="fixed-point fractional bits")
+    modulus_bits: int = Field(64, ge=16, le=64, description="arithmetic modulo 2^bits")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated probability that a client drops at each stage")
+
+
+class CKKSConfig(_Strict):
+    poly_modulus_degree: int = Field(8192, description="power of two, ≥ 4096")
+    coeff_mod_bit_sizes: list[int] = Field(default_factory=lambda: [60, 40, 40, 60])
+    global_scale_bits: int = Field(40, ge=20, le=60, description="global scale 2^bits")
+    key_holders: int = Field(3, ge=1, description="clients (smallest ids) that hold the secret key and decrypt sums")
+    encrypt: list[str] = Field(
+        default_factory=lambda: ["all"],
+        description="parameter groups to encrypt: 'all', 'theta', 'rows', or θ parameter-name prefixes; the rest is plaintext",
+    )
+
+    @model_validator(mode="after")
+    def _power_of_two(self) -> CKKSConfig:
+        n = self.poly_modulus_degree
+        if n < 4096 or n & (n - 1):
+            raise ValueError(f"ckks.poly_modulus_degree must be a power of two ≥ 4096, got {n}")
+        return self
 
 
 class ExperimentConfig(_Strict):
@@ -137,15 +189,20 @@ class ExperimentConfig(_Strict):
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     training: TrainingConfig = TrainingConfig()
-    protocols: list[str] = Field(default_factory=list)
+    protocols: list[str] = Field(default_factory=list, description="protocol layers, innermost (client side) first")
     privacy: PrivacyConfig = PrivacyConfig()
+    keyed_hashing: KeyedHashingConfig = KeyedHashingConfig()
+    secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
+    ckks: CKKSConfig = CKKSConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     output: OutputConfig = OutputConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
         if self.protocols:
-            raise ValueError(f"protocols: {self.protocols} requested, but no protocol layer is available in this version")
+            from protocols import validate_stack
+
+            validate_stack(self)
         needs_positive_only = self.algorithm.name in ("fedalc", "fedalc_fixed")
         if needs_positive_only and self.partition.name != "positive_only":
             raise ValueError(

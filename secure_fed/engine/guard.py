@@ -23,6 +23,9 @@ from secure_fed.errors import PrivacyViolation
 
 DOWN_KEYS = {"theta", "rows", "row_ids", "train_rows", "loss", "tokenizer"}
 UP_KEYS = {"theta_delta", "rows_delta", "row_ids", "num_examples", "loss", "tokens", "label"}
+#: protocol-layer set-up messages: public keys, sealed ciphertexts, pseudonyms, public contexts
+PROTOCOL_DOWN_KEYS = {"keyed_hashing", "ckks", "public_keys", "sealed", "dealer", "dealer_public_key", "label_names"}
+PROTOCOL_UP_KEYS = {"public_key", "sealed", "pseudonyms", "pseudonym", "public_context"}
 MAX_TOKEN_BYTES = 64
 
 
@@ -63,7 +66,7 @@ class MessageGuard:
             self._fail(direction, cid, f"'{key}' must have shape ({len(ids_list)}, {self.d})")
 
     def check_down(self, cid: int, payload: dict[str, Any]) -> None:
-        extra = set(payload) - DOWN_KEYS
+        extra = set(payload) - DOWN_KEYS - PROTOCOL_DOWN_KEYS
         if extra:
             self._fail("downlink", cid, f"keys {sorted(extra)} are not allowed")
         if "theta" in payload:
@@ -76,8 +79,13 @@ class MessageGuard:
         if self.log is not None:
             self.log.append({"direction": "down", "client": cid, "message": payload})
 
-    def check_up(self, cid: int, reply: dict[str, Any]) -> None:
-        extra = set(reply) - UP_KEYS
+    def record(self, direction: str, cid: int, message: dict[str, Any]) -> None:
+        """Log a message as the server sees it (e.g. a masked or encrypted update)."""
+        if self.log is not None:
+            self.log.append({"direction": direction, "client": cid, "message": message})
+
+    def check_up(self, cid: int, reply: dict[str, Any], *, record: bool = True) -> None:
+        extra = set(reply) - UP_KEYS - PROTOCOL_UP_KEYS
         if extra:
             self._fail("uplink", cid, f"keys {sorted(extra)} are not allowed")
         if "theta_delta" in reply:
@@ -88,10 +96,12 @@ class MessageGuard:
             toks = reply["tokens"]
             if not isinstance(toks, list) or any(not isinstance(t, bytes) or len(t) > MAX_TOKEN_BYTES for t in toks):
                 self._fail("uplink", cid, f"tokens must be a list of byte strings of ≤ {MAX_TOKEN_BYTES} bytes")
+        if "pseudonym" in reply and (not isinstance(reply["pseudonym"], bytes) or len(reply["pseudonym"]) > MAX_TOKEN_BYTES):
+            self._fail("uplink", cid, "a pseudonym must be a short byte string")
         if "label" in reply and reply["label"] not in self.allowed_rows.get(cid, set()):
             self._fail("uplink", cid, "a client may only report its own label")
         for k in ("num_examples", "loss"):
             if k in reply and not isinstance(reply[k], (int, float)):
                 self._fail("uplink", cid, f"'{k}' must be a number")
-        if self.log is not None:
-            self.log.append({"direction": "up", "client": cid, "message": reply})
+        if record:
+            self.record("up", cid, reply)

@@ -30,12 +30,14 @@ from secure_fed.engine.builders import (
     build_federation,
     resolve_device,
 )
+from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.guard import MessageGuard
+from secure_fed.errors import RoundAborted
 from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.metrics import evaluate_scores
 from secure_fed.models import mean_pairwise_cosine, spread_init
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -56,10 +58,12 @@ def client_seed(seed: int, round_idx: int, cid: int) -> int:
 def sample_clients(sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int) -> np.ndarray:
     """Client ids for one round: ``ceil(fraction·N)`` without replacement, uniform or ∝ size."""
     n = len(sizes)
+    rng = np.random.default_rng([seed, 7, round_idx])
+    if how == "poisson":  # each client independently with probability `fraction` (what DP accounting assumes)
+        return np.flatnonzero(rng.random(n) < fraction) if fraction < 1.0 else np.arange(n)
     m = max(1, math.ceil(fraction * n))
     if m >= n:
         return np.arange(n)
-    rng = np.random.default_rng([seed, 7, round_idx])
     p = sizes / sizes.sum() if how == "proportional" else None
     return np.sort(rng.choice(n, size=m, replace=False, p=p))
 
@@ -99,6 +103,24 @@ class Experiment:
             allowed_rows={c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients},
             log=self.messages,
         )
+        from protocols import ProtocolStack, StackEnv
+
+        per_row = torch.zeros(self.dataset.num_labels, dtype=torch.long)
+        for c in self.fed.clients:
+            per_row[c.known_labels] += 1
+        self.stack_env = StackEnv(
+                num_clients=len(self.fed.clients),
+                clients_per_row=per_row,
+                num_labels=self.dataset.num_labels,
+                embedding_dim=cfg.model.embedding_dim,
+                theta=self.theta,
+                device=self.device,
+                seed=cfg.seed,
+        )
+        self.stack = ProtocolStack(cfg, self.stack_env)
+        self.stack.wrap_algorithm(self.algorithm)
+        self.label_perm: np.ndarray | None = None  # simulator's view: label l lives in row label_perm[l]
+        self.stop_reason: str | None = None
         self.trainer = LocalTrainer(self.worker)
         t = cfg.training
         self.local = LocalTraining(
@@ -126,54 +148,117 @@ class Experiment:
     def _query_all(self, payload_fn, client_fn) -> list[tuple[int, dict]]:
         return [(c.client_id, self._exchange(c.client_id, payload_fn(c.client_id), client_fn)) for c in self.fed.clients]
 
+    def _query_one(self, cid: int, payload: dict, client_fn) -> dict:
+        return self._exchange(cid, payload, client_fn)
+
+    def _training_exchange(self, cid: int, payload: dict, fn) -> dict:
+        """Downlink checked; the client's plaintext reply checked on the client; the wire message logged."""
+        client = self.fed.clients[cid]
+        self.guard.check_down(cid, payload)
+        wire = fn(payload, client)
+        if wire is not None:
+            self.guard.record("up", cid, wire)
+        return wire
+
+    def permute_labels(self, perm) -> None:
+        """Re-index labels: label l becomes row perm[l] (used by keyed label pseudonyms)."""
+        perm = np.asarray(perm, dtype=np.int64)
+        if sorted(perm.tolist()) != list(range(self.dataset.num_labels)):
+            raise ValueError("a label permutation must be a bijection on the labels")
+        self._apply_perm(perm)
+        self.label_perm = perm if self.label_perm is None else perm[self.label_perm]
+
+    def _apply_perm(self, perm: np.ndarray) -> None:
+        t = torch.as_tensor(perm)
+        for c in self.fed.clients:
+            c.known_labels = t[c.known_labels]
+        y = np.zeros_like(self.fed.y_test)
+        y[:, perm] = self.fed.y_test
+        self.fed.y_test = y
+        self.guard.allowed_rows = {c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients}
+        per_row = torch.zeros(self.dataset.num_labels, dtype=torch.long)
+        for c in self.fed.clients:
+            per_row[c.known_labels] += 1
+        self.stack_env.clients_per_row = per_row
+
     # ----------------------------------------------------------------- rounds
     def setup(self) -> None:
         if self.setup_facts is not None:
             return
+        from protocols import ProtocolSetup
+
+        facts = {}
+        if self.stack:
+            facts = self.stack.setup(
+                ProtocolSetup(
+                    query=self._query_all,
+                    query_one=self._query_one,
+                    clients=self.fed.clients,
+                    label_names=list(self.dataset.label_names),
+                    permute_labels=self.permute_labels,
+                )
+            )
         ctx = SetupContext(
-            query=self._query_all,
+            query=self.stack.wrap_query(self._query_all),
             num_labels=self.dataset.num_labels,
             W=self.W,
             device=self.device,
         )
-        self.setup_facts = self.algorithm.setup(ctx)
+        self.setup_facts = {**self.algorithm.setup(ctx), **facts}
 
-    def train_round(self) -> dict[str, float]:
+    def train_round(self) -> dict[str, Any]:
+        """One round; a round a protocol aborts (:class:`RoundAborted`) changes nothing and is logged."""
+        try:
+            return self._train_round()
+        except RoundAborted as e:
+            self.round += 1
+            return {"train_loss": float("nan"), "clients": 0, "aborted": str(e)}
+
+    def _train_round(self) -> dict[str, Any]:
         cfg, algo = self.cfg, self.algorithm
         sizes = np.array([c.num_examples for c in self.fed.clients], dtype=float)
         chosen = sample_clients(sizes, cfg.training.client_fraction, cfg.training.sampling, cfg.seed, self.round)
-        theta_sum = {n: torch.zeros_like(t) for n, t in self.theta.items()}
-        row_sum = torch.zeros_like(self.W)
-        row_cnt = torch.zeros(self.W.shape[0], device=self.W.device)
-        total_w, losses = 0.0, []
-        for cid in chosen:
+        base = RoundSession(cohort=[int(c) for c in chosen], theta=self.theta, W=self.W, weighting=cfg.training.aggregation)
+        session = self.stack.open_round(self.round, base)
+        for cid in session.cohort:
             client = self.fed.clients[cid]
             payload = algo.downlink(self.theta, self.W, client.known_labels.to(self.W.device))
             gen = torch.Generator().manual_seed(client_seed(cfg.seed, self.round, int(cid)))
-            reply = self._exchange(int(cid), payload, lambda p, d, g=gen: self.trainer.update(p, d, self.local, g))
-            w = float(reply["num_examples"]) if cfg.training.aggregation == "num_examples" else 1.0
-            for n, dlt in reply["theta_delta"].items():
-                theta_sum[n].add_(dlt, alpha=w)
-            total_w += w
-            if "rows_delta" in reply:
-                ids = torch.as_tensor(reply["row_ids"], device=self.W.device)
-                row_sum.index_add_(0, ids, reply["rows_delta"])
-                row_cnt.index_add_(0, ids, torch.ones(len(ids), device=self.W.device))
-            losses.append(reply["loss"])
-        deltas = {n: s / total_w for n, s in theta_sum.items()}
-        self.server_opt.step(self.theta, deltas)
-        if algo.trains_rows:
-            seen = row_cnt > 0
-            row_delta = row_sum / row_cnt.clamp(min=1).unsqueeze(1)
-            if cfg.training.server_optimizer.apply_to_rows:
-                self.row_opt.step({"W": self.W}, {"W": row_delta}, masks={"W": seen})
-            else:
-                self.W[seen] += row_delta[seen]
-            self.W[seen] = F.normalize(self.W[seen], dim=-1)  # rows live on the unit sphere
-        participating = torch.unique(torch.cat([self.fed.clients[int(c)].known_labels for c in chosen])).to(self.W.device)
+
+            def train(p, d, g=gen, cid=cid):
+                reply = self.trainer.update(p, d, self.local, g)
+                self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
+                return reply
+
+            fn = session.client_mod(self.stack.client_mod(train))
+            session.submit(cid, self._training_exchange(cid, payload, fn))
+        agg = session.finish()
+        if agg.num_clients > 0 or agg.theta_denominator is not None:
+            self.server_opt.step(self.theta, agg.theta_mean())
+            if algo.trains_rows:
+                row_delta, seen = agg.rows_mean()
+                if cfg.training.server_optimizer.apply_to_rows:
+                    self.row_opt.step({"W": self.W}, {"W": row_delta}, masks={"W": seen})
+                else:
+                    self.W[seen] += row_delta[seen]
+                self.W[seen] = F.normalize(self.W[seen], dim=-1)  # rows live on the unit sphere
+        labels = [self.fed.clients[int(c)].known_labels for c in session.cohort]
+        participating = torch.unique(torch.cat(labels)).to(self.W.device) if labels else torch.zeros(0, dtype=torch.long)
         stats = algo.server_step(self.W, self.round, participating)
         self.round += 1
-        return {"train_loss": float(np.mean(losses)), "clients": len(chosen), **stats}
+        loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
+        return {"train_loss": loss, "clients": agg.num_clients, **stats, **self.stack.round_stats()}
+
+    def privacy_now(self) -> dict[str, Any]:
+        """ε and δ now: per DP unit, plus the primary unit's values at the top (ε = ∞ without DP)."""
+        units = self.stack.privacy()
+        if not units:
+            return {"epsilon": "inf", "delta": None}
+        primary = "instance" if "instance" in units else "client"
+        out: dict[str, Any] = {"epsilon": units[primary]["epsilon"], "delta": units[primary]["delta"], "unit": primary}
+        for name, u in units.items():
+            out[name] = {"epsilon": u["epsilon"], "delta": u["delta"], "steps": u["steps"]}
+        return out
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -196,6 +281,7 @@ class Experiment:
             "server_opt": _to_cpu(self.server_opt.state_dict()),
             "row_opt": _to_cpu(self.row_opt.state_dict()),
             "algorithm": _to_cpu(self.algorithm.state_dict()),
+            "protocols": self.stack.state_dict(),
             "setup_facts": self.setup_facts,
             "history": self.history,
             "wall_seconds": self.wall_before,
@@ -210,15 +296,21 @@ class Experiment:
         if sd["setup_facts"] is not None:
             self.algorithm.load_state_dict(sd["algorithm"])
         self.setup_facts = sd["setup_facts"]
+        self.stack.load_state_dict(sd.get("protocols", {}))
         self.history = sd["history"]
         self.wall_before = sd["wall_seconds"]
+
+    def client_state_dict(self) -> dict[str, Any]:
+        """What the clients (and the simulator) keep on their own side: protocol secrets, the label re-indexing."""
+        return {"protocols": self.stack.client_state_dict(), "label_perm": self.label_perm}
 
     def save_checkpoint(self, name: str = "last.pt") -> Path:
         ckpt_dir = self.run_dir / "checkpoints"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt_dir / (name + ".tmp")
-        torch.save(self.state_dict(), tmp)
-        tmp.replace(ckpt_dir / name)
+        for fname, state in ((name, self.state_dict()), ("clients.pt", self.client_state_dict())):
+            tmp = ckpt_dir / (fname + ".tmp")
+            torch.save(state, tmp)
+            tmp.replace(ckpt_dir / fname)
         return ckpt_dir / name
 
     def resume(self) -> bool:
@@ -226,6 +318,12 @@ class Experiment:
         path = self.run_dir / "checkpoints" / "last.pt"
         if not path.is_file():
             return False
+        clients = self.run_dir / "checkpoints" / "clients.pt"
+        if clients.is_file():
+            cs = torch.load(clients, map_location="cpu", weights_only=False)
+            self.stack.load_client_state_dict(cs["protocols"])
+            if cs["label_perm"] is not None:
+                self.permute_labels(cs["label_perm"])
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         return True
 
@@ -237,9 +335,8 @@ class Experiment:
 
     def summary(self, wall: float, status: str) -> dict[str, Any]:
         last = next((h for h in reversed(self.history) if "P@1" in h), {})
-        metric_keys = [
-            k for k in last if k not in ("round", "train_loss", "clients", "reg", "wall_seconds", "privacy", "W_mean_cos")
-        ]
+        skip = ("round", "train_loss", "clients", "reg", "wall_seconds", "privacy", "W_mean_cos")
+        metric_keys = [k for k in last if k not in skip and not k.startswith(("secagg_", "ckks_", "dp_"))]
         return {
             "algorithm": self.cfg.algorithm.name,
             "dataset": self.dataset.name,
@@ -248,13 +345,22 @@ class Experiment:
             "status": status,
             "final": {k: last[k] for k in metric_keys},
             "W_mean_cos": last.get("W_mean_cos"),
-            "privacy": {"epsilon": "inf", "delta": None, "note": "no differential privacy mechanism in this run"},
+            "privacy": self.privacy_summary(),
+            "protocols": list(self.cfg.protocols),
+            "stop_reason": self.stop_reason,
             "setup": self.setup_facts,
             "wall_seconds": wall,
             "seconds_per_round": wall / max(self.round, 1),
             "device": str(self.device),
             "num_clients": len(self.fed.clients),
         }
+
+    def privacy_summary(self) -> dict[str, Any]:
+        units = self.stack.privacy()
+        if not units:
+            return {"epsilon": "inf", "delta": None, "note": "no differential privacy mechanism in this run"}
+        now = self.privacy_now()
+        return {"epsilon": now["epsilon"], "delta": now["delta"], "unit": now["unit"], "units": units}
 
     def run(self, *, progress: bool | None = None) -> RunResult:
         cfg = self.cfg
@@ -271,15 +377,19 @@ class Experiment:
         status = "completed"
         try:
             while self.round < cfg.training.rounds:
+                why = self.stack.budget_stop(self.round)
+                if why is not None:
+                    status, self.stop_reason = "budget_exhausted", why
+                    break
                 stats = self.train_round()
                 rec: dict[str, Any] = {"round": self.round, **stats}
                 if self.round % cfg.evaluation.every == 0 or self.round == cfg.training.rounds:
                     rec.update(self.evaluate())
                     rec["W_mean_cos"] = mean_pairwise_cosine(self.W)
-                    rec["wall_seconds"] = self.wall_before + time.perf_counter() - t0
-                    rec["privacy"] = {"epsilon": "inf"}
-                    self.history.append(rec)
-                    self._write_metrics()
+                rec["wall_seconds"] = self.wall_before + time.perf_counter() - t0
+                rec["privacy"] = self.privacy_now()
+                self.history.append(rec)
+                self._write_metrics()
                 if bar is not None:
                     post = {"loss": f"{stats['train_loss']:.4f}"}
                     last = self.history[-1] if self.history else {}
@@ -297,9 +407,13 @@ class Experiment:
         finally:
             if bar is not None:
                 bar.close()
+        if status == "budget_exhausted" and self.history and "P@1" not in self.history[-1]:
+            self.history[-1].update(self.evaluate())  # the model as released at the stop
+            self.history[-1]["W_mean_cos"] = mean_pairwise_cosine(self.W)
+            self._write_metrics()
         self.wall_before += time.perf_counter() - t0
         self.save_checkpoint()
-        if status == "completed":
+        if status in ("completed", "budget_exhausted"):
             self.save_checkpoint("final.pt")
         summary = self.summary(self.wall_before, status)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,151 @@
+"""The protocol-layer interface.
+
+A layer wraps an algorithm the way Flower strategies wrap strategies and
+client *mods* wrap client apps. It may
+
+* run a one-off protocol before training (:meth:`ProtocolLayer.setup`, e.g.
+  run-key agreement), with client-side state that the server never holds;
+* wrap the client function (:meth:`ProtocolLayer.client_mod`, e.g. keyed
+  tokens, clipping);
+* wrap each round's aggregation (:meth:`ProtocolLayer.open_round`: secure
+  aggregation and CKKS replace how wire messages are summed, DP post-processes
+  the sums);
+* wrap the server's step on W (:meth:`ProtocolLayer.wrap_algorithm`);
+* keep a privacy ledger and stop training before its budget is exceeded.
+
+Layers compose in the order of the YAML ``protocols:`` list, innermost (closest
+to the client's training) first: for ``[dp, secure_aggregation]`` a client
+clips, then masks; the server unmasks, then adds noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.engine.aggregation import Aggregate, RoundSession
+
+if TYPE_CHECKING:
+    from secure_fed.algorithms.base import Algorithm
+    from secure_fed.config.schema import ExperimentConfig
+
+
+@dataclass
+class ProtocolSetup:
+    """What a layer's :meth:`~ProtocolLayer.setup` may use.
+
+    Attributes:
+        query: a guarded one-off exchange with every client, ``query(payload_fn, client_fn)``.
+        query_one: the same with one client, ``query_one(cid, payload, client_fn)``.
+        clients: the client-side data objects (client code only; never given to server code).
+        label_names: the dataset's label names (known to clients; public in the ARFF header).
+        permute_labels: ``permute_labels(perm)`` re-indexes W's rows: label l becomes row perm[l].
+    """
+
+    query: Callable[[Callable[[int], Payload], ClientFn], list[tuple[int, Payload]]]
+    query_one: Callable[[int, Payload, ClientFn], Payload]
+    clients: list[ClientData]
+    label_names: list[str]
+    permute_labels: Callable[[Any], None]
+
+
+@dataclass
+class StackEnv:
+    """Public facts about the federation that layers may use (the server knows all of these)."""
+
+    num_clients: int
+    clients_per_row: Any  # torch.Tensor (C,): how many clients hold each label
+    num_labels: int
+    embedding_dim: int
+    theta: dict  # name → tensor (shapes only are used)
+    device: Any
+    seed: int
+
+
+class RoundWrapper(RoundSession):
+    """A round session that wraps another; by default it forwards everything."""
+
+    def __init__(self, inner: RoundSession):  # noqa: D107 - no base __init__: state lives in ``inner``
+        self.inner = inner
+        self.cohort = inner.cohort
+        self.weighting = inner.weighting
+        self.device = inner.device
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        return self.inner.client_mod(fn)
+
+    def submit(self, cid: int, reply: Payload) -> None:
+        self.inner.submit(cid, reply)
+
+    def finish(self) -> Aggregate:
+        return self.post_own(self.inner.finish())
+
+    def post(self, agg: Aggregate) -> Aggregate:
+        return self.post_own(self.inner.post(agg))
+
+    def post_own(self, agg: Aggregate) -> Aggregate:
+        return agg
+
+
+class ProtocolLayer:
+    """Base class. Subclasses set ``name`` and ``threat_model`` and override hooks."""
+
+    name: ClassVar[str] = ""
+    #: what it protects, against whom — one sentence, shown by ``secure-fed list``
+    threat_model: ClassVar[str] = ""
+    #: replaces how the server sums wire messages (at most one such layer per stack)
+    replaces_aggregation: ClassVar[bool] = False
+
+    def __init__(self, cfg: ExperimentConfig, env: StackEnv):
+        self.cfg = cfg
+        self.env = env
+
+    @classmethod
+    def validate(cls, cfg: ExperimentConfig, stack: list[str]) -> None:
+        """Raise ``ValueError`` with the reason if this layer cannot run in ``cfg``."""
+
+    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        return {}
+
+    def wrap_query(self, query):
+        """Wrap the setup-time exchange the algorithm uses (label-set collection)."""
+        return query
+
+    def wrap_algorithm(self, algorithm: Algorithm) -> None:
+        """Replace the algorithm's server steps where the layer must (e.g. DP-SGD on W)."""
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        """Wrap the client's training function (every round)."""
+        return fn
+
+    def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
+        return inner
+
+    def budget_stop(self, round_idx: int) -> str | None:
+        """A reason to stop *before* this round, or None."""
+        return None
+
+    def after_round(self, round_idx: int) -> None:
+        """Called once the round's updates are applied."""
+
+    def privacy(self) -> dict[str, Any]:
+        """Per-unit privacy entries this layer accounts for (``{}`` if none)."""
+        return {}
+
+    def round_stats(self) -> dict[str, Any]:
+        return {}
+
+    # server-side state (goes into the server checkpoint) and client-side state (clients' own storage)
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        pass

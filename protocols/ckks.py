@@ -1,0 +1,236 @@
+"""The ``ckks`` protocol layer: clients encrypt their updates under CKKS (TenSEAL); the server adds ciphertexts.
+
+Setup: the *key holders* — the ``ckks.key_holders`` clients with the smallest
+ids, a public rule — are the only parties with the secret key. The first one
+generates the TenSEAL context and sends the server a **public** copy (no
+secret key); it seals the secret context to the other key holders with
+X25519 + HKDF + AES-GCM, relayed by the server. Every client encrypts with the
+public context.
+
+Each round a client packs its update (``UpdateLayout``) into CKKS vectors of
+``poly_modulus_degree / 2`` slots for the selected groups (``ckks.encrypt``;
+the small ``meta`` group — weight, loss, count — is always encrypted) and
+sends the rest in plaintext. The server sums ciphertexts homomorphically and
+asks the first live key holder to decrypt *the sum only*.
+
+What still needs plaintext on the server: the aggregated update itself (the
+server optimiser, the row normalisation and any regulariser on W — FedAwS's
+spreadout, FedALC's eq. 11 — run on the decrypted sum, not on ciphertexts).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+
+from protocols.base import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
+from protocols.crypto import KeyPair, open_sealed, seal
+from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
+from secure_fed.errors import ConfigError
+
+
+def make_context(poly_modulus_degree: int, coeff_mod_bit_sizes: list[int], global_scale_bits: int) -> ts.Context:
+    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=poly_modulus_degree, coeff_mod_bit_sizes=coeff_mod_bit_sizes)
+    ctx.global_scale = 2.0**global_scale_bits
+    return ctx
+
+
+def public_bytes(ctx: ts.Context) -> bytes:
+    """The context without its secret key, serialised."""
+    pub = ctx.copy()
+    pub.make_context_public()
+    return pub.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
+
+
+def _info(src: int, dst: int) -> bytes:
+    return f"secure-fed ckks secret context {src} -> {dst}".encode()
+
+
+class CKKSAggregation(ProtocolLayer):
+    name = "ckks"
+    replaces_aggregation = True
+    threat_model = (
+        "The server holds only a public CKKS context and adds encrypted client updates, so it sees no individual update "
+        "of the encrypted groups; only the sum is decrypted, by key-holding clients, and the server then sees that sum."
+    )
+
+    @classmethod
+    def validate(cls, cfg, stack: list[str]) -> None:
+        if cfg.algorithm.name == "oracle":
+            raise ValueError("the oracle has one client; there is nothing to aggregate under encryption")
+        if "secure_aggregation" in stack:
+            raise ValueError("secure_aggregation and ckks both replace how the server sums updates; choose one")
+        c = cfg.ckks
+        if len(c.coeff_mod_bit_sizes) < 2 or sum(c.coeff_mod_bit_sizes) > {4096: 109, 8192: 218, 16384: 438, 32768: 881}.get(
+            c.poly_modulus_degree, 10**6
+        ):
+            raise ValueError(
+                f"ckks.coeff_mod_bit_sizes {c.coeff_mod_bit_sizes} exceed the 128-bit-security budget for "
+                f"poly_modulus_degree {c.poly_modulus_degree}"
+            )
+
+    def __init__(self, cfg, env: StackEnv):
+        super().__init__(cfg, env)
+        self.layout = UpdateLayout.for_model(env.theta, env.num_labels, env.embedding_dim)
+        self.slots = cfg.ckks.poly_modulus_degree // 2
+        self.encrypted = self._select(cfg.ckks.encrypt)
+        self.server_context: ts.Context | None = None  # server side: public only
+        self.server_context_bytes: bytes | None = None
+        self._holders: dict[int, dict] = {}  # client side: key holders' key pairs and secret contexts
+        self._client_public: ts.Context | None = None  # client side copy of the public context
+        self.last_stats: dict[str, Any] = {}
+
+    def _select(self, groups: list[str]) -> list[str]:
+        segs = list(self.layout.segments())
+        out = {"meta"}
+        for g in groups:
+            if g == "all":
+                out |= set(segs)
+            elif g == "theta":
+                out |= set(self.layout.names)
+            elif g == "rows":
+                out.add("rows")
+            else:
+                hit = {n for n in self.layout.names if n.startswith(g)}
+                if not hit:
+                    raise ConfigError(f"ckks.encrypt: {g!r} matches no group; θ parameters are {list(self.layout.names)}")
+                out |= hit
+        return [s for s in segs if s in out]
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        c = self.cfg.ckks
+        holders = sorted(cl.client_id for cl in ctx.clients)[: max(1, c.key_holders)]
+
+        def client_fn(payload: Payload, data: ClientData) -> Payload:  # runs on a key holder
+            me = data.client_id
+            step = payload["ckks"]
+            if step == "advertise":
+                self._holders[me] = {"pair": KeyPair()}
+                return {"public_key": self._holders[me]["pair"].public}
+            if step == "keygen":
+                sk_ctx = make_context(c.poly_modulus_degree, c.coeff_mod_bit_sizes, c.global_scale_bits)
+                secret = sk_ctx.serialize(save_secret_key=True)
+                self._holders[me]["secret"] = secret
+                sealed = {}
+                for v, pk in payload["public_keys"].items():
+                    if v != me:
+                        sealed[v] = seal(self._holders[me]["pair"].agree(pk, info=_info(me, v)), secret, aad=_info(me, v))
+                return {"public_context": public_bytes(sk_ctx), "sealed": sealed}
+            if step == "receive":
+                key = self._holders[me]["pair"].agree(payload["dealer_public_key"], info=_info(payload["dealer"], me))
+                self._holders[me]["secret"] = open_sealed(key, payload["sealed"], aad=_info(payload["dealer"], me))
+                return {}
+            raise ValueError(step)
+
+        pks = {h: ctx.query_one(h, {"ckks": "advertise"}, client_fn)["public_key"] for h in holders}
+        dealer = holders[0]
+        keygen = ctx.query_one(dealer, {"ckks": "keygen", "public_keys": pks}, client_fn)
+        for h in holders[1:]:
+            ctx.query_one(h, {"ckks": "receive", "sealed": keygen["sealed"][h], "dealer": dealer, "dealer_public_key": pks[dealer]},
+                          client_fn)  # fmt: skip
+        self.server_context_bytes = keygen["public_context"]
+        self.server_context = ts.context_from(self.server_context_bytes)
+        if self.server_context.is_private():
+            raise RuntimeError("the server's CKKS context must not hold a secret key")
+        self._client_public = ts.context_from(self.server_context_bytes)  # broadcast to clients (public)
+        return {"ckks": {"key_holders": holders, "public_context_bytes": len(self.server_context_bytes),
+                         "encrypted_groups": self.encrypted}}  # fmt: skip
+
+    def _decrypt(self, holder: int, blobs: list[bytes]) -> np.ndarray:
+        """Client side (a key holder): decrypt summed ciphertexts."""
+        sk = ts.context_from(self._holders[holder]["secret"])
+        return np.concatenate([np.asarray(ts.ckks_vector_from(sk, b).decrypt(), dtype=np.float64) for b in blobs])
+
+    def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
+        return _CKKSRound(self, inner)
+
+    def round_stats(self) -> dict[str, Any]:
+        return self.last_stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"server_context": self.server_context_bytes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.server_context_bytes = state["server_context"]
+        self.server_context = ts.context_from(self.server_context_bytes)
+        self._client_public = ts.context_from(self.server_context_bytes)
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {h: {"sk": v["pair"].private_bytes(), "secret": v.get("secret")} for h, v in self._holders.items()}
+
+    def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"]} for h, v in state.items()}
+
+
+class _CKKSRound(RoundWrapper):
+    def __init__(self, layer: CKKSAggregation, inner: RoundSession):
+        super().__init__(inner)
+        self.layer = layer
+        self.sums: list | None = None
+        self.plain_sum: np.ndarray | None = None
+        self.t_enc = self.t_agg = 0.0
+        self.bytes_up = 0
+        self.n = 0
+
+    def _plain_mask(self) -> np.ndarray:
+        seg = self.layer.layout.segments()
+        m = np.zeros(self.layer.layout.size, dtype=bool)
+        for s in self.layer.encrypted:
+            m[seg[s]] = True
+        return m
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        inner_fn = self.inner.client_mod(fn)
+        layer = self.layer
+        enc_mask = self._plain_mask()
+
+        def encrypted(payload: Payload, data: ClientData) -> Payload:
+            v = layer.layout.flatten(inner_fn(payload, data), self.weighting)
+            t0 = time.perf_counter()
+            secret_part = v[enc_mask]
+            blobs = [
+                ts.ckks_vector(layer._client_public, secret_part[o : o + layer.slots]).serialize()
+                for o in range(0, len(secret_part), layer.slots)
+            ]
+            self.t_enc += time.perf_counter() - t0
+            return {"ciphertexts": blobs, "plain": v[~enc_mask]}
+
+        return encrypted
+
+    def submit(self, cid: int, reply: Payload) -> None:
+        t0 = time.perf_counter()
+        ctx = self.layer.server_context
+        cts = [ts.ckks_vector_from(ctx, b) for b in reply["ciphertexts"]]
+        if self.sums is None:
+            self.sums, self.plain_sum = cts, reply["plain"].copy()
+        else:
+            self.sums = [a + b for a, b in zip(self.sums, cts, strict=True)]
+            self.plain_sum += reply["plain"]
+        self.t_agg += time.perf_counter() - t0
+        self.bytes_up = max(self.bytes_up, sum(len(b) for b in reply["ciphertexts"]) + reply["plain"].nbytes)
+        self.n += 1
+
+    def finish(self) -> Aggregate:
+        holder = min(self.layer._holders)  # the first live key holder decrypts the sum
+        t0 = time.perf_counter()
+        blobs = [c.serialize() for c in self.sums]
+        dec = self.layer._decrypt(holder, blobs)
+        t_dec = time.perf_counter() - t0
+        mask = self._plain_mask()
+        total = np.zeros(self.layer.layout.size)
+        total[mask] = dec[: int(mask.sum())]
+        total[~mask] = self.plain_sum
+        self.layer.last_stats = {
+            "ckks_clients": self.n,
+            "ckks_encrypt_s": round(self.t_enc, 4),
+            "ckks_aggregate_s": round(self.t_agg, 4),
+            "ckks_decrypt_s": round(t_dec, 4),
+            "ckks_bytes_per_client": int(self.bytes_up),
+            "ckks_ciphertexts_per_client": len(blobs),
+        }
+        return self.inner.post(self.layer.layout.unflatten_sum(total, self.device))

@@ -1,0 +1,65 @@
+"""Client-level DP (DP-FedAvg, McMahan et al. 2018): clip on the client, noise on the sum.
+
+Client side (:func:`clip_update`): the client's whole update — Δθ and its own
+class-row deltas, as one vector — is scaled to L2 norm ≤ S.
+
+Server side (:func:`noise_aggregate`): N(0, σ²S²) is added to every coordinate
+of Σ Δθ and of the row sums (all C rows, participating or not), and the sums
+are divided by fixed denominators: q·N for θ and q·(clients holding the row)
+for each row, so one client's presence changes the released update by at most
+S/(q·N) before noise. Accounting: one step at (σ, q) per round, q = expected
+sampled clients / population (Poisson sampling).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from secure_fed.algorithms.base import Payload
+from secure_fed.engine.aggregation import Aggregate
+
+
+def update_norm(reply: Payload) -> float:
+    sq = sum(float(t.double().pow(2).sum()) for t in reply["theta_delta"].values())
+    if "rows_delta" in reply:
+        sq += float(reply["rows_delta"].double().pow(2).sum())
+    return math.sqrt(sq)
+
+
+def clip_update(reply: Payload, clip_norm: float) -> Payload:
+    """A copy of the reply whose (Δθ, Δrows) has L2 norm ≤ ``clip_norm``."""
+    norm = update_norm(reply)
+    f = min(1.0, clip_norm / max(norm, 1e-12))
+    out = dict(reply)
+    out["theta_delta"] = {n: t * f for n, t in reply["theta_delta"].items()}
+    if "rows_delta" in reply:
+        out["rows_delta"] = reply["rows_delta"] * f
+    return out
+
+
+def noise_aggregate(
+    agg: Aggregate,
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    expected_clients: float,
+    expected_per_row: torch.Tensor,
+    noise_rows: bool,
+    generator: torch.Generator,
+) -> Aggregate:
+    """Gaussian noise on the sums and fixed denominators (in place on ``agg``)."""
+    std = noise_multiplier * clip_norm
+
+    def gauss(shape) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, dtype=torch.float64).float() * std
+
+    for n, s in agg.theta_sum.items():
+        s.add_(gauss(s.shape).to(s.device))
+    agg.theta_denominator = float(expected_clients)
+    if noise_rows:
+        agg.row_sum.add_(gauss(agg.row_sum.shape).to(agg.row_sum.device))
+        agg.row_denominator = expected_per_row.to(agg.row_sum.device)
+    agg.notes["dp_noise_std"] = std
+    return agg

@@ -1,0 +1,214 @@
+"""Keyed (salted) instance tokens and label pseudonyms for FedALC's label-set collection.
+
+The paper's tokens are plain SHA-256 of the instance: anyone holding a
+candidate instance recomputes its token (``threat_models``, attack a). Here:
+
+* **Run key.** Each client publishes an X25519 public key (through the
+  server). The dealer — the client with the smallest id, a public rule — draws
+  a 32-byte run key and a 16-byte per-run salt and seals them to every other
+  client under HKDF(X25519(dealer, client)) with AES-256-GCM. The server only
+  relays public keys and ciphertexts.
+* **Instance tokens.** HMAC-SHA256(run key, salt | canonical encoding). The
+  encoding is :func:`~secure_fed.algorithms.label_sets.canonical_instance_bytes`
+  for raw features, or :func:`quantized_embedding_bytes` (a quantised grid, so
+  every client and device agrees) for embeddings.
+* **Label pseudonyms.** HMAC-SHA256(run key, "label:" + name). The server
+  indexes W's rows by the rank of the pseudonyms it receives, so it never
+  learns which row is which label name; the simulator re-indexes labels
+  accordingly (the metrics are unchanged).
+
+Client-side secrets live in :class:`ClientKeyring` objects that server code
+never receives; they are checkpointed to the clients' own storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from protocols.base import ProtocolLayer, ProtocolSetup, StackEnv
+from protocols.crypto import KeyPair, hkdf, open_sealed, seal
+from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.algorithms.label_sets import canonical_instance_bytes
+from secure_fed.errors import PrivacyViolation
+
+TOKENIZER_NAME = "hmac-sha256"
+
+
+def quantized_embedding_bytes(embedding: np.ndarray | torch.Tensor, *, step: float = 1e-3) -> bytes:
+    """``b"SFE1" | d | round(e/step) as int32 LE``: equal on every device whose error is < step/2 off the grid."""
+    e = embedding.detach().double().cpu().numpy() if isinstance(embedding, torch.Tensor) else np.asarray(embedding, float)
+    q = np.rint(e.ravel() / step).astype("<i4")
+    return b"SFE1" + np.uint32(q.size).tobytes() + np.float64(step).tobytes() + q.tobytes()
+
+
+def keyed_token(key: bytes, salt: bytes, encoding: bytes) -> bytes:
+    return hmac.new(key, salt + encoding, hashlib.sha256).digest()
+
+
+def label_pseudonym(key: bytes, name: str) -> bytes:
+    return hmac.new(key, b"label:" + name.encode("utf-8"), hashlib.sha256).digest()
+
+
+class ClientKeyring:
+    """One client's key material: its X25519 pair and, after setup, the run key and salt."""
+
+    def __init__(self, cid: int):
+        self.cid = cid
+        self.pair = KeyPair()
+        self.run_key: bytes | None = None
+        self.salt: bytes | None = None
+        self.pseudonym: bytes | None = None
+
+    def tokens(self, raw: sp.csr_matrix) -> list[bytes]:
+        x = sp.csr_matrix(raw)
+        return [keyed_token(self.run_key, self.salt, canonical_instance_bytes(x[i])) for i in range(x.shape[0])]
+
+    def state(self) -> dict[str, bytes]:
+        return {"sk": self.pair.private_bytes(), "run_key": self.run_key, "salt": self.salt, "pseudonym": self.pseudonym}
+
+    @classmethod
+    def restore(cls, cid: int, st: dict[str, bytes]) -> ClientKeyring:
+        k = cls.__new__(cls)
+        k.cid, k.pair, k.run_key, k.salt = cid, KeyPair.from_private_bytes(st["sk"]), st["run_key"], st["salt"]
+        k.pseudonym = st["pseudonym"]
+        return k
+
+
+def _seal_info(dealer: int, cid: int) -> bytes:
+    return f"secure-fed run key dealer {dealer} -> client {cid}".encode()
+
+
+class KeyedHashing(ProtocolLayer):
+    name = "keyed_hashing"
+    threat_model = (
+        "Stops the server (or anyone holding θ⁰ and candidate instances) from recomputing instance tokens or reading label "
+        "names in FedALC's label-set collection: tokens and pseudonyms are HMACs under a run key only clients hold."
+    )
+
+    @classmethod
+    def validate(cls, cfg, stack: list[str]) -> None:
+        if cfg.algorithm.name not in ("fedalc", "fedalc_fixed"):
+            raise ValueError(
+                f"keyed_hashing protects label-set collection, which {cfg.algorithm.name} does not run "
+                "(only fedalc and fedalc_fixed collect label sets)"
+            )
+
+    def __init__(self, cfg, env: StackEnv):
+        super().__init__(cfg, env)
+        self._clients: dict[int, ClientKeyring] = {}  # client side
+        self.public_keys: dict[int, bytes] = {}  # server side
+        self.row_of_pseudonym: dict[bytes, int] = {}  # server side
+        self.row_of_client: dict[int, int] = {}  # server side
+
+    # ------------------------------------------------------------------ one-off setup
+    def _client_setup_fn(self, payload: Payload, data: ClientData) -> Payload:
+        """Client side of key agreement: runs on the client, with its own keyring."""
+        ring = self._clients.setdefault(data.client_id, ClientKeyring(data.client_id))
+        step = payload["keyed_hashing"]
+        if step == "advertise":
+            return {"public_key": ring.pair.public}
+        if step == "deal":  # the dealer seals a fresh run key + salt to everyone
+            import os
+
+            ring.run_key, ring.salt = os.urandom(32), os.urandom(16)
+            sealed = {}
+            for cid, pk in payload["public_keys"].items():
+                if cid == data.client_id:
+                    continue
+                key = ring.pair.agree(pk, info=_seal_info(data.client_id, cid))
+                sealed[cid] = seal(key, ring.run_key + ring.salt, aad=_seal_info(data.client_id, cid))
+            return {"sealed": sealed}
+        if step == "receive":
+            if payload.get("sealed") is not None:
+                key = ring.pair.agree(payload["dealer_public_key"], info=_seal_info(payload["dealer"], data.client_id))
+                plain = open_sealed(key, payload["sealed"], aad=_seal_info(payload["dealer"], data.client_id))
+                ring.run_key, ring.salt = plain[:32], plain[32:]
+            names = payload["label_names"]
+            pseudonyms = [label_pseudonym(ring.run_key, names[int(lbl)]) for lbl in data.known_labels]
+            ring.pseudonym = pseudonyms[0] if len(pseudonyms) == 1 else None
+            return {"pseudonyms": pseudonyms}
+        raise ValueError(f"unknown keyed_hashing step {step!r}")
+
+    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        # 0. public keys up (the server relays them)
+        replies = ctx.query(lambda cid: {"keyed_hashing": "advertise"}, self._client_setup_fn)
+        self.public_keys = {cid: r["public_key"] for cid, r in replies}
+        dealer = min(self.public_keys)
+        # 1. the dealer seals the run key to each client's public key
+        deal = ctx.query_one(dealer, {"keyed_hashing": "deal", "public_keys": self.public_keys}, self._client_setup_fn)
+        sealed = deal["sealed"]
+        # 2. each client opens its copy and answers with its label pseudonym(s)
+        pseud = ctx.query(
+            lambda cid: {
+                "keyed_hashing": "receive", "sealed": sealed.get(cid), "dealer": dealer,
+                "dealer_public_key": self.public_keys[dealer], "label_names": ctx.label_names,
+            },
+            self._client_setup_fn,
+        )  # fmt: skip
+        # server: rows in the order of the pseudonyms (a keyed permutation it cannot invert)
+        by_client = {cid: r["pseudonyms"] for cid, r in pseud}
+        distinct = sorted({p for ps in by_client.values() for p in ps})
+        self.row_of_pseudonym = {p: i for i, p in enumerate(distinct)}
+        # simulator: re-index labels so that label l lives in the row of its pseudonym
+        C = len(ctx.label_names)
+        perm = np.full(C, -1, dtype=np.int64)
+        for c in ctx.clients:
+            for lbl, p in zip(c.known_labels.tolist(), by_client[c.client_id], strict=True):
+                perm[lbl] = self.row_of_pseudonym[p]
+        free = iter(sorted(set(range(C)) - set(perm[perm >= 0].tolist())))
+        perm = np.array([p if p >= 0 else next(free) for p in perm])
+        ctx.permute_labels(perm)
+        return {"keyed_hashing": {"dealer": dealer, "clients": len(self.public_keys), "pseudonyms": len(distinct)}}
+
+    # ------------------------------------------------------------------ label-set collection
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        return fn  # training replies are unchanged
+
+    def token_mod(self, fn: ClientFn) -> ClientFn:
+        """Client side: answer a token request with keyed tokens and pseudonyms instead of clear ones."""
+
+        def wrapped(payload: Payload, data: ClientData) -> Payload:
+            if payload.get("tokenizer") != TOKENIZER_NAME:
+                return fn(payload, data)
+            ring = self._clients[data.client_id]
+            if len(data.known_labels) != 1:
+                raise ValueError("label-set collection needs the positive-only setting (one label per client)")
+            return {"tokens": ring.tokens(data.raw), "pseudonym": ring.pseudonym}
+
+        return wrapped
+
+    def wrap_query(self, query):
+        """Server side: ask for keyed tokens; map each pseudonym to its row before the algorithm merges sets."""
+
+        def q(payload_fn, client_fn):
+            replies = query(lambda cid: {**payload_fn(cid), "tokenizer": TOKENIZER_NAME}, self.token_mod(client_fn))
+            out = []
+            for cid, r in replies:
+                if "pseudonym" in r:
+                    if r["pseudonym"] not in self.row_of_pseudonym:
+                        raise PrivacyViolation(f"client {cid} sent an unknown pseudonym")
+                    r = {"tokens": r["tokens"], "label": self.row_of_pseudonym[r["pseudonym"]]}
+                out.append((cid, r))
+            return out
+
+        return q
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"public_keys": self.public_keys, "row_of_pseudonym": self.row_of_pseudonym}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.public_keys = state["public_keys"]
+        self.row_of_pseudonym = state["row_of_pseudonym"]
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {cid: ring.state() for cid, ring in self._clients.items()}
+
+    def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        self._clients = {cid: ClientKeyring.restore(cid, st) for cid, st in state.items()}

@@ -1,0 +1,251 @@
+"""Secure aggregation with dropout recovery (Bonawitz et al. 2017, CCS) on a SecAgg+ neighbour graph.
+
+Honest-but-curious server variant (no consistency-check signatures). Per round:
+
+0. **AdvertiseKeys** — each client u makes two X25519 key pairs, (c_u) for the
+   share channel and (s_u) for mask agreement, and sends both public keys.
+1. **ShareKeys** — u draws a self-mask seed b_u, Shamir-splits b_u and s_u's
+   private key t-of-(k+1) over its neighbourhood N(u) ∪ {u}, and sends each
+   neighbour its shares AES-GCM-sealed under HKDF(X25519(c_u, c_v)).
+2. **MaskedInput** — u sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) alive} ±PRG(s_uv) mod 2^bits,
+   with s_uv = HKDF(X25519(s_u, s_v)), + if u < v and − otherwise.
+3. **Unmasking** — each surviving client returns, per neighbour, the share of
+   b_u if u sent its input and the share of s_u's key if u dropped after
+   step 1. The server rebuilds them (≥ t shares each) and strips the masks.
+
+The server sums exactly Σ_{u ∈ U3} x_u when at most (k+1) − t clients of any
+neighbourhood drop; it raises :class:`SecAggAbort` otherwise. Masks come from
+AES-256-CTR (``protocols.crypto.prg_words``). With ``neighbors = n − 1`` the
+graph is complete and this is the original SecAgg.
+
+The server object never holds a private key or a seed: only public keys,
+sealed ciphertexts, masked vectors and, in step 3, the shares it is entitled
+to. ``transcript`` records every message the server received.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protocols.crypto import KeyPair, open_sealed, prg_words, seal, shamir_combine, shamir_split
+from secure_fed.errors import RoundAborted
+
+
+class SecAggAbort(RoundAborted):
+    """Too few clients survived for the sum to be recovered."""
+
+
+def neighbour_graph(cohort: list[int], k: int | None, seed: int) -> dict[int, list[int]]:
+    """A k-regular-ish undirected graph (Harary-style ring over a public shuffle); complete if k ≥ n − 1."""
+    n = len(cohort)
+    if k is None or k >= n - 1:
+        return {u: [v for v in cohort if v != u] for u in cohort}
+    order = [int(u) for u in np.random.default_rng(seed).permutation(cohort)]
+    pos = {u: i for i, u in enumerate(order)}
+    half = max(1, k // 2)
+    nbrs: dict[int, set[int]] = {u: set() for u in cohort}
+    for u in cohort:
+        for j in range(1, half + 1):
+            for v in (order[(pos[u] + j) % n], order[(pos[u] - j) % n]):
+                if v != u:
+                    nbrs[u].add(v)
+                    nbrs[v].add(u)
+    return {u: sorted(vs) for u, vs in nbrs.items()}
+
+
+def _pair_info(u: int, v: int, round_idx: int) -> bytes:
+    a, b = min(u, v), max(u, v)
+    return f"secagg round {round_idx} pair {a}-{b}".encode()
+
+
+@dataclass
+class SecAggClient:
+    """One client's side of one round. Holds its secrets; nothing here is sent in the clear."""
+
+    cid: int
+    round_idx: int
+    neighbours: list[int]
+    threshold: int
+    c_key: KeyPair = field(default_factory=KeyPair)
+    s_key: KeyPair = field(default_factory=KeyPair)
+    b_seed: bytes = field(default_factory=lambda: os.urandom(32))
+    peers_c: dict[int, bytes] = field(default_factory=dict)
+    peers_s: dict[int, bytes] = field(default_factory=dict)
+    held_shares: dict[int, tuple[tuple[int, bytes], tuple[int, bytes]]] = field(default_factory=dict)
+
+    def advertise(self) -> dict:
+        return {"c_pk": self.c_key.public, "s_pk": self.s_key.public}
+
+    def share_keys(self, public_keys: dict[int, dict]) -> dict[int, bytes]:
+        """Seal (share of b_u, share of s_u) to each neighbour still alive; keeps its own pair."""
+        group = sorted([self.cid, *self.neighbours])
+        idx = {v: i + 1 for i, v in enumerate(group)}  # Shamir x-coordinate of each member
+        b_sh = dict(shamir_split(self.b_seed, threshold=self.threshold, num_shares=len(group)))
+        s_sh = dict(shamir_split(self.s_key.private_bytes(), threshold=self.threshold, num_shares=len(group)))
+        out = {}
+        for v in group:
+            share = ((idx[v], b_sh[idx[v]]), (idx[v], s_sh[idx[v]]))
+            if v == self.cid:
+                self.held_shares[self.cid] = share
+                continue
+            if v not in public_keys:
+                continue  # dropped in step 0
+            self.peers_c[v] = public_keys[v]["c_pk"]
+            self.peers_s[v] = public_keys[v]["s_pk"]
+            key = self.c_key.agree(self.peers_c[v], info=_pair_info(self.cid, v, self.round_idx) + b" share channel")
+            plain = b"".join([self.cid.to_bytes(4, "little"), v.to_bytes(4, "little"), bytes([share[0][0]]), share[0][1],
+                              bytes([share[1][0]]), share[1][1]])  # fmt: skip
+            out[v] = seal(key, plain, aad=_pair_info(self.cid, v, self.round_idx))
+        return out
+
+    def receive_shares(self, sealed: dict[int, bytes]) -> None:
+        for u, blob in sealed.items():
+            key = self.c_key.agree(self.peers_c[u], info=_pair_info(u, self.cid, self.round_idx) + b" share channel")
+            plain = open_sealed(key, blob, aad=_pair_info(u, self.cid, self.round_idx))
+            if int.from_bytes(plain[:4], "little") != u or int.from_bytes(plain[4:8], "little") != self.cid:
+                raise SecAggAbort(f"client {self.cid}: a share from {u} is addressed wrongly")
+            b_len = (len(plain) - 10) // 2
+            self.held_shares[u] = ((plain[8], plain[9 : 9 + b_len]), (plain[9 + b_len], plain[10 + b_len :]))
+
+    def masked_input(self, x: np.ndarray, alive: list[int], bits: int) -> np.ndarray:
+        """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) (mod 2^bits), over neighbours that completed step 1."""
+        y = x + prg_words(self.b_seed, len(x), bits=bits)
+        for v in self.neighbours:
+            if v not in alive:
+                continue
+            m = prg_words(self.s_key.agree(self.peers_s[v], info=_pair_info(self.cid, v, self.round_idx) + b" mask"), len(x),
+                          bits=bits)  # fmt: skip
+            y = y + m if self.cid < v else y - m
+        return y
+
+    def unmask(self, survived: set[int], dropped: set[int]) -> dict[int, tuple[str, tuple[int, bytes]]]:
+        """Step 3: per neighbour, the b-share if it survived or the s-key share if it dropped (never both)."""
+        out = {}
+        for u, (b_share, s_share) in self.held_shares.items():
+            if u in survived:
+                out[u] = ("b", b_share)
+            elif u in dropped:
+                out[u] = ("s", s_share)
+        return out
+
+
+class SecAggServer:
+    """The server's side: routes messages, sums masked inputs, strips masks. Holds no secret."""
+
+    def __init__(self, *, round_idx: int, graph: dict[int, list[int]], threshold: int, bits: int):
+        self.round_idx = round_idx
+        self.graph = graph
+        self.t = threshold
+        self.bits = bits
+        self.public_keys: dict[int, dict] = {}
+        self.transcript: list[tuple[str, int, object]] = []
+        self.u2: set[int] = set()
+        self.u3: set[int] = set()
+        self.total: np.ndarray | None = None
+
+    def _need(self, alive: set[int], stage: str) -> None:
+        for u in alive:
+            group = set(self.graph[u]) | {u}
+            if len(group & alive) < self.t:
+                raise SecAggAbort(
+                    f"secure aggregation aborted at {stage}: client {u}'s neighbourhood has "
+                    f"{len(group & alive)} live members, fewer than the threshold t = {self.t}"
+                )
+
+    def collect_keys(self, msgs: dict[int, dict]) -> dict[int, dict]:
+        for u, m in msgs.items():
+            self.transcript.append(("advertise", u, m))
+        self.public_keys = dict(msgs)
+        self._need(set(msgs), "AdvertiseKeys")
+        return self.public_keys
+
+    def route_shares(self, msgs: dict[int, dict[int, bytes]]) -> dict[int, dict[int, bytes]]:
+        inbox: dict[int, dict[int, bytes]] = {v: {} for v in msgs}
+        for u, per in msgs.items():
+            self.transcript.append(("share_keys", u, per))
+            for v, blob in per.items():
+                if v in inbox:
+                    inbox[v][u] = blob
+        self.u2 = set(msgs)
+        self._need(self.u2, "ShareKeys")
+        return inbox
+
+    def add_masked(self, u: int, y: np.ndarray) -> None:
+        self.transcript.append(("masked_input", u, y))
+        self.total = y.copy() if self.total is None else self.total + y
+        self.u3.add(u)
+
+    def unmask(self, replies: dict[int, dict[int, tuple[str, tuple[int, bytes]]]], size: int) -> np.ndarray:
+        self._need(self.u3, "MaskedInput")
+        self._need(set(replies), "Unmasking")
+        b_shares: dict[int, list] = {}
+        s_shares: dict[int, list] = {}
+        for v, per in replies.items():
+            self.transcript.append(("unmask", v, per))
+            for u, (kind, share) in per.items():
+                (b_shares if kind == "b" else s_shares).setdefault(u, []).append(share)
+        total = self.total if self.total is not None else np.zeros(size, dtype=np.uint64)
+        for u in sorted(self.u3):
+            if len(b_shares.get(u, [])) < self.t:
+                raise SecAggAbort(f"secure aggregation aborted: only {len(b_shares.get(u, []))} shares of client {u}'s self-mask")
+            b_seed = shamir_combine(b_shares[u][: self.t])
+            total = total - prg_words(b_seed, size, bits=self.bits)
+        for u in sorted(self.u2 - self.u3):
+            if len(s_shares.get(u, [])) < self.t:
+                raise SecAggAbort(f"secure aggregation aborted: only {len(s_shares.get(u, []))} shares of dropped client {u}'s key")
+            s_u = KeyPair.from_private_bytes(shamir_combine(s_shares[u][: self.t]))
+            for v in self.graph[u]:
+                if v not in self.u3:
+                    continue
+                m = prg_words(s_u.agree(self.public_keys[v]["s_pk"], info=_pair_info(u, v, self.round_idx) + b" mask"), size,
+                              bits=self.bits)  # fmt: skip
+                total = total - m if v < u else total + m  # v added +m iff v < u; strip it
+        mask = np.uint64((1 << self.bits) - 1) if self.bits < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
+        return total & mask
+
+
+def threshold_for(group_size: int, fraction: float) -> int:
+    return max(1, math.ceil(fraction * group_size))
+
+
+def secure_sum(
+    inputs: dict[int, np.ndarray],
+    *,
+    threshold: float | int,
+    neighbors: int | None = None,
+    bits: int = 64,
+    round_idx: int = 0,
+    drop: dict[str, set[int]] | None = None,
+    graph_seed: int = 0,
+) -> tuple[np.ndarray, set[int], SecAggServer]:
+    """Run the whole protocol on already-encoded inputs (uint64 vectors); a test and benchmark harness.
+
+    ``drop`` maps a stage (``advertise``, ``share``, ``input``, ``unmask``) to clients that drop before
+    sending that stage's message. Returns (sum over U3 mod 2^bits, U3, server).
+    """
+    drop = drop or {}
+    cohort = sorted(inputs)
+    graph = neighbour_graph(cohort, neighbors, graph_seed)
+    k1 = len(next(iter(graph.values()))) + 1 if cohort else 1
+    t = threshold if isinstance(threshold, int) else threshold_for(k1, threshold)
+    clients = {u: SecAggClient(u, round_idx, graph[u], t) for u in cohort}
+    server = SecAggServer(round_idx=round_idx, graph=graph, threshold=t, bits=bits)
+    alive = [u for u in cohort if u not in drop.get("advertise", set())]
+    pks = server.collect_keys({u: clients[u].advertise() for u in alive})
+    alive = [u for u in alive if u not in drop.get("share", set())]
+    inbox = server.route_shares({u: clients[u].share_keys(pks) for u in alive})
+    for u in alive:
+        clients[u].receive_shares(inbox[u])
+    u2 = list(alive)
+    size = len(next(iter(inputs.values())))
+    for u in u2:
+        if u not in drop.get("input", set()):
+            server.add_masked(u, clients[u].masked_input(inputs[u], u2, bits))
+    u3 = set(server.u3)
+    dropped = set(u2) - u3
+    replies = {u: clients[u].unmask(u3, dropped) for u in u3 if u not in drop.get("unmask", set())}
+    return server.unmask(replies, size), u3, server

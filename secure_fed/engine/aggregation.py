@@ -1,0 +1,175 @@
+"""Round aggregation: what the server gets out of one round's client replies.
+
+A round's replies reduce to one :class:`Aggregate` (sums, never individual
+updates). :class:`PlainRound` reduces plaintext replies; protocol layers wrap
+it (``protocols.base.RoundWrapper``): secure aggregation and CKKS replace the
+reduction of the wire messages, DP post-processes the sums.
+
+:class:`UpdateLayout` packs one client's update into a flat vector
+``[w·Δθ | w | row deltas scattered into C×d | row counts (C) | loss | 1]`` so a
+protocol can sum vectors without knowing what they hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+
+
+@dataclass
+class Aggregate:
+    """Sums over one round's surviving clients.
+
+    Attributes:
+        theta_sum: Σ_c w_c·Δθ_c per parameter.
+        weight_sum: Σ_c w_c (w_c = 1 or the client's example count).
+        row_sum: (C, d) Σ of the clients' own row deltas, at their rows.
+        row_count: (C,) how many clients contributed to each row.
+        loss_sum: Σ_c of the clients' mean training losses.
+        num_clients: clients whose update is in the sums.
+        theta_denominator / row_denominator: set by DP (fixed denominators);
+            otherwise the engine divides by ``weight_sum`` / ``row_count``.
+    """
+
+    theta_sum: dict[str, torch.Tensor]
+    weight_sum: float
+    row_sum: torch.Tensor
+    row_count: torch.Tensor
+    loss_sum: float
+    num_clients: int
+    theta_denominator: float | None = None
+    row_denominator: torch.Tensor | None = None
+    notes: dict = field(default_factory=dict)
+
+    def theta_mean(self) -> dict[str, torch.Tensor]:
+        den = self.theta_denominator if self.theta_denominator is not None else self.weight_sum
+        return {n: s / max(den, 1e-12) for n, s in self.theta_sum.items()}
+
+    def rows_mean(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row deltas, mask of rows to update)."""
+        if self.row_denominator is not None:
+            den = self.row_denominator
+            mask = den > 0
+        else:
+            den, mask = self.row_count, self.row_count > 0
+        return self.row_sum / den.clamp(min=1e-12).unsqueeze(1), mask
+
+
+def client_weight(reply: Payload, weighting: str) -> float:
+    return float(reply["num_examples"]) if weighting == "num_examples" else 1.0
+
+
+@dataclass(frozen=True)
+class UpdateLayout:
+    """Where each part of a client's update sits in its flat vector."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    num_rows: int
+    dim: int
+
+    @classmethod
+    def for_model(cls, theta: dict[str, torch.Tensor], num_rows: int, dim: int) -> UpdateLayout:
+        return cls(tuple(theta), tuple(tuple(t.shape) for t in theta.values()), num_rows, dim)
+
+    def segments(self) -> dict[str, slice]:
+        """Named slices: one per θ parameter, then ``rows`` (deltas and counts) and ``meta`` (w, loss, 1)."""
+        out, o = {}, 0
+        for n, s in zip(self.names, self.shapes, strict=True):
+            k = int(np.prod(s))
+            out[n] = slice(o, o + k)
+            o += k
+        out["rows"] = slice(o, o + self.num_rows * (self.dim + 1))
+        o += self.num_rows * (self.dim + 1)
+        out["meta"] = slice(o, o + 3)
+        return out
+
+    @property
+    def size(self) -> int:
+        return self.segments()["meta"].stop
+
+    def flatten(self, reply: Payload, weighting: str) -> np.ndarray:
+        """Client side: the reply as one float64 vector (weights applied)."""
+        w = client_weight(reply, weighting)
+        seg = self.segments()
+        v = np.zeros(self.size, dtype=np.float64)
+        for n in self.names:
+            v[seg[n]] = w * reply["theta_delta"][n].detach().double().cpu().numpy().ravel()
+        rows = v[seg["rows"]]
+        deltas = rows[: self.num_rows * self.dim].reshape(self.num_rows, self.dim)
+        counts = rows[self.num_rows * self.dim :]
+        if "rows_delta" in reply:
+            ids = np.asarray(torch.as_tensor(reply["row_ids"]).cpu()).reshape(-1)
+            deltas[ids] += reply["rows_delta"].detach().double().cpu().numpy()
+            counts[ids] += 1.0
+        v[seg["meta"]] = (w, float(reply["loss"]), 1.0)
+        return v
+
+    def unflatten_sum(self, v: np.ndarray, device: torch.device) -> Aggregate:
+        """Server side: a summed vector back into an :class:`Aggregate`."""
+        seg = self.segments()
+        theta = {
+            n: torch.from_numpy(np.ascontiguousarray(v[seg[n]]).reshape(s)).float().to(device)
+            for n, s in zip(self.names, self.shapes, strict=True)
+        }
+        rows = v[seg["rows"]]
+        row_sum = torch.from_numpy(np.ascontiguousarray(rows[: self.num_rows * self.dim]).reshape(self.num_rows, self.dim))
+        row_count = torch.from_numpy(np.ascontiguousarray(rows[self.num_rows * self.dim :]))
+        w, loss, n = v[seg["meta"]]
+        return Aggregate(
+            theta_sum=theta,
+            weight_sum=float(w),
+            row_sum=row_sum.float().to(device),
+            row_count=row_count.round().float().to(device),
+            loss_sum=float(loss),
+            num_clients=int(round(n)),
+        )
+
+
+class RoundSession:
+    """One round's aggregation. The base class reduces plaintext replies.
+
+    ``cohort`` are the clients that train this round; ``client_mod`` wraps the
+    client function (client side); ``submit`` takes each wire message;
+    ``finish`` returns the round's :class:`Aggregate`; ``post`` applies this
+    session's server-side post-processing to an aggregate computed elsewhere.
+    """
+
+    def __init__(self, *, cohort: list[int], theta: dict[str, torch.Tensor], W: torch.Tensor, weighting: str):
+        self.cohort = list(cohort)
+        self.weighting = weighting
+        self.device = W.device
+        self._theta_sum = {n: torch.zeros_like(t) for n, t in theta.items()}
+        self._row_sum = torch.zeros_like(W)
+        self._row_cnt = torch.zeros(W.shape[0], device=W.device)
+        self._w = 0.0
+        self._loss = 0.0
+        self._n = 0
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        return fn
+
+    def submit(self, cid: int, reply: Payload) -> None:
+        w = client_weight(reply, self.weighting)
+        for n, d in reply["theta_delta"].items():
+            self._theta_sum[n].add_(d.to(self.device), alpha=w)
+        if "rows_delta" in reply:
+            ids = torch.as_tensor(reply["row_ids"], device=self.device)
+            self._row_sum.index_add_(0, ids, reply["rows_delta"].to(self.device))
+            self._row_cnt.index_add_(0, ids, torch.ones(len(ids), device=self.device))
+        self._w += w
+        self._loss += float(reply["loss"])
+        self._n += 1
+
+    def finish(self) -> Aggregate:
+        return Aggregate(self._theta_sum, self._w, self._row_sum, self._row_cnt, self._loss, self._n)
+
+    def post(self, agg: Aggregate) -> Aggregate:
+        return agg
+
+
+__all__ = ["Aggregate", "ClientData", "RoundSession", "UpdateLayout", "client_weight"]
