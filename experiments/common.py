@@ -24,7 +24,8 @@ def run_cached(config_path: str, overrides: list[str], run_dir: str, data_root: 
     done = out / "summary.json"
     if done.is_file():
         summary = json.loads(done.read_text())
-        if summary.get("status") == "completed" and summary.get("rounds_completed", 0) >= cfg.training.rounds:
+        finished = summary.get("status") == "budget_exhausted" or summary.get("rounds_completed", 0) >= cfg.training.rounds
+        if summary.get("status") in ("completed", "budget_exhausted") and finished:
             return summary
     exp = Experiment(cfg, run_dir=out, data_root=data_root)
     exp.resume()

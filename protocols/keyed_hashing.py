@@ -32,7 +32,7 @@ import scipy.sparse as sp
 import torch
 
 from protocols.base import ProtocolLayer, ProtocolSetup, StackEnv
-from protocols.crypto import KeyPair, hkdf, open_sealed, seal
+from protocols.crypto import KeyPair, open_sealed, seal
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.algorithms.label_sets import canonical_instance_bytes
 from secure_fed.errors import PrivacyViolation

@@ -77,7 +77,11 @@ class DifferentialPrivacy(ProtocolLayer):
                 not_cov.insert(0, "label-set collection: a client's tokens shape W through the server regulariser "
                                   "(covered per label set by privacy.instance, not per client)")  # fmt: skip
             self.units["client"] = self._unit(
-                "client", p.client, q, cfg.training.rounds, scope="each client's whole update of θ and its class rows",
+                "client",
+                p.client,
+                q,
+                cfg.training.rounds,
+                scope="each client's whole update of θ and its class rows",
                 not_covered=not_cov,
             )
 

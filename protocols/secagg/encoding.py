@@ -37,7 +37,9 @@ class FixedPoint:
     def decode_sum(self, s: np.ndarray) -> np.ndarray:
         s = s & self.mask
         half = np.uint64(1 << (self.modulus_bits - 1))
-        signed = s.astype(np.int64) if self.modulus_bits == 64 else np.where(
-            s >= half, s.astype(np.int64) - (1 << self.modulus_bits), s.astype(np.int64)
+        signed = (
+            s.astype(np.int64)
+            if self.modulus_bits == 64
+            else np.where(s >= half, s.astype(np.int64) - (1 << self.modulus_bits), s.astype(np.int64))
         )
         return signed.astype(np.float64) / 2.0**self.frac_bits

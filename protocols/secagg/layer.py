@@ -62,7 +62,9 @@ class _SecAggRound(RoundWrapper):
         group = len(self.graph[cohort[0]]) + 1 if cohort else 1
         self.t = threshold_for(group, cfg.threshold)
         rng = np.random.default_rng([layer.cfg.seed, 31, round_idx])
-        self.drops = {stage: {u for u in cohort if rng.random() < cfg.dropout} for stage in ("advertise", "share", "input", "unmask")}
+        self.drops = {
+            stage: {u for u in cohort if rng.random() < cfg.dropout} for stage in ("advertise", "share", "input", "unmask")
+        }
         t0 = time.perf_counter()
         self.clients = {u: SecAggClient(u, round_idx, self.graph[u], self.t) for u in cohort}  # client side
         self.server = SecAggServer(round_idx=round_idx, graph=self.graph, threshold=self.t, bits=self.bits)

@@ -196,7 +196,9 @@ class SecAggServer:
             total = total - prg_words(b_seed, size, bits=self.bits)
         for u in sorted(self.u2 - self.u3):
             if len(s_shares.get(u, [])) < self.t:
-                raise SecAggAbort(f"secure aggregation aborted: only {len(s_shares.get(u, []))} shares of dropped client {u}'s key")
+                raise SecAggAbort(
+                    f"secure aggregation aborted: only {len(s_shares.get(u, []))} shares of dropped client {u}'s key"
+                )
             s_u = KeyPair.from_private_bytes(shamir_combine(s_shares[u][: self.t]))
             for v in self.graph[u]:
                 if v not in self.u3:

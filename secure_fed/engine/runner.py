@@ -23,6 +23,7 @@ from secure_fed.algorithms import SetupContext
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.config import dump_config
 from secure_fed.config.schema import ExperimentConfig
+from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.builders import (
     build_algorithm,
     build_dataset,
@@ -30,10 +31,9 @@ from secure_fed.engine.builders import (
     build_federation,
     resolve_device,
 )
-from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.guard import MessageGuard
-from secure_fed.errors import RoundAborted
 from secure_fed.engine.server_optimizers import ServerOptimizer
+from secure_fed.errors import RoundAborted
 from secure_fed.metrics import evaluate_scores
 from secure_fed.models import mean_pairwise_cosine, spread_init
 
@@ -109,13 +109,13 @@ class Experiment:
         for c in self.fed.clients:
             per_row[c.known_labels] += 1
         self.stack_env = StackEnv(
-                num_clients=len(self.fed.clients),
-                clients_per_row=per_row,
-                num_labels=self.dataset.num_labels,
-                embedding_dim=cfg.model.embedding_dim,
-                theta=self.theta,
-                device=self.device,
-                seed=cfg.seed,
+            num_clients=len(self.fed.clients),
+            clients_per_row=per_row,
+            num_labels=self.dataset.num_labels,
+            embedding_dim=cfg.model.embedding_dim,
+            theta=self.theta,
+            device=self.device,
+            seed=cfg.seed,
         )
         self.stack = ProtocolStack(cfg, self.stack_env)
         self.stack.wrap_algorithm(self.algorithm)

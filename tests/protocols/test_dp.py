@@ -1,0 +1,147 @@
+"""DP: the ledger matches Opacus, calibration hits the target, the budget is never exceeded,
+the label-set mechanism reduces to the non-private step, and resume does not double count."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
+
+from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
+from protocols.dp.client_dp import clip_update, update_norm
+from protocols.dp.label_set_dpsgd import dp_label_set_step
+from secure_fed.algorithms.fedaws import regularizer_step
+from secure_fed.algorithms.regularizers import correlation_sigma, correlation_top_k, label_set_correlation_grads
+from secure_fed.engine import Experiment
+from tests.conftest import small_config
+
+OPACUS = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
+
+
+def unit(sigma=1.0, q=0.1, target=None, acc="rdp"):
+    return PrivacyUnit(name="instance", scope="test", sigma=sigma, sample_rate=q, delta=1e-5, accountant=acc,
+                       target_epsilon=target, clip_norm=1.0, calibrated=False, planned_steps=10)  # fmt: skip
+
+
+@pytest.mark.parametrize("acc", ["rdp", "prv", "gdp"])
+def test_ledger_epsilon_equals_opacus(acc):
+    u = unit(sigma=1.1, q=0.05, acc=acc)
+    ref = OPACUS[acc]()
+    for _ in range(30):
+        u.step()
+        ref.step(noise_multiplier=1.1, sample_rate=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert u.epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("acc", ["rdp", "prv"])
+@pytest.mark.parametrize("target", [1.0, 4.0])
+def test_calibrated_sigma_reaches_target_within_one_percent(acc, target):
+    sigma = calibrate_sigma(target_epsilon=target, delta=1e-5, sample_rate=0.1, steps=50, accountant=acc)
+    eps = epsilon_of([(sigma, 0.1, 50)], 1e-5, acc)
+    assert eps <= target and eps >= 0.99 * target
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sigma=st.floats(0.3, 3.0),
+    q=st.floats(0.01, 1.0),
+    target=st.floats(0.2, 10.0),
+    steps=st.integers(1, 200),
+)
+def test_budget_is_never_exceeded(sigma, q, target, steps):
+    u = unit(sigma=sigma, q=q, target=target)
+    done = 0
+    while done < steps and u.stop_reason() is None:
+        u.step()
+        done += 1
+        assert u.epsilon() <= target
+    if done < steps:  # it stopped early: because the next step would have crossed the target
+        assert u.epsilon_after(1) > target
+
+
+def test_label_set_step_without_noise_equals_nonprivate_sigma_step():
+    torch.manual_seed(0)
+    C, d, n = 10, 8, 40
+    W = torch.nn.functional.normalize(torch.randn(C, d, dtype=torch.float64), dim=-1)
+    Y = (torch.rand(n, C) < 0.3).double()
+    W_ref = W.clone()
+    regularizer_step(W_ref, lambda V: correlation_top_k(V, 9.0 * correlation_sigma(Y), 3, 1.0), 0.05)
+    W_dp = W.clone()
+    grads = lambda V, Yb: label_set_correlation_grads(V, Yb, k=3, margin=1.0, scale=9.0)  # noqa: E731
+    stats = dp_label_set_step(W_dp, Y, grads, clip_norm=1e9, noise_multiplier=0.0, sample_rate=1.0, step_size=0.05,
+                              generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert stats["dp_batch"] == n and stats["dp_clipped_frac"] == 0.0
+    assert torch.allclose(W_dp, W_ref, atol=1e-12)
+
+
+def test_label_set_step_clips_every_contribution():
+    torch.manual_seed(1)
+    W = torch.nn.functional.normalize(torch.randn(8, 4, dtype=torch.float64), dim=-1)
+    Y = torch.zeros(1, 8, dtype=torch.float64)
+    Y[0, :3] = 1
+    grads = lambda V, Yb: label_set_correlation_grads(V, Yb, k=7, margin=2.0, scale=100.0)  # noqa: E731
+    W2 = W.clone()
+    dp_label_set_step(W2, Y, grads, clip_norm=1e-3, noise_multiplier=0.0, sample_rate=1.0, step_size=1.0,
+                      generator=torch.Generator())  # fmt: skip
+    # one set, clipped to 1e-3, step 1, divided by q·n = 1 → W moves by at most 1e-3 before renormalising
+    assert (W2 - W).norm() <= 1e-3 * 1.01
+
+
+def test_client_clip_bounds_the_whole_update():
+    reply = {"theta_delta": {"a": torch.full((3,), 2.0)}, "rows_delta": torch.full((1, 4), 2.0), "row_ids": [0]}
+    assert update_norm(clip_update(reply, 0.5)) == pytest.approx(0.5)
+    small = {"theta_delta": {"a": torch.full((3,), 0.01)}}
+    assert torch.equal(clip_update(small, 0.5)["theta_delta"]["a"], small["theta_delta"]["a"])
+
+
+DP_INSTANCE = [
+    'protocols=["dp"]',
+    "algorithm.normalize_gamma=false",
+    'privacy.instance={"target_epsilon": 2.0, "sample_rate": 0.2}',
+]
+
+
+def test_budget_stops_training_before_the_step_that_would_exceed(tmp_path):
+    cfg = small_config(*DP_INSTANCE, 'privacy.instance={"noise_multiplier": 2.0, "target_epsilon": 2.0, "sample_rate": 0.2}',
+                       "training.rounds=40")  # fmt: skip
+    res = Experiment(cfg, run_dir=tmp_path).run(progress=False)
+    s = res.summary
+    assert s["status"] == "budget_exhausted" and 0 < s["rounds_completed"] < 40
+    inst = s["privacy"]["units"]["instance"]
+    assert inst["epsilon"] <= 2.0 and "would reach" in s["stop_reason"]
+    assert epsilon_of([(2.0, 0.2, inst["steps"] + 1)], 1e-5, "rdp") > 2.0  # the next step really would exceed
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    eps = [x["privacy"]["instance"]["epsilon"] for x in lines]
+    assert eps == sorted(eps) and len(lines) == s["rounds_completed"] and "P@1" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [
+        [*DP_INSTANCE, "privacy.instance.noise_multiplier=1.5", "privacy.instance.target_epsilon=null"],
+        ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}'],
+    ],
+)
+def test_resume_restores_the_ledger_without_double_counting(tmp_path, stack):
+    ov = [*stack, "training.rounds=6", "output.checkpoint_every=3"]
+    full = Experiment(small_config(*ov), run_dir=tmp_path / "full").run(progress=False).summary
+    Experiment(small_config(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
+    e = Experiment(small_config(*ov), run_dir=tmp_path / "part")
+    assert e.resume()
+    resumed = e.run(progress=False).summary
+    unit_name = full["privacy"]["unit"]
+    a, b = full["privacy"]["units"][unit_name], resumed["privacy"]["units"][unit_name]
+    assert a["steps"] == b["steps"] == 6 and a["epsilon"] == pytest.approx(b["epsilon"], rel=1e-12)
+    assert full["final"]["P@1"] == resumed["final"]["P@1"]
+
+
+def test_run_without_dp_says_epsilon_infinite(tmp_path):
+    s = Experiment(small_config("training.rounds=2"), run_dir=tmp_path).run(progress=False).summary
+    assert s["privacy"]["epsilon"] == "inf"

@@ -1,0 +1,178 @@
+"""Keyed hashing keeps FedALC's label sets intact; CKKS sums match; no key ever reaches the server."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import tenseal as ts
+import torch
+
+from protocols.ckks import make_context, public_bytes
+from protocols.keyed_hashing import keyed_token, quantized_embedding_bytes
+from secure_fed.algorithms.label_sets import Sha256Tokenizer, canonical_instance_bytes
+from secure_fed.algorithms.regularizers import correlation_gamma, correlation_sigma
+from secure_fed.engine import Experiment
+from tests.conftest import small_config
+
+
+def _blob(obj) -> bytes:
+    """Every byte an object would put on disk: pickle protocol 4 and torch.save (which pickles bytes as latin-1 text)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue() + pickle.dumps(obj, protocol=4)
+
+
+def _holds(blob: bytes, secret: bytes) -> bool:
+    return secret in blob or secret.decode("latin-1").encode("utf-8") in blob
+
+
+def _file_holds(path, secret: bytes) -> bool:
+    raw = path.read_bytes()
+    return _holds(raw, secret) or _holds(pickle.dumps(torch.load(path, weights_only=False), protocol=4), secret)
+
+
+def test_keyed_tokens_differ_from_plain_and_across_runs():
+    row = sp.csr_matrix(np.array([[0.0, 1.5, 0.0, 2.0]]))
+    enc = canonical_instance_bytes(row)
+    plain = Sha256Tokenizer().tokens(row)[0]
+    a = keyed_token(b"k" * 32, b"s" * 16, enc)
+    assert a != plain and a != keyed_token(b"k" * 32, b"t" * 16, enc) and a != keyed_token(b"j" * 32, b"s" * 16, enc)
+
+
+def test_quantized_embedding_encoding_is_stable_across_devices_and_dtypes():
+    e = torch.randn(64, dtype=torch.float64)
+    assert quantized_embedding_bytes(e) == quantized_embedding_bytes(e.float())  # fp32 vs fp64 on the grid
+    assert quantized_embedding_bytes(e) == quantized_embedding_bytes(e + 1e-7)
+    assert quantized_embedding_bytes(e) != quantized_embedding_bytes(e + 5e-3)
+
+
+@pytest.mark.parametrize("algo", ["fedalc", "fedalc_fixed"])
+def test_pseudonymous_label_sets_give_the_same_weights_as_clear_labels(tmp_path, algo):
+    ov = [f"algorithm.name={algo}", "training.rounds=1", "algorithm.fixed_steps=3"]
+    clear = Experiment(small_config(*ov), run_dir=tmp_path / "clear")
+    clear.setup()
+    keyed = Experiment(small_config(*ov, 'protocols=["keyed_hashing"]', "output.log_messages=true"), run_dir=tmp_path / "k")
+    keyed.setup()
+    perm = torch.as_tensor(keyed.label_perm)
+    assert sorted(perm.tolist()) == list(range(len(perm))) and not torch.equal(perm, torch.arange(len(perm)))
+    # the server's label sets, in its pseudonym-ranked rows, are the clear ones with columns permuted
+    Yc, Yk = clear.algorithm.label_sets, keyed.algorithm.label_sets
+    Yc_perm = torch.zeros_like(Yc)
+    Yc_perm[:, perm] = Yc
+    assert sorted(map(tuple, Yk.tolist())) == sorted(map(tuple, Yc_perm.tolist()))
+    sc, sk = correlation_sigma(Yc), correlation_sigma(Yk)
+    assert torch.allclose(sk[perm][:, perm], sc)
+    assert torch.allclose(correlation_gamma(sk)[perm][:, perm], correlation_gamma(sc))
+    # the server saw HMAC tokens, never the plain SHA-256 ones
+    plain = {t for c in clear.fed.clients for t in Sha256Tokenizer().tokens(c.raw)}
+    seen = {t for m in keyed.messages if m["direction"] == "up" for t in m["message"].get("tokens", [])}
+    assert seen and not (seen & plain)
+
+
+STACKS = [
+    ["keyed_hashing"],
+    ["dp"],
+    ["secure_aggregation"],
+    ["ckks"],
+    ["keyed_hashing", "dp", "secure_aggregation"],
+    ["keyed_hashing", "dp", "ckks"],
+]
+
+
+def _overrides(algo: str, stack: list[str]) -> list[str]:
+    stack = [s for s in stack if s != "keyed_hashing" or algo in ("fedalc", "fedalc_fixed")]
+    ov = [f"algorithm.name={algo}", "training.rounds=2", f"protocols={stack}".replace("'", '"'), "algorithm.fixed_steps=5"]
+    if "dp" in stack:
+        if algo in ("fedalc", "fedalc_fixed"):
+            ov += ['privacy.instance={"target_epsilon": 4, "sample_rate": 0.3}', "algorithm.normalize_gamma=false"]
+        ov += ['privacy.client={"target_epsilon": 8, "clip_norm": 1.0}']
+    return ov
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=lambda s: "+".join(s))
+@pytest.mark.parametrize("algo", ["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed"])
+def test_every_algorithm_runs_with_every_stack_and_reports_epsilon(tmp_path, algo, stack):
+    cfg = small_config(*_overrides(algo, stack))
+    res = Experiment(cfg, run_dir=tmp_path).run(progress=False)
+    s = res.summary
+    assert s["status"] == "completed" and np.isfinite(s["final"]["P@1"])
+    lines = [__import__("json").loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all("epsilon" in x["privacy"] for x in lines)
+    if "dp" in cfg.protocols:
+        assert isinstance(s["privacy"]["epsilon"], float) and s["privacy"]["delta"] == 1e-5
+    else:
+        assert s["privacy"]["epsilon"] == "inf"
+
+
+@pytest.mark.parametrize("layer", ["secure_aggregation", "ckks"])
+def test_secure_sum_equals_plaintext_aggregation(tmp_path, layer):
+    """Same seed, same updates: the round's result through the protocol matches the plaintext one."""
+    ov = ["algorithm.name=fedaws", "training.rounds=2"]
+    plain = Experiment(small_config(*ov), run_dir=tmp_path / "p")
+    plain.run(progress=False)
+    sec = Experiment(small_config(*ov, f'protocols=["{layer}"]'), run_dir=tmp_path / "s")
+    sec.run(progress=False)
+    for n in plain.theta:
+        err = (plain.theta[n] - sec.theta[n]).norm() / plain.theta[n].norm()
+        assert err < 1e-4, n
+    assert (plain.W - sec.W).norm() / plain.W.norm() < 1e-4
+
+
+def test_ckks_decrypted_sum_within_1e4_relative():
+    ctx = make_context(8192, [60, 40, 40, 60], 40)
+    pub = ts.context_from(public_bytes(ctx))
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(scale=0.01, size=4096) for _ in range(50)]
+    acc = None
+    for x in xs:
+        c = ts.ckks_vector_from(pub, ts.ckks_vector(pub, x).serialize())
+        acc = c if acc is None else acc + c
+    acc.link_context(ctx)
+    dec, ref = np.array(acc.decrypt()), np.sum(xs, axis=0)
+    assert np.linalg.norm(dec - ref) / np.linalg.norm(ref) < 1e-4
+
+
+def test_server_context_is_public_only(tmp_path):
+    e = Experiment(small_config('protocols=["ckks"]', "training.rounds=1"), run_dir=tmp_path)
+    e.run(progress=False)
+    layer = e.stack.layers[0]
+    ctx = ts.context_from(layer.server_context_bytes)
+    assert not ctx.is_private() and not layer.server_context.is_private()
+    with pytest.raises(ValueError):
+        ctx.secret_key()
+
+
+def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
+    cfg = small_config('protocols=["keyed_hashing", "dp", "ckks"]', "algorithm.normalize_gamma=false",
+                       'privacy.instance={"target_epsilon": 4}', "training.rounds=2", "output.log_messages=true")  # fmt: skip
+    e = Experiment(cfg, run_dir=tmp_path)
+    e.run(progress=False)
+    kh, ck = e.stack.layers[0], e.stack.layers[2]
+    run_keys = {ring.run_key for ring in kh._clients.values()} | {ring.salt for ring in kh._clients.values()}
+    assert len(run_keys) == 2  # every client holds the same run key and salt
+    secret_ctx = next(v["secret"] for v in ck._holders.values())
+    assert ts.context_from(secret_ctx).is_private()
+    secrets = [*run_keys, secret_ctx[-4096:]]  # the tail of the serialised secret context holds the secret key
+    for ring in kh._clients.values():
+        secrets.append(ring.pair.private_bytes())
+    server_side = {
+        "algorithm": _blob(e.algorithm.state_dict()),
+        "server state": _blob(e.state_dict()),
+        "keyed_hashing server half": _blob(kh.state_dict()),
+        "ckks server half": _blob(ck.state_dict()) + ck.server_context.serialize(),
+        "message log": _blob(e.messages),
+        "summary": (tmp_path / "summary.json").read_bytes(),
+        "metrics": (tmp_path / "metrics.jsonl").read_bytes(),
+    }
+    for where, blob in server_side.items():
+        for s in secrets:
+            assert not _holds(blob, s), f"a client secret is in the {where}"
+    for name in ("last.pt", "final.pt"):
+        for s in secrets:
+            assert not _file_holds(tmp_path / "checkpoints" / name, s), f"a client secret is in checkpoint {name}"
+    # the clients' own storage does hold them (so resume works): the same check finds them there
+    assert all(_file_holds(tmp_path / "checkpoints" / "clients.pt", k) for k in run_keys)
