@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for t, r in results.items():
         eps_s = ", ".join(e if isinstance(e, str) else f"{e:.3f}" for e in r["accountant_epsilon"])
-        pm = lambda k: f"{r[k]['mean']:.2f} ± {r[k]['std']:.2f}"  # noqa: E731
+        pm = lambda k, r=r: f"{r[k]['mean']:.2f} ± {r[k]['std']:.2f}"  # noqa: E731
         lines.append(f"| {t} | {eps_s} | {r['noise_multiplier']:.3f} | {pm('P@1')} | {pm('P@3')} | {pm('P@5')} | "
                      f"{r['seeds']} | {max(r['rounds'])} |")  # fmt: skip
     (out / "table.md").write_text("\n".join(lines) + "\n")

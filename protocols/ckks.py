@@ -131,8 +131,8 @@ class CKKSAggregation(ProtocolLayer):
         dealer = holders[0]
         keygen = ctx.query_one(dealer, {"ckks": "keygen", "public_keys": pks}, client_fn)
         for h in holders[1:]:
-            ctx.query_one(h, {"ckks": "receive", "sealed": keygen["sealed"][h], "dealer": dealer, "dealer_public_key": pks[dealer]},
-                          client_fn)  # fmt: skip
+            msg = {"ckks": "receive", "sealed": keygen["sealed"][h], "dealer": dealer, "dealer_public_key": pks[dealer]}
+            ctx.query_one(h, msg, client_fn)
         self.server_context_bytes = keygen["public_context"]
         self.server_context = ts.context_from(self.server_context_bytes)
         if self.server_context.is_private():

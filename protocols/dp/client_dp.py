@@ -55,7 +55,7 @@ def noise_aggregate(
     def gauss(shape) -> torch.Tensor:
         return torch.randn(shape, generator=generator, dtype=torch.float64).float() * std
 
-    for n, s in agg.theta_sum.items():
+    for _n, s in agg.theta_sum.items():
         s.add_(gauss(s.shape).to(s.device))
     agg.theta_denominator = float(expected_clients)
     if noise_rows:
