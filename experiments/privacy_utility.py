@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     eps_list = [float(e) for e in args.epsilons.split(",")]
     out = Path(args.out)
-    jobs = [(e, s) for e in eps_list for s in range(args.seeds)]
+    jobs = [(e, s) for s in range(args.seeds) for e in eps_list]  # seed-major: every ε gets a first seed early
     summaries: dict[tuple[float, int], dict] = {}
     run_dir = lambda e, s: str(out / "runs" / f"eps_{tag(e)}_seed{s}")  # noqa: E731
     if not args.report_only:
