@@ -41,6 +41,13 @@ def validate_stack(cfg) -> None:
     dup = {n for n in stack if stack.count(n) > 1}
     if dup:
         raise ValueError(f"protocol layer(s) {sorted(dup)} listed twice")
+    if stack and cfg.algorithm.name == "oracle":
+        raise ValueError("the oracle is the non-private centralised upper bound with one client; protocol layers do not apply")
+    summing = [n for n in stack if LAYERS[n].replaces_aggregation]
+    if len(summing) > 1:
+        raise ValueError(f"{' and '.join(summing)} both replace how the server sums updates; choose one")
+    if summing and "dp" in stack and stack.index("dp") > stack.index(summing[0]):
+        raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")
     for name in stack:
         LAYERS[name].validate(cfg, stack)
     if cfg.privacy.instance is not None or cfg.privacy.client is not None:

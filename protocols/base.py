@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
 
 if TYPE_CHECKING:
     from secure_fed.algorithms.base import Algorithm
@@ -62,6 +62,10 @@ class StackEnv:
     theta: dict  # name → tensor (shapes only are used)
     device: Any
     seed: int
+
+    def update_layout(self) -> UpdateLayout:
+        """How one client's update is packed into a flat vector (for layers that sum vectors)."""
+        return UpdateLayout.for_model(self.theta, self.num_labels, self.embedding_dim)
 
 
 class RoundWrapper(RoundSession):

@@ -29,7 +29,7 @@ import tenseal as ts
 from protocols.base import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
+from secure_fed.engine.aggregation import Aggregate, RoundSession
 from secure_fed.errors import ConfigError
 
 
@@ -60,10 +60,6 @@ class CKKSAggregation(ProtocolLayer):
 
     @classmethod
     def validate(cls, cfg, stack: list[str]) -> None:
-        if cfg.algorithm.name == "oracle":
-            raise ValueError("the oracle has one client; there is nothing to aggregate under encryption")
-        if "secure_aggregation" in stack:
-            raise ValueError("secure_aggregation and ckks both replace how the server sums updates; choose one")
         c = cfg.ckks
         if len(c.coeff_mod_bit_sizes) < 2 or sum(c.coeff_mod_bit_sizes) > {4096: 109, 8192: 218, 16384: 438, 32768: 881}.get(
             c.poly_modulus_degree, 10**6
@@ -75,7 +71,7 @@ class CKKSAggregation(ProtocolLayer):
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)
-        self.layout = UpdateLayout.for_model(env.theta, env.num_labels, env.embedding_dim)
+        self.layout = env.update_layout()
         self.slots = cfg.ckks.poly_modulus_degree // 2
         self.encrypted = self._select(cfg.ckks.encrypt)
         self.server_context: ts.Context | None = None  # server side: public only
@@ -216,6 +212,8 @@ class _CKKSRound(RoundWrapper):
         self.n += 1
 
     def finish(self) -> Aggregate:
+        if self.sums is None:  # nobody took part this round
+            return self.inner.post(self.layer.layout.unflatten_sum(np.zeros(self.layer.layout.size), self.device))
         holder = min(self.layer._holders)  # the first live key holder decrypts the sum
         t0 = time.perf_counter()
         blobs = [c.serialize() for c in self.sums]

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import numpy as np
@@ -85,7 +84,3 @@ def shamir_combine(shares: list[tuple[int, bytes]]) -> bytes:
     for o in range(0, size, 16):
         out += Shamir.combine([(i, s[o : o + 16]) for i, s in shares])
     return out
-
-
-def fingerprint(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 from typing import Any
 
 import numpy as np
@@ -114,8 +115,6 @@ class KeyedHashing(ProtocolLayer):
         if step == "advertise":
             return {"public_key": ring.pair.public}
         if step == "deal":  # the dealer seals a fresh run key + salt to everyone
-            import os
-
             ring.run_key, ring.salt = os.urandom(32), os.urandom(16)
             sealed = {}
             for cid, pk in payload["public_keys"].items():
@@ -151,6 +150,8 @@ class KeyedHashing(ProtocolLayer):
             },
             self._client_setup_fn,
         )  # fmt: skip
+        if not self.cfg.keyed_hashing.pseudonymize_labels:  # keyed tokens only; rows stay in label order
+            return {"keyed_hashing": {"dealer": dealer, "clients": len(self.public_keys), "pseudonyms": 0}}
         # server: rows in the order of the pseudonyms (a keyed permutation it cannot invert)
         by_client = {cid: r["pseudonyms"] for cid, r in pseud}
         distinct = sorted({p for ps in by_client.values() for p in ps})
@@ -167,9 +168,6 @@ class KeyedHashing(ProtocolLayer):
         return {"keyed_hashing": {"dealer": dealer, "clients": len(self.public_keys), "pseudonyms": len(distinct)}}
 
     # ------------------------------------------------------------------ label-set collection
-    def client_mod(self, fn: ClientFn) -> ClientFn:
-        return fn  # training replies are unchanged
-
     def token_mod(self, fn: ClientFn) -> ClientFn:
         """Client side: answer a token request with keyed tokens and pseudonyms instead of clear ones."""
 
@@ -179,6 +177,8 @@ class KeyedHashing(ProtocolLayer):
             ring = self._clients[data.client_id]
             if len(data.known_labels) != 1:
                 raise ValueError("label-set collection needs the positive-only setting (one label per client)")
+            if not self.cfg.keyed_hashing.pseudonymize_labels:
+                return {"tokens": ring.tokens(data.raw), "label": int(data.known_labels[0])}
             return {"tokens": ring.tokens(data.raw), "pseudonym": ring.pseudonym}
 
         return wrapped

@@ -93,7 +93,11 @@ class PrivacyUnit:
         self.steps = 0
 
     def epsilon(self) -> float:
-        return epsilon_of(self.accountant.history, self.delta, self.accountant_name)
+        if not self.accountant.history:
+            return 0.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(self.accountant.get_epsilon(self.delta))
 
     def epsilon_after(self, steps: int = 1) -> float:
         hist = [tuple(h) for h in self.accountant.history]

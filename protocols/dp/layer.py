@@ -30,11 +30,6 @@ class DifferentialPrivacy(ProtocolLayer):
         p, algo = cfg.privacy, cfg.algorithm.name
         if p.instance is None and p.client is None:
             raise ValueError("'dp' is listed in protocols but neither privacy.instance nor privacy.client is set")
-        if algo == "oracle":
-            raise ValueError("the oracle is the non-private centralised upper bound; protocol layers do not apply to it")
-        for other in ("secure_aggregation", "ckks"):
-            if other in stack and stack.index(other) < stack.index("dp"):
-                raise ValueError(f"'dp' must come before '{other}' in protocols: clients clip before they {other}-encode")
         if p.instance is not None:
             if algo not in LABEL_SET_ALGORITHMS:
                 raise ValueError(

@@ -11,7 +11,7 @@ from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.protocol import SecAggClient, SecAggServer, neighbour_graph, threshold_for
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
+from secure_fed.engine.aggregation import Aggregate, RoundSession
 
 
 class SecureAggregation(ProtocolLayer):
@@ -25,10 +25,6 @@ class SecureAggregation(ProtocolLayer):
 
     @classmethod
     def validate(cls, cfg, stack: list[str]) -> None:
-        if cfg.algorithm.name == "oracle":
-            raise ValueError("the oracle has one client; there is nothing to aggregate securely")
-        if "ckks" in stack:
-            raise ValueError("secure_aggregation and ckks both replace how the server sums updates; choose one")
         if cfg.secure_aggregation.threshold <= 0.5:
             raise ValueError(
                 "secure_aggregation.threshold must exceed 0.5: with t ≤ half a neighbourhood the server can collect both "
@@ -40,7 +36,7 @@ class SecureAggregation(ProtocolLayer):
         s = cfg.secure_aggregation
         self.codec = FixedPoint(s.clip_range, s.frac_bits, s.modulus_bits)
         self.codec.check_capacity(env.num_clients)
-        self.layout = UpdateLayout.for_model(env.theta, env.num_labels, env.embedding_dim)
+        self.layout = env.update_layout()
         self.last_stats: dict[str, Any] = {}
         self.transcripts: list | None = [] if cfg.output.log_messages else None
 

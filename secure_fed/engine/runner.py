@@ -105,12 +105,9 @@ class Experiment:
         )
         from protocols import ProtocolStack, StackEnv
 
-        per_row = torch.zeros(self.dataset.num_labels, dtype=torch.long)
-        for c in self.fed.clients:
-            per_row[c.known_labels] += 1
         self.stack_env = StackEnv(
             num_clients=len(self.fed.clients),
-            clients_per_row=per_row,
+            clients_per_row=self._clients_per_row(),
             num_labels=self.dataset.num_labels,
             embedding_dim=cfg.model.embedding_dim,
             theta=self.theta,
@@ -176,10 +173,13 @@ class Experiment:
         y[:, perm] = self.fed.y_test
         self.fed.y_test = y
         self.guard.allowed_rows = {c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients}
+        self.stack_env.clients_per_row = self._clients_per_row()
+
+    def _clients_per_row(self) -> torch.Tensor:
         per_row = torch.zeros(self.dataset.num_labels, dtype=torch.long)
         for c in self.fed.clients:
             per_row[c.known_labels] += 1
-        self.stack_env.clients_per_row = per_row
+        return per_row
 
     # ----------------------------------------------------------------- rounds
     def setup(self) -> None:

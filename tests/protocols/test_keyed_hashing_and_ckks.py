@@ -16,6 +16,7 @@ from protocols.keyed_hashing import keyed_token, quantized_embedding_bytes
 from secure_fed.algorithms.label_sets import Sha256Tokenizer, canonical_instance_bytes
 from secure_fed.algorithms.regularizers import correlation_gamma, correlation_sigma
 from secure_fed.engine import Experiment
+from secure_fed.engine.guard import PROTOCOL_UP_KEYS
 from tests.conftest import small_config
 
 
@@ -176,3 +177,43 @@ def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
             assert not _file_holds(tmp_path / "checkpoints" / name, s), f"a client secret is in checkpoint {name}"
     # the clients' own storage does hold them (so resume works): the same check finds them there
     assert all(_file_holds(tmp_path / "checkpoints" / "clients.pt", k) for k in run_keys)
+
+
+@pytest.mark.parametrize("layer", ["secure_aggregation", "ckks"])
+def test_server_sees_no_individual_update(tmp_path, layer):
+    e = Experiment(small_config("algorithm.name=fedaws", f'protocols=["{layer}"]', "training.rounds=1",
+                                "output.log_messages=true"), run_dir=tmp_path)  # fmt: skip
+    e.run(progress=False)
+    setup_keys = PROTOCOL_UP_KEYS  # public keys, sealed secret contexts, the public context
+    ups = [m["message"] for m in e.messages if m["direction"] == "up" and m["message"] and not (set(m["message"]) & setup_keys)]
+    plaintext = {"theta_delta", "rows_delta", "num_examples", "loss"}
+    assert len(ups) == len(e.fed.clients) and all(not (plaintext & set(m)) for m in ups)
+    assert all(set(m) == ({"masked"} if layer == "secure_aggregation" else {"ciphertexts", "plain"}) for m in ups)
+
+
+def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path):
+    """Clip on the client, mask, unmask, then noise: the same model as DP without secure aggregation."""
+    ov = ["algorithm.name=fedaws", "training.rounds=2", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2}']
+    a = Experiment(small_config(*ov, 'protocols=["dp"]'), run_dir=tmp_path / "a")
+    a.run(progress=False)
+    b = Experiment(small_config(*ov, 'protocols=["dp", "secure_aggregation"]'), run_dir=tmp_path / "b")
+    b.run(progress=False)
+    for n in a.theta:
+        assert (a.theta[n] - b.theta[n]).norm() <= 1e-4 * a.theta[n].norm(), n
+    assert a.summary(0, "x")["privacy"] == b.summary(0, "x")["privacy"]
+
+
+@pytest.mark.parametrize("pseudonyms", [True, False])
+def test_label_names_stay_off_the_uplink_with_pseudonyms(tmp_path, pseudonyms):
+    cfg = small_config('protocols=["keyed_hashing"]', f"keyed_hashing.pseudonymize_labels={str(pseudonyms).lower()}",
+                       "training.rounds=1", "output.log_messages=true")  # fmt: skip
+    e = Experiment(cfg, run_dir=tmp_path)
+    e.run(progress=False)
+    token_msgs = [m["message"] for m in e.messages if m["direction"] == "up" and "tokens" in m["message"]]
+    assert token_msgs
+    if pseudonyms:
+        assert all("label" not in m and len(m["pseudonym"]) == 32 for m in token_msgs)
+        assert e.label_perm is not None
+    else:
+        assert all("pseudonym" not in m and isinstance(m["label"], int) for m in token_msgs)
+        assert e.label_perm is None
