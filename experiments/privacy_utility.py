@@ -31,8 +31,10 @@ from common import CONFIGS, default_workers, run_cached  # noqa: E402
 CONFIG = CONFIGS / "bibtex_fedalc_dp.yaml"
 
 
-def overrides_for(eps: float, seed: int, rounds: int) -> list[str]:
+def overrides_for(eps: float, seed: int, rounds: int, clip_norm: float | None = None) -> list[str]:
     ov = [f"seed={seed}", f"training.rounds={rounds}", "output.progress=false"]
+    if clip_norm is not None:
+        ov.append(f"privacy.instance.clip_norm={clip_norm}")
     if math.isinf(eps):
         ov += ["protocols=[]", "privacy.instance=null"]
     else:
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--out", default="results/privacy_utility")
+    ap.add_argument("--clip-norm", type=float, default=None, help="per-label-set clip C (default: the config's)")
     ap.add_argument("--workers", type=int, default=default_workers())
     ap.add_argument("--data-root", default=os.environ.get("SECURE_FED_DATA"))
     ap.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
@@ -64,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
             futs = {
                 (e, s): pool.submit(
-                    run_cached, str(CONFIG), overrides_for(e, s, args.rounds), run_dir(e, s), args.data_root, threads
+                    run_cached,
+                    str(CONFIG),
+                    overrides_for(e, s, args.rounds, args.clip_norm),
+                    run_dir(e, s),
+                    args.data_root,
+                    threads,
                 )
                 for e, s in jobs
             }
