@@ -56,7 +56,8 @@ def client_seed(seed: int, round_idx: int, cid: int) -> int:
 
 
 def sample_clients(sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int) -> np.ndarray:
-    """Client ids for one round: ``ceil(fraction·N)`` without replacement, uniform or ∝ size."""
+    """Client ids for one round: ``ceil(fraction·N)`` without replacement (uniform or ∝ size), or Poisson
+    (each client independently with probability ``fraction``)."""
     n = len(sizes)
     rng = np.random.default_rng([seed, 7, round_idx])
     if how == "poisson":  # each client independently with probability `fraction` (what DP accounting assumes)
@@ -153,8 +154,7 @@ class Experiment:
         client = self.fed.clients[cid]
         self.guard.check_down(cid, payload)
         wire = fn(payload, client)
-        if wire is not None:
-            self.guard.record("up", cid, wire)
+        self.guard.record("up", cid, wire)
         return wire
 
     def permute_labels(self, perm) -> None:
@@ -162,10 +162,7 @@ class Experiment:
         perm = np.asarray(perm, dtype=np.int64)
         if sorted(perm.tolist()) != list(range(self.dataset.num_labels)):
             raise ValueError("a label permutation must be a bijection on the labels")
-        self._apply_perm(perm)
         self.label_perm = perm if self.label_perm is None else perm[self.label_perm]
-
-    def _apply_perm(self, perm: np.ndarray) -> None:
         t = torch.as_tensor(perm)
         for c in self.fed.clients:
             c.known_labels = t[c.known_labels]
