@@ -84,6 +84,18 @@ def test_list_shows_every_registry():
         "attacks:",
     ):
         assert word in r.stdout
+    from protocols import LAYERS
+
+    for name, layer in LAYERS.items():  # each protocol layer with its one-sentence threat model
+        assert f"{name}" in r.stdout and layer.threat_model[:60] in r.stdout
+
+
+def test_invalid_protocol_stack_is_one_line_with_the_reason(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("protocols: [ckks, dp]\nprivacy: {client: {noise_multiplier: 1}}\n")
+    r = cli("run", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "'dp' must come before 'ckks'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_sweep_and_report(tmp_path):
