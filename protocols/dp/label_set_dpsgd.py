@@ -21,7 +21,9 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional as F
 
-PerSetGrads = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``per_set_grads(W)`` prepares everything that depends on W alone (pair gradients, neighbours) once per
+#: step and returns a function of a chunk of label sets (B, C) → per-set gradients (B, C, d).
+PerSetGrads = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 
 
 def dp_label_set_step(
@@ -42,8 +44,9 @@ def dp_label_set_step(
     batch = label_sets[pick].to(W.device)
     total = torch.zeros_like(W)
     clipped, norms_sum = 0, 0.0
+    grads_of = per_set_grads(W)
     for start in range(0, batch.shape[0], chunk):
-        G = per_set_grads(W, batch[start : start + chunk])
+        G = grads_of(batch[start : start + chunk])
         norms = G.flatten(1).norm(dim=1)
         factor = (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
         total += torch.einsum("b,brd->rd", factor, G)

@@ -11,7 +11,13 @@ from protocols.dp.accountant import PrivacyUnit, calibrate_sigma
 from protocols.dp.client_dp import clip_update, noise_aggregate
 from protocols.dp.label_set_dpsgd import dp_label_set_step
 from secure_fed.algorithms.base import Algorithm, ClientFn
-from secure_fed.algorithms.regularizers import label_set_correlation_grads, label_set_fixed_grads
+from secure_fed.algorithms.regularizers import (
+    label_set_correlation_grads,
+    label_set_fixed_grads,
+    nearest_classes,
+    pair_hinge_grads,
+    pair_sqdist_grads,
+)
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 
 LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
@@ -114,18 +120,25 @@ class DifferentialPrivacy(ProtocolLayer):
             unit.step()
             return stats
 
-        if a.name == "fedalc":
-            algorithm.correlation_update = lambda W: step(
-                W, lambda V, Y: label_set_correlation_grads(V, Y, k=a.k, margin=a.margin, scale=scale), a.lam * a.reg_lr
+        def correlation_grads(V: torch.Tensor):
+            nn_idx, pair = nearest_classes(V, a.k), pair_hinge_grads(V, a.margin)
+            return lambda Y: label_set_correlation_grads(
+                V, Y, k=a.k, margin=a.margin, scale=scale, nn_idx=nn_idx, pair_grads=pair
             )
+
+        def fixed_grads(V: torch.Tensor):
+            pair = (pair_sqdist_grads(V), pair_hinge_grads(V, a.margin))
+            return lambda Y: label_set_fixed_grads(V, Y, alpha=a.alpha, beta=a.beta, margin=a.margin, pair_grads=pair)
+
+        if a.name == "fedalc":
+            algorithm.correlation_update = lambda W: step(W, correlation_grads, a.lam * a.reg_lr)
         else:
 
             def pretrain(W: torch.Tensor, i: int) -> dict[str, float] | None:
                 if (why := unit.stop_reason()) is not None:
                     self.pretrain_stopped = why  # W stays fixed from here; client rounds use no label set
                     return None
-                stats = step(W, lambda V, Y: label_set_fixed_grads(V, Y, alpha=a.alpha, beta=a.beta, margin=a.margin),
-                             a.lam * a.fixed_lr)  # fmt: skip
+                stats = step(W, fixed_grads, a.lam * a.fixed_lr)
                 return {"reg": float(algorithm._reg_fc(W).detach()), **stats}
 
             algorithm.pretrain_update = pretrain

@@ -137,16 +137,26 @@ def _per_set(M: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
 
 
 def label_set_correlation_grads(
-    W: torch.Tensor, Y: torch.Tensor, *, k: int, margin: float, scale: float, nn_idx: torch.Tensor | None = None
+    W: torch.Tensor,
+    Y: torch.Tensor,
+    *,
+    k: int,
+    margin: float,
+    scale: float,
+    nn_idx: torch.Tensor | None = None,
+    pair_grads: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-label-set gradients (B, C, d) of ℓ_j for eq. 11 with σ weights (eq. 9), label sets Y (B, C)."""
+    """Per-label-set gradients (B, C, d) of ℓ_j for eq. 11 with σ weights (eq. 9), label sets Y (B, C).
+
+    ``nn_idx`` and ``pair_grads`` depend on W only; pass them to reuse them across chunks of label sets.
+    """
     C = W.shape[0]
     nn_idx = nearest_classes(W, k) if nn_idx is None else nn_idx
     near = torch.zeros(C, C, dtype=W.dtype, device=W.device)
     near[torch.arange(C, device=W.device).unsqueeze(1), nn_idx] = 1.0
     Yf = Y.to(W.dtype)
     M = scale * Yf.unsqueeze(2) * (1.0 - Yf).unsqueeze(1) * near.unsqueeze(0)
-    return _per_set(M, pair_hinge_grads(W, margin))
+    return _per_set(M, pair_hinge_grads(W, margin) if pair_grads is None else pair_grads)
 
 
 def label_set_fixed_grads(

@@ -16,7 +16,13 @@ from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
 from protocols.dp.client_dp import clip_update, update_norm
 from protocols.dp.label_set_dpsgd import dp_label_set_step
 from secure_fed.algorithms.fedaws import regularizer_step
-from secure_fed.algorithms.regularizers import correlation_sigma, correlation_top_k, label_set_correlation_grads
+from secure_fed.algorithms.regularizers import (
+    correlation_sigma,
+    correlation_top_k,
+    label_set_correlation_grads,
+    nearest_classes,
+    pair_hinge_grads,
+)
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 
@@ -74,9 +80,13 @@ def test_label_set_step_without_noise_equals_nonprivate_sigma_step():
     W_ref = W.clone()
     regularizer_step(W_ref, lambda V: correlation_top_k(V, 9.0 * correlation_sigma(Y), 3, 1.0), 0.05)
     W_dp = W.clone()
-    grads = lambda V, Yb: label_set_correlation_grads(V, Yb, k=3, margin=1.0, scale=9.0)  # noqa: E731
+
+    def grads(V):  # W-only parts computed once per step, reused over chunks
+        nn_idx, pair = nearest_classes(V, 3), pair_hinge_grads(V, 1.0)
+        return lambda Yb: label_set_correlation_grads(V, Yb, k=3, margin=1.0, scale=9.0, nn_idx=nn_idx, pair_grads=pair)
+
     stats = dp_label_set_step(W_dp, Y, grads, clip_norm=1e9, noise_multiplier=0.0, sample_rate=1.0, step_size=0.05,
-                              generator=torch.Generator().manual_seed(0))  # fmt: skip
+                              generator=torch.Generator().manual_seed(0), chunk=7)  # fmt: skip
     assert stats["dp_batch"] == n and stats["dp_clipped_frac"] == 0.0
     assert torch.allclose(W_dp, W_ref, atol=1e-12)
 
@@ -86,7 +96,7 @@ def test_label_set_step_clips_every_contribution():
     W = torch.nn.functional.normalize(torch.randn(8, 4, dtype=torch.float64), dim=-1)
     Y = torch.zeros(1, 8, dtype=torch.float64)
     Y[0, :3] = 1
-    grads = lambda V, Yb: label_set_correlation_grads(V, Yb, k=7, margin=2.0, scale=100.0)  # noqa: E731
+    grads = lambda V: lambda Yb: label_set_correlation_grads(V, Yb, k=7, margin=2.0, scale=100.0)  # noqa: E731
     W2 = W.clone()
     dp_label_set_step(W2, Y, grads, clip_norm=1e-3, noise_multiplier=0.0, sample_rate=1.0, step_size=1.0,
                       generator=torch.Generator())  # fmt: skip
