@@ -74,11 +74,19 @@ class RoundWrapper(RoundSession):
     def __init__(self, inner: RoundSession):  # noqa: D107 - no base __init__: state lives in ``inner``
         self.inner = inner
         self.cohort = inner.cohort
+        self.min_summands = inner.min_summands
         self.weighting = inner.weighting
         self.device = inner.device
 
     def client_mod(self, fn: ClientFn) -> ClientFn:
         return self.inner.client_mod(fn)
+
+    def _set_min_summands(self, n: int) -> None:
+        """Tell every session inside this one how few updates a completed sum can hold."""
+        session: RoundSession | None = self
+        while session is not None:
+            session.min_summands = n
+            session = getattr(session, "inner", None)
 
     def submit(self, cid: int, reply: Payload) -> None:
         self.inner.submit(cid, reply)

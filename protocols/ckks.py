@@ -167,6 +167,7 @@ class _CKKSRound(RoundWrapper):
     def __init__(self, layer: CKKSAggregation, inner: RoundSession):
         super().__init__(inner)
         self.layer = layer
+        self._set_min_summands(len(self.cohort))  # no dropout in this simulation: the sum holds the whole cohort
         self.sums: list | None = None
         self.plain_sum: np.ndarray | None = None
         self.t_enc = self.t_agg = 0.0

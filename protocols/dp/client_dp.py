@@ -39,6 +39,20 @@ def clip_update(reply: Payload, clip_norm: float) -> Payload:
     return out
 
 
+def add_client_noise(reply: Payload, *, std: float, rows_shape: tuple[int, int] | None, generator: torch.Generator) -> Payload:
+    """Distributed noise: this client's share N(0, std²) on every coordinate of Δθ and, if ``rows_shape``
+    is given, of all C class rows (``row_noise``, added where the update is packed for the secure sum)."""
+
+    def gauss(shape) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, dtype=torch.float64).float() * std
+
+    out = dict(reply)
+    out["theta_delta"] = {n: t + gauss(t.shape).to(t.device) for n, t in reply["theta_delta"].items()}
+    if rows_shape is not None:
+        out["row_noise"] = gauss(rows_shape)
+    return out
+
+
 def noise_aggregate(
     agg: Aggregate,
     *,
@@ -48,9 +62,10 @@ def noise_aggregate(
     expected_per_row: torch.Tensor,
     noise_rows: bool,
     generator: torch.Generator,
+    server_noise: bool = True,
 ) -> Aggregate:
-    """Gaussian noise on the sums and fixed denominators (in place on ``agg``)."""
-    std = noise_multiplier * clip_norm
+    """Gaussian noise on the sums (unless the clients added it) and fixed denominators (in place on ``agg``)."""
+    std = noise_multiplier * clip_norm if server_noise else 0.0
 
     def gauss(shape) -> torch.Tensor:
         return torch.randn(shape, generator=generator, dtype=torch.float64).float() * std

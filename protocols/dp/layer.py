@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_sigma
-from protocols.dp.client_dp import clip_update, noise_aggregate
+from protocols.dp.client_dp import add_client_noise, clip_update, noise_aggregate
 from protocols.dp.label_set_dpsgd import dp_label_set_step
 from secure_fed.algorithms.base import Algorithm, ClientFn
 from secure_fed.algorithms.regularizers import (
@@ -21,6 +23,11 @@ from secure_fed.algorithms.regularizers import (
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 
 LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
+
+
+def client_noise_seed(seed: int, round_idx: int, cid: int) -> int:
+    """Each client's own noise stream (reproducible per run, round and client)."""
+    return int(np.random.SeedSequence([seed, round_idx, cid, 4099]).generate_state(1)[0])
 
 
 class DifferentialPrivacy(ProtocolLayer):
@@ -51,6 +58,11 @@ class DifferentialPrivacy(ProtocolLayer):
             t = cfg.training
             if t.aggregation != "uniform":
                 raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
+            if p.client.noise == "clients" and not ({"secure_aggregation", "ckks"} & set(stack)):
+                raise ValueError(
+                    "privacy.client.noise: clients needs secure_aggregation or ckks after dp: each client adds only a "
+                    "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
+                )
             if t.client_fraction < 1.0 and t.sampling != "poisson":
                 raise ValueError(
                     "privacy.client with training.client_fraction < 1 needs training.sampling: poisson "
@@ -144,25 +156,38 @@ class DifferentialPrivacy(ProtocolLayer):
             algorithm.pretrain_update = pretrain
 
     # ---------------------------------------------------------------- client-level
-    def client_mod(self, fn: ClientFn) -> ClientFn:
-        unit = self.units.get("client")
-        if unit is None:
-            return fn
-        return lambda payload, data: clip_update(fn(payload, data), unit.clip_norm)
-
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         unit = self.units.get("client")
         if unit is None:
             return inner
         layer = self
 
+        on_clients = self.cfg.privacy.client.noise == "clients"
+        noise_rows = layer.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed")
+
         class _Noise(RoundWrapper):
+            def client_mod(self, fn: ClientFn) -> ClientFn:
+                """Client side: clip the whole update to S; with ``noise: clients`` also add this client's noise share."""
+
+                def clipped(payload, data):
+                    reply = clip_update(fn(payload, data), unit.clip_norm)
+                    if not on_clients:
+                        return reply
+                    if self.min_summands is None:
+                        raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
+                    gen = torch.Generator().manual_seed(client_noise_seed(layer.cfg.seed, round_idx, data.client_id))
+                    std = unit.sigma * unit.clip_norm / math.sqrt(self.min_summands)
+                    rows = (layer.env.num_labels, layer.env.embedding_dim) if noise_rows else None
+                    return add_client_noise(reply, std=std, rows_shape=rows, generator=gen)
+
+                return self.inner.client_mod(clipped)
+
             def post_own(self, agg: Aggregate) -> Aggregate:
                 q = unit.sample_rate
                 out = noise_aggregate(
                     agg, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma,
                     expected_clients=q * layer.env.num_clients, expected_per_row=q * layer.env.clients_per_row.float(),
-                    noise_rows=layer.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed"), generator=layer.generator,
+                    noise_rows=noise_rows, generator=layer.generator, server_noise=not on_clients,
                 )  # fmt: skip
                 unit.step()
                 return out

@@ -72,6 +72,7 @@ class _SecAggRound(RoundWrapper):
             self.clients[u].receive_shares(inbox[u])
         self.u2 = alive
         self.cohort = alive  # clients that dropped before sharing keys do not train this round
+        self._set_min_summands(self.t)  # a completed sum holds ≥ t updates (each neighbourhood keeps ≥ t)
         self.t_setup = time.perf_counter() - t0
         self.t_mask = 0.0
         self.bytes_up = 0

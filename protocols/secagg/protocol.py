@@ -148,6 +148,10 @@ class SecAggServer:
         self.total: np.ndarray | None = None
 
     def _need(self, alive: set[int], stage: str) -> None:
+        if len(alive) < self.t:
+            raise SecAggAbort(
+                f"secure aggregation aborted at {stage}: {len(alive)} clients alive, fewer than the threshold t = {self.t}"
+            )
         for u in alive:
             group = set(self.graph[u]) | {u}
             if len(group & alive) < self.t:
@@ -191,7 +195,9 @@ class SecAggServer:
         total = self.total if self.total is not None else np.zeros(size, dtype=np.uint64)
         for u in sorted(self.u3):
             if len(b_shares.get(u, [])) < self.t:
-                raise SecAggAbort(f"secure aggregation aborted: only {len(b_shares.get(u, []))} shares of client {u}'s self-mask")
+                raise SecAggAbort(
+                    f"secure aggregation aborted: {len(b_shares.get(u, []))} shares of client {u}'s self-mask, below threshold"
+                )
             b_seed = shamir_combine(b_shares[u][: self.t])
             total = total - prg_words(b_seed, size, bits=self.bits)
         for u in sorted(self.u2 - self.u3):

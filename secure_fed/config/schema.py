@@ -140,6 +140,12 @@ class InstanceDPConfig(_DPUnitConfig):
 class ClientDPConfig(_DPUnitConfig):
     """DP-FedAvg: each client's whole update (θ and its rows) clipped to C, Gaussian noise on the sum."""
 
+    noise: Literal["server", "clients"] = Field(
+        "server",
+        description="server: the server adds N(0, σ²C²) to the sum (trusted with the un-noised sum); clients: each "
+        "client adds N(0, σ²C²/t) before a secure sum of ≥ t updates (needs secure_aggregation or ckks)",
+    )
+
 
 class PrivacyConfig(_Strict):
     """Differential privacy settings; active only when ``dp`` is listed in ``protocols``."""

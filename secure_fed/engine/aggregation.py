@@ -106,6 +106,8 @@ class UpdateLayout:
             ids = np.asarray(torch.as_tensor(reply["row_ids"]).cpu()).reshape(-1)
             deltas[ids] += reply["rows_delta"].detach().double().cpu().numpy()
             counts[ids] += 1.0
+        if "row_noise" in reply:  # client-side DP noise on every row (distributed noise)
+            deltas += reply["row_noise"].detach().double().cpu().numpy()
         v[seg["meta"]] = (w, float(reply["loss"]), 1.0)
         return v
 
@@ -141,6 +143,8 @@ class RoundSession:
 
     def __init__(self, *, cohort: list[int], theta: dict[str, torch.Tensor], W: torch.Tensor, weighting: str):
         self.cohort = list(cohort)
+        #: the fewest client updates a completed round's sum can hold (set by secure-sum layers; None: unknown)
+        self.min_summands: int | None = None
         self.weighting = weighting
         self.device = W.device
         self._theta_sum = {n: torch.zeros_like(t) for n, t in theta.items()}

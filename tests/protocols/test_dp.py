@@ -24,6 +24,7 @@ from secure_fed.algorithms.regularizers import (
     pair_hinge_grads,
 )
 from secure_fed.engine import Experiment
+from secure_fed.errors import ConfigError
 from tests.conftest import small_config
 
 OPACUS = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
@@ -155,3 +156,40 @@ def test_resume_restores_the_ledger_without_double_counting(tmp_path, stack):
 def test_run_without_dp_says_epsilon_infinite(tmp_path):
     s = Experiment(small_config("training.rounds=2"), run_dir=tmp_path).run(progress=False).summary
     assert s["privacy"]["epsilon"] == "inf"
+
+
+CLIENT_NOISE = 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}'
+
+
+def test_client_side_noise_needs_a_secure_sum():
+    with pytest.raises(ConfigError, match="needs secure_aggregation or ckks"):
+        small_config('protocols=["dp"]', CLIENT_NOISE)
+
+
+def test_client_side_noise_shares_add_up_to_sigma_and_the_server_adds_none(tmp_path):
+    """Each client adds N(0, (σS)²/t); t shares sum to variance ≥ (σS)²; the server adds no noise itself."""
+    from protocols.dp.layer import DifferentialPrivacy
+    from secure_fed.engine.aggregation import RoundSession
+
+    cfg = small_config("algorithm.name=fedaws", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE)
+    e = Experiment(cfg, run_dir=tmp_path)
+    dp = next(layer for layer in e.stack.layers if isinstance(layer, DifferentialPrivacy))
+    base = RoundSession(cohort=[0, 1, 2, 3], theta=e.theta, W=e.W, weighting="uniform")
+    session = dp.open_round(0, base)
+    session._set_min_summands(4)  # what a secure-sum layer outside dp sets: t = 4
+    zero = {"theta_delta": {n: torch.zeros_like(t) for n, t in e.theta.items()}, "num_examples": 1, "loss": 0.0}
+    fn = session.client_mod(lambda p, d: zero)
+    noisy = fn({}, e.fed.clients[0])
+    flat = torch.cat([t.flatten() for t in noisy["theta_delta"].values()])
+    rows = noisy["row_noise"].flatten()
+    for x in (flat, rows):  # σ·S/√t with t = 4, to 4 standard errors of a sample std
+        assert x.std().item() == pytest.approx(2.0 * 0.5 / 2.0, rel=4 / (2 * x.numel()) ** 0.5)
+    agg = session.post(session.inner.finish())
+    assert agg.notes["dp_noise_std"] == 0.0 and dp.units["client"].steps == 1
+
+
+def test_client_side_noise_runs_under_secure_aggregation_and_ckks(tmp_path):
+    for layer in ("secure_aggregation", "ckks"):
+        cfg = small_config("algorithm.name=fedavg", f'protocols=["dp", "{layer}"]', CLIENT_NOISE, "training.rounds=2")
+        s = Experiment(cfg, run_dir=tmp_path / layer).run(progress=False).summary
+        assert s["status"] == "completed" and s["privacy"]["units"]["client"]["steps"] == 2
