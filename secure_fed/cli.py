@@ -5,6 +5,7 @@
     secure-fed sweep [CONFIG] --grid key=v1,v2 [--grid ...] [--seeds 0,1,2] [--out DIR]
     secure-fed report RUN_DIR [RUN_DIR ...] [--out FILE.png]
     secure-fed validate CONFIG [--set ...]
+    secure-fed audit RUN_DIR [--attacks a,b] [--data-root DIR]
     secure-fed list
     secure-fed data download NAME [--root DIR] [--mirror URL]
 
@@ -79,7 +80,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"no checkpoint in {run_dir}; starting from round 0")
     result = exp.run()
     _print_summary(result.summary, run_dir)
-    return 0 if result.summary["status"] == "completed" else 130
+    if cfg.attacks.names() and result.summary["status"] in ("completed", "budget_exhausted"):
+        from threat_models.audit import audit
+        from threat_models.context import AuditContext
+
+        print(f"attacks ({', '.join(cfg.attacks.names())}):")
+        audit(AuditContext(exp))
+        print(f"  wrote {run_dir / 'attacks.json'}")
+    return 0 if result.summary["status"] in ("completed", "budget_exhausted") else 130
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from threat_models import ATTACKS
+    from threat_models.audit import audit_run_dir
+
+    names = None
+    if args.attacks:
+        names = [a for a in args.attacks.split(",") if a]
+        names = list(ATTACKS) if names == ["all"] else names
+        bad = [a for a in names if a not in ATTACKS]
+        if bad:
+            raise SecureFedError(f"--attacks: unknown attack {bad[0]!r}; available: {', '.join(ATTACKS)}")
+    run_dir = Path(args.run_dir)
+    print(f"auditing {run_dir}")
+    try:
+        audit_run_dir(run_dir, names, data_root=args.data_root)
+    except FileNotFoundError as exc:
+        raise SecureFedError(str(exc)) from exc
+    print(f"wrote {run_dir / 'attacks.json'}")
+    return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -118,7 +147,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     section("partitioners", [(n, c.description) for n, c in PARTITIONERS.items()])
     section("models", list(MODELS.items()))
     section("protocols", [(n, getattr(c, "threat_model", "")) for n, c in LAYERS.items()])
-    section("attacks", [(n, getattr(c, "description", "")) for n, c in ATTACKS.items()])
+    print("attacks:")
+    for n, c in ATTACKS.items():
+        print(f"  {n:<25} [{c.role.value}] {c.description}")
+        print(f"  {'':<25} needs: {c.needs}")
+        print(f"  {'':<25} defended by: {c.defended_by}")
     return 0
 
 
@@ -212,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("audit", help="run attacks (threat_models) on a finished run; writes RUN_DIR/attacks.json")
+    p.add_argument("run_dir")
+    p.add_argument(
+        "--attacks", default=None, help="comma-separated attack names or 'all' (default: the run's attacks.run, else all)"
+    )
+    p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("list", help="list algorithms, datasets, partitioners, protocols and attacks")
     p.set_defaults(func=cmd_list)

@@ -80,11 +80,12 @@ class RunResult:
 class Experiment:
     """A configured run. ``run()`` trains, evaluates, checkpoints and writes the run directory."""
 
-    def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None):
+    def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None):
+        """``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.device)
-        self.dataset = build_dataset(cfg, data_root)
+        self.dataset = dataset if dataset is not None else build_dataset(cfg, data_root)
         self.algorithm = build_algorithm(cfg, self.device)
         self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device)
         # server model (θ) and a worker model for local training
@@ -134,6 +135,27 @@ class Experiment:
         self.history: list[dict[str, Any]] = []
         self.setup_facts: dict[str, Any] | None = None
         self.wall_before = 0.0
+        self._init_audit_hooks()
+
+    def _init_audit_hooks(self) -> None:
+        """The server tap (what the server sees, for ``threat_models``) and the auditor's canaries."""
+        names = self.cfg.attacks.names()
+        self.tap = self.canaries = None
+        if not names:
+            return
+        from threat_models.canaries import DiracCanaries
+        from threat_models.views import ServerTap
+
+        first = next(iter(self.theta))
+        self.tap = ServerTap(theta0=self.theta, capture_round=self.cfg.training.rounds - 1, parameter=first)
+        audit = self.cfg.attacks.one_run_audit
+        if "one_run_audit" in names and audit.canaries > 0:
+            client = self.cfg.privacy.client if "dp" in self.cfg.protocols else None
+            norm = audit.canary_norm or (client.clip_norm if client is not None else 0.05)
+            self.canaries = DiracCanaries(
+                m=audit.canaries, norm=norm, seed=self.cfg.seed, num_clients=len(self.fed.clients),
+                theta_shapes={n: tuple(t.shape) for n, t in self.theta.items()},
+            )  # fmt: skip
 
     # ----------------------------------------------------------------- channel
     def _exchange(self, cid: int, payload: dict, client_fn) -> dict:
@@ -155,6 +177,8 @@ class Experiment:
         self.guard.check_down(cid, payload)
         wire = fn(payload, client)
         self.guard.record("up", cid, wire)
+        if self.tap is not None:
+            self.tap.on_uplink(self.round, cid, wire)
         return wire
 
     def permute_labels(self, perm) -> None:
@@ -195,8 +219,9 @@ class Experiment:
                     permute_labels=self.permute_labels,
                 )
             )
+        query = self.stack.wrap_query(self._query_all)
         ctx = SetupContext(
-            query=self.stack.wrap_query(self._query_all),
+            query=query if self.tap is None else self.tap.wrap_setup_query(query),
             num_labels=self.dataset.num_labels,
             W=self.W,
             device=self.device,
@@ -227,9 +252,13 @@ class Experiment:
                 self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
                 return reply
 
+            if self.canaries is not None:
+                train = self.canaries.client_mod(train)
             fn = session.client_mod(self.stack.client_mod(train))
             session.submit(cid, self._training_exchange(cid, payload, fn))
         agg = session.finish()
+        if self.tap is not None:
+            self.tap.on_aggregate(self.round, list(session.cohort), agg.theta_sum if agg.num_clients else None)
         if agg.num_clients > 0 or agg.theta_denominator is not None:
             self.server_opt.step(self.theta, agg.theta_mean())
             if algo.trains_rows:
@@ -304,7 +333,12 @@ class Experiment:
     def save_checkpoint(self, name: str = "last.pt") -> Path:
         ckpt_dir = self.run_dir / "checkpoints"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        for fname, state in ((name, self.state_dict()), ("clients.pt", self.client_state_dict())):
+        files = [(name, self.state_dict()), ("clients.pt", self.client_state_dict())]
+        if self.tap is not None:  # the server's recorded view, and the auditor's secrets, kept apart
+            files.append(("server_view.pt", self.tap.state_dict()))
+        if self.canaries is not None:
+            files.append(("auditor.pt", {"canaries": self.canaries.state_dict()}))
+        for fname, state in files:
             tmp = ckpt_dir / (fname + ".tmp")
             torch.save(state, tmp)
             tmp.replace(ckpt_dir / fname)
@@ -322,6 +356,9 @@ class Experiment:
             if cs["label_perm"] is not None:
                 self.permute_labels(cs["label_perm"])
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        tap = self.run_dir / "checkpoints" / "server_view.pt"
+        if self.tap is not None and tap.is_file():
+            self.tap.load_state_dict(torch.load(tap, map_location="cpu", weights_only=False))
         return True
 
     # -------------------------------------------------------------------- run

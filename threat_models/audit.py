@@ -1,0 +1,109 @@
+"""The audit harness: run attacks on a finished run and write ``attacks.json`` and plots.
+
+For each attack: ``prepare`` (simulator: auxiliary knowledge and ground truth)
+→ ``run`` (attacker: its role's view and the auxiliary knowledge only) →
+``score`` (against the truth, beside the chance level).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from threat_models import ATTACKS
+from threat_models.context import AuditContext
+from threat_models.plots import plot_run
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return "inf" if x > 0 else "-inf"
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return _jsonable(x.item())
+    if hasattr(x, "tolist"):
+        return _jsonable(x.tolist())
+    return x
+
+
+def audit(
+    ctx: AuditContext, names: list[str] | None = None, *, out_dir: str | Path | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Run ``names`` (default: the config's ``attacks.run``) on ``ctx``; write ``attacks.json`` and ``roc.png``."""
+    names = names or ctx.cfg.attacks.names() or list(ATTACKS)
+    out_dir = Path(out_dir or ctx.exp.run_dir)
+    results: dict[str, Any] = {}
+    for name in names:
+        cls = ATTACKS[name]
+        attack = cls(getattr(ctx.cfg.attacks, name, None))
+        t0 = time.perf_counter()
+        why = attack.applies(ctx)
+        if why is not None:
+            results[name] = {"role": cls.role.value, "skipped": why}
+            if progress:
+                print(f"  {name}: skipped ({why})")
+            continue
+        aux, truth = attack.prepare(ctx)
+        guess = attack.run(ctx.view_for(cls.role), aux)
+        res = attack.score(guess, truth)
+        entry = res.to_json()
+        entry["seconds"] = time.perf_counter() - t0
+        if res.curves:
+            entry["curves"] = res.curves
+        results[name] = _jsonable(entry)
+        if progress:
+            print(f"  {name}: {headline(name, results[name])}  ({entry['seconds']:.1f}s)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    previous = out_dir / "attacks.json"
+    if previous.is_file():  # keep earlier results of attacks not re-run now
+        try:
+            old = json.loads(previous.read_text()).get("attacks", {})
+        except json.JSONDecodeError:
+            old = {}
+        results = {**{k: v for k, v in old.items() if k not in results}, **results}
+    doc = {
+        "run_dir": str(ctx.exp.run_dir),
+        "protocols": list(ctx.cfg.protocols),
+        "privacy": _jsonable(ctx.privacy()),
+        "attacks": results,
+    }
+    (out_dir / "attacks.json").write_text(json.dumps(doc, indent=1))
+    plot_run(results, out_dir)
+    return doc
+
+
+def audit_run_dir(
+    run_dir: str | Path, names: list[str] | None = None, *, data_root: str | None = None, progress: bool = True
+) -> dict[str, Any]:
+    ctx = AuditContext.from_run_dir(run_dir, data_root=data_root, attacks=names)
+    return audit(ctx, names, progress=progress)
+
+
+def headline(name: str, entry: dict[str, Any]) -> str:
+    """One line per attack: its main metric against chance."""
+    if "skipped" in entry:
+        return f"skipped: {entry['skipped']}"
+    m, c = entry["metrics"], entry["chance"]
+    if name == "token_linkage":
+        return f"linked {m['linked']:.3f} (chance {c['linked']:.1e}), precision {m['precision']:.3f}"
+    if name == "label_deanonymization":
+        return f"re-identified {m['reidentified']:.3f} (chance {c['reidentified']:.4f}), top-5 {m['reidentified_top5']:.3f}"
+    if name == "embedding_identification":
+        return f"top-1 {m['top1']:.3f}, top-5 {m['top5']:.3f} (chance {c['top1']:.4f} / {c['top5']:.4f})"
+    if name == "membership_inference":
+        parts = [f"{k.upper()} AUC {v['auc']:.3f} [{v['auc_ci95'][0]:.3f}, {v['auc_ci95'][1]:.3f}] TPR@1%FPR {v['tpr_at_1pct_fpr']:.3f}"
+                 for k, v in m.items()]  # fmt: skip
+        return "; ".join(parts)
+    if name == "one_run_audit":
+        return f"ε lower bound {m['epsilon_lower_bound']:.3f} ≤ accountant ε {m['accountant_epsilon']}"
+    if name == "update_inversion":
+        ind = m.get("individual")
+        s = f"individual F1 {ind['f1']:.3f}, " if ind else ""
+        return s + f"aggregate F1 {m['aggregate']['f1']:.3f} (no-update guess {c['f1']:.3f})"
+    return json.dumps(m)[:120]

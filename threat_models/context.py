@@ -1,0 +1,139 @@
+"""The simulator's knowledge of a finished run, and the views it hands to attackers.
+
+:class:`AuditContext` holds everything: the data, the partition, the label
+re-indexing, the server's recorded view, the auditor's canaries. Attacks use it
+only in :meth:`~threat_models.base.Attack.prepare` (to build auxiliary
+knowledge and ground truth); their attacking step sees one view.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from secure_fed.errors import SecureFedError
+from threat_models.base import Role
+from threat_models.views import ClientView, ObserverView, RoundCapture, ServerView
+
+
+class AuditContext:
+    def __init__(self, exp):
+        self.exp = exp
+        self.cfg = exp.cfg
+        self.dataset = exp.dataset
+        self.fed = exp.fed
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path, *, data_root: str | None = None, attacks: list[str] | None = None) -> AuditContext:
+        """Rebuild a finished run from ``RUN_DIR`` (config.yaml and checkpoints)."""
+        from secure_fed.config import load_config
+        from secure_fed.engine import Experiment
+
+        run_dir = Path(run_dir)
+        if not (run_dir / "config.yaml").is_file():
+            raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
+        overrides = [f"attacks.run=[{','.join(attacks)}]"] if attacks else []
+        cfg = load_config(run_dir / "config.yaml", overrides)
+        exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
+        if not exp.resume():
+            raise SecureFedError(f"{run_dir} has no checkpoint (checkpoints/last.pt); run it first")
+        summary = run_dir / "summary.json"
+        if not summary.is_file():
+            raise SecureFedError(f"{run_dir} has not finished (no summary.json); finish it with: secure-fed resume {run_dir}")
+        if exp.tap is not None and not (run_dir / "checkpoints" / "server_view.pt").is_file():
+            exp.tap = None  # trained without attacks configured: the server's view was not recorded
+        auditor = run_dir / "checkpoints" / "auditor.pt"
+        if exp.canaries is not None:
+            if auditor.is_file():
+                from threat_models.canaries import DiracCanaries
+
+                st = torch.load(auditor, map_location="cpu", weights_only=False)["canaries"]
+                exp.canaries = DiracCanaries.from_state_dict(st)
+            else:
+                exp.canaries = None  # no canaries were inserted in this run
+        return cls(exp)
+
+    # ------------------------------------------------------------------ facts the simulator knows
+    @property
+    def row_of_label(self) -> np.ndarray:
+        """W row of each label (keyed pseudonyms re-index rows; identity otherwise)."""
+        perm = self.exp.label_perm
+        return np.arange(self.dataset.num_labels) if perm is None else np.asarray(perm)
+
+    @property
+    def pseudonymized(self) -> bool:
+        return "keyed_hashing" in self.cfg.protocols and self.cfg.keyed_hashing.pseudonymize_labels
+
+    def privacy(self) -> dict[str, Any]:
+        return self.exp.privacy_summary()
+
+    def public_config(self) -> dict[str, Any]:
+        return self.cfg.model_dump(mode="json")
+
+    def new_encoder(self) -> torch.nn.Module:
+        """The public architecture (weights to be loaded from a view)."""
+        from secure_fed.engine.builders import build_encoder_for
+
+        return build_encoder_for(self.cfg, self.dataset)
+
+    # ------------------------------------------------------------------ views
+    def server_view(self) -> ServerView:
+        exp, tap = self.exp, self.exp.tap
+        algo = exp.algorithm
+        label_sets = getattr(algo, "label_sets", None)
+        tokenizer = None
+        if label_sets is not None:
+            tokenizer = "hmac-sha256" if "keyed_hashing" in self.cfg.protocols else self.cfg.algorithm.tokenizer
+        names = tuple(self.dataset.label_names)
+        capture = None
+        if tap is not None and tap.capture is not None:
+            capture = RoundCapture(**tap.capture)
+        return ServerView(
+            config=self.public_config(),
+            tokenizer=tokenizer,
+            token_messages=tuple(tap.token_messages) if tap is not None else (),
+            label_sets=None if label_sets is None else label_sets.clone(),
+            row_names=None if self.pseudonymized else names,
+            label_vocabulary=tuple(sorted(names)),
+            theta0=self.theta0(),
+            theta={n: t.detach().cpu().clone() for n, t in exp.theta.items()},
+            W=exp.W.detach().cpu().clone(),
+            capture=capture,
+            privacy=self.privacy(),
+        )
+
+    def theta0(self) -> dict[str, torch.Tensor]:
+        if self.exp.tap is not None:
+            return {n: t.clone() for n, t in self.exp.tap.theta0.items()}
+        enc = self.new_encoder()  # θ⁰ is public: it follows from the config's seed
+        return {n: p.detach().cpu().clone() for n, p in enc.named_parameters()}
+
+    def observer_view(self) -> ObserverView:
+        exp = self.exp
+        W = exp.W.detach().cpu()[torch.as_tensor(self.row_of_label)]
+        return ObserverView(
+            config=self.public_config(),
+            theta0=self.theta0(),
+            theta={n: t.detach().cpu().clone() for n, t in exp.theta.items()},
+            W=W.clone(),
+            label_names=tuple(self.dataset.label_names),
+            privacy=self.privacy(),
+        )
+
+    def client_view(self, cid: int) -> ClientView:
+        c = self.fed.clients[cid]
+        rows = self.exp.W.detach().cpu()[c.known_labels]
+        return ClientView(
+            client_id=cid, raw=c.raw.copy(), labels=tuple(int(i) for i in c.known_labels),
+            theta={n: t.detach().cpu().clone() for n, t in self.exp.theta.items()}, rows=rows.clone(),
+        )  # fmt: skip
+
+    def view_for(self, role: Role, **kw):
+        if role is Role.SERVER:
+            return self.server_view()
+        if role in (Role.OBSERVER, Role.AUDITOR):
+            return self.observer_view()
+        return self.client_view(kw.get("client_id", 0))
