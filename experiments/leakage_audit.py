@@ -107,8 +107,14 @@ def _train(cfg, run_dir: Path, data_root: str | None) -> None:
     from secure_fed.engine import Experiment
 
     summary = run_dir / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("status") in ("completed", "budget_exhausted"):
-        return
+    if summary.is_file():
+        done = json.loads(summary.read_text())
+        if done.get("rounds_planned") != cfg.training.rounds:
+            raise SystemExit(
+                f"{run_dir} holds a {done.get('rounds_planned')}-round run, not {cfg.training.rounds}: use another --out"
+            )
+        if done.get("status") in ("completed", "budget_exhausted"):
+            return
     exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
     exp.resume()
     exp.run(progress=False)

@@ -88,6 +88,10 @@ def test_list_shows_every_registry():
 
     for name, layer in LAYERS.items():  # each protocol layer with its one-sentence threat model
         assert f"{name}" in r.stdout and layer.threat_model[:60] in r.stdout
+    from threat_models import ATTACKS
+
+    for name, atk in ATTACKS.items():  # each attack with its role and what it needs
+        assert f"{name}" in r.stdout and f"[{atk.role.value}]" in r.stdout and atk.needs in r.stdout
 
 
 def test_invalid_protocol_stack_is_one_line_with_the_reason(tmp_path):
@@ -106,3 +110,38 @@ def test_sweep_and_report(tmp_path):
     assert [row["point"]["algorithm.lam"] for row in rows] == ["1", "100"]
     rep = cli("report", *(row["run_dir"] for row in rows), "--out", str(tmp_path / "r.png"))
     assert rep.returncode == 0 and (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_run_with_attacks_then_audit_a_finished_run(tmp_path):
+    sets = [x for s in SMALL for x in ("--set", s)]
+    run = tmp_path / "r"
+    r = cli("run", *sets, "--set", "attacks.run=[token_linkage,one_run_audit]", "--set", "attacks.one_run_audit.canaries=50",
+            "--out", str(run))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "token_linkage: linked" in r.stdout and (run / "attacks.json").is_file()
+    doc = json.loads((run / "attacks.json").read_text())
+    assert set(doc["attacks"]) == {"token_linkage", "one_run_audit"}
+    for entry in doc["attacks"].values():
+        assert {"role", "metrics", "chance"} <= set(entry)
+    # audit again from the run directory, adding an attack: earlier results are kept
+    a = cli("audit", str(run), "--attacks", "label_deanonymization")
+    assert a.returncode == 0, a.stderr
+    doc = json.loads((run / "attacks.json").read_text())
+    assert set(doc["attacks"]) == {"token_linkage", "one_run_audit", "label_deanonymization"}
+    assert doc["attacks"]["label_deanonymization"]["metrics"]["reidentified"] == 1.0
+
+
+def test_audit_errors_are_one_line(tmp_path):
+    r = cli("audit", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "not a run directory" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "c.yaml"
+    bad.write_text("attacks: {run: [token_linkag]}\n")
+    v = cli("validate", str(bad))
+    assert v.returncode == 2 and "did you mean 'token_linkage'" in v.stderr and "Traceback" not in v.stderr
+    sets = [x for s in SMALL for x in ("--set", s)]
+    assert cli("run", *sets, "--out", str(tmp_path / "r")).returncode == 0
+    u = cli("audit", str(tmp_path / "r"), "--attacks", "foo")
+    assert u.returncode == 2 and "unknown attack 'foo'" in u.stderr
+    # a run trained without attacks configured: server-view attacks say why they are skipped
+    s = cli("audit", str(tmp_path / "r"), "--attacks", "token_linkage")
+    assert s.returncode == 0 and "skipped (the run recorded no server view" in s.stdout

@@ -5,7 +5,9 @@ sparse-text encoder). Its gradient for a batch is ``Σ_i δ_i x_iᵀ``, so colum
 f of A changes only if feature f is non-zero in some instance the client
 trained on (plain local SGD without weight decay: exactly zero otherwise). From
 one client's Δθ the server therefore reads the *vocabulary* of that client's
-data — the union of its instances' supports — exactly (Zhu et al. 2019 DLG /
+data — the union of its instances' supports — with precision 1 (recall
+falls short only for words whose every instance had a zero loss gradient, e.g.
+a hinge already satisfied) (Zhu et al. 2019 DLG /
 the analytic first-layer inversions: for a single instance, a row of ΔA is
 proportional to x itself).
 
