@@ -131,22 +131,35 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
+def _mc(key: str, chance: str | None = None):
+    """Getter of (metric, chance) for a top-level metric."""
+    return lambda e: (e["metrics"].get(key), e["chance"].get(chance or key) if chance != "" else None)
+
+
+def _lira(key: str, chance: float):
+    return lambda e: (e["metrics"].get("lira", {}).get(key), chance)
+
+
 ROWS = [  # (attack, label, getter of (value, chance))
-    ("token_linkage", "(a) token linkage: pool instances linked", lambda e: (e["metrics"]["linked"], e["chance"]["linked"])),
-    ("token_linkage", "(a) token linkage: precision", lambda e: (e["metrics"]["precision"], None)),
-    ("label_deanonymization", "(b) label re-identification (top-1)", lambda e: (e["metrics"]["reidentified"], e["chance"]["reidentified"])),
-    ("label_deanonymization", "(b) label re-identification (top-5)", lambda e: (e["metrics"]["reidentified_top5"], e["chance"]["reidentified_top5"])),
-    ("embedding_identification", "(c) class-embedding identification top-1", lambda e: (e["metrics"]["top1"], e["chance"]["top1"])),
-    ("embedding_identification", "(c) class-embedding identification top-5", lambda e: (e["metrics"]["top5"], e["chance"]["top5"])),
+    ("token_linkage", "(a) token linkage: pool instances linked", _mc("linked")),
+    ("token_linkage", "(a) token linkage: precision", _mc("precision", "")),
+    ("label_deanonymization", "(b) label re-identification (top-1)", _mc("reidentified")),
+    ("label_deanonymization", "(b) label re-identification (top-5)", _mc("reidentified_top5")),
+    ("embedding_identification", "(c) class-embedding identification top-1", _mc("top1")),
+    ("embedding_identification", "(c) class-embedding identification top-5", _mc("top5")),
     ("membership_inference", "(d) MI LOSS AUC [95% CI]", lambda e: (_auc(e, "loss"), "0.5")),
     ("membership_inference", "(d) MI LiRA AUC [95% CI]", lambda e: (_auc(e, "lira"), "0.5")),
-    ("membership_inference", "(d) MI LiRA TPR @ 1% FPR", lambda e: (e["metrics"].get("lira", {}).get("tpr_at_1pct_fpr"), 0.01)),
-    ("membership_inference", "(d) MI LiRA TPR @ 0.1% FPR", lambda e: (e["metrics"].get("lira", {}).get("tpr_at_0.1pct_fpr"), 0.001)),
-    ("one_run_audit", "(e) one-run audit: ε lower bound (95%)", lambda e: (e["metrics"]["epsilon_lower_bound"], 0.0)),
+    ("membership_inference", "(d) MI LiRA TPR @ 1% FPR", _lira("tpr_at_1pct_fpr", 0.01)),
+    ("membership_inference", "(d) MI LiRA TPR @ 0.1% FPR", _lira("tpr_at_0.1pct_fpr", 0.001)),
+    ("one_run_audit", "(e) one-run audit: ε lower bound (95%)", _mc("epsilon_lower_bound")),
     ("one_run_audit", "(e) accountant ε (client unit)", lambda e: (_num(e["metrics"]["accountant_epsilon"]), None)),
-    ("update_inversion", "(f) inversion F1, individual updates", lambda e: (e["metrics"].get("individual", {}).get("f1"), e["chance"]["f1"])),
-    ("update_inversion", "(f) inversion F1, from the aggregate", lambda e: (e["metrics"]["aggregate"]["f1"], e["chance"]["f1"])),
-]  # fmt: skip
+    ("update_inversion", "(f) inversion F1, individual updates", lambda e: (_sub(e, "individual"), e["chance"]["f1"])),
+    ("update_inversion", "(f) inversion F1, from the aggregate", lambda e: (_sub(e, "aggregate"), e["chance"]["f1"])),
+]
+
+
+def _sub(e, part):
+    return e["metrics"].get(part, {}).get("f1")
 
 
 def _num(x):

@@ -97,8 +97,11 @@ def headline(name: str, entry: dict[str, Any]) -> str:
     if name == "embedding_identification":
         return f"top-1 {m['top1']:.3f}, top-5 {m['top5']:.3f} (chance {c['top1']:.4f} / {c['top5']:.4f})"
     if name == "membership_inference":
-        parts = [f"{k.upper()} AUC {v['auc']:.3f} [{v['auc_ci95'][0]:.3f}, {v['auc_ci95'][1]:.3f}] TPR@1%FPR {v['tpr_at_1pct_fpr']:.3f}"
-                 for k, v in m.items()]  # fmt: skip
+        parts = [
+            f"{k.upper()} AUC {v['auc']:.3f} [{v['auc_ci95'][0]:.3f}, {v['auc_ci95'][1]:.3f}] "
+            f"TPR@1%FPR {v['tpr_at_1pct_fpr']:.3f}"
+            for k, v in m.items()
+        ]
         return "; ".join(parts)
     if name == "one_run_audit":
         return f"ε lower bound {m['epsilon_lower_bound']:.3f} ≤ accountant ε {m['accountant_epsilon']}"
