@@ -21,7 +21,7 @@ import torch
 
 @dataclass(frozen=True)
 class RoundCapture:
-    """One round's uplinks restricted to one θ parameter (the first encoder layer)."""
+    """One round's uplinks (the last round with participants) restricted to one θ parameter (the first layer)."""
 
     round: int
     cohort: tuple[int, ...]
@@ -74,9 +74,9 @@ class ClientView:
 class ServerTap:
     """Engine-side recorder of the server's view (created when ``attacks.run`` is set)."""
 
-    def __init__(self, *, theta0: dict[str, torch.Tensor], capture_round: int, parameter: str):
+    def __init__(self, *, theta0: dict[str, torch.Tensor], parameter: str):
         self.theta0 = {n: t.detach().cpu().clone() for n, t in theta0.items()}
-        self.capture_round = capture_round
+        self.capture_round: int | None = None
         self.parameter = parameter
         self.token_messages: list[tuple[int, tuple[bytes, ...], int]] = []
         self._wire: dict[int, Any] = {}
@@ -95,13 +95,14 @@ class ServerTap:
         return q
 
     def on_uplink(self, round_idx: int, cid: int, wire: dict[str, Any]) -> None:
-        if round_idx == self.capture_round:
-            self._wire[int(cid)] = wire
+        self._wire[int(cid)] = wire
 
     def on_aggregate(self, round_idx: int, cohort: list[int], theta_sum: dict[str, torch.Tensor] | None) -> None:
-        if round_idx != self.capture_round:
-            return
+        """Keeps the latest round with at least one participant (a budget stop may end a run early)."""
         wires = self._wire
+        if theta_sum is None:
+            self._wire = {}
+            return
         plain = bool(wires) and all(isinstance(w.get("theta_delta"), dict) for w in wires.values())
         kind = "plaintext" if plain else ("encrypted" if any("ciphertexts" in w for w in wires.values()) else "masked")
         indiv = {cid: w["theta_delta"][self.parameter].detach().cpu().clone() for cid, w in wires.items()} if plain else None
@@ -111,6 +112,7 @@ class ServerTap:
             "uplink_kind": kind, "individual": indiv, "aggregate": agg,
         }  # fmt: skip
         self._wire = {}
+        self.capture_round = round_idx
 
     def state_dict(self) -> dict[str, Any]:
         return {

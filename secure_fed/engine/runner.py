@@ -147,7 +147,7 @@ class Experiment:
         from threat_models.views import ServerTap
 
         first = next(iter(self.theta))
-        self.tap = ServerTap(theta0=self.theta, capture_round=self.cfg.training.rounds - 1, parameter=first)
+        self.tap = ServerTap(theta0=self.theta, parameter=first)
         audit = self.cfg.attacks.one_run_audit
         if "one_run_audit" in names and audit.canaries > 0:
             client = self.cfg.privacy.client if "dp" in self.cfg.protocols else None

@@ -45,7 +45,7 @@ def prf(guess: np.ndarray, true: np.ndarray) -> tuple[float, float, float]:
 class UpdateInversion(Attack):
     name = "update_inversion"
     role = Role.SERVER
-    needs = "the uplinks of one round as they cross the wire (captured: the last round); public feature frequencies"
+    needs = "the uplinks of one round as they cross the wire (the last round run); public feature frequencies"
     defended_by = "secure_aggregation or ckks (the server gets only the cohort's sum)"
     description = "recover each client's vocabulary from the first-layer columns its update touches"
 
