@@ -56,7 +56,7 @@ def success_vs_epsilon(series: dict[str, list[tuple[float, float]]], path: str |
             ax.axhline(chance[label], color=line.get_color(), ls=":", lw=0.9)
     ticks = sorted(set([e for e in finite] + [inf_x]))
     ax.set_xscale("log")
-    ax.set_xticks(ticks, [f"{t:g}" if t != inf_x else "∞" for t in ticks])
+    ax.set_xticks(ticks, [f"{t:.3g}" if t != inf_x else "∞" for t in ticks])
     ax.set(xlabel="ε (accountant, client unit)", ylabel=ylabel, title="attack success against ε (dotted: chance)")
     ax.legend(fontsize=7)
     fig.tight_layout()
