@@ -14,7 +14,6 @@ combinations are rejected and why.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from protocols.base import ProtocolLayer, ProtocolSetup, StackEnv
@@ -23,6 +22,7 @@ from protocols.dp.layer import DifferentialPrivacy
 from protocols.keyed_hashing import KeyedHashing
 from protocols.secagg.layer import SecureAggregation
 from secure_fed.engine.aggregation import RoundSession
+from secure_fed.errors import unknown_name
 
 #: Registered layers by name.
 LAYERS: dict[str, type[ProtocolLayer]] = {
@@ -35,9 +35,7 @@ def validate_stack(cfg) -> None:
     stack = list(cfg.protocols)
     for name in stack:
         if name not in LAYERS:
-            close = difflib.get_close_matches(name, LAYERS, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ValueError(f"unknown protocol layer '{name}'{hint}; available: {', '.join(LAYERS)}")
+            raise ValueError(unknown_name("protocol layer", name, LAYERS))
     dup = {n for n in stack if stack.count(n) > 1}
     if dup:
         raise ValueError(f"protocol layer(s) {sorted(dup)} listed twice")

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from secure_fed.errors import SecureFedError
+from secure_fed.errors import SecureFedError, unknown_name
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         names = list(ATTACKS) if names == ["all"] else names
         bad = [a for a in names if a not in ATTACKS]
         if bad:
-            raise SecureFedError(f"--attacks: unknown attack {bad[0]!r}; available: {', '.join(ATTACKS)}")
+            raise SecureFedError("--attacks: " + unknown_name("attack", bad[0], ATTACKS))
     run_dir = Path(args.run_dir)
     print(f"auditing {run_dir}")
     try:

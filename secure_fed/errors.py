@@ -32,3 +32,13 @@ class RoundAborted(RuntimeError):
     The engine skips the round — no update is applied and no privacy is spent —
     and records why in ``metrics.jsonl``.
     """
+
+
+def unknown_name(kind: str, name: str, known) -> str:
+    """``unknown {kind} 'name' (did you mean 'x'?); available: a, b`` — the one-line message for a bad name."""
+    import difflib
+
+    known = list(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown {kind} '{name}'{hint}; available: {', '.join(known)}"

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
+import numpy as np
+
 
 class Role(str, Enum):
     """Who attacks."""
@@ -76,3 +78,11 @@ class Attack(ABC):
     @abstractmethod
     def score(self, guess, truth) -> AttackResult:
         """Metrics of the guess against the ground truth, with chance levels."""
+
+
+def label_of_row(row_of_label) -> np.ndarray:
+    """The inverse permutation: which label each W row holds."""
+    row_of_label = np.asarray(row_of_label)
+    out = np.empty(len(row_of_label), dtype=np.int64)
+    out[row_of_label] = np.arange(len(row_of_label))
+    return out

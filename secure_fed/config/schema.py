@@ -6,10 +6,11 @@ Unknown keys, wrong types and out-of-range values are rejected; see
 
 from __future__ import annotations
 
-import difflib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from secure_fed.errors import unknown_name
 
 
 class _Strict(BaseModel):
@@ -231,9 +232,7 @@ class AttacksConfig(_Strict):
 
         for name in self.run:
             if name != "all" and name not in ATTACKS:
-                close = difflib.get_close_matches(name, ATTACKS, n=1)
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
-                raise ValueError(f"unknown attack '{name}'{hint}; available: {', '.join(ATTACKS)}")
+                raise ValueError(unknown_name("attack", name, ATTACKS))
         return self
 
     def names(self) -> list[str]:

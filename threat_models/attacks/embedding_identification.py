@@ -19,7 +19,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch.nn import functional as F
 
-from threat_models.base import Attack, AttackResult, Role
+from threat_models.base import Attack, AttackResult, Role, label_of_row
 
 
 class EmbeddingIdentification(Attack):
@@ -54,14 +54,12 @@ class EmbeddingIdentification(Attack):
         return {"ranking": np.argsort(-sim, axis=1)[:, :5], "matched": matched}
 
     def score(self, guess, truth):
-        row_of_label = np.asarray(truth["row_of_label"])
-        C = len(row_of_label)
-        label_of_row = np.empty(C, dtype=np.int64)
-        label_of_row[row_of_label] = np.arange(C)
+        truth_rows = label_of_row(truth["row_of_label"])
+        C = len(truth_rows)
         rank = guess["ranking"]
-        top1 = float(np.mean(rank[:, 0] == label_of_row))
-        top5 = float(np.mean([label_of_row[r] in rank[r] for r in range(C)]))
-        matched = float(np.mean(guess["matched"] == label_of_row))
+        top1 = float(np.mean(rank[:, 0] == truth_rows))
+        top5 = float(np.mean([truth_rows[r] in rank[r] for r in range(C)]))
+        matched = float(np.mean(guess["matched"] == truth_rows))
         return AttackResult(
             attack=self.name,
             role=self.role.value,

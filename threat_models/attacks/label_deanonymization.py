@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from threat_models.base import Attack, AttackResult, Role
+from threat_models.base import Attack, AttackResult, Role, label_of_row
 
 
 def _stats(Y: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -85,13 +85,11 @@ class LabelDeanonymization(Attack):
         return {"top1": assign, "top5": top5, "frequency_only": freq_assign, "clear": False}
 
     def score(self, guess, truth):
-        row_of_label = np.asarray(truth["row_of_label"])
-        C = len(row_of_label)
-        label_of_row = np.empty(C, dtype=np.int64)
-        label_of_row[row_of_label] = np.arange(C)
-        top1 = float(np.mean(guess["top1"] == label_of_row))
-        top5 = float(np.mean([label_of_row[r] in guess["top5"][r] for r in range(C)]))
-        freq = float(np.mean(guess["frequency_only"] == label_of_row))
+        truth_rows = label_of_row(truth["row_of_label"])
+        C = len(truth_rows)
+        top1 = float(np.mean(guess["top1"] == truth_rows))
+        top5 = float(np.mean([truth_rows[r] in guess["top5"][r] for r in range(C)]))
+        freq = float(np.mean(guess["frequency_only"] == truth_rows))
         return AttackResult(
             attack=self.name,
             role=self.role.value,
