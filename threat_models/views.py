@@ -76,7 +76,6 @@ class ServerTap:
 
     def __init__(self, *, theta0: dict[str, torch.Tensor], parameter: str):
         self.theta0 = {n: t.detach().cpu().clone() for n, t in theta0.items()}
-        self.capture_round: int | None = None
         self.parameter = parameter
         self.token_messages: list[tuple[int, tuple[bytes, ...], int]] = []
         self._wire: dict[int, Any] = {}
@@ -112,14 +111,13 @@ class ServerTap:
             "uplink_kind": kind, "individual": indiv, "aggregate": agg,
         }  # fmt: skip
         self._wire = {}
-        self.capture_round = round_idx
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "theta0": self.theta0, "token_messages": self.token_messages,
-            "capture": self.capture, "capture_round": self.capture_round, "parameter": self.parameter,
+            "capture": self.capture, "parameter": self.parameter,
         }  # fmt: skip
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         self.theta0, self.token_messages = st["theta0"], st["token_messages"]
-        self.capture, self.capture_round, self.parameter = st["capture"], st["capture_round"], st["parameter"]
+        self.capture, self.parameter = st["capture"], st["parameter"]

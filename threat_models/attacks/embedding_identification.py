@@ -29,9 +29,6 @@ class EmbeddingIdentification(Attack):
     defended_by = "dp (privacy.client)"
     description = "name each class-embedding row by its similarity to public per-label centroids of g(x)"
 
-    def applies(self, ctx) -> str | None:
-        return None
-
     def prepare(self, ctx):
         aux = {
             "x_public": ctx.fed.x_test.detach().cpu(),

@@ -101,8 +101,9 @@ class MembershipInference(Attack):
         if sh is not None:
             scores, inside = sh.run(aux["encoder"], aux["x"], aux["Y"])  # (K, n), (K, n)
             out_scores = np.where(~inside, scores, np.nan)
-            have = (~inside).any(axis=0)
-            mu = np.where(have, np.nanmean(np.where(have, out_scores, 0.0), axis=0), np.nanmean(out_scores))
+            n_out = (~inside).sum(axis=0)
+            # per-target OUT mean; a target no shadow left out gets the global OUT mean
+            mu = np.where(n_out > 0, np.nansum(out_scores, axis=0) / np.maximum(n_out, 1), np.nanmean(out_scores))
             sd = np.nanstd(out_scores - mu[None, :]) + 1e-6
             out["lira"] = (phi - mu) / sd
             out["shadows"] = int(scores.shape[0])
@@ -138,7 +139,6 @@ class _ShadowTrainer:
         digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode() + str(feats.shape).encode()).hexdigest()[:16]
         root = Path(options.shadow_dir) if options.shadow_dir else ctx.exp.run_dir / "shadows"
         self.dir = root / digest
-        self.data_root = None
 
     def _train(self, k: int, inside: np.ndarray):
         from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
