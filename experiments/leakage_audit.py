@@ -136,8 +136,8 @@ def _mc(key: str, chance: str | None = None):
     return lambda e: (e["metrics"].get(key), e["chance"].get(chance or key) if chance != "" else None)
 
 
-def _lira(key: str, chance: float):
-    return lambda e: (e["metrics"].get("lira", {}).get(key), chance)
+def _lira(variant: str, key: str, chance: float):
+    return lambda e: (e["metrics"].get(variant, {}).get(key), chance)
 
 
 ROWS = [  # (attack, label, getter of (value, chance))
@@ -148,9 +148,12 @@ ROWS = [  # (attack, label, getter of (value, chance))
     ("embedding_identification", "(c) class-embedding identification top-1", _mc("top1")),
     ("embedding_identification", "(c) class-embedding identification top-5", _mc("top5")),
     ("membership_inference", "(d) MI LOSS AUC [95% CI]", lambda e: (_auc(e, "loss"), "0.5")),
-    ("membership_inference", "(d) MI LiRA AUC [95% CI]", lambda e: (_auc(e, "lira"), "0.5")),
-    ("membership_inference", "(d) MI LiRA TPR @ 1% FPR", _lira("tpr_at_1pct_fpr", 0.01)),
-    ("membership_inference", "(d) MI LiRA TPR @ 0.1% FPR", _lira("tpr_at_0.1pct_fpr", 0.001)),
+    ("membership_inference", "(d) MI LiRA online AUC [95% CI]", lambda e: (_auc(e, "lira_online"), "0.5")),
+    ("membership_inference", "(d) MI LiRA online TPR @ 1% FPR", _lira("lira_online", "tpr_at_1pct_fpr", 0.01)),
+    ("membership_inference", "(d) MI LiRA online TPR @ 0.1% FPR", _lira("lira_online", "tpr_at_0.1pct_fpr", 0.001)),
+    ("membership_inference", "(d) MI LiRA offline AUC [95% CI]", lambda e: (_auc(e, "lira_offline"), "0.5")),
+    ("membership_inference", "(d) MI LiRA offline TPR @ 1% FPR", _lira("lira_offline", "tpr_at_1pct_fpr", 0.01)),
+    ("membership_inference", "(d) MI LiRA offline TPR @ 0.1% FPR", _lira("lira_offline", "tpr_at_0.1pct_fpr", 0.001)),
     ("one_run_audit", "(e) one-run audit: ε lower bound (95%)", _mc("epsilon_lower_bound")),
     ("one_run_audit", "(e) accountant ε (client unit)", lambda e: (_num(e["metrics"]["accountant_epsilon"]), None)),
     ("update_inversion", "(f) inversion F1, individual updates", lambda e: (_sub(e, "individual"), e["chance"]["f1"])),
@@ -211,15 +214,16 @@ def plots(results: dict[str, Any], out: Path) -> None:
     curves = {}
     for s, doc in results.items():
         mi = doc["attacks"].get("membership_inference", {})
-        c = (mi.get("curves") or {}).get("lira")
+        c = (mi.get("curves") or {}).get("lira_online")
         if c:
-            curves[f"{s} (AUC {mi['metrics']['lira']['auc']:.3f})"] = c
+            curves[f"{s} (AUC {mi['metrics']['lira_online']['auc']:.3f})"] = c
     if curves:
-        roc_plot(curves, out / "roc.png", title="offline LiRA on the released model")
+        roc_plot(curves, out / "roc.png", title="online LiRA on the released model")
     series: dict[str, list] = {
         "(c) embedding id. top-1": [],
         "(c) embedding id. top-5": [],
-        "(d) LiRA AUC": [],
+        "(d) LiRA online AUC": [],
+        "(d) LiRA offline AUC": [],
         "(d) LOSS AUC": [],
     }
     chance: dict[str, float] = {}
@@ -234,7 +238,11 @@ def plots(results: dict[str, Any], out: Path) -> None:
             series["(c) embedding id. top-5"].append((eps, e["metrics"]["top5"]))
             chance["(c) embedding id. top-1"], chance["(c) embedding id. top-5"] = e["chance"]["top1"], e["chance"]["top5"]
         mi = a.get("membership_inference", {}).get("metrics", {})
-        for k, lab in (("lira", "(d) LiRA AUC"), ("loss", "(d) LOSS AUC")):
+        for k, lab in (
+            ("lira_online", "(d) LiRA online AUC"),
+            ("lira_offline", "(d) LiRA offline AUC"),
+            ("loss", "(d) LOSS AUC"),
+        ):
             if k in mi:
                 series[lab].append((eps, mi[k]["auc"]))
                 chance[lab] = 0.5
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--out", default="results/leakage_audit")
     ap.add_argument("--epsilons", default="1,4", help="client/instance target ε of the dp stacks")
-    ap.add_argument("--shadows", type=int, default=4, help="LiRA shadow runs per training recipe")
+    ap.add_argument("--shadows", type=int, default=16, help="LiRA shadow runs per training recipe (online and offline)")
     ap.add_argument("--canaries", type=int, default=1000, help="one-run audit canaries per run")
     ap.add_argument("--crypto-rounds", type=int, default=1, help="final rounds run under secure_aggregation / ckks")
     ap.add_argument("--stacks", default=None, help="comma-separated subset of the stacks")

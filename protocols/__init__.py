@@ -94,10 +94,23 @@ class ProtocolStack:
                 return why
         return None
 
+    def cohort_uniforms(self, round_idx: int, num_clients: int):
+        for layer in self.layers:
+            u = layer.cohort_uniforms(round_idx, num_clients)
+            if u is not None:
+                return u
+        return None
+
     def privacy(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for layer in self.layers:
             out.update(layer.privacy())
+        return out
+
+    def private_report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for layer in self.layers:
+            out.update(layer.private_report())
         return out
 
     def round_stats(self) -> dict[str, Any]:
@@ -119,6 +132,13 @@ class ProtocolStack:
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
         for layer in self.layers:
             layer.load_client_state_dict(state.get(layer.name, {}))
+
+    def secret_state_dict(self) -> dict[str, Any]:
+        return {layer.name: layer.secret_state_dict() for layer in self.layers}
+
+    def load_secret_state_dict(self, state: dict[str, Any]) -> None:
+        for layer in self.layers:
+            layer.load_secret_state_dict(state.get(layer.name, {}))
 
 
 __all__ = ["LAYERS", "ProtocolLayer", "ProtocolSetup", "ProtocolStack", "StackEnv", "validate_stack"]

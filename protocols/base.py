@@ -62,6 +62,9 @@ class StackEnv:
     theta: dict  # name → tensor (shapes only are used)
     device: Any
     seed: int
+    #: the most clients one training instance sits on (its label count in the positive-only setting; 1 when
+    #: each instance is on one client): the group size that turns client-level DP into instance-level DP
+    max_clients_per_instance: int = 1
 
     def update_layout(self) -> UpdateLayout:
         """How one client's update is packed into a flat vector (for layers that sum vectors)."""
@@ -139,6 +142,11 @@ class ProtocolLayer:
         """A reason to stop *before* this round, or None."""
         return None
 
+    def cohort_uniforms(self, round_idx: int, num_clients: int) -> Any:
+        """Uniform draws (one per client) for this round's client sampling when the layer's guarantee needs the
+        sample to be secret (DP amplification by sampling); None leaves sampling to the public seed."""
+        return None
+
     def after_round(self, round_idx: int) -> None:
         """Called once the round's updates are applied."""
 
@@ -147,6 +155,11 @@ class ProtocolLayer:
         return {}
 
     def round_stats(self) -> dict[str, Any]:
+        """This round's diagnostics (private: they go to private/diagnostics.jsonl, never to a released file)."""
+        return {}
+
+    def private_report(self) -> dict[str, Any]:
+        """Run-level diagnostics of private data for the operator (private/summary.json)."""
         return {}
 
     # server-side state (goes into the server checkpoint) and client-side state (clients' own storage)
@@ -160,4 +173,12 @@ class ProtocolLayer:
         return {}
 
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    # server-side secrets (e.g. the key behind DP noise): a private checkpoint of their own, never the
+    # server checkpoint that holds the model, never a released file
+    def secret_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_secret_state_dict(self, state: dict[str, Any]) -> None:
         pass

@@ -79,6 +79,7 @@ class CKKSAggregation(ProtocolLayer):
         self._holders: dict[int, dict] = {}  # client side: key holders' key pairs and secret contexts
         self._client_public: ts.Context | None = None  # client side copy of the public context
         self.last_stats: dict[str, Any] = {}
+        self.max_abs_error = 0.0  # simulator's measurement of CKKS's approximation error over the run
 
     def _select(self, groups: list[str]) -> list[str]:
         segs = list(self.layout.segments())
@@ -148,10 +149,14 @@ class CKKSAggregation(ProtocolLayer):
     def round_stats(self) -> dict[str, Any]:
         return self.last_stats
 
+    def private_report(self) -> dict[str, Any]:
+        return {"ckks_max_abs_decryption_error": self.max_abs_error}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"server_context": self.server_context_bytes}
+        return {"server_context": self.server_context_bytes, "max_abs_error": self.max_abs_error}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.max_abs_error = float(state.get("max_abs_error", 0.0))
         self.server_context_bytes = state["server_context"]
         self.server_context = ts.context_from(self.server_context_bytes)
         self._client_public = ts.context_from(self.server_context_bytes)
@@ -170,6 +175,8 @@ class _CKKSRound(RoundWrapper):
         self._set_min_summands(len(self.cohort))  # no dropout in this simulation: the sum holds the whole cohort
         self.sums: list | None = None
         self.plain_sum: np.ndarray | None = None
+        #: simulator only (no party holds it in a deployment): the exact sum, to measure CKKS's error
+        self.exact_sum: np.ndarray | None = None
         self.t_enc = self.t_agg = 0.0
         self.bytes_up = 0
         self.n = 0
@@ -188,6 +195,7 @@ class _CKKSRound(RoundWrapper):
 
         def encrypted(payload: Payload, data: ClientData) -> Payload:
             v = layer.layout.flatten(inner_fn(payload, data), self.weighting)
+            self.exact_sum = v.copy() if self.exact_sum is None else self.exact_sum + v
             t0 = time.perf_counter()
             secret_part = v[enc_mask]
             blobs = [
@@ -224,7 +232,10 @@ class _CKKSRound(RoundWrapper):
         total = np.zeros(self.layer.layout.size)
         total[mask] = dec[: int(mask.sum())]
         total[~mask] = self.plain_sum
+        err = float(np.max(np.abs(total - self.exact_sum))) if self.exact_sum is not None else 0.0
+        self.layer.max_abs_error = max(self.layer.max_abs_error, err)
         self.layer.last_stats = {
+            "ckks_max_abs_error": err,
             "ckks_clients": self.n,
             "ckks_encrypt_s": round(self.t_enc, 4),
             "ckks_aggregate_s": round(self.t_agg, 4),

@@ -52,7 +52,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         f"in {summary['wall_seconds']:.1f}s ({summary['seconds_per_round']:.2f}s/round) [{summary['status']}]"
     )
     print(f"  {metrics}  mean cos(W) {summary['W_mean_cos']:.3f}  privacy: ε = {eps}")
-    print(f"  run directory: {run_dir}")
+    print(f"  run directory: {run_dir} (private/ holds the operator's diagnostics: do not release it)")
+    if "warning" in summary["privacy"]:
+        print(f"  warning: {summary['privacy']['warning']}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

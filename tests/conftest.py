@@ -58,3 +58,28 @@ def bibtex(data_root):
     from secure_fed.data import load_registered
 
     return load_registered("bibtex", data_root)
+
+
+#: Every DP configuration the suite trains with (tests/engine/test_released_files.py checks each one's released files).
+DP_CONFIGS: dict[str, list[str]] = {
+    "instance_fedalc": [
+        'protocols=["dp"]', "algorithm.normalize_gamma=false", 'privacy.instance={"target_epsilon": 2.0, "sample_rate": 0.2}',
+    ],
+    "instance_fedalc_fixed": [
+        "algorithm.name=fedalc_fixed", "algorithm.fixed_steps=5", 'protocols=["dp"]',
+        'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}',
+    ],
+    "client_server_noise_poisson": [
+        "algorithm.name=fedaws", 'protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}',
+        "training.client_fraction=0.5", "training.sampling=poisson",
+    ],
+    "client_noise_secagg": [
+        "algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]',
+        'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}',
+    ],
+    "both_units_keyed_ckks_gdp_seeded": [
+        'protocols=["keyed_hashing", "dp", "ckks"]', "algorithm.normalize_gamma=false",
+        'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}',
+        'privacy.client={"target_epsilon": 8, "clip_norm": 0.5}', "privacy.report_gdp=true", "privacy.noise_seed=1",
+    ],
+}  # fmt: skip

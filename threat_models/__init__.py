@@ -6,7 +6,7 @@ attack                     role      measures
 ``token_linkage``          server    (a) dictionary attack on FedALC's label-set tokens
 ``label_deanonymization``  server    (b) pseudonym → label name by co-occurrence graph matching
 ``embedding_identification`` server  (c) W row → label name from public per-label centroids
-``membership_inference``   observer  (d) LOSS and offline LiRA on the released model
+``membership_inference``   observer  (d) LOSS and LiRA (online, offline)
 ``one_run_audit``          auditor   (e) Steinke et al. one-run ε lower bound with canaries
 ``update_inversion``       server    (f) a client's vocabulary from its first-layer update
 =========================  ========  ==========================================================

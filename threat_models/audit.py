@@ -15,7 +15,7 @@ from typing import Any
 
 from threat_models import ATTACKS
 from threat_models.context import AuditContext
-from threat_models.plots import plot_run
+from threat_models.plots import ROC_LABELS, plot_run
 
 
 def _jsonable(x: Any) -> Any:
@@ -98,13 +98,21 @@ def headline(name: str, entry: dict[str, Any]) -> str:
         return f"top-1 {m['top1']:.3f}, top-5 {m['top5']:.3f} (chance {c['top1']:.4f} / {c['top5']:.4f})"
     if name == "membership_inference":
         parts = [
-            f"{k.upper()} AUC {v['auc']:.3f} [{v['auc_ci95'][0]:.3f}, {v['auc_ci95'][1]:.3f}] "
+            f"{ROC_LABELS.get(k, k)} AUC {v['auc']:.3f} [{v['auc_ci95'][0]:.3f}, {v['auc_ci95'][1]:.3f}] "
             f"TPR@1%FPR {v['tpr_at_1pct_fpr']:.3f}"
             for k, v in m.items()
         ]
+        d = entry.get("details", {})
+        if d.get("shadows"):
+            on, off = d.get("fallback", {}).get("lira_online", {}), d.get("fallback", {}).get("lira_offline", {})
+            parts.append(f"{d['shadows']} shadows (fallback: online {on.get('no_in_shadow', 0)} no-IN/"
+                         f"{on.get('no_out_shadow', 0)} no-OUT, offline {off.get('no_out_shadow', 0)} no-OUT)")  # fmt: skip
         return "; ".join(parts)
     if name == "one_run_audit":
-        return f"ε lower bound {m['epsilon_lower_bound']:.3f} ≤ accountant ε {m['accountant_epsilon']}"
+        return (
+            f"ε lower bound {m['epsilon_lower_bound']:.3f} ≤ replacement ε {m['replacement_epsilon']} "
+            f"(2 × add/remove ε {m['accountant_epsilon']}: a canary flip replaces its owner's update)"
+        )
     if name == "update_inversion":
         ind = m.get("individual")
         s = f"individual F1 {ind['f1']:.3f}, " if ind else ""

@@ -5,9 +5,14 @@ with probability ½ (``included[i]``); an inserted canary rides on the update of
 its owner client — whenever that client is sampled, ``s_i · norm`` is added to
 coordinate ``j_i`` of its Δθ *before* any protocol layer, so client-level DP
 clips it together with the client's own update. Flipping one inclusion bit
-changes one client's contribution only, which is the neighbouring relation
-client-level DP covers; the audit's lower bound is therefore comparable with the
-client unit's ε.
+*replaces* one client's contribution (its update with or without the canary):
+that is the replacement neighbouring relation, which add/remove client-level DP
+at (ε, δ) covers at (2ε, (1 + e^ε)δ) by group privacy over two changes. The
+audit's lower bound is compared with that.
+
+The coordinates, signs, owners and bits are the auditor's secret: drawn from the
+operating system's entropy (never the run's public seed) and kept in
+``RUN_DIR/checkpoints/auditor.pt``.
 
 The score of canary i after training is ``s_i · (θ_T − θ_0)[j_i]``. The auditor
 keeps the coordinates, signs and bits on its own side (``RUN_DIR/auditor.pt``).
@@ -26,12 +31,15 @@ from secure_fed.algorithms.base import ClientFn
 class DiracCanaries:
     """``m`` canaries in the flattened θ (parameters in their named order)."""
 
-    def __init__(self, *, m: int, norm: float, seed: int, theta_shapes: dict[str, tuple[int, ...]], num_clients: int):
+    def __init__(
+        self, *, m: int, norm: float, theta_shapes: dict[str, tuple[int, ...]], num_clients: int, seed: int | None = None
+    ):
+        """``seed`` None (the default) draws fresh OS entropy; an integer is for tests only."""
         self.m, self.norm = int(m), float(norm)
         self.names = list(theta_shapes)
         sizes = [int(np.prod(s)) for s in theta_shapes.values()]
         self.offsets = np.cumsum([0, *sizes])
-        rng = np.random.default_rng([seed, 0xCA7A])
+        rng = np.random.default_rng(np.random.SeedSequence() if seed is None else [seed, 0xCA7A])
         self.coords = rng.choice(int(self.offsets[-1]), size=self.m, replace=False)
         self.signs = rng.choice(np.array([-1.0, 1.0]), size=self.m)
         self.included = rng.random(self.m) < 0.5

@@ -45,15 +45,8 @@ class AuditContext:
             raise SecureFedError(f"{run_dir} has not finished (no summary.json); finish it with: secure-fed resume {run_dir}")
         if exp.tap is not None and not (run_dir / "checkpoints" / "server_view.pt").is_file():
             exp.tap = None  # trained without attacks configured: the server's view was not recorded
-        auditor = run_dir / "checkpoints" / "auditor.pt"
-        if exp.canaries is not None:
-            if auditor.is_file():
-                from threat_models.canaries import DiracCanaries
-
-                st = torch.load(auditor, map_location="cpu", weights_only=False)["canaries"]
-                exp.canaries = DiracCanaries.from_state_dict(st)
-            else:
-                exp.canaries = None  # no canaries were inserted in this run
+        if exp.canaries is not None and not (run_dir / "checkpoints" / "auditor.pt").is_file():
+            exp.canaries = None  # no canaries were inserted in this run (resume() loads them when they were)
         return cls(exp)
 
     # ------------------------------------------------------------------ facts the simulator knows

@@ -66,11 +66,18 @@ def success_vs_epsilon(series: dict[str, list[tuple[float, float]]], path: str |
     return path
 
 
+#: legend names of the membership-inference scores, in drawing order ("lira": results written before online LiRA)
+ROC_LABELS = {"loss": "LOSS", "lira_online": "LiRA online", "lira_offline": "LiRA offline", "lira": "LiRA offline"}
+
+
 def plot_run(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """The plots for one audited run: ``roc.png`` when membership inference ran."""
+    """The plots for one audited run: ``roc.png`` (LOSS, online and offline LiRA) when membership inference ran."""
     mi = results.get("membership_inference", {})
     curves = mi.get("curves") or {}
     if not curves:
         return []
-    labelled = {f"{k.upper()} (AUC {mi['metrics'][k]['auc']:.3f})": c for k, c in curves.items()}
-    return [roc_plot(labelled, Path(out_dir) / "roc.png")]
+    order = [k for k in ROC_LABELS if k in curves] + [k for k in curves if k not in ROC_LABELS]
+    labelled = {f"{ROC_LABELS.get(k, k)} (AUC {mi['metrics'][k]['auc']:.3f})": curves[k] for k in order}
+    shadows = (mi.get("details") or {}).get("shadows")
+    title = f"membership inference ({shadows} shadows)" if shadows else "membership inference"
+    return [roc_plot(labelled, Path(out_dir) / "roc.png", title=title)]

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
 from secure_fed.engine.aggregation import Aggregate
 
@@ -39,17 +40,19 @@ def clip_update(reply: Payload, clip_norm: float) -> Payload:
     return out
 
 
-def add_client_noise(reply: Payload, *, std: float, rows_shape: tuple[int, int] | None, generator: torch.Generator) -> Payload:
+def add_client_noise(
+    reply: Payload, *, std: float, rows_shape: tuple[int, int] | None, stream: SecretStream, label: str
+) -> Payload:
     """Distributed noise: this client's share N(0, std²) on every coordinate of Δθ and, if ``rows_shape``
-    is given, of all C class rows (``row_noise``, added where the update is packed for the secure sum)."""
+    is given, of all C class rows (``row_noise``, added where the update is packed for the secure sum).
 
-    def gauss(shape) -> torch.Tensor:
-        return torch.randn(shape, generator=generator, dtype=torch.float64).float() * std
-
+    ``stream`` is the client's own secret (never the server's, never the public seed)."""
     out = dict(reply)
-    out["theta_delta"] = {n: t + gauss(t.shape).to(t.device) for n, t in reply["theta_delta"].items()}
+    out["theta_delta"] = {
+        n: t + (std * stream.gaussian(t.shape, f"{label} {n}")).to(t.device, t.dtype) for n, t in reply["theta_delta"].items()
+    }
     if rows_shape is not None:
-        out["row_noise"] = gauss(rows_shape)
+        out["row_noise"] = (std * stream.gaussian(rows_shape, f"{label} rows")).float()
     return out
 
 
@@ -61,20 +64,22 @@ def noise_aggregate(
     expected_clients: float,
     expected_per_row: torch.Tensor,
     noise_rows: bool,
-    generator: torch.Generator,
+    stream: SecretStream,
+    label: str,
     server_noise: bool = True,
 ) -> Aggregate:
-    """Gaussian noise on the sums (unless the clients added it) and fixed denominators (in place on ``agg``)."""
+    """Gaussian noise on the sums (unless the clients added it) and fixed denominators (in place on ``agg``).
+
+    ``stream`` is the server's secret; ``label`` names this round's draw."""
     std = noise_multiplier * clip_norm if server_noise else 0.0
-
-    def gauss(shape) -> torch.Tensor:
-        return torch.randn(shape, generator=generator, dtype=torch.float64).float() * std
-
-    for _n, s in agg.theta_sum.items():
-        s.add_(gauss(s.shape).to(s.device))
+    if std > 0.0:
+        for n, s in agg.theta_sum.items():
+            s.add_((std * stream.gaussian(s.shape, f"{label} {n}")).to(s.device, s.dtype))
     agg.theta_denominator = float(expected_clients)
     if noise_rows:
-        agg.row_sum.add_(gauss(agg.row_sum.shape).to(agg.row_sum.device))
+        if std > 0.0:
+            agg.row_sum.add_(
+                (std * stream.gaussian(agg.row_sum.shape, f"{label} rows")).to(agg.row_sum.device, agg.row_sum.dtype)
+            )
         agg.row_denominator = expected_per_row.to(agg.row_sum.device)
-    agg.notes["dp_noise_std"] = std
     return agg

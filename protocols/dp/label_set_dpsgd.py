@@ -1,13 +1,23 @@
 """Instance-level DP-SGD on the server's class-embedding update (FedALC eqs. 11 and 12).
 
-The privacy unit is one label set (one training instance's labels, as the
-server collected them). Each step:
+The privacy unit is one training instance. The server holds the instances' label sets (from
+label-set collection); each step:
 
 1. Poisson-sample label sets with rate q;
 2. compute each sampled set's gradient G_j = ∇_W ℓ_j(W) (``regularizers.label_set_*_grads``)
    and clip it to L2 norm ≤ C;
-3. add N(0, σ²C²) to every entry of the sum;
+3. add N(0, σ²·(2C)²) to every entry of the sum;
 4. divide by the expected batch q·n_all and step W ← normalize(W − λη·g̃).
+
+**Why 2C.** Label-set collection merges identical feature vectors into one set (their tokens
+are equal), and it unions their labels. Removing one instance therefore either removes a set
+(change ≤ C) or *changes* a set into another (the set of a duplicate with other labels: change
+≤ 2C, both clipped to C). The server cannot tell which sets are merges, so every step is
+accounted at sensitivity Δ = 2C: σ stays the noise multiplier of the accountant, and the noise
+std is σ·Δ (tested with merged instances in ``tests/protocols/test_dp.py``).
+
+The Poisson draws and the Gaussian noise are passed in: the caller draws them from the server's
+secret stream (:mod:`protocols.dp.randomness`), never from the public seed.
 
 With q = 1, σ = 0 and C = ∞ this is exactly one step on the σ-weighted
 regulariser (tested), so the only change from the non-private algorithm is
@@ -25,6 +35,9 @@ from torch.nn import functional as F
 #: step and returns a function of a chunk of label sets (B, C) → per-set gradients (B, C, d).
 PerSetGrads = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 
+#: sensitivity of the clipped sum of per-set gradients, in units of the clip norm C (see above)
+SENSITIVITY_IN_CLIP_NORMS = 2.0
+
 
 def dp_label_set_step(
     W: torch.Tensor,
@@ -35,13 +48,18 @@ def dp_label_set_step(
     noise_multiplier: float,
     sample_rate: float,
     step_size: float,
-    generator: torch.Generator,
+    pick: torch.Tensor,
+    noise: torch.Tensor,
     chunk: int = 64,
 ) -> dict[str, float]:
-    """One DP-SGD step on W in place; returns stats (batch size, fraction of clipped sets, grad norm)."""
+    """One DP-SGD step on W in place; returns diagnostics (batch size, clipped fraction, mean norm).
+
+    ``pick`` (n_all,) bool is the Poisson sample; ``noise`` (C, d) holds standard normals. Both come
+    from the caller's secret stream. The diagnostics are statistics of private data: they belong in
+    the run's private diagnostics, never in a released file.
+    """
     n_all = label_sets.shape[0]
-    pick = torch.rand(n_all, generator=generator) < sample_rate
-    batch = label_sets[pick].to(W.device)
+    batch = label_sets[pick.to(label_sets.device)].to(W.device)
     total = torch.zeros_like(W)
     clipped, norms_sum = 0, 0.0
     grads_of = per_set_grads(W)
@@ -52,8 +70,8 @@ def dp_label_set_step(
         total += torch.einsum("b,brd->rd", factor, G)
         clipped += int((norms > clip_norm).sum())
         norms_sum += float(norms.sum())
-    noise = torch.randn(W.shape, generator=generator, dtype=torch.float64).to(W.device, W.dtype)
-    g = (total + noise_multiplier * clip_norm * noise) / (sample_rate * max(n_all, 1))
+    std = noise_multiplier * SENSITIVITY_IN_CLIP_NORMS * clip_norm
+    g = (total + std * noise.to(W.device, W.dtype)) / (sample_rate * max(n_all, 1))
     with torch.no_grad():
         W.sub_(step_size * g)
         W.copy_(F.normalize(W, dim=-1))

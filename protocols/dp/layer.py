@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
-from protocols.dp.accountant import PrivacyUnit, calibrate_sigma
+from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
 from protocols.dp.client_dp import add_client_noise, clip_update, noise_aggregate
-from protocols.dp.label_set_dpsgd import dp_label_set_step
+from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
+from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.base import Algorithm, ClientFn
 from secure_fed.algorithms.regularizers import (
     label_set_correlation_grads,
@@ -25,17 +26,33 @@ from secure_fed.engine.aggregation import Aggregate, RoundSession
 LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
 
 
-def client_noise_seed(seed: int, round_idx: int, cid: int) -> int:
-    """Each client's own noise stream (reproducible per run, round and client)."""
-    return int(np.random.SeedSequence([seed, round_idx, cid, 4099]).generate_state(1)[0])
+NOISE_SEED_WARNING = (
+    "privacy.noise_seed is set: every noise and sampling draw follows from that number, so the reported ε does not "
+    "hold against anyone who knows it (debugging only)"
+)
+
+
+def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """(ε, δ)-DP for one unit gives (kε, k·e^{(k−1)ε}·δ) for a group of k units (Dwork & Roth, Thm 2.2)."""
+    if not math.isfinite(epsilon):
+        return math.inf, delta
+    eps_k = k * epsilon
+    delta_k = min(1.0, k * math.exp((k - 1) * epsilon) * delta) if (k - 1) * epsilon < 700 else 1.0
+    return eps_k, delta_k
+
+
+def _eps(x: float):
+    return x if math.isfinite(x) else "inf"
 
 
 class DifferentialPrivacy(ProtocolLayer):
     name = "dp"
     threat_model = (
-        "Bounds, with a tracked (ε, δ), what the trained θ and W reveal about any one client (client-level DP-FedAvg) "
-        "or any one instance's label set (DP-SGD on the server's W update) to anyone who sees them; the server that adds "
-        "the noise is trusted with the un-noised sums."
+        "Bounds, with a tracked (ε, δ), what the released θ, W and files reveal about any one client (client-level "
+        "DP-FedAvg) or any one instance (DP-SGD on the server's W update over label sets) to an observer of the release; "
+        "noise and sampling come from secrets of the party that draws them. Against the server: the instance unit gives "
+        "nothing (it holds the label sets), the client unit holds only with noise: clients under a secure sum, without "
+        "amplification by sampling."
     )
 
     @classmethod
@@ -72,23 +89,29 @@ class DifferentialPrivacy(ProtocolLayer):
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)
         p = cfg.privacy
-        self.generator = torch.Generator().manual_seed(cfg.seed * 7919 + 17)
+        #: server side: the secret behind server noise, label-set sampling and client sampling
+        self.server_stream = SecretStream.for_party(p.noise_seed, "server")
+        #: client side: each client's own secret behind its noise share (``noise: clients``)
+        self._client_streams: dict[int, SecretStream] = {}
         self.units: dict[str, PrivacyUnit] = {}
         algo = cfg.algorithm.name
         if p.instance is not None:
             steps = cfg.algorithm.fixed_steps if algo == "fedalc_fixed" else cfg.training.rounds
             self.units["instance"] = self._unit("instance", p.instance, p.instance.sample_rate, steps, scope=(
-                "label sets used by the server's W update (eq. 12 pre-training)" if algo == "fedalc_fixed"
-                else "label sets used by the server's W update (eq. 11 with σ weights, eq. 9)"
-            ), not_covered=[] if p.client is not None else [
-                "client training on the instance (θ and class-row updates): add privacy.client to cover it",
+                "training instances, through their label sets in the server's W update (eq. 12 pre-training)"
+                if algo == "fedalc_fixed"
+                else "training instances, through their label sets in the server's W update (eq. 11 with σ weights, eq. 9)"
+            ), not_covered=[
+                "client training on the instance (θ and class-row updates): "
+                + ("covered only through the client unit, by group privacy over the clients an instance sits on "
+                   "(units.client.instance_level)" if p.client is not None else "add privacy.client to cover it"),
             ])  # fmt: skip
         if p.client is not None:
             q = cfg.training.client_fraction
-            not_cov = ["per-round mean training loss written to metrics.jsonl (a diagnostic)"]
+            not_cov = []
             if algo in LABEL_SET_ALGORITHMS:
-                not_cov.insert(0, "label-set collection: a client's tokens shape W through the server regulariser "
-                                  "(covered per label set by privacy.instance, not per client)")  # fmt: skip
+                not_cov.append("label-set collection: a client's tokens shape W through the server regulariser "
+                               "(covered per instance by privacy.instance, not per client)")  # fmt: skip
             self.units["client"] = self._unit(
                 "client",
                 p.client,
@@ -112,7 +135,7 @@ class DifferentialPrivacy(ProtocolLayer):
         return PrivacyUnit(
             name=name, scope=scope, sigma=sigma, sample_rate=q, delta=p.delta, accountant=p.accountant,
             target_epsilon=ucfg.target_epsilon, clip_norm=ucfg.clip_norm, calibrated=calibrated, planned_steps=steps,
-            not_covered=not_covered,
+            not_covered=not_covered, report_gdp=p.report_gdp,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- instance-level (server side)
@@ -125,9 +148,14 @@ class DifferentialPrivacy(ProtocolLayer):
         scale = (C - 1) if a.gamma_scale == "classes_minus_one" else float(a.gamma_scale)
 
         def step(W: torch.Tensor, grads, step_size: float) -> dict[str, float]:
+            label = f"instance step {unit.steps}"  # the ledger's step count: a resumed run redraws the same
+            pick = torch.from_numpy(
+                self.server_stream.uniform(algorithm.label_sets.shape[0], f"{label} sample") < unit.sample_rate
+            )
             stats = dp_label_set_step(
                 W, algorithm.label_sets, grads, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma,
-                sample_rate=unit.sample_rate, step_size=step_size, generator=self.generator,
+                sample_rate=unit.sample_rate, step_size=step_size, pick=pick,
+                noise=self.server_stream.gaussian(tuple(W.shape), f"{label} noise"),
             )  # fmt: skip
             unit.step()
             return stats
@@ -175,10 +203,10 @@ class DifferentialPrivacy(ProtocolLayer):
                         return reply
                     if self.min_summands is None:
                         raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
-                    gen = torch.Generator().manual_seed(client_noise_seed(layer.cfg.seed, round_idx, data.client_id))
                     std = unit.sigma * unit.clip_norm / math.sqrt(self.min_summands)
                     rows = (layer.env.num_labels, layer.env.embedding_dim) if noise_rows else None
-                    return add_client_noise(reply, std=std, rows_shape=rows, generator=gen)
+                    stream = layer.client_stream(data.client_id)  # the client's own secret
+                    return add_client_noise(reply, std=std, rows_shape=rows, stream=stream, label=f"noise share r{round_idx}")
 
                 return self.inner.client_mod(clipped)
 
@@ -187,12 +215,26 @@ class DifferentialPrivacy(ProtocolLayer):
                 out = noise_aggregate(
                     agg, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma,
                     expected_clients=q * layer.env.num_clients, expected_per_row=q * layer.env.clients_per_row.float(),
-                    noise_rows=noise_rows, generator=layer.generator, server_noise=not on_clients,
+                    noise_rows=noise_rows, stream=layer.server_stream, label=f"client noise r{round_idx}",
+                    server_noise=not on_clients,
                 )  # fmt: skip
                 unit.step()
                 return out
 
         return _Noise(inner)
+
+    def client_stream(self, cid: int) -> SecretStream:
+        """Client side: client ``cid``'s own secret (fresh from os.urandom unless privacy.noise_seed is set)."""
+        if cid not in self._client_streams:
+            self._client_streams[cid] = SecretStream.for_party(self.cfg.privacy.noise_seed, f"client {cid}")
+        return self._client_streams[cid]
+
+    def cohort_uniforms(self, round_idx: int, num_clients: int) -> np.ndarray | None:
+        """Client sampling amplifies the client unit's ε only if the sample is secret: draw it from the server's secret."""
+        unit = self.units.get("client")
+        if unit is None or unit.sample_rate >= 1.0:
+            return None
+        return self.server_stream.uniform(num_clients, f"cohort r{round_idx}")
 
     # ---------------------------------------------------------------- budget and ledger
     def budget_stop(self, round_idx: int) -> str | None:
@@ -204,8 +246,40 @@ class DifferentialPrivacy(ProtocolLayer):
                 return why
         return None
 
+    def _against_server(self, name: str, unit: PrivacyUnit) -> dict[str, Any]:
+        if name == "instance":
+            return {"epsilon": "inf", "why": "the server holds the label sets it collected and adds the noise itself"}
+        if self.cfg.privacy.client.noise == "server":
+            return {"epsilon": "inf", "why": "the server sees each clipped update before it adds the noise"}
+        # noise: clients under a secure sum: every sum the server obtains carries ≥ σ²S² of noise, but the server
+        # knows who sent an update, so sampling does not amplify: the same steps at q = 1
+        eps = epsilon_of([(unit.sigma, 1.0, unit.steps)], unit.delta, unit.accountant_name) if unit.steps else 0.0
+        return {"epsilon": _eps(eps), "why": "noise shares under a secure sum; the server knows the cohort, so q = 1"}
+
     def privacy(self) -> dict[str, Any]:
-        out = {name: u.report() for name, u in self.units.items()}
+        out = {}
+        for name, u in self.units.items():
+            rep = u.report()
+            if name == "instance":
+                rep["sensitivity"] = SENSITIVITY_IN_CLIP_NORMS * u.clip_norm
+                rep["sensitivity_note"] = (
+                    "2C: identical instances share one merged label set, so removing one can change a set, not only remove it"
+                )
+            rep["adversaries"] = {
+                "observer": {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"},
+                "server": self._against_server(name, u),
+            }
+            if name == "client":
+                k = int(self.env.max_clients_per_instance)
+                eps_k, delta_k = group_privacy(u.epsilon(), u.delta, k)
+                rep["instance_level"] = {
+                    "group_size": k, "epsilon": _eps(eps_k), "delta": delta_k,
+                    "note": f"one training instance sits on up to {k} clients (one per label in the positive-only setting); "
+                            "client-level DP covers it by group privacy over those clients",
+                }  # fmt: skip
+            if self.server_stream.derived_from_seed:
+                rep["warning"] = NOISE_SEED_WARNING
+            out[name] = rep
         if getattr(self, "pretrain_stopped", None):
             out["instance"]["stopped"] = self.pretrain_stopped
         return out
@@ -213,12 +287,24 @@ class DifferentialPrivacy(ProtocolLayer):
     def state_dict(self) -> dict[str, Any]:
         return {
             "units": {n: u.state_dict() for n, u in self.units.items()},
-            "generator": self.generator.get_state(),
             "pretrain_stopped": getattr(self, "pretrain_stopped", None),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for n, s in state["units"].items():
             self.units[n].load_state_dict(s)
-        self.generator.set_state(state["generator"])
         self.pretrain_stopped = state.get("pretrain_stopped")
+
+    # the secrets: the server's in its private checkpoint (server_secrets.pt), the clients' in clients.pt
+    def secret_state_dict(self) -> dict[str, Any]:
+        return {"server": self.server_stream.state_dict()}
+
+    def load_secret_state_dict(self, state: dict[str, Any]) -> None:
+        if "server" in state:
+            self.server_stream = SecretStream.from_state_dict(state["server"])
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {cid: s.state_dict() for cid, s in self._client_streams.items()}
+
+    def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        self._client_streams = {int(cid): SecretStream.from_state_dict(st) for cid, st in state.items()}

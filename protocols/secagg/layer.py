@@ -18,9 +18,10 @@ class SecureAggregation(ProtocolLayer):
     name = "secure_aggregation"
     replaces_aggregation = True
     threat_model = (
-        "An honest-but-curious server learns only the round's sum of client updates (θ, class rows, weights, losses), "
-        "not any one client's, and recovers it exactly while ≥ t of every neighbourhood survive; in the positive-only "
-        "setting a class row has one client, so its row sum is that client's row delta."
+        "An honest-but-curious server (it relays the clients' public keys unauthenticated) learns only the round's sum of "
+        "client updates (θ, class rows, weights, losses), not any one client's nor any partial sum: the round aborts unless "
+        "≥ t of every neighbourhood survive and the survivors' graph stays connected; in the positive-only setting a class "
+        "row has one client, so its row sum is that client's row delta."
     )
 
     @classmethod
@@ -99,8 +100,7 @@ class _SecAggRound(RoundWrapper):
 
     def finish(self) -> Aggregate:
         t0 = time.perf_counter()
-        u3 = set(self.server.u3)
-        dropped = set(self.u2) - u3
+        u3, dropped = self.server.request_unmasking()  # aborts here, before any share is asked for, if U3's graph splits
         replies = {u: self.clients[u].unmask(u3, dropped) for u in sorted(u3) if u not in self.drops["unmask"]}
         total = self.server.unmask(replies, self.layer.layout.size)
         agg = self.layer.layout.unflatten_sum(self.layer.codec.decode_sum(total), self.device)

@@ -14,7 +14,14 @@ Honest-but-curious server variant (no consistency-check signatures). Per round:
    step 1. The server rebuilds them (≥ t shares each) and strips the masks.
 
 The server sums exactly Σ_{u ∈ U3} x_u when at most (k+1) − t clients of any
-neighbourhood drop; it raises :class:`SecAggAbort` otherwise. Masks come from
+neighbourhood drop and the graph induced on the survivors stays connected; it
+raises :class:`SecAggAbort` otherwise. Connectivity matters on a sparse graph:
+once the self masks and the dropped clients' masks are stripped, the only masks
+left are the pairwise ones between surviving neighbours, and they cancel in the
+sum over any connected component of the graph on U3, so a split would hand the
+server one partial sum per component. The server therefore checks, after every
+stage and before it asks for any unmasking share, that the graph on the live
+clients (on U3 from MaskedInput on) is connected. Masks come from
 AES-256-CTR (``protocols.crypto.prg_words``). With ``neighbors = n − 1`` the
 graph is complete and this is the original SecAgg.
 
@@ -27,6 +34,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +45,7 @@ from secure_fed.errors import RoundAborted
 
 
 class SecAggAbort(RoundAborted):
-    """Too few clients survived for the sum to be recovered."""
+    """Too few clients survived for the sum to be recovered, or the survivors' graph split (partial sums would leak)."""
 
 
 def neighbour_graph(cohort: list[int], k: int | None, seed: int) -> dict[int, list[int]]:
@@ -55,6 +64,36 @@ def neighbour_graph(cohort: list[int], k: int | None, seed: int) -> dict[int, li
                     nbrs[u].add(v)
                     nbrs[v].add(u)
     return {u: sorted(vs) for u, vs in nbrs.items()}
+
+
+def components(graph: dict[int, list[int]], alive: Iterable[int]) -> list[set[int]]:
+    """Connected components (BFS) of the undirected graph induced on ``alive``, largest first, ties by smallest id.
+
+    An edge listed in either direction counts; a vertex absent from ``graph`` is isolated. Pure: reads nothing else.
+    """
+    live = {int(u) for u in alive}
+    adj: dict[int, set[int]] = {u: set() for u in live}
+    for u in live:
+        for v in graph.get(u, ()):
+            if v in live and v != u:
+                adj[u].add(v)
+                adj[v].add(u)
+    seen: set[int] = set()
+    parts: list[set[int]] = []
+    for start in sorted(live):
+        if start in seen:
+            continue
+        seen.add(start)
+        part, queue = {start}, deque([start])
+        while queue:
+            u = queue.popleft()
+            for v in adj[u]:
+                if v not in seen:
+                    seen.add(v)
+                    part.add(v)
+                    queue.append(v)
+        parts.append(part)
+    return sorted(parts, key=lambda c: (-len(c), min(c)))
 
 
 def _pair_info(u: int, v: int, round_idx: int) -> bytes:
@@ -147,7 +186,9 @@ class SecAggServer:
         self.u3: set[int] = set()
         self.total: np.ndarray | None = None
 
-    def _need(self, alive: set[int], stage: str) -> None:
+    def _need(self, alive: set[int], stage: str, *, linked: set[int] | None = None) -> None:
+        """Abort unless ≥ t of ``alive`` live, in total and in every live client's neighbourhood, and the graph on
+        ``linked`` (``alive`` unless given) is connected: otherwise the server could learn one sum per component."""
         if len(alive) < self.t:
             raise SecAggAbort(
                 f"secure aggregation aborted at {stage}: {len(alive)} clients alive, fewer than the threshold t = {self.t}"
@@ -159,6 +200,14 @@ class SecAggServer:
                     f"secure aggregation aborted at {stage}: client {u}'s neighbourhood has "
                     f"{len(group & alive)} live members, fewer than the threshold t = {self.t}"
                 )
+        linked = alive if linked is None else linked
+        parts = components(self.graph, linked)
+        if len(parts) > 1:
+            sizes = ", ".join(str(len(c)) for c in parts)
+            raise SecAggAbort(
+                f"secure aggregation aborted at {stage}: the neighbour graph on the {len(linked)} surviving clients splits "
+                f"into {len(parts)} parts (sizes {sizes}), so the server could learn partial sums"
+            )
 
     def collect_keys(self, msgs: dict[int, dict]) -> dict[int, dict]:
         for u, m in msgs.items():
@@ -183,9 +232,17 @@ class SecAggServer:
         self.total = y.copy() if self.total is None else self.total + y
         self.u3.add(u)
 
-    def unmask(self, replies: dict[int, dict[int, tuple[str, tuple[int, bytes]]]], size: int) -> np.ndarray:
+    def request_unmasking(self) -> tuple[set[int], set[int]]:
+        """Close step 2: check U3 (threshold and connectivity), then name the survivors and the dropped clients
+        that step 3 asks shares for. Raises :class:`SecAggAbort` before any share is requested."""
         self._need(self.u3, "MaskedInput")
-        self._need(set(replies), "Unmasking")
+        return set(self.u3), self.u2 - self.u3
+
+    def unmask(self, replies: dict[int, dict[int, tuple[str, tuple[int, bytes]]]], size: int) -> np.ndarray:
+        # Checked again here, before any share is recorded or used, for callers that skip request_unmasking().
+        self._need(self.u3, "MaskedInput")
+        # The shares come from U4 = replies; what could leak is set by U3, whose graph must stay connected.
+        self._need(set(replies), "Unmasking", linked=self.u3)
         b_shares: dict[int, list] = {}
         s_shares: dict[int, list] = {}
         for v, per in replies.items():
@@ -253,7 +310,6 @@ def secure_sum(
     for u in u2:
         if u not in drop.get("input", set()):
             server.add_masked(u, clients[u].masked_input(inputs[u], u2, bits))
-    u3 = set(server.u3)
-    dropped = set(u2) - u3
+    u3, dropped = server.request_unmasking()  # aborts here, before any client is asked for a share
     replies = {u: clients[u].unmask(u3, dropped) for u in u3 if u not in drop.get("unmask", set())}
     return server.unmask(replies, size), u3, server

@@ -37,7 +37,13 @@ from secure_fed.errors import RoundAborted
 from secure_fed.metrics import evaluate_scores
 from secure_fed.models import mean_pairwise_cosine, spread_init
 
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
+
+#: Keys of a ``metrics.jsonl`` line besides the evaluation metrics: public facts, and values computed from
+#: the released model only. Everything else a round reports (losses, participant counts, clipping statistics,
+#: regulariser values, protocol timings) is a statistic of private data and goes to ``private/diagnostics.jsonl``.
+PUBLIC_ROUND_KEYS = ("round", "W_mean_cos", "wall_seconds", "privacy")
+PRIVATE_DIR = "private"
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -55,13 +61,21 @@ def client_seed(seed: int, round_idx: int, cid: int) -> int:
     return int(np.random.SeedSequence([seed, round_idx, cid]).generate_state(1)[0])
 
 
-def sample_clients(sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int) -> np.ndarray:
+def sample_clients(
+    sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int, uniforms: np.ndarray | None = None
+) -> np.ndarray:
     """Client ids for one round: ``ceil(fraction·N)`` without replacement (uniform or ∝ size), or Poisson
-    (each client independently with probability ``fraction``)."""
+    (each client independently with probability ``fraction``).
+
+    ``uniforms`` (one per client) replaces the public seed's draws for Poisson sampling: a DP layer passes draws
+    from the server's secret, since amplification by sampling needs a sample the adversary cannot recompute."""
     n = len(sizes)
     rng = np.random.default_rng([seed, 7, round_idx])
     if how == "poisson":  # each client independently with probability `fraction` (what DP accounting assumes)
-        return np.flatnonzero(rng.random(n) < fraction) if fraction < 1.0 else np.arange(n)
+        if fraction >= 1.0:
+            return np.arange(n)
+        u = rng.random(n) if uniforms is None else np.asarray(uniforms)
+        return np.flatnonzero(u < fraction)
     m = max(1, math.ceil(fraction * n))
     if m >= n:
         return np.arange(n)
@@ -115,6 +129,7 @@ class Experiment:
             theta=self.theta,
             device=self.device,
             seed=cfg.seed,
+            max_clients_per_instance=self._max_clients_per_instance(),
         )
         self.stack = ProtocolStack(cfg, self.stack_env)
         self.stack.wrap_algorithm(self.algorithm)
@@ -132,7 +147,8 @@ class Experiment:
             precision=t.precision,
         )
         self.round = 0
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  #: released: one line of metrics.jsonl per round
+        self.diagnostics: list[dict[str, Any]] = []  #: private: one line of private/diagnostics.jsonl per round
         self.setup_facts: dict[str, Any] | None = None
         self.wall_before = 0.0
         self._init_audit_hooks()
@@ -153,7 +169,7 @@ class Experiment:
             client = self.cfg.privacy.client if "dp" in self.cfg.protocols else None
             norm = audit.canary_norm or (client.clip_norm if client is not None else 0.05)
             self.canaries = DiracCanaries(
-                m=audit.canaries, norm=norm, seed=self.cfg.seed, num_clients=len(self.fed.clients),
+                m=audit.canaries, norm=norm, num_clients=len(self.fed.clients),
                 theta_shapes={n: tuple(t.shape) for n, t in self.theta.items()},
             )  # fmt: skip
 
@@ -195,6 +211,14 @@ class Experiment:
         self.fed.y_test = y
         self.guard.allowed_rows = {c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients}
         self.stack_env.clients_per_row = self._clients_per_row()
+
+    def _max_clients_per_instance(self) -> int:
+        """The most clients that hold one training instance (simulator knowledge of the partition)."""
+        shards = [s.indices for s in self.fed.shards]
+        if not shards:
+            return 1
+        counts = np.bincount(np.concatenate(shards), minlength=self.dataset.train.num_instances)
+        return max(1, int(counts.max()))
 
     def _clients_per_row(self) -> torch.Tensor:
         per_row = torch.zeros(self.dataset.num_labels, dtype=torch.long)
@@ -239,7 +263,8 @@ class Experiment:
     def _train_round(self) -> dict[str, Any]:
         cfg, algo = self.cfg, self.algorithm
         sizes = np.array([c.num_examples for c in self.fed.clients], dtype=float)
-        chosen = sample_clients(sizes, cfg.training.client_fraction, cfg.training.sampling, cfg.seed, self.round)
+        secret = self.stack.cohort_uniforms(self.round, len(sizes))
+        chosen = sample_clients(sizes, cfg.training.client_fraction, cfg.training.sampling, cfg.seed, self.round, secret)
         base = RoundSession(cohort=[int(c) for c in chosen], theta=self.theta, W=self.W, weighting=cfg.training.aggregation)
         session = self.stack.open_round(self.round, base)
         for cid in session.cohort:
@@ -310,6 +335,7 @@ class Experiment:
             "protocols": self.stack.state_dict(),
             "setup_facts": self.setup_facts,
             "history": self.history,
+            "diagnostics": self.diagnostics,
             "wall_seconds": self.wall_before,
         }
 
@@ -324,6 +350,7 @@ class Experiment:
         self.setup_facts = sd["setup_facts"]
         self.stack.load_state_dict(sd.get("protocols", {}))
         self.history = sd["history"]
+        self.diagnostics = sd.get("diagnostics", [])
         self.wall_before = sd["wall_seconds"]
 
     def client_state_dict(self) -> dict[str, Any]:
@@ -333,7 +360,11 @@ class Experiment:
     def save_checkpoint(self, name: str = "last.pt") -> Path:
         ckpt_dir = self.run_dir / "checkpoints"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        files = [(name, self.state_dict()), ("clients.pt", self.client_state_dict())]
+        files = [
+            (name, self.state_dict()),
+            ("clients.pt", self.client_state_dict()),  # the clients' own storage
+            ("server_secrets.pt", {"protocols": self.stack.secret_state_dict()}),  # the server's private keys (DP noise)
+        ]
         if self.tap is not None:  # the server's recorded view, and the auditor's secrets, kept apart
             files.append(("server_view.pt", self.tap.state_dict()))
         if self.canaries is not None:
@@ -356,21 +387,32 @@ class Experiment:
             if cs["label_perm"] is not None:
                 self.permute_labels(cs["label_perm"])
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
+        if secrets.is_file():
+            self.stack.load_secret_state_dict(torch.load(secrets, map_location="cpu", weights_only=False)["protocols"])
         tap = self.run_dir / "checkpoints" / "server_view.pt"
         if self.tap is not None and tap.is_file():
             self.tap.load_state_dict(torch.load(tap, map_location="cpu", weights_only=False))
+        auditor = self.run_dir / "checkpoints" / "auditor.pt"
+        if self.canaries is not None and auditor.is_file():
+            from threat_models.canaries import DiracCanaries
+
+            self.canaries = DiracCanaries.from_state_dict(torch.load(auditor, map_location="cpu", weights_only=False)["canaries"])
         return True
 
     # -------------------------------------------------------------------- run
     def _write_metrics(self) -> None:
-        with (self.run_dir / "metrics.jsonl").open("w") as fh:
-            for rec in self.history:
-                fh.write(json.dumps(rec) + "\n")
+        """``metrics.jsonl`` (released) and ``private/diagnostics.jsonl`` (the operator's only)."""
+        private = self.run_dir / PRIVATE_DIR
+        private.mkdir(exist_ok=True)
+        for path, recs in ((self.run_dir / "metrics.jsonl", self.history), (private / "diagnostics.jsonl", self.diagnostics)):
+            with path.open("w") as fh:
+                for rec in recs:
+                    fh.write(json.dumps(rec) + "\n")
 
     def summary(self, wall: float, status: str) -> dict[str, Any]:
         last = next((h for h in reversed(self.history) if "P@1" in h), {})
-        skip = ("round", "train_loss", "clients", "reg", "wall_seconds", "privacy", "W_mean_cos")
-        metric_keys = [k for k in last if k not in skip and not k.startswith(("secagg_", "ckks_", "dp_"))]
+        metric_keys = [k for k in last if k not in PUBLIC_ROUND_KEYS]
         return {
             "algorithm": self.cfg.algorithm.name,
             "dataset": self.dataset.name,
@@ -382,7 +424,6 @@ class Experiment:
             "privacy": self.privacy_summary(),
             "protocols": list(self.cfg.protocols),
             "stop_reason": self.stop_reason,
-            "setup": self.setup_facts,
             "wall_seconds": wall,
             "seconds_per_round": wall / max(self.round, 1),
             "device": str(self.device),
@@ -394,7 +435,19 @@ class Experiment:
         if not units:
             return {"epsilon": "inf", "delta": None, "note": "no differential privacy mechanism in this run"}
         now = self.privacy_now()
-        return {"epsilon": now["epsilon"], "delta": now["delta"], "unit": now["unit"], "units": units}
+        out = {"epsilon": now["epsilon"], "delta": now["delta"], "unit": now["unit"], "units": units}
+        warnings = sorted({u["warning"] for u in units.values() if "warning" in u})
+        if warnings:
+            out["warning"] = "; ".join(warnings)
+        return out
+
+    def private_summary(self) -> dict[str, Any]:
+        """Statistics of private data for the operator (``private/summary.json``): never released."""
+        return {
+            "setup": self.setup_facts,
+            "protocols": self.stack.private_report(),
+            "last_round": self.diagnostics[-1] if self.diagnostics else None,
+        }
 
     def run(self, *, progress: bool | None = None) -> RunResult:
         cfg = self.cfg
@@ -416,7 +469,8 @@ class Experiment:
                     status, self.stop_reason = "budget_exhausted", why
                     break
                 stats = self.train_round()
-                rec: dict[str, Any] = {"round": self.round, **stats}
+                self.diagnostics.append({"round": self.round, **stats})
+                rec: dict[str, Any] = {"round": self.round}
                 if self.round % cfg.evaluation.every == 0 or self.round == cfg.training.rounds:
                     rec.update(self.evaluate())
                     rec["W_mean_cos"] = mean_pairwise_cosine(self.W)
@@ -451,4 +505,6 @@ class Experiment:
             self.save_checkpoint("final.pt")
         summary = self.summary(self.wall_before, status)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.run_dir / PRIVATE_DIR).mkdir(exist_ok=True)
+        (self.run_dir / PRIVATE_DIR / "summary.json").write_text(json.dumps(self.private_summary(), indent=2, default=str))
         return RunResult(self.run_dir, summary, self.history, self.messages)

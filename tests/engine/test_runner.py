@@ -46,7 +46,9 @@ def test_same_seed_same_run_and_resume_is_exact(tmp_path, algo):
     ha = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     hd = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
     assert [x.get("P@1") for x in ha] == [x.get("P@1") for x in hd]
-    assert [x["train_loss"] for x in ha] == [x["train_loss"] for x in hd]
+    da = [json.loads(x) for x in (tmp_path / "a" / "private" / "diagnostics.jsonl").read_text().splitlines()]
+    dd = [json.loads(x) for x in (tmp_path / "c" / "private" / "diagnostics.jsonl").read_text().splitlines()]
+    assert [x["train_loss"] for x in da] == [x["train_loss"] for x in dd] and len(da) == 4
 
 
 def test_sampling_fraction_and_proportional():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
+from opacus.accountants import PRVAccountant, RDPAccountant
 
 from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
 from protocols.dp.client_dp import clip_update, update_norm
@@ -27,7 +27,7 @@ from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
 from tests.conftest import small_config
 
-OPACUS = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
+OPACUS = {"rdp": RDPAccountant, "prv": PRVAccountant}
 
 
 def unit(sigma=1.0, q=0.1, target=None, acc="rdp"):
@@ -35,7 +35,7 @@ def unit(sigma=1.0, q=0.1, target=None, acc="rdp"):
                        target_epsilon=target, clip_norm=1.0, calibrated=False, planned_steps=10)  # fmt: skip
 
 
-@pytest.mark.parametrize("acc", ["rdp", "prv", "gdp"])
+@pytest.mark.parametrize("acc", ["rdp", "prv"])
 def test_ledger_epsilon_equals_opacus(acc):
     u = unit(sigma=1.1, q=0.05, acc=acc)
     ref = OPACUS[acc]()
@@ -50,9 +50,11 @@ def test_ledger_epsilon_equals_opacus(acc):
 @pytest.mark.parametrize("acc", ["rdp", "prv"])
 @pytest.mark.parametrize("target", [1.0, 4.0])
 def test_calibrated_sigma_reaches_target_within_one_percent(acc, target):
+    """σ is calibrated so that neither accountant exceeds the target; the binding one (RDP, the looser bound
+    everywhere we measured) lands within 1% of it, whichever accountant the run reports."""
     sigma = calibrate_sigma(target_epsilon=target, delta=1e-5, sample_rate=0.1, steps=50, accountant=acc)
-    eps = epsilon_of([(sigma, 0.1, 50)], 1e-5, acc)
-    assert eps <= target and eps >= 0.99 * target
+    eps = {a: epsilon_of([(sigma, 0.1, 50)], 1e-5, a) for a in ("rdp", "prv")}
+    assert max(eps.values()) <= target and max(eps.values()) >= 0.99 * target
 
 
 @settings(max_examples=30, deadline=None)
@@ -87,7 +89,7 @@ def test_label_set_step_without_noise_equals_nonprivate_sigma_step():
         return lambda Yb: label_set_correlation_grads(V, Yb, k=3, margin=1.0, scale=9.0, nn_idx=nn_idx, pair_grads=pair)
 
     stats = dp_label_set_step(W_dp, Y, grads, clip_norm=1e9, noise_multiplier=0.0, sample_rate=1.0, step_size=0.05,
-                              generator=torch.Generator().manual_seed(0), chunk=7)  # fmt: skip
+                              pick=torch.ones(n, dtype=torch.bool), noise=torch.zeros_like(W), chunk=7)  # fmt: skip
     assert stats["dp_batch"] == n and stats["dp_clipped_frac"] == 0.0
     assert torch.allclose(W_dp, W_ref, atol=1e-12)
 
@@ -100,7 +102,7 @@ def test_label_set_step_clips_every_contribution():
     grads = lambda V: lambda Yb: label_set_correlation_grads(V, Yb, k=7, margin=2.0, scale=100.0)  # noqa: E731
     W2 = W.clone()
     dp_label_set_step(W2, Y, grads, clip_norm=1e-3, noise_multiplier=0.0, sample_rate=1.0, step_size=1.0,
-                      generator=torch.Generator())  # fmt: skip
+                      pick=torch.ones(1, dtype=torch.bool), noise=torch.zeros_like(W))  # fmt: skip
     # one set, clipped to 1e-3, step 1, divided by q·n = 1 → W moves by at most 1e-3 before renormalising
     assert (W2 - W).norm() <= 1e-3 * 1.01
 
@@ -141,7 +143,7 @@ def test_budget_stops_training_before_the_step_that_would_exceed(tmp_path):
     ],
 )
 def test_resume_restores_the_ledger_without_double_counting(tmp_path, stack):
-    ov = [*stack, "training.rounds=6", "output.checkpoint_every=3"]
+    ov = [*stack, "training.rounds=6", "output.checkpoint_every=3", "privacy.noise_seed=5"]  # two runs, one noise
     full = Experiment(small_config(*ov), run_dir=tmp_path / "full").run(progress=False).summary
     Experiment(small_config(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
     e = Experiment(small_config(*ov), run_dir=tmp_path / "part")
@@ -184,8 +186,9 @@ def test_client_side_noise_shares_add_up_to_sigma_and_the_server_adds_none(tmp_p
     rows = noisy["row_noise"].flatten()
     for x in (flat, rows):  # σ·S/√t with t = 4, to 4 standard errors of a sample std
         assert x.std().item() == pytest.approx(2.0 * 0.5 / 2.0, rel=4 / (2 * x.numel()) ** 0.5)
-    agg = session.post(session.inner.finish())
-    assert agg.notes["dp_noise_std"] == 0.0 and dp.units["client"].steps == 1
+    agg = session.post(session.inner.finish())  # nothing submitted: the sums stay zero unless the server adds noise
+    assert all(float(t.abs().max()) == 0.0 for t in agg.theta_sum.values()) and float(agg.row_sum.abs().max()) == 0.0
+    assert dp.units["client"].steps == 1
 
 
 def test_client_side_noise_runs_under_secure_aggregation_and_ckks(tmp_path):
@@ -193,3 +196,39 @@ def test_client_side_noise_runs_under_secure_aggregation_and_ckks(tmp_path):
         cfg = small_config("algorithm.name=fedavg", f'protocols=["dp", "{layer}"]', CLIENT_NOISE, "training.rounds=2")
         s = Experiment(cfg, run_dir=tmp_path / layer).run(progress=False).summary
         assert s["status"] == "completed" and s["privacy"]["units"]["client"]["steps"] == 2
+
+
+def test_merged_duplicates_change_a_set_so_the_sensitivity_is_two_clip_norms():
+    """Identical instances A (labels {0, 1}) and B (labels {0, 2}) share a token, so collection merges them into
+    {0, 1, 2}; removing A turns that set into {0, 2}: a change, not a removal, of up to 2C after clipping."""
+    from secure_fed.algorithms.label_sets import merge_label_sets
+
+    t, other = b"A=B" * 8, b"xyz" * 8
+    before = merge_label_sets([([t, t, other], 0), ([t], 1), ([t], 2), ([other], 3)], 5)
+    after = merge_label_sets([([t, other], 0), ([t], 2), ([other], 3)], 5)  # A removed; B and the other stay
+    assert before.shape[0] == after.shape[0] == 2  # the same number of sets: one of them changed
+    torch.manual_seed(3)
+    W = torch.nn.functional.normalize(torch.randn(5, 4, dtype=torch.float64), dim=-1)
+    C = 1e-3  # every set's gradient is clipped
+
+    def clipped_sum(Y):
+        G = label_set_correlation_grads(W, Y.double(), k=4, margin=2.0, scale=10.0)
+        norms = G.flatten(1).norm(dim=1, keepdim=True).unsqueeze(2)
+        return (G * (C / norms).clamp(max=1.0)).sum(0)
+
+    change = float((clipped_sum(before) - clipped_sum(after)).norm())
+    assert C < change <= 2 * C * (1 + 1e-9)  # more than the add/remove bound C, within the accounted 2C
+
+
+def test_label_set_noise_std_is_sigma_times_two_clip_norms():
+    W = torch.nn.functional.normalize(torch.randn(6, 3, dtype=torch.float64), dim=-1)
+    Y = torch.zeros(10, 6, dtype=torch.float64)
+    e = torch.zeros_like(W)
+    e[2, 1] = 1.0  # one unit of noise on one coordinate, nothing sampled
+    sigma, C, q, step = 1.5, 0.7, 0.25, 0.01
+    W2 = W.clone()
+    dp_label_set_step(W2, Y, lambda V: lambda Yb: torch.zeros(len(Yb), 6, 3, dtype=torch.float64), clip_norm=C,
+                      noise_multiplier=sigma, sample_rate=q, step_size=step, pick=torch.zeros(10, dtype=torch.bool),
+                      noise=e)  # fmt: skip
+    expected = torch.nn.functional.normalize(W - step * (sigma * 2 * C) * e / (q * 10), dim=-1)
+    assert torch.allclose(W2, expected, atol=1e-15)

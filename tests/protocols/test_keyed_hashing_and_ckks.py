@@ -193,7 +193,8 @@ def test_server_sees_no_individual_update(tmp_path, layer):
 
 def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path):
     """Clip on the client, mask, unmask, then noise: the same model as DP without secure aggregation."""
-    ov = ["algorithm.name=fedaws", "training.rounds=2", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2}']
+    ov = ["algorithm.name=fedaws", "training.rounds=2", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2}',
+          "privacy.noise_seed=3"]  # the same noise in both runs  # fmt: skip
     a = Experiment(small_config(*ov, 'protocols=["dp"]'), run_dir=tmp_path / "a")
     a.run(progress=False)
     b = Experiment(small_config(*ov, 'protocols=["dp", "secure_aggregation"]'), run_dir=tmp_path / "b")

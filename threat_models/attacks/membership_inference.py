@@ -1,4 +1,4 @@
-"""Attack (d): membership inference on the released model — LOSS threshold and offline LiRA.
+"""Attack (d): membership inference on the released model — LOSS threshold and LiRA, online and offline.
 
 Targets are the training instances (members) and the test instances
 (non-members), shuffled together; the attacker does not know which is which.
@@ -7,14 +7,28 @@ multi-label: with p = Σ_{y∈Y} softmax(16·s)_y over the cosine scores s,
 φ = log p − log(1 − p).
 
 * **LOSS**: the score is φ itself (higher = more likely a member).
-* **Offline LiRA** (Carlini et al. 2022, §VI-C "offline"): the attacker trains
-  K shadow runs with the target's public recipe (same configuration, DP
-  included) on random halves of the target pool; for each target it keeps the
-  shadows that did *not* train on it, and scores (φ − μ_out)/σ_out with a
-  global σ_out (the fixed-variance variant, sound for small K).
+* **LiRA** (Carlini et al. 2022): the attacker trains K shadow runs with the
+  target's public recipe (same configuration, DP included), each on an
+  independent random half of the target pool, so each target is IN about K/2
+  shadows and OUT of the other K/2. Both variants come from the same shadows:
 
-Reported: AUC with a bootstrap 95% interval, TPR at 1% and 0.1% FPR, and the
-ROC on log axes (``roc.png``). Chance: AUC 0.5, TPR@x = x.
+  - **online** (§IV): per target, a Gaussian fitted to φ of the IN shadows
+    and one to φ of the OUT shadows; the score is the log-likelihood ratio
+    log N(φ; μ_in, σ_in²) − log N(φ; μ_out, σ_out²).
+  - **offline** (§VI-C): the OUT shadows only, one-sided: (φ − μ_out)/σ_out.
+
+  μ is always per target. σ is per side and *global* (pooled within-target
+  spread over all targets) when K < 64: the paper's fixed-variance variant,
+  which it recommends for few shadows, where a per-target σ from ~K/2 points
+  is too noisy. With K ≥ 64, σ is per target as in the paper's full attack.
+  A target no shadow trained on (no IN) or every shadow trained on (no OUT)
+  has no per-target mean on that side: it gets the global mean of that side
+  (the mean over all targets' shadow scores on it), and it is counted
+  (``details["fallback"]``). The chance of either is 2^−K per target.
+
+Reported: for ``loss``, ``lira_online`` and ``lira_offline``, AUC with a
+bootstrap 95% interval, TPR at 1% and 0.1% FPR, and the ROC on log axes
+(``roc.png``). Chance: AUC 0.5, TPR@x = x.
 """
 
 from __future__ import annotations
@@ -32,6 +46,11 @@ from torch.nn import functional as F
 from threat_models.base import Attack, AttackResult, Role
 
 SCALE = 16.0
+#: the paper's advice: below this many shadows, one global σ per side (fixed-variance LiRA)
+FIXED_VARIANCE_BELOW = 64
+SIGMA_FLOOR = 1e-6
+#: the scores reported, in plotting order
+SCORES = ("loss", "lira_online", "lira_offline")
 
 
 @torch.no_grad()
@@ -73,12 +92,80 @@ def roc_summary(member: np.ndarray, score: np.ndarray, *, bootstrap: int, seed: 
     return m, curve
 
 
+# ------------------------------------------------------------------ LiRA scores: pure functions of the shadows
+def _side(scores: np.ndarray, mask: np.ndarray, fixed_variance: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-target mean and σ of ``scores`` (K, n) over the shadows where ``mask`` (K, n) holds; and how many
+    targets had no such shadow (they get the global mean of the side).
+
+    The global σ is the pooled within-target standard deviation, √(Σ_t Σ_k (φ_tk − μ_t)² / Σ_t (n_t − 1));
+    the per-target σ (``fixed_variance=False``) is the target's own (ddof 1), or the global σ where it has < 2.
+    """
+    cnt = mask.sum(axis=0)
+    tot = np.where(mask, scores, 0.0).sum(axis=0)
+    global_mu = tot.sum() / cnt.sum() if cnt.sum() > 0 else 0.0
+    mu = np.where(cnt > 0, tot / np.maximum(cnt, 1), global_mu)
+    sq = np.where(mask, (scores - mu[None, :]) ** 2, 0.0).sum(axis=0)
+    dof = np.maximum(cnt - 1, 0)
+    if dof.sum() > 0:
+        pooled = np.sqrt(sq.sum() / dof.sum())
+    elif cnt.sum() > 1:  # every target has at most one shadow on this side: the spread across targets
+        pooled = float(np.std(scores[mask], ddof=1))
+    else:
+        pooled = 1.0
+    pooled = max(float(pooled), SIGMA_FLOOR)
+    if fixed_variance:
+        sd = np.full(mu.shape, pooled)
+    else:
+        sd = np.where(dof > 0, np.maximum(np.sqrt(sq / np.maximum(dof, 1)), SIGMA_FLOOR), pooled)
+    return mu, sd, int((cnt == 0).sum())
+
+
+def _log_normal(x: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """log N(x; μ, σ²) up to the constant −½ log 2π."""
+    return -0.5 * ((x - mu) / sd) ** 2 - np.log(sd)
+
+
+def _check(phi, shadow_scores, inside, fixed_variance) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    phi = np.asarray(phi, dtype=np.float64)
+    shadow_scores = np.asarray(shadow_scores, dtype=np.float64)
+    inside = np.asarray(inside, dtype=bool)
+    if shadow_scores.ndim != 2 or shadow_scores.shape != inside.shape or shadow_scores.shape[1] != phi.shape[0]:
+        raise ValueError(f"shadow scores {shadow_scores.shape} and IN masks {inside.shape} must be (K, n) for n = {phi.shape[0]}")
+    if fixed_variance is None:
+        fixed_variance = shadow_scores.shape[0] < FIXED_VARIANCE_BELOW
+    return phi, shadow_scores, inside, bool(fixed_variance)
+
+
+def lira_online(phi, shadow_scores, inside, *, fixed_variance: bool | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    """Online LiRA: log N(φ; μ_in, σ_in²) − log N(φ; μ_out, σ_out²) per target.
+
+    ``phi`` (n,): the targets' statistic on the released model; ``shadow_scores`` (K, n): on each shadow;
+    ``inside`` (K, n): whether shadow k trained on target t. ``fixed_variance`` (default: K < 64): one global
+    σ per side. Returns the scores and the counts of targets with no IN / no OUT shadow (global-mean fallback).
+    """
+    phi, s, inside, fixed = _check(phi, shadow_scores, inside, fixed_variance)
+    mu_in, sd_in, no_in = _side(s, inside, fixed)
+    mu_out, sd_out, no_out = _side(s, ~inside, fixed)
+    score = _log_normal(phi, mu_in, sd_in) - _log_normal(phi, mu_out, sd_out)
+    return score, {"no_in_shadow": no_in, "no_out_shadow": no_out}
+
+
+def lira_offline(phi, shadow_scores, inside, *, fixed_variance: bool | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    """Offline LiRA: the one-sided test against the OUT shadows only, (φ − μ_out)/σ_out per target.
+
+    Arguments as :func:`lira_online`; returns the scores and the count of targets with no OUT shadow.
+    """
+    phi, s, inside, fixed = _check(phi, shadow_scores, inside, fixed_variance)
+    mu_out, sd_out, no_out = _side(s, ~inside, fixed)
+    return (phi - mu_out) / sd_out, {"no_out_shadow": no_out}
+
+
 class MembershipInference(Attack):
     name = "membership_inference"
     role = Role.OBSERVER
     needs = "the released θ and W; the target instances with their labels; for LiRA, the training recipe (public config)"
     defended_by = "dp (privacy.client; the instance unit covers only W's label-set step)"
-    description = "LOSS threshold and offline LiRA with shadow runs; AUC, TPR at low FPR, log-scale ROC"
+    description = "LOSS threshold and LiRA (online and offline) with shadow runs; AUC, TPR at low FPR, log-scale ROC"
 
     def prepare(self, ctx):
         ds, fed = ctx.dataset, ctx.fed
@@ -100,26 +187,28 @@ class MembershipInference(Attack):
         sh = aux["shadow"]
         if sh is not None:
             scores, inside = sh.run(aux["encoder"], aux["x"], aux["Y"])  # (K, n), (K, n)
-            out_scores = np.where(~inside, scores, np.nan)
-            n_out = (~inside).sum(axis=0)
-            # per-target OUT mean; a target no shadow left out gets the global OUT mean
-            mu = np.where(n_out > 0, np.nansum(out_scores, axis=0) / np.maximum(n_out, 1), np.nanmean(out_scores))
-            sd = np.nanstd(out_scores - mu[None, :]) + 1e-6
-            out["lira"] = (phi - mu) / sd
+            fixed = scores.shape[0] < FIXED_VARIANCE_BELOW
+            out["lira_online"], fb_online = lira_online(phi, scores, inside, fixed_variance=fixed)
+            out["lira_offline"], fb_offline = lira_offline(phi, scores, inside, fixed_variance=fixed)
             out["shadows"] = int(scores.shape[0])
+            out["fixed_variance"] = fixed
+            out["fallback"] = {"lira_online": fb_online, "lira_offline": fb_offline}
+            out["in_shadows_per_target"] = float(inside.sum(axis=0).mean())
         return out
 
     def score(self, guess, truth):
         member = truth["member"].astype(int)
         metrics, curves = {}, {}
-        for k in ("loss", "lira"):
+        for k in SCORES:
             if k in guess:
                 metrics[k], curves[k] = roc_summary(member, guess[k], bootstrap=self.options.bootstrap, seed=truth["seed"])
         chance = {k: {"auc": 0.5, "tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.001} for k in metrics}
+        details = {"members": int(member.sum()), "non_members": int((1 - member).sum()), "shadows": guess.get("shadows", 0)}
+        if "fallback" in guess:
+            details.update({k: guess[k] for k in ("fixed_variance", "fallback", "in_shadows_per_target")})
         return AttackResult(
-            attack=self.name, role=self.role.value, metrics=metrics, chance=chance, curves=curves,
-            details={"members": int(member.sum()), "non_members": int((1 - member).sum()), "shadows": guess.get("shadows", 0)},
-        )  # fmt: skip
+            attack=self.name, role=self.role.value, metrics=metrics, chance=chance, curves=curves, details=details
+        )
 
 
 class _ShadowTrainer:
@@ -159,21 +248,39 @@ class _ShadowTrainer:
         W = exp.W.detach().cpu()
         return exp.theta, W if perm is None else W[torch.as_tensor(perm)]
 
+    def inside(self, k: int, n: int) -> np.ndarray:
+        """Shadow k's random half of the n targets (depends on k, not on K: a cache of fewer shadows is reused)."""
+        return np.random.default_rng([self.cfg.seed, 0x5AD, k]).random(n) < 0.5
+
     def run(self, encoder, x, Y) -> tuple[np.ndarray, np.ndarray]:
         self.dir.mkdir(parents=True, exist_ok=True)
         n = x.shape[0]
         scores, insides = [], []
         for k in range(self.options.shadows):
             f = self.dir / f"shadow{k}.npz"
-            if f.is_file():
-                z = np.load(f)
-                scores.append(z["score"])
-                insides.append(z["inside"])
-                continue
-            inside = np.random.default_rng([self.cfg.seed, 0x5AD, k]).random(n) < 0.5
-            theta, W = self._train(k, inside)
-            s = logit_confidence(encoder, theta, W, x, Y)
-            np.savez(f, score=s, inside=inside)
+            inside = self.inside(k, n)
+            s = _load_cached(f, inside)
+            if s is None:
+                theta, W = self._train(k, inside)
+                s = logit_confidence(encoder, theta, W, x, Y)
+                tmp = f.with_name(f.name + ".part")
+                with open(tmp, "wb") as fh:
+                    np.savez(fh, score=s, inside=inside)
+                tmp.replace(f)  # a killed audit never leaves a truncated cache entry
             scores.append(s)
             insides.append(inside)
         return np.stack(scores), np.stack(insides)
+
+
+def _load_cached(f: Path, inside: np.ndarray) -> np.ndarray | None:
+    """A cached shadow's scores, or None when absent, unreadable, or for another split of the targets."""
+    if not f.is_file():
+        return None
+    try:
+        with np.load(f) as z:
+            score, cached = z["score"], z["inside"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if cached.shape != inside.shape or score.shape != inside.shape or not np.array_equal(cached, inside):
+        return None
+    return score

@@ -15,8 +15,12 @@ largest rejected ε (bisection). Several k are tried; the level is split
 between them (Bonferroni), so the reported bound keeps its confidence.
 
 A DP run whose lower bound exceeds its accountant's ε is a defect: the test
-suite fails on it. The bound is compared with the *client* unit's ε, the unit
-canaries belong to; a run without client-level DP has ε = ∞ for θ.
+suite fails on it. The bound is compared with the *client* unit, the unit
+canaries belong to, under the neighbouring relation the canaries use: flipping
+a canary replaces its owner's update (with or without the canary), so the
+add/remove ledger's (ε, δ) becomes (2ε, (1 + e^ε)δ) by group privacy over two
+changes, and the p-value's δ term uses that δ. A run without client-level DP has
+ε = ∞ for θ.
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ def p_value(*, m: int, r: int, v: int, eps: float, delta: float) -> float:
     pmf = stats.binom.pmf(np.arange(v - 1, -1, -1), r, q)  # P[B = v−1], P[B = v−2], …, P[B = 0]
     alpha = float(np.max(np.cumsum(pmf) / np.arange(1, v + 1)))
     return min(beta + 2.0 * m * delta * alpha, 1.0)
+
+
+def replacement_privacy(epsilon: float, delta: float) -> tuple[float, float]:
+    """Add/remove (ε, δ)-DP gives (2ε, (1 + e^ε)·δ) for replacing one unit (remove, then add)."""
+    if not math.isfinite(epsilon):
+        return math.inf, delta
+    return 2.0 * epsilon, min(1.0, (1.0 + math.exp(min(epsilon, 700.0))) * delta)
 
 
 def epsilon_lower_bound(*, m: int, r: int, v: int, delta: float, level: float) -> float:
@@ -79,11 +90,11 @@ class OneRunAudit(Attack):
         priv = ctx.privacy()
         units = priv.get("units", {})
         client = units.get("client")
-        acct = (
-            {"epsilon": float(client["epsilon"]), "delta": float(client["delta"])}
-            if client
-            else {"epsilon": math.inf, "delta": 0.0}
-        )
+        acct = {"epsilon": math.inf, "delta": 0.0, "replacement_epsilon": math.inf, "replacement_delta": 0.0}
+        if client:
+            eps, delta = float(client["epsilon"]), float(client["delta"])
+            acct = {"epsilon": eps, "delta": delta, **dict(zip(("replacement_epsilon", "replacement_delta"),
+                                                                 replacement_privacy(eps, delta), strict=True))}  # fmt: skip
         return {"canaries": DiracCanaries.from_state_dict({**secret, "included": None})}, {
             "included": st["included"], "accountant": acct, "confidence": self.options.confidence,
         }  # fmt: skip
@@ -96,7 +107,8 @@ class OneRunAudit(Attack):
         s, inc = guess["scores"], np.asarray(truth["included"], bool)
         m = len(s)
         acct = truth["accountant"]
-        delta = acct["delta"] if math.isfinite(acct["epsilon"]) else 0.0
+        bound_eps = acct["replacement_epsilon"]
+        delta = acct["replacement_delta"] if math.isfinite(bound_eps) else 0.0
         ks = sorted({k for k in (m // 50, m // 20, m // 10, m // 5, m // 2) if k >= 1})
         level = (1.0 - truth["confidence"]) / max(len(ks), 1)
         order = np.argsort(-s, kind="stable")
@@ -111,7 +123,7 @@ class OneRunAudit(Attack):
         return AttackResult(
             attack=self.name, role=self.role.value,
             metrics={"epsilon_lower_bound": lb, "accountant_epsilon": acct["epsilon"],
-                     "exceeds_accountant": bool(lb > acct["epsilon"])},
+                     "replacement_epsilon": bound_eps, "exceeds_accountant": bool(lb > bound_eps)},
             chance={"epsilon_lower_bound": 0.0},
             details={"canaries": m, "inserted": int(inc.sum()), "confidence": truth["confidence"], "delta": delta,
                      "k_tried": ks, **{k: v for k, v in best.items() if k != "epsilon_lower_bound"}},

@@ -1,0 +1,83 @@
+"""Randomness that a DP guarantee relies on, drawn from a secret only the drawing party holds.
+
+A Gaussian mechanism protects nothing against an adversary who can regenerate its noise, and
+Poisson subsampling amplifies nothing against one who can regenerate the sample. Every such draw
+in secure-fed (noise on sums, each client's noise share, the label sets and clients a round
+samples) therefore comes from a :class:`SecretStream`: a 32-byte key from ``os.urandom`` held by
+the party that performs the draw — the server's key in its private checkpoint
+(``checkpoints/server_secrets.pt``), each client's key in the clients' own ``clients.pt`` — and
+never in ``config.yaml``, ``summary.json``, ``metrics.jsonl``, a message or an attacker's view.
+
+Each draw is addressed by a label (``"client-noise r12 fc1.weight"``): the output is
+AES-256-CTR keyed by HKDF(key, label). So a resumed run redraws exactly what the interrupted one
+would have drawn from the checkpointed key alone, with no generator state to save.
+
+``privacy.noise_seed`` replaces the keys by ones derived from a number, for debugging; the run
+then says that its ε does not hold against anyone who knows that number.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+from protocols.crypto import hkdf, prg_words
+
+_TWO_PI = 2.0 * math.pi
+
+
+class SecretStream:
+    """Labelled, reproducible-from-the-key draws: uniforms in (0, 1) and standard normals (float64)."""
+
+    def __init__(self, key: bytes, *, derived_from_seed: bool = False):
+        if len(key) != 32:
+            raise ValueError("a SecretStream key has 32 bytes")
+        self._key = bytes(key)
+        #: True when the key follows from ``privacy.noise_seed`` (anyone who knows the seed can redraw)
+        self.derived_from_seed = derived_from_seed
+
+    @classmethod
+    def fresh(cls) -> SecretStream:
+        """A new secret from the operating system's CSPRNG."""
+        return cls(os.urandom(32))
+
+    @classmethod
+    def from_noise_seed(cls, noise_seed: int, party: str) -> SecretStream:
+        """Debugging only: a key that anyone who knows ``noise_seed`` can recompute."""
+        raw = int(noise_seed).to_bytes(16, "little", signed=True)
+        return cls(hkdf(raw, info=b"secure-fed noise_seed " + party.encode()), derived_from_seed=True)
+
+    @classmethod
+    def for_party(cls, noise_seed: int | None, party: str) -> SecretStream:
+        return cls.fresh() if noise_seed is None else cls.from_noise_seed(noise_seed, party)
+
+    def _words(self, label: str, n: int) -> np.ndarray:
+        return prg_words(hkdf(self._key, info=b"secure-fed draw " + label.encode()), n, bits=64)
+
+    def uniform(self, n: int, label: str) -> np.ndarray:
+        """``n`` draws uniform on (0, 1): 53 random bits each, offset by half a step (never 0 or 1)."""
+        return ((self._words(label, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+    def gaussian(self, shape: tuple[int, ...] | torch.Size, label: str) -> torch.Tensor:
+        """Standard normals of ``shape`` (float64, CPU) by the Box–Muller transform of :meth:`uniform`."""
+        n = math.prod(shape)
+        pairs = (n + 1) // 2
+        u = self.uniform(2 * pairs, label)
+        r = np.sqrt(-2.0 * np.log(u[:pairs]))
+        theta = _TWO_PI * u[pairs:]
+        z = np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
+        return torch.from_numpy(z).reshape(tuple(shape))
+
+    # the key is the whole state; it lives only in its owner's private checkpoint
+    def state_dict(self) -> dict:
+        return {"key": self._key, "derived_from_seed": self.derived_from_seed}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> SecretStream:
+        return cls(state["key"], derived_from_seed=bool(state["derived_from_seed"]))
+
+    def __repr__(self) -> str:  # never print the key
+        return f"SecretStream(derived_from_seed={self.derived_from_seed})"

@@ -1,0 +1,100 @@
+"""Released files hold only public or DP-protected values.
+
+In every DP configuration of the suite, each key of ``metrics.jsonl`` and ``summary.json`` must be on the
+list below: a public fact about the run, a metric of the released model on the test split, or the privacy
+report. Statistics of private data (losses, participant counts, clipping statistics, regulariser values,
+label-set statistics, protocol timings) must be in ``private/`` instead, and the keys behind the DP noise
+only in the private checkpoints of the party that holds them. The list is written here, not imported
+from the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from protocols.dp.layer import DifferentialPrivacy
+from secure_fed.engine import Experiment
+from tests.conftest import DP_CONFIGS, small_config
+
+EVAL = {"mAP", "O-AP", "C-P", "C-R", "C-F1", "O-P", "O-R", "O-F1"} | {f"{m}@{k}" for m in ("P", "nDCG") for k in (1, 3, 5)}
+METRICS_LINE = {"round", "wall_seconds", "W_mean_cos", "privacy"} | EVAL
+METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client"}
+METRICS_UNIT = {"epsilon", "delta", "steps"}
+SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "status", "final", "W_mean_cos", "privacy",
+           "protocols", "stop_reason", "wall_seconds", "seconds_per_round", "device", "num_clients"}  # fmt: skip
+SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning"}
+UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
+        "target_epsilon", "sigma_calibrated", "scope", "not_covered", "sensitivity", "sensitivity_note", "adversaries",
+        "instance_level", "warning", "stopped", "approximate"}  # fmt: skip
+ADVERSARY = {"epsilon", "why"}
+# group_size is the dataset's largest label count per training instance: the declared group of the relation
+INSTANCE_LEVEL = {"group_size", "epsilon", "delta", "note"}
+APPROXIMATE = {"epsilon", "warning"}
+
+
+def _check(keys, allowed, where):
+    extra = set(keys) - allowed
+    assert not extra, f"{where}: unprotected keys {sorted(extra)}"
+
+
+def _check_unit(unit: dict, where: str) -> None:
+    _check(unit, UNIT, where)
+    for name, adv in unit.get("adversaries", {}).items():
+        assert name in ("observer", "server")
+        _check(adv, ADVERSARY, f"{where}.adversaries.{name}")
+    _check(unit.get("instance_level", {}), INSTANCE_LEVEL, f"{where}.instance_level")
+    for name, rep in unit.get("approximate", {}).items():
+        assert name == "gdp"
+        _check(rep, APPROXIMATE, f"{where}.approximate.{name}")
+
+
+@pytest.mark.parametrize("name", list(DP_CONFIGS))
+def test_released_files_hold_only_public_or_dp_protected_values(tmp_path, name):
+    exp = Experiment(small_config(*DP_CONFIGS[name], "training.rounds=2", "evaluation.every=1"), run_dir=tmp_path)
+    exp.run(progress=False)
+    assert {p.name for p in tmp_path.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "private"}
+
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines
+    for line in lines:
+        _check(line, METRICS_LINE, "metrics.jsonl")
+        _check(line["privacy"], METRICS_PRIVACY, "metrics.jsonl privacy")
+        for unit in ("instance", "client"):
+            _check(line["privacy"].get(unit, {}), METRICS_UNIT, f"metrics.jsonl privacy.{unit}")
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    _check(summary, SUMMARY, "summary.json")
+    _check(summary["final"], EVAL, "summary.json final")
+    _check(summary["privacy"], SUMMARY_PRIVACY, "summary.json privacy")
+    assert summary["privacy"]["units"]
+    for unit_name, unit in summary["privacy"]["units"].items():
+        _check_unit(unit, f"summary.json privacy.units.{unit_name}")
+
+    # the diagnostics moved, they did not vanish: the operator still has them in private/
+    diag = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
+    assert len(diag) == len(lines) and all({"train_loss", "clients"} <= set(d) for d in diag)
+    private_summary = json.loads((tmp_path / "private" / "summary.json").read_text())
+    assert "setup" in private_summary
+
+
+@pytest.mark.parametrize("name", ["client_noise_secagg", "both_units_keyed_ckks_gdp_seeded"])
+def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, name):
+    exp = Experiment(small_config(*DP_CONFIGS[name], "training.rounds=2"), run_dir=tmp_path)
+    exp.run(progress=False)
+    dp = next(layer for layer in exp.stack.layers if isinstance(layer, DifferentialPrivacy))
+    server_key = dp.server_stream.state_dict()["key"]
+    client_keys = [s.state_dict()["key"] for s in dp._client_streams.values()]
+    holders: dict[bytes, set[str]] = {server_key: set(), **{k: set() for k in client_keys}}
+    for path in Path(tmp_path).rglob("*"):
+        if path.is_file():
+            blob = path.read_bytes()
+            for key in holders:  # raw, or as pickle protocol 2 stores bytes (latin-1 text in UTF-8)
+                if key in blob or key.decode("latin-1").encode("utf-8") in blob:
+                    holders[key].add(str(path.relative_to(tmp_path)))
+    assert holders[server_key] == {"checkpoints/server_secrets.pt"}
+    for key in client_keys:  # noise: clients gives each client a key of its own, in the clients' storage only
+        assert holders[key] == {"checkpoints/clients.pt"}
+    assert bool(client_keys) == (name == "client_noise_secagg")

@@ -1,0 +1,204 @@
+"""DP randomness is secret from the adversary: the noise cannot be regenerated from the public config,
+two runs draw different noise, the draws are reproducible only from the drawing party's private key
+(resume) or from an explicit ``privacy.noise_seed``, and client sampling is secret too."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+from scipy import stats
+
+from protocols.dp.layer import DifferentialPrivacy
+from protocols.dp.randomness import SecretStream
+from secure_fed.engine import Experiment
+from secure_fed.engine.aggregation import RoundSession
+from tests.conftest import small_config
+
+# one round of plain FedAvg (server step x ← x + Δ̄), so the released θ¹ − θ⁰ is (Σ clipped updates + noise)/(qN)
+ONE_ROUND = ["algorithm.name=fedavg", "training.rounds=1", "training.server_optimizer.name=fedavg",
+             "training.server_optimizer.lr=1.0"]  # fmt: skip
+SERVER_NOISE = ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5}']
+CLIENT_NOISE = ['protocols=["dp", "secure_aggregation"]',
+                'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}']  # fmt: skip
+
+
+def _dp(exp: Experiment) -> DifferentialPrivacy:
+    return next(layer for layer in exp.stack.layers if isinstance(layer, DifferentialPrivacy))
+
+
+def _flat(theta: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().double().flatten() for t in theta.values()])
+
+
+def _released_update(tmp_path, name, *ov) -> torch.Tensor:
+    e = Experiment(small_config(*ONE_ROUND, *ov), run_dir=tmp_path / name)
+    e.setup()
+    theta0 = {n: t.clone() for n, t in e.theta.items()}
+    e.train_round()
+    return _flat(e.theta) - _flat(theta0)
+
+
+def _regenerated_server_noise(tmp_path, *ov) -> torch.Tensor:
+    """The attack: build the mechanism from the public config and draw round 0's noise on a zero sum."""
+    att = Experiment(small_config(*ONE_ROUND, *ov), run_dir=tmp_path / "attacker")
+    base = RoundSession(cohort=list(range(len(att.fed.clients))), theta=att.theta, W=att.W, weighting="uniform")
+    session = _dp(att).open_round(0, base)
+    return _flat(session.post(base.finish()).theta_mean())
+
+
+def _residual_ratio(released: torch.Tensor, truth: torch.Tensor, noise_hat: torch.Tensor) -> float:
+    """‖(released − regenerated noise) − truth‖ / ‖regenerated noise‖: ≈ √2 if the noise is independent, ≈ 0 if regenerable."""
+    return float((released - noise_hat - truth).norm() / noise_hat.norm())
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_server_noise_cannot_be_regenerated_from_the_public_config(tmp_path, seeded):
+    ov = [*SERVER_NOISE, *(["privacy.noise_seed=1234"] if seeded else [])]
+    released = _released_update(tmp_path, "target", *ov)
+    # the un-noised update: the same clipped client updates (client training follows the public seed), σ ≈ 0
+    truth = _released_update(tmp_path, "truth", *SERVER_NOISE[:1], 'privacy.client={"noise_multiplier": 1e-9, "clip_norm": 0.5}')
+    noise_hat = _regenerated_server_noise(tmp_path, *ov)
+    ratio = _residual_ratio(released, truth, noise_hat)
+    if seeded:  # control: whoever knows privacy.noise_seed recovers the update, so the test has power
+        assert ratio < 1e-4
+    else:  # an independent draw: the residual is the difference of two noises, √2 times one noise's norm
+        assert 1.3 < ratio < 1.55
+
+
+def _client_share_sum(exp: Experiment, round_idx: int = 0) -> torch.Tensor:
+    """What every client would add to a zero update in round ``round_idx`` (θ part), by the public code path."""
+    base = RoundSession(cohort=list(range(len(exp.fed.clients))), theta=exp.theta, W=exp.W, weighting="uniform")
+    session = _dp(exp).open_round(round_idx, base)
+    session._set_min_summands(_secagg_t(exp))  # public: the secure sum's threshold t from the config
+    zero = {"theta_delta": {n: torch.zeros_like(t) for n, t in exp.theta.items()}, "num_examples": 1, "loss": 0.0}
+    fn = session.client_mod(lambda p, d: zero)
+    return sum(_flat(fn({}, c)["theta_delta"]) for c in exp.fed.clients)
+
+
+def _secagg_t(exp: Experiment) -> int:
+    from protocols.secagg.protocol import threshold_for
+
+    return threshold_for(len(exp.fed.clients), exp.cfg.secure_aggregation.threshold)
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_client_noise_shares_cannot_be_regenerated_by_the_server(tmp_path, seeded):
+    ov = [*CLIENT_NOISE, *(["privacy.noise_seed=99"] if seeded else [])]
+    released = _released_update(tmp_path, "target", *ov)
+    truth = _released_update(
+        tmp_path, "truth", CLIENT_NOISE[0], 'privacy.client={"noise_multiplier": 1e-9, "clip_norm": 0.5, "noise": "clients"}'
+    )
+    att = Experiment(small_config(*ONE_ROUND, *ov), run_dir=tmp_path / "attacker")
+    n = len(att.fed.clients)
+    noise_hat = _client_share_sum(att) / n  # fixed denominator q·N = N
+    ratio = _residual_ratio(released, truth, noise_hat)
+    if seeded:
+        assert ratio < 1e-3  # fixed-point rounding of the secure sum only
+    else:
+        assert 1.3 < ratio < 1.55
+
+
+def test_two_runs_of_one_dp_config_draw_different_noise_unless_seeded(tmp_path):
+    a = _released_update(tmp_path, "a", *SERVER_NOISE)
+    b = _released_update(tmp_path, "b", *SERVER_NOISE)
+    assert not torch.equal(a, b)
+    c = _released_update(tmp_path, "c", *SERVER_NOISE, "privacy.noise_seed=7")
+    d = _released_update(tmp_path, "d", *SERVER_NOISE, "privacy.noise_seed=7")
+    assert torch.equal(c, d)
+
+
+def test_client_sampling_is_drawn_from_the_servers_secret(tmp_path):
+    """Amplification by sampling needs a cohort the adversary cannot recompute from the seed."""
+    ov = [*SERVER_NOISE, "training.client_fraction=0.5", "training.sampling=poisson", "training.rounds=3"]
+
+    def cohorts(name, *extra):
+        e = Experiment(small_config(*ov, *extra, "output.log_messages=true"), run_dir=tmp_path / name)
+        e.setup()
+        out = []
+        for _ in range(3):
+            start = len(e.messages)
+            e.train_round()
+            out.append(sorted({m["client"] for m in e.messages[start:] if m["direction"] == "down"}))
+        return out
+
+    assert cohorts("a") != cohorts("b")  # 3 rounds of 8 coin flips: equal by chance with probability 2^-24
+    assert cohorts("c", "privacy.noise_seed=5") == cohorts("d", "privacy.noise_seed=5")
+
+
+def test_resume_without_noise_seed_continues_the_same_secret(tmp_path):
+    """Two copies of one run checkpointed at round 2 and resumed separately end identical: the secret is
+    restored from the private checkpoint; a fresh run with the same config ends elsewhere."""
+    import shutil
+
+    ov = [*SERVER_NOISE, "training.rounds=4", "output.checkpoint_every=1"]
+    Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "a").run(progress=False)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    ends = []
+    for name in ("a", "b"):
+        e = Experiment(small_config(*ov), run_dir=tmp_path / name)
+        assert e.resume() and e.round == 2
+        e.run(progress=False)
+        ends.append(_flat(e.theta))
+    fresh = Experiment(small_config(*ov), run_dir=tmp_path / "fresh")
+    fresh.run(progress=False)
+    assert torch.equal(ends[0], ends[1])
+    assert not torch.equal(ends[0], _flat(fresh.theta))
+
+
+def test_secret_stream_draws_are_standard_normal_and_uniform():
+    s = SecretStream.fresh()
+    z = s.gaussian((200_000,), "z").numpy()
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1.0) < 0.01
+    u = s.uniform(100_000, "u")
+    assert 0.0 < u.min() and u.max() < 1.0 and stats.kstest(u, "uniform").pvalue > 1e-3
+    # the same label redraws the same values; another label, or another key, draws independent ones
+    assert np.array_equal(s.uniform(1000, "u"), u[:1000])
+    assert abs(np.corrcoef(s.uniform(10_000, "v"), u[:10_000])[0, 1]) < 0.05
+    assert not np.array_equal(SecretStream.fresh().uniform(1000, "u"), u[:1000])
+    assert "key" not in repr(s) and s.state_dict()["key"] not in repr(s).encode()
+
+
+def test_noise_seed_run_says_its_epsilon_does_not_hold_against_who_knows_it(tmp_path):
+    s = Experiment(small_config(*SERVER_NOISE, "training.rounds=1", "privacy.noise_seed=3"), run_dir=tmp_path).run(progress=False)
+    assert "noise_seed" in s.summary["privacy"]["warning"]
+    s2 = Experiment(small_config(*SERVER_NOISE, "training.rounds=1"), run_dir=tmp_path / "b").run(progress=False)
+    assert "warning" not in s2.summary["privacy"]
+
+
+def test_epsilon_is_reported_per_adversary(tmp_path):
+    rounds = 3
+    server = Experiment(small_config(*SERVER_NOISE, f"training.rounds={rounds}"), run_dir=tmp_path / "s").run(progress=False)
+    adv = server.summary["privacy"]["units"]["client"]["adversaries"]
+    assert adv["server"]["epsilon"] == "inf" and adv["observer"]["epsilon"] == server.summary["privacy"]["epsilon"]
+
+    clients = Experiment(small_config(*CLIENT_NOISE, f"training.rounds={rounds}", "training.client_fraction=0.5",
+                                      "training.sampling=poisson"), run_dir=tmp_path / "c").run(progress=False)  # fmt: skip
+    unit = clients.summary["privacy"]["units"]["client"]
+    ref_server, ref_observer = RDPAccountant(), RDPAccountant()  # independent: Opacus directly
+    for _ in range(rounds):
+        ref_server.step(noise_multiplier=2.0, sample_rate=1.0)  # the server knows the cohort: no amplification
+        ref_observer.step(noise_multiplier=2.0, sample_rate=0.5)
+    assert unit["adversaries"]["server"]["epsilon"] == pytest.approx(ref_server.get_epsilon(1e-5), rel=1e-9)
+    assert unit["adversaries"]["observer"]["epsilon"] == pytest.approx(ref_observer.get_epsilon(1e-5), rel=1e-9)
+    assert unit["adversaries"]["server"]["epsilon"] > unit["adversaries"]["observer"]["epsilon"]
+
+    inst = Experiment(small_config('protocols=["dp"]', "algorithm.normalize_gamma=false", "training.rounds=2",
+                                   'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}'),
+                      run_dir=tmp_path / "i").run(progress=False)  # fmt: skip
+    assert inst.summary["privacy"]["units"]["instance"]["adversaries"]["server"]["epsilon"] == "inf"
+
+
+def test_client_level_dp_reports_instance_level_group_privacy(tmp_path):
+    e = Experiment(small_config(*SERVER_NOISE, "training.rounds=2"), run_dir=tmp_path)
+    s = e.run(progress=False).summary
+    unit = s["privacy"]["units"]["client"]
+    k = int(np.asarray(e.dataset.train.labels.sum(axis=1)).max())  # positive-only: one client per label of an instance
+    assert unit["instance_level"]["group_size"] == k > 1
+    eps, delta = unit["epsilon"], unit["delta"]
+    assert unit["instance_level"]["epsilon"] == pytest.approx(k * eps)
+    assert unit["instance_level"]["delta"] == pytest.approx(min(1.0, k * math.exp((k - 1) * eps) * delta))
