@@ -12,24 +12,24 @@ CONFIGS = EXPERIMENTS / "configs"
 
 
 def run_cached(config_path: str, overrides: list[str], run_dir: str, data_root: str | None, threads: int) -> dict[str, Any]:
-    """Run one config unless ``run_dir/summary.json`` says it already completed; resume if a checkpoint exists."""
+    """Run one config in a worker process, through the CLI's cache (:func:`secure_fed.sweep.run_cached`)."""
     import torch
 
     torch.set_num_threads(threads)
     from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.sweep import run_cached as run
 
-    out = Path(run_dir)
-    cfg = load_config(config_path, overrides)
-    done = out / "summary.json"
-    if done.is_file():
-        summary = json.loads(done.read_text())
-        finished = summary.get("status") == "budget_exhausted" or summary.get("rounds_completed", 0) >= cfg.training.rounds
-        if summary.get("status") in ("completed", "budget_exhausted") and finished:
-            return summary
-    exp = Experiment(cfg, run_dir=out, data_root=data_root)
-    exp.resume()
-    return exp.run(progress=False).summary
+    return with_timing(run(load_config(config_path, overrides), run_dir, data_root=data_root), run_dir)
+
+
+def with_timing(summary: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
+    """The summary plus the run's wall-clock figures, which live in ``private/summary.json`` (timing tracks how
+    many clients trained, so it is not released); summaries written before that keep their own."""
+    private = Path(run_dir) / "private" / "summary.json"
+    if private.is_file():
+        p = json.loads(private.read_text())
+        return {**summary, "wall_seconds": p["wall_seconds"], "seconds_per_round": p["seconds_per_round"]}
+    return summary
 
 
 def history(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CONFIGS, default_workers, history, run_cached  # noqa: E402
+from common import CONFIGS, default_workers, history, run_cached, with_timing  # noqa: E402
 
 PAPER = {  # FedALC paper, Table VI (Bibtex, K = 5): P@1, P@3, P@5
     "oracle": (65.08, 39.64, 28.87),  # SLEEC, a different (non-neural) method
@@ -125,7 +125,7 @@ def collect_runs(out: Path) -> dict[tuple[str, int], dict]:
             continue
         stem, _, seed = summ.parent.name.rpartition("-seed")
         label = stem.replace("-lam", ":")
-        found[(label, int(seed))] = {**s, "run_dir": str(summ.parent)}
+        found[(label, int(seed))] = {**with_timing(s, summ.parent), "run_dir": str(summ.parent)}
     return found
 
 

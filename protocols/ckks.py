@@ -52,22 +52,6 @@ def _info(src: int, dst: int) -> bytes:
 
 class CKKSAggregation(ProtocolLayer):
     name = "ckks"
-    replaces_aggregation = True
-    threat_model = (
-        "The server holds only a public CKKS context and adds encrypted client updates, so it sees no individual update "
-        "of the encrypted groups; only the sum is decrypted, by key-holding clients, and the server then sees that sum."
-    )
-
-    @classmethod
-    def validate(cls, cfg, stack: list[str]) -> None:
-        c = cfg.ckks
-        if len(c.coeff_mod_bit_sizes) < 2 or sum(c.coeff_mod_bit_sizes) > {4096: 109, 8192: 218, 16384: 438, 32768: 881}.get(
-            c.poly_modulus_degree, 10**6
-        ):
-            raise ValueError(
-                f"ckks.coeff_mod_bit_sizes {c.coeff_mod_bit_sizes} exceed the 128-bit-security budget for "
-                f"poly_modulus_degree {c.poly_modulus_degree}"
-            )
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)

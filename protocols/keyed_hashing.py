@@ -73,7 +73,6 @@ class ClientKeyring:
     def state(self) -> dict[str, bytes]:
         return {"sk": self.pair.private_bytes(), "run_key": self.run_key, "salt": self.salt, "pseudonym": self.pseudonym}
 
-    @classmethod
     def restore(cls, cid: int, st: dict[str, bytes]) -> ClientKeyring:
         k = cls.__new__(cls)
         k.cid, k.pair, k.run_key, k.salt = cid, KeyPair.from_private_bytes(st["sk"]), st["run_key"], st["salt"]
@@ -87,18 +86,6 @@ def _seal_info(dealer: int, cid: int) -> bytes:
 
 class KeyedHashing(ProtocolLayer):
     name = "keyed_hashing"
-    threat_model = (
-        "Stops the server (or anyone holding θ⁰ and candidate instances) from recomputing instance tokens or reading label "
-        "names in FedALC's label-set collection: tokens and pseudonyms are HMACs under a run key only clients hold."
-    )
-
-    @classmethod
-    def validate(cls, cfg, stack: list[str]) -> None:
-        if cfg.algorithm.name not in ("fedalc", "fedalc_fixed"):
-            raise ValueError(
-                f"keyed_hashing protects label-set collection, which {cfg.algorithm.name} does not run "
-                "(only fedalc and fedalc_fixed collect label sets)"
-            )
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)

@@ -17,11 +17,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
-from secure_fed.errors import SecureFedError, unknown_name
+from secure_fed.errors import SecureFedError
+from secure_fed.io import check_writable_dir
+
+
+def one_line(message: str) -> str:
+    """The message with control characters and Unicode line breaks written as escapes: one line, always."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -43,15 +50,16 @@ def _run_dir_for(cfg, out: str | None) -> Path:
     return Path(cfg.output.dir) / name
 
 
-def _print_summary(summary: dict, run_dir: Path) -> None:
+def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
     final = summary["final"]
-    metrics = "  ".join(f"{k} {final[k]:.2f}" for k in ("P@1", "P@3", "P@5", "mAP") if k in final)
+    metrics = "  ".join(f"{k} {v:.2f}" for k, v in final.items() if k.startswith("P@") or k == "mAP") or "(no evaluation)"
+    cos = summary.get("W_mean_cos")
     eps = summary["privacy"]["epsilon"]
     print(
         f"{summary['algorithm']} on {summary['dataset']}: {summary['rounds_completed']} rounds "
-        f"in {summary['wall_seconds']:.1f}s ({summary['seconds_per_round']:.2f}s/round) [{summary['status']}]"
+        f"in {private['wall_seconds']:.1f}s ({private['seconds_per_round']:.2f}s/round) [{summary['status']}]"
     )
-    print(f"  {metrics}  mean cos(W) {summary['W_mean_cos']:.3f}  privacy: ε = {eps}")
+    print(f"  {metrics}" + (f"  mean cos(W) {cos:.3f}" if cos is not None else "") + f"  privacy: ε = {eps}")
     print(f"  run directory: {run_dir} (private/ holds the operator's diagnostics: do not release it)")
     if "warning" in summary["privacy"]:
         print(f"  warning: {summary['privacy']['warning']}")
@@ -73,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = _run_dir_for(cfg, args.out)
         if (run_dir / "checkpoints" / "last.pt").exists():
             raise SecureFedError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
+    check_writable_dir(run_dir)
     exp = Experiment(cfg, run_dir=run_dir, data_root=args.data_root)
     print(exp.dataset.describe())
     if args.resume:
@@ -81,36 +90,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             print(f"no checkpoint in {run_dir}; starting from round 0")
     result = exp.run()
-    _print_summary(result.summary, run_dir)
-    if cfg.attacks.names() and result.summary["status"] in ("completed", "budget_exhausted"):
-        from threat_models.audit import audit
-        from threat_models.context import AuditContext
-
-        print(f"attacks ({', '.join(cfg.attacks.names())}):")
-        audit(AuditContext(exp))
-        print(f"  wrote {run_dir / 'attacks.json'}")
-    return 0 if result.summary["status"] in ("completed", "budget_exhausted") else 130
-
-
-def cmd_audit(args: argparse.Namespace) -> int:
-    from threat_models import ATTACKS
-    from threat_models.audit import audit_run_dir
-
-    names = None
-    if args.attacks:
-        names = [a for a in args.attacks.split(",") if a]
-        names = list(ATTACKS) if names == ["all"] else names
-        bad = [a for a in names if a not in ATTACKS]
-        if bad:
-            raise SecureFedError("--attacks: " + unknown_name("attack", bad[0], ATTACKS))
-    run_dir = Path(args.run_dir)
-    print(f"auditing {run_dir}")
-    try:
-        audit_run_dir(run_dir, names, data_root=args.data_root)
-    except FileNotFoundError as exc:
-        raise SecureFedError(str(exc)) from exc
-    print(f"wrote {run_dir / 'attacks.json'}")
-    return 0
+    _print_summary(result.summary, run_dir, result.private)
+    for cb in exp.callbacks:  # e.g. threat_models' attack taps run the configured attacks
+        cb.on_cli_run_end(exp, result)
+    status = result.summary["status"]
+    if status in ("failed", "diverged"):
+        print(f"error: {result.summary['stop_reason']}", file=sys.stderr)
+        return 1
+    return 0 if status in ("completed", "budget_exhausted") else 130
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -127,11 +114,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from protocols import LAYERS
-    from secure_fed.algorithms import ALGORITHMS
+    from secure_fed import catalog
     from secure_fed.data import PARTITIONERS, REGISTRY
-    from secure_fed.models import MODELS
-    from threat_models import ATTACKS
+    from secure_fed.specs import attack_specs, layer_specs
 
     def section(title: str, rows: list[tuple[str, str]]) -> None:
         print(f"{title}:")
@@ -140,20 +125,23 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name, desc in rows:
             print(f"  {name:<14} {desc}")
 
-    section("algorithms", [(n, c.description) for n, c in ALGORITHMS.items()])
+    section("algorithms", list(catalog.ALGORITHMS.items()))
     section(
         "datasets",
         [(n, d.description) for n, d in REGISTRY.items()]
         + [("synthetic", "generated multi-label data with controllable label co-occurrence")],
     )
     section("partitioners", [(n, c.description) for n, c in PARTITIONERS.items()])
-    section("models", list(MODELS.items()))
-    section("protocols", [(n, getattr(c, "threat_model", "")) for n, c in LAYERS.items()])
+    section("models", list(catalog.MODELS.items()))
+    section("protocols", [(n, spec.threat_model) for n, spec in layer_specs().items()])
     print("attacks:")
-    for n, c in ATTACKS.items():
-        print(f"  {n:<25} [{c.role.value}] {c.description}")
-        print(f"  {'':<25} needs: {c.needs}")
-        print(f"  {'':<25} defended by: {c.defended_by}")
+    specs = attack_specs()
+    if not specs:
+        print("  (none available yet)")
+    for n, spec in specs.items():
+        print(f"  {n:<25} [{spec.role}] {spec.description}")
+        print(f"  {'':<25} needs: {spec.needs}")
+        print(f"  {'':<25} defended by: {spec.defended_by}")
     return 0
 
 
@@ -175,31 +163,40 @@ def _parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     return grid
 
 
+def _parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip() != ""]
+    except ValueError:
+        raise SecureFedError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds:
+        raise SecureFedError(f"--seeds {text!r}: give at least one seed")
+    return seeds
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.sweep import cached_summary, run_cached
 
     grid = _parse_grid(args.grid)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = _parse_seeds(args.seeds)
     base = load_config(args.config, args.overrides)
     out = Path(args.out or Path(base.output.dir) / f"sweep-{base.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_writable_dir(out, what="--out")
     combos = list(itertools.product(*[[(k, v) for v in vs] for k, vs in grid])) or [()]
-    rows = []
-    for combo in combos:
+    points = []
+    for combo in combos:  # validate every point, and every cached run's config, before anything runs
         for seed in seeds:
-            ov = list(args.overrides) + [f"{k}={v}" for k, v in combo] + [f"seed={seed}"]
-            cfg = load_config(args.config, ov)  # validate every point before it runs
+            cfg = load_config(args.config, list(args.overrides) + [f"{k}={v}" for k, v in combo] + [f"seed={seed}"])
             tag = "-".join(f"{k.split('.')[-1]}{v}" for k, v in combo) or "base"
             run_dir = out / f"{tag}-seed{seed}"
-            done = run_dir / "summary.json"
-            if done.is_file() and json.loads(done.read_text()).get("status") == "completed":
-                summary = json.loads(done.read_text())
-            else:
-                exp = Experiment(cfg, run_dir=run_dir, data_root=args.data_root)
-                exp.resume()
-                summary = exp.run().summary
-            rows.append({"point": dict(combo), "seed": seed, "final": summary["final"], "run_dir": str(run_dir)})
-            print(f"{tag} seed {seed}: P@1 {summary['final'].get('P@1', float('nan')):.2f}")
+            cached_summary(cfg, run_dir)
+            points.append((combo, seed, tag, cfg, run_dir))
+    rows = []
+    for i, (combo, seed, tag, cfg, run_dir) in enumerate(points, 1):
+        summary = run_cached(cfg, run_dir, data_root=args.data_root, progress=cfg.output.progress)
+        rows.append({"point": dict(combo), "seed": seed, "final": summary["final"], "run_dir": str(run_dir)})
+        head = " ".join(f"{k} {v:.2f}" for k, v in summary["final"].items() if k.startswith("P@") or k == "mAP")
+        print(f"[{i}/{len(points)}] {tag} seed {seed}: {head or summary['status']}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(rows, indent=2))
     print(f"wrote {out / 'sweep.json'}")
@@ -209,7 +206,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from secure_fed.report import report
 
-    path = report([Path(d) for d in args.run_dirs], out=Path(args.out) if args.out else None)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        if out.is_dir() or out.suffix.lower() != ".png":
+            raise SecureFedError(f"--out {out}: expected the path of a .png file to write")
+        check_writable_dir(out.parent, what="--out's folder")
+    runs = [Path(d) for d in args.run_dirs]
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    path = report(runs, out=out)
     print(f"wrote {path}")
     return 0
 
@@ -248,14 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("audit", help="run attacks (threat_models) on a finished run; writes RUN_DIR/attacks.json")
-    p.add_argument("run_dir")
-    p.add_argument(
-        "--attacks", default=None, help="comma-separated attack names or 'all' (default: the run's attacks.run, else all)"
-    )
-    p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
-    p.set_defaults(func=cmd_audit)
-
     p = sub.add_parser("list", help="list algorithms, datasets, partitioners, protocols and attacks")
     p.set_defaults(func=cmd_list)
 
@@ -267,6 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--mirror", default=None, help="base URL replacing the Mulan GitHub raw URL (file:// works)")
     d.add_argument("--force", action="store_true", help="download even if a verified copy exists")
     d.set_defaults(func=cmd_data_download)
+
+    from secure_fed.plugins import registry
+
+    for register in registry("commands").values():  # sub-commands of plugins (e.g. threat_models' `audit`)
+        register(sub)
     return ap
 
 
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SecureFedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
 
 

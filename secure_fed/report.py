@@ -13,7 +13,7 @@ def load_run(run_dir: Path) -> tuple[list[dict], dict | None]:
     if not metrics.is_file():
         raise SecureFedError(f"{run_dir}: no metrics.jsonl (is this a run directory?)")
     lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    history = [h for h in lines if "P@1" in h]  # evaluated rounds
+    history = [h for h in lines if "mAP" in h]  # evaluated rounds (mAP is computed at every evaluation)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     return history, summary
@@ -26,11 +26,13 @@ def report(run_dirs: list[Path], *, out: Path | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("P@1", "P@1 (%)"), ("P@5", "P@5 (%)"), ("mAP", "mAP (%)"), ("W_mean_cos", "mean pairwise cos(W)")]
+    runs = [(rd, *load_run(rd)) for rd in run_dirs]
+    ks = sorted({k for _, hist, _ in runs for h in hist for k in h if k.startswith("P@")}, key=lambda k: int(k[2:]))
+    panels = [(k, f"{k} (%)") for k in ks[:2]] + [("mAP", "mAP (%)"), ("W_mean_cos", "mean pairwise cos(W)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    print(f"{'run':<40} {'rounds':>6} {'P@1':>7} {'P@3':>7} {'P@5':>7} {'mAP':>7} {'cos(W)':>7}  ε")
-    for rd in run_dirs:
-        history, summary = load_run(rd)
+    cols = [*ks, "mAP", "W_mean_cos"]
+    print(f"{'run':<40} {'rounds':>6} " + " ".join(f"{c if c != 'W_mean_cos' else 'cos(W)':>7}" for c in cols) + "  ε")
+    for rd, history, summary in runs:
         label = rd.name
         rounds = [h["round"] for h in history]
         for ax, (key, _) in zip(axes, panels, strict=False):
@@ -38,9 +40,7 @@ def report(run_dirs: list[Path], *, out: Path | None = None) -> Path:
         last = history[-1] if history else {}
         eps = (summary or {}).get("privacy", {}).get("epsilon", "?")
         print(
-            f"{label:<40} {last.get('round', 0):>6} "
-            + " ".join(f"{last.get(k, float('nan')):>7.2f}" for k in ("P@1", "P@3", "P@5", "mAP", "W_mean_cos"))
-            + f"  {eps}"
+            f"{label:<40} {last.get('round', 0):>6} " + " ".join(f"{last.get(k, float('nan')):>7.2f}" for k in cols) + f"  {eps}"
         )
     for ax, (_, ylabel) in zip(axes, panels, strict=False):
         ax.set(xlabel="round", ylabel=ylabel)

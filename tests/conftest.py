@@ -77,6 +77,14 @@ DP_CONFIGS: dict[str, list[str]] = {
         "algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]',
         'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}',
     ],
+    "client_noise_ckks_poisson": [
+        "algorithm.name=fedaws", 'protocols=["dp", "ckks"]', "training.client_fraction=0.5", "training.sampling=poisson",
+        'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}',
+    ],
+    "client_noise_secagg_poisson": [
+        "algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', "training.client_fraction=0.6",
+        "training.sampling=poisson", 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}',
+    ],
     "both_units_keyed_ckks_gdp_seeded": [
         'protocols=["keyed_hashing", "dp", "ckks"]', "algorithm.normalize_gamma=false",
         'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}',

@@ -84,10 +84,10 @@ def test_list_shows_every_registry():
         "attacks:",
     ):
         assert word in r.stdout
-    from protocols import LAYERS
+    from secure_fed.specs import layer_specs
 
-    for name, layer in LAYERS.items():  # each protocol layer with its one-sentence threat model
-        assert f"{name}" in r.stdout and layer.threat_model[:60] in r.stdout
+    for name, spec in layer_specs().items():  # each protocol layer with its one-sentence threat model
+        assert f"{name}" in r.stdout and spec.threat_model[:60] in r.stdout
     from threat_models import ATTACKS
 
     for name, atk in ATTACKS.items():  # each attack with its role and what it needs

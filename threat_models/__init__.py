@@ -13,24 +13,27 @@ attack                     role      measures
 
 Each attack sees only its role's view (:mod:`threat_models.views`); see
 :mod:`threat_models.base` for the interface and :func:`threat_models.audit.audit`
-for the harness. In YAML: ``attacks: {run: [all]}``; on a finished run:
+for the harness; the core finds attacks through the ``secure_fed.attacks`` entry points
+(:mod:`threat_models.specs`). In YAML: ``attacks: {run: [all]}``; on a finished run:
 ``secure-fed audit RUN_DIR``.
 """
 
 from __future__ import annotations
 
-from threat_models.attacks.embedding_identification import EmbeddingIdentification
-from threat_models.attacks.label_deanonymization import LabelDeanonymization
-from threat_models.attacks.membership_inference import MembershipInference
-from threat_models.attacks.one_run_audit import OneRunAudit
-from threat_models.attacks.token_linkage import TokenLinkage
-from threat_models.attacks.update_inversion import UpdateInversion
-from threat_models.base import Attack, AttackResult, Role
+from typing import Any
 
-#: Registered attacks by name.
-ATTACKS: dict[str, type[Attack]] = {
-    cls.name: cls
-    for cls in (TokenLinkage, LabelDeanonymization, EmbeddingIdentification, MembershipInference, OneRunAudit, UpdateInversion)
-}
+
+def __getattr__(name: str) -> Any:
+    """Loaded on first use, so that finding an attack's spec imports no attack (and no torch)."""
+    if name == "ATTACKS":  # name → attack class, for every registered attack (secure_fed.attacks entry points)
+        from secure_fed.specs import attack_specs
+
+        return {n: spec.load() for n, spec in attack_specs().items()}
+    if name in ("Attack", "AttackResult", "Role"):
+        from threat_models import base
+
+        return getattr(base, name)
+    raise AttributeError(name)
+
 
 __all__ = ["ATTACKS", "Attack", "AttackResult", "Role"]

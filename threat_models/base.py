@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from secure_fed.specs import AttackSpec
+
 
 class Role(str, Enum):
     """Who attacks."""
@@ -52,6 +54,8 @@ class AttackResult:
 class Attack(ABC):
     """The interface every attack implements (see the module docstring)."""
 
+    #: the attack's registered spec (:mod:`threat_models.specs`): the one place its metadata is written
+    spec: ClassVar[AttackSpec]
     name: ClassVar[str]
     role: ClassVar[Role]
     #: what the attacker needs beyond its view, in words (``secure-fed list``)
@@ -59,6 +63,13 @@ class Attack(ABC):
     #: which protocol layer is meant to defeat it
     defended_by: ClassVar[str]
     description: ClassVar[str]
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        spec = cls.__dict__.get("spec")
+        if spec is not None:
+            cls.name, cls.role, cls.needs = spec.name, Role(spec.role), spec.needs
+            cls.defended_by, cls.description = spec.defended_by, spec.description
 
     def __init__(self, options: Any = None):
         self.options = options

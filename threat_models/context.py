@@ -21,10 +21,16 @@ from threat_models.views import ClientView, ObserverView, RoundCapture, ServerVi
 
 class AuditContext:
     def __init__(self, exp):
+        from threat_models.taps import taps_of
+
         self.exp = exp
         self.cfg = exp.cfg
         self.dataset = exp.dataset
         self.fed = exp.fed
+        taps = taps_of(exp)
+        #: the server's recorded view and the auditor's canaries (None when the run did not record them)
+        self.tap = taps.tap if taps is not None else None
+        self.canaries = taps.canaries if taps is not None else None
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, *, data_root: str | None = None, attacks: list[str] | None = None) -> AuditContext:
@@ -43,11 +49,12 @@ class AuditContext:
         summary = run_dir / "summary.json"
         if not summary.is_file():
             raise SecureFedError(f"{run_dir} has not finished (no summary.json); finish it with: secure-fed resume {run_dir}")
-        if exp.tap is not None and not (run_dir / "checkpoints" / "server_view.pt").is_file():
-            exp.tap = None  # trained without attacks configured: the server's view was not recorded
-        if exp.canaries is not None and not (run_dir / "checkpoints" / "auditor.pt").is_file():
-            exp.canaries = None  # no canaries were inserted in this run (resume() loads them when they were)
-        return cls(exp)
+        ctx = cls(exp)
+        if not (run_dir / "checkpoints" / "server_view.pt").is_file():
+            ctx.tap = None  # trained without attacks configured: the server's view was not recorded
+        if not (run_dir / "checkpoints" / "auditor.pt").is_file():
+            ctx.canaries = None  # no canaries were inserted in this run
+        return ctx
 
     # ------------------------------------------------------------------ facts the simulator knows
     @property
@@ -74,7 +81,7 @@ class AuditContext:
 
     # ------------------------------------------------------------------ views
     def server_view(self) -> ServerView:
-        exp, tap = self.exp, self.exp.tap
+        exp, tap = self.exp, self.tap
         algo = exp.algorithm
         label_sets = getattr(algo, "label_sets", None)
         tokenizer = None
@@ -99,8 +106,8 @@ class AuditContext:
         )
 
     def theta0(self) -> dict[str, torch.Tensor]:
-        if self.exp.tap is not None:
-            return {n: t.clone() for n, t in self.exp.tap.theta0.items()}
+        if self.tap is not None:
+            return {n: t.clone() for n, t in self.tap.theta0.items()}
         enc = self.new_encoder()  # θ⁰ is public: it follows from the config's seed
         return {n: p.detach().cpu().clone() for n, p in enc.named_parameters()}
 

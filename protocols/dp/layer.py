@@ -13,6 +13,7 @@ from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
 from protocols.dp.client_dp import add_client_noise, clip_update, noise_aggregate
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.randomness import SecretStream
+from protocols.specs import LABEL_SET_ALGORITHMS
 from secure_fed.algorithms.base import Algorithm, ClientFn
 from secure_fed.algorithms.regularizers import (
     label_set_correlation_grads,
@@ -22,9 +23,6 @@ from secure_fed.algorithms.regularizers import (
     pair_sqdist_grads,
 )
 from secure_fed.engine.aggregation import Aggregate, RoundSession
-
-LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
-
 
 NOISE_SEED_WARNING = (
     "privacy.noise_seed is set: every noise and sampling draw follows from that number, so the reported ε does not "
@@ -47,44 +45,6 @@ def _eps(x: float):
 
 class DifferentialPrivacy(ProtocolLayer):
     name = "dp"
-    threat_model = (
-        "Bounds, with a tracked (ε, δ), what the released θ, W and files reveal about any one client (client-level "
-        "DP-FedAvg) or any one instance (DP-SGD on the server's W update over label sets) to an observer of the release; "
-        "noise and sampling come from secrets of the party that draws them. Against the server: the instance unit gives "
-        "nothing (it holds the label sets), the client unit holds only with noise: clients under a secure sum, without "
-        "amplification by sampling."
-    )
-
-    @classmethod
-    def validate(cls, cfg, stack: list[str]) -> None:
-        p, algo = cfg.privacy, cfg.algorithm.name
-        if p.instance is None and p.client is None:
-            raise ValueError("'dp' is listed in protocols but neither privacy.instance nor privacy.client is set")
-        if p.instance is not None:
-            if algo not in LABEL_SET_ALGORITHMS:
-                raise ValueError(
-                    f"privacy.instance is DP-SGD on the server's label-set regulariser, which {algo} does not have "
-                    "(fedaws's spreadout uses no data: it is post-processing); use privacy.client"
-                )
-            if algo == "fedalc" and cfg.algorithm.normalize_gamma:
-                raise ValueError(
-                    "privacy.instance with fedalc needs algorithm.normalize_gamma: false — eq. 10 normalises γ by all "
-                    "label sets, which is not a per-label-set sum; DP-SGD runs on the σ weights of eq. 9"
-                )
-        if p.client is not None:
-            t = cfg.training
-            if t.aggregation != "uniform":
-                raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
-            if p.client.noise == "clients" and not ({"secure_aggregation", "ckks"} & set(stack)):
-                raise ValueError(
-                    "privacy.client.noise: clients needs secure_aggregation or ckks after dp: each client adds only a "
-                    "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
-                )
-            if t.client_fraction < 1.0 and t.sampling != "poisson":
-                raise ValueError(
-                    "privacy.client with training.client_fraction < 1 needs training.sampling: poisson "
-                    "(the accountant's subsampling amplification assumes Poisson sampling)"
-                )
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)
@@ -270,12 +230,15 @@ class DifferentialPrivacy(ProtocolLayer):
                 "server": self._against_server(name, u),
             }
             if name == "client":
+                # removing an instance changes (replaces) the data of each of the ≤ k clients holding it, and one
+                # replacement is two add/remove steps: group privacy over 2k units of the client ledger
                 k = int(self.env.max_clients_per_instance)
-                eps_k, delta_k = group_privacy(u.epsilon(), u.delta, k)
+                eps_k, delta_k = group_privacy(u.epsilon(), u.delta, 2 * k)
                 rep["instance_level"] = {
-                    "group_size": k, "epsilon": _eps(eps_k), "delta": delta_k,
-                    "note": f"one training instance sits on up to {k} clients (one per label in the positive-only setting); "
-                            "client-level DP covers it by group privacy over those clients",
+                    "group_size": 2 * k, "epsilon": _eps(eps_k), "delta": delta_k,
+                    "note": f"one training instance sits on up to {k} clients (one per label in the positive-only "
+                            "setting); removing it replaces each of those clients' updates, two add/remove steps each, "
+                            f"so client-level DP covers it by group privacy over {2 * k} units",
                 }  # fmt: skip
             if self.server_stream.derived_from_seed:
                 rep["warning"] = NOISE_SEED_WARNING

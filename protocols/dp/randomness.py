@@ -58,7 +58,8 @@ class SecretStream:
         return prg_words(hkdf(self._key, info=b"secure-fed draw " + label.encode()), n, bits=64)
 
     def uniform(self, n: int, label: str) -> np.ndarray:
-        """``n`` draws uniform on (0, 1): 53 random bits each, offset by half a step (never 0 or 1)."""
+        """``n`` draws uniform on (0, 1]: 53 random bits each, offset by half a step (never 0; the top value rounds
+        to 1.0 in float64, which Box–Muller maps to a radius of 0: harmless)."""
         return ((self._words(label, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
     def gaussian(self, shape: tuple[int, ...] | torch.Size, label: str) -> torch.Tensor:

@@ -16,21 +16,6 @@ from secure_fed.engine.aggregation import Aggregate, RoundSession
 
 class SecureAggregation(ProtocolLayer):
     name = "secure_aggregation"
-    replaces_aggregation = True
-    threat_model = (
-        "An honest-but-curious server (it relays the clients' public keys unauthenticated) learns only the round's sum of "
-        "client updates (θ, class rows, weights, losses), not any one client's nor any partial sum: the round aborts unless "
-        "≥ t of every neighbourhood survive and the survivors' graph stays connected; in the positive-only setting a class "
-        "row has one client, so its row sum is that client's row delta."
-    )
-
-    @classmethod
-    def validate(cls, cfg, stack: list[str]) -> None:
-        if cfg.secure_aggregation.threshold <= 0.5:
-            raise ValueError(
-                "secure_aggregation.threshold must exceed 0.5: with t ≤ half a neighbourhood the server can collect both "
-                "a client's self-mask shares and its key shares and unmask its input"
-            )
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)

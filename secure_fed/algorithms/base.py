@@ -80,6 +80,9 @@ class Algorithm:
     centralized: ClassVar[bool] = False
     #: client loss, a key of ``secure_fed.algorithms.losses.LOSSES``
     client_loss: ClassVar[str] = "positive"
+    #: the message keys this algorithm sends a client and receives back (the guard refuses any other)
+    downlink_keys: ClassVar[frozenset[str]] = frozenset({"theta", "rows", "row_ids", "train_rows", "loss"})
+    uplink_keys: ClassVar[frozenset[str]] = frozenset({"theta_delta", "rows_delta", "row_ids", "num_examples", "loss"})
 
     def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None):
         self.cfg = cfg

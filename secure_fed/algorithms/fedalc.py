@@ -37,10 +37,15 @@ from secure_fed.algorithms.regularizers import (
     correlation_top_k,
     fixed_embedding_reg,
 )
+from secure_fed.catalog import ALGORITHMS as CATALOG
 
 
 class _LabelSetMixin:
     """Runs label-set collection and keeps the merged label sets."""
+
+    #: label-set collection: the server asks for a tokenizer's tokens; a client answers with tokens and its label
+    downlink_keys = Algorithm.downlink_keys | {"tokenizer"}
+    uplink_keys = Algorithm.uplink_keys | {"tokens", "label"}
 
     label_sets: torch.Tensor | None = None
 
@@ -58,7 +63,7 @@ class _LabelSetMixin:
 
 class FedALC(_LabelSetMixin, Algorithm):
     name = "fedalc"
-    description = "FedAvg + server label-correlation regulariser with top-K mining (FedALC eq. 11)"
+    description = CATALOG["fedalc"]
     trains_rows = True
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
@@ -91,7 +96,7 @@ class FedALC(_LabelSetMixin, Algorithm):
 
 class FedALCFixed(_LabelSetMixin, Algorithm):
     name = "fedalc_fixed"
-    description = "W trained once on the server with reg_fc (FedALC eq. 12), then fixed; clients train θ"
+    description = CATALOG["fedalc_fixed"]
     trains_rows = False
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:

@@ -10,15 +10,16 @@
 from __future__ import annotations
 
 from secure_fed.algorithms.base import Algorithm
+from secure_fed.catalog import ALGORITHMS as CATALOG
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    description = "positive loss only, clients train θ and their own row; W may collapse"
+    description = CATALOG["fedavg"]
     trains_rows = True
 
 
 class FedAvgFixed(Algorithm):
     name = "fedavg_fixed"
-    description = "positive loss only, W frozen at its random spread-out initialisation"
+    description = CATALOG["fedavg_fixed"]
     trains_rows = False

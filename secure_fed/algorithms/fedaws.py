@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from secure_fed.algorithms.base import Algorithm
 from secure_fed.algorithms.regularizers import spreadout, spreadout_top_k
+from secure_fed.catalog import ALGORITHMS as CATALOG
 
 
 def regularizer_step(W: torch.Tensor, loss_fn, step_size: float) -> float:
@@ -32,7 +33,7 @@ def regularizer_step(W: torch.Tensor, loss_fn, step_size: float) -> float:
 
 class FedAwS(Algorithm):
     name = "fedaws"
-    description = "FedAvg + server spreadout regulariser with top-k negative mining (FedAwS eq. 8)"
+    description = CATALOG["fedaws"]
     trains_rows = True
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:

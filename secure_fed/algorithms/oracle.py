@@ -9,11 +9,12 @@ cosines by default, or FedAwS eq. 12's contrastive loss). Each round is
 from __future__ import annotations
 
 from secure_fed.algorithms.base import Algorithm
+from secure_fed.catalog import ALGORITHMS as CATALOG
 
 
 class Oracle(Algorithm):
     name = "oracle"
-    description = "centralised training with all labels and negatives (upper bound)"
+    description = CATALOG["oracle"]
     trains_rows = True
     centralized = True
 

@@ -19,15 +19,47 @@ def default_config_text() -> str:
     return resources.files("secure_fed.config").joinpath("default.yaml").read_text()
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error, not a silent overwrite."""
+
+
+def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text → Python data, with one-line errors naming ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{source}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); a config is a UTF-8 YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: not a text file (it holds NUL bytes); a config is a UTF-8 YAML file")
+    data = parse_yaml(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -43,7 +75,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(f"--set {item!r}: expected key.path=value")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw)
+            value = yaml.load(raw, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError:
             value = raw
         node = data
@@ -92,7 +124,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Load ``path`` (or the embedded default), apply overrides and validate."""
     if path is None:
-        data, source = yaml.safe_load(default_config_text()), "default config"
+        data, source = parse_yaml(default_config_text(), "default config"), "default config"
     else:
         data, source = _read_yaml(Path(path)), str(path)
     data = apply_overrides(data, overrides or [])

@@ -57,6 +57,25 @@ class MultiLabelDataset:
     def num_labels(self) -> int:
         return len(self.label_names)
 
+    def without_empty_labels(self) -> tuple[MultiLabelDataset, list[str]]:
+        """The dataset without labels that no training instance has (train and test label spaces stay equal),
+        and the names of the labels dropped. In the positive-only setting such a label has no client."""
+        import numpy as np
+
+        keep = np.flatnonzero(np.asarray(self.train.labels.sum(axis=0)).ravel() > 0)
+        if len(keep) == self.num_labels:
+            return self, []
+        dropped = [n for i, n in enumerate(self.label_names) if i not in set(keep.tolist())]
+        ds = MultiLabelDataset(
+            self.name,
+            MultiLabelSplit(self.train.features, self.train.labels[:, keep].tocsr()),
+            MultiLabelSplit(self.test.features, self.test.labels[:, keep].tocsr()),
+            [self.label_names[i] for i in keep],
+            self.feature_kind,
+            {**self.meta, "dropped_labels": dropped},
+        )
+        return ds, dropped
+
     def describe(self) -> str:
         card = float(self.train.labels.sum(axis=1).mean())
         return (

@@ -60,7 +60,8 @@ class PositiveOnly(Partitioner):
         empty = [s.client_id for s in shards if len(s.indices) == 0]
         if empty:
             raise ConfigError(
-                f"partition.name=positive_only: labels {empty[:5]} have no training instance, so their clients would hold no data"
+                f"partition.name=positive_only: labels {empty[:5]} have no training instance, so their clients would hold no "
+                "data (set dataset.drop_empty_labels: true to drop them)"
             )
         return shards
 

@@ -33,6 +33,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
+    """The configured data; labels no training instance has are dropped (``dataset.drop_empty_labels``)."""
+    ds = _load_dataset(cfg, data_root)
+    if cfg.dataset.drop_empty_labels:
+        ds, dropped = ds.without_empty_labels()
+        if dropped:
+            shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+            print(f"note: dropped {len(dropped)} label(s) with no training instance ({shown}); dataset.drop_empty_labels")
+    return ds
+
+
+def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
     d = cfg.dataset
     if d.format is not None:
         return load_from_paths(
@@ -84,6 +95,9 @@ class Federation:
     x_test: torch.Tensor
     y_test: np.ndarray
     preprocessor: Preprocessor
+    #: centralised baselines only: a validation split carved from the training data (never the test split)
+    x_val: torch.Tensor | None = None
+    y_val: np.ndarray | None = None
 
 
 def build_federation(
@@ -94,8 +108,12 @@ def build_federation(
     x_train = torch.from_numpy(prep.transform(ds.train.features))
     y_train = ds.train.labels.toarray().astype(bool)
     rng = np.random.default_rng([cfg.seed, 11])
-    if algorithm.centralized:
-        shards = [ClientShard(0, np.arange(ds.train.num_instances))]
+    val = None
+    if algorithm.centralized:  # select epochs on a validation split of the training data, never on the test split
+        order = np.random.default_rng([cfg.seed, 13]).permutation(ds.train.num_instances)
+        n_val = int(round(cfg.algorithm.validation_fraction * ds.train.num_instances))
+        val, rest = np.sort(order[:n_val]), np.sort(order[n_val:])
+        shards = [ClientShard(0, rest)]
     else:
         part = build_partitioner(cfg.partition.name, num_clients=cfg.partition.num_clients, alpha=cfg.partition.alpha)
         shards = part.partition(ds.train, rng)
@@ -119,7 +137,11 @@ def build_federation(
     n_test = ds.test.num_instances if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, ds.test.num_instances)
     x_test = torch.from_numpy(prep.transform(ds.test.features[:n_test])).to(device)
     y_test = ds.test.labels[:n_test].toarray().astype(np.int8)
-    return Federation(clients, shards, x_test, y_test, prep)
+    fed = Federation(clients, shards, x_test, y_test, prep)
+    if val is not None and len(val):
+        fed.x_val = x_train[val].to(device)
+        fed.y_val = ds.train.labels[val].toarray().astype(np.int8)
+    return fed
 
 
 def build_algorithm(cfg: ExperimentConfig, device: torch.device) -> Algorithm:

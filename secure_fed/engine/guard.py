@@ -21,11 +21,6 @@ import torch
 
 from secure_fed.errors import PrivacyViolation
 
-DOWN_KEYS = {"theta", "rows", "row_ids", "train_rows", "loss", "tokenizer"}
-UP_KEYS = {"theta_delta", "rows_delta", "row_ids", "num_examples", "loss", "tokens", "label"}
-#: protocol-layer set-up messages: public keys, sealed ciphertexts, pseudonyms, public contexts
-PROTOCOL_DOWN_KEYS = {"keyed_hashing", "ckks", "public_keys", "sealed", "dealer", "dealer_public_key", "label_names"}
-PROTOCOL_UP_KEYS = {"public_key", "sealed", "pseudonyms", "pseudonym", "public_context"}
 MAX_TOKEN_BYTES = 64
 
 
@@ -36,11 +31,16 @@ class MessageGuard:
         theta_shapes: dict[str, tuple[int, ...]],
         embedding_dim: int,
         allowed_rows: dict[int, set[int]],
+        down_keys: set[str],
+        up_keys: set[str],
         log: list[dict[str, Any]] | None = None,
     ):
+        """``down_keys``/``up_keys``: every message key the run may carry, as the algorithm and the protocol
+        layers declare them (``Algorithm.downlink_keys``, ``LayerSpec.downlink_keys``, …); anything else is refused."""
         self.theta_shapes = theta_shapes
         self.d = embedding_dim
         self.allowed_rows = allowed_rows
+        self.down_keys, self.up_keys = set(down_keys), set(up_keys)
         self.log = log
 
     def _fail(self, direction: str, cid: int, why: str) -> None:
@@ -66,7 +66,7 @@ class MessageGuard:
             self._fail(direction, cid, f"'{key}' must have shape ({len(ids_list)}, {self.d})")
 
     def check_down(self, cid: int, payload: dict[str, Any]) -> None:
-        extra = set(payload) - DOWN_KEYS - PROTOCOL_DOWN_KEYS
+        extra = set(payload) - self.down_keys
         if extra:
             self._fail("downlink", cid, f"keys {sorted(extra)} are not allowed")
         if "theta" in payload:
@@ -85,7 +85,7 @@ class MessageGuard:
             self.log.append({"direction": direction, "client": cid, "message": message})
 
     def check_up(self, cid: int, reply: dict[str, Any], *, record: bool = True) -> None:
-        extra = set(reply) - UP_KEYS - PROTOCOL_UP_KEYS
+        extra = set(reply) - self.up_keys
         if extra:
             self._fail("uplink", cid, f"keys {sorted(extra)} are not allowed")
         if "theta_delta" in reply:

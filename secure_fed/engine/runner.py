@@ -31,30 +31,18 @@ from secure_fed.engine.builders import (
     build_federation,
     resolve_device,
 )
+from secure_fed.engine.callbacks import Callback, MetricsFiles, ProgressBar, build_callbacks
+from secure_fed.engine.checkpoints import CheckpointMixin
+from secure_fed.engine.executors import EXECUTORS, ClientJob
 from secure_fed.engine.guard import MessageGuard
+from secure_fed.engine.layers import ProtocolSetup, ProtocolStack, StackEnv
+from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin, evaluated
 from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.errors import RoundAborted
+from secure_fed.io import check_writable_dir
 from secure_fed.metrics import evaluate_scores
 from secure_fed.models import mean_pairwise_cosine, spread_init
-
-CHECKPOINT_VERSION = 3
-
-#: Keys of a ``metrics.jsonl`` line besides the evaluation metrics: public facts, and values computed from
-#: the released model only. Everything else a round reports (losses, participant counts, clipping statistics,
-#: regulariser values, protocol timings) is a statistic of private data and goes to ``private/diagnostics.jsonl``.
-PUBLIC_ROUND_KEYS = ("round", "W_mean_cos", "wall_seconds", "privacy")
-PRIVATE_DIR = "private"
-
-
-def _to_cpu(obj: Any) -> Any:
-    """A copy of nested dicts/lists of tensors with every tensor on the CPU (portable checkpoints)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    return obj
+from secure_fed.specs import layer_specs
 
 
 def client_seed(seed: int, round_idx: int, cid: int) -> int:
@@ -89,9 +77,11 @@ class RunResult:
     summary: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     messages: list[dict[str, Any]] | None = None
+    #: private/summary.json: timing, setup facts and other statistics of private data (the operator's only)
+    private: dict[str, Any] = field(default_factory=dict)
 
 
-class Experiment:
+class Experiment(CheckpointMixin, ReportMixin):
     """A configured run. ``run()`` trains, evaluates, checkpoints and writes the run directory."""
 
     def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None):
@@ -117,10 +107,9 @@ class Experiment:
             theta_shapes={n: tuple(t.shape) for n, t in self.theta.items()},
             embedding_dim=cfg.model.embedding_dim,
             allowed_rows={c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients},
+            **self._declared_message_keys(),
             log=self.messages,
         )
-        from protocols import ProtocolStack, StackEnv
-
         self.stack_env = StackEnv(
             num_clients=len(self.fed.clients),
             clients_per_row=self._clients_per_row(),
@@ -149,29 +138,32 @@ class Experiment:
         self.round = 0
         self.history: list[dict[str, Any]] = []  #: released: one line of metrics.jsonl per round
         self.diagnostics: list[dict[str, Any]] = []  #: private: one line of private/diagnostics.jsonl per round
+        self.rounds_aborted = 0  #: rounds a protocol aborted (nothing applied, no privacy spent)
+        self.best: dict[str, Any] | None = None  #: centralised baselines: the best epoch on validation so far
+        self.selected: dict[str, Any] | None = None  #: ... and, at the end, the reported one
         self.setup_facts: dict[str, Any] | None = None
         self.wall_before = 0.0
-        self._init_audit_hooks()
+        #: registered callbacks (``secure_fed.callbacks`` entry points), e.g. the attack taps of threat_models
+        self.callbacks: list[Callback] = [MetricsFiles(), *build_callbacks(cfg)]
+        self.executor = EXECUTORS[cfg.training.executor]()
+        for cb in self.callbacks:
+            cb.on_init(self)
 
-    def _init_audit_hooks(self) -> None:
-        """The server tap (what the server sees, for ``threat_models``) and the auditor's canaries."""
-        names = self.cfg.attacks.names()
-        self.tap = self.canaries = None
-        if not names:
-            return
-        from threat_models.canaries import DiracCanaries
-        from threat_models.views import ServerTap
+    def _declared_message_keys(self) -> dict[str, set[str]]:
+        """The keys the guard allows: the algorithm's, plus those of the layers this run lists."""
+        specs = layer_specs()
+        down, up = set(self.algorithm.downlink_keys), set(self.algorithm.uplink_keys)
+        for name in self.cfg.protocols:
+            down |= specs[name].downlink_keys
+            up |= specs[name].uplink_keys
+        return {"down_keys": down, "up_keys": up}
 
-        first = next(iter(self.theta))
-        self.tap = ServerTap(theta0=self.theta, parameter=first)
-        audit = self.cfg.attacks.one_run_audit
-        if "one_run_audit" in names and audit.canaries > 0:
-            client = self.cfg.privacy.client if "dp" in self.cfg.protocols else None
-            norm = audit.canary_norm or (client.clip_norm if client is not None else 0.05)
-            self.canaries = DiracCanaries(
-                m=audit.canaries, norm=norm, num_clients=len(self.fed.clients),
-                theta_shapes={n: tuple(t.shape) for n, t in self.theta.items()},
-            )  # fmt: skip
+    def _parameters_finite(self) -> bool:
+        return bool(torch.isfinite(self.W).all()) and all(bool(torch.isfinite(t).all()) for t in self.theta.values())
+
+    def callback(self, name: str) -> Callback | None:
+        """The callback registered under ``name`` in this run, if any."""
+        return next((cb for cb in self.callbacks if cb.name == name), None)
 
     # ----------------------------------------------------------------- channel
     def _exchange(self, cid: int, payload: dict, client_fn) -> dict:
@@ -187,14 +179,15 @@ class Experiment:
     def _query_one(self, cid: int, payload: dict, client_fn) -> dict:
         return self._exchange(cid, payload, client_fn)
 
-    def _training_exchange(self, cid: int, payload: dict, fn) -> dict:
+    def _training_exchange(self, job: ClientJob) -> dict:
         """Downlink checked; the client's plaintext reply checked on the client; the wire message logged."""
+        cid, payload, fn = job.cid, job.payload, job.fn
         client = self.fed.clients[cid]
         self.guard.check_down(cid, payload)
         wire = fn(payload, client)
         self.guard.record("up", cid, wire)
-        if self.tap is not None:
-            self.tap.on_uplink(self.round, cid, wire)
+        for cb in self.callbacks:
+            cb.on_uplink(self.round, cid, wire)
         return wire
 
     def permute_labels(self, perm) -> None:
@@ -230,8 +223,6 @@ class Experiment:
     def setup(self) -> None:
         if self.setup_facts is not None:
             return
-        from protocols import ProtocolSetup
-
         facts = {}
         if self.stack:
             facts = self.stack.setup(
@@ -244,8 +235,10 @@ class Experiment:
                 )
             )
         query = self.stack.wrap_query(self._query_all)
+        for cb in self.callbacks:
+            query = cb.wrap_setup_query(query)
         ctx = SetupContext(
-            query=query if self.tap is None else self.tap.wrap_setup_query(query),
+            query=query,
             num_labels=self.dataset.num_labels,
             W=self.W,
             device=self.device,
@@ -258,7 +251,25 @@ class Experiment:
             return self._train_round()
         except RoundAborted as e:
             self.round += 1
+            self.rounds_aborted += 1
             return {"train_loss": float("nan"), "clients": 0, "aborted": str(e)}
+
+    def _client_jobs(self, session: RoundSession):
+        """The round's client jobs, built lazily: payload, and the client function wrapped innermost-first by the
+        callbacks (canaries), the layers (clip, noise share) and the session (mask, encrypt)."""
+        for cid in session.cohort:
+            client = self.fed.clients[cid]
+            payload = self.algorithm.downlink(self.theta, self.W, client.known_labels.to(self.W.device))
+            gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, self.round, int(cid)))
+
+            def train(p, d, g=gen, cid=cid):
+                reply = self.trainer.update(p, d, self.local, g)
+                self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
+                return reply
+
+            for cb in self.callbacks:
+                train = cb.client_mod(train)
+            yield ClientJob(int(cid), payload, session.client_mod(self.stack.client_mod(train)))
 
     def _train_round(self) -> dict[str, Any]:
         cfg, algo = self.cfg, self.algorithm
@@ -267,23 +278,11 @@ class Experiment:
         chosen = sample_clients(sizes, cfg.training.client_fraction, cfg.training.sampling, cfg.seed, self.round, secret)
         base = RoundSession(cohort=[int(c) for c in chosen], theta=self.theta, W=self.W, weighting=cfg.training.aggregation)
         session = self.stack.open_round(self.round, base)
-        for cid in session.cohort:
-            client = self.fed.clients[cid]
-            payload = algo.downlink(self.theta, self.W, client.known_labels.to(self.W.device))
-            gen = torch.Generator().manual_seed(client_seed(cfg.seed, self.round, int(cid)))
-
-            def train(p, d, g=gen, cid=cid):
-                reply = self.trainer.update(p, d, self.local, g)
-                self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
-                return reply
-
-            if self.canaries is not None:
-                train = self.canaries.client_mod(train)
-            fn = session.client_mod(self.stack.client_mod(train))
-            session.submit(cid, self._training_exchange(cid, payload, fn))
+        for cid, wire in self.executor.run(self._client_jobs(session), self._training_exchange):
+            session.submit(cid, wire)
         agg = session.finish()
-        if self.tap is not None:
-            self.tap.on_aggregate(self.round, list(session.cohort), agg.theta_sum if agg.num_clients else None)
+        for cb in self.callbacks:
+            cb.on_aggregate(self.round, list(session.cohort), agg)
         if agg.num_clients > 0 or agg.theta_denominator is not None:
             self.server_opt.step(self.theta, agg.theta_mean())
             if algo.trains_rows:
@@ -296,171 +295,58 @@ class Experiment:
         labels = [self.fed.clients[int(c)].known_labels for c in session.cohort]
         participating = torch.unique(torch.cat(labels)).to(self.W.device) if labels else torch.zeros(0, dtype=torch.long)
         stats = algo.server_step(self.W, self.round, participating)
+        self.stack.after_round(self.round)
         self.round += 1
         loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
         return {"train_loss": loss, "clients": agg.num_clients, **stats, **self.stack.round_stats()}
 
-    def privacy_now(self) -> dict[str, Any]:
-        """ε and δ now: per DP unit, plus the primary unit's values at the top (ε = ∞ without DP)."""
-        units = self.stack.privacy()
-        if not units:
-            return {"epsilon": "inf", "delta": None}
-        primary = "instance" if "instance" in units else "client"
-        out: dict[str, Any] = {"epsilon": units[primary]["epsilon"], "delta": units[primary]["delta"], "unit": primary}
-        for name, u in units.items():
-            out[name] = {"epsilon": u["epsilon"], "delta": u["delta"], "steps": u["steps"]}
-        return out
-
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, split: str = "test") -> dict[str, float]:
+        """Metrics of the current θ, W on the test split, or on a centralised baseline's validation split."""
+        x, y = (self.fed.x_test, self.fed.y_test) if split == "test" else (self.fed.x_val, self.fed.y_val)
         for n, p in self.encoder.named_parameters():
             p.copy_(self.theta[n])
         self.encoder.eval()
         Wn = F.normalize(self.W, dim=-1)
-        chunks = [F.normalize(self.encoder(xb), dim=-1) @ Wn.T for xb in torch.split(self.fed.x_test, 2048)]
+        chunks = [F.normalize(self.encoder(xb), dim=-1) @ Wn.T for xb in torch.split(x, 2048)]
         scores = torch.cat(chunks).float().cpu().numpy()
         ks = tuple(self.cfg.evaluation.ks)
-        return evaluate_scores(scores, self.fed.y_test, ks=ks, threshold=self.cfg.evaluation.threshold)
+        return evaluate_scores(scores, y, ks=ks, threshold=self.cfg.evaluation.threshold)
 
-    # ------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": CHECKPOINT_VERSION,
-            "round": self.round,
-            "theta": {n: t.cpu() for n, t in self.theta.items()},
-            "W": self.W.cpu(),
-            "server_opt": _to_cpu(self.server_opt.state_dict()),
-            "row_opt": _to_cpu(self.row_opt.state_dict()),
-            "algorithm": _to_cpu(self.algorithm.state_dict()),
-            "protocols": self.stack.state_dict(),
-            "setup_facts": self.setup_facts,
-            "history": self.history,
-            "diagnostics": self.diagnostics,
-            "wall_seconds": self.wall_before,
-        }
+    def _selection_metric(self) -> str:
+        return f"P@{min(self.cfg.evaluation.ks)}"
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.round = sd["round"]
-        self.theta = {n: t.to(self.device) for n, t in sd["theta"].items()}
-        self.W = sd["W"].to(self.device)
-        self.server_opt.load_state_dict(sd["server_opt"], self.device)
-        self.row_opt.load_state_dict(sd["row_opt"], self.device)
-        if sd["setup_facts"] is not None:
-            self.algorithm.load_state_dict(sd["algorithm"])
-        self.setup_facts = sd["setup_facts"]
-        self.stack.load_state_dict(sd.get("protocols", {}))
-        self.history = sd["history"]
-        self.diagnostics = sd.get("diagnostics", [])
-        self.wall_before = sd["wall_seconds"]
+    def _select_on_validation(self, diagnostics: dict[str, Any]) -> None:
+        """Centralised baselines: keep the evaluated epoch with the best validation score (training data only)."""
+        if self.fed.x_val is None:
+            return
+        key = self._selection_metric()
+        score = self.evaluate("val")[key]
+        diagnostics[f"validation_{key}"] = score  # a statistic of training data: private
+        if self.best is None or score > self.best["score"]:
+            self.best = {"round": self.round, "score": score, "theta": {n: t.clone() for n, t in self.theta.items()},
+                         "W": self.W.clone()}  # fmt: skip
 
-    def client_state_dict(self) -> dict[str, Any]:
-        """What the clients (and the simulator) keep on their own side: protocol secrets, the label re-indexing."""
-        return {"protocols": self.stack.client_state_dict(), "label_perm": self.label_perm}
-
-    def save_checkpoint(self, name: str = "last.pt") -> Path:
-        ckpt_dir = self.run_dir / "checkpoints"
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        files = [
-            (name, self.state_dict()),
-            ("clients.pt", self.client_state_dict()),  # the clients' own storage
-            ("server_secrets.pt", {"protocols": self.stack.secret_state_dict()}),  # the server's private keys (DP noise)
-        ]
-        if self.tap is not None:  # the server's recorded view, and the auditor's secrets, kept apart
-            files.append(("server_view.pt", self.tap.state_dict()))
-        if self.canaries is not None:
-            files.append(("auditor.pt", {"canaries": self.canaries.state_dict()}))
-        for fname, state in files:
-            tmp = ckpt_dir / (fname + ".tmp")
-            torch.save(state, tmp)
-            tmp.replace(ckpt_dir / fname)
-        return ckpt_dir / name
-
-    def resume(self) -> bool:
-        """Load ``checkpoints/last.pt`` if present; returns whether it did."""
-        path = self.run_dir / "checkpoints" / "last.pt"
-        if not path.is_file():
-            return False
-        clients = self.run_dir / "checkpoints" / "clients.pt"
-        if clients.is_file():
-            cs = torch.load(clients, map_location="cpu", weights_only=False)
-            self.stack.load_client_state_dict(cs["protocols"])
-            if cs["label_perm"] is not None:
-                self.permute_labels(cs["label_perm"])
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
-        secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
-        if secrets.is_file():
-            self.stack.load_secret_state_dict(torch.load(secrets, map_location="cpu", weights_only=False)["protocols"])
-        tap = self.run_dir / "checkpoints" / "server_view.pt"
-        if self.tap is not None and tap.is_file():
-            self.tap.load_state_dict(torch.load(tap, map_location="cpu", weights_only=False))
-        auditor = self.run_dir / "checkpoints" / "auditor.pt"
-        if self.canaries is not None and auditor.is_file():
-            from threat_models.canaries import DiracCanaries
-
-            self.canaries = DiracCanaries.from_state_dict(torch.load(auditor, map_location="cpu", weights_only=False)["canaries"])
-        return True
-
-    # -------------------------------------------------------------------- run
-    def _write_metrics(self) -> None:
-        """``metrics.jsonl`` (released) and ``private/diagnostics.jsonl`` (the operator's only)."""
-        private = self.run_dir / PRIVATE_DIR
-        private.mkdir(exist_ok=True)
-        for path, recs in ((self.run_dir / "metrics.jsonl", self.history), (private / "diagnostics.jsonl", self.diagnostics)):
-            with path.open("w") as fh:
-                for rec in recs:
-                    fh.write(json.dumps(rec) + "\n")
-
-    def summary(self, wall: float, status: str) -> dict[str, Any]:
-        last = next((h for h in reversed(self.history) if "P@1" in h), {})
-        metric_keys = [k for k in last if k not in PUBLIC_ROUND_KEYS]
-        return {
-            "algorithm": self.cfg.algorithm.name,
-            "dataset": self.dataset.name,
-            "rounds_completed": self.round,
-            "rounds_planned": self.cfg.training.rounds,
-            "status": status,
-            "final": {k: last[k] for k in metric_keys},
-            "W_mean_cos": last.get("W_mean_cos"),
-            "privacy": self.privacy_summary(),
-            "protocols": list(self.cfg.protocols),
-            "stop_reason": self.stop_reason,
-            "wall_seconds": wall,
-            "seconds_per_round": wall / max(self.round, 1),
-            "device": str(self.device),
-            "num_clients": len(self.fed.clients),
-        }
-
-    def privacy_summary(self) -> dict[str, Any]:
-        units = self.stack.privacy()
-        if not units:
-            return {"epsilon": "inf", "delta": None, "note": "no differential privacy mechanism in this run"}
-        now = self.privacy_now()
-        out = {"epsilon": now["epsilon"], "delta": now["delta"], "unit": now["unit"], "units": units}
-        warnings = sorted({u["warning"] for u in units.values() if "warning" in u})
-        if warnings:
-            out["warning"] = "; ".join(warnings)
-        return out
-
-    def private_summary(self) -> dict[str, Any]:
-        """Statistics of private data for the operator (``private/summary.json``): never released."""
-        return {
-            "setup": self.setup_facts,
-            "protocols": self.stack.private_report(),
-            "last_round": self.diagnostics[-1] if self.diagnostics else None,
-        }
+    def _restore_selected(self) -> None:
+        """Report the selected epoch: θ, W back to the best validation snapshot, then its test metrics."""
+        if self.best is None:
+            return
+        self.theta = {n: t.clone() for n, t in self.best["theta"].items()}
+        self.W = self.best["W"].clone()
+        self.selected = {"round": self.best["round"], "metrics": self.evaluate(), "W_mean_cos": mean_pairwise_cosine(self.W)}
 
     def run(self, *, progress: bool | None = None) -> RunResult:
+        """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files."""
         cfg = self.cfg
+        check_writable_dir(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         progress = cfg.output.progress if progress is None else progress
+        callbacks = [*self.callbacks, *([ProgressBar()] if progress else [])]
         t0 = time.perf_counter()
         self.setup()
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=cfg.training.rounds, initial=self.round, desc=f"{cfg.algorithm.name}", unit="round", mininterval=1.0)
+        for cb in callbacks:
+            cb.on_run_start(self)
         status = "completed"
         try:
             while self.round < cfg.training.rounds:
@@ -469,42 +355,51 @@ class Experiment:
                     status, self.stop_reason = "budget_exhausted", why
                     break
                 stats = self.train_round()
-                self.diagnostics.append({"round": self.round, **stats})
+                diag = {"round": self.round, **stats}
+                if not self._parameters_finite():
+                    status = "diverged"
+                    self.stop_reason = (
+                        f"training diverged in round {self.round}: θ or W became non-finite (lower the learning rates "
+                        "or the regulariser's step)"
+                    )
+                    self.diagnostics.append(diag)
+                    break
                 rec: dict[str, Any] = {"round": self.round}
                 if self.round % cfg.evaluation.every == 0 or self.round == cfg.training.rounds:
                     rec.update(self.evaluate())
                     rec["W_mean_cos"] = mean_pairwise_cosine(self.W)
-                rec["wall_seconds"] = self.wall_before + time.perf_counter() - t0
+                    self._select_on_validation(diag)
+                diag["wall_seconds"] = self.wall_before + time.perf_counter() - t0
                 rec["privacy"] = self.privacy_now()
                 self.history.append(rec)
-                self._write_metrics()
-                if bar is not None:
-                    post = {"loss": f"{stats['train_loss']:.4f}"}
-                    last = self.history[-1] if self.history else {}
-                    if "P@1" in last:
-                        post["P@1"] = f"{last['P@1']:.2f}"
-                        post["cos(W)"] = f"{last['W_mean_cos']:.3f}"
-                    bar.set_postfix(post)
-                    bar.update(1)
+                self.diagnostics.append(diag)
+                for cb in callbacks:
+                    cb.on_round_end(self, rec, diag)
                 if self.round % cfg.output.checkpoint_every == 0 and self.round < cfg.training.rounds:
                     self.wall_before += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     self.save_checkpoint()
         except KeyboardInterrupt:
             status = "interrupted"
-        finally:
-            if bar is not None:
-                bar.close()
-        if status == "budget_exhausted" and self.history and "P@1" not in self.history[-1]:
+        if status == "completed" and self.round > 0 and self.rounds_aborted >= self.round:
+            status = "failed"
+            self.stop_reason = (
+                f"no round completed: all {self.round} rounds aborted (a protocol could not finish them; "
+                "the reasons are in private/diagnostics.jsonl)"
+            )
+        for cb in callbacks:
+            cb.on_run_end(self, status)
+        if status == "budget_exhausted" and self.history and not evaluated(self.history[-1]):
             self.history[-1].update(self.evaluate())  # the model as released at the stop
             self.history[-1]["W_mean_cos"] = mean_pairwise_cosine(self.W)
-            self._write_metrics()
+            self.callback("metrics_files").rewrite(self)
         self.wall_before += time.perf_counter() - t0
         self.save_checkpoint()
         if status in ("completed", "budget_exhausted"):
+            self._restore_selected()
             self.save_checkpoint("final.pt")
-        summary = self.summary(self.wall_before, status)
+        summary, private = self.summary(status), self.private_summary()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         (self.run_dir / PRIVATE_DIR).mkdir(exist_ok=True)
-        (self.run_dir / PRIVATE_DIR / "summary.json").write_text(json.dumps(self.private_summary(), indent=2, default=str))
-        return RunResult(self.run_dir, summary, self.history, self.messages)
+        (self.run_dir / PRIVATE_DIR / "summary.json").write_text(json.dumps(private, indent=2, default=str))
+        return RunResult(self.run_dir, summary, self.history, self.messages, private)

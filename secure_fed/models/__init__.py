@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from secure_fed.catalog import MODELS as CATALOG
 from secure_fed.models.encoders import (
     MLPEncoder,
     SparseTextEncoder,
@@ -13,10 +14,7 @@ from secure_fed.models.encoders import (
 )
 from secure_fed.models.preprocess import Preprocessor
 
-MODELS = {
-    "sparse_text": "the FedALC/FedAwS text network: linear embedding 512, then 1024-1024-512 (ReLU after the first two)",
-    "mlp": "ReLU MLP for dense numeric features",
-}
+MODELS = CATALOG
 
 
 def build_encoder(name: str, in_dim: int, *, embedding_dim: int, hidden_dims: list[int], embed_dim: int = 512) -> nn.Module:

@@ -33,7 +33,7 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
 def _lines(run: Path) -> list[dict]:
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for x in lines:
-        x.pop("wall_seconds")
+        x.pop("wall_seconds", None)
     return lines
 
 

@@ -117,8 +117,71 @@ def test_guard_stops_a_client_that_uploads_features_or_lies_about_its_label(tmp_
 
     with pytest.raises(PrivacyViolation, match="do not belong"):
         exp._exchange(0, payload, other_row)
+    # fedaws collects no label sets, so a token request is not even a message it may send
+    with pytest.raises(PrivacyViolation, match="not allowed"):
+        exp._exchange(0, {"tokenizer": "sha256"}, lambda p, d: {"tokens": [b"x" * 32], "label": 0})
+    fedalc = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path / "fedalc")
     with pytest.raises(PrivacyViolation, match="own label"):
-        exp._exchange(0, {"tokenizer": "sha256"}, lambda p, d: {"tokens": [b"x" * 32], "label": 3})
+        fedalc._exchange(0, {"tokenizer": "sha256"}, lambda p, d: {"tokens": [b"x" * 32], "label": 3})
     with pytest.raises(PrivacyViolation, match="shape"):
         bad_theta = {k: torch.zeros(1) for k in exp.theta}
         exp._exchange(0, {**payload, "theta": bad_theta}, honest)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The checks on the training path itself (remove any one of them in a scratch copy and one of these fails).
+def test_guard_stops_a_leaky_client_on_the_training_path(tmp_path):
+    """The client's own update is checked before any protocol layer, inside the round (not only at setup)."""
+    exp = Experiment(small_config("algorithm.name=fedaws"), run_dir=tmp_path)
+    exp.setup()
+    honest = exp.trainer.update
+
+    def foreign_row(payload, data, hp, gen):
+        reply = honest(payload, data, hp, gen)
+        other = (int(data.client_id) + 1) % len(exp.fed.clients)
+        return {**reply, "row_ids": torch.tensor([other])}
+
+    exp.trainer.update = foreign_row
+    with pytest.raises(PrivacyViolation, match="do not belong"):
+        exp.train_round()
+
+    def features(payload, data, hp, gen):
+        return {**honest(payload, data, hp, gen), "features": data.x}
+
+    exp.trainer.update = features
+    with pytest.raises(PrivacyViolation, match="not allowed"):
+        exp.train_round()
+
+
+def test_every_update_the_server_receives_under_client_dp_is_clipped(tmp_path):
+    """The wire (what the server receives) under client DP: each client's whole update has norm ≤ S."""
+    S = 1e-3  # far below a client's real update norm, so an unclipped update would show
+    cfg = small_config("algorithm.name=fedaws", 'protocols=["dp"]', "output.log_messages=true", "training.client_lr=0.5",
+                       f'privacy.client={{"noise_multiplier": 1.0, "clip_norm": {S}}}', "training.rounds=1")  # fmt: skip
+    exp = Experiment(cfg, run_dir=tmp_path)
+    exp.setup()
+    exp.train_round()
+    ups = [m["message"] for m in exp.messages if m["direction"] == "up" and "theta_delta" in m["message"]]
+    assert len(ups) == len(exp.fed.clients)
+    for msg in ups:
+        sq = sum(float(t.double().pow(2).sum()) for t in msg["theta_delta"].values())
+        sq += float(msg["rows_delta"].double().pow(2).sum()) if "rows_delta" in msg else 0.0
+        assert sq**0.5 <= S * (1 + 1e-5)
+
+
+def test_secure_aggregation_uplinks_are_masked_words_not_encoded_updates(tmp_path):
+    """Under secure aggregation the server receives uniformly masked words: decoded as fixed-point they are
+    astronomically large, where a real (clipped to ±R) update would decode to |x| ≤ R."""
+    cfg = small_config("algorithm.name=fedaws", 'protocols=["secure_aggregation"]', "output.log_messages=true",
+                       "training.rounds=1")  # fmt: skip
+    exp = Experiment(cfg, run_dir=tmp_path)
+    exp.setup()
+    exp.train_round()
+    wires = [m["message"]["masked"] for m in exp.messages if m["direction"] == "up" and "masked" in m["message"]]
+    assert len(wires) == len(exp.fed.clients)
+    R, f = exp.cfg.secure_aggregation.clip_range, exp.cfg.secure_aggregation.frac_bits
+    for y in wires:
+        signed = y.astype(np.int64).astype(np.float64) / 2.0**f
+        assert np.median(np.abs(signed)) > 1e3 * R  # an unmasked encoding would stay within ±R
+        top = (y >> np.uint64(63)).astype(float)
+        assert abs(top.mean() - 0.5) < 0.1  # the top bit of a uniform word is a fair coin

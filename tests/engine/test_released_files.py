@@ -20,11 +20,12 @@ from secure_fed.engine import Experiment
 from tests.conftest import DP_CONFIGS, small_config
 
 EVAL = {"mAP", "O-AP", "C-P", "C-R", "C-F1", "O-P", "O-R", "O-F1"} | {f"{m}@{k}" for m in ("P", "nDCG") for k in (1, 3, 5)}
-METRICS_LINE = {"round", "wall_seconds", "W_mean_cos", "privacy"} | EVAL
+METRICS_LINE = {"round", "W_mean_cos", "privacy"} | EVAL
 METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client"}
 METRICS_UNIT = {"epsilon", "delta", "steps"}
-SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "status", "final", "W_mean_cos", "privacy",
-           "protocols", "stop_reason", "wall_seconds", "seconds_per_round", "device", "num_clients"}  # fmt: skip
+# rounds_aborted: how many rounds a protocol could not finish (dropouts below the secure sum's threshold)
+SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds_aborted", "status", "final", "W_mean_cos",
+           "privacy", "protocols", "stop_reason", "device", "num_clients", "dropped_labels"}  # fmt: skip
 SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning"}
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
         "target_epsilon", "sigma_calibrated", "scope", "not_covered", "sensitivity", "sensitivity_note", "adversaries",
@@ -82,8 +83,14 @@ def test_released_files_hold_only_public_or_dp_protected_values(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["client_noise_secagg", "both_units_keyed_ckks_gdp_seeded"])
 def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, name):
-    exp = Experiment(small_config(*DP_CONFIGS[name], "training.rounds=2"), run_dir=tmp_path)
+    """Searched: every file of the run directory (with the server's recorded view), and every message logged."""
+    import pickle
+
+    ov = [*DP_CONFIGS[name], "training.rounds=2", "output.log_messages=true", "attacks.run=[update_inversion]"]
+    exp = Experiment(small_config(*ov), run_dir=tmp_path)
     exp.run(progress=False)
+    assert (tmp_path / "checkpoints" / "server_view.pt").is_file()
+    (tmp_path / "messages.pkl").write_bytes(pickle.dumps(exp.messages, protocol=4))  # searched with the files below
     dp = next(layer for layer in exp.stack.layers if isinstance(layer, DifferentialPrivacy))
     server_key = dp.server_stream.state_dict()["key"]
     client_keys = [s.state_dict()["key"] for s in dp._client_streams.values()]

@@ -15,7 +15,7 @@ def test_run_directory_contents(tmp_path):
     assert {p.name for p in tmp_path.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints"}
     assert (tmp_path / "checkpoints" / "final.pt").is_file()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("algorithm", "dataset", "rounds_completed", "final", "privacy", "wall_seconds"):
+    for key in ("algorithm", "dataset", "rounds_completed", "final", "privacy"):
         assert key in summary
     assert summary["privacy"]["epsilon"] == "inf"
     assert {"P@1", "P@3", "P@5", "mAP"} <= set(summary["final"])
@@ -88,3 +88,22 @@ def test_server_optimizer_on_rows_touches_only_participating_rows(tmp_path):
     moved = (exp.W - W0).norm(dim=1) > 0
     assert int(moved.sum()) == 2
     assert torch.allclose(exp.W[moved].norm(dim=1), torch.ones(2))
+
+
+def test_a_run_in_which_every_round_aborts_fails_and_says_why(tmp_path):
+    """Dropout so high that no secure sum completes: the run must not say it trained."""
+    from tests.config.test_bad_input import cli
+    from tests.conftest import SMALL
+
+    args = [x for o in [*SMALL, "algorithm.name=fedavg", 'protocols=["secure_aggregation"]',
+                        "secure_aggregation.dropout=0.95", "training.rounds=3"] for x in ("--set", o)]  # fmt: skip
+    code, out, err = cli("run", "--out", str(tmp_path / "run"), *args)
+    assert code == 1 and err.count("\n") == 1 and err.startswith("error: no round completed"), err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_aborted"] == 3 and summary["rounds_completed"] == 3
+    assert "aborted" in summary["stop_reason"]
+
+
+def test_evaluation_cut_offs_without_one_work(tmp_path):
+    res = Experiment(small_config("evaluation.ks=[3,5]"), run_dir=tmp_path).run(progress=False)
+    assert {"P@3", "P@5", "nDCG@3", "mAP"} <= set(res.summary["final"]) and "P@1" not in res.summary["final"]

@@ -16,7 +16,7 @@ from protocols.keyed_hashing import keyed_token, quantized_embedding_bytes
 from secure_fed.algorithms.label_sets import Sha256Tokenizer, canonical_instance_bytes
 from secure_fed.algorithms.regularizers import correlation_gamma, correlation_sigma
 from secure_fed.engine import Experiment
-from secure_fed.engine.guard import PROTOCOL_UP_KEYS
+from secure_fed.specs import layer_specs
 from tests.conftest import small_config
 
 
@@ -184,7 +184,7 @@ def test_server_sees_no_individual_update(tmp_path, layer):
     e = Experiment(small_config("algorithm.name=fedaws", f'protocols=["{layer}"]', "training.rounds=1",
                                 "output.log_messages=true"), run_dir=tmp_path)  # fmt: skip
     e.run(progress=False)
-    setup_keys = PROTOCOL_UP_KEYS  # public keys, sealed secret contexts, the public context
+    setup_keys = set().union(*(spec.uplink_keys for spec in layer_specs().values()))  # public keys, sealed, contexts
     ups = [m["message"] for m in e.messages if m["direction"] == "up" and m["message"] and not (set(m["message"]) & setup_keys)]
     plaintext = {"theta_delta", "rows_delta", "num_examples", "loss"}
     assert len(ups) == len(e.fed.clients) and all(not (plaintext & set(m)) for m in ups)
@@ -201,7 +201,7 @@ def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path):
     b.run(progress=False)
     for n in a.theta:
         assert (a.theta[n] - b.theta[n]).norm() <= 1e-4 * a.theta[n].norm(), n
-    assert a.summary(0, "x")["privacy"] == b.summary(0, "x")["privacy"]
+    assert a.summary("x")["privacy"] == b.summary("x")["privacy"]
 
 
 @pytest.mark.parametrize("pseudonyms", [True, False])

@@ -178,3 +178,13 @@ def test_update_inversion_recovers_vocabularies_from_single_updates_but_not_from
     else:
         assert "individual" not in r["metrics"] and r["details"]["uplinks"] == "masked"
         assert r["metrics"]["f1"] < 0.9 and r["metrics"]["f1"] <= r["chance"]["f1"] + 0.05
+
+
+def test_replacement_privacy_is_group_privacy_over_two_changes():
+    """Replacing a unit = removing it, then adding another: (2ε, δ + e^ε·δ) from add/remove (ε, δ)."""
+    from threat_models.attacks.one_run_audit import replacement_privacy
+
+    for eps, delta in ((0.5, 1e-5), (1.0, 1e-6), (4.0, 1e-5)):
+        e2, d2 = replacement_privacy(eps, delta)
+        assert e2 == pytest.approx(2 * eps) and d2 == pytest.approx(delta + math.exp(eps) * delta)
+    assert replacement_privacy(math.inf, 1e-5)[0] == math.inf

@@ -19,15 +19,12 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch.nn import functional as F
 
-from threat_models.base import Attack, AttackResult, Role, label_of_row
+from threat_models.base import Attack, AttackResult, label_of_row
+from threat_models.specs import EMBEDDING_IDENTIFICATION
 
 
 class EmbeddingIdentification(Attack):
-    name = "embedding_identification"
-    role = Role.SERVER
-    needs = "θ and the W rows (or one client's row); auxiliary labelled data (the public test split)"
-    defended_by = "dp (privacy.client)"
-    description = "name each class-embedding row by its similarity to public per-label centroids of g(x)"
+    spec = EMBEDDING_IDENTIFICATION
 
     def prepare(self, ctx):
         aux = {

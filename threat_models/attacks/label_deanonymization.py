@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from threat_models.base import Attack, AttackResult, Role, label_of_row
+from threat_models.base import Attack, AttackResult, label_of_row
+from threat_models.specs import LABEL_DEANONYMIZATION
 
 
 def _stats(Y: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -57,11 +58,7 @@ def match_by_cooccurrence(Y_server: np.ndarray, Y_public: np.ndarray, *, iterati
 
 
 class LabelDeanonymization(Attack):
-    name = "label_deanonymization"
-    role = Role.SERVER
-    needs = "the merged label sets (rows = W rows); public label co-occurrence from a disjoint split"
-    defended_by = "none fully: keyed_hashing pseudonyms hide names only up to co-occurrence structure"
-    description = "match pseudonymised W rows to label names by frequency and co-occurrence graph matching"
+    spec = LABEL_DEANONYMIZATION
 
     def applies(self, ctx) -> str | None:
         if getattr(ctx.exp.algorithm, "label_sets", None) is None:

@@ -43,7 +43,8 @@ import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 from torch.nn import functional as F
 
-from threat_models.base import Attack, AttackResult, Role
+from threat_models.base import Attack, AttackResult
+from threat_models.specs import MEMBERSHIP_INFERENCE
 
 SCALE = 16.0
 #: the paper's advice: below this many shadows, one global σ per side (fixed-variance LiRA)
@@ -161,11 +162,7 @@ def lira_offline(phi, shadow_scores, inside, *, fixed_variance: bool | None = No
 
 
 class MembershipInference(Attack):
-    name = "membership_inference"
-    role = Role.OBSERVER
-    needs = "the released θ and W; the target instances with their labels; for LiRA, the training recipe (public config)"
-    defended_by = "dp (privacy.client; the instance unit covers only W's label-set step)"
-    description = "LOSS threshold and LiRA (online and offline) with shadow runs; AUC, TPR at low FPR, log-scale ROC"
+    spec = MEMBERSHIP_INFERENCE
 
     def prepare(self, ctx):
         ds, fed = ctx.dataset, ctx.fed

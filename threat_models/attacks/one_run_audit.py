@@ -30,7 +30,8 @@ import math
 import numpy as np
 from scipy import stats
 
-from threat_models.base import Attack, AttackResult, Role
+from threat_models.base import Attack, AttackResult
+from threat_models.specs import ONE_RUN_AUDIT
 
 
 def p_value(*, m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -70,19 +71,15 @@ def epsilon_lower_bound(*, m: int, r: int, v: int, delta: float, level: float) -
 
 
 class OneRunAudit(Attack):
-    name = "one_run_audit"
-    role = Role.AUDITOR
-    needs = "canaries inserted during training (attacks.one_run_audit.canaries > 0), θ⁰ and the released θ"
-    defended_by = "dp (privacy.client)"
-    description = "Steinke et al. one-run audit with Dirac canaries: an empirical ε lower bound at 95% confidence"
+    spec = ONE_RUN_AUDIT
 
     def applies(self, ctx) -> str | None:
-        if ctx.exp.canaries is None:
+        if ctx.canaries is None:
             return "no canaries were inserted (set attacks.run to include one_run_audit, canaries > 0, before training)"
         return None
 
     def prepare(self, ctx):
-        c = ctx.exp.canaries
+        c = ctx.canaries
         st = c.state_dict()
         secret = {k: v for k, v in st.items() if k != "included"}  # the guess must not read the bits
         from threat_models.canaries import DiracCanaries

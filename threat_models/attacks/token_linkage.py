@@ -22,20 +22,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from secure_fed.algorithms.label_sets import Sha256Tokenizer
-from threat_models.base import Attack, AttackResult, Role
+from threat_models.base import Attack, AttackResult
+from threat_models.specs import TOKEN_LINKAGE
 
 
 class TokenLinkage(Attack):
-    name = "token_linkage"
-    role = Role.SERVER
-    needs = "the label-set replies it received; a candidate pool holding part of the training instances plus distractors"
-    defended_by = "keyed_hashing"
-    description = "recompute public SHA-256 tokens of candidate instances and link them to label sets and clients"
+    spec = TOKEN_LINKAGE
 
     def applies(self, ctx) -> str | None:
         if getattr(ctx.exp.algorithm, "label_sets", None) is None:
             return f"{ctx.cfg.algorithm.name} collects no label sets"
-        if ctx.exp.tap is None:
+        if ctx.tap is None:
             return "the run recorded no server view (set attacks.run before training)"
         return None
 

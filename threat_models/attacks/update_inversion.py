@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from threat_models.base import Attack, AttackResult, Role
+from threat_models.base import Attack, AttackResult
+from threat_models.specs import UPDATE_INVERSION
 
 
 def support(delta, tol: float = 0.0) -> np.ndarray:
@@ -43,14 +44,10 @@ def prf(guess: np.ndarray, true: np.ndarray) -> tuple[float, float, float]:
 
 
 class UpdateInversion(Attack):
-    name = "update_inversion"
-    role = Role.SERVER
-    needs = "the uplinks of one round as they cross the wire (the last round run); public feature frequencies"
-    defended_by = "secure_aggregation or ckks (the server gets only the cohort's sum)"
-    description = "recover each client's vocabulary from the first-layer columns its update touches"
+    spec = UPDATE_INVERSION
 
     def applies(self, ctx) -> str | None:
-        tap = ctx.exp.tap
+        tap = ctx.tap
         if tap is None or tap.capture is None:
             return "the run recorded no round of uplinks (set attacks.run before training)"
         if ctx.dataset.feature_kind != "sparse":
@@ -60,7 +57,7 @@ class UpdateInversion(Attack):
     def prepare(self, ctx):
         test = ctx.dataset.test.features
         doc_freq = np.asarray((test != 0).sum(axis=0)).ravel()
-        cohort = ctx.exp.tap.capture["cohort"]
+        cohort = ctx.tap.capture["cohort"]
         vocab = {}
         for cid in cohort:
             raw = ctx.fed.clients[cid].raw

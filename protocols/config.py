@@ -1,0 +1,100 @@
+"""The YAML sections the protocol layers own: ``privacy``, ``keyed_hashing``, ``secure_aggregation``, ``ckks``.
+
+Pydantic models only (no torch): they register with the core's schema through the
+``secure_fed.config_sections`` entry points, so ``secure-fed validate`` checks them without
+importing a layer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class _DPUnitConfig(_Strict):
+    clip_norm: float = Field(1.0, gt=0.0, le=1e12, description="L2 clipping bound C (per privacy unit's contribution)")
+    noise_multiplier: float | None = Field(
+        None, gt=0.0, le=1e6, description="σ; noise std is σ·C. Omit to calibrate from target_epsilon"
+    )
+    target_epsilon: float | None = Field(
+        None, gt=0.0, le=1e6, description="budget: calibrates σ if noise_multiplier is unset; enforced"
+    )
+
+
+class InstanceDPConfig(_DPUnitConfig):
+    """DP-SGD on the server's class-embedding update (FedALC eq. 11, FedALC-fixed eq. 12); the unit is a label set."""
+
+    sample_rate: float = Field(0.1, gt=0.0, le=1.0, description="q: Poisson sampling rate of label sets per server step")
+
+
+class ClientDPConfig(_DPUnitConfig):
+    """DP-FedAvg: each client's whole update (θ and its rows) clipped to C, Gaussian noise on the sum."""
+
+    noise: Literal["server", "clients"] = Field(
+        "server",
+        description="server: the server adds N(0, σ²C²) to the sum (trusted with the un-noised sum); clients: each "
+        "client adds N(0, σ²C²/t) before a secure sum of ≥ t updates (needs secure_aggregation or ckks)",
+    )
+
+
+class PrivacyConfig(_Strict):
+    """Differential privacy settings; active only when ``dp`` is listed in ``protocols``."""
+
+    delta: float = Field(1e-5, gt=0.0, lt=1.0)
+    accountant: Literal["rdp", "prv"] = Field("rdp", description="the accountant that calibrates σ, stops and reports")
+    report_gdp: bool = Field(
+        False, description="also report Opacus's GDP ε (an approximation that can understate ε; never used to calibrate or stop)"
+    )
+    noise_seed: int | None = Field(
+        None,
+        description="debugging only: derive every DP noise and sampling draw from this number, so runs repeat; the ε then "
+        "does not hold against anyone who knows it. Default: fresh secrets from os.urandom, kept in private checkpoints",
+    )
+    instance: InstanceDPConfig | None = None
+    client: ClientDPConfig | None = None
+
+    @field_validator("accountant", mode="before")
+    @classmethod
+    def _no_gdp(cls, v):
+        if v == "gdp":
+            raise ValueError(
+                "gdp is an approximation that can understate ε (at σ 1.23, q 0.1, 50 steps: GDP 2.84 against PRV 3.53), "
+                "so it may not calibrate σ or stop training; use rdp or prv, and set privacy.report_gdp: true to see it"
+            )
+        return v
+
+
+class KeyedHashingConfig(_Strict):
+    pseudonymize_labels: bool = Field(True, description="label pseudonyms HMAC(run key, 'label:'+name); rows in keyed order")
+
+
+class SecureAggregationConfig(_Strict):
+    threshold: float = Field(0.6, gt=0.0, le=1.0, description="t as a fraction of each client's neighbourhood (incl. itself)")
+    neighbors: int | None = Field(None, ge=2, description="SecAgg+ neighbours per client; null = complete graph (SecAgg)")
+    clip_range: float = Field(1.0e4, gt=0.0, le=1e12, description="values are clipped to [-R, R] before fixed-point encoding")
+    frac_bits: int = Field(24, ge=4, le=40, description="fixed-point fractional bits")
+    modulus_bits: int = Field(64, ge=16, le=64, description="arithmetic modulo 2^bits")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated probability that a client drops at each stage")
+
+
+class CKKSConfig(_Strict):
+    poly_modulus_degree: int = Field(8192, description="power of two, ≥ 4096")
+    coeff_mod_bit_sizes: list[int] = Field(default_factory=lambda: [60, 40, 40, 60])
+    global_scale_bits: int = Field(40, ge=20, le=60, description="global scale 2^bits")
+    key_holders: int = Field(3, ge=1, description="clients (smallest ids) that hold the secret key and decrypt sums")
+    encrypt: list[str] = Field(
+        default_factory=lambda: ["all"],
+        description="parameter groups to encrypt: 'all', 'theta', 'rows', or θ parameter-name prefixes; the rest is plaintext",
+    )
+
+    @model_validator(mode="after")
+    def _power_of_two(self) -> CKKSConfig:
+        n = self.poly_modulus_degree
+        if n < 4096 or n & (n - 1):
+            raise ValueError(f"ckks.poly_modulus_degree must be a power of two ≥ 4096, got {n}")
+        return self

@@ -1,0 +1,162 @@
+"""The protocol layers as the core sees them before a run: name, threat model, rules, implementation.
+
+Registered through the ``secure_fed.layers`` entry points (``pyproject.toml``). Light on purpose: no
+torch, no layer module is imported until a run builds its stack. Each ``validate`` gives the reason a
+config cannot run, as one line.
+"""
+
+from __future__ import annotations
+
+from secure_fed.specs import LayerSpec
+
+LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
+SECURE_SUMS = ("secure_aggregation", "ckks")
+
+
+def _validate_keyed_hashing(cfg, stack: list[str]) -> None:
+    if "keyed_hashing" in stack and cfg.algorithm.name not in LABEL_SET_ALGORITHMS:
+        raise ValueError(
+            f"keyed_hashing protects label-set collection, which {cfg.algorithm.name} does not run "
+            "(only fedalc and fedalc_fixed collect label sets)"
+        )
+
+
+def _first_step_epsilon(sigma: float, q: float, delta: float, accountant: str) -> float:
+    from protocols.dp.accountant import epsilon_of  # the accountant (Opacus) only when a target must be checked
+
+    return epsilon_of([(sigma, q, 1)], delta, accountant)
+
+
+def _validate_dp(cfg, stack: list[str]) -> None:
+    p, algo = cfg.privacy, cfg.algorithm.name
+    if "dp" not in stack:
+        if p.instance is not None or p.client is not None:
+            raise ValueError("privacy.instance / privacy.client is set but 'dp' is not listed in protocols")
+        return
+    if p.instance is None and p.client is None:
+        raise ValueError("'dp' is listed in protocols but neither privacy.instance nor privacy.client is set")
+    summing = [n for n in stack if n in SECURE_SUMS]
+    if summing and stack.index("dp") > stack.index(summing[0]):
+        raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")
+    if p.instance is not None:
+        if algo not in LABEL_SET_ALGORITHMS:
+            raise ValueError(
+                f"privacy.instance is DP-SGD on the server's label-set regulariser, which {algo} does not have "
+                "(fedaws's spreadout uses no data: it is post-processing); use privacy.client"
+            )
+        if algo == "fedalc" and cfg.algorithm.normalize_gamma:
+            raise ValueError(
+                "privacy.instance with fedalc needs algorithm.normalize_gamma: false — eq. 10 normalises γ by all "
+                "label sets, which is not a per-label-set sum; DP-SGD runs on the σ weights of eq. 9"
+            )
+    if p.client is not None:
+        t = cfg.training
+        if t.aggregation != "uniform":
+            raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
+        if p.client.noise == "clients" and not summing:
+            raise ValueError(
+                "privacy.client.noise: clients needs secure_aggregation or ckks after dp: each client adds only a "
+                "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
+            )
+        if p.client.noise == "clients" and summing == ["ckks"] and not _encrypts_everything(cfg.ckks.encrypt):
+            raise ValueError(
+                f"privacy.client.noise: clients with ckks.encrypt {cfg.ckks.encrypt} would send the unencrypted groups "
+                "in plaintext with only a 1/√n share of the noise; set ckks.encrypt: [all] (or [theta, rows])"
+            )
+        if t.client_fraction < 1.0 and t.sampling != "poisson":
+            raise ValueError(
+                "privacy.client with training.client_fraction < 1 needs training.sampling: poisson "
+                "(the accountant's subsampling amplification assumes Poisson sampling)"
+            )
+    for name, unit, q in (("instance", p.instance, getattr(p.instance, "sample_rate", None)),
+                          ("client", p.client, cfg.training.client_fraction)):  # fmt: skip
+        if unit is None or unit.noise_multiplier is None or unit.target_epsilon is None:
+            continue
+        eps1 = _first_step_epsilon(unit.noise_multiplier, q, p.delta, p.accountant)
+        if eps1 > unit.target_epsilon:
+            raise ValueError(
+                f"privacy.{name}.target_epsilon {unit.target_epsilon:g} cannot be met: one step at noise_multiplier "
+                f"{unit.noise_multiplier:g} and sample rate {q:g} already spends ε = {eps1:.4g} (δ = {p.delta:g}, "
+                f"{p.accountant}); raise noise_multiplier, or omit it to calibrate σ to the target"
+            )
+
+
+def _encrypts_everything(groups: list[str]) -> bool:
+    return "all" in groups or {"theta", "rows"} <= set(groups)
+
+
+def _validate_secure_aggregation(cfg, stack: list[str]) -> None:
+    if "secure_aggregation" in stack and cfg.secure_aggregation.threshold <= 0.5:
+        raise ValueError(
+            "secure_aggregation.threshold must exceed 0.5: with t ≤ half a neighbourhood the server can collect both "
+            "a client's self-mask shares and its key shares and unmask its input"
+        )
+
+
+#: the 128-bit-security budget of the coefficient modulus for each polynomial degree (HE standard)
+CKKS_MAX_COEFF_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+
+def _validate_ckks(cfg, stack: list[str]) -> None:
+    if "ckks" not in stack:
+        return
+    c = cfg.ckks
+    if len(c.coeff_mod_bit_sizes) < 2 or sum(c.coeff_mod_bit_sizes) > CKKS_MAX_COEFF_BITS.get(c.poly_modulus_degree, 10**6):
+        raise ValueError(
+            f"ckks.coeff_mod_bit_sizes {c.coeff_mod_bit_sizes} exceed the 128-bit-security budget for "
+            f"poly_modulus_degree {c.poly_modulus_degree}"
+        )
+
+
+KEYED_HASHING = LayerSpec(
+    name="keyed_hashing",
+    threat_model=(
+        "Stops an honest-but-curious server (or anyone holding θ⁰ and candidate instances) from recomputing instance "
+        "tokens or reading label names in FedALC's label-set collection: tokens and pseudonyms are HMACs under a run key "
+        "only clients hold (the key is sealed to public keys the server relays unauthenticated)."
+    ),
+    implementation="protocols.keyed_hashing:KeyedHashing",
+    validate=_validate_keyed_hashing,
+    downlink_keys=frozenset({"keyed_hashing", "public_keys", "sealed", "dealer", "dealer_public_key", "label_names"}),
+    uplink_keys=frozenset({"public_key", "sealed", "pseudonyms", "pseudonym"}),
+)
+
+DP = LayerSpec(
+    name="dp",
+    threat_model=(
+        "Bounds, with a tracked (ε, δ), what the released θ, W and files reveal about any one client (client-level "
+        "DP-FedAvg) or any one instance (DP-SGD on the server's W update over label sets) to an observer of the release; "
+        "noise and sampling come from secrets of the party that draws them. Against the server: the instance unit gives "
+        "nothing (it holds the label sets), the client unit holds only with noise: clients under a secure sum, without "
+        "amplification by sampling."
+    ),
+    implementation="protocols.dp.layer:DifferentialPrivacy",
+    validate=_validate_dp,
+)
+
+SECURE_AGGREGATION = LayerSpec(
+    name="secure_aggregation",
+    threat_model=(
+        "An honest-but-curious server (it relays the clients' public keys unauthenticated) learns only the round's sum of "
+        "client updates (θ, class rows, weights, losses), not any one client's nor any partial sum: the round aborts unless "
+        "≥ t of every neighbourhood survive and the survivors' graph stays connected; in the positive-only setting a class "
+        "row has one client, so its row sum is that client's row delta."
+    ),
+    implementation="protocols.secagg.layer:SecureAggregation",
+    replaces_aggregation=True,
+    validate=_validate_secure_aggregation,
+)
+
+CKKS = LayerSpec(
+    name="ckks",
+    threat_model=(
+        "The server holds only a public CKKS context and adds encrypted client updates, so it sees no individual update "
+        "of the encrypted groups; only the sum is decrypted, by key-holding clients. One secret key, not a threshold "
+        "scheme: a key holder colluding with the server decrypts every update."
+    ),
+    implementation="protocols.ckks:CKKSAggregation",
+    replaces_aggregation=True,
+    validate=_validate_ckks,
+    downlink_keys=frozenset({"ckks", "public_keys", "sealed", "dealer", "dealer_public_key"}),
+    uplink_keys=frozenset({"public_key", "sealed", "public_context"}),
+)

@@ -1,0 +1,21 @@
+"""Names and one-line descriptions of the core's algorithms and models, importable without torch.
+
+``secure-fed list`` prints these; the algorithm and model classes take their descriptions from here,
+so each is written once.
+"""
+
+from __future__ import annotations
+
+ALGORITHMS: dict[str, str] = {
+    "fedavg": "positive loss only, clients train θ and their own row; W may collapse",
+    "fedavg_fixed": "positive loss only, W frozen at its random spread-out initialisation",
+    "fedaws": "FedAvg + server spreadout regulariser with top-k negative mining (FedAwS eq. 8)",
+    "fedalc": "FedAvg + server label-correlation regulariser with top-K mining (FedALC eq. 11)",
+    "fedalc_fixed": "W trained once on the server with reg_fc (FedALC eq. 12), then fixed; clients train θ",
+    "oracle": "centralised training with all labels and negatives (upper bound)",
+}
+
+MODELS: dict[str, str] = {
+    "sparse_text": "the FedALC/FedAwS text network: linear embedding 512, then 1024-1024-512 (ReLU after the first two)",
+    "mlp": "ReLU MLP for dense numeric features",
+}

@@ -1,0 +1,136 @@
+"""Callbacks: code that observes or instruments a run without the engine knowing what it is.
+
+Plugins register factories under the ``secure_fed.callbacks`` entry points; each factory gets the
+config and returns a :class:`Callback` or ``None`` (not needed for this run). The engine calls the
+hooks below at fixed points of a round (see the README's architecture table). ``threat_models``
+uses them to record the server's view and to insert the auditor's canaries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from secure_fed.algorithms.base import ClientFn
+
+if TYPE_CHECKING:
+    from secure_fed.engine.aggregation import Aggregate
+    from secure_fed.engine.runner import Experiment, RunResult
+
+
+class Callback:
+    """Every hook does nothing by default; override the ones you need."""
+
+    #: a short name (used to find the callback on an experiment: :meth:`Experiment.callback`)
+    name: ClassVar[str] = ""
+
+    def on_init(self, exp: Experiment) -> None:
+        """The experiment is built (data, model, layers); before setup and before any resume."""
+
+    def wrap_setup_query(self, query):
+        """Wrap the server's setup-time exchange with every client (label-set collection)."""
+        return query
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        """Wrap each client's training function, innermost: before any protocol layer sees the update."""
+        return fn
+
+    def on_uplink(self, round_idx: int, cid: int, wire: dict[str, Any]) -> None:
+        """A client's message as it crosses the wire (masked or encrypted under a secure-sum layer)."""
+
+    def on_aggregate(self, round_idx: int, cohort: list[int], agg: Aggregate) -> None:
+        """The round's aggregate as the server obtains it, before the server step."""
+
+    def on_run_start(self, exp: Experiment) -> None:
+        """``Experiment.run`` starts (after setup and any resume)."""
+
+    def on_round_end(self, exp: Experiment, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
+        """A round's public record (``metrics.jsonl``) and private diagnostics are complete."""
+
+    def on_run_end(self, exp: Experiment, status: str) -> None:
+        """Training stopped (completed, budget exhausted, interrupted or failed); before the final files."""
+
+    def on_cli_run_end(self, exp: Experiment, result: RunResult) -> None:
+        """``secure-fed run`` has finished training (the attack taps run the configured attacks here)."""
+
+    def state_files(self) -> dict[str, Any]:
+        """File name → state to save in ``checkpoints/`` beside the server's checkpoint (kept apart from it)."""
+        return {}
+
+    def load_state_files(self, checkpoint_dir: Path) -> None:
+        """Restore what :meth:`state_files` saved (on resume)."""
+
+
+def build_callbacks(cfg) -> list[Callback]:
+    """Every registered factory's callback for this config (factories return None when not needed)."""
+    from secure_fed.plugins import registry
+
+    out = []
+    for factory in registry("callbacks").values():
+        cb = factory(cfg)
+        if cb is not None:
+            out.append(cb)
+    return out
+
+
+# ----------------------------------------------------------------------------------- built-in callbacks
+class MetricsFiles(Callback):
+    """``metrics.jsonl`` (released) and ``private/diagnostics.jsonl`` (the operator's): one line per round,
+    appended, flushed and fsync'd; a resumed run first truncates both to its checkpoint's rounds."""
+
+    name = "metrics_files"
+
+    def _paths(self, exp) -> tuple[Path, Path]:
+        return exp.run_dir / "metrics.jsonl", exp.run_dir / "private" / "diagnostics.jsonl"
+
+    def rewrite(self, exp) -> None:
+        """Both files exactly as the experiment's records are now (atomically)."""
+        for path, recs in zip(self._paths(exp), (exp.history, exp.diagnostics), strict=True):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".jsonl.tmp")
+            with tmp.open("w") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in recs)
+                fh.flush()
+                os.fsync(fh.fileno())
+            tmp.replace(path)
+
+    def on_run_start(self, exp) -> None:
+        self.rewrite(exp)  # a resumed run: drop lines written after the checkpoint it resumed from
+
+    def on_round_end(self, exp, record, diagnostics) -> None:
+        for path, rec in zip(self._paths(exp), (record, diagnostics), strict=True):
+            with path.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+
+class ProgressBar(Callback):
+    """A tqdm bar for the rounds (``output.progress``), with the training loss and the latest test metric."""
+
+    name = "progress_bar"
+
+    def __init__(self):
+        self.bar = None
+
+    def on_run_start(self, exp) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=exp.cfg.training.rounds, initial=exp.round, desc=exp.cfg.algorithm.name, unit="round",
+                        mininterval=1.0)  # fmt: skip
+
+    def on_round_end(self, exp, record, diagnostics) -> None:
+        post = {"loss": f"{diagnostics.get('train_loss', float('nan')):.4f}"}
+        if "mAP" in record:
+            head = next((k for k in record if k.startswith("P@")), "mAP")
+            post[head] = f"{record[head]:.2f}"
+            post["cos(W)"] = f"{record['W_mean_cos']:.3f}"
+        self.bar.set_postfix(post)
+        self.bar.update(1)
+
+    def on_run_end(self, exp, status) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

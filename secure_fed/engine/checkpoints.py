@@ -1,0 +1,108 @@
+"""What a checkpoint holds, and how a run saves and resumes it (mixed into :class:`~secure_fed.engine.Experiment`).
+
+A run directory's ``checkpoints/`` keeps each party's state apart: ``last.pt``/``final.pt`` the server's
+(θ, W, optimiser moments, the algorithm's state, the privacy ledger, the records), ``clients.pt`` what the
+clients keep (protocol secrets, noise keys, the keyed label order), ``server_secrets.pt`` the server's
+private keys (the secret behind its DP noise and sampling), and each callback's files (e.g. the server's
+recorded view, the auditor's canaries). Every file is written to a temporary name and renamed, so a
+kill leaves the previous checkpoint whole; tensors are saved on the CPU (portable across devices).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_VERSION = 3
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A copy of nested dicts/lists of tensors with every tensor on the CPU (portable checkpoints)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    return obj
+
+
+class CheckpointMixin:
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": CHECKPOINT_VERSION,
+            "round": self.round,
+            "theta": {n: t.cpu() for n, t in self.theta.items()},
+            "W": self.W.cpu(),
+            "server_opt": _to_cpu(self.server_opt.state_dict()),
+            "row_opt": _to_cpu(self.row_opt.state_dict()),
+            "algorithm": _to_cpu(self.algorithm.state_dict()),
+            "protocols": self.stack.state_dict(),
+            "setup_facts": self.setup_facts,
+            "history": self.history,
+            "diagnostics": self.diagnostics,
+            "rounds_aborted": self.rounds_aborted,
+            "best": _to_cpu(self.best),
+            "wall_seconds": self.wall_before,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.round = sd["round"]
+        self.theta = {n: t.to(self.device) for n, t in sd["theta"].items()}
+        self.W = sd["W"].to(self.device)
+        self.server_opt.load_state_dict(sd["server_opt"], self.device)
+        self.row_opt.load_state_dict(sd["row_opt"], self.device)
+        if sd["setup_facts"] is not None:
+            self.algorithm.load_state_dict(sd["algorithm"])
+        self.setup_facts = sd["setup_facts"]
+        self.stack.load_state_dict(sd.get("protocols", {}))
+        self.history = sd["history"]
+        self.diagnostics = sd.get("diagnostics", [])
+        self.rounds_aborted = sd.get("rounds_aborted", 0)
+        best = sd.get("best")
+        self.best = None if best is None else {**best, "theta": {n: t.to(self.device) for n, t in best["theta"].items()},
+                                                "W": best["W"].to(self.device)}  # fmt: skip
+        self.wall_before = sd["wall_seconds"]
+
+    def client_state_dict(self) -> dict[str, Any]:
+        """What the clients (and the simulator) keep on their own side: protocol secrets, the label re-indexing."""
+        return {"protocols": self.stack.client_state_dict(), "label_perm": self.label_perm}
+
+    def save_checkpoint(self, name: str = "last.pt") -> Path:
+        ckpt_dir = self.run_dir / "checkpoints"
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        files = [
+            (name, self.state_dict()),
+            ("clients.pt", self.client_state_dict()),  # the clients' own storage
+            ("server_secrets.pt", {"protocols": self.stack.secret_state_dict()}),  # the server's private keys (DP noise)
+        ]
+        for cb in self.callbacks:  # e.g. the server's recorded view and the auditor's secrets, kept apart
+            files.extend(cb.state_files().items())
+        for fname, state in files:
+            tmp = ckpt_dir / (fname + ".tmp")
+            torch.save(state, tmp)
+            tmp.replace(ckpt_dir / fname)
+        return ckpt_dir / name
+
+    def resume(self) -> bool:
+        """Load ``checkpoints/last.pt`` if present; returns whether it did."""
+        path = self.run_dir / "checkpoints" / "last.pt"
+        if not path.is_file():
+            return False
+        clients = self.run_dir / "checkpoints" / "clients.pt"
+        if clients.is_file():
+            cs = torch.load(clients, map_location="cpu", weights_only=False)
+            self.stack.load_client_state_dict(cs["protocols"])
+            if cs["label_perm"] is not None:
+                self.permute_labels(cs["label_perm"])
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
+        if secrets.is_file():
+            self.stack.load_secret_state_dict(torch.load(secrets, map_location="cpu", weights_only=False)["protocols"])
+        for cb in self.callbacks:
+            cb.load_state_files(self.run_dir / "checkpoints")
+        return True
+
+    # -------------------------------------------------------------------- run

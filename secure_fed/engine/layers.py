@@ -1,0 +1,274 @@
+"""The protocol-layer interface, and the stack that composes the configured layers.
+
+A layer wraps an algorithm the way Flower strategies wrap strategies and
+client *mods* wrap client apps. It may
+
+* run a one-off protocol before training (:meth:`ProtocolLayer.setup`, e.g.
+  run-key agreement), with client-side state that the server never holds;
+* wrap the client function (:meth:`ProtocolLayer.client_mod`, e.g. keyed
+  tokens, clipping);
+* wrap each round's aggregation (:meth:`ProtocolLayer.open_round`: secure
+  aggregation and CKKS replace how wire messages are summed, DP post-processes
+  the sums);
+* wrap the server's step on W (:meth:`ProtocolLayer.wrap_algorithm`);
+* keep a privacy ledger and stop training before its budget is exceeded.
+
+Layers compose in the order of the YAML ``protocols:`` list, innermost (closest
+to the client's training) first: for ``[dp, secure_aggregation]`` a client
+clips, then masks; the server unmasks, then adds noise.
+
+This module is the interface only; the layers themselves live above the core
+(``protocols/``) and are found through the ``secure_fed.layers`` entry points
+(:mod:`secure_fed.specs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
+
+if TYPE_CHECKING:
+    from secure_fed.algorithms.base import Algorithm
+    from secure_fed.config.schema import ExperimentConfig
+
+
+@dataclass
+class ProtocolSetup:
+    """What a layer's :meth:`~ProtocolLayer.setup` may use.
+
+    Attributes:
+        query: a guarded one-off exchange with every client, ``query(payload_fn, client_fn)``.
+        query_one: the same with one client, ``query_one(cid, payload, client_fn)``.
+        clients: the client-side data objects (client code only; never given to server code).
+        label_names: the dataset's label names (known to clients; public in the ARFF header).
+        permute_labels: ``permute_labels(perm)`` re-indexes W's rows: label l becomes row perm[l].
+    """
+
+    query: Callable[[Callable[[int], Payload], ClientFn], list[tuple[int, Payload]]]
+    query_one: Callable[[int, Payload, ClientFn], Payload]
+    clients: list[ClientData]
+    label_names: list[str]
+    permute_labels: Callable[[Any], None]
+
+
+@dataclass
+class StackEnv:
+    """Public facts about the federation that layers may use (the server knows all of these)."""
+
+    num_clients: int
+    clients_per_row: Any  # torch.Tensor (C,): how many clients hold each label
+    num_labels: int
+    embedding_dim: int
+    theta: dict  # name → tensor (shapes only are used)
+    device: Any
+    seed: int
+    #: the most clients one training instance sits on (its label count in the positive-only setting; 1 when
+    #: each instance is on one client): the group size that turns client-level DP into instance-level DP
+    max_clients_per_instance: int = 1
+
+    def update_layout(self) -> UpdateLayout:
+        """How one client's update is packed into a flat vector (for layers that sum vectors)."""
+        return UpdateLayout.for_model(self.theta, self.num_labels, self.embedding_dim)
+
+
+class RoundWrapper(RoundSession):
+    """A round session that wraps another; by default it forwards everything."""
+
+    def __init__(self, inner: RoundSession):  # noqa: D107 - no base __init__: state lives in ``inner``
+        self.inner = inner
+        self.cohort = inner.cohort
+        self.min_summands = inner.min_summands
+        self.weighting = inner.weighting
+        self.device = inner.device
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        return self.inner.client_mod(fn)
+
+    def _set_min_summands(self, n: int) -> None:
+        """Tell every session inside this one how few updates a completed sum can hold."""
+        session: RoundSession | None = self
+        while session is not None:
+            session.min_summands = n
+            session = getattr(session, "inner", None)
+
+    def submit(self, cid: int, reply: Payload) -> None:
+        self.inner.submit(cid, reply)
+
+    def finish(self) -> Aggregate:
+        return self.post_own(self.inner.finish())
+
+    def post(self, agg: Aggregate) -> Aggregate:
+        return self.post_own(self.inner.post(agg))
+
+    def post_own(self, agg: Aggregate) -> Aggregate:
+        return agg
+
+
+class ProtocolLayer:
+    """Base class. Subclasses set ``name`` and override hooks; the layer's spec
+    (:class:`~secure_fed.specs.LayerSpec`) holds its threat model and config rules."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, cfg: ExperimentConfig, env: StackEnv):
+        self.cfg = cfg
+        self.env = env
+
+    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        return {}
+
+    def wrap_query(self, query):
+        """Wrap the setup-time exchange the algorithm uses (label-set collection)."""
+        return query
+
+    def wrap_algorithm(self, algorithm: Algorithm) -> None:
+        """Replace the algorithm's server steps where the layer must (e.g. DP-SGD on W)."""
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        """Wrap the client's training function (every round)."""
+        return fn
+
+    def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
+        return inner
+
+    def budget_stop(self, round_idx: int) -> str | None:
+        """A reason to stop *before* this round, or None."""
+        return None
+
+    def cohort_uniforms(self, round_idx: int, num_clients: int) -> Any:
+        """Uniform draws (one per client) for this round's client sampling when the layer's guarantee needs the
+        sample to be secret (DP amplification by sampling); None leaves sampling to the public seed."""
+        return None
+
+    def after_round(self, round_idx: int) -> None:
+        """Called once the round's updates are applied."""
+
+    def privacy(self) -> dict[str, Any]:
+        """Per-unit privacy entries this layer accounts for (``{}`` if none)."""
+        return {}
+
+    def round_stats(self) -> dict[str, Any]:
+        """This round's diagnostics (private: they go to private/diagnostics.jsonl, never to a released file)."""
+        return {}
+
+    def private_report(self) -> dict[str, Any]:
+        """Run-level diagnostics of private data for the operator (private/summary.json)."""
+        return {}
+
+    # server-side state (goes into the server checkpoint) and client-side state (clients' own storage)
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    # server-side secrets (e.g. the key behind DP noise): a private checkpoint of their own, never the
+    # server checkpoint that holds the model, never a released file
+    def secret_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_secret_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class ProtocolStack:
+    """The configured layers, built from the registered specs and composed in list order."""
+
+    def __init__(self, cfg, env: StackEnv):
+        from secure_fed.specs import layer_specs
+
+        specs = layer_specs()
+        self.layers: list[ProtocolLayer] = [specs[n].load()(cfg, env) for n in cfg.protocols]
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    def _fold(self, method: str, value):
+        for layer in self.layers:
+            value = getattr(layer, method)(value)
+        return value
+
+    def _merged(self, method: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for layer in self.layers:
+            out.update(getattr(layer, method)())
+        return out
+
+    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        facts: dict[str, Any] = {}
+        for layer in self.layers:
+            facts.update(layer.setup(ctx))
+        return facts
+
+    def wrap_query(self, query):
+        return self._fold("wrap_query", query)
+
+    def wrap_algorithm(self, algorithm) -> None:
+        for layer in self.layers:
+            layer.wrap_algorithm(algorithm)
+
+    def client_mod(self, fn):
+        return self._fold("client_mod", fn)
+
+    def open_round(self, round_idx: int, base: RoundSession) -> RoundSession:
+        session = base
+        for layer in self.layers:
+            session = layer.open_round(round_idx, session)
+        return session
+
+    def after_round(self, round_idx: int) -> None:
+        for layer in self.layers:
+            layer.after_round(round_idx)
+
+    def budget_stop(self, round_idx: int) -> str | None:
+        for layer in self.layers:
+            if why := layer.budget_stop(round_idx):
+                return why
+        return None
+
+    def cohort_uniforms(self, round_idx: int, num_clients: int):
+        for layer in self.layers:
+            u = layer.cohort_uniforms(round_idx, num_clients)
+            if u is not None:
+                return u
+        return None
+
+    def privacy(self) -> dict[str, Any]:
+        return self._merged("privacy")
+
+    def private_report(self) -> dict[str, Any]:
+        return self._merged("private_report")
+
+    def round_stats(self) -> dict[str, Any]:
+        return self._merged("round_stats")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {layer.name: layer.state_dict() for layer in self.layers}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for layer in self.layers:
+            layer.load_state_dict(state.get(layer.name, {}))
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {layer.name: layer.client_state_dict() for layer in self.layers}
+
+    def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        for layer in self.layers:
+            layer.load_client_state_dict(state.get(layer.name, {}))
+
+    def secret_state_dict(self) -> dict[str, Any]:
+        return {layer.name: layer.secret_state_dict() for layer in self.layers}
+
+    def load_secret_state_dict(self, state: dict[str, Any]) -> None:
+        for layer in self.layers:
+            layer.load_secret_state_dict(state.get(layer.name, {}))

@@ -1,0 +1,85 @@
+"""What a run reports: ``privacy`` on every metrics line, ``summary.json`` (released) and ``private/summary.json``
+(the operator's), mixed into :class:`~secure_fed.engine.Experiment`.
+
+``metrics.jsonl`` and ``summary.json`` hold only public facts, metrics of the released model on the test split,
+and the privacy report; every statistic of private data goes to ``private/`` (tested key by key in
+``tests/engine/test_released_files.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Keys of a ``metrics.jsonl`` line besides the evaluation metrics: public facts, and values computed from
+#: the released model only. Everything else a round reports (losses, participant counts, clipping statistics,
+#: regulariser values, protocol timings, and wall-clock time, which tracks how many clients trained) is a
+#: statistic of private data and goes to ``private/diagnostics.jsonl``.
+PUBLIC_ROUND_KEYS = ("round", "W_mean_cos", "privacy")
+PRIVATE_DIR = "private"
+
+
+def evaluated(record: dict[str, Any]) -> bool:
+    """Whether a metrics line is an evaluated round (``mAP`` is computed at every evaluation, whatever the ks)."""
+    return "mAP" in record
+
+
+class ReportMixin:
+    def privacy_now(self) -> dict[str, Any]:
+        """ε and δ now: per DP unit, plus the primary unit's values at the top (ε = ∞ without DP)."""
+        units = self.stack.privacy()
+        if not units:
+            return {"epsilon": "inf", "delta": None}
+        primary = "instance" if "instance" in units else "client"
+        out: dict[str, Any] = {"epsilon": units[primary]["epsilon"], "delta": units[primary]["delta"], "unit": primary}
+        for name, u in units.items():
+            out[name] = {"epsilon": u["epsilon"], "delta": u["delta"], "steps": u["steps"]}
+        return out
+
+    def summary(self, status: str) -> dict[str, Any]:
+        """``summary.json``: public facts, the released model's final test metrics and the privacy report."""
+        last = next((h for h in reversed(self.history) if evaluated(h)), {})
+        final = {k: last[k] for k in last if k not in PUBLIC_ROUND_KEYS}
+        cos = last.get("W_mean_cos")
+        if self.selected is not None:  # a centralised baseline reports the epoch it selected on validation
+            final, cos = self.selected["metrics"], self.selected["W_mean_cos"]
+        out = {
+            "algorithm": self.cfg.algorithm.name,
+            "dataset": self.dataset.name,
+            "rounds_completed": self.round,
+            "rounds_planned": self.cfg.training.rounds,
+            "rounds_aborted": self.rounds_aborted,
+            "status": status,
+            "final": final,
+            "W_mean_cos": cos,
+            "privacy": self.privacy_summary(),
+            "protocols": list(self.cfg.protocols),
+            "stop_reason": self.stop_reason,
+            "device": str(self.device),
+            "num_clients": len(self.fed.clients),
+            "dropped_labels": self.dataset.meta.get("dropped_labels", []),
+        }
+        if self.selected is not None:
+            out["selected_round"] = self.selected["round"]
+            out["selection"] = f"{self._selection_metric()} on a validation split of the training data"
+        return out
+
+    def privacy_summary(self) -> dict[str, Any]:
+        units = self.stack.privacy()
+        if not units:
+            return {"epsilon": "inf", "delta": None, "note": "no differential privacy mechanism in this run"}
+        now = self.privacy_now()
+        out = {"epsilon": now["epsilon"], "delta": now["delta"], "unit": now["unit"], "units": units}
+        warnings = sorted({u["warning"] for u in units.values() if "warning" in u})
+        if warnings:
+            out["warning"] = "; ".join(warnings)
+        return out
+
+    def private_summary(self) -> dict[str, Any]:
+        """Statistics of private data for the operator (``private/summary.json``): never released."""
+        return {
+            "wall_seconds": self.wall_before,
+            "seconds_per_round": self.wall_before / max(self.round, 1),
+            "setup": self.setup_facts,
+            "protocols": self.stack.private_report(),
+            "last_round": self.diagnostics[-1] if self.diagnostics else None,
+        }

@@ -1,0 +1,49 @@
+"""Plugin registries: how the core finds the layers above it without importing them.
+
+Packages declare Python entry points in their ``pyproject.toml`` (the pytest / flake8 plugin pattern);
+the core reads them here, by group, and never names a module above it. The groups:
+
+=================================  =====================================================================
+``secure_fed.layers``              a :class:`~secure_fed.engine.layers.LayerSpec` per protocol layer
+``secure_fed.attacks``             an attack spec (name, role, description) per attack, for ``list``
+``secure_fed.config_sections``     a pydantic model per top-level YAML section a plugin owns
+``secure_fed.callbacks``           ``factory(cfg) -> Callback | None``, called for every run
+``secure_fed.commands``            ``register(subparsers)``: extra ``secure-fed`` sub-commands
+=================================  =====================================================================
+
+Specs and config sections must be light (pydantic and the standard library only), so that
+``secure-fed validate`` and ``secure-fed list`` never import torch; a spec names its heavy
+implementation as a ``"module:attr"`` string that :func:`load_object` imports when a run needs it.
+
+A third party adds a layer by declaring, in its own ``pyproject.toml``::
+
+    [project.entry-points."secure_fed.layers"]
+    my_layer = "my_package.specs:MY_LAYER_SPEC"
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any
+
+GROUPS = ("layers", "attacks", "config_sections", "callbacks", "commands")
+
+
+@cache
+def registry(group: str) -> dict[str, Any]:
+    """Name → loaded object of every entry point in ``secure_fed.<group>``, in name order."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown plugin group {group!r}; groups: {', '.join(GROUPS)}")
+    found = {ep.name: ep for ep in entry_points(group=f"secure_fed.{group}")}
+    return {name: found[name].load() for name in sorted(found)}
+
+
+def load_object(path: str) -> Any:
+    """Import ``"package.module:attr"`` (the heavy half of a plugin, loaded only when a run needs it)."""
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj

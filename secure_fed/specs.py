@@ -1,0 +1,92 @@
+"""What a plugin tells the core before anything heavy is imported: layer and attack specs.
+
+A spec is metadata plus a ``"module:attr"`` path to the implementation. ``secure-fed list`` prints
+specs, ``secure-fed validate`` checks a config against them, and only a run imports the
+implementations (:func:`secure_fed.plugins.load_object`). Specs arrive through the
+``secure_fed.layers`` and ``secure_fed.attacks`` entry-point groups (:mod:`secure_fed.plugins`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from secure_fed.errors import unknown_name
+from secure_fed.plugins import load_object, registry
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """A protocol layer, as the core sees it before a run.
+
+    Attributes:
+        name: the name listed under ``protocols:``.
+        threat_model: what it protects, against whom, in one sentence (``secure-fed list``).
+        implementation: ``"module:Class"`` of the :class:`~secure_fed.engine.layers.ProtocolLayer`.
+        replaces_aggregation: it replaces how the server sums wire messages (at most one per stack).
+        validate: ``validate(cfg, stack)`` raises ``ValueError`` with the reason when the config cannot
+            run; called for every registered layer, listed or not (a layer may reject its own section
+            being set while it is not listed).
+        downlink_keys, uplink_keys: message keys the layer adds; the guard allows exactly the algorithm's
+            and the listed layers' keys.
+    """
+
+    name: str
+    threat_model: str
+    implementation: str
+    replaces_aggregation: bool = False
+    validate: Callable[[Any, list[str]], None] | None = None
+    #: the message keys the layer's own exchanges add (setup messages); the guard refuses undeclared keys
+    downlink_keys: frozenset[str] = frozenset()
+    uplink_keys: frozenset[str] = frozenset()
+
+    def load(self) -> type:
+        return load_object(self.implementation)
+
+
+@dataclass(frozen=True)
+class AttackSpec:
+    """An attack or audit, for ``secure-fed list`` and for validating ``attacks.run``."""
+
+    name: str
+    role: str
+    description: str
+    needs: str
+    defended_by: str
+    implementation: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> type:
+        return load_object(self.implementation)
+
+
+def layer_specs() -> dict[str, LayerSpec]:
+    return registry("layers")
+
+
+def attack_specs() -> dict[str, AttackSpec]:
+    return registry("attacks")
+
+
+def validate_stack(cfg) -> None:
+    """Raise ``ValueError`` (shown as a one-line config error) for an invalid ``protocols:`` list.
+
+    The rules every stack obeys live here; each layer's own rules are its spec's ``validate``.
+    """
+    specs = layer_specs()
+    stack = list(cfg.protocols)
+    for name in stack:
+        if name not in specs:
+            raise ValueError(unknown_name("protocol layer", name, specs))
+    dup = {n for n in stack if stack.count(n) > 1}
+    if dup:
+        raise ValueError(f"protocol layer(s) {sorted(dup)} listed twice")
+    if stack and cfg.algorithm.name == "oracle":
+        raise ValueError("the oracle is the non-private centralised upper bound with one client; protocol layers do not apply")
+    summing = [n for n in stack if specs[n].replaces_aggregation]
+    if len(summing) > 1:
+        raise ValueError(f"{' and '.join(summing)} both replace how the server sums updates; choose one")
+    for spec in specs.values():
+        if spec.validate is not None:
+            spec.validate(cfg, stack)

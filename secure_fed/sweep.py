@@ -1,0 +1,69 @@
+"""Cached, resumable runs for sweeps: the one implementation the CLI and the experiment scripts share.
+
+A run directory is reused only for the same resolved config: ``RUN_DIR/config.yaml`` must equal the
+new config's dump (every key; ``output.progress`` aside, which changes nothing but the terminal). A
+finished run is returned as is; an unfinished one resumes from its checkpoint; a directory holding a
+run of another config is an error naming the first key that differs, never a silent reuse.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from secure_fed.errors import SecureFedError
+
+FINISHED = ("completed", "budget_exhausted")
+_IGNORED = {("output", "progress")}
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
+    for section, key in _IGNORED:
+        if isinstance(out.get(section), dict):
+            out[section].pop(key, None)
+    return out
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+    return f"{path}: {a!r} there, {b!r} now"
+
+
+def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
+    """The summary of a finished run of exactly ``cfg`` in ``run_dir``; None if there is none yet.
+
+    Raises :class:`SecureFedError` when ``run_dir`` holds a run of another config."""
+    from secure_fed.config import dump_config
+
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return None
+    old, new = _comparable(yaml.safe_load(saved.read_text())), _comparable(yaml.safe_load(dump_config(cfg)))
+    if old != new:
+        raise SecureFedError(f"{run_dir} holds a run of another config ({_first_difference(old, new)}); use another output")
+    done = run_dir / "summary.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        if summary.get("status") in FINISHED:
+            return summary
+    return None
+
+
+def run_cached(cfg, run_dir: str | Path, *, data_root: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """Run ``cfg`` in ``run_dir`` unless a finished run of the same config is there; resume an unfinished one."""
+    from secure_fed.engine import Experiment
+
+    summary = cached_summary(cfg, run_dir)
+    if summary is not None:
+        return summary
+    exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
+    exp.resume()
+    return exp.run(progress=progress).summary

@@ -1,0 +1,260 @@
+"""Every bad input is one ``error:`` line, exit status 2, no traceback, and nothing written.
+
+One test per class of mistake, and a property test that mutates a valid config (types, ranges,
+non-finite numbers, unicode, empty and huge lists, unknown keys): ``validate`` either accepts it (exit 0)
+or prints exactly one ``error:`` line (exit 2), and every accepted mutation of the tiny synthetic config
+runs one round without a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import traceback
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from secure_fed.cli import main
+from tests.conftest import SMALL
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """Run the CLI in process; returns (exit status, stdout, stderr). A traceback fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse usage errors
+            code = e.code if isinstance(e.code, int) else 2
+        except Exception:  # noqa: BLE001 - the point: any other exception is a traceback the user would see
+            pytest.fail(f"traceback for {args}:\n{traceback.format_exc()}")
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_error_line(code: int, err: str, *needles: str) -> None:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def write(tmp_path: Path, name: str, data: bytes | str) -> Path:
+    p = tmp_path / name
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return p
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "not UTF-8"),
+        ("training:\n  rounds: 3\n  client_lr: 0.1\n".encode("utf-16"), "not UTF-8"),
+        (b"seed: 1\x00\n", "NUL"),
+        (b"training:\n  rounds: 3\n  rounds: 4\n", "duplicate key 'rounds'"),
+        (b"training: {client_lr: .inf}\n", "training.client_lr"),
+        (b"training: {client_lr: .nan}\n", "training.client_lr"),
+        (b"evaluation: {ks: []}\n", "evaluation.ks"),
+        (b"dataset: {synthetic: {num_labels: 4, num_groups: 9}}\n", "num_groups"),
+        (b"training: [1, 2]\n", "training"),
+        (b"- a\n- b\n", "top level"),
+        (b"model: {hidden_dims: []}\n", "model.hidden_dims"),
+        (b"evaluation: {ks: [1, 1]}\n", "evaluation.ks"),
+    ],
+    ids=[
+        "binary",
+        "utf16",
+        "nul",
+        "duplicate",
+        "inf",
+        "nan",
+        "empty-ks",
+        "groups>labels",
+        "wrong-type",
+        "list-top",
+        "empty-hidden",
+        "dup-ks",
+    ],  # fmt: skip
+)
+def test_bad_config_file_is_one_line(tmp_path, content, needle):
+    path = write(tmp_path, "bad.yaml", content)
+    assert_one_error_line(*cli("validate", str(path))[::2], needle)
+    out = tmp_path / "run"
+    assert_one_error_line(*cli("run", str(path), "--out", str(out))[::2], needle)
+    assert not out.exists()  # nothing written for a config error
+
+
+def test_unmeetable_dp_target_is_rejected_before_training_naming_the_achievable_epsilon(tmp_path):
+    ov = ["--set", 'protocols=["dp"]', "--set", "algorithm.name=fedaws",
+          "--set", 'privacy.client={"noise_multiplier": 0.5, "target_epsilon": 0.01, "clip_norm": 1.0}']  # fmt: skip
+    code, _, err = cli("validate", *_default(tmp_path), *ov)
+    assert_one_error_line(code, err, "privacy.client.target_epsilon 0.01 cannot be met", "ε = ")
+    out = tmp_path / "run"
+    assert_one_error_line(*cli("run", "--out", str(out), *ov)[::2], "cannot be met")
+    assert not out.exists()
+
+
+def _default(tmp_path: Path) -> list[str]:
+    from secure_fed.config import default_config_text
+
+    return [str(write(tmp_path, "default.yaml", default_config_text()))]
+
+
+def test_output_directory_that_cannot_be_created_or_written(tmp_path):
+    blocker = write(tmp_path, "a_file", "x")
+    code, _, err = cli("run", "--out", str(blocker / "run"), "--set", "training.rounds=1")
+    assert_one_error_line(code, err, "cannot be created", str(blocker))
+
+
+def test_output_path_that_is_a_file(tmp_path):
+    f = write(tmp_path, "taken", "x")
+    code, _, err = cli("run", "--out", str(f), "--set", "training.rounds=1")
+    assert_one_error_line(code, err, "not a directory")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["sweep", "--seeds", "a", "--grid", "training.rounds=1"], "--seeds 'a'"),
+        (["sweep", "--seeds", ",", "--grid", "training.rounds=1"], "at least one seed"),
+        (["sweep", "--grid", "training.rounds"], "--grid"),
+        (["sweep", "--grid", "training.rounds=0"], "training.rounds"),
+    ],
+)
+def test_sweep_argument_mistakes(tmp_path, args, needle):
+    code, _, err = cli(*args, "--out", str(tmp_path / "sweep"))
+    assert_one_error_line(code, err, needle)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_report_argument_mistakes(tmp_path):
+    assert_one_error_line(*cli("report", str(tmp_path / "nope"))[::2], "no metrics.jsonl")
+    run = tmp_path / "run"
+    assert cli("run", "--out", str(run), *[x for o in SMALL for x in ("--set", o)])[0] == 0
+    assert_one_error_line(*cli("report", str(run), "--out", str(tmp_path))[::2], ".png")
+    blocker = write(tmp_path, "a_file", "x")
+    assert_one_error_line(*cli("report", str(run), "--out", str(blocker / "r.png"))[::2], "not a directory")
+    assert cli("report", str(run), "--out", str(tmp_path / "new" / "r.png"))[0] == 0  # a new folder is made
+    assert (tmp_path / "new" / "r.png").is_file()
+
+
+def test_a_sweep_never_reuses_a_run_of_another_config(tmp_path):
+    grid = ["--grid", "training.rounds=2", *[x for o in SMALL if not o.startswith("training.rounds") for x in ("--set", o)]]
+    assert cli("sweep", *grid, "--out", str(tmp_path / "s"))[0] == 0
+    grid[1] = "training.rounds=3"  # the cache is keyed on the whole config: a changed round count is no hit
+    code, _, err = cli("sweep", *grid, "--out", str(tmp_path / "s"))
+    assert code == 0 or "another config" in err
+    # the same tag directory now must hold a 3-round run, or the sweep said why it would not reuse it
+    import json
+
+    runs = list((tmp_path / "s").glob("*-seed0/summary.json"))
+    assert any(json.loads(p.read_text())["rounds_completed"] == 3 for p in runs) or "another config" in err
+
+
+# --------------------------------------------------------------------------------------- property test
+EDGE_VALUES = st.sampled_from(
+    [
+        0,
+        -1,
+        1,
+        2,
+        3,
+        2**31,
+        -(2**63),
+        0.5,
+        -0.5,
+        1e-300,
+        1e308,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        "",
+        "ü",
+        "🙂",
+        "none",
+        True,
+        False,
+        None,
+        [],
+        {},
+        [0],
+        ["a"],
+        list(range(5000)),
+        {"x": 1},
+    ]  # fmt: skip
+)
+
+
+def _paths(d: dict, prefix: tuple = ()) -> list[tuple]:
+    out = []
+    for k, v in d.items():
+        p = (*prefix, k)
+        out.append(p)
+        if isinstance(v, dict):
+            out.extend(_paths(v, p))
+    return out
+
+
+def _tiny() -> dict:
+    from secure_fed.config import apply_overrides, default_config_text
+
+    return apply_overrides(yaml.safe_load(default_config_text()), [*SMALL, "training.rounds=1", "evaluation.every=1"])
+
+
+TINY_PATHS = _paths(_tiny())
+
+
+@settings(
+    max_examples=200,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    mutations=st.lists(
+        st.one_of(
+            st.tuples(st.just("set"), st.sampled_from(TINY_PATHS), EDGE_VALUES),
+            st.tuples(st.just("unknown"), st.sampled_from(TINY_PATHS), st.text(min_size=1, max_size=8)),
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_mutated_configs_validate_to_one_error_line_or_run_one_round(tmp_path_factory, mutations):
+    data = _tiny()
+    for kind, path, value in mutations:
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                break
+            node = node[part]
+        else:
+            if kind == "set":
+                node[path[-1]] = value
+            elif isinstance(node.get(path[-1]), dict):
+                node[path[-1]][value] = 1
+            else:
+                node[value] = 1
+    tmp = tmp_path_factory.mktemp("mut")
+    try:
+        text = yaml.safe_dump(data, allow_unicode=True)
+    except yaml.YAMLError:
+        return
+    cfg = write(tmp, "m.yaml", text)
+    code, _, err = cli("validate", str(cfg))
+    if code != 0:
+        assert_one_error_line(code, err)
+        return
+    out = tmp / "run"
+    code, _, err = cli("run", str(cfg), "--out", str(out), "--set", "training.rounds=1", "--set", "output.progress=false")
+    if code == 2:  # a data-dependent refusal (e.g. a partition the data cannot fill) is still one line
+        assert_one_error_line(code, err)
+    elif code == 1:  # training diverged (non-finite parameters): said in one line, status "diverged"
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "diverged" in lines[0], err
+    else:
+        assert code == 0, err

@@ -1,0 +1,37 @@
+"""The engine redesign changed no result: each golden run (tests/engine/golden.py) reproduces the figures
+recorded before it — metrics, ε and the SHA-256 of the final θ and W bit for bit, and the CKKS case to
+CKKS precision (fresh encryption noise each run)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.engine.golden import CASES, GOLDEN, close, run_case
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_golden_run_is_reproduced(tmp_path, name, request):
+    exact = CASES[name][2]
+    data_root = request.getfixturevalue("data_root") if "bibtex" in name else None
+    recorded = json.loads(GOLDEN.read_text())["cases"][name]
+    now = run_case(name, tmp_path, str(data_root) if data_root else None)
+    _changed_on_purpose(now, recorded)
+    if exact:
+        assert now == recorded
+    else:  # CKKS: metrics and ε to its precision; the exact hashes necessarily differ
+        for key in ("final", "privacy", "metrics", "theta_norms", "W_norm_of_difference_from_init"):
+            assert close(now[key], recorded[key], rel=1e-3, abs_=1e-4), key
+
+
+def _changed_on_purpose(now: dict, recorded: dict) -> None:
+    """The one figure a bug fix changed after recording: client DP's instance-level bound. Removing an instance
+    replaces (not removes) each of its k clients' data, two add/remove changes each, so the group is 2k, not k
+    (review of the privacy-correctness work). Checked here as that relation, then set aside."""
+    a = now["privacy"].get("units", {}).get("client", {}).pop("instance_level", None)
+    b = recorded["privacy"].get("units", {}).get("client", {}).pop("instance_level", None)
+    assert (a is None) == (b is None)
+    if a is not None:
+        assert a["group_size"] == 2 * b["group_size"]
+        assert a["epsilon"] == pytest.approx(2 * b["epsilon"])

@@ -1,0 +1,40 @@
+"""``secure-fed audit``: a sub-command this package adds to the CLI (``secure_fed.commands`` entry point)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from secure_fed.errors import SecureFedError, unknown_name
+from secure_fed.specs import attack_specs
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    specs = attack_specs()
+    names = None
+    if args.attacks:
+        names = [a for a in args.attacks.split(",") if a]
+        names = list(specs) if names == ["all"] else names
+        bad = [a for a in names if a not in specs]
+        if bad:
+            raise SecureFedError("--attacks: " + unknown_name("attack", bad[0], specs))
+    run_dir = Path(args.run_dir)
+    from threat_models.audit import audit_run_dir
+
+    print(f"auditing {run_dir}")
+    try:
+        audit_run_dir(run_dir, names, data_root=args.data_root)
+    except FileNotFoundError as exc:
+        raise SecureFedError(str(exc)) from exc
+    print(f"wrote {run_dir / 'attacks.json'}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("audit", help="run attacks (threat_models) on a finished run; writes RUN_DIR/attacks.json")
+    p.add_argument("run_dir")
+    p.add_argument(
+        "--attacks", default=None, help="comma-separated attack names or 'all' (default: the run's attacks.run, else all)"
+    )
+    p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    p.set_defaults(func=cmd_audit)

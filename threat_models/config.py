@@ -1,0 +1,65 @@
+"""The ``attacks:`` YAML section (owned by ``threat_models``; registered with the core's schema through the
+``secure_fed.config_sections`` entry points). Pydantic only: validating a config imports no attack."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from secure_fed.errors import unknown_name
+from secure_fed.specs import attack_specs
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class TokenLinkageConfig(_Strict):
+    pool_fraction: float = Field(
+        0.5, gt=0.0, le=1.0, description="fraction of the training instances in the attacker's candidate pool"
+    )
+    distractors: int = Field(2000, ge=0, description="non-training candidates (test-split instances) added to the pool")
+
+
+class LabelDeanonymizationConfig(_Strict):
+    iterations: int = Field(30, ge=0, description="co-occurrence refinement rounds after the frequency seed")
+
+
+class MembershipInferenceConfig(_Strict):
+    shadows: int = Field(
+        16, ge=0, description="LiRA shadow runs on random halves of the target pool (online and offline; 0: LOSS only)"
+    )
+    bootstrap: int = Field(200, ge=10, description="bootstrap resamples for the AUC confidence interval")
+    shadow_dir: str | None = Field(None, description="where shadow runs are cached (default RUN_DIR/shadows)")
+
+
+class OneRunAuditConfig(_Strict):
+    canaries: int = Field(1000, ge=0, description="m Dirac canaries in θ, each inserted with probability ½ (0: off)")
+    canary_norm: float | None = Field(None, gt=0.0, description="size of a canary; default privacy.client.clip_norm, else 0.05")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+
+
+class UpdateInversionConfig(_Strict):
+    targets: int = Field(10, ge=1, description="clients of the captured round whose updates are attacked")
+
+
+class AttacksConfig(_Strict):
+    """Attacks and audits (``threat_models``) run on the finished run; ``secure-fed list`` shows them."""
+
+    run: list[str] = Field(default_factory=list, description="attack names; [all] for every registered attack")
+    token_linkage: TokenLinkageConfig = TokenLinkageConfig()
+    label_deanonymization: LabelDeanonymizationConfig = LabelDeanonymizationConfig()
+    membership_inference: MembershipInferenceConfig = MembershipInferenceConfig()
+    one_run_audit: OneRunAuditConfig = OneRunAuditConfig()
+    update_inversion: UpdateInversionConfig = UpdateInversionConfig()
+
+    @model_validator(mode="after")
+    def _known(self) -> AttacksConfig:
+        specs = attack_specs()
+        for name in self.run:
+            if name != "all" and name not in specs:
+                raise ValueError(unknown_name("attack", name, specs))
+        return self
+
+    def names(self) -> list[str]:
+        """The attacks to run, in registry order for ``[all]``."""
+        return list(attack_specs()) if "all" in self.run else list(dict.fromkeys(self.run))

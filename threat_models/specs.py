@@ -1,0 +1,63 @@
+"""The attacks as the core sees them before a run (``secure-fed list``, ``attacks.run`` validation).
+
+Registered through the ``secure_fed.attacks`` entry points. Light on purpose: the attack modules are
+imported only when an audit runs. Each attack class takes its name, role and descriptions from here.
+"""
+
+from __future__ import annotations
+
+from secure_fed.specs import AttackSpec
+
+TOKEN_LINKAGE = AttackSpec(
+    name="token_linkage",
+    role="server",
+    needs="the label-set replies it received; a candidate pool holding part of the training instances plus distractors",
+    defended_by="keyed_hashing",
+    description="recompute public SHA-256 tokens of candidate instances and link them to label sets and clients",
+    implementation="threat_models.attacks.token_linkage:TokenLinkage",
+)
+
+LABEL_DEANONYMIZATION = AttackSpec(
+    name="label_deanonymization",
+    role="server",
+    needs="the merged label sets (rows = W rows); public label co-occurrence from a disjoint split",
+    defended_by="none fully: keyed_hashing pseudonyms hide names only up to co-occurrence structure",
+    description="match pseudonymised W rows to label names by frequency and co-occurrence graph matching",
+    implementation="threat_models.attacks.label_deanonymization:LabelDeanonymization",
+)
+
+EMBEDDING_IDENTIFICATION = AttackSpec(
+    name="embedding_identification",
+    role="server",
+    needs="θ and the W rows (or one client's row); auxiliary labelled data (the public test split)",
+    defended_by="dp (privacy.client)",
+    description="name each class-embedding row by its similarity to public per-label centroids of g(x)",
+    implementation="threat_models.attacks.embedding_identification:EmbeddingIdentification",
+)
+
+MEMBERSHIP_INFERENCE = AttackSpec(
+    name="membership_inference",
+    role="observer",
+    needs="the released θ and W; the target instances with their labels; for LiRA, the training recipe (public config)",
+    defended_by="dp (privacy.client; the instance unit covers only W's label-set step)",
+    description="LOSS threshold and LiRA (online and offline) with shadow runs; AUC, TPR at low FPR, log-scale ROC",
+    implementation="threat_models.attacks.membership_inference:MembershipInference",
+)
+
+ONE_RUN_AUDIT = AttackSpec(
+    name="one_run_audit",
+    role="auditor",
+    needs="canaries inserted during training (attacks.one_run_audit.canaries > 0), θ⁰ and the released θ",
+    defended_by="dp (privacy.client)",
+    description="Steinke et al. one-run audit with Dirac canaries: an empirical ε lower bound at 95% confidence",
+    implementation="threat_models.attacks.one_run_audit:OneRunAudit",
+)
+
+UPDATE_INVERSION = AttackSpec(
+    name="update_inversion",
+    role="server",
+    needs="the uplinks of one round as they cross the wire (the last round run); public feature frequencies",
+    defended_by="secure_aggregation or ckks (the server gets only the cohort's sum)",
+    description="recover each client's vocabulary from the first-layer columns its update touches",
+    implementation="threat_models.attacks.update_inversion:UpdateInversion",
+)
