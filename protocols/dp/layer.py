@@ -15,13 +15,6 @@ from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set
 from protocols.dp.randomness import SecretStream
 from protocols.specs import LABEL_SET_ALGORITHMS
 from secure_fed.algorithms.base import Algorithm, ClientFn
-from secure_fed.algorithms.regularizers import (
-    label_set_correlation_grads,
-    label_set_fixed_grads,
-    nearest_classes,
-    pair_hinge_grads,
-    pair_sqdist_grads,
-)
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 
 NOISE_SEED_WARNING = (
@@ -100,48 +93,30 @@ class DifferentialPrivacy(ProtocolLayer):
 
     # ---------------------------------------------------------------- instance-level (server side)
     def wrap_algorithm(self, algorithm: Algorithm) -> None:
+        """Wrap the algorithm's W step over label sets (its declared ``w_step``) with DP-SGD over label sets."""
         unit = self.units.get("instance")
         if unit is None:
             return
-        a = self.cfg.algorithm
-        C = self.env.num_labels
-        scale = (C - 1) if a.gamma_scale == "classes_minus_one" else float(a.gamma_scale)
+        inner = algorithm.w_step
+        fixed = self.cfg.algorithm.name == "fedalc_fixed"
 
-        def step(W: torch.Tensor, grads, step_size: float) -> dict[str, float]:
+        def dp_step(W: torch.Tensor) -> dict[str, float] | None:
+            if (why := unit.stop_reason()) is not None:
+                self.pretrain_stopped = why if fixed else None  # W stays fixed from here (fedalc: the round stops)
+                return None
             label = f"instance step {unit.steps}"  # the ledger's step count: a resumed run redraws the same
-            pick = torch.from_numpy(
-                self.server_stream.uniform(algorithm.label_sets.shape[0], f"{label} sample") < unit.sample_rate
-            )
+            n_all = algorithm.label_sets.shape[0]
+            pick = torch.from_numpy(self.server_stream.uniform(n_all, f"{label} sample") < unit.sample_rate)
             stats = dp_label_set_step(
-                W, algorithm.label_sets, grads, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma,
-                sample_rate=unit.sample_rate, step_size=step_size, pick=pick,
+                W, algorithm.label_sets, algorithm.per_set_gradients, clip_norm=unit.clip_norm,
+                noise_multiplier=unit.sigma, sample_rate=unit.sample_rate, step_size=algorithm.step_size, pick=pick,
                 noise=self.server_stream.gaussian(tuple(W.shape), f"{label} noise"),
             )  # fmt: skip
             unit.step()
-            return stats
+            return {"reg": algorithm.regularizer_value(W), **stats} if fixed else stats
 
-        def correlation_grads(V: torch.Tensor):
-            nn_idx, pair = nearest_classes(V, a.k), pair_hinge_grads(V, a.margin)
-            return lambda Y: label_set_correlation_grads(
-                V, Y, k=a.k, margin=a.margin, scale=scale, nn_idx=nn_idx, pair_grads=pair
-            )
-
-        def fixed_grads(V: torch.Tensor):
-            pair = (pair_sqdist_grads(V), pair_hinge_grads(V, a.margin))
-            return lambda Y: label_set_fixed_grads(V, Y, alpha=a.alpha, beta=a.beta, margin=a.margin, pair_grads=pair)
-
-        if a.name == "fedalc":
-            algorithm.correlation_update = lambda W: step(W, correlation_grads, a.lam * a.reg_lr)
-        else:
-
-            def pretrain(W: torch.Tensor, i: int) -> dict[str, float] | None:
-                if (why := unit.stop_reason()) is not None:
-                    self.pretrain_stopped = why  # W stays fixed from here; client rounds use no label set
-                    return None
-                stats = step(W, fixed_grads, a.lam * a.fixed_lr)
-                return {"reg": float(algorithm._reg_fc(W).detach()), **stats}
-
-            algorithm.pretrain_update = pretrain
+        dp_step.wraps = inner  # the non-private step this one stands in for
+        algorithm.w_step = dp_step
 
     # ---------------------------------------------------------------- client-level
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:

@@ -22,6 +22,7 @@ from tokens and labels only, which labels co-occur on an instance.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,8 +37,18 @@ from secure_fed.algorithms.regularizers import (
     correlation_sigma,
     correlation_top_k,
     fixed_embedding_reg,
+    label_set_correlation_grads,
+    label_set_fixed_grads,
+    nearest_classes,
+    pair_hinge_grads,
+    pair_sqdist_grads,
 )
 from secure_fed.catalog import ALGORITHMS as CATALOG
+
+#: ``W → stats`` (or None: stop): the server's step on W over the label sets. The algorithm's default is the
+#: non-private step; a protocol layer wraps it by replacing ``algorithm.w_step`` with its own step built
+#: from the algorithm's public ``per_set_gradients``, ``step_size`` and ``regularizer_value``.
+WStep = Callable[[torch.Tensor], "dict[str, float] | None"]
 
 
 class _LabelSetMixin:
@@ -66,22 +77,41 @@ class FedALC(_LabelSetMixin, Algorithm):
     description = CATALOG["fedalc"]
     trains_rows = True
 
+    def __init__(self, cfg, *, device=None):
+        super().__init__(cfg, device=device)
+        self.w_step: WStep = self.correlation_update
+
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
         facts = self.collect_label_sets(ctx)
         self._build_weights(ctx.num_labels)
         return facts
 
+    @property
+    def step_size(self) -> float:
+        return self.cfg.lam * self.cfg.reg_lr
+
+    def _scale(self, num_labels: int) -> float:
+        return (num_labels - 1) if self.cfg.gamma_scale == "classes_minus_one" else float(self.cfg.gamma_scale)
+
+    def per_set_gradients(self, V: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Eq. 11 with σ weights (eq. 9) as a sum over label sets: per-set gradients (B, C, d) for label sets (B, C).
+        The W-only parts (neighbours, pair gradients) are computed once here, for every chunk of sets."""
+        cfg = self.cfg
+        nn_idx, pair = nearest_classes(V, cfg.k), pair_hinge_grads(V, cfg.margin)
+        scale = self._scale(V.shape[0])
+        return lambda Y: label_set_correlation_grads(V, Y, k=cfg.k, margin=cfg.margin, scale=scale, nn_idx=nn_idx,
+                                                     pair_grads=pair)  # fmt: skip
+
     def _build_weights(self, num_labels: int) -> None:
         sigma = correlation_sigma(self.label_sets)
         w = correlation_gamma(sigma) if self.cfg.normalize_gamma else sigma
-        scale = (num_labels - 1) if self.cfg.gamma_scale == "classes_minus_one" else float(self.cfg.gamma_scale)
-        self.weights = (scale * w).to(torch.float32).to(self.device)
+        self.weights = (self._scale(num_labels) * w).to(torch.float32).to(self.device)
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
-        return self.correlation_update(W)
+        return self.w_step(W) or {}
 
     def correlation_update(self, W: torch.Tensor) -> dict[str, float]:
-        """One step on eq. 11 with the γ weights. The ``dp`` layer replaces this with DP-SGD over label sets."""
+        """One step on eq. 11 with the γ weights (the default ``w_step``; the ``dp`` layer wraps it)."""
         cfg = self.cfg
         fn = lambda V: correlation_top_k(V, self.weights, cfg.k, cfg.margin)  # noqa: E731
         return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr)}
@@ -99,6 +129,24 @@ class FedALCFixed(_LabelSetMixin, Algorithm):
     description = CATALOG["fedalc_fixed"]
     trains_rows = False
 
+    def __init__(self, cfg, *, device=None):
+        super().__init__(cfg, device=device)
+        self.w_step: WStep = self.pretrain_update
+
+    @property
+    def step_size(self) -> float:
+        return self.cfg.lam * self.cfg.fixed_lr
+
+    def regularizer_value(self, W: torch.Tensor) -> float:
+        """reg_fc(W) (eq. 12) over the collected label sets."""
+        return float(self._reg_fc(W).detach())
+
+    def per_set_gradients(self, V: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Eq. 12 as a sum over label sets: per-set gradients (B, C, d) for label sets (B, C)."""
+        cfg = self.cfg
+        pair = (pair_sqdist_grads(V), pair_hinge_grads(V, cfg.margin))
+        return lambda Y: label_set_fixed_grads(V, Y, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin, pair_grads=pair)
+
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
         facts = self.collect_label_sets(ctx)
         cfg = self.cfg
@@ -106,18 +154,18 @@ class FedALCFixed(_LabelSetMixin, Algorithm):
         A, n_u = A.to(ctx.device), n_u.to(ctx.device)
         self._reg_fc = lambda V: fixed_embedding_reg(V, A, n_u, n_all, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin)  # noqa: E731
         first, done = None, 0
-        for i in range(cfg.fixed_steps):
-            out = self.pretrain_update(ctx.W, i)
-            if out is None:  # the dp layer's budget is spent
+        for _ in range(cfg.fixed_steps):
+            out = self.w_step(ctx.W)
+            if out is None:  # a wrapping layer stopped the pre-training (the dp layer's budget is spent)
                 break
             first = out["reg"] if first is None else first
             done += 1
-        facts.update({"reg_fc_first": first, "reg_fc_last": float(self._reg_fc(ctx.W).detach()), "fixed_steps_done": done})
+        facts.update({"reg_fc_first": first, "reg_fc_last": self.regularizer_value(ctx.W), "fixed_steps_done": done})
         return facts
 
-    def pretrain_update(self, W: torch.Tensor, step: int) -> dict[str, float] | None:
-        """One step of W ← W − λη∇reg_fc(W) (eq. 12). The ``dp`` layer replaces this with DP-SGD over label sets."""
-        return {"reg": regularizer_step(W, self._reg_fc, self.cfg.lam * self.cfg.fixed_lr)}
+    def pretrain_update(self, W: torch.Tensor) -> dict[str, float] | None:
+        """One step of W ← W − λη∇reg_fc(W) (eq. 12): the default ``w_step`` (the ``dp`` layer wraps it)."""
+        return {"reg": regularizer_step(W, self._reg_fc, self.step_size)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_sets": self.label_sets}
