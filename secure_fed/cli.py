@@ -159,7 +159,10 @@ def _parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         if "=" not in item:
             raise SecureFedError(f"--grid {item!r}: expected key.path=v1,v2,...")
         key, vals = item.split("=", 1)
-        grid.append((key, [v for v in vals.split(",") if v != ""]))
+        values = [v for v in vals.split(",") if v != ""]
+        if not key.strip() or not values:
+            raise SecureFedError(f"--grid {item!r}: expected key.path=v1,v2,... with at least one value")
+        grid.append((key, values))
     return grid
 
 
@@ -194,12 +197,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rows = []
     for i, (combo, seed, tag, cfg, run_dir) in enumerate(points, 1):
         summary = run_cached(cfg, run_dir, data_root=args.data_root, progress=cfg.output.progress)
-        rows.append({"point": dict(combo), "seed": seed, "final": summary["final"], "run_dir": str(run_dir)})
+        rows.append({"point": dict(combo), "seed": seed, "status": summary["status"], "final": summary["final"],
+                     "run_dir": str(run_dir)})  # fmt: skip
         head = " ".join(f"{k} {v:.2f}" for k, v in summary["final"].items() if k.startswith("P@") or k == "mAP")
         print(f"[{i}/{len(points)}] {tag} seed {seed}: {head or summary['status']}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(rows, indent=2))
     print(f"wrote {out / 'sweep.json'}")
+    bad = [r for r in rows if r["status"] in ("failed", "diverged")]
+    if bad:
+        print(f"error: {len(bad)} of {len(rows)} sweep points did not train ({bad[0]['run_dir']}: {bad[0]['status']})",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
@@ -211,10 +220,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if out.is_dir() or out.suffix.lower() != ".png":
             raise SecureFedError(f"--out {out}: expected the path of a .png file to write")
         check_writable_dir(out.parent, what="--out's folder")
-    runs = [Path(d) for d in args.run_dirs]
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    path = report(runs, out=out)
+    path = report([Path(d) for d in args.run_dirs], out=out)
     print(f"wrote {path}")
     return 0
 

@@ -12,10 +12,22 @@ def load_run(run_dir: Path) -> tuple[list[dict], dict | None]:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         raise SecureFedError(f"{run_dir}: no metrics.jsonl (is this a run directory?)")
-    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    lines = []
+    raw = [x for x in metrics.read_text().splitlines() if x.strip()]
+    for i, line in enumerate(raw):
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(raw) - 1:  # only a running run's last line may be half-written
+                raise SecureFedError(f"{metrics}:{i + 1}: not a JSON line") from None
     history = [h for h in lines if "mAP" in h]  # evaluated rounds (mAP is computed at every evaluation)
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    summary = None
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text())
+        except json.JSONDecodeError:
+            raise SecureFedError(f"{summary_path}: not valid JSON") from None
     return history, summary
 
 
@@ -48,6 +60,7 @@ def report(run_dirs: list[Path], *, out: Path | None = None) -> Path:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     out = out or (run_dirs[0] / "report.png")
+    out.parent.mkdir(parents=True, exist_ok=True)  # only once every run has loaded
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

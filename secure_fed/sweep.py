@@ -1,7 +1,8 @@
 """Cached, resumable runs for sweeps: the one implementation the CLI and the experiment scripts share.
 
 A run directory is reused only for the same resolved config: ``RUN_DIR/config.yaml`` must equal the
-new config's dump (every key; ``output.progress`` aside, which changes nothing but the terminal). A
+new config's dump, both read through the schema (every key; ``output.progress`` aside, which changes nothing
+but the terminal; keys added since the run was recorded take their defaults). A
 finished run is returned as is; an unfinished one resumes from its checkpoint; a directory holding a
 run of another config is an error naming the first key that differs, never a silent reuse.
 """
@@ -16,7 +17,8 @@ import yaml
 
 from secure_fed.errors import SecureFedError
 
-FINISHED = ("completed", "budget_exhausted")
+#: statuses after which a run is not resumed by a sweep (failed and diverged runs would only repeat the failure)
+FINISHED = ("completed", "budget_exhausted", "failed", "diverged")
 _IGNORED = {("output", "progress")}
 
 
@@ -46,7 +48,14 @@ def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return None
-    old, new = _comparable(yaml.safe_load(saved.read_text())), _comparable(yaml.safe_load(dump_config(cfg)))
+    from secure_fed.config import load_config
+    from secure_fed.errors import ConfigError
+
+    try:  # through the schema, so that keys added since the run was recorded take their defaults
+        recorded = load_config(saved)
+    except ConfigError as exc:
+        raise SecureFedError(f"{run_dir} holds a run whose config no longer loads ({exc}); use another output") from None
+    old, new = _comparable(yaml.safe_load(dump_config(recorded))), _comparable(yaml.safe_load(dump_config(cfg)))
     if old != new:
         raise SecureFedError(f"{run_dir} holds a run of another config ({_first_difference(old, new)}); use another output")
     done = run_dir / "summary.json"

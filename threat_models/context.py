@@ -49,6 +49,11 @@ class AuditContext:
         summary = run_dir / "summary.json"
         if not summary.is_file():
             raise SecureFedError(f"{run_dir} has not finished (no summary.json); finish it with: secure-fed resume {run_dir}")
+        final = run_dir / "checkpoints" / "final.pt"
+        if final.is_file():  # the released model (a centralised baseline's is the epoch it selected, not the last)
+            sd = torch.load(final, map_location="cpu", weights_only=False)
+            exp.theta = {n: t.to(exp.device) for n, t in sd["theta"].items()}
+            exp.W = sd["W"].to(exp.device)
         ctx = cls(exp)
         if not (run_dir / "checkpoints" / "server_view.pt").is_file():
             ctx.tap = None  # trained without attacks configured: the server's view was not recorded

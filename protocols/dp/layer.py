@@ -55,6 +55,8 @@ class DifferentialPrivacy(ProtocolLayer):
                 if algo == "fedalc_fixed"
                 else "training instances, through their label sets in the server's W update (eq. 11 with σ weights, eq. 9)"
             ), not_covered=[
+                "which labels have a training instance (the label space, and in the positive-only setting the set of "
+                "clients): public, it decides W's shape",
                 "client training on the instance (θ and class-row updates): "
                 + ("covered only through the client unit, by group privacy over the clients an instance sits on "
                    "(units.client.instance_level)" if p.client is not None else "add privacy.client to cover it"),
@@ -102,7 +104,9 @@ class DifferentialPrivacy(ProtocolLayer):
 
         def dp_step(W: torch.Tensor) -> dict[str, float] | None:
             if (why := unit.stop_reason()) is not None:
-                self.pretrain_stopped = why if fixed else None  # W stays fixed from here (fedalc: the round stops)
+                # fedalc_fixed: W stays fixed from here. fedalc: unreachable in practice, since budget_stop refuses the
+                # round first (same ledger, same check); if reached, the W step is skipped, the clients' update stands
+                self.pretrain_stopped = why if fixed else None
                 return None
             label = f"instance step {unit.steps}"  # the ledger's step count: a resumed run redraws the same
             n_all = algorithm.label_sets.shape[0]

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from secure_fed.config.schema import ExperimentConfig
 from secure_fed.errors import ConfigError
+from secure_fed.plugins import registry
 
 
 def default_config_text() -> str:
@@ -27,6 +28,8 @@ def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, str | int | float | bool) and key is not None:
+            raise yaml.constructor.ConstructorError(None, None, "a key must be a plain name", key_node.start_mark)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
@@ -42,6 +45,8 @@ def parse_yaml(text: str, source: str) -> Any:
     """YAML text → Python data, with one-line errors naming ``source`` and the line."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be a config") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -76,7 +81,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, raw = item.split("=", 1)
         try:
             value = yaml.load(raw, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):
             value = raw
         node = data
         parts = key.strip().split(".")
@@ -112,6 +117,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     if err["type"] == "extra_forbidden":
         hint = difflib.get_close_matches(str(loc[-1]), _known_keys(ExperimentConfig, loc), n=1)
         msg = "unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+        if len(loc) == 1 and not registry("config_sections"):
+            msg += " (no plugin registered any config section: is secure-fed installed? pip install -e .)"
     else:
         msg = err["msg"].removeprefix("Value error, ")
         if "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from secure_fed.errors import unknown_name
 from secure_fed.plugins import registry
 from secure_fed.specs import validate_stack
 
@@ -75,6 +76,11 @@ class DatasetConfig(_Strict):
                 raise ValueError("dataset.format is set, so dataset.train (a file path) is required")
         elif not self.name:
             raise ValueError("give dataset.name (a registered dataset or 'synthetic') or dataset.format with file paths")
+        else:
+            from secure_fed.data.registry import REGISTRY  # numpy and scipy only: validate stays torch-free
+
+            if self.name != "synthetic" and self.name not in REGISTRY:
+                raise ValueError(unknown_name("dataset", self.name, [*REGISTRY, "synthetic"]))
         return self
 
 
@@ -167,7 +173,7 @@ class OutputConfig(_Strict):
     def _names(self) -> OutputConfig:
         if not self.dir.strip():
             raise ValueError("output.dir is empty")
-        if self.name is not None and (not self.name.strip() or "/" in self.name or "\x00" in self.name):
+        if self.name is not None and (self.name.strip() in ("", ".", "..") or "/" in self.name or "\x00" in self.name):
             raise ValueError(f"output.name {self.name!r} must be a non-empty file name (no '/')")
         return self
 

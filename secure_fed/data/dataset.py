@@ -65,7 +65,8 @@ class MultiLabelDataset:
         keep = np.flatnonzero(np.asarray(self.train.labels.sum(axis=0)).ravel() > 0)
         if len(keep) == self.num_labels:
             return self, []
-        dropped = [n for i, n in enumerate(self.label_names) if i not in set(keep.tolist())]
+        kept = set(keep.tolist())
+        dropped = [n for i, n in enumerate(self.label_names) if i not in kept]
         ds = MultiLabelDataset(
             self.name,
             MultiLabelSplit(self.train.features, self.train.labels[:, keep].tocsr()),

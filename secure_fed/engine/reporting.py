@@ -29,7 +29,7 @@ class ReportMixin:
         units = self.stack.privacy()
         if not units:
             return {"epsilon": "inf", "delta": None}
-        primary = "instance" if "instance" in units else "client"
+        primary = next(iter(units))  # the layers report their primary unit first
         out: dict[str, Any] = {"epsilon": units[primary]["epsilon"], "delta": units[primary]["delta"], "unit": primary}
         for name, u in units.items():
             out[name] = {"epsilon": u["epsilon"], "delta": u["delta"], "steps": u["steps"]}

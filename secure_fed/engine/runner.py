@@ -362,7 +362,7 @@ class Experiment(CheckpointMixin, ReportMixin):
                         f"training diverged in round {self.round}: θ or W became non-finite (lower the learning rates "
                         "or the regulariser's step)"
                     )
-                    self.diagnostics.append(diag)
+                    self.diagnostics.append(diag)  # kept in private/diagnostics.jsonl; no checkpoint of NaNs
                     break
                 rec: dict[str, Any] = {"round": self.round}
                 if self.round % cfg.evaluation.every == 0 or self.round == cfg.training.rounds:
@@ -392,9 +392,10 @@ class Experiment(CheckpointMixin, ReportMixin):
         if status == "budget_exhausted" and self.history and not evaluated(self.history[-1]):
             self.history[-1].update(self.evaluate())  # the model as released at the stop
             self.history[-1]["W_mean_cos"] = mean_pairwise_cosine(self.W)
-            self.callback("metrics_files").rewrite(self)
+        self.callback("metrics_files").rewrite(self)  # whatever stopped the loop, the files match the records
         self.wall_before += time.perf_counter() - t0
-        self.save_checkpoint()
+        if status != "diverged":  # a diverged run keeps its last good checkpoint, to resume from with other settings
+            self.save_checkpoint()
         if status in ("completed", "budget_exhausted"):
             self._restore_selected()
             self.save_checkpoint("final.pt")

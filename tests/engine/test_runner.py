@@ -107,3 +107,50 @@ def test_a_run_in_which_every_round_aborts_fails_and_says_why(tmp_path):
 def test_evaluation_cut_offs_without_one_work(tmp_path):
     res = Experiment(small_config("evaluation.ks=[3,5]"), run_dir=tmp_path).run(progress=False)
     assert {"P@3", "P@5", "nDCG@3", "mAP"} <= set(res.summary["final"]) and "P@1" not in res.summary["final"]
+
+
+def test_the_sweep_cache_reuses_a_run_recorded_before_new_keys_existed(tmp_path):
+    """A finished run whose config.yaml lacks keys added later (their defaults apply) is a cache hit."""
+    import yaml
+
+    from secure_fed.sweep import cached_summary
+
+    cfg = small_config("training.rounds=1")
+    Experiment(cfg, run_dir=tmp_path).run(progress=False)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del saved["algorithm"]["validation_fraction"], saved["dataset"]["drop_empty_labels"]  # as an older version wrote
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert cached_summary(cfg, tmp_path)["status"] == "completed"
+    with pytest.raises(Exception, match="another config"):
+        cached_summary(small_config("training.rounds=2"), tmp_path)
+
+
+def test_a_diverged_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
+    ov = ["training.rounds=6", "output.checkpoint_every=1", "algorithm.name=fedavg"]
+    e = Experiment(small_config(*ov), run_dir=tmp_path)
+    e.setup()
+    real = e.trainer.update
+
+    def poisoned(payload, data, hp, gen):  # round 3 sends a non-finite update
+        reply = real(payload, data, hp, gen)
+        if e.round == 2:
+            reply["theta_delta"] = {n: t * float("nan") for n, t in reply["theta_delta"].items()}
+        return reply
+
+    e.trainer.update = poisoned
+    s = e.run(progress=False).summary
+    assert s["status"] == "diverged" and s["rounds_completed"] == 3 and "round 3" in s["stop_reason"]
+    ck = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)
+    assert ck["round"] == 2 and all(torch.isfinite(t).all() for t in ck["theta"].values())
+    diag = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
+    assert [d["round"] for d in diag] == [1, 2, 3]
+
+
+def test_an_audit_of_a_finished_oracle_sees_the_selected_model(tmp_path):
+    from threat_models.context import AuditContext
+
+    e = Experiment(small_config("algorithm.name=oracle", "training.rounds=6", "evaluation.every=1"), run_dir=tmp_path)
+    s = e.run(progress=False).summary
+    final = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=False)
+    ctx = AuditContext.from_run_dir(tmp_path)
+    assert torch.equal(ctx.exp.W.cpu(), final["W"]) and 1 <= s["selected_round"] <= 6

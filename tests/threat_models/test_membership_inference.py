@@ -158,5 +158,9 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
     for k in range(2):
         z = np.load(cache / f"shadow{k}.npz")
         np.testing.assert_array_equal(scores[k], z["score"])
-        np.testing.assert_array_equal(inside[k], z["inside"])
+        np.testing.assert_array_equal(inside[k], z["trained"])
+        # the oracle recipe holds out a validation split of its IN half: those rows are not members of the shadow
+        assert not (z["trained"] & ~z["inside"]).any()
+        held = 1 - z["trained"].sum() / z["inside"].sum()
+        assert abs(held - cfg.algorithm.validation_fraction) < 0.02
     assert 0.0 < inside.mean() < 1.0

@@ -168,7 +168,10 @@ class MembershipInference(Attack):
         ds, fed = ctx.dataset, ctx.fed
         feats = sp.vstack([ds.train.features, ds.test.features]).tocsr()
         labels = sp.vstack([ds.train.labels, ds.test.labels]).tocsr()
-        member = np.r_[np.ones(ds.train.num_instances, bool), np.zeros(ds.test.num_instances, bool)]
+        # members: the training rows the model trained on (a centralised baseline holds out a validation split)
+        trained = np.zeros(ds.train.num_instances, bool)
+        trained[np.concatenate([s.indices for s in fed.shards])] = True
+        member = np.r_[trained, np.zeros(ds.test.num_instances, bool)]
         order = np.random.default_rng([ctx.cfg.seed, 0x3E3]).permutation(len(member))
         feats, labels, member = feats[order], labels[order], member[order]
         x = torch.from_numpy(fed.preprocessor.transform(feats))
@@ -243,7 +246,9 @@ class _ShadowTrainer:
         exp.run(progress=False)
         perm = exp.label_perm
         W = exp.W.detach().cpu()
-        return exp.theta, W if perm is None else W[torch.as_tensor(perm)]
+        trained = np.zeros(len(inside), bool)  # the shadow's IN rows it really trained on (not its validation split)
+        trained[idx[np.concatenate([s.indices for s in exp.fed.shards])]] = True
+        return exp.theta, (W if perm is None else W[torch.as_tensor(perm)]), trained
 
     def inside(self, k: int, n: int) -> np.ndarray:
         """Shadow k's random half of the n targets (depends on k, not on K: a cache of fewer shadows is reused)."""
@@ -256,28 +261,30 @@ class _ShadowTrainer:
         for k in range(self.options.shadows):
             f = self.dir / f"shadow{k}.npz"
             inside = self.inside(k, n)
-            s = _load_cached(f, inside)
-            if s is None:
-                theta, W = self._train(k, inside)
+            cached = _load_cached(f, inside)
+            if cached is None:
+                theta, W, trained = self._train(k, inside)
                 s = logit_confidence(encoder, theta, W, x, Y)
                 tmp = f.with_name(f.name + ".part")
                 with open(tmp, "wb") as fh:
-                    np.savez(fh, score=s, inside=inside)
+                    np.savez(fh, score=s, inside=inside, trained=trained)
                 tmp.replace(f)  # a killed audit never leaves a truncated cache entry
+            else:
+                s, trained = cached
             scores.append(s)
-            insides.append(inside)
+            insides.append(trained)
         return np.stack(scores), np.stack(insides)
 
 
-def _load_cached(f: Path, inside: np.ndarray) -> np.ndarray | None:
-    """A cached shadow's scores, or None when absent, unreadable, or for another split of the targets."""
+def _load_cached(f: Path, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """A cached shadow's (scores, rows it trained on), or None when absent, unreadable, or for another split."""
     if not f.is_file():
         return None
     try:
         with np.load(f) as z:
-            score, cached = z["score"], z["inside"]
+            score, cached, trained = z["score"], z["inside"], z["trained"]
     except (OSError, ValueError, KeyError):
         return None
     if cached.shape != inside.shape or score.shape != inside.shape or not np.array_equal(cached, inside):
         return None
-    return score
+    return score, trained
