@@ -91,3 +91,27 @@ DP_CONFIGS: dict[str, list[str]] = {
         'privacy.client={"target_epsilon": 8, "clip_norm": 0.5}', "privacy.report_gdp=true", "privacy.noise_seed=1",
     ],
 }  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _released_files_of_every_dp_run(request):
+    """After each test: every finished DP run it left in its tmp_path releases only public or DP-protected values
+    (the key lists of tests/engine/test_released_files.py). So the check covers every DP configuration the suite
+    trains, not only the ones listed in DP_CONFIGS."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if tmp is None:
+        return
+    import json
+
+    from tests.engine.test_released_files import check_released_files
+
+    for summary in Path(tmp).rglob("summary.json"):
+        if summary.parent.name == "private" or not (summary.parent / "metrics.jsonl").is_file():
+            continue
+        try:
+            doc = json.loads(summary.read_text())
+        except json.JSONDecodeError:
+            continue  # a test that writes a broken file on purpose
+        if isinstance(doc, dict) and "privacy" in doc and doc["privacy"].get("units"):
+            check_released_files(summary.parent)
