@@ -1,0 +1,68 @@
+"""A third party adds a protocol layer without touching the core: a spec in the `secure_fed.layers` registry is
+enough for `validate`, `list` and a run to find it (here the registry is extended in process, as an installed
+package's entry point would extend it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from secure_fed import plugins
+from secure_fed.engine import Experiment
+from secure_fed.engine.layers import ProtocolLayer
+from secure_fed.errors import ConfigError
+from secure_fed.specs import LayerSpec
+from tests.conftest import small_config
+
+
+class CountingLayer(ProtocolLayer):
+    """Counts the client updates that pass through it (a client mod) and the rounds (after_round)."""
+
+    name = "counting"
+    updates = rounds = 0
+
+    def client_mod(self, fn):
+        def counted(payload, data):
+            CountingLayer.updates += 1
+            return fn(payload, data)
+
+        return counted
+
+    def after_round(self, round_idx: int) -> None:
+        CountingLayer.rounds += 1
+
+
+def _refuse_fedavg_fixed(cfg, stack):
+    if "counting" in stack and cfg.algorithm.name == "fedavg_fixed":
+        raise ValueError("counting: refuses fedavg_fixed (to show a third-party rule)")
+
+
+SPEC = LayerSpec(name="counting", threat_model="counts updates; protects nothing", implementation=f"{__name__}:CountingLayer",
+                 validate=_refuse_fedavg_fixed)  # fmt: skip
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    real = plugins.registry
+
+    def registry(group):
+        out = dict(real(group))
+        if group == "layers":
+            out["counting"] = SPEC
+        return out
+
+    monkeypatch.setattr(plugins, "registry", registry)
+    monkeypatch.setattr("secure_fed.specs.registry", registry)
+    CountingLayer.updates = CountingLayer.rounds = 0
+
+
+def test_a_registered_layer_is_validated_built_and_wraps_the_clients(tmp_path, registered):
+    with pytest.raises(ConfigError, match="refuses fedavg_fixed"):
+        small_config('protocols=["counting"]', "algorithm.name=fedavg_fixed")
+    exp = Experiment(small_config('protocols=["counting"]', "algorithm.name=fedaws", "training.rounds=3"), run_dir=tmp_path)
+    exp.run(progress=False)
+    assert CountingLayer.rounds == 3 and CountingLayer.updates == 3 * len(exp.fed.clients)
+
+
+def test_an_unregistered_layer_is_one_clear_error():
+    with pytest.raises(ConfigError, match="unknown protocol layer 'counting'"):
+        small_config('protocols=["counting"]')
