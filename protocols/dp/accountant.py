@@ -38,6 +38,11 @@ _PRV_Q1_LOG_WARNING = {
 _SIGMA_STEP, _MAX_SIGMA_STEPS = 1.005, 2000
 
 
+def reported(epsilon: float) -> float | str:
+    """ε as the reports write it: a number, or ``"inf"`` (JSON has no infinity)."""
+    return epsilon if math.isfinite(epsilon) else "inf"
+
+
 def make_accountant(name: str):
     """A fresh Opacus accountant (``rdp`` or ``prv``). Its warnings reach the caller."""
     if name not in ACCOUNTANTS:
@@ -210,7 +215,7 @@ class PrivacyUnit:
     def report(self) -> dict[str, Any]:
         eps = self.epsilon()
         out = {
-            "epsilon": eps if math.isfinite(eps) else "inf",
+            "epsilon": reported(eps),
             "delta": self.delta,
             "accountant": self.accountant_name,
             "noise_multiplier": self.sigma,
@@ -226,7 +231,7 @@ class PrivacyUnit:
         if self.report_gdp:
             try:
                 g_eps, g_warning = gdp_epsilon([tuple(h) for h in self.accountant.history], self.delta)
-                g_value: float | str | None = g_eps if math.isfinite(g_eps) else "inf"
+                g_value: float | str | None = reported(g_eps)
             except ValueError as err:  # several (σ, q) in the history: GDP has no answer
                 g_value, g_warning = None, str(err)
             out["approximate"] = {"gdp": {"epsilon": g_value, "warning": g_warning}}

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
-from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
+from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of, reported
 from protocols.dp.client_dp import add_client_noise, clip_update, noise_aggregate
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.randomness import SecretStream
@@ -30,10 +30,6 @@ def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
     eps_k = k * epsilon
     delta_k = min(1.0, k * math.exp((k - 1) * epsilon) * delta) if (k - 1) * epsilon < 700 else 1.0
     return eps_k, delta_k
-
-
-def _eps(x: float):
-    return x if math.isfinite(x) else "inf"
 
 
 class DifferentialPrivacy(ProtocolLayer):
@@ -99,7 +95,6 @@ class DifferentialPrivacy(ProtocolLayer):
         unit = self.units.get("instance")
         if unit is None:
             return
-        inner = algorithm.w_step
         fixed = self.cfg.algorithm.name == "fedalc_fixed"
 
         def dp_step(W: torch.Tensor) -> dict[str, float] | None:
@@ -119,8 +114,7 @@ class DifferentialPrivacy(ProtocolLayer):
             unit.step()
             return {"reg": algorithm.regularizer_value(W), **stats} if fixed else stats
 
-        dp_step.wraps = inner  # the non-private step this one stands in for
-        algorithm.w_step = dp_step
+        algorithm.w_step = dp_step  # stands in for the non-private step over the same label sets
 
     # ---------------------------------------------------------------- client-level
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
@@ -193,7 +187,7 @@ class DifferentialPrivacy(ProtocolLayer):
         # noise: clients under a secure sum: every sum the server obtains carries ≥ σ²S² of noise, but the server
         # knows who sent an update, so sampling does not amplify: the same steps at q = 1
         eps = epsilon_of([(unit.sigma, 1.0, unit.steps)], unit.delta, unit.accountant_name) if unit.steps else 0.0
-        return {"epsilon": _eps(eps), "why": "noise shares under a secure sum; the server knows the cohort, so q = 1"}
+        return {"epsilon": reported(eps), "why": "noise shares under a secure sum; the server knows the cohort, so q = 1"}
 
     def privacy(self) -> dict[str, Any]:
         out = {}
@@ -214,7 +208,7 @@ class DifferentialPrivacy(ProtocolLayer):
                 k = int(self.env.max_clients_per_instance)
                 eps_k, delta_k = group_privacy(u.epsilon(), u.delta, 2 * k)
                 rep["instance_level"] = {
-                    "group_size": 2 * k, "epsilon": _eps(eps_k), "delta": delta_k,
+                    "group_size": 2 * k, "epsilon": reported(eps_k), "delta": delta_k,
                     "note": f"one training instance sits on up to {k} clients (one per label in the positive-only "
                             "setting); removing it replaces each of those clients' updates, two add/remove steps each, "
                             f"so client-level DP covers it by group privacy over {2 * k} units",

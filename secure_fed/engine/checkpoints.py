@@ -70,16 +70,19 @@ class CheckpointMixin:
         """What the clients (and the simulator) keep on their own side: protocol secrets, the label re-indexing."""
         return {"protocols": self.stack.client_state_dict(), "label_perm": self.label_perm}
 
-    def save_checkpoint(self, name: str = "last.pt") -> Path:
+    def save_checkpoint(self, name: str = "last.pt", *, side_files: bool = True) -> Path:
+        """Save the server's state as ``name``, and (``side_files``) the other parties' files beside it; ``final.pt``
+        is saved right after ``last.pt`` and passes ``side_files=False``, since those files have not changed."""
         ckpt_dir = self.run_dir / "checkpoints"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        files = [
-            (name, self.state_dict()),
-            ("clients.pt", self.client_state_dict()),  # the clients' own storage
-            ("server_secrets.pt", {"protocols": self.stack.secret_state_dict()}),  # the server's private keys (DP noise)
-        ]
-        for cb in self.callbacks:  # e.g. the server's recorded view and the auditor's secrets, kept apart
-            files.extend(cb.state_files().items())
+        files = [(name, self.state_dict())]
+        if side_files:
+            files += [
+                ("clients.pt", self.client_state_dict()),  # the clients' own storage
+                ("server_secrets.pt", {"protocols": self.stack.secret_state_dict()}),  # the server's private keys
+            ]
+            for cb in self.callbacks:  # e.g. the server's recorded view and the auditor's secrets, kept apart
+                files.extend(cb.state_files().items())
         for fname, state in files:
             tmp = ckpt_dir / (fname + ".tmp")
             torch.save(state, tmp)
@@ -104,5 +107,3 @@ class CheckpointMixin:
         for cb in self.callbacks:
             cb.load_state_files(self.run_dir / "checkpoints")
         return True
-
-    # -------------------------------------------------------------------- run

@@ -398,7 +398,7 @@ class Experiment(CheckpointMixin, ReportMixin):
             self.save_checkpoint()
         if status in ("completed", "budget_exhausted"):
             self._restore_selected()
-            self.save_checkpoint("final.pt")
+            self.save_checkpoint("final.pt", side_files=False)
         summary, private = self.summary(status), self.private_summary()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         (self.run_dir / PRIVATE_DIR).mkdir(exist_ok=True)

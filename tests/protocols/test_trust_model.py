@@ -10,6 +10,7 @@ pinned by clients, threshold decryption — which secure-fed does not implement.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tenseal as ts
 
 from protocols.ckks import CKKSAggregation
@@ -55,3 +56,27 @@ def test_one_ckks_key_holder_colluding_with_the_server_decrypts_individual_updat
     for v in plain.values():
         assert abs(v[meta][0] - 1.0) < 1e-4 and abs(v[meta][2] - 1.0) < 1e-4 and v[meta][1] > 0
         assert np.linalg.norm(v[theta]) > 1e-3
+
+
+def test_client_noise_shares_with_a_plaintext_ckks_group_are_refused():
+    """Under CKKS with θ unencrypted, each client's θ would reach the server with only a 1/√n noise share."""
+    from secure_fed.errors import ConfigError
+    from tests.conftest import small_config as cfg
+
+    ov = ["algorithm.name=fedavg", 'protocols=["dp", "ckks"]',
+          'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5, "noise": "clients"}']  # fmt: skip
+    with pytest.raises(ConfigError, match=r"ckks.encrypt: \[all\]"):
+        cfg(*ov, "ckks.encrypt=[rows]")
+    cfg(*ov, "ckks.encrypt=[theta, rows]")  # every group encrypted: accepted
+
+
+def test_the_ckks_decryption_error_is_measured_and_kept_private(tmp_path):
+    import json
+
+    e = Experiment(small_config("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=2"), run_dir=tmp_path)
+    e.run(progress=False)
+    diag = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
+    per_round = [d["ckks_max_abs_error"] for d in diag]
+    run_max = json.loads((tmp_path / "private" / "summary.json").read_text())["protocols"]["ckks_max_abs_decryption_error"]
+    assert all(0 < x < 1e-3 for x in per_round) and run_max == max(per_round)  # CKKS is approximate, not exact
+    assert "ckks_max" not in (tmp_path / "summary.json").read_text()  # released summary: no private diagnostic
