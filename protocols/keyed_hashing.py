@@ -92,7 +92,11 @@ class KeyedHashing(ProtocolLayer):
         self._clients: dict[int, ClientKeyring] = {}  # client side
         self.public_keys: dict[int, bytes] = {}  # server side
         self.row_of_pseudonym: dict[bytes, int] = {}  # server side
-        self.row_of_client: dict[int, int] = {}  # server side
+        self._row_order: np.ndarray | None = None  # simulator: label l's row, decided in setup
+
+    def row_order(self) -> np.ndarray | None:
+        """Label l lives in the row of its pseudonym's rank (set by :meth:`setup`)."""
+        return self._row_order
 
     # ------------------------------------------------------------------ one-off setup
     def _client_setup_fn(self, payload: Payload, data: ClientData) -> Payload:
@@ -150,8 +154,7 @@ class KeyedHashing(ProtocolLayer):
             for lbl, p in zip(c.known_labels.tolist(), by_client[c.client_id], strict=True):
                 perm[lbl] = self.row_of_pseudonym[p]
         free = iter(sorted(set(range(C)) - set(perm[perm >= 0].tolist())))
-        perm = np.array([p if p >= 0 else next(free) for p in perm])
-        ctx.permute_labels(perm)
+        self._row_order = np.array([p if p >= 0 else next(free) for p in perm])
         return {"keyed_hashing": {"dealer": dealer, "clients": len(self.public_keys), "pseudonyms": len(distinct)}}
 
     # ------------------------------------------------------------------ label-set collection

@@ -7,6 +7,7 @@ config cannot run, as one line.
 
 from __future__ import annotations
 
+from secure_fed.messages import ByteList, FullTable, Number, Opaque, Setting, ShortBytes
 from secure_fed.specs import LayerSpec
 
 LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
@@ -117,8 +118,15 @@ KEYED_HASHING = LayerSpec(
     ),
     implementation="protocols.keyed_hashing:KeyedHashing",
     validate=_validate_keyed_hashing,
-    downlink_keys=frozenset({"keyed_hashing", "public_keys", "sealed", "dealer", "dealer_public_key", "label_names"}),
-    uplink_keys=frozenset({"public_key", "sealed", "pseudonyms", "pseudonym"}),
+    downlink_rules={
+        "keyed_hashing": Setting(),
+        "public_keys": Opaque(),
+        "sealed": Opaque(),
+        "dealer": Number(),
+        "dealer_public_key": ShortBytes(),
+        "label_names": Opaque(),
+    },
+    uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "pseudonyms": ByteList(), "pseudonym": ShortBytes()},
 )
 
 DP = LayerSpec(
@@ -132,6 +140,8 @@ DP = LayerSpec(
     ),
     implementation="protocols.dp.layer:DifferentialPrivacy",
     validate=_validate_dp,
+    # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
+    uplink_rules={"row_noise": FullTable("W")},
 )
 
 SECURE_AGGREGATION = LayerSpec(
@@ -157,6 +167,12 @@ CKKS = LayerSpec(
     implementation="protocols.ckks:CKKSAggregation",
     replaces_aggregation=True,
     validate=_validate_ckks,
-    downlink_keys=frozenset({"ckks", "public_keys", "sealed", "dealer", "dealer_public_key"}),
-    uplink_keys=frozenset({"public_key", "sealed", "public_context"}),
+    downlink_rules={
+        "ckks": Setting(),
+        "public_keys": Opaque(),
+        "sealed": Opaque(),
+        "dealer": Number(),
+        "dealer_public_key": ShortBytes(),
+    },
+    uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "public_context": Opaque()},
 )

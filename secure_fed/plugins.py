@@ -9,6 +9,7 @@ the core reads them here, by group, and never names a module above it. The group
 ``secure_fed.config_sections``     a pydantic model per top-level YAML section a plugin owns
 ``secure_fed.callbacks``           ``factory(cfg) -> Callback | None``, called for every run
 ``secure_fed.commands``            ``register(subparsers)``: extra ``secure-fed`` sub-commands
+``secure_fed.model_families``      a :class:`~secure_fed.models.families.ModelFamily` subclass per model family
 =================================  =====================================================================
 
 Specs and config sections must be light (pydantic and the standard library only), so that
@@ -28,7 +29,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-GROUPS = ("layers", "attacks", "config_sections", "callbacks", "commands")
+GROUPS = ("layers", "attacks", "config_sections", "callbacks", "commands", "model_families")
 
 
 @cache

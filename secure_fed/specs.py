@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from secure_fed.errors import unknown_name
+from secure_fed.messages import Rule
 from secure_fed.plugins import load_object, registry
 
 
@@ -28,8 +29,8 @@ class LayerSpec:
         validate: ``validate(cfg, stack)`` raises ``ValueError`` with the reason when the config cannot
             run; called for every registered layer, listed or not (a layer may reject its own section
             being set while it is not listed).
-        downlink_keys, uplink_keys: message keys the layer adds; the guard allows exactly the algorithm's
-            and the listed layers' keys.
+        downlink_rules, uplink_rules: the message keys the layer adds, each with its rule
+            (:mod:`secure_fed.messages`); the guard allows exactly the algorithm's and the listed layers' keys.
     """
 
     name: str
@@ -37,9 +38,9 @@ class LayerSpec:
     implementation: str
     replaces_aggregation: bool = False
     validate: Callable[[Any, list[str]], None] | None = None
-    #: the message keys the layer's own exchanges add (setup messages); the guard refuses undeclared keys
-    downlink_keys: frozenset[str] = frozenset()
-    uplink_keys: frozenset[str] = frozenset()
+    #: the message keys the layer adds (its setup exchanges, its additions to updates), with their rules
+    downlink_rules: dict[str, Rule] = field(default_factory=dict)
+    uplink_rules: dict[str, Rule] = field(default_factory=dict)
 
     def load(self) -> type:
         return load_object(self.implementation)

@@ -124,7 +124,7 @@ class DifferentialPrivacy(ProtocolLayer):
         layer = self
 
         on_clients = self.cfg.privacy.client.noise == "clients"
-        noise_rows = layer.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed")
+        noise_rows = layer.env.has_rows and layer.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed")
 
         class _Noise(RoundWrapper):
             def client_mod(self, fn: ClientFn) -> ClientFn:

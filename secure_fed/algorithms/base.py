@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import scipy.sparse as sp
 import torch
 
+from secure_fed.messages import Number, Params, RowIds, Rows, Rules, Setting, Visibility
+
 if TYPE_CHECKING:
     from secure_fed.config.schema import AlgorithmConfig
 
@@ -35,6 +37,7 @@ class ClientData:
         known_labels: ``(k,)`` the labels this client knows. In the positive-only
             setting this is the client's single class.
         raw: its raw features (CSR), used only to compute tokens.
+        num_labels: C, the size of the label space (public).
     """
 
     client_id: int
@@ -42,6 +45,7 @@ class ClientData:
     pos: torch.Tensor
     known_labels: torch.Tensor
     raw: sp.csr_matrix
+    num_labels: int = 0
 
     @property
     def num_examples(self) -> int:
@@ -78,23 +82,40 @@ class Algorithm:
     trains_rows: ClassVar[bool] = True
     #: one client holding all data and all labels (the oracle)
     centralized: ClassVar[bool] = False
-    #: client loss, a key of ``secure_fed.algorithms.losses.LOSSES``
-    client_loss: ClassVar[str] = "positive"
-    #: the message keys this algorithm sends a client and receives back (the guard refuses any other)
-    downlink_keys: ClassVar[frozenset[str]] = frozenset({"theta", "rows", "row_ids", "train_rows", "loss"})
-    uplink_keys: ClassVar[frozenset[str]] = frozenset({"theta_delta", "rows_delta", "row_ids", "num_examples", "loss"})
+    #: the algorithm's client loss, a key of ``secure_fed.algorithms.losses.LOSSES`` (``algorithm.loss`` or the
+    #: model family may choose another; see :attr:`client_loss`)
+    default_loss: ClassVar[str] = "positive"
+    #: what a client may receive of each named server tensor: θ whole, only its own rows of W
+    visibility: ClassVar[dict[str, Visibility]] = {"theta": Visibility.ALL, "W": Visibility.OWN_ROWS}
+    #: the keys this algorithm sends a client and receives back, with their rules (the guard refuses any other)
+    downlink_rules: ClassVar[Rules] = {
+        "theta": Params("theta"), "rows": Rows("W"), "row_ids": RowIds("W"), "train_rows": Setting(), "loss": Setting(),
+    }  # fmt: skip
+    uplink_rules: ClassVar[Rules] = {
+        "theta_delta": Params("theta"), "rows_delta": Rows("W"), "row_ids": RowIds("W"), "num_examples": Number(),
+        "loss": Number(),
+    }  # fmt: skip
 
-    def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None):
+    def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None, loss: str | None = None):
         self.cfg = cfg
         #: where the algorithm's server-side tensors live
         self.device = device or torch.device("cpu")
+        self._loss = loss
+
+    @property
+    def client_loss(self) -> str:
+        """The loss clients minimise: the one chosen for this run, else the algorithm's default."""
+        return self._loss or self.default_loss
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
         """One-off protocol before round 0. Returns facts to log in the summary."""
         return {}
 
-    def downlink(self, theta: dict[str, torch.Tensor], W: torch.Tensor, known_labels: torch.Tensor) -> Payload:
-        """The payload for a client that knows ``known_labels``: θ and only its own rows."""
+    def downlink(self, theta: dict[str, torch.Tensor], W: torch.Tensor | None, known_labels: torch.Tensor) -> Payload:
+        """The payload for a client that knows ``known_labels``: θ and only its own rows (no rows when the model
+        family keeps no row table)."""
+        if W is None:
+            return {"theta": theta, "train_rows": False, "loss": self.client_loss}
         return {
             "theta": theta,
             "rows": W[known_labels],

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.label_sets import TOKENIZERS
 from secure_fed.algorithms.losses import LOSSES
+from secure_fed.models.families import CosineEmbedding, ModelFamily
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,8 +37,10 @@ class LocalTrainer:
     from each payload, so nothing leaks from one client's update to the next.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, family: ModelFamily | None = None):
+        """``family`` says how the model scores (default: the positive-only papers' f = W·g_θ)."""
         self.model = model
+        self.family = family if family is not None else CosineEmbedding()
         self.names = [n for n, _ in model.named_parameters()]
 
     @torch.no_grad()
@@ -47,11 +49,15 @@ class LocalTrainer:
             p.copy_(theta[n])
 
     def update(self, payload: Payload, data: ClientData, hp: LocalTraining, generator: torch.Generator) -> Payload:
-        """One client's local update; returns deltas for θ and its own rows."""
+        """One client's local update; returns deltas for θ and its own rows (when it received rows)."""
         self._load(payload["theta"])
-        rows = payload["rows"].detach().clone()
-        train_rows = bool(payload["train_rows"])
-        rows.requires_grad_(train_rows)
+        has_rows = "rows" in payload
+        rows = payload["rows"].detach().clone() if has_rows else None
+        train_rows = has_rows and bool(payload["train_rows"])
+        if rows is not None:
+            rows.requires_grad_(train_rows)
+        # without a row table the model scores every label: targets are the client's full label vectors
+        targets = data.pos if has_rows else full_label_targets(data)
         params = list(self.model.parameters()) + ([rows] if train_rows else [])
         if hp.optimizer == "adam":
             opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
@@ -66,10 +72,9 @@ class LocalTrainer:
             for start in range(0, n, hp.batch_size):
                 idx = perm[start : start + hp.batch_size]
                 with torch.autocast(data.x.device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16"):
-                    emb = self.model(data.x[idx])
-                z = F.normalize(emb.float(), dim=-1)
-                scores = z @ F.normalize(rows, dim=-1).T
-                loss = loss_fn(scores, data.pos[idx])
+                    out = self.family.forward(self.model, data.x[idx])
+                scores = self.family.score(out, rows)
+                loss = loss_fn(scores, targets[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -82,6 +87,15 @@ class LocalTrainer:
                 reply["rows_delta"] = rows.detach() - payload["rows"]
                 reply["row_ids"] = payload["row_ids"]
         return reply
+
+
+def full_label_targets(data: ClientData) -> torch.Tensor:
+    """(n, C) bool: the client's label vectors over all C labels (the labels it does not know are absent from
+    all of its instances, so they are negatives)."""
+    C = data.num_labels
+    out = torch.zeros(data.num_examples, C, dtype=torch.bool, device=data.pos.device)
+    out[:, data.known_labels.to(data.pos.device)] = data.pos
+    return out
 
 
 def token_client(payload: Payload, data: ClientData) -> Payload:

@@ -44,6 +44,7 @@ from secure_fed.algorithms.regularizers import (
     pair_sqdist_grads,
 )
 from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.messages import ByteList, OwnLabel, Setting
 
 #: ``W → stats`` (or None: stop): the server's step on W over the label sets. The algorithm's default is the
 #: non-private step; a protocol layer wraps it by replacing ``algorithm.w_step`` with its own step built
@@ -55,8 +56,8 @@ class _LabelSetMixin:
     """Runs label-set collection and keeps the merged label sets."""
 
     #: label-set collection: the server asks for a tokenizer's tokens; a client answers with tokens and its label
-    downlink_keys = Algorithm.downlink_keys | {"tokenizer"}
-    uplink_keys = Algorithm.uplink_keys | {"tokens", "label"}
+    downlink_rules = {**Algorithm.downlink_rules, "tokenizer": Setting()}
+    uplink_rules = {**Algorithm.uplink_rules, "tokens": ByteList(), "label": OwnLabel()}
 
     label_sets: torch.Tensor | None = None
 
@@ -77,8 +78,8 @@ class FedALC(_LabelSetMixin, Algorithm):
     description = CATALOG["fedalc"]
     trains_rows = True
 
-    def __init__(self, cfg, *, device=None):
-        super().__init__(cfg, device=device)
+    def __init__(self, cfg, *, device=None, loss=None):
+        super().__init__(cfg, device=device, loss=loss)
         self.w_step: WStep = self.correlation_update
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
@@ -129,8 +130,8 @@ class FedALCFixed(_LabelSetMixin, Algorithm):
     description = CATALOG["fedalc_fixed"]
     trains_rows = False
 
-    def __init__(self, cfg, *, device=None):
-        super().__init__(cfg, device=device)
+    def __init__(self, cfg, *, device=None, loss=None):
+        super().__init__(cfg, device=device, loss=loss)
         self.w_step: WStep = self.pretrain_update
 
     @property

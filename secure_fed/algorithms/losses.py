@@ -1,4 +1,4 @@
-"""Client-side losses on normalised scores s = ŵ·ĝ(x) ∈ [-1, 1]."""
+"""Client-side losses: on normalised scores s = ŵ·ĝ(x) ∈ [-1, 1] (embedding family), or on logits (``bce``)."""
 
 from __future__ import annotations
 
@@ -35,4 +35,14 @@ def contrastive_loss(scores: torch.Tensor, pos: torch.Tensor, margin: float = 0.
     return (p + n).mean()
 
 
-LOSSES = {"positive": positive_hinge_loss, "softmax": softmax_multilabel_loss, "contrastive": contrastive_loss}
+def bce_loss(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of logits against the full label vectors (families without a row table)."""
+    return F.binary_cross_entropy_with_logits(scores, pos.to(scores.dtype))
+
+
+LOSSES = {
+    "positive": positive_hinge_loss,
+    "softmax": softmax_multilabel_loss,
+    "contrastive": contrastive_loss,
+    "bce": bce_loss,
+}

@@ -19,5 +19,5 @@ class Oracle(Algorithm):
     centralized = True
 
     @property
-    def client_loss(self) -> str:  # type: ignore[override]
+    def default_loss(self) -> str:  # type: ignore[override]
         return self.cfg.oracle_loss

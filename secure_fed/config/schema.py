@@ -85,12 +85,29 @@ class DatasetConfig(_Strict):
 
 
 class PartitionConfig(_Strict):
-    name: Literal["positive_only", "iid", "dirichlet"] = "positive_only"
-    num_clients: int | None = Field(None, ge=1, le=MAX_SIZE)
-    alpha: float = Field(0.5, gt=0.0, le=1e6)
+    """How the training set is spread over clients (see :mod:`secure_fed.data.partitions`)."""
+
+    name: Literal["positive_only", "iid", "dirichlet", "cmda", "natural"] = "positive_only"
+    num_clients: int | None = Field(
+        None, ge=1, le=MAX_SIZE, description="iid, dirichlet, cmda: clients (default 10); natural: must match the file"
+    )
+    alpha: float = Field(0.5, gt=0.0, le=1e6, description="dirichlet: concentration of the per-label Dir(alpha)")
+    kmodes_inits: int = Field(5, ge=1, le=1000, description="cmda: k-modes restarts (n_init); the lowest-cost run is kept")
+    client_ids_file: str | None = Field(
+        None, min_length=1, description="natural: text file with one integer client id per training instance"
+    )
+
+    @model_validator(mode="after")
+    def _natural_has_file(self) -> PartitionConfig:
+        if self.name == "natural" and self.client_ids_file is None:
+            raise ValueError("partition.name=natural needs partition.client_ids_file (one client id per training instance)")
+        return self
 
 
 class ModelConfig(_Strict):
+    family: Literal["embedding", "linear_head"] = Field(
+        "embedding", description="embedding: f = W·g_θ with per-label rows; linear_head: g_θ plus a shared linear head"
+    )
     name: Literal["auto", "sparse_text", "mlp"] = "auto"
     embedding_dim: int = Field(512, ge=2, le=MAX_WIDTH, description="d, the dimension of g(x) and of W's rows")
     embed_dim: int = Field(512, ge=2, le=MAX_WIDTH, description="sparse_text: width of the linear input embedding")
@@ -115,6 +132,9 @@ class AlgorithmConfig(_Strict):
     fixed_steps: int = Field(500, ge=0, le=MAX_SIZE, description="fedalc_fixed: server steps on reg_fc before training")
     fixed_lr: float = Field(1.0, gt=0.0, le=1e6, description="fedalc_fixed: η of the reg_fc steps")
     oracle_loss: Literal["softmax", "contrastive"] = "softmax"
+    loss: Literal["auto", "positive", "softmax", "contrastive", "bce"] = Field(
+        "auto", description="client loss; auto: the model family's (bce for linear_head), else the algorithm's own"
+    )
     validation_fraction: float = Field(
         0.1, ge=0.0, lt=0.9,
         description="centralised baselines (oracle): share of the training data held out to select the epoch whose "
@@ -198,6 +218,7 @@ class CoreConfig(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> CoreConfig:
         validate_stack(self)
+        self._check_model_family()
         needs_positive_only = self.algorithm.name in ("fedalc", "fedalc_fixed")
         if needs_positive_only and self.partition.name != "positive_only":
             raise ValueError(
@@ -205,6 +226,28 @@ class CoreConfig(_Strict):
                 "so partition.name must be positive_only"
             )
         return self
+
+    def _check_model_family(self) -> None:
+        algo, loss = self.algorithm.name, self.algorithm.loss
+        if self.model.family == "linear_head":
+            if algo not in ROWLESS_ALGORITHMS:
+                raise ValueError(
+                    f"model.family=linear_head keeps no per-label rows, which {algo} trains or regularises; "
+                    f"use one of {', '.join(ROWLESS_ALGORITHMS)}"
+                )
+            if loss not in ("auto", "bce"):
+                raise ValueError(f"algorithm.loss={loss} scores normalised class embeddings; linear_head gives logits: use bce")
+            if self.partition.name == "positive_only":
+                raise ValueError(
+                    "model.family=linear_head trains every label's logit on every client, which needs full label vectors; "
+                    "positive-only clients know one label (use partition.name: iid, dirichlet, cmda or natural)"
+                )
+        elif loss == "bce":
+            raise ValueError("algorithm.loss=bce needs logits: set model.family: linear_head")
+
+
+#: algorithms whose server keeps no row table (they run with any model family)
+ROWLESS_ALGORITHMS = ("fedavg",)
 
 
 @cache

@@ -2,7 +2,7 @@
 
 from secure_fed.data.arff import read_arff, read_label_names
 from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
-from secure_fed.data.partition import PARTITIONERS, ClientShard, Partitioner, build_partitioner
+from secure_fed.data.partitions import PARTITIONERS, ClientShard, Partitioner, build_partitioner, partitioner_from_config
 from secure_fed.data.registry import REGISTRY, load_from_paths, load_registered, resolve_root
 from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
 from secure_fed.data.xc import read_xc, read_xc_split
@@ -19,6 +19,7 @@ __all__ = [
     "load_from_paths",
     "load_registered",
     "make_synthetic",
+    "partitioner_from_config",
     "read_arff",
     "read_label_names",
     "read_xc",

@@ -71,10 +71,16 @@ class UpdateLayout:
     shapes: tuple[tuple[int, ...], ...]
     num_rows: int
     dim: int
+    #: reply keys holding a tensor of W's shape that is added to every row (declared with the ``FullTable``
+    #: message rule, e.g. a client's DP noise share); the layout never names them itself
+    full_table_keys: tuple[str, ...] = ()
 
     @classmethod
-    def for_model(cls, theta: dict[str, torch.Tensor], num_rows: int, dim: int) -> UpdateLayout:
-        return cls(tuple(theta), tuple(tuple(t.shape) for t in theta.values()), num_rows, dim)
+    def for_model(
+        cls, theta: dict[str, torch.Tensor], num_rows: int, dim: int, *, full_table_keys: tuple[str, ...] = ()
+    ) -> UpdateLayout:
+        """``num_rows = 0`` for a model family without a row table."""
+        return cls(tuple(theta), tuple(tuple(t.shape) for t in theta.values()), num_rows, dim, tuple(full_table_keys))
 
     def segments(self) -> dict[str, slice]:
         """Named slices: one per θ parameter, then ``rows`` (deltas and counts) and ``meta`` (w, loss, 1)."""
@@ -106,8 +112,9 @@ class UpdateLayout:
             ids = np.asarray(torch.as_tensor(reply["row_ids"]).cpu()).reshape(-1)
             deltas[ids] += reply["rows_delta"].detach().double().cpu().numpy()
             counts[ids] += 1.0
-        if "row_noise" in reply:  # client-side DP noise on every row (distributed noise)
-            deltas += reply["row_noise"].detach().double().cpu().numpy()
+        for key in self.full_table_keys:  # e.g. a client's DP noise share on every row (distributed noise)
+            if key in reply:
+                deltas += reply[key].detach().double().cpu().numpy()
         v[seg["meta"]] = (w, float(reply["loss"]), 1.0)
         return v
 
@@ -141,15 +148,16 @@ class RoundSession:
     session's server-side post-processing to an aggregate computed elsewhere.
     """
 
-    def __init__(self, *, cohort: list[int], theta: dict[str, torch.Tensor], W: torch.Tensor, weighting: str):
+    def __init__(self, *, cohort: list[int], theta: dict[str, torch.Tensor], W: torch.Tensor | None, weighting: str):
+        """``W`` is the row table, or None for a model family without one (the row sums are then empty)."""
         self.cohort = list(cohort)
         #: the fewest client updates a completed round's sum can hold (set by secure-sum layers; None: unknown)
         self.min_summands: int | None = None
         self.weighting = weighting
-        self.device = W.device
+        self.device = next(iter(theta.values())).device
         self._theta_sum = {n: torch.zeros_like(t) for n, t in theta.items()}
-        self._row_sum = torch.zeros_like(W)
-        self._row_cnt = torch.zeros(W.shape[0], device=W.device)
+        self._row_sum = torch.zeros_like(W) if W is not None else torch.zeros(0, 0, device=self.device)
+        self._row_cnt = torch.zeros(self._row_sum.shape[0], device=self.device)
         self._w = 0.0
         self._loss = 0.0
         self._n = 0

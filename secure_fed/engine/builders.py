@@ -14,10 +14,10 @@ from secure_fed.data import (
     ClientShard,
     MultiLabelDataset,
     SyntheticSpec,
-    build_partitioner,
     load_from_paths,
     load_registered,
     make_synthetic,
+    partitioner_from_config,
 )
 from secure_fed.errors import ConfigError
 from secure_fed.models import Preprocessor, build_encoder
@@ -115,7 +115,7 @@ def build_federation(
         val, rest = np.sort(order[:n_val]), np.sort(order[n_val:])
         shards = [ClientShard(0, rest)]
     else:
-        part = build_partitioner(cfg.partition.name, num_clients=cfg.partition.num_clients, alpha=cfg.partition.alpha)
+        part = partitioner_from_config(cfg.partition, seed=cfg.seed)
         shards = part.partition(ds.train, rng)
     clients = []
     for s in shards:
@@ -132,6 +132,7 @@ def build_federation(
                 pos=torch.from_numpy(y_train[np.ix_(s.indices, known)]).to(device),
                 known_labels=torch.from_numpy(known.astype(np.int64)),
                 raw=ds.train.features[s.indices],
+                num_labels=ds.num_labels,
             )
         )
     n_test = ds.test.num_instances if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, ds.test.num_instances)
@@ -145,4 +146,8 @@ def build_federation(
 
 
 def build_algorithm(cfg: ExperimentConfig, device: torch.device) -> Algorithm:
-    return ALGORITHMS[cfg.algorithm.name](cfg.algorithm, device=device)
+    """The configured algorithm; its client loss is ``algorithm.loss``, else the model family's, else its own."""
+    from secure_fed.models.families import model_family
+
+    loss = cfg.algorithm.loss if cfg.algorithm.loss != "auto" else model_family(cfg.model.family).default_loss
+    return ALGORITHMS[cfg.algorithm.name](cfg.algorithm, device=device, loss=loss)

@@ -46,6 +46,10 @@ class Callback:
     def on_run_start(self, exp: Experiment) -> None:
         """``Experiment.run`` starts (after setup and any resume)."""
 
+    def on_record(self, exp: Experiment, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
+        """Add to a round's public record (``metrics.jsonl``: the released model's metrics, the privacy report
+        only) or to its private diagnostics, in callback order."""
+
     def on_round_end(self, exp: Experiment, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
         """A round's public record (``metrics.jsonl``) and private diagnostics are complete."""
 
@@ -76,6 +80,46 @@ def build_callbacks(cfg) -> list[Callback]:
 
 
 # ----------------------------------------------------------------------------------- built-in callbacks
+class Evaluation(Callback):
+    """Test metrics every ``evaluation.every`` rounds and after the last; a centralised baseline also scores its
+    validation split to select the epoch it reports. A run stopped by its privacy budget evaluates the model as
+    released at the stop."""
+
+    name = "evaluation"
+
+    def on_record(self, exp, record, diagnostics) -> None:
+        every, rounds = exp.cfg.evaluation.every, exp.cfg.training.rounds
+        if exp.round % every == 0 or exp.round == rounds:
+            record.update(exp.evaluation_record())
+            exp.select_on_validation(diagnostics)
+
+    def on_run_end(self, exp, status) -> None:
+        from secure_fed.engine.reporting import evaluated
+
+        if status == "budget_exhausted" and exp.history and not evaluated(exp.history[-1]):
+            exp.history[-1].update(exp.evaluation_record())
+
+
+class PrivacyRecord(Callback):
+    """The privacy ledger's (ε, δ) so far on every metrics line (ε = ∞ without DP)."""
+
+    name = "privacy_record"
+
+    def on_record(self, exp, record, diagnostics) -> None:
+        record["privacy"] = exp.privacy_now()
+
+
+class Checkpointing(Callback):
+    """Every ``output.checkpoint_every`` rounds (before the last), every party's state (see
+    :mod:`secure_fed.engine.checkpoints`); the run's end saves its own."""
+
+    name = "checkpointing"
+
+    def on_round_end(self, exp, record, diagnostics) -> None:
+        if exp.round % exp.cfg.output.checkpoint_every == 0 and exp.round < exp.cfg.training.rounds:
+            exp.save_checkpoint()
+
+
 class MetricsFiles(Callback):
     """``metrics.jsonl`` (released) and ``private/diagnostics.jsonl`` (the operator's): one line per round,
     appended, flushed and fsync'd; a resumed run first truncates both to its checkpoint's rounds."""
@@ -126,7 +170,8 @@ class ProgressBar(Callback):
         if "mAP" in record:
             head = next((k for k in record if k.startswith("P@")), "mAP")
             post[head] = f"{record[head]:.2f}"
-            post["cos(W)"] = f"{record['W_mean_cos']:.3f}"
+            if record.get("W_mean_cos") is not None:
+                post["cos(W)"] = f"{record['W_mean_cos']:.3f}"
         self.bar.set_postfix(post)
         self.bar.update(1)
 

@@ -10,6 +10,7 @@ kill leaves the previous checkpoint whole; tensors are saved on the CPU (portabl
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,21 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
+def _to_device(obj: Any, device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
 class CheckpointMixin:
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": CHECKPOINT_VERSION,
             "round": self.round,
             "theta": {n: t.cpu() for n, t in self.theta.items()},
-            "W": self.W.cpu(),
+            "W": None if self.W is None else self.W.cpu(),
             "server_opt": _to_cpu(self.server_opt.state_dict()),
             "row_opt": _to_cpu(self.row_opt.state_dict()),
             "algorithm": _to_cpu(self.algorithm.state_dict()),
@@ -51,7 +60,7 @@ class CheckpointMixin:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.round = sd["round"]
         self.theta = {n: t.to(self.device) for n, t in sd["theta"].items()}
-        self.W = sd["W"].to(self.device)
+        self.W = None if sd["W"] is None else sd["W"].to(self.device)
         self.server_opt.load_state_dict(sd["server_opt"], self.device)
         self.row_opt.load_state_dict(sd["row_opt"], self.device)
         if sd["setup_facts"] is not None:
@@ -62,8 +71,7 @@ class CheckpointMixin:
         self.diagnostics = sd.get("diagnostics", [])
         self.rounds_aborted = sd.get("rounds_aborted", 0)
         best = sd.get("best")
-        self.best = None if best is None else {**best, "theta": {n: t.to(self.device) for n, t in best["theta"].items()},
-                                                "W": best["W"].to(self.device)}  # fmt: skip
+        self.best = None if best is None else _to_device(best, self.device)
         self.wall_before = sd["wall_seconds"]
 
     def client_state_dict(self) -> dict[str, Any]:
@@ -73,6 +81,8 @@ class CheckpointMixin:
     def save_checkpoint(self, name: str = "last.pt", *, side_files: bool = True) -> Path:
         """Save the server's state as ``name``, and (``side_files``) the other parties' files beside it; ``final.pt``
         is saved right after ``last.pt`` and passes ``side_files=False``, since those files have not changed."""
+        self.wall_before = self.elapsed()  # the training time so far goes into the checkpoint
+        self._t0 = time.perf_counter()
         ckpt_dir = self.run_dir / "checkpoints"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         files = [(name, self.state_dict())]
@@ -99,7 +109,7 @@ class CheckpointMixin:
             cs = torch.load(clients, map_location="cpu", weights_only=False)
             self.stack.load_client_state_dict(cs["protocols"])
             if cs["label_perm"] is not None:
-                self.permute_labels(cs["label_perm"])
+                self.apply_row_order(cs["label_perm"])
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
         if secrets.is_file():

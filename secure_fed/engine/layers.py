@@ -45,14 +45,12 @@ class ProtocolSetup:
         query_one: the same with one client, ``query_one(cid, payload, client_fn)``.
         clients: the client-side data objects (client code only; never given to server code).
         label_names: the dataset's label names (known to clients; public in the ARFF header).
-        permute_labels: ``permute_labels(perm)`` re-indexes W's rows: label l becomes row perm[l].
     """
 
     query: Callable[[Callable[[int], Payload], ClientFn], list[tuple[int, Payload]]]
     query_one: Callable[[int, Payload, ClientFn], Payload]
     clients: list[ClientData]
     label_names: list[str]
-    permute_labels: Callable[[Any], None]
 
 
 @dataclass
@@ -69,10 +67,15 @@ class StackEnv:
     #: the most clients one training instance sits on (its label count in the positive-only setting; 1 when
     #: each instance is on one client): the group size that turns client-level DP into instance-level DP
     max_clients_per_instance: int = 1
+    #: the model family keeps a per-label row table W (``num_labels`` × ``embedding_dim``)
+    has_rows: bool = True
+    #: reply keys the listed layers declare as added to every row of W (``FullTable`` rule)
+    full_table_keys: tuple[str, ...] = ()
 
     def update_layout(self) -> UpdateLayout:
         """How one client's update is packed into a flat vector (for layers that sum vectors)."""
-        return UpdateLayout.for_model(self.theta, self.num_labels, self.embedding_dim)
+        rows = self.num_labels if self.has_rows else 0
+        return UpdateLayout.for_model(self.theta, rows, self.embedding_dim, full_table_keys=self.full_table_keys)
 
 
 class RoundWrapper(RoundSession):
@@ -119,7 +122,14 @@ class ProtocolLayer:
         self.env = env
 
     def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        """A one-off protocol before round 0; returns facts for the (private) summary."""
         return {}
+
+    def row_order(self) -> Any:
+        """After :meth:`setup`: the row of W each label lives in (``order[l]``, a permutation), when the layer
+        decided W's row order (keyed label pseudonyms); None leaves rows in label order. The engine re-indexes
+        the clients' labels and the test labels with it (simulator bookkeeping; the server only knows rows)."""
+        return None
 
     def wrap_query(self, query):
         """Wrap the setup-time exchange the algorithm uses (label-set collection)."""
@@ -204,10 +214,14 @@ class ProtocolStack:
             out.update(getattr(layer, method)())
         return out
 
-    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+    def setup(self, ctx: ProtocolSetup, *, on_row_order: Callable[[Any], None]) -> dict[str, Any]:
+        """Each layer's setup in order; after each, its row order (if it set one) goes to ``on_row_order``
+        before the next layer sets up (so every later layer sees the rows as they will be)."""
         facts: dict[str, Any] = {}
         for layer in self.layers:
             facts.update(layer.setup(ctx))
+            if (order := layer.row_order()) is not None:
+                on_row_order(order)
         return facts
 
     def wrap_query(self, query):

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from secure_fed.algorithms import SetupContext
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
@@ -31,17 +30,27 @@ from secure_fed.engine.builders import (
     build_federation,
     resolve_device,
 )
-from secure_fed.engine.callbacks import Callback, MetricsFiles, ProgressBar, build_callbacks
+from secure_fed.engine.callbacks import (
+    Callback,
+    Checkpointing,
+    Evaluation,
+    MetricsFiles,
+    PrivacyRecord,
+    ProgressBar,
+    build_callbacks,
+)
 from secure_fed.engine.checkpoints import CheckpointMixin
 from secure_fed.engine.executors import EXECUTORS, ClientJob
 from secure_fed.engine.guard import MessageGuard
 from secure_fed.engine.layers import ProtocolSetup, ProtocolStack, StackEnv
-from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin, evaluated
+from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin
 from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
+from secure_fed.messages import FullTable, Rules
 from secure_fed.metrics import evaluate_scores
-from secure_fed.models import mean_pairwise_cosine, spread_init
+from secure_fed.models import mean_pairwise_cosine
+from secure_fed.models.families import model_family
 from secure_fed.specs import layer_specs
 
 
@@ -92,39 +101,47 @@ class Experiment(CheckpointMixin, ReportMixin):
         self.dataset = dataset if dataset is not None else build_dataset(cfg, data_root)
         self.algorithm = build_algorithm(cfg, self.device)
         self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device)
-        # server model (θ) and a worker model for local training
-        self.encoder = build_encoder_for(cfg, self.dataset).to(self.device)
-        self.worker = build_encoder_for(cfg, self.dataset).to(self.device)
+        # the server's model as named tensors: θ (every client gets it whole) and, for families with one, the
+        # row table W (each client gets only its own rows); a worker model for local training
+        self.family = model_family(cfg.model.family)
+        C, d = self.dataset.num_labels, cfg.model.embedding_dim
+        self.encoder = self.family.build(build_encoder_for(cfg, self.dataset), num_labels=C, embedding_dim=d).to(self.device)
+        self.worker = self.family.build(build_encoder_for(cfg, self.dataset), num_labels=C, embedding_dim=d).to(self.device)
         self.theta = {n: p.detach().clone() for n, p in self.encoder.named_parameters()}
         gen = torch.Generator().manual_seed(cfg.seed * 104729 + 1)
-        self.W = spread_init(self.dataset.num_labels, cfg.model.embedding_dim, generator=gen).to(self.device)
+        W = self.family.init_rows(C, d, generator=gen)
+        self.W: torch.Tensor | None = None if W is None else W.to(self.device)
         # one optimiser for θ, one for W rows (used when server_optimizer.apply_to_rows is set)
         opt_args = cfg.training.server_optimizer.model_dump(exclude={"apply_to_rows"})
         self.server_opt = ServerOptimizer(**opt_args)
         self.row_opt = ServerOptimizer(**opt_args)
         self.messages: list[dict[str, Any]] | None = [] if cfg.output.log_messages else None
+        down, up = self._declared_message_rules()
         self.guard = MessageGuard(
-            theta_shapes={n: tuple(t.shape) for n, t in self.theta.items()},
-            embedding_dim=cfg.model.embedding_dim,
-            allowed_rows={c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients},
-            **self._declared_message_keys(),
+            shapes=self.tensor_shapes(),
+            visibility=self.algorithm.visibility,
+            client_rows=self._client_rows(),
+            down_rules=down,
+            up_rules=up,
             log=self.messages,
         )
         self.stack_env = StackEnv(
             num_clients=len(self.fed.clients),
             clients_per_row=self._clients_per_row(),
-            num_labels=self.dataset.num_labels,
-            embedding_dim=cfg.model.embedding_dim,
+            num_labels=C,
+            embedding_dim=d,
             theta=self.theta,
             device=self.device,
             seed=cfg.seed,
             max_clients_per_instance=self._max_clients_per_instance(),
+            has_rows=self.W is not None,
+            full_table_keys=tuple(k for k, rule in up.items() if isinstance(rule, FullTable)),
         )
         self.stack = ProtocolStack(cfg, self.stack_env)
         self.stack.wrap_algorithm(self.algorithm)
         self.label_perm: np.ndarray | None = None  # simulator's view: label l lives in row label_perm[l]
         self.stop_reason: str | None = None
-        self.trainer = LocalTrainer(self.worker)
+        self.trainer = LocalTrainer(self.worker, self.family)
         t = cfg.training
         self.local = LocalTraining(
             epochs=t.local_epochs,
@@ -143,23 +160,46 @@ class Experiment(CheckpointMixin, ReportMixin):
         self.selected: dict[str, Any] | None = None  #: ... and, at the end, the reported one
         self.setup_facts: dict[str, Any] | None = None
         self.wall_before = 0.0
-        #: registered callbacks (``secure_fed.callbacks`` entry points), e.g. the attack taps of threat_models
-        self.callbacks: list[Callback] = [MetricsFiles(), *build_callbacks(cfg)]
+        self._t0 = time.perf_counter()  #: wall clock of the current stretch of training (see ``elapsed``)
+        #: the built-in callbacks, then the registered ones (``secure_fed.callbacks`` entry points, e.g. the attack
+        #: taps of threat_models), then the checkpoint (which saves what the callbacks before it keep)
+        self.callbacks: list[Callback] = [Evaluation(), PrivacyRecord(), MetricsFiles(), *build_callbacks(cfg), Checkpointing()]
         self.executor = EXECUTORS[cfg.training.executor]()
         for cb in self.callbacks:
             cb.on_init(self)
 
-    def _declared_message_keys(self) -> dict[str, set[str]]:
-        """The keys the guard allows: the algorithm's, plus those of the layers this run lists."""
+    def _declared_message_rules(self) -> tuple[Rules, Rules]:
+        """The keys the guard allows, with their rules: the algorithm's, plus those of the layers this run lists."""
         specs = layer_specs()
-        down, up = set(self.algorithm.downlink_keys), set(self.algorithm.uplink_keys)
+        down, up = dict(self.algorithm.downlink_rules), dict(self.algorithm.uplink_rules)
         for name in self.cfg.protocols:
-            down |= specs[name].downlink_keys
-            up |= specs[name].uplink_keys
-        return {"down_keys": down, "up_keys": up}
+            down.update(specs[name].downlink_rules)
+            up.update(specs[name].uplink_rules)
+        return down, up
+
+    def server_tensors(self) -> dict[str, Any]:
+        """The server's model as named tensors: ``theta`` (a parameter dict) and ``W`` when the family has rows."""
+        return {"theta": self.theta, **({"W": self.W} if self.W is not None else {})}
+
+    def tensor_shapes(self) -> dict[str, Any]:
+        return {k: ({n: tuple(t.shape) for n, t in v.items()} if isinstance(v, dict) else tuple(v.shape))
+                for k, v in self.server_tensors().items()}  # fmt: skip
+
+    def _client_rows(self) -> dict[int, set[int]]:
+        """Each client's own rows of W: the rows of the labels it holds (after any keyed row order)."""
+        return {c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients}
+
+    def elapsed(self) -> float:
+        """Wall seconds of training so far, across resumes."""
+        return self.wall_before + time.perf_counter() - self._t0
 
     def _parameters_finite(self) -> bool:
-        return bool(torch.isfinite(self.W).all()) and all(bool(torch.isfinite(t).all()) for t in self.theta.values())
+        tensors = [*self.theta.values(), *([self.W] if self.W is not None else [])]
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+    def mean_row_cosine(self) -> float | None:
+        """Mean pairwise cosine of W's rows (1.0: collapse); None without a row table."""
+        return None if self.W is None else mean_pairwise_cosine(self.W)
 
     def callback(self, name: str) -> Callback | None:
         """The callback registered under ``name`` in this run, if any."""
@@ -190,11 +230,12 @@ class Experiment(CheckpointMixin, ReportMixin):
             cb.on_uplink(self.round, cid, wire)
         return wire
 
-    def permute_labels(self, perm) -> None:
-        """Re-index labels: label l becomes row perm[l] (used by keyed label pseudonyms)."""
+    def apply_row_order(self, perm) -> None:
+        """Re-index labels: label l now lives in row perm[l] (a layer's row order, e.g. keyed label pseudonyms).
+        Simulator bookkeeping: the clients' labels, the test labels and the guard's row ownership follow."""
         perm = np.asarray(perm, dtype=np.int64)
         if sorted(perm.tolist()) != list(range(self.dataset.num_labels)):
-            raise ValueError("a label permutation must be a bijection on the labels")
+            raise ValueError("a row order must be a bijection on the labels")
         self.label_perm = perm if self.label_perm is None else perm[self.label_perm]
         t = torch.as_tensor(perm)
         for c in self.fed.clients:
@@ -202,7 +243,7 @@ class Experiment(CheckpointMixin, ReportMixin):
         y = np.zeros_like(self.fed.y_test)
         y[:, perm] = self.fed.y_test
         self.fed.y_test = y
-        self.guard.allowed_rows = {c.client_id: {int(i) for i in c.known_labels} for c in self.fed.clients}
+        self.guard.set_client_rows(self._client_rows())
         self.stack_env.clients_per_row = self._clients_per_row()
 
     def _max_clients_per_instance(self) -> int:
@@ -225,15 +266,11 @@ class Experiment(CheckpointMixin, ReportMixin):
             return
         facts = {}
         if self.stack:
-            facts = self.stack.setup(
-                ProtocolSetup(
-                    query=self._query_all,
-                    query_one=self._query_one,
-                    clients=self.fed.clients,
-                    label_names=list(self.dataset.label_names),
-                    permute_labels=self.permute_labels,
-                )
-            )
+            ctx = ProtocolSetup(
+                query=self._query_all, query_one=self._query_one, clients=self.fed.clients,
+                label_names=list(self.dataset.label_names),
+            )  # fmt: skip
+            facts = self.stack.setup(ctx, on_row_order=self.apply_row_order)
         query = self.stack.wrap_query(self._query_all)
         for cb in self.callbacks:
             query = cb.wrap_setup_query(query)
@@ -259,7 +296,7 @@ class Experiment(CheckpointMixin, ReportMixin):
         callbacks (canaries), the layers (clip, noise share) and the session (mask, encrypt)."""
         for cid in session.cohort:
             client = self.fed.clients[cid]
-            payload = self.algorithm.downlink(self.theta, self.W, client.known_labels.to(self.W.device))
+            payload = self.algorithm.downlink(self.theta, self.W, client.known_labels.to(self.device))
             gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, self.round, int(cid)))
 
             def train(p, d, g=gen, cid=cid):
@@ -285,15 +322,15 @@ class Experiment(CheckpointMixin, ReportMixin):
             cb.on_aggregate(self.round, list(session.cohort), agg)
         if agg.num_clients > 0 or agg.theta_denominator is not None:
             self.server_opt.step(self.theta, agg.theta_mean())
-            if algo.trains_rows:
+            if algo.trains_rows and self.W is not None:
                 row_delta, seen = agg.rows_mean()
                 if cfg.training.server_optimizer.apply_to_rows:
                     self.row_opt.step({"W": self.W}, {"W": row_delta}, masks={"W": seen})
                 else:
                     self.W[seen] += row_delta[seen]
-                self.W[seen] = F.normalize(self.W[seen], dim=-1)  # rows live on the unit sphere
+                self.W[seen] = self.family.project_rows(self.W[seen])
         labels = [self.fed.clients[int(c)].known_labels for c in session.cohort]
-        participating = torch.unique(torch.cat(labels)).to(self.W.device) if labels else torch.zeros(0, dtype=torch.long)
+        participating = torch.unique(torch.cat(labels)).to(self.device) if labels else torch.zeros(0, dtype=torch.long)
         stats = algo.server_step(self.W, self.round, participating)
         self.stack.after_round(self.round)
         self.round += 1
@@ -307,16 +344,22 @@ class Experiment(CheckpointMixin, ReportMixin):
         for n, p in self.encoder.named_parameters():
             p.copy_(self.theta[n])
         self.encoder.eval()
-        Wn = F.normalize(self.W, dim=-1)
-        chunks = [F.normalize(self.encoder(xb), dim=-1) @ Wn.T for xb in torch.split(x, 2048)]
+        chunks = [self.family.scores(self.encoder, self.W, xb) for xb in torch.split(x, 2048)]
         scores = torch.cat(chunks).float().cpu().numpy()
         ks = tuple(self.cfg.evaluation.ks)
         return evaluate_scores(scores, y, ks=ks, threshold=self.cfg.evaluation.threshold)
 
+    def evaluation_record(self) -> dict[str, Any]:
+        """A metrics line's evaluation: test metrics of the current model, and W's mean row cosine."""
+        rec: dict[str, Any] = dict(self.evaluate())
+        if self.W is not None:
+            rec["W_mean_cos"] = self.mean_row_cosine()
+        return rec
+
     def _selection_metric(self) -> str:
         return f"P@{min(self.cfg.evaluation.ks)}"
 
-    def _select_on_validation(self, diagnostics: dict[str, Any]) -> None:
+    def select_on_validation(self, diagnostics: dict[str, Any]) -> None:
         """Centralised baselines: keep the evaluated epoch with the best validation score (training data only)."""
         if self.fed.x_val is None:
             return
@@ -325,25 +368,29 @@ class Experiment(CheckpointMixin, ReportMixin):
         diagnostics[f"validation_{key}"] = score  # a statistic of training data: private
         if self.best is None or score > self.best["score"]:
             self.best = {"round": self.round, "score": score, "theta": {n: t.clone() for n, t in self.theta.items()},
-                         "W": self.W.clone()}  # fmt: skip
+                         "W": None if self.W is None else self.W.clone()}  # fmt: skip
 
     def _restore_selected(self) -> None:
         """Report the selected epoch: θ, W back to the best validation snapshot, then its test metrics."""
         if self.best is None:
             return
         self.theta = {n: t.clone() for n, t in self.best["theta"].items()}
-        self.W = self.best["W"].clone()
-        self.selected = {"round": self.best["round"], "metrics": self.evaluate(), "W_mean_cos": mean_pairwise_cosine(self.W)}
+        self.W = None if self.best["W"] is None else self.best["W"].clone()
+        self.selected = {"round": self.best["round"], "metrics": self.evaluate(), "W_mean_cos": self.mean_row_cosine()}
 
     def run(self, *, progress: bool | None = None) -> RunResult:
-        """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files."""
+        """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files.
+
+        Each round: the protocol layers may stop the run (budget), :meth:`train_round` runs it, then every
+        callback adds to the round's records (``on_record``: evaluation, the privacy report) and sees them
+        complete (``on_round_end``: metrics files, attack taps, checkpoint, progress bar)."""
         cfg = self.cfg
         check_writable_dir(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         progress = cfg.output.progress if progress is None else progress
         callbacks = [*self.callbacks, *([ProgressBar()] if progress else [])]
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         self.setup()
         for cb in callbacks:
             cb.on_run_start(self)
@@ -365,20 +412,13 @@ class Experiment(CheckpointMixin, ReportMixin):
                     self.diagnostics.append(diag)  # kept in private/diagnostics.jsonl; no checkpoint of NaNs
                     break
                 rec: dict[str, Any] = {"round": self.round}
-                if self.round % cfg.evaluation.every == 0 or self.round == cfg.training.rounds:
-                    rec.update(self.evaluate())
-                    rec["W_mean_cos"] = mean_pairwise_cosine(self.W)
-                    self._select_on_validation(diag)
-                diag["wall_seconds"] = self.wall_before + time.perf_counter() - t0
-                rec["privacy"] = self.privacy_now()
+                for cb in callbacks:
+                    cb.on_record(self, rec, diag)
+                diag["wall_seconds"] = self.elapsed()
                 self.history.append(rec)
                 self.diagnostics.append(diag)
                 for cb in callbacks:
                     cb.on_round_end(self, rec, diag)
-                if self.round % cfg.output.checkpoint_every == 0 and self.round < cfg.training.rounds:
-                    self.wall_before += time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    self.save_checkpoint()
         except KeyboardInterrupt:
             status = "interrupted"
         if status == "completed" and self.round > 0 and self.rounds_aborted >= self.round:
@@ -389,11 +429,9 @@ class Experiment(CheckpointMixin, ReportMixin):
             )
         for cb in callbacks:
             cb.on_run_end(self, status)
-        if status == "budget_exhausted" and self.history and not evaluated(self.history[-1]):
-            self.history[-1].update(self.evaluate())  # the model as released at the stop
-            self.history[-1]["W_mean_cos"] = mean_pairwise_cosine(self.W)
         self.callback("metrics_files").rewrite(self)  # whatever stopped the loop, the files match the records
-        self.wall_before += time.perf_counter() - t0
+        self.wall_before = self.elapsed()
+        self._t0 = time.perf_counter()
         if status != "diverged":  # a diverged run keeps its last good checkpoint, to resume from with other settings
             self.save_checkpoint()
         if status in ("completed", "budget_exhausted"):

@@ -1,0 +1,126 @@
+"""Model families: what the server's model is, how it scores an instance, and which part a client may see.
+
+The engine holds the server's model as named tensors (:class:`~secure_fed.engine.state.ServerState`):
+
+* ``theta`` — the parameters of a module every participating client receives whole;
+* ``W`` — optionally, a **row table** with one row per label, of which a client receives only the rows of the
+  labels it holds (the positive-only papers' class embeddings).
+
+A family says how to build both and how to score. The engine assumes nothing else about the model:
+
+=================  ===========================================================  ==========  ===================
+family             scores                                                       row table   algorithms
+=================  ===========================================================  ==========  ===================
+``embedding``      f(x) = normalize(W) · normalize(g_θ(x)) (FedAwS/FedALC §III)  yes (C × d)  all positive-only
+``linear_head``    f(x) = A · g_θ(x) + b, logits; A, b are part of θ            no          ``fedavg``
+=================  ===========================================================  ==========  ===================
+
+Families register in :data:`FAMILIES` (and through the ``secure_fed.model_families`` entry points).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from secure_fed.models.encoders import spread_init
+
+
+class ModelFamily:
+    """Base class: a family of models, given an encoder g_θ built from the ``model`` config."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: the server keeps a per-label row table W (clients see only their own rows)
+    has_rows: ClassVar[bool] = False
+    #: the client loss this family's scores need (None: the algorithm's own)
+    default_loss: ClassVar[str | None] = None
+
+    def build(self, encoder: nn.Module, *, num_labels: int, embedding_dim: int) -> nn.Module:
+        """θ's module, built around ``encoder`` (whose output width is ``embedding_dim``)."""
+        return encoder
+
+    def init_rows(self, num_labels: int, embedding_dim: int, *, generator: torch.Generator) -> torch.Tensor | None:
+        """W at round 0, or None for a family without a row table."""
+        return None
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The model's output for a batch (the part a trainer may run under autocast)."""
+        return model(x)
+
+    def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """(B, k) fp32 scores from :meth:`forward`'s output against the k labels of ``rows`` (all C labels when
+        the family has no row table)."""
+        raise NotImplementedError
+
+    def scores(self, model: nn.Module, rows: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        return self.score(self.forward(model, x), rows)
+
+    def project_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """W's rows after an update (e.g. back onto the unit sphere)."""
+        return rows
+
+
+class CosineEmbedding(ModelFamily):
+    """f(x) = W·g_θ(x) with L2-normalised rows and embeddings: the positive-only papers' model."""
+
+    name = "embedding"
+    description = "f(x) = normalize(W)·normalize(g_θ(x)); W's rows are per-label class embeddings each client sees its own of"
+    has_rows = True
+
+    def init_rows(self, num_labels: int, embedding_dim: int, *, generator: torch.Generator) -> torch.Tensor:
+        return spread_init(num_labels, embedding_dim, generator=generator)
+
+    def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        return F.normalize(out.float(), dim=-1) @ F.normalize(rows, dim=-1).T
+
+    def project_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.normalize(rows, dim=-1)  # rows live on the unit sphere
+
+
+class LinearHeadModel(nn.Module):
+    """g_θ followed by a linear multi-label head (one logit per label)."""
+
+    def __init__(self, encoder: nn.Module, embedding_dim: int, num_labels: int):
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(embedding_dim, num_labels)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.encoder(x)))
+
+
+class LinearHead(ModelFamily):
+    """An ordinary multi-label classifier: every parameter (head included) is shared, scores are logits."""
+
+    name = "linear_head"
+    description = "g_θ → ReLU → linear head with one logit per label; the whole model is shared (general multi-label FL)"
+    has_rows = False
+    default_loss = "bce"
+
+    def build(self, encoder: nn.Module, *, num_labels: int, embedding_dim: int) -> nn.Module:
+        return LinearHeadModel(encoder, embedding_dim, num_labels)
+
+    def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        return out.float()
+
+
+FAMILIES: dict[str, type[ModelFamily]] = {cls.name: cls for cls in (CosineEmbedding, LinearHead)}
+
+
+def model_family(name: str) -> ModelFamily:
+    """The family registered as ``name`` (built-ins, then the ``secure_fed.model_families`` entry points)."""
+    if name in FAMILIES:
+        return FAMILIES[name]()
+    from secure_fed.plugins import registry
+
+    extra = registry("model_families")
+    if name in extra:
+        return extra[name]()
+    from secure_fed.errors import ConfigError, unknown_name
+
+    raise ConfigError(unknown_name("model family", name, [*FAMILIES, *extra]))
