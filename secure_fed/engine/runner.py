@@ -1,15 +1,20 @@
 """The round engine: one process simulates server and clients through a guarded channel.
 
-Per round: sample clients → send each its payload (checked by the
-:class:`~secure_fed.engine.guard.MessageGuard`) → run the client function on
-(payload, its own data) → check the reply → aggregate θ and rows → server
-optimiser → the algorithm's server step on W → evaluate / checkpoint.
+The server's model is a set of named tensors (θ, and W when the model family keeps a row table); the
+algorithm declares what each client may see of them and which message keys it uses, and the
+:class:`~secure_fed.engine.guard.MessageGuard` checks every message against those declarations.
+
+Per round: the layers may stop the run (budget) → sample the cohort → each client's payload (the
+algorithm's ``downlink``, checked) → the client function, wrapped by callbacks, layers and the round's
+aggregation session, run by the executor → the session's aggregate (layers: unmask, decrypt, noise) →
+server optimiser on θ, rows written back and projected by the family → the algorithm's server step →
+callbacks (evaluation, privacy record, metrics files, attack taps, checkpoint, progress). The README's
+architecture table shows the same order.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,44 +45,19 @@ from secure_fed.engine.callbacks import (
     build_callbacks,
 )
 from secure_fed.engine.checkpoints import CheckpointMixin
+from secure_fed.engine.evaluation import EvaluationMixin
 from secure_fed.engine.executors import EXECUTORS, ClientJob
 from secure_fed.engine.guard import MessageGuard
 from secure_fed.engine.layers import ProtocolSetup, ProtocolStack, StackEnv
 from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin
+from secure_fed.engine.sampling import client_seed, sample_clients
 from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
 from secure_fed.messages import FullTable, Rules
-from secure_fed.metrics import evaluate_scores
 from secure_fed.models import mean_pairwise_cosine
 from secure_fed.models.families import model_family
 from secure_fed.specs import layer_specs
-
-
-def client_seed(seed: int, round_idx: int, cid: int) -> int:
-    return int(np.random.SeedSequence([seed, round_idx, cid]).generate_state(1)[0])
-
-
-def sample_clients(
-    sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int, uniforms: np.ndarray | None = None
-) -> np.ndarray:
-    """Client ids for one round: ``ceil(fraction·N)`` without replacement (uniform or ∝ size), or Poisson
-    (each client independently with probability ``fraction``).
-
-    ``uniforms`` (one per client) replaces the public seed's draws for Poisson sampling: a DP layer passes draws
-    from the server's secret, since amplification by sampling needs a sample the adversary cannot recompute."""
-    n = len(sizes)
-    rng = np.random.default_rng([seed, 7, round_idx])
-    if how == "poisson":  # each client independently with probability `fraction` (what DP accounting assumes)
-        if fraction >= 1.0:
-            return np.arange(n)
-        u = rng.random(n) if uniforms is None else np.asarray(uniforms)
-        return np.flatnonzero(u < fraction)
-    m = max(1, math.ceil(fraction * n))
-    if m >= n:
-        return np.arange(n)
-    p = sizes / sizes.sum() if how == "proportional" else None
-    return np.sort(rng.choice(n, size=m, replace=False, p=p))
 
 
 @dataclass
@@ -90,7 +70,7 @@ class RunResult:
     private: dict[str, Any] = field(default_factory=dict)
 
 
-class Experiment(CheckpointMixin, ReportMixin):
+class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
     """A configured run. ``run()`` trains, evaluates, checkpoints and writes the run directory."""
 
     def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None):
@@ -336,47 +316,6 @@ class Experiment(CheckpointMixin, ReportMixin):
         self.round += 1
         loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
         return {"train_loss": loss, "clients": agg.num_clients, **stats, **self.stack.round_stats()}
-
-    @torch.no_grad()
-    def evaluate(self, split: str = "test") -> dict[str, float]:
-        """Metrics of the current θ, W on the test split, or on a centralised baseline's validation split."""
-        x, y = (self.fed.x_test, self.fed.y_test) if split == "test" else (self.fed.x_val, self.fed.y_val)
-        for n, p in self.encoder.named_parameters():
-            p.copy_(self.theta[n])
-        self.encoder.eval()
-        chunks = [self.family.scores(self.encoder, self.W, xb) for xb in torch.split(x, 2048)]
-        scores = torch.cat(chunks).float().cpu().numpy()
-        ks = tuple(self.cfg.evaluation.ks)
-        return evaluate_scores(scores, y, ks=ks, threshold=self.cfg.evaluation.threshold)
-
-    def evaluation_record(self) -> dict[str, Any]:
-        """A metrics line's evaluation: test metrics of the current model, and W's mean row cosine."""
-        rec: dict[str, Any] = dict(self.evaluate())
-        if self.W is not None:
-            rec["W_mean_cos"] = self.mean_row_cosine()
-        return rec
-
-    def _selection_metric(self) -> str:
-        return f"P@{min(self.cfg.evaluation.ks)}"
-
-    def select_on_validation(self, diagnostics: dict[str, Any]) -> None:
-        """Centralised baselines: keep the evaluated epoch with the best validation score (training data only)."""
-        if self.fed.x_val is None:
-            return
-        key = self._selection_metric()
-        score = self.evaluate("val")[key]
-        diagnostics[f"validation_{key}"] = score  # a statistic of training data: private
-        if self.best is None or score > self.best["score"]:
-            self.best = {"round": self.round, "score": score, "theta": {n: t.clone() for n, t in self.theta.items()},
-                         "W": None if self.W is None else self.W.clone()}  # fmt: skip
-
-    def _restore_selected(self) -> None:
-        """Report the selected epoch: θ, W back to the best validation snapshot, then its test metrics."""
-        if self.best is None:
-            return
-        self.theta = {n: t.clone() for n, t in self.best["theta"].items()}
-        self.W = None if self.best["W"] is None else self.best["W"].clone()
-        self.selected = {"round": self.best["round"], "metrics": self.evaluate(), "W_mean_cos": self.mean_row_cosine()}
 
     def run(self, *, progress: bool | None = None) -> RunResult:
         """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files.

@@ -1,0 +1,36 @@
+"""Who trains in a round, and the seed of each client's local shuffling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def client_seed(seed: int, round_idx: int, cid: int) -> int:
+    return int(np.random.SeedSequence([seed, round_idx, cid]).generate_state(1)[0])
+
+
+def sample_clients(
+    sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int, uniforms: np.ndarray | None = None
+) -> np.ndarray:
+    """Client ids for one round: ``ceil(fraction·N)`` without replacement (uniform or ∝ size), or Poisson
+    (each client independently with probability ``fraction``).
+
+    ``uniforms`` (one per client) replaces the public seed's draws for Poisson sampling: a DP layer passes draws
+    from the server's secret, since amplification by sampling needs a sample the adversary cannot recompute."""
+    n = len(sizes)
+    rng = np.random.default_rng([seed, 7, round_idx])
+    if how == "poisson":  # each client independently with probability `fraction` (what DP accounting assumes)
+        if fraction >= 1.0:
+            return np.arange(n)
+        u = rng.random(n) if uniforms is None else np.asarray(uniforms)
+        return np.flatnonzero(u < fraction)
+    m = max(1, math.ceil(fraction * n))
+    if m >= n:
+        return np.arange(n)
+    p = sizes / sizes.sum() if how == "proportional" else None
+    return np.sort(rng.choice(n, size=m, replace=False, p=p))
+
+
+__all__ = ["client_seed", "sample_clients"]
