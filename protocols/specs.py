@@ -54,6 +54,11 @@ def _validate_dp(cfg, stack: list[str]) -> None:
         t = cfg.training
         if t.aggregation != "uniform":
             raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
+        if algo == "flag":
+            raise ValueError(
+                "privacy.client bounds each client's contribution, but flag scales it by a weight computed from the "
+                "client's labels (eq. 2) with no bound, so the clipped update's sensitivity would not hold; use fedavg"
+            )
         if p.client.noise == "clients" and not summing:
             raise ValueError(
                 "privacy.client.noise: clients needs secure_aggregation or ckks after dp: each client adds only a "

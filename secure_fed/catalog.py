@@ -12,6 +12,7 @@ ALGORITHMS: dict[str, str] = {
     "fedaws": "FedAvg + server spreadout regulariser with top-k negative mining (FedAwS eq. 8)",
     "fedalc": "FedAvg + server label-correlation regulariser with top-K mining (FedALC eq. 11)",
     "fedalc_fixed": "W trained once on the server with reg_fc (FedALC eq. 12), then fixed; clients train θ",
+    "flag": "FedAvg weighted by FLAG eq. 2: each client's w = Σ_l (its positives of label l)^α, computed locally",
     "oracle": "centralised training with all labels and negatives (upper bound)",
 }
 

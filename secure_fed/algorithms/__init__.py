@@ -4,8 +4,11 @@ from secure_fed.algorithms.base import Algorithm, ClientData, SetupContext
 from secure_fed.algorithms.fedalc import FedALC, FedALCFixed
 from secure_fed.algorithms.fedavg import FedAvg, FedAvgFixed
 from secure_fed.algorithms.fedaws import FedAwS
+from secure_fed.algorithms.flag import FLAG
 from secure_fed.algorithms.oracle import Oracle
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedAvgFixed, FedAwS, FedALC, FedALCFixed, Oracle)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (FedAvg, FedAvgFixed, FedAwS, FedALC, FedALCFixed, FLAG, Oracle)
+}
 
 __all__ = ["ALGORITHMS", "Algorithm", "ClientData", "SetupContext"]

@@ -1,4 +1,4 @@
-"""Client-side losses: on normalised scores s = ŵ·ĝ(x) ∈ [-1, 1] (embedding family), or on logits (``bce``)."""
+"""Client-side losses: on normalised scores s = ŵ·ĝ(x) ∈ [-1, 1] (embedding family), or on logits (``bce``, ``asl``)."""
 
 from __future__ import annotations
 
@@ -40,9 +40,34 @@ def bce_loss(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(scores, pos.to(scores.dtype))
 
 
+def asymmetric_loss(
+    scores: torch.Tensor, pos: torch.Tensor, gamma_pos: float = 0.0, gamma_neg: float = 4.0, clip: float = 0.05
+) -> torch.Tensor:
+    """Asymmetric Loss (Ridnik et al., ICCV 2021) on logits, the FLAG paper's client loss.
+
+    With p = σ(z) and the shifted probability p_m = max(p − clip, 0) of a negative:
+    L₊ = (1 − p)^γ₊ · log p for a positive, L₋ = p_m^γ₋ · log(1 − p_m) for a negative (a negative with p ≤ clip
+    costs nothing). Defaults are the paper's γ₊ = 0, γ₋ = 4, clip = 0.05. Returns −mean over all (instance, label)
+    pairs, as :func:`bce_loss` does (the ASL code sums them: a constant factor); with γ₊ = γ₋ = clip = 0 it is BCE.
+    The focusing weights keep their gradient (the loss as the paper defines it).
+    """
+    z = scores.float()
+    posf = pos.to(z.dtype)
+    p = torch.sigmoid(z)
+    if clip > 0:
+        p_m = (p - clip).clamp(min=0.0)
+        log_neg = torch.log1p(-p_m)  # p_m ≤ 1 − clip, so finite
+    else:
+        p_m, log_neg = p, F.logsigmoid(-z)
+    loss_pos = (1.0 - p).pow(gamma_pos) * F.logsigmoid(z)
+    loss_neg = p_m.pow(gamma_neg) * log_neg
+    return -(posf * loss_pos + (1.0 - posf) * loss_neg).mean()
+
+
 LOSSES = {
     "positive": positive_hinge_loss,
     "softmax": softmax_multilabel_loss,
     "contrastive": contrastive_loss,
     "bce": bce_loss,
+    "asl": asymmetric_loss,
 }

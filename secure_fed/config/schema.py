@@ -118,7 +118,7 @@ class ModelConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    name: Literal["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed", "oracle"] = "fedalc"
+    name: Literal["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed", "flag", "oracle"] = "fedalc"
     lam: float = Field(10.0, ge=0.0, le=1e9, description="λ, the regulariser's learning-rate multiplier")
     reg_lr: float = Field(1e-4, gt=0.0, le=1e6, description="η, server learning rate of the regulariser step")
     k: int = Field(5, ge=1, le=MAX_SIZE, description="negative mining: number of nearest classes per class")
@@ -131,9 +131,12 @@ class AlgorithmConfig(_Strict):
     beta: float = Field(1.0, ge=0.0, le=1e6, description="fedalc_fixed: weight of negative pairs in eq. 12")
     fixed_steps: int = Field(500, ge=0, le=MAX_SIZE, description="fedalc_fixed: server steps on reg_fc before training")
     fixed_lr: float = Field(1.0, gt=0.0, le=1e6, description="fedalc_fixed: η of the reg_fc steps")
+    flag_alpha: float = Field(0.3, ge=0.0, le=10.0, description="flag: α of eq. 2, w_c = Σ_l (client c's positives of label l)^α")
     oracle_loss: Literal["softmax", "contrastive"] = "softmax"
-    loss: Literal["auto", "positive", "softmax", "contrastive", "bce"] = Field(
-        "auto", description="client loss; auto: the model family's (bce for linear_head), else the algorithm's own"
+    loss: Literal["auto", "positive", "softmax", "contrastive", "bce", "asl"] = Field(
+        "auto",
+        description="client loss; auto: the model family's (bce for linear_head), else the algorithm's own; "
+        "asl: Asymmetric Loss (γ+ = 0, γ- = 4, clip 0.05) on logits",
     )
     validation_fraction: float = Field(
         0.1, ge=0.0, lt=0.9,
@@ -225,6 +228,10 @@ class CoreConfig(_Strict):
                 f"algorithm.name={self.algorithm.name} collects label sets from one-label clients, "
                 "so partition.name must be positive_only"
             )
+        if self.algorithm.name == "flag" and self.training.aggregation != "uniform":
+            raise ValueError(
+                "algorithm.name=flag weights each client by its own eq. 2 weight, so training.aggregation must stay uniform"
+            )
         return self
 
     def _check_model_family(self) -> None:
@@ -235,19 +242,21 @@ class CoreConfig(_Strict):
                     f"model.family=linear_head keeps no per-label rows, which {algo} trains or regularises; "
                     f"use one of {', '.join(ROWLESS_ALGORITHMS)}"
                 )
-            if loss not in ("auto", "bce"):
-                raise ValueError(f"algorithm.loss={loss} scores normalised class embeddings; linear_head gives logits: use bce")
-            if self.partition.name == "positive_only":
+            if loss not in ("auto", "bce", "asl"):
+                raise ValueError(
+                    f"algorithm.loss={loss} scores normalised class embeddings; linear_head gives logits: use bce or asl"
+                )
+            if self.partition.name == "positive_only" and algo != "oracle":  # the oracle: one client, every label
                 raise ValueError(
                     "model.family=linear_head trains every label's logit on every client, which needs full label vectors; "
                     "positive-only clients know one label (use partition.name: iid, dirichlet, cmda or natural)"
                 )
-        elif loss == "bce":
-            raise ValueError("algorithm.loss=bce needs logits: set model.family: linear_head")
+        elif loss in ("bce", "asl"):
+            raise ValueError(f"algorithm.loss={loss} needs logits: set model.family: linear_head")
 
 
 #: algorithms whose server keeps no row table (they run with any model family)
-ROWLESS_ALGORITHMS = ("fedavg",)
+ROWLESS_ALGORITHMS = ("fedavg", "flag", "oracle")
 
 
 @cache

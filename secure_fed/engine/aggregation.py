@@ -26,7 +26,7 @@ class Aggregate:
 
     Attributes:
         theta_sum: Σ_c w_c·Δθ_c per parameter.
-        weight_sum: Σ_c w_c (w_c = 1 or the client's example count).
+        weight_sum: Σ_c w_c (w_c = 1, the client's example count, or the weight its reply carries).
         row_sum: (C, d) Σ of the clients' own row deltas, at their rows.
         row_count: (C,) how many clients contributed to each row.
         loss_sum: Σ_c of the clients' mean training losses.
@@ -60,6 +60,10 @@ class Aggregate:
 
 
 def client_weight(reply: Payload, weighting: str) -> float:
+    """The client's weight in the round's sums: the weight its reply carries when the algorithm has clients
+    report one (an uplink key ``weight`` it declares, e.g. FLAG's eq. 2), else by ``training.aggregation``."""
+    if "weight" in reply:
+        return float(reply["weight"])
     return float(reply["num_examples"]) if weighting == "num_examples" else 1.0
 
 
