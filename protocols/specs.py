@@ -114,6 +114,10 @@ def _validate_ckks(cfg, stack: list[str]) -> None:
         )
 
 
+#: a dealer client seals a secret to every other client's public key, the server relaying (keyed hashing, CKKS)
+KEY_DEALING_DOWN = {"public_keys": Opaque(), "sealed": Opaque(), "dealer": Number(), "dealer_public_key": ShortBytes()}
+
+
 KEYED_HASHING = LayerSpec(
     name="keyed_hashing",
     threat_model=(
@@ -125,10 +129,7 @@ KEYED_HASHING = LayerSpec(
     validate=_validate_keyed_hashing,
     downlink_rules={
         "keyed_hashing": Setting(),
-        "public_keys": Opaque(),
-        "sealed": Opaque(),
-        "dealer": Number(),
-        "dealer_public_key": ShortBytes(),
+        **KEY_DEALING_DOWN,
         "label_names": Opaque(),
     },
     uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "pseudonyms": ByteList(), "pseudonym": ShortBytes()},
@@ -172,12 +173,6 @@ CKKS = LayerSpec(
     implementation="protocols.ckks:CKKSAggregation",
     replaces_aggregation=True,
     validate=_validate_ckks,
-    downlink_rules={
-        "ckks": Setting(),
-        "public_keys": Opaque(),
-        "sealed": Opaque(),
-        "dealer": Number(),
-        "dealer_public_key": ShortBytes(),
-    },
+    downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN},
     uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "public_context": Opaque()},
 )
