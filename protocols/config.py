@@ -40,6 +40,12 @@ class ClientDPConfig(_DPUnitConfig):
         description="server: the server adds N(0, σ²C²) to the sum (trusted with the un-noised sum); clients: each "
         "client adds N(0, σ²C²/t) before a secure sum of ≥ t updates (needs secure_aggregation or ckks)",
     )
+    weight_cap: float | None = Field(
+        None, gt=0.0, le=1e12,
+        description="algorithms whose clients report an aggregation weight computed from their data (flag, eq. 2): "
+        "the public bound W̄; each client scales its clipped update by min(w, W̄)/W̄ ≤ 1 and reports weight 1, so the "
+        "sensitivity stays C and no weight leaves the client outside the DP-protected update (required for flag)",
+    )  # fmt: skip
 
 
 class PrivacyConfig(_Strict):

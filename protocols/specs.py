@@ -11,6 +11,8 @@ from secure_fed.messages import ByteList, FullTable, Number, Opaque, Setting, Sh
 from secure_fed.specs import LayerSpec
 
 LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
+#: algorithms whose clients report an aggregation weight computed from their own data (uplink ``weight``)
+WEIGHT_REPORTING_ALGORITHMS = ("flag",)
 SECURE_SUMS = ("secure_aggregation", "ckks")
 
 
@@ -54,11 +56,14 @@ def _validate_dp(cfg, stack: list[str]) -> None:
         t = cfg.training
         if t.aggregation != "uniform":
             raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
-        if algo == "flag":
+        if algo in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is None:
             raise ValueError(
-                "privacy.client bounds each client's contribution, but flag scales it by a weight computed from the "
-                "client's labels (eq. 2) with no bound, so the clipped update's sensitivity would not hold; use fedavg"
+                f"privacy.client with {algo}: its clients weight their update by eq. 2's w = Σ_l (positives of l)^α, which "
+                "has no bound; set privacy.client.weight_cap (a public W̄: each client scales its clipped update by "
+                "min(w, W̄)/W̄, e.g. W̄ = the number of labels at α = 0)"
             )
+        if algo not in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is not None:
+            raise ValueError(f"privacy.client.weight_cap applies to algorithms whose clients report a weight (flag), not {algo}")
         if p.client.noise == "clients" and not summing:
             raise ValueError(
                 "privacy.client.noise: clients needs secure_aggregation or ckks after dp: each client adds only a "

@@ -14,6 +14,8 @@ ALGORITHMS: dict[str, str] = {
     "fedalc_fixed": "W trained once on the server with reg_fc (FedALC eq. 12), then fixed; clients train θ",
     "flag": "FedAvg weighted by FLAG eq. 2: each client's w = Σ_l (its positives of label l)^α, computed locally",
     "oracle": "centralised training with all labels and negatives (upper bound)",
+    "local": "each client trains its own model alone and shares nothing (general setting's lower reference)",
+    "centralised": "all training data on one trainer, evaluated on each client's test data (general setting's upper bound)",
 }
 
 MODELS: dict[str, str] = {

@@ -53,7 +53,8 @@ def _run_dir_for(cfg, out: str | None) -> Path:
 
 def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
     final = summary["final"]
-    metrics = "  ".join(f"{k} {v:.2f}" for k, v in final.items() if k.startswith("P@") or k == "mAP") or "(no evaluation)"
+    shown = ("mAP", "GmAP", "AmAP", "WmAP")
+    metrics = "  ".join(f"{k} {v:.2f}" for k, v in final.items() if k.startswith("P@") or k in shown) or "(no evaluation)"
     cos = summary.get("W_mean_cos")
     eps = summary["privacy"]["epsilon"]
     print(

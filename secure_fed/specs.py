@@ -83,8 +83,12 @@ def validate_stack(cfg) -> None:
     dup = {n for n in stack if stack.count(n) > 1}
     if dup:
         raise ValueError(f"protocol layer(s) {sorted(dup)} listed twice")
-    if stack and cfg.algorithm.name == "oracle":
-        raise ValueError("the oracle is the non-private centralised upper bound with one client; protocol layers do not apply")
+    if stack and cfg.algorithm.name in ("oracle", "centralised"):
+        raise ValueError(
+            f"{cfg.algorithm.name} is the non-private centralised upper bound with one client; protocol layers do not apply"
+        )
+    if stack and cfg.algorithm.name == "local":
+        raise ValueError("local: each client trains alone and sends nothing, so protocol layers have nothing to protect")
     summing = [n for n in stack if specs[n].replaces_aggregation]
     if len(summing) > 1:
         raise ValueError(f"{' and '.join(summing)} both replace how the server sums updates; choose one")

@@ -40,6 +40,23 @@ def clip_update(reply: Payload, clip_norm: float) -> Payload:
     return out
 
 
+def cap_weight(reply: Payload, weight_cap: float) -> Payload:
+    """Bounded client weights (FLAG under client-level DP): a reply that carries its own aggregation ``weight`` w
+    (computed from the client's data) has its — already clipped — update scaled by min(w, W̄)/W̄ ≤ 1 and reports
+    weight 1. The update's norm stays ≤ S, so the sensitivity holds; w leaves the client only inside the update the
+    noise covers; the fixed denominator then makes the released step (1/qN) Σ_c min(w_c, W̄)/W̄ · Δ̃_c: FLAG's
+    relative weighting (for w_c ≤ W̄), scaled by the mean capped weight. A reply without ``weight`` is returned as is."""
+    if "weight" not in reply:
+        return reply
+    f = min(float(reply["weight"]), weight_cap) / weight_cap
+    out = dict(reply)
+    out["theta_delta"] = {n: t * f for n, t in reply["theta_delta"].items()}
+    if "rows_delta" in reply:
+        out["rows_delta"] = reply["rows_delta"] * f
+    out["weight"] = 1.0
+    return out
+
+
 def add_client_noise(
     reply: Payload, *, std: float, rows_shape: tuple[int, int] | None, stream: SecretStream, label: str
 ) -> Payload:

@@ -10,7 +10,7 @@ import torch
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of, reported
-from protocols.dp.client_dp import add_client_noise, clip_update, noise_aggregate
+from protocols.dp.client_dp import add_client_noise, cap_weight, clip_update, noise_aggregate
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.randomness import SecretStream
 from protocols.specs import LABEL_SET_ALGORITHMS
@@ -130,8 +130,12 @@ class DifferentialPrivacy(ProtocolLayer):
             def client_mod(self, fn: ClientFn) -> ClientFn:
                 """Client side: clip the whole update to S; with ``noise: clients`` also add this client's noise share."""
 
+                weight_cap = layer.cfg.privacy.client.weight_cap
+
                 def clipped(payload, data):
                     reply = clip_update(fn(payload, data), unit.clip_norm)
+                    if weight_cap is not None:  # flag: the client's eq. 2 weight, bounded inside the clipped update
+                        reply = cap_weight(reply, weight_cap)
                     if not on_clients:
                         return reply
                     if self.min_summands is None:
@@ -202,6 +206,13 @@ class DifferentialPrivacy(ProtocolLayer):
                 "observer": {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"},
                 "server": self._against_server(name, u),
             }
+            if name == "client" and self.cfg.privacy.client.weight_cap is not None:
+                rep["sensitivity"] = u.clip_norm
+                rep["sensitivity_note"] = (
+                    f"each client's update is clipped to C, then scaled by min(w, W̄)/W̄ ≤ 1 with its eq. 2 weight w and "
+                    f"the public cap W̄ = {self.cfg.privacy.client.weight_cap:g}; it reports weight 1, so w is released "
+                    "only inside the noised sum"
+                )
             if name == "client":
                 # removing an instance changes (replaces) the data of each of the ≤ k clients holding it, and one
                 # replacement is two add/remove steps: group privacy over 2k units of the client ledger

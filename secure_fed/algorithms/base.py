@@ -14,9 +14,10 @@ Clients are plain functions of ``(payload, data)``: see ``client.py``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import scipy.sparse as sp
 import torch
 
@@ -38,6 +39,10 @@ class ClientData:
             setting this is the client's single class.
         raw: its raw features (CSR), used only to compute tokens.
         num_labels: C, the size of the label space (public).
+        eval_x, eval_y: its own held-out test rows (features ``(m, D)`` and full label vectors ``(m, C)``) in the
+            general multi-label setting, where each client is evaluated on its own data (AmAP); else None.
+        state: what the client keeps from one round to the next (e.g. ``local``'s own model); saved with the
+            clients' checkpoint, never sent.
     """
 
     client_id: int
@@ -46,6 +51,9 @@ class ClientData:
     known_labels: torch.Tensor
     raw: sp.csr_matrix
     num_labels: int = 0
+    eval_x: torch.Tensor | None = None
+    eval_y: np.ndarray | None = None
+    state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_examples(self) -> int:
@@ -54,6 +62,8 @@ class ClientData:
 
 Payload = dict[str, Any]
 ClientFn = Callable[[Payload, ClientData], Payload]
+#: local training as the engine runs it for one client: payload in, the trainer's reply out
+TrainFn = Callable[[Payload], Payload]
 
 
 class SetupContext:
@@ -82,6 +92,9 @@ class Algorithm:
     trains_rows: ClassVar[bool] = True
     #: one client holding all data and all labels (the oracle)
     centralized: ClassVar[bool] = False
+    #: the server's model is the algorithm's result (False for ``local``, where each client keeps its own and the
+    #: server's is never trained: the pooled test metrics and GmAP are then not computed)
+    has_global_model: ClassVar[bool] = True
     #: the algorithm's client loss, a key of ``secure_fed.algorithms.losses.LOSSES`` (``algorithm.loss`` or the
     #: model family may choose another; see :attr:`client_loss`)
     default_loss: ClassVar[str] = "positive"
@@ -123,6 +136,17 @@ class Algorithm:
             "train_rows": self.trains_rows,
             "loss": self.client_loss,
         }
+
+    def client_update(self, payload: Payload, data: ClientData, train: TrainFn) -> Payload:
+        """Client side: one round's work on the client, given ``train`` (local training on ``data`` from the
+        payload's θ). Runs on the client with only its own data; its reply is checked against
+        :attr:`uplink_rules`. Default: the trainer's reply as is."""
+        return train(payload)
+
+    def client_model(self, payload: Payload, data: ClientData, reply: Payload) -> dict[str, torch.Tensor]:
+        """Client side: θ of the client's own model after :meth:`client_update` (what AmAP evaluates on the
+        client's own test data). Default: the θ it received plus its update."""
+        return {n: t + reply["theta_delta"][n] for n, t in payload["theta"].items()}
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         """Modify W in place after aggregation; return stats to log. Default: nothing.

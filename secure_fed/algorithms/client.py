@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from secure_fed.algorithms.base import ClientData, Payload
-from secure_fed.algorithms.flag import label_weight
 from secure_fed.algorithms.label_sets import TOKENIZERS
 from secure_fed.algorithms.losses import LOSSES
 from secure_fed.models.families import CosineEmbedding, ModelFamily
@@ -50,8 +49,7 @@ class LocalTrainer:
             p.copy_(theta[n])
 
     def update(self, payload: Payload, data: ClientData, hp: LocalTraining, generator: torch.Generator) -> Payload:
-        """One client's local update; returns deltas for θ and its own rows (when it received rows), and its
-        aggregation weight when the server asked for one (FLAG's ``flag_alpha``)."""
+        """One client's local update; returns deltas for θ and its own rows (when it received rows)."""
         self._load(payload["theta"])
         has_rows = "rows" in payload
         rows = payload["rows"].detach().clone() if has_rows else None
@@ -85,8 +83,6 @@ class LocalTrainer:
         with torch.no_grad():
             theta_delta = {n_: p.detach() - payload["theta"][n_] for n_, p in self.model.named_parameters()}
             reply: Payload = {"theta_delta": theta_delta, "num_examples": n, "loss": total / max(steps, 1)}
-            if "flag_alpha" in payload:  # FLAG: the client's own aggregation weight (eq. 2), from its labels only
-                reply["weight"] = label_weight(data.pos, float(payload["flag_alpha"]))
             if train_rows:
                 reply["rows_delta"] = rows.detach() - payload["rows"]
                 reply["row_ids"] = payload["row_ids"]

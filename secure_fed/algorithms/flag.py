@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from secure_fed.algorithms.base import Payload
+from secure_fed.algorithms.base import ClientData, Payload, TrainFn
 from secure_fed.algorithms.fedavg import FedAvg
 from secure_fed.catalog import ALGORITHMS as CATALOG
 from secure_fed.messages import Number
@@ -45,3 +45,7 @@ class FLAG(FedAvg):
 
     def downlink(self, theta, W, known_labels) -> Payload:
         return {**super().downlink(theta, W, known_labels), "flag_alpha": float(self.cfg.flag_alpha)}
+
+    def client_update(self, payload: Payload, data: ClientData, train: TrainFn) -> Payload:
+        """Client side: local training, then the client's own eq. 2 weight from its own label matrix."""
+        return {**train(payload), "weight": label_weight(data.pos, float(payload["flag_alpha"]))}

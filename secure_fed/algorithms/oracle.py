@@ -21,3 +21,13 @@ class Oracle(Algorithm):
     @property
     def default_loss(self) -> str:  # type: ignore[override]
         return self.cfg.oracle_loss
+
+
+class Centralised(Oracle):
+    """All training data on one trainer, scored like the federated runs (GmAP on each client's test data): the
+    upper bound of the general multi-label setting (the FLAG paper's TResNet (G)). Its loss is the model family's
+    (BCE for ``linear_head``) or ``algorithm.loss``, as for the federated methods it is compared with."""
+
+    name = "centralised"
+    description = CATALOG["centralised"]
+    default_loss = "bce"

@@ -118,7 +118,9 @@ class ModelConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    name: Literal["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed", "flag", "oracle"] = "fedalc"
+    name: Literal[
+        "fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed", "flag", "oracle", "local", "centralised"
+    ] = "fedalc"
     lam: float = Field(10.0, ge=0.0, le=1e9, description="λ, the regulariser's learning-rate multiplier")
     reg_lr: float = Field(1e-4, gt=0.0, le=1e6, description="η, server learning rate of the regulariser step")
     k: int = Field(5, ge=1, le=MAX_SIZE, description="negative mining: number of nearest classes per class")
@@ -179,6 +181,14 @@ class EvaluationConfig(_Strict):
     )
     threshold: float = Field(0.5, ge=-1e6, le=1e6, description="score threshold of the C-/O- P, R, F1")
     max_test: int | None = Field(None, ge=1, description="evaluate on the first N test rows only")
+    target_metric: str = Field(
+        "GmAP", min_length=1, description="the metric of rounds_to_target in summary.json (e.g. GmAP, mAP, P@1)"
+    )
+    target_value: float | None = Field(
+        None, ge=0.0, le=100.0,
+        description="summary.json target.rounds_to_target: the first evaluated round whose target_metric reaches this "
+        "value (percent; e.g. 80% of the centralised GmAP)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _distinct(self) -> EvaluationConfig:
@@ -236,6 +246,16 @@ class CoreConfig(_Strict):
 
     def _check_model_family(self) -> None:
         algo, loss = self.algorithm.name, self.algorithm.loss
+        if algo in GENERAL_ONLY_ALGORITHMS:
+            if self.model.family != "linear_head":
+                raise ValueError(
+                    f"algorithm.name={algo} is a baseline of the general multi-label setting: set model.family: linear_head"
+                )
+            if self.partition.name == "positive_only":
+                raise ValueError(
+                    f"algorithm.name={algo} needs clients with full label vectors and their own test rows: set "
+                    "partition.name (iid, dirichlet, cmda or natural)"
+                )
         if self.model.family == "linear_head":
             if algo not in ROWLESS_ALGORITHMS:
                 raise ValueError(
@@ -256,7 +276,9 @@ class CoreConfig(_Strict):
 
 
 #: algorithms whose server keeps no row table (they run with any model family)
-ROWLESS_ALGORITHMS = ("fedavg", "flag", "oracle")
+ROWLESS_ALGORITHMS = ("fedavg", "flag", "oracle", "local", "centralised")
+#: baselines of the general multi-label setting (FLAG paper §4.2): linear_head and full-label partitions only
+GENERAL_ONLY_ALGORITHMS = ("local", "centralised")
 
 
 @cache

@@ -98,6 +98,11 @@ class Federation:
     #: centralised baselines only: a validation split carved from the training data (never the test split)
     x_val: torch.Tensor | None = None
     y_val: np.ndarray | None = None
+    #: the general multi-label setting: each client's own test rows (the partitioner's ``assign`` of the test
+    #: split to the same clients), as row indices into ``x_test``/``y_test``; GmAP scores the server's model on
+    #: each, AmAP each client's own model. A centralised baseline gets the same clients' test rows (same
+    #: partition, same seed) so its GmAP is comparable. None in the positive-only setting.
+    client_test: list[np.ndarray] | None = None
 
 
 def build_federation(
@@ -109,14 +114,20 @@ def build_federation(
     y_train = ds.train.labels.toarray().astype(bool)
     rng = np.random.default_rng([cfg.seed, 11])
     val = None
+    part = partitioner_from_config(cfg.partition, seed=cfg.seed)
+    client_test = None
+    n_test = ds.test.num_instances if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, ds.test.num_instances)
+    if not part.positive_only:  # general setting: the test rows of each client (same clients for every algorithm)
+        fed_shards = part.partition(ds.train, rng)
+        test_split = ds.test if n_test == ds.test.num_instances else _head(ds.test, n_test)
+        client_test = [s.indices for s in part.assign(test_split, np.random.default_rng([cfg.seed, 17]))]
     if algorithm.centralized:  # select epochs on a validation split of the training data, never on the test split
         order = np.random.default_rng([cfg.seed, 13]).permutation(ds.train.num_instances)
         n_val = int(round(cfg.algorithm.validation_fraction * ds.train.num_instances))
         val, rest = np.sort(order[:n_val]), np.sort(order[n_val:])
         shards = [ClientShard(0, rest)]
     else:
-        part = partitioner_from_config(cfg.partition, seed=cfg.seed)
-        shards = part.partition(ds.train, rng)
+        shards = fed_shards if client_test is not None else part.partition(ds.train, rng)
     clients = []
     for s in shards:
         if s.label is not None:
@@ -135,14 +146,23 @@ def build_federation(
                 num_labels=ds.num_labels,
             )
         )
-    n_test = ds.test.num_instances if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, ds.test.num_instances)
     x_test = torch.from_numpy(prep.transform(ds.test.features[:n_test])).to(device)
     y_test = ds.test.labels[:n_test].toarray().astype(np.int8)
-    fed = Federation(clients, shards, x_test, y_test, prep)
+    fed = Federation(clients, shards, x_test, y_test, prep, client_test=client_test)
+    if client_test is not None and not algorithm.centralized:
+        for c, rows in zip(clients, client_test, strict=True):  # each client holds its own test rows
+            c.eval_x, c.eval_y = x_test[rows], y_test[rows]
     if val is not None and len(val):
         fed.x_val = x_train[val].to(device)
         fed.y_val = ds.train.labels[val].toarray().astype(np.int8)
     return fed
+
+
+def _head(split, n: int):
+    """The first ``n`` rows of a split (``evaluation.max_test``)."""
+    from secure_fed.data import MultiLabelSplit
+
+    return MultiLabelSplit(split.features[:n], split.labels[:n])
 
 
 def build_algorithm(cfg: ExperimentConfig, device: torch.device) -> Algorithm:

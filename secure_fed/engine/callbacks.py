@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from secure_fed.algorithms.base import ClientFn
 
 if TYPE_CHECKING:
@@ -88,8 +90,7 @@ class Evaluation(Callback):
     name = "evaluation"
 
     def on_record(self, exp, record, diagnostics) -> None:
-        every, rounds = exp.cfg.evaluation.every, exp.cfg.training.rounds
-        if exp.round % every == 0 or exp.round == rounds:
+        if exp.is_evaluation_round(exp.round):
             record.update(exp.evaluation_record())
             exp.select_on_validation(diagnostics)
 
@@ -98,6 +99,53 @@ class Evaluation(Callback):
 
         if status == "budget_exhausted" and exp.history and not evaluated(exp.history[-1]):
             exp.history[-1].update(exp.evaluation_record())
+
+
+class ClientEvaluation(Callback):
+    """AmAP and WmAP (the FLAG paper §5.1): in an evaluation round, each client scores its own model after its
+    local training (:meth:`Algorithm.client_model`) on its own test rows, client side, and the round's record gets
+    the mean, the std over clients and the worst client's mAP.
+
+    These are metrics of models no DP mechanism protects (the clients' local models), so in a run with DP they go
+    to the private diagnostics, not to ``metrics.jsonl``; without DP (ε = ∞) they are released beside the others.
+    Active only in the general setting (clients hold test rows) with a model family without a row table."""
+
+    name = "client_evaluation"
+
+    def __init__(self):
+        self.exp = None
+        self.maps: dict[int, float] = {}
+
+    def on_init(self, exp) -> None:
+        active = exp.fed.client_test is not None and not exp.algorithm.centralized and exp.W is None
+        self.exp = exp if active else None
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        exp = self.exp
+        if exp is None:
+            return fn
+
+        def evaluated(payload, data):
+            reply = fn(payload, data)
+            if exp.is_evaluation_round(exp.round + 1) and data.eval_x is not None and len(data.eval_x):
+                from secure_fed.engine.evaluation import client_maps
+
+                scores = exp.model_scores(exp.algorithm.client_model(payload, data, reply), data.eval_x)
+                found = client_maps(scores, data.eval_y, [np.arange(len(data.eval_y))])
+                if found:
+                    self.maps[data.client_id] = found[0]
+            return reply
+
+        return evaluated
+
+    def on_record(self, exp, record, diagnostics) -> None:
+        if self.exp is None or not self.maps:
+            return
+        from secure_fed.engine.evaluation import spread
+
+        stats = spread([self.maps[c] for c in sorted(self.maps)], "AmAP", worst="WmAP")
+        self.maps = {}
+        (diagnostics if exp.stack.privacy() else record).update(stats)
 
 
 class PrivacyRecord(Callback):

@@ -76,7 +76,11 @@ class CheckpointMixin:
 
     def client_state_dict(self) -> dict[str, Any]:
         """What the clients (and the simulator) keep on their own side: protocol secrets, the label re-indexing."""
-        return {"protocols": self.stack.client_state_dict(), "label_perm": self.label_perm}
+        return {
+            "protocols": self.stack.client_state_dict(),
+            "label_perm": self.label_perm,
+            "client_state": {c.client_id: _to_cpu(c.state) for c in self.fed.clients if c.state},  # e.g. local's θ_c
+        }
 
     def save_checkpoint(self, name: str = "last.pt", *, side_files: bool = True) -> Path:
         """Save the server's state as ``name``, and (``side_files``) the other parties' files beside it; ``final.pt``
@@ -110,6 +114,8 @@ class CheckpointMixin:
             self.stack.load_client_state_dict(cs["protocols"])
             if cs["label_perm"] is not None:
                 self.apply_row_order(cs["label_perm"])
+            for cid, state in cs.get("client_state", {}).items():
+                self.fed.clients[cid].state = _to_device(state, self.device)
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
         if secrets.is_file():

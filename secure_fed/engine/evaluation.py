@@ -4,32 +4,86 @@
 Test metrics come from the model family's scores on the test split. A centralised baseline (the oracle)
 also scores a validation split carved from its training data and reports the evaluated epoch with the best
 validation score, never one selected on the test split.
+
+In the general multi-label setting each client also has its own test rows (``Federation.client_test``); the FLAG
+paper's metrics (§5.1, Table 1) are then
+
+* ``GmAP``: the server's model on each client's test rows, mAP averaged over clients (``GmAP_std``: the std
+  over clients, ``GmAP_worst``: the worst client) — a metric of the released model, public like the others;
+* ``AmAP``: each client's own model after its local training in the round, on its own test rows, averaged
+  (``AmAP_std``; ``WmAP``: the worst client's) — computed client side by
+  :class:`~secure_fed.engine.callbacks.ClientEvaluation`.
+
+A client's mAP is the macro AP over the labels with both a positive and a negative in its test rows (a label all
+its rows have gets AP = 1 from any model); clients with no such label are left out of the averages.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
-from secure_fed.metrics import evaluate_scores
+from secure_fed.metrics import evaluate_scores, macro_average_precision
+
+
+def client_map(scores: np.ndarray, y: np.ndarray) -> float:
+    """One client's mAP (percent): the macro AP over the labels that have both a positive and a negative among
+    its rows. A label every row has scores AP = 1 whatever the model (and k-modes clients often share one label
+    throughout), so it says nothing and is left out; NaN when no label qualifies."""
+    y = np.asarray(y)
+    informative = y.any(axis=0) & ~y.all(axis=0)
+    if not informative.any():
+        return float("nan")
+    return 100 * macro_average_precision(scores[:, informative], y[:, informative])
+
+
+def client_maps(scores: np.ndarray, y: np.ndarray, rows: list[np.ndarray]) -> list[float]:
+    """Each client's :func:`client_map` of ``scores`` on its rows; clients with no informative label are left
+    out (their mAP is undefined)."""
+    out = [client_map(scores[r], y[r]) for r in rows if len(r)]
+    return [m for m in out if not np.isnan(m)]
+
+
+def spread(values: list[float], prefix: str, *, worst: str) -> dict[str, float]:
+    """Mean, std over clients (population std) and the worst client of per-client mAPs, under ``prefix``."""
+    if not values:
+        return {}
+    v = np.asarray(values, dtype=float)
+    return {prefix: float(v.mean()), f"{prefix}_std": float(v.std()), worst: float(v.min())}
 
 
 class EvaluationMixin:
     @torch.no_grad()
-    def evaluate(self, split: str = "test") -> dict[str, float]:
-        """Metrics of the current θ, W on the test split, or on a centralised baseline's validation split."""
-        x, y = (self.fed.x_test, self.fed.y_test) if split == "test" else (self.fed.x_val, self.fed.y_val)
+    def model_scores(self, theta: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:
+        """(n, C) scores of the model θ (with the server's W when the family has rows) on ``x``."""
         for n, p in self.encoder.named_parameters():
-            p.copy_(self.theta[n])
+            p.copy_(theta[n])
         self.encoder.eval()
         chunks = [self.family.scores(self.encoder, self.W, xb) for xb in torch.split(x, 2048)]
-        scores = torch.cat(chunks).float().cpu().numpy()
+        return torch.cat(chunks).float().cpu().numpy()
+
+    def evaluate(self, split: str = "test") -> dict[str, float]:
+        """Metrics of the current θ, W on the test split (with GmAP when clients have test rows), or on a
+        centralised baseline's validation split."""
+        x, y = (self.fed.x_test, self.fed.y_test) if split == "test" else (self.fed.x_val, self.fed.y_val)
+        scores = self.model_scores(self.theta, x)
         ks = tuple(self.cfg.evaluation.ks)
-        return evaluate_scores(scores, y, ks=ks, threshold=self.cfg.evaluation.threshold)
+        out = evaluate_scores(scores, y, ks=ks, threshold=self.cfg.evaluation.threshold)
+        if split == "test" and self.fed.client_test is not None:
+            out.update(spread(client_maps(scores, y, self.fed.client_test), "GmAP", worst="GmAP_worst"))
+        return out
+
+    def is_evaluation_round(self, completed: int) -> bool:
+        """Whether the metrics are computed once ``completed`` rounds are done (every N, and after the last)."""
+        return completed % self.cfg.evaluation.every == 0 or completed == self.cfg.training.rounds
 
     def evaluation_record(self) -> dict[str, Any]:
-        """A metrics line's evaluation: test metrics of the current model, and W's mean row cosine."""
+        """A metrics line's evaluation: test metrics of the current model, and W's mean row cosine (none for an
+        algorithm without a global model, e.g. ``local``)."""
+        if not self.algorithm.has_global_model:
+            return {}
         rec: dict[str, Any] = dict(self.evaluate())
         if self.W is not None:
             rec["W_mean_cos"] = self.mean_row_cosine()

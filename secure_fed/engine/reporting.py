@@ -19,8 +19,18 @@ PRIVATE_DIR = "private"
 
 
 def evaluated(record: dict[str, Any]) -> bool:
-    """Whether a metrics line is an evaluated round (``mAP`` is computed at every evaluation, whatever the ks)."""
-    return "mAP" in record
+    """Whether a metrics line is an evaluated round (``mAP`` is computed at every evaluation, whatever the ks;
+    ``AmAP`` alone for an algorithm without a global model)."""
+    return "mAP" in record or "AmAP" in record
+
+
+def rounds_to_target(history: list[dict[str, Any]], metric: str, value: float | None) -> int | None:
+    """The first evaluated round whose ``metric`` reaches ``value`` (the FLAG paper's early-convergence measure,
+    §5.2), from the released records only; None when no target is set or it is never reached. Its resolution is
+    ``evaluation.every``."""
+    if value is None:
+        return None
+    return next((int(h["round"]) for h in history if metric in h and h[metric] >= value), None)
 
 
 class ReportMixin:
@@ -58,6 +68,10 @@ class ReportMixin:
             "num_clients": len(self.fed.clients),
             "dropped_labels": self.dataset.meta.get("dropped_labels", []),
         }
+        ev = self.cfg.evaluation
+        if ev.target_value is not None:
+            out["target"] = {"metric": ev.target_metric, "value": ev.target_value,
+                             "rounds_to_target": rounds_to_target(self.history, ev.target_metric, ev.target_value)}  # fmt: skip
         if self.selected is not None:
             out["selected_round"] = self.selected["round"]
             out["selection"] = f"{self._selection_metric()} on a validation split of the training data"

@@ -38,6 +38,7 @@ from secure_fed.engine.builders import (
 from secure_fed.engine.callbacks import (
     Callback,
     Checkpointing,
+    ClientEvaluation,
     Evaluation,
     MetricsFiles,
     PrivacyRecord,
@@ -143,7 +144,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self._t0 = time.perf_counter()  #: wall clock of the current stretch of training (see ``elapsed``)
         #: the built-in callbacks, then the registered ones (``secure_fed.callbacks`` entry points, e.g. the attack
         #: taps of threat_models), then the checkpoint (which saves what the callbacks before it keep)
-        self.callbacks: list[Callback] = [Evaluation(), PrivacyRecord(), MetricsFiles(), *build_callbacks(cfg), Checkpointing()]
+        self.callbacks: list[Callback] = [
+            Evaluation(), ClientEvaluation(), PrivacyRecord(), MetricsFiles(), *build_callbacks(cfg), Checkpointing()
+        ]
         self.executor = EXECUTORS[cfg.training.executor]()
         for cb in self.callbacks:
             cb.on_init(self)
@@ -223,6 +226,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         y = np.zeros_like(self.fed.y_test)
         y[:, perm] = self.fed.y_test
         self.fed.y_test = y
+        for c, rows in zip(self.fed.clients, self.fed.client_test or [], strict=False):
+            if c.eval_y is not None:
+                c.eval_y = y[rows]
         self.guard.set_client_rows(self._client_rows())
         self.stack_env.clients_per_row = self._clients_per_row()
 
@@ -280,7 +286,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, self.round, int(cid)))
 
             def train(p, d, g=gen, cid=cid):
-                reply = self.trainer.update(p, d, self.local, g)
+                reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, g))
                 self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
                 return reply
 

@@ -13,6 +13,8 @@ from torch import nn
 
 from secure_fed.algorithms.base import ClientData
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
+from secure_fed.algorithms.fedavg import FedAvg
+from secure_fed.algorithms.flag import FLAG as FLAG_ALGO
 from secure_fed.algorithms.flag import label_weight
 from secure_fed.algorithms.losses import LOSSES
 from secure_fed.config import load_config
@@ -82,8 +84,13 @@ def test_the_client_computes_its_weight_from_its_own_labels_when_the_server_send
     theta = {n: p.detach().clone() for n, p in model.named_parameters()}
     payload = {"theta": theta, "train_rows": False, "loss": "bce"}
     trainer, hp = LocalTrainer(model, LinearHead()), LocalTraining(batch_size=2)
-    assert "weight" not in trainer.update(payload, data, hp, torch.Generator().manual_seed(0))  # fedavg: no weight
-    reply = trainer.update({**payload, "flag_alpha": alpha}, data, hp, torch.Generator().manual_seed(0))
+
+    def train(p):
+        return trainer.update(p, data, hp, torch.Generator().manual_seed(0))
+
+    cfg = load_config(overrides=FLAG).algorithm
+    assert "weight" not in FedAvg(cfg).client_update(payload, data, train)  # fedavg: no weight
+    reply = FLAG_ALGO(cfg).client_update({**payload, "flag_alpha": alpha}, data, train)
     assert reply["weight"] == pytest.approx(BY_HAND[alpha], rel=1e-12)
 
 
@@ -150,6 +157,51 @@ def test_flag_runs_under_ckks_with_epsilon_inf_and_the_weights_inside_the_encryp
         assert (plain.theta[n] - enc.theta[n]).norm() / plain.theta[n].norm() < 1e-3, n
 
 
+# --- client-level DP: bounded weights ------------------------------------------------------------------------------
+
+
+def _update_norm(wire) -> float:
+    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in wire["theta_delta"].values()))
+
+
+def test_under_client_dp_each_update_is_clipped_then_scaled_by_its_capped_weight_and_reports_weight_1(tmp_path):
+    """S small enough that every update is clipped (norm = S), and W̄ between the clients' weights: a client's wire
+    update has norm S·min(w, W̄)/W̄ with w from its own labels (numpy, not ``label_weight``), and weight 1."""
+    clip = 1e-3
+    probe = Experiment(small_config(*FLAG), run_dir=tmp_path / "probe")
+    w = {c: _eq2(probe, c, 0.3) for c in range(len(probe.fed.clients))}
+    cap = sorted(w.values())[len(w) // 2]  # the median: some clients above the cap, some below
+    assert max(w.values()) > cap > min(w.values())
+    ov = [*FLAG, "training.rounds=2", 'protocols=["dp"]', f'privacy.client={{"noise_multiplier": 0.5, "clip_norm": {clip}, '
+          f'"weight_cap": {cap}}}']  # fmt: skip
+    exp, rec, res = _run(tmp_path / "dp", *ov)
+    for r in (0, 1):
+        for c, wire in rec.wires[r].items():
+            assert wire["weight"] == 1.0  # no weight leaves the client outside the noised update
+            assert _update_norm(wire) == pytest.approx(clip * min(w[c], cap) / cap, rel=1e-4), (r, c)
+        assert rec.aggs[r].weight_sum == pytest.approx(len(rec.wires[r]))
+    unit = res.summary["privacy"]["units"]["client"]
+    assert math.isfinite(float(unit["epsilon"])) and unit["sensitivity"] == clip and "W̄" in unit["sensitivity_note"]
+
+
+def test_flag_runs_under_dp_and_secure_aggregation_with_a_tracked_epsilon_and_no_weight_in_the_servers_view(tmp_path):
+    ov = [*FLAG, "training.rounds=2", 'protocols=["dp", "secure_aggregation"]', "output.log_messages=true",
+          'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5, "weight_cap": 20, "noise": "clients"}']  # fmt: skip
+    exp, rec, res = _run(tmp_path, *ov)
+    eps = [float(h["privacy"]["epsilon"]) for h in res.history]
+    assert 0 < eps[0] < eps[1] < math.inf  # tracked round by round
+    ups = [m for m in exp.messages if m["direction"] == "up"]
+    assert ups and all(set(m["message"]) == {"masked"} for m in ups)
+    for r in (0, 1):  # the sum's weight slot counts clients: each reported weight 1, no eq. 2 weight in the view
+        assert rec.aggs[r].weight_sum == pytest.approx(len(exp.fed.clients), abs=1e-6)
+
+
+def test_weight_cap_is_refused_where_no_client_reports_a_weight():
+    with pytest.raises(ConfigError, match="weight_cap applies to"):
+        load_config(overrides=[*FLAG, "algorithm.name=fedavg", 'protocols=["dp"]',
+                               'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0, "weight_cap": 3}'])  # fmt: skip
+
+
 # --- learning on CMDA clients --------------------------------------------------------------------------------------
 
 
@@ -181,7 +233,7 @@ def test_flag_alpha_defaults_to_the_papers_and_is_its_own_field():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (['protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0}'], "weight computed from"),
+        (['protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0}'], "set privacy.client.weight_cap"),
         (['protocols=["dp"]', 'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.1}'], "does not have"),
         (['protocols=["keyed_hashing"]'], "keyed_hashing protects label-set collection"),
         (["training.aggregation=num_examples"], "aggregation must stay uniform"),

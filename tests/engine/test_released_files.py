@@ -20,12 +20,16 @@ from secure_fed.engine import Experiment
 from tests.conftest import DP_CONFIGS, small_config
 
 EVAL = {"mAP", "O-AP", "C-P", "C-R", "C-F1", "O-P", "O-R", "O-F1"} | {f"{m}@{k}" for m in ("P", "nDCG") for k in (1, 3, 5)}
+# the general setting: the released model's mAP on each client's test rows (mean, std, worst). Not AmAP/WmAP: those
+# score the clients' own, un-noised local models
+EVAL |= {"GmAP", "GmAP_std", "GmAP_worst"}
 METRICS_LINE = {"round", "W_mean_cos", "privacy"} | EVAL
 METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client"}
 METRICS_UNIT = {"epsilon", "delta", "steps"}
 # rounds_aborted: how many rounds a protocol could not finish (dropouts below the secure sum's threshold)
 SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds_aborted", "status", "final", "W_mean_cos",
-           "privacy", "protocols", "stop_reason", "device", "num_clients", "dropped_labels"}  # fmt: skip
+           "privacy", "protocols", "stop_reason", "device", "num_clients", "dropped_labels",
+           "target"}  # fmt: skip
 SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning"}
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
         "target_epsilon", "sigma_calibrated", "scope", "not_covered", "sensitivity", "sensitivity_note", "adversaries",
