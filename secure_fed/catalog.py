@@ -21,4 +21,6 @@ ALGORITHMS: dict[str, str] = {
 MODELS: dict[str, str] = {
     "sparse_text": "the FedALC/FedAwS text network: linear embedding 512, then 1024-1024-512 (ReLU after the first two)",
     "mlp": "ReLU MLP for dense numeric features",
+    "resnet18": "torchvision ResNet-18 for images, fc replaced by a linear map to embedding_dim; model.weights: file | random",
+    "resnet50": "torchvision ResNet-50 for images, fc replaced by a linear map to embedding_dim; model.weights: file | random",
 }

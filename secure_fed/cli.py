@@ -111,7 +111,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from secure_fed.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    print(f"{args.config}: valid ({cfg.algorithm.name} on {cfg.dataset.name or cfg.dataset.train}, {cfg.training.rounds} rounds)")
+    d = cfg.dataset
+    data = f"{d.format} data at {d.train or d.root}" if d.format else d.name
+    print(f"{args.config}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
     return 0
 
 
@@ -148,7 +150,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from secure_fed import catalog
-    from secure_fed.data import PARTITIONERS, REGISTRY
+    from secure_fed.data import GENERATED, PARTITIONERS, REGISTRY
     from secure_fed.specs import attack_specs, layer_specs
 
     def section(title: str, rows: list[tuple[str, str]]) -> None:
@@ -161,8 +163,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     section("algorithms", list(catalog.ALGORITHMS.items()))
     section(
         "datasets",
-        [(n, d.description) for n, d in REGISTRY.items()]
-        + [("synthetic", "generated multi-label data with controllable label co-occurrence")],
+        [(n, d.description) for n, d in REGISTRY.items()] + list(GENERATED.items()),
     )
     section("partitioners", [(n, c.description) for n, c in PARTITIONERS.items()])
     section("models", list(catalog.MODELS.items()))

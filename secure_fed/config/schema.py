@@ -11,6 +11,7 @@ register their pydantic models through the ``secure_fed.config_sections`` entry 
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
@@ -51,13 +52,43 @@ class SyntheticConfig(_Strict):
         return self
 
 
+#: the largest image side (pixels) a config may ask for: a typo should not ask for more memory than a machine has
+MAX_IMAGE_SIDE = 1024
+
+
+class MosaicsConfig(_Strict):
+    """``dataset.name: digit_mosaics``: grid × grid mosaics of scikit-learn's 8×8 digits (see
+    :mod:`secure_fed.data.images.mosaics`)."""
+
+    grid: int = Field(2, ge=1, le=8, description="tiles per side; an image shows grid² digits")
+    tile_size: int = Field(16, ge=4, le=256, description="pixels per tile side (8: the digits' own resolution)")
+    num_train: int = Field(2000, ge=10, le=MAX_SIZE)
+    num_test: int = Field(500, ge=10, le=MAX_SIZE)
+
+    @model_validator(mode="after")
+    def _side(self) -> MosaicsConfig:
+        if self.grid * self.tile_size > MAX_IMAGE_SIDE:
+            raise ValueError(
+                f"dataset.mosaics: grid × tile_size = {self.grid * self.tile_size} pixels per side exceeds {MAX_IMAGE_SIDE}"
+            )
+        return self
+
+
+#: ``dataset.format`` values that read images (``dataset.root`` or ``dataset.train`` is their folder)
+IMAGE_FORMATS = ("voc", "coco")
+
+
 class DatasetConfig(_Strict):
-    """Either ``name`` (registry or ``synthetic``) or ``format`` plus file paths."""
+    """Either ``name`` (registry, ``synthetic`` or ``digit_mosaics``) or ``format`` plus file paths."""
 
     name: str | None = "synthetic"
-    root: str | None = Field(None, description="data root; default $SECURE_FED_DATA or ~/.cache/secure-fed/data")
-    format: Literal["arff", "xc"] | None = None
-    train: str | None = None
+    root: str | None = Field(
+        None,
+        description="data root; default $SECURE_FED_DATA or ~/.cache/secure-fed/data. format voc | coco: the dataset's "
+        "folder (a VOC year's folder, e.g. VOCdevkit/VOC2007; COCO: the folder holding annotations/ and the image folders)",
+    )
+    format: Literal["arff", "xc", "voc", "coco"] | None = None
+    train: str | None = Field(None, description="arff, xc: the training file; voc, coco: the dataset's folder (as root)")
     test: str | None = None
     labels: str | None = None
     train_split: str | None = None
@@ -67,20 +98,45 @@ class DatasetConfig(_Strict):
     drop_empty_labels: bool = Field(
         True, description="drop labels no training instance has (in train and test), with a one-line note"
     )
+    image_size: int = Field(
+        224, ge=16, le=MAX_IMAGE_SIDE, description="voc, coco: images are resized to image_size × image_size pixels"
+    )
+    train_set: str | None = Field(
+        None, min_length=1,
+        description="voc: ImageSets/Main/NAME.txt (default trainval); coco: the image folder and instances_NAME.json "
+        "(default train2014)",
+    )  # fmt: skip
+    test_set: str | None = Field(
+        None, min_length=1, description="voc: ImageSets/Main/NAME.txt (default test); coco: as train_set (default val2014)"
+    )
+    train_annotations: str | None = Field(
+        None, min_length=1, description="coco: the training annotation file (default ROOT/annotations/instances_TRAIN_SET.json)"
+    )
+    test_annotations: str | None = Field(
+        None, min_length=1, description="coco: the test annotation file (default ROOT/annotations/instances_TEST_SET.json)"
+    )
     synthetic: SyntheticConfig = SyntheticConfig()
+    mosaics: MosaicsConfig = MosaicsConfig()
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
-        if self.format is not None:
+        if self.format in IMAGE_FORMATS:
+            if self.train is None and self.root is None:
+                raise ValueError(f"dataset.format={self.format} needs dataset.root (the dataset's folder)")
+        elif self.format is not None:
             if self.train is None:
                 raise ValueError("dataset.format is set, so dataset.train (a file path) is required")
         elif not self.name:
             raise ValueError("give dataset.name (a registered dataset or 'synthetic') or dataset.format with file paths")
         else:
-            from secure_fed.data.registry import REGISTRY  # numpy and scipy only: validate stays torch-free
+            from secure_fed.data.registry import GENERATED, REGISTRY  # numpy and scipy only: validate stays torch-free
 
-            if self.name != "synthetic" and self.name not in REGISTRY:
-                raise ValueError(unknown_name("dataset", self.name, [*REGISTRY, "synthetic"]))
+            if self.name not in GENERATED and self.name not in REGISTRY:
+                raise ValueError(unknown_name("dataset", self.name, [*REGISTRY, *GENERATED]))
+        if self.format not in IMAGE_FORMATS and (self.train_set or self.test_set):
+            raise ValueError("dataset.train_set / test_set name image sets of dataset.format voc or coco")
+        if self.format != "coco" and (self.train_annotations or self.test_annotations):
+            raise ValueError("dataset.train_annotations / test_annotations are annotation files of dataset.format coco")
         return self
 
 
@@ -104,17 +160,47 @@ class PartitionConfig(_Strict):
         return self
 
 
+#: the torchvision ResNet backbones (image data; secure_fed.models.backbones)
+RESNETS = ("resnet18", "resnet50")
+NO_WEIGHTS = (
+    "model.name={name}: ImageNet weights cannot be downloaded here: give a local file (model.weights: PATH to a "
+    "torchvision state dict) or model.weights: random"
+)
+
+
 class ModelConfig(_Strict):
+    """The model: its family, the encoder g_θ (``name``) and its input preprocessing."""
+
     family: Literal["embedding", "linear_head"] = Field(
         "embedding", description="embedding: f = W·g_θ with per-label rows; linear_head: g_θ plus a shared linear head"
     )
-    name: Literal["auto", "sparse_text", "mlp"] = "auto"
+    name: Literal["auto", "sparse_text", "mlp", "resnet18", "resnet50"] = Field(
+        "auto", description="auto: resnet18 for image data, sparse_text for sparse data, else mlp"
+    )
     embedding_dim: int = Field(512, ge=2, le=MAX_WIDTH, description="d, the dimension of g(x) and of W's rows")
     embed_dim: int = Field(512, ge=2, le=MAX_WIDTH, description="sparse_text: width of the linear input embedding")
     hidden_dims: list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] | None = Field(
         None, min_length=1, max_length=16, description="default: [1024, 1024] for sparse_text, [256] for mlp"
     )
-    preprocessing: Literal["auto", "rsqrt_nnz", "standardize", "none"] = "auto"
+    preprocessing: Literal["auto", "rsqrt_nnz", "standardize", "image", "none"] = Field(
+        "auto", description="auto: image for image data, rsqrt_nnz for sparse_text, else standardize"
+    )
+    weights: str | None = Field(
+        None, min_length=1,
+        description="resnet18, resnet50: a local torchvision state-dict file (ImageNet checkpoint format; fc.* ignored) "
+        "or 'random'; required for a ResNet, since nothing can be downloaded",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _weights(self) -> ModelConfig:
+        resnet = self.name in RESNETS
+        if resnet and self.weights is None:
+            raise ValueError(NO_WEIGHTS.format(name=self.name))
+        if self.weights is not None and not resnet and self.name != "auto":  # auto: checked once the data is known
+            raise ValueError(f"model.weights is for {' and '.join(RESNETS)}; model.name={self.name} has no pretrained weights")
+        if self.weights not in (None, "random") and not Path(self.weights).expanduser().is_file():
+            raise ValueError(f"model.weights: file not found: {self.weights} (a torchvision state dict, or 'random')")
+        return self
 
 
 class AlgorithmConfig(_Strict):

@@ -59,6 +59,13 @@ REGISTRY: dict[str, RegisteredDataset] = {
 }
 
 
+#: datasets generated in memory rather than read from the data root (``dataset.name``), with descriptions
+GENERATED: dict[str, str] = {
+    "synthetic": "generated multi-label data with controllable label co-occurrence",
+    "digit_mosaics": "grid×grid mosaics of scikit-learn's 8×8 digits (no download), labelled by the digits shown; images",
+}
+
+
 def resolve_root(root: str | os.PathLike | None = None) -> Path:
     """The data root: ``root`` if given, else ``$SECURE_FED_DATA``, else the user cache."""
     if root:
@@ -138,6 +145,9 @@ def load_from_paths(
 
 
 def _looks_sparse(split: MultiLabelSplit) -> bool:
+    """Bag-of-words style: a CSR matrix under 20% dense with 0/1 values (a dense array never is)."""
     x = split.features
+    if split.is_dense:
+        return False
     density = x.nnz / max(1, x.shape[0] * x.shape[1])
     return density < 0.2 and bool(np.all(np.isin(x.data[:10000], (0.0, 1.0))))

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from secure_fed.algorithms import ALGORITHMS, Algorithm, ClientData
-from secure_fed.config.schema import ExperimentConfig
+from secure_fed.config.schema import NO_WEIGHTS, RESNETS, ExperimentConfig
 from secure_fed.data import (
+    GENERATED,
     ClientShard,
     MultiLabelDataset,
     SyntheticSpec,
@@ -45,6 +46,8 @@ def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
 
 def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
     d = cfg.dataset
+    if d.format in ("voc", "coco") or (d.format is None and d.name == "digit_mosaics"):
+        return _with_feature_kind(_load_images(cfg, data_root), d.feature_kind)
     if d.format is not None:
         return load_from_paths(
             format=d.format,
@@ -59,30 +62,105 @@ def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
         )
     if d.name == "synthetic":
         return make_synthetic(SyntheticSpec(**d.synthetic.model_dump()), seed=cfg.seed)
-    ds = load_registered(d.name, data_root or d.root)
-    if d.feature_kind != "auto" and d.feature_kind != ds.feature_kind:
-        ds = MultiLabelDataset(ds.name, ds.train, ds.test, ds.label_names, d.feature_kind, ds.meta)
+    return _with_feature_kind(load_registered(d.name, data_root or d.root), d.feature_kind)
+
+
+def _with_feature_kind(ds: MultiLabelDataset, kind: str) -> MultiLabelDataset:
+    """``ds`` relabelled with ``dataset.feature_kind`` when that is not ``auto`` (e.g. pixels as ``dense`` features
+    for an MLP)."""
+    if kind != "auto" and kind != ds.feature_kind:
+        ds = MultiLabelDataset(ds.name, ds.train, ds.test, ds.label_names, kind, ds.meta)
     return ds
 
 
+def _load_images(cfg: ExperimentConfig, data_root: str | None) -> MultiLabelDataset:
+    """Digit mosaics (generated from the run seed), or a VOC / COCO folder: ``dataset.train`` if given, else
+    ``--data-root``, else ``dataset.root``."""
+    from secure_fed.data.images import MosaicSpec, load_coco, load_voc, make_digit_mosaics  # torchvision: on demand
+
+    d = cfg.dataset
+    if d.format is None:
+        return make_digit_mosaics(MosaicSpec(**d.mosaics.model_dump()), seed=cfg.seed)
+    root = d.train or data_root or d.root
+    name = d.name if d.name not in GENERATED else None
+    if d.format == "voc":
+        return load_voc(root, size=d.image_size, train_set=d.train_set or "trainval", test_set=d.test_set or "test", name=name)
+    return load_coco(
+        root,
+        size=d.image_size,
+        train_set=d.train_set or "train2014",
+        test_set=d.test_set or "val2014",
+        train_annotations=d.train_annotations,
+        test_annotations=d.test_annotations,
+        name=name,
+    )
+
+
+#: a ResNet's last stage sees a 1×1 map (where bf16 on CPU is broken, see model_choice) for images up to this side
+BF16_MIN_SIDE = 16
+
+
+def _on_cpu(cfg: ExperimentConfig) -> bool:
+    return cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+
+
 def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str, list[int]]:
+    """The encoder name, preprocessing kind and hidden widths the config picks for ``ds``.
+
+    ``auto`` picks ``resnet18`` for image data, ``sparse_text`` for sparse data, else ``mlp``; preprocessing ``auto``
+    picks ``image`` for image data. A ResNet on data that are not images, a ResNet without ``model.weights``,
+    ``model.weights`` for an encoder that is not a ResNet, or bf16 training of a ResNet on CPU with images of 16 px or
+    less (a PyTorch bug: garbage gradients, measured on torch 2.14) is a one-line :class:`ConfigError`.
+    """
     name = cfg.model.name
     if name == "auto":
-        name = "sparse_text" if ds.feature_kind == "sparse" else "mlp"
+        name = "resnet18" if ds.feature_kind == "image" else "sparse_text" if ds.feature_kind == "sparse" else "mlp"
+    resnet = name in RESNETS
+    if resnet and (ds.feature_kind != "image" or ds.image_shape is None):
+        raise ConfigError(
+            f"model.name={name} needs image data (dataset.name: digit_mosaics, or dataset.format: voc | coco); "
+            f"dataset '{ds.name}' has {ds.feature_kind} features"
+        )
+    if resnet and cfg.model.weights is None:
+        raise ConfigError(NO_WEIGHTS.format(name=name) + f" (model.name=auto picks {name} for image data)")
+    if resnet and cfg.training.precision == "bf16" and min(ds.image_shape[1:]) <= BF16_MIN_SIDE and _on_cpu(cfg):
+        raise ConfigError(
+            f"training.precision=bf16 with model.name={name} on {ds.image_shape[1]}×{ds.image_shape[2]} images on CPU: "
+            "PyTorch's bf16 CPU kernels give garbage weight gradients for a stride-2 3×3 convolution of a 1×1 feature map "
+            f"(the ResNet's last stage for images of {BF16_MIN_SIDE} px or less); use training.precision: fp32 or larger images"
+        )
+    if not resnet and cfg.model.weights is not None:
+        raise ConfigError(
+            f"model.weights is for {' and '.join(RESNETS)}; model.name={cfg.model.name} picks {name} for "
+            f"{ds.feature_kind} data, which has no pretrained weights"
+        )
     prep = cfg.model.preprocessing
     if prep == "auto":
-        prep = "rsqrt_nnz" if name == "sparse_text" else "standardize"
+        prep = "image" if ds.feature_kind == "image" else "rsqrt_nnz" if name == "sparse_text" else "standardize"
     hidden = cfg.model.hidden_dims
-    if hidden is None:
+    if resnet:
+        hidden = []  # a ResNet has no hidden_dims
+    elif hidden is None:
         hidden = [1024, 1024] if name == "sparse_text" else [256]
     return name, prep, hidden
 
 
 def build_encoder_for(cfg: ExperimentConfig, ds: MultiLabelDataset, seed_offset: int = 0) -> nn.Module:
+    """The configured encoder g_θ for ``ds``, initialised from the run seed (and ``seed_offset``).
+
+    Every call with the same arguments builds the same module: the server's model and the worker model (the two
+    calls in :class:`~secure_fed.engine.Experiment`) start equal, ResNets from the same ``model.weights`` file.
+    """
     name, _, hidden = model_choice(cfg, ds)
     torch.manual_seed(cfg.seed * 7919 + seed_offset)
     return build_encoder(
-        name, ds.num_features, embedding_dim=cfg.model.embedding_dim, hidden_dims=hidden, embed_dim=cfg.model.embed_dim
+        name,
+        ds.num_features,
+        embedding_dim=cfg.model.embedding_dim,
+        hidden_dims=hidden,
+        embed_dim=cfg.model.embed_dim,
+        image_shape=ds.image_shape,
+        weights=cfg.model.weights,
     )
 
 
