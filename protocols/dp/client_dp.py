@@ -29,15 +29,18 @@ def update_norm(reply: Payload) -> float:
     return math.sqrt(sq)
 
 
-def clip_update(reply: Payload, clip_norm: float) -> Payload:
-    """A copy of the reply whose (Δθ, Δrows) has L2 norm ≤ ``clip_norm``."""
-    norm = update_norm(reply)
-    f = min(1.0, clip_norm / max(norm, 1e-12))
+def scale_update(reply: Payload, f: float) -> Payload:
+    """A copy of the reply with (Δθ, Δrows) multiplied by ``f``."""
     out = dict(reply)
     out["theta_delta"] = {n: t * f for n, t in reply["theta_delta"].items()}
     if "rows_delta" in reply:
         out["rows_delta"] = reply["rows_delta"] * f
     return out
+
+
+def clip_update(reply: Payload, clip_norm: float) -> Payload:
+    """A copy of the reply whose (Δθ, Δrows) has L2 norm ≤ ``clip_norm``."""
+    return scale_update(reply, min(1.0, clip_norm / max(update_norm(reply), 1e-12)))
 
 
 def cap_weight(reply: Payload, weight_cap: float) -> Payload:
@@ -48,13 +51,7 @@ def cap_weight(reply: Payload, weight_cap: float) -> Payload:
     relative weighting (for w_c ≤ W̄), scaled by the mean capped weight. A reply without ``weight`` is returned as is."""
     if "weight" not in reply:
         return reply
-    f = min(float(reply["weight"]), weight_cap) / weight_cap
-    out = dict(reply)
-    out["theta_delta"] = {n: t * f for n, t in reply["theta_delta"].items()}
-    if "rows_delta" in reply:
-        out["rows_delta"] = reply["rows_delta"] * f
-    out["weight"] = 1.0
-    return out
+    return {**scale_update(reply, min(float(reply["weight"]), weight_cap) / weight_cap), "weight": 1.0}
 
 
 def add_client_noise(
