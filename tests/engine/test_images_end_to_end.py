@@ -50,7 +50,17 @@ def _frequency_baseline_map(ds) -> float:
     return 100 * float(average_precision_score(y[:, keep], np.tile(freq[keep], (len(y), 1)), average="macro"))
 
 
-def test_resnet18_on_digit_mosaics_learns_under_fedavg_and_flag(tmp_path):
+@pytest.fixture
+def one_thread():
+    """One torch thread for the run: the figures then do not depend on the core count (reduction order), and a busy
+    second core does not slow it down (two threads on a shared 2-core machine took 98 s instead of 32 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_resnet18_on_digit_mosaics_learns_under_fedavg_and_flag(tmp_path, one_thread):
     start = time.perf_counter()
     ds = build_dataset(load_config(overrides=IMAGES))
     baseline = _frequency_baseline_map(ds)
