@@ -14,8 +14,9 @@ The server tells each client α (downlink ``flag_alpha``); the client's reply ca
 beside w·Δθ (:class:`~secure_fed.engine.aggregation.UpdateLayout`), so under ``secure_aggregation`` or ``ckks``
 the server learns Σ_c w_c Δθ_c and Σ_c w_c, never one client's weight, within a round. A client's w_c is the same
 every round, so sums over cohorts that differ (``training.client_fraction`` < 1, dropouts) can be solved for each
-w_c, as for ``training.aggregation: num_examples``. Client-level DP is refused: the weight depends on the client's
-data without bound, so it would scale the clipped update past its sensitivity.
+w_c, as for ``training.aggregation: num_examples``. Under client-level DP the weight, which has no bound, needs a
+public cap (``privacy.client.weight_cap``, W̄): the client scales its clipped update by min(w_c, W̄)/W̄ and reports
+weight 1 (:func:`protocols.dp.client_dp.cap_weight`), so the sensitivity stays the clip norm.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from secure_fed.data import (
     GENERATED,
     ClientShard,
     MultiLabelDataset,
+    MultiLabelSplit,
     SyntheticSpec,
     load_from_paths,
     load_registered,
@@ -236,10 +237,8 @@ def build_federation(
     return fed
 
 
-def _head(split, n: int):
+def _head(split: MultiLabelSplit, n: int) -> MultiLabelSplit:
     """The first ``n`` rows of a split (``evaluation.max_test``)."""
-    from secure_fed.data import MultiLabelSplit
-
     return MultiLabelSplit(split.features[:n], split.labels[:n])
 
 

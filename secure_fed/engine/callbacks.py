@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from secure_fed.algorithms.base import ClientFn
+from secure_fed.engine.evaluation import client_maps, spread
 
 if TYPE_CHECKING:
     from secure_fed.engine.aggregation import Aggregate
@@ -128,8 +129,6 @@ class ClientEvaluation(Callback):
         def evaluated(payload, data):
             reply = fn(payload, data)
             if exp.is_evaluation_round(exp.round + 1) and data.eval_x is not None and len(data.eval_x):
-                from secure_fed.engine.evaluation import client_maps
-
                 scores = exp.model_scores(exp.algorithm.client_model(payload, data, reply), data.eval_x)
                 found = client_maps(scores, data.eval_y, [np.arange(len(data.eval_y))])
                 if found:
@@ -141,8 +140,6 @@ class ClientEvaluation(Callback):
     def on_record(self, exp, record, diagnostics) -> None:
         if self.exp is None or not self.maps:
             return
-        from secure_fed.engine.evaluation import spread
-
         stats = spread([self.maps[c] for c in sorted(self.maps)], "AmAP", worst="WmAP")
         self.maps = {}
         (diagnostics if exp.stack.privacy() else record).update(stats)
