@@ -53,7 +53,7 @@ class AuditContext:
         if final.is_file():  # the released model (a centralised baseline's is the epoch it selected, not the last)
             sd = torch.load(final, map_location="cpu", weights_only=False)
             exp.theta = {n: t.to(exp.device) for n, t in sd["theta"].items()}
-            exp.W = sd["W"].to(exp.device)
+            exp.W = None if sd["W"] is None else sd["W"].to(exp.device)
         ctx = cls(exp)
         if not (run_dir / "checkpoints" / "server_view.pt").is_file():
             ctx.tap = None  # trained without attacks configured: the server's view was not recorded
@@ -79,10 +79,18 @@ class AuditContext:
         return self.cfg.model_dump(mode="json")
 
     def new_encoder(self) -> torch.nn.Module:
-        """The public architecture (weights to be loaded from a view)."""
+        """The public architecture of θ's module (the model family's, e.g. the encoder with its linear head),
+        weights to be loaded from a view."""
         from secure_fed.engine.builders import build_encoder_for
+        from secure_fed.models.families import model_family
 
-        return build_encoder_for(self.cfg, self.dataset)
+        family = model_family(self.cfg.model.family)
+        encoder = build_encoder_for(self.cfg, self.dataset)
+        return family.build(encoder, num_labels=self.dataset.num_labels, embedding_dim=self.cfg.model.embedding_dim)
+
+    def _rows(self) -> torch.Tensor | None:
+        """The server's W on the CPU (None for a model family without a row table)."""
+        return None if self.exp.W is None else self.exp.W.detach().cpu()
 
     # ------------------------------------------------------------------ views
     def server_view(self) -> ServerView:
@@ -105,7 +113,7 @@ class AuditContext:
             label_vocabulary=tuple(sorted(names)),
             theta0=self.theta0(),
             theta={n: t.detach().cpu().clone() for n, t in exp.theta.items()},
-            W=exp.W.detach().cpu().clone(),
+            W=None if exp.W is None else self._rows().clone(),
             capture=capture,
             privacy=self.privacy(),
         )
@@ -118,22 +126,24 @@ class AuditContext:
 
     def observer_view(self) -> ObserverView:
         exp = self.exp
-        W = exp.W.detach().cpu()[torch.as_tensor(self.row_of_label)]
+        W = self._rows()
+        W = None if W is None else W[torch.as_tensor(self.row_of_label)].clone()
         return ObserverView(
             config=self.public_config(),
             theta0=self.theta0(),
             theta={n: t.detach().cpu().clone() for n, t in exp.theta.items()},
-            W=W.clone(),
+            W=W,
             label_names=tuple(self.dataset.label_names),
             privacy=self.privacy(),
         )
 
     def client_view(self, cid: int) -> ClientView:
         c = self.fed.clients[cid]
-        rows = self.exp.W.detach().cpu()[c.known_labels]
+        W = self._rows()
+        rows = None if W is None else W[c.known_labels].clone()
         return ClientView(
             client_id=cid, raw=c.raw.copy(), labels=tuple(int(i) for i in c.known_labels),
-            theta={n: t.detach().cpu().clone() for n, t in self.exp.theta.items()}, rows=rows.clone(),
+            theta={n: t.detach().cpu().clone() for n, t in self.exp.theta.items()}, rows=rows,
         )  # fmt: skip
 
     def view_for(self, role: Role, **kw):

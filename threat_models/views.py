@@ -43,7 +43,7 @@ class ServerView:
     label_vocabulary: tuple[str, ...]  #: the dataset's public label list (order of W rows unknown if pseudonymised)
     theta0: dict[str, torch.Tensor]
     theta: dict[str, torch.Tensor]
-    W: torch.Tensor  #: rows in the server's order
+    W: torch.Tensor | None  #: rows in the server's order (None: the model family has no row table)
     capture: RoundCapture | None
     privacy: dict[str, Any]
 
@@ -55,7 +55,7 @@ class ObserverView:
     config: dict[str, Any]
     theta0: dict[str, torch.Tensor]
     theta: dict[str, torch.Tensor]
-    W: torch.Tensor  #: rows in label-name order (a released model must map rows to names)
+    W: torch.Tensor | None  #: rows in label-name order (a released model must map rows to names); None without rows
     label_names: tuple[str, ...]
     privacy: dict[str, Any]
 

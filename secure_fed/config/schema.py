@@ -318,6 +318,9 @@ class CoreConfig(_Strict):
     def _cross_checks(self) -> CoreConfig:
         validate_stack(self)
         self._check_model_family()
+        images = self.dataset.name == "digit_mosaics" or self.dataset.format in IMAGE_FORMATS
+        if images and self.model.name == "auto" and self.model.weights is None:
+            raise ValueError(NO_WEIGHTS.format(name="resnet18") + " (model.name=auto picks resnet18 for image data)")
         needs_positive_only = self.algorithm.name in ("fedalc", "fedalc_fixed")
         if needs_positive_only and self.partition.name != "positive_only":
             raise ValueError(

@@ -2,7 +2,7 @@
 :mod:`secure_fed.data.images` (imported on demand: it needs torch and torchvision)."""
 
 from secure_fed.data.arff import read_arff, read_label_names
-from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit, as_dense, row_nnz
+from secure_fed.data.dataset import Features, MultiLabelDataset, MultiLabelSplit, as_dense, row_nnz, stack_rows
 from secure_fed.data.partitions import PARTITIONERS, ClientShard, Partitioner, build_partitioner, partitioner_from_config
 from secure_fed.data.registry import GENERATED, REGISTRY, load_from_paths, load_registered, resolve_root
 from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
@@ -17,7 +17,9 @@ __all__ = [
     "MultiLabelSplit",
     "Partitioner",
     "SyntheticSpec",
+    "Features",
     "as_dense",
+    "stack_rows",
     "build_partitioner",
     "load_from_paths",
     "load_registered",

@@ -21,6 +21,16 @@ def as_dense(x: Features, dtype=None) -> np.ndarray:
     return arr if dtype is None else arr.astype(dtype, copy=False)
 
 
+def stack_rows(*parts: Features) -> Features:
+    """The rows of ``parts`` one after the other: a CSR matrix when they are sparse, else a dense array (the
+    parts are all of one kind, as the splits of one dataset are)."""
+    if all(sp.issparse(p) for p in parts):
+        return sp.vstack(parts).tocsr()
+    if any(sp.issparse(p) for p in parts):
+        raise ValueError("cannot stack sparse and dense feature rows")
+    return np.concatenate(parts, axis=0)
+
+
 def row_nnz(x: Features) -> np.ndarray:
     """The number of non-zero entries of each row of ``x`` (CSR or dense), as int64."""
     if sp.issparse(x):

@@ -189,7 +189,10 @@ def build_federation(
 ) -> Federation:
     _, prep_kind, _ = model_choice(cfg, ds)
     prep = Preprocessor.fit(prep_kind, ds.train.features)
-    x_train = torch.from_numpy(prep.transform(ds.train.features))
+
+    def features(rows: np.ndarray) -> torch.Tensor:  # per shard: no second full copy of the (float) training set
+        return torch.from_numpy(prep.transform(ds.train.features[rows])).to(device)
+
     y_train = ds.train.labels.toarray().astype(bool)
     rng = np.random.default_rng([cfg.seed, 11])
     val = None
@@ -218,7 +221,7 @@ def build_federation(
         clients.append(
             ClientData(
                 client_id=s.client_id,
-                x=x_train[s.indices].to(device),
+                x=features(s.indices),
                 pos=torch.from_numpy(y_train[np.ix_(s.indices, known)]).to(device),
                 known_labels=torch.from_numpy(known.astype(np.int64)),
                 raw=ds.train.features[s.indices],
@@ -232,7 +235,7 @@ def build_federation(
         for c, rows in zip(clients, client_test, strict=True):  # each client holds its own test rows
             c.eval_x, c.eval_y = x_test[rows], y_test[rows]
     if val is not None and len(val):
-        fed.x_val = x_train[val].to(device)
+        fed.x_val = features(val)
         fed.y_val = ds.train.labels[val].toarray().astype(np.int8)
     return fed
 

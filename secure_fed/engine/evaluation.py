@@ -54,6 +54,16 @@ def spread(values: list[float], prefix: str, *, worst: str) -> dict[str, float]:
     return {prefix: float(v.mean()), f"{prefix}_std": float(v.std()), worst: float(v.min())}
 
 
+#: input elements scored in one forward pass: 2048 rows of every Mulan set, ~111 images of 224×224 (a ResNet's
+#: first stage holds ~5× its input, so a chunk's activations stay near 350 MB)
+EVAL_CHUNK_ELEMENTS = 2**24
+
+
+def eval_chunk_rows(width: int) -> int:
+    """Rows per evaluation forward pass for inputs ``width`` wide (at most 2048)."""
+    return max(1, min(2048, EVAL_CHUNK_ELEMENTS // max(1, width)))
+
+
 class EvaluationMixin:
     @torch.no_grad()
     def model_scores(self, theta: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:
@@ -61,7 +71,7 @@ class EvaluationMixin:
         for n, p in self.encoder.named_parameters():
             p.copy_(theta[n])
         self.encoder.eval()
-        chunks = [self.family.scores(self.encoder, self.W, xb) for xb in torch.split(x, 2048)]
+        chunks = [self.family.scores(self.encoder, self.W, xb) for xb in torch.split(x, eval_chunk_rows(x.shape[1]))]
         return torch.cat(chunks).float().cpu().numpy()
 
     def evaluate(self, split: str = "test") -> dict[str, float]:

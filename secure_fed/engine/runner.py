@@ -94,7 +94,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.W: torch.Tensor | None = None if W is None else W.to(self.device)
         # one optimiser for θ, one for W rows (used when server_optimizer.apply_to_rows is set)
         opt_args = cfg.training.server_optimizer.model_dump(exclude={"apply_to_rows"})
-        self.server_opt = ServerOptimizer(**opt_args)
+        # non-trainable θ entries (batch-norm running statistics) take the clients' mean under every optimiser
+        frozen = frozenset(n for n, p in self.encoder.named_parameters() if not p.requires_grad)
+        self.server_opt = ServerOptimizer(**opt_args, averaged=frozen)
         self.row_opt = ServerOptimizer(**opt_args)
         self.messages: list[dict[str, Any]] | None = [] if cfg.output.log_messages else None
         down, up = self._declared_message_rules()
@@ -145,7 +147,12 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         #: the built-in callbacks, then the registered ones (``secure_fed.callbacks`` entry points, e.g. the attack
         #: taps of threat_models), then the checkpoint (which saves what the callbacks before it keep)
         self.callbacks: list[Callback] = [
-            Evaluation(), ClientEvaluation(), PrivacyRecord(), MetricsFiles(), *build_callbacks(cfg), Checkpointing()
+            Evaluation(),
+            ClientEvaluation(),
+            PrivacyRecord(),
+            MetricsFiles(),
+            *build_callbacks(cfg),
+            Checkpointing(),
         ]
         self.executor = EXECUTORS[cfg.training.executor]()
         for cb in self.callbacks:

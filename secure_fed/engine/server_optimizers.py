@@ -13,6 +13,12 @@ The pseudo-gradient is the (weighted) mean client delta Δ; every optimiser
 m̂, v̂ are bias-corrected when ``bias_correction`` is on (Adam's convention;
 Reddi et al. omit it). A boolean row ``mask`` leaves masked-out rows and their
 optimiser state untouched (rows of W whose client did not take part).
+
+Keys in ``averaged`` are not trained: the model's non-trainable parameters (the batch-norm running statistics
+of :class:`~secure_fed.models.backbones.FederatedBatchNorm2d`). They always take the clients' mean, x ← x + Δ,
+whatever the optimiser and learning rate, and keep no optimiser state: an adaptive step would move each by about
+η per round, so the statistics would lag far behind the data (on digit mosaics, FedAdam left the running variances
+at 0.99 after 3 rounds and reached mAP 46 instead of 61).
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ class ServerOptimizer:
         beta2: float = 0.999,
         tau: float = 1e-8,
         bias_correction: bool = True,
+        averaged: frozenset[str] | set[str] = frozenset(),
     ):
         if name not in ("fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"):
             raise ValueError(f"unknown server optimiser '{name}'")
         self.name, self.lr, self.momentum = name, lr, momentum
         self.beta1, self.beta2, self.tau, self.bias_correction = beta1, beta2, tau, bias_correction
+        self.averaged = frozenset(averaged)
         self.state: dict[str, dict[str, torch.Tensor]] = {}
 
     def step(
@@ -48,6 +56,9 @@ class ServerOptimizer:
         with torch.no_grad():
             for key, delta in deltas.items():
                 p = params[key]
+                if key in self.averaged:
+                    p.add_(delta)  # the clients' mean, not a trained step (see the module docstring)
+                    continue
                 mask = masks.get(key)
                 if mask is not None:
                     idx = torch.nonzero(mask, as_tuple=True)[0]

@@ -16,11 +16,10 @@ with its initial statistics, and the worker model reused for every client would 
 data to the next. :class:`FederatedBatchNorm2d` therefore holds ``running_mean`` and ``running_var`` as parameters
 with ``requires_grad=False``: they are part of θ, every client starts from the server's, its update sends their
 change like any other θ delta, and the server averages them with the rest (FedAvg over the whole state dict, as
-state-dict based frameworks do). No client optimiser moves them (they have no gradient). The server optimiser
-does: with ``training.server_optimizer: {name: fedavg, lr: 1.0}`` they become the clients' average; an adaptive one
-(``fedadam``, the default) moves each by about its learning rate per round, so the statistics lag far behind
-(on digit mosaics: running variances still 0.99 after 3 rounds, mAP 46 instead of 61). The state-dict keys stay
-torchvision's.
+state-dict based frameworks do). No client optimiser moves them (they have no gradient), and the server
+does not *train* them either: whatever ``training.server_optimizer`` is, non-trainable entries of θ take the clients'
+mean (see :mod:`secure_fed.engine.server_optimizers`; an adaptive step would leave the statistics far behind the
+data). The state-dict keys stay torchvision's.
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ def write(tmp_path: Path, name: str, data: bytes | str) -> Path:
         (b"- a\n- b\n", "top level"),
         (b"model: {hidden_dims: []}\n", "model.hidden_dims"),
         (b"evaluation: {ks: [1, 1]}\n", "evaluation.ks"),
+        (b"dataset: {name: digit_mosaics}\npartition: {name: iid}\nmodel: {name: auto}\n", "model.weights: random"),
     ],
     ids=[
         "binary",
@@ -78,6 +79,7 @@ def write(tmp_path: Path, name: str, data: bytes | str) -> Path:
         "list-top",
         "empty-hidden",
         "dup-ks",
+        "images-no-weights",
     ],  # fmt: skip
 )
 def test_bad_config_file_is_one_line(tmp_path, content, needle):

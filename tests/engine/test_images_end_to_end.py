@@ -116,3 +116,27 @@ def test_model_choice_for_image_data():
     with pytest.raises(ConfigError, match="model.weights is for"):
         model_choice(auto, synthetic)
     assert model_choice(small_config("model.name=auto"), synthetic)[:2] == ("mlp", "standardize")
+
+
+def test_batch_norm_statistics_are_averaged_under_fedadam(tmp_path, one_thread):
+    """With the default adaptive server optimiser, the running statistics still take the clients' mean: FedAdam's
+    first step would move every coordinate by ≈ η = 1e-3, the mean of the clients' statistics moves far more."""
+    ov = [
+        *IMAGES,
+        "dataset.mosaics.num_train=60",
+        "dataset.mosaics.num_test=20",
+        "training.rounds=1",
+        "training.local_epochs=1",
+        "training.server_optimizer.name=fedadam",
+        "training.server_optimizer.lr=0.001",
+        "evaluation.every=1",
+    ]
+    exp = Experiment(load_config(overrides=ov), run_dir=tmp_path / "run")
+    frozen = {n for n, p in exp.encoder.named_parameters() if not p.requires_grad}
+    assert frozen == {n for n in exp.theta if n.endswith(("running_mean", "running_var"))} and len(frozen) == 40
+    before = {n: exp.theta[n].clone() for n in frozen}
+    exp.run(progress=False)
+    moved = max(float((exp.theta[n] - before[n]).abs().max()) for n in frozen)
+    assert moved > 0.05, moved
+    weight = "encoder.resnet.layer1.0.conv1.weight"
+    assert exp.server_opt.state[weight]  # the trained entries do go through FedAdam

@@ -75,3 +75,16 @@ def test_load_state_dict_moves_moments_to_the_parameters_device():
     opt2 = ServerOptimizer(name="fedadam", lr=0.1)
     opt2.load_state_dict(opt.state_dict(), torch.device("meta"))
     assert all(t.device.type == "meta" for t in opt2.state["x"].values())
+
+
+def test_averaged_keys_take_the_clients_mean_under_an_adaptive_optimiser():
+    """Non-trainable θ entries (batch-norm statistics) step by Δ exactly and keep no optimiser state; the others
+    still follow FedAdam (each coordinate of its first bias-corrected step moves by ≈ η)."""
+    opt = ServerOptimizer(name="fedadam", lr=0.01, averaged={"bn.running_var"})
+    p = {"bn.running_var": torch.ones(3), "w": torch.zeros(3)}
+    d = torch.tensor([0.5, -0.25, 2.0])
+    for _ in range(2):
+        opt.step(p, {"bn.running_var": d, "w": d})
+    assert torch.allclose(p["bn.running_var"], 1 + 2 * d)
+    assert torch.allclose(p["w"], 0.02 * torch.sign(d), atol=1e-5)
+    assert "bn.running_var" not in opt.state and "w" in opt.state

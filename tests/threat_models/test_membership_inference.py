@@ -164,3 +164,30 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
         held = 1 - z["trained"].sum() / z["inside"].sum()
         assert abs(held - cfg.algorithm.validation_fraction) < 0.02
     assert 0.0 < inside.mean() < 1.0
+
+
+def test_runs_on_dense_image_rows_with_image_shadows(tmp_path):
+    """Dense uint8 image rows (digit mosaics): the target pool stacks train and test rows in order, and a shadow's
+    dataset keeps the image shape."""
+    mi = "attacks.membership_inference"
+    cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=1",
+                       f"{mi}.bootstrap=10", "dataset.name=digit_mosaics", "model.name=mlp",
+                       "dataset.mosaics={num_train: 60, num_test: 30, tile_size: 4}", "model.family=linear_head",
+                       "partition.name=iid", "algorithm.loss=bce")  # fmt: skip
+    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e.run(progress=False)
+    ds = e.dataset
+    attack = MembershipInference(cfg.attacks.membership_inference)
+    aux, truth = attack.prepare(AuditContext(e))
+    order = np.random.default_rng([cfg.seed, 0x3E3]).permutation(90)
+    pool = np.concatenate([ds.train.features, ds.test.features])[order]
+    np.testing.assert_array_equal(aux["x"].numpy(), e.fed.preprocessor.transform(pool))
+    assert truth["member"].sum() == 60 - len(e.fed.x_val if e.fed.x_val is not None else [])
+    assert aux["shadow"].meta == {"image_shape": ds.image_shape}
+    # linear_head: φ is the logit of the whole label vector's likelihood, here from the engine's own scores
+    phi = attack.run(AuditContext(e).observer_view(), {**aux, "shadow": None})["loss"]
+    z = e.model_scores(e.theta, aux["x"]).astype(np.float64)
+    lp = np.clip(np.where(aux["Y"], -np.logaddexp(0, -z), -np.logaddexp(0, z)).sum(axis=1), -60, -1e-12)
+    np.testing.assert_allclose(phi, lp - np.log(-np.expm1(lp)), rtol=1e-5, atol=1e-6)
+    res = audit(AuditContext(e), progress=False)["attacks"]["membership_inference"]
+    assert res["details"]["shadows"] == 1

@@ -26,6 +26,11 @@ from threat_models.specs import EMBEDDING_IDENTIFICATION
 class EmbeddingIdentification(Attack):
     spec = EMBEDDING_IDENTIFICATION
 
+    def applies(self, ctx) -> str | None:
+        if ctx.exp.W is None:
+            return f"model.family={ctx.cfg.model.family} has no class-embedding rows to identify"
+        return None
+
     def prepare(self, ctx):
         aux = {
             "x_public": ctx.fed.x_test.detach().cpu(),

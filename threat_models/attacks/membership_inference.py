@@ -43,6 +43,7 @@ import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 from torch.nn import functional as F
 
+from secure_fed.data import Features, stack_rows
 from threat_models.base import Attack, AttackResult
 from threat_models.specs import MEMBERSHIP_INFERENCE
 
@@ -55,18 +56,28 @@ SCORES = ("loss", "lira_online", "lira_offline")
 
 
 @torch.no_grad()
-def logit_confidence(encoder, theta, W, x: torch.Tensor, Y: np.ndarray) -> np.ndarray:
-    """φ = log p − log(1−p), p = softmax(16·cos)(true labels) mass; W rows in label order."""
-    for n, p in encoder.named_parameters():
+def logit_confidence(model, theta, W, x: torch.Tensor, Y: np.ndarray) -> np.ndarray:
+    """φ = log p − log(1−p) of each target's true labels under the model θ (LiRA's logit-scaled confidence).
+
+    With class-embedding rows W (in label order), p is the softmax(16·cos) mass on the true labels. Without rows
+    (``W`` None: ``model`` outputs one logit per label, as ``linear_head``), p is the likelihood of the whole label
+    vector, Π_l σ(z_l)^{y_l} σ(−z_l)^{1−y_l}.
+    """
+    for n, p in model.named_parameters():
         p.copy_(theta[n])
-    encoder.eval()
-    Wn = F.normalize(W.float(), dim=-1)
+    model.eval()
+    Wn = None if W is None else F.normalize(W.float(), dim=-1)
     out = []
     for start in range(0, x.shape[0], 2048):
         xb, yb = x[start : start + 2048], Y[start : start + 2048]
-        logp = F.log_softmax(SCALE * (F.normalize(encoder(xb).float(), dim=-1) @ Wn.T), dim=1).double()
         mask = torch.as_tensor(yb, dtype=torch.bool)
-        lp = torch.logsumexp(logp.masked_fill(~mask, -torch.inf), dim=1).clamp(min=-60.0, max=-1e-12)
+        if Wn is None:
+            z = model(xb).double()
+            lp = -torch.where(mask, F.softplus(-z), F.softplus(z)).sum(dim=1)  # log σ(z) = −softplus(−z)
+        else:
+            logp = F.log_softmax(SCALE * (F.normalize(model(xb).float(), dim=-1) @ Wn.T), dim=1).double()
+            lp = torch.logsumexp(logp.masked_fill(~mask, -torch.inf), dim=1)
+        lp = lp.clamp(min=-60.0, max=-1e-12)
         out.append((lp - torch.log(-torch.expm1(lp))).numpy())
     return np.concatenate(out)
 
@@ -166,7 +177,7 @@ class MembershipInference(Attack):
 
     def prepare(self, ctx):
         ds, fed = ctx.dataset, ctx.fed
-        feats = sp.vstack([ds.train.features, ds.test.features]).tocsr()
+        feats = stack_rows(ds.train.features, ds.test.features)
         labels = sp.vstack([ds.train.labels, ds.test.labels]).tocsr()
         # members: the training rows the model trained on (a centralised baseline holds out a validation split)
         trained = np.zeros(ds.train.num_instances, bool)
@@ -214,7 +225,7 @@ class MembershipInference(Attack):
 class _ShadowTrainer:
     """The attacker's shadow runs: the target's recipe on random halves of the target pool (cached on disk)."""
 
-    def __init__(self, ctx, feats: sp.csr_matrix, labels: sp.csr_matrix, options):
+    def __init__(self, ctx, feats: Features, labels: sp.csr_matrix, options):
         from secure_fed.config.schema import ExperimentConfig
 
         cfg = ctx.cfg.model_dump(mode="json")
@@ -225,6 +236,7 @@ class _ShadowTrainer:
         self.cfg = ExperimentConfig.model_validate(cfg)
         self.feats, self.labels, self.options = feats, labels, options
         self.names, self.kind, self.name = list(ctx.dataset.label_names), ctx.dataset.feature_kind, ctx.dataset.name
+        self.meta = {"image_shape": ctx.dataset.image_shape} if ctx.dataset.image_shape is not None else {}
         digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode() + str(feats.shape).encode()).hexdigest()[:16]
         root = Path(options.shadow_dir) if options.shadow_dir else ctx.exp.run_dir / "shadows"
         self.dir = root / digest
@@ -239,16 +251,16 @@ class _ShadowTrainer:
             name=f"{self.name}-shadow{k}",
             train=MultiLabelSplit(self.feats[idx], self.labels[idx]),
             test=MultiLabelSplit(self.feats[hold], self.labels[hold]),
-            label_names=self.names, feature_kind=self.kind,
+            label_names=self.names, feature_kind=self.kind, meta=dict(self.meta),
         )  # fmt: skip
         cfg = self.cfg.model_copy(update={"seed": self.cfg.seed + 1000 + k})
         exp = Experiment(cfg, run_dir=self.dir / f"run{k}", dataset=ds)
         exp.run(progress=False)
         perm = exp.label_perm
-        W = exp.W.detach().cpu()
+        W = None if exp.W is None else exp.W.detach().cpu()
         trained = np.zeros(len(inside), bool)  # the shadow's IN rows it really trained on (not its validation split)
         trained[idx[np.concatenate([s.indices for s in exp.fed.shards])]] = True
-        return exp.theta, (W if perm is None else W[torch.as_tensor(perm)]), trained
+        return exp.theta, (W if perm is None or W is None else W[torch.as_tensor(perm)]), trained
 
     def inside(self, k: int, n: int) -> np.ndarray:
         """Shadow k's random half of the n targets (depends on k, not on K: a cache of fewer shadows is reused)."""

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-import scipy.sparse as sp
 
 from secure_fed.algorithms.label_sets import Sha256Tokenizer
+from secure_fed.data import stack_rows
 from threat_models.base import Attack, AttackResult
 from threat_models.specs import TOKEN_LINKAGE
 
@@ -43,7 +43,7 @@ class TokenLinkage(Attack):
         n_in = max(1, int(round(o.pool_fraction * train.shape[0])))
         members = rng.choice(train.shape[0], size=n_in, replace=False)
         distract = rng.choice(test.shape[0], size=min(o.distractors, test.shape[0]), replace=False)
-        pool = sp.vstack([train[members], test[distract]]).tocsr()
+        pool = stack_rows(train[members], test[distract])
         order = rng.permutation(pool.shape[0])
         source = np.r_[members, -1 - distract][order]  # ≥ 0: training index; < 0: distractor
         # who holds each training instance (the simulator's knowledge)
