@@ -81,12 +81,9 @@ class AuditContext:
     def new_encoder(self) -> torch.nn.Module:
         """The public architecture of θ's module (the model family's, e.g. the encoder with its linear head),
         weights to be loaded from a view."""
-        from secure_fed.engine.builders import build_encoder_for
-        from secure_fed.models.families import model_family
+        from secure_fed.engine.builders import build_model
 
-        family = model_family(self.cfg.model.family)
-        encoder = build_encoder_for(self.cfg, self.dataset)
-        return family.build(encoder, num_labels=self.dataset.num_labels, embedding_dim=self.cfg.model.embedding_dim)
+        return build_model(self.cfg, self.dataset, cache_dir=self.exp.run_dir / "cache")
 
     def _rows(self) -> torch.Tensor | None:
         """The server's W on the CPU (None for a model family without a row table)."""

@@ -42,6 +42,9 @@ class LocalTrainer:
         self.model = model
         self.family = family if family is not None else CosineEmbedding()
         self.names = [n for n, _ in model.named_parameters()]
+        #: dropout draws from torch's global generator; such a model gets it seeded from the client's own generator
+        #: for each update (exact resume, and a run does not depend on what else the process did)
+        self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
 
     @torch.no_grad()
     def _load(self, theta: dict[str, torch.Tensor]) -> None:
@@ -50,6 +53,15 @@ class LocalTrainer:
 
     def update(self, payload: Payload, data: ClientData, hp: LocalTraining, generator: torch.Generator) -> Payload:
         """One client's local update; returns deltas for θ and its own rows (when it received rows)."""
+        if not self.has_dropout:
+            return self._update(payload, data, hp, generator)
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        devices = [data.x.device] if data.x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return self._update(payload, data, hp, generator)
+
+    def _update(self, payload: Payload, data: ClientData, hp: LocalTraining, generator: torch.Generator) -> Payload:
         self._load(payload["theta"])
         has_rows = "rows" in payload
         rows = payload["rows"].detach().clone() if has_rows else None
@@ -66,15 +78,21 @@ class LocalTrainer:
         loss_fn = LOSSES[payload["loss"]]
         n = data.num_examples
         total, steps = 0.0, 0
+        uncertain = self._ca_mle(payload) if "ca_mle_tau" in payload else None
         self.model.train()
         for _ in range(hp.epochs):
             perm = torch.randperm(n, generator=generator).to(data.x.device)
             for start in range(0, n, hp.batch_size):
                 idx = perm[start : start + hp.batch_size]
                 with torch.autocast(data.x.device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16"):
-                    out = self.family.forward(self.model, data.x[idx])
-                scores = self.family.score(out, rows)
-                loss = loss_fn(scores, targets[idx])
+                    if self.family.label_masked:
+                        loss = self.family.masked_training_loss(
+                            self.model, data.x[idx], targets[idx], loss_fn, generator=generator, uncertain=uncertain
+                        )
+                    else:
+                        out = self.family.forward(self.model, data.x[idx])
+                if not self.family.label_masked:
+                    loss = loss_fn(self.family.score(out, rows), targets[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -87,6 +105,28 @@ class LocalTrainer:
                 reply["rows_delta"] = rows.detach() - payload["rows"]
                 reply["row_ids"] = payload["row_ids"]
         return reply
+
+    def _ca_mle(self, payload: Payload):
+        """FedLGT's CA-MLE (eq. 3) on this client: the global model it received (θ of the payload, through the
+        working model with those weights, in eval mode, all labels unknown) scores every sample of a batch; the
+        labels it is uncertain about (|p − τ| ≤ ε) are returned as a mask. No new message: it uses the payload."""
+        from torch.func import functional_call
+
+        from secure_fed.models.ctran import ca_mle_unknown
+
+        theta, tau, eps = payload["theta"], float(payload["ca_mle_tau"]), float(payload["ca_mle_epsilon"])
+
+        @torch.no_grad()
+        def uncertain(x: torch.Tensor) -> torch.Tensor:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                p = torch.sigmoid(functional_call(self.model, theta, (x,)).float())
+            finally:
+                self.model.train(was_training)
+            return ca_mle_unknown(p, tau, eps)
+
+        return uncertain
 
 
 def full_label_targets(data: ClientData) -> torch.Tensor:

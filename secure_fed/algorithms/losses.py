@@ -35,13 +35,19 @@ def contrastive_loss(scores: torch.Tensor, pos: torch.Tensor, margin: float = 0.
     return (p + n).mean()
 
 
-def bce_loss(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy of logits against the full label vectors (families without a row table)."""
-    return F.binary_cross_entropy_with_logits(scores, pos.to(scores.dtype))
+def bce_loss(scores: torch.Tensor, pos: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Binary cross-entropy of logits against the full label vectors (families without a row table);
+    ``reduction="none"`` gives the (instance, label) terms."""
+    return F.binary_cross_entropy_with_logits(scores, pos.to(scores.dtype), reduction=reduction)
 
 
 def asymmetric_loss(
-    scores: torch.Tensor, pos: torch.Tensor, gamma_pos: float = 0.0, gamma_neg: float = 4.0, clip: float = 0.05
+    scores: torch.Tensor,
+    pos: torch.Tensor,
+    gamma_pos: float = 0.0,
+    gamma_neg: float = 4.0,
+    clip: float = 0.05,
+    reduction: str = "mean",
 ) -> torch.Tensor:
     """Asymmetric Loss (Ridnik et al., ICCV 2021) on logits, the FLAG paper's client loss.
 
@@ -49,7 +55,8 @@ def asymmetric_loss(
     L₊ = (1 − p)^γ₊ · log p for a positive, L₋ = p_m^γ₋ · log(1 − p_m) for a negative (a negative with p ≤ clip
     costs nothing). Defaults are the paper's γ₊ = 0, γ₋ = 4, clip = 0.05. Returns −mean over all (instance, label)
     pairs, as :func:`bce_loss` does (the ASL code sums them: a constant factor); with γ₊ = γ₋ = clip = 0 it is BCE.
-    The focusing weights keep their gradient (the loss as the paper defines it).
+    The focusing weights keep their gradient (the loss as the paper defines it). ``reduction="none"`` gives the
+    (instance, label) terms.
     """
     z = scores.float()
     posf = pos.to(z.dtype)
@@ -61,7 +68,8 @@ def asymmetric_loss(
         p_m, log_neg = p, F.logsigmoid(-z)
     loss_pos = (1.0 - p).pow(gamma_pos) * F.logsigmoid(z)
     loss_neg = p_m.pow(gamma_neg) * log_neg
-    return -(posf * loss_pos + (1.0 - posf) * loss_neg).mean()
+    elem = -(posf * loss_pos + (1.0 - posf) * loss_neg)
+    return elem if reduction == "none" else elem.mean()
 
 
 LOSSES = {

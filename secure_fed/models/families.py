@@ -12,8 +12,12 @@ A family says how to build both and how to score. The engine assumes nothing els
 family             scores                                                       row table   algorithms
 =================  ===========================================================  ==========  ===================
 ``embedding``      f(x) = normalize(W) · normalize(g_θ(x)) (FedAwS/FedALC §III)  yes (C × d)  all positive-only
-``linear_head``    f(x) = A · g_θ(x) + b, logits; A, b are part of θ            no          ``fedavg``
+``linear_head``    f(x) = A · g_θ(x) + b, logits; A, b are part of θ            no          ``fedavg``, ``flag``
+``ctran``          C-Tran: feature and label tokens through a transformer      no          ``fedctran``, ``fedlgt``
 =================  ===========================================================  ==========  ===================
+
+A family whose :attr:`~ModelFamily.label_masked` is set trains with C-Tran's label mask training
+(:meth:`~ModelFamily.masked_training_loss`); its model is built by :func:`secure_fed.engine.builders.build_model`.
 
 Families register in :data:`FAMILIES` (and through the ``secure_fed.model_families`` entry points).
 """
@@ -38,6 +42,8 @@ class ModelFamily:
     has_rows: ClassVar[bool] = False
     #: the client loss this family's scores need (None: the algorithm's own)
     default_loss: ClassVar[str | None] = None
+    #: local training gives part of each label vector as input and takes the loss on the rest (C-Tran)
+    label_masked: ClassVar[bool] = False
 
     def build(self, encoder: nn.Module, *, num_labels: int, embedding_dim: int) -> nn.Module:
         """θ's module, built around ``encoder`` (whose output width is ``embedding_dim``)."""
@@ -109,7 +115,41 @@ class LinearHead(ModelFamily):
         return out.float()
 
 
-FAMILIES: dict[str, type[ModelFamily]] = {cls.name: cls for cls in (CosineEmbedding, LinearHead)}
+class CTranFamily(ModelFamily):
+    """C-Tran (:mod:`secure_fed.models.ctran`): label tokens with states, trained by label mask training; every
+    parameter is shared, scores are logits with every label unknown."""
+
+    name = "ctran"
+    description = "C-Tran: feature tokens and label tokens (label + state embeddings) through a transformer; label mask training"
+    has_rows = False
+    default_loss = "bce"
+    label_masked = True
+
+    def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        return out.float()
+
+    def masked_training_loss(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        loss_fn,
+        *,
+        generator: torch.Generator,
+        uncertain=None,
+    ) -> torch.Tensor:
+        """Label mask training: states from :func:`~secure_fed.models.ctran.label_mask_states`; labels in
+        ``uncertain(x)`` (CA-MLE's mask, or None) become unknown too; the loss is on the unknown labels only."""
+        from secure_fed.models.ctran import UNKNOWN, label_mask_states, masked_loss
+
+        states = label_mask_states(targets, model.min_unknown, generator)
+        if uncertain is not None:
+            states = torch.where(uncertain(x), UNKNOWN, states)
+        logits = model(x, states)
+        return masked_loss(loss_fn, logits.float(), targets, states == UNKNOWN)
+
+
+FAMILIES: dict[str, type[ModelFamily]] = {cls.name: cls for cls in (CosineEmbedding, LinearHead, CTranFamily)}
 
 
 def model_family(name: str) -> ModelFamily:

@@ -1,0 +1,42 @@
+"""FedC-Tran and FedLGT (the FedLGT paper, AAAI 2024, §3; Algorithm 1).
+
+* ``fedctran``: C-Tran (``model.family: ctran``, :mod:`secure_fed.models.ctran`) trained with FedAvg, every
+  parameter aggregated; local training is C-Tran's label mask training. The paper's FedC-Tran baseline.
+* ``fedlgt``: FedC-Tran plus
+  - **ULE** (``algorithm.ule``): the label and state embeddings are frozen text-encoder embeddings of
+    ``model.label_prompt`` per label and of "positive"/"negative", through one trained linear map. They are
+    buffers of the client's model, computed from the public label names (and cached per encoder, prompt and
+    names in the run directory), never in θ, so no uplink carries them and the server never averages them.
+  - **CA-MLE** (``algorithm.ca_mle``, eq. 3): in each local step the global model the client received scores
+    every sample of the batch; labels with τ − ε ≤ p ≤ τ + ε become unknown (trained on), the others keep their
+    label-mask state (:meth:`secure_fed.algorithms.client.LocalTrainer._ca_mle`). The server sends τ and ε; the
+    global model is the θ already in the payload, so CA-MLE adds no message.
+
+  With both switches off ``fedlgt`` is ``fedctran``; the Table 4 ablations are ``ule``/``ca_mle`` on or off.
+"""
+
+from __future__ import annotations
+
+from secure_fed.algorithms.base import Payload
+from secure_fed.algorithms.fedavg import FedAvg
+from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.messages import Number
+
+
+class FedCTran(FedAvg):
+    name = "fedctran"
+    description = CATALOG["fedctran"]
+    default_loss = "bce"
+
+
+class FedLGT(FedCTran):
+    name = "fedlgt"
+    description = CATALOG["fedlgt"]
+    #: CA-MLE's τ and ε (public settings); sent only when ``algorithm.ca_mle`` is on
+    downlink_rules = {**FedCTran.downlink_rules, "ca_mle_tau": Number(), "ca_mle_epsilon": Number()}
+
+    def downlink(self, theta, W, known_labels) -> Payload:
+        payload = super().downlink(theta, W, known_labels)
+        if self.cfg.ca_mle:
+            payload.update(ca_mle_tau=float(self.cfg.ca_mle_tau), ca_mle_epsilon=float(self.cfg.ca_mle_epsilon))
+        return payload
