@@ -17,7 +17,7 @@ ALGORITHMS: dict[str, str] = {
     "local": "each client trains its own model alone and shares nothing (general setting's lower reference)",
     "centralised": "all training data on one trainer, evaluated on each client's test data (general setting's upper bound)",
     "fedctran": "C-Tran (model.family: ctran) trained with FedAvg and label mask training (FedLGT's FedC-Tran baseline)",
-    "fedlgt": "FedC-Tran + universal label embeddings from a text encoder + CA-MLE (FedLGT eq. 3)",
+    "fedlgt": "FedC-Tran + universal label embeddings from a text encoder + CA-MLE (FedLGT eq. 4)",
 }
 
 MODELS: dict[str, str] = {

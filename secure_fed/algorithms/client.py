@@ -56,8 +56,8 @@ class LocalTrainer:
         if not self.has_dropout:
             return self._update(payload, data, hp, generator)
         seed = int(torch.randint(2**62, (1,), generator=generator))
-        devices = [data.x.device] if data.x.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):  # torch.manual_seed reseeds every device's generator
             torch.manual_seed(seed)
             return self._update(payload, data, hp, generator)
 
@@ -87,7 +87,13 @@ class LocalTrainer:
                 with torch.autocast(data.x.device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16"):
                     if self.family.label_masked:
                         loss = self.family.masked_training_loss(
-                            self.model, data.x[idx], targets[idx], loss_fn, generator=generator, uncertain=uncertain
+                            self.model,
+                            data.x[idx],
+                            targets[idx],
+                            loss_fn,
+                            generator=generator,
+                            uncertain=uncertain,
+                            random_mask=bool(payload.get("ca_mle_random_mask", True)),
                         )
                     else:
                         out = self.family.forward(self.model, data.x[idx])
@@ -107,7 +113,7 @@ class LocalTrainer:
         return reply
 
     def _ca_mle(self, payload: Payload):
-        """FedLGT's CA-MLE (eq. 3) on this client: the global model it received (θ of the payload, through the
+        """FedLGT's CA-MLE (eq. 4) on this client: the global model it received (θ of the payload, through the
         working model with those weights, in eval mode, all labels unknown) scores every sample of a batch; the
         labels it is uncertain about (|p − τ| ≤ ε) are returned as a mask. No new message: it uses the payload."""
         from torch.func import functional_call
@@ -119,9 +125,12 @@ class LocalTrainer:
         @torch.no_grad()
         def uncertain(x: torch.Tensor) -> torch.Tensor:
             was_training = self.model.training
+            # eval mode: dropout off, and batch norm reads its running statistics, which are parameters in θ here
+            # (FederatedBatchNorm2d): in training mode it would write the batch's statistics into the payload
             self.model.eval()
             try:
-                p = torch.sigmoid(functional_call(self.model, theta, (x,)).float())
+                with torch.autocast(x.device.type, enabled=False):  # fp32: the band τ ± ε is narrower than bf16's error
+                    p = torch.sigmoid(functional_call(self.model, theta, (x.float(),)).float())
             finally:
                 self.model.train(was_training)
             return ca_mle_unknown(p, tau, eps)

@@ -7,10 +7,15 @@
     ``model.label_prompt`` per label and of "positive"/"negative", through one trained linear map. They are
     buffers of the client's model, computed from the public label names (and cached per encoder, prompt and
     names in the run directory), never in θ, so no uplink carries them and the server never averages them.
-  - **CA-MLE** (``algorithm.ca_mle``, eq. 3): in each local step the global model the client received scores
+  - **CA-MLE** (``algorithm.ca_mle``, eq. 4): in each local step the global model the client received scores
     every sample of the batch; labels with τ − ε ≤ p ≤ τ + ε become unknown (trained on), the others keep their
     label-mask state (:meth:`secure_fed.algorithms.client.LocalTrainer._ca_mle`). The server sends τ and ε; the
     global model is the θ already in the payload, so CA-MLE adds no message.
+
+    **Two readings of CA-MLE.** The paper says the other labels keep their state s_c, and also that FedLGT does
+    "not perform training by randomly generated masks"; the authors' code keeps C-Tran's random mask and adds the
+    uncertain labels to it. ``algorithm.ca_mle_random_mask: true`` (the default) keeps the random label mask and
+    adds the uncertain labels; ``false`` drops the random mask, so only uncertain labels are unknown and trained on.
 
   With both switches off ``fedlgt`` is ``fedctran``; the Table 4 ablations are ``ule``/``ca_mle`` on or off.
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 from secure_fed.algorithms.base import Payload
 from secure_fed.algorithms.fedavg import FedAvg
 from secure_fed.catalog import ALGORITHMS as CATALOG
-from secure_fed.messages import Number
+from secure_fed.messages import Number, Setting
 
 
 class FedCTran(FedAvg):
@@ -33,10 +38,16 @@ class FedLGT(FedCTran):
     name = "fedlgt"
     description = CATALOG["fedlgt"]
     #: CA-MLE's τ and ε (public settings); sent only when ``algorithm.ca_mle`` is on
-    downlink_rules = {**FedCTran.downlink_rules, "ca_mle_tau": Number(), "ca_mle_epsilon": Number()}
+    downlink_rules = {
+        **FedCTran.downlink_rules, "ca_mle_tau": Number(), "ca_mle_epsilon": Number(), "ca_mle_random_mask": Setting(),
+    }  # fmt: skip
 
     def downlink(self, theta, W, known_labels) -> Payload:
         payload = super().downlink(theta, W, known_labels)
         if self.cfg.ca_mle:
-            payload.update(ca_mle_tau=float(self.cfg.ca_mle_tau), ca_mle_epsilon=float(self.cfg.ca_mle_epsilon))
+            payload.update(
+                ca_mle_tau=float(self.cfg.ca_mle_tau),
+                ca_mle_epsilon=float(self.cfg.ca_mle_epsilon),
+                ca_mle_random_mask=bool(self.cfg.ca_mle_random_mask),
+            )
         return payload

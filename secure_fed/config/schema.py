@@ -266,8 +266,13 @@ class AlgorithmConfig(_Strict):
     fixed_steps: int = Field(500, ge=0, le=MAX_SIZE, description="fedalc_fixed: server steps on reg_fc before training")
     fixed_lr: float = Field(1.0, gt=0.0, le=1e6, description="fedalc_fixed: η of the reg_fc steps")
     flag_alpha: float = Field(0.3, ge=0.0, le=10.0, description="flag: α of eq. 2, w_c = Σ_l (client c's positives of label l)^α")
-    ule: bool = Field(True, description="fedlgt: universal label embeddings from the text encoder (FedLGT §3.2)")
-    ca_mle: bool = Field(True, description="fedlgt: client-aware masked label embedding (FedLGT eq. 3)")
+    ule: bool = Field(True, description="fedlgt: universal label embeddings from the text encoder (FedLGT §3.3)")
+    ca_mle: bool = Field(True, description="fedlgt: client-aware masked label embedding (FedLGT eq. 4)")
+    ca_mle_random_mask: bool = Field(
+        True,
+        description="fedlgt: CA-MLE's uncertain labels join C-Tran's random label mask (true, as the authors' code) or "
+        "replace it, every other label given with its true state (false, the paper's §3.3 wording)",
+    )
     ca_mle_tau: float = Field(0.5, gt=0.0, lt=1.0, description="fedlgt: τ of CA-MLE")
     ca_mle_epsilon: float = Field(
         0.02, ge=0.0, lt=0.5, description="fedlgt: ε of CA-MLE (labels with |p − τ| ≤ ε become unknown)"

@@ -1,4 +1,4 @@
-"""C-Tran (Lanchantin et al., CVPR 2021) as FedLGT uses it (the FedLGT paper, §3.1), and FedLGT's client-side parts.
+"""C-Tran (Lanchantin et al., CVPR 2021) as FedLGT uses it (the FedLGT paper, §3.2), and FedLGT's client-side parts.
 
 The model: feature tokens from a backbone and one token per label, through a transformer encoder, one logit per
 label token::
@@ -23,16 +23,22 @@ of labels in [⌈¼ L⌉, L] is unknown (``model.ctran.min_unknown`` = ¼ as in 
 their true state, and the loss is taken only on the unknown labels (:func:`masked_loss`). At inference every
 label is unknown.
 
-**Universal label embeddings** (FedLGT §3.2): with ``label_source="text"``, E_label is a frozen text-encoder
+**Universal label embeddings** (FedLGT §3.3): with ``label_source="text"``, E_label is a frozen text-encoder
 embedding of each label's prompt and E_state of the words "positive" and "negative" (unknown stays the zero
 vector), both mapped to the width by one trained linear map. The text embeddings are *buffers*, not parameters:
 they are not in θ, so no update carries them and the server never averages them; each client computes them from
 the public label names (:func:`secure_fed.models.text_encoder.universal_label_embeddings`).
 
-**CA-MLE** (FedLGT eq. 3, :func:`ca_mle_unknown`): in each local step the global model the client received
+**CA-MLE** (FedLGT eq. 4, :func:`ca_mle_unknown`): in each local step the global model the client received
 scores every sample of the batch with all labels unknown; labels whose probability is within ε of τ become
-unknown (are trained on), the others keep their label-mask state. The authors' code applies it to the first sample
-of each batch only and swaps the positive/negative prompts; this follows the paper.
+unknown (are trained on), the others keep their label-mask state (or, with ``algorithm.ca_mle_random_mask:
+false``, their true state: see :mod:`secure_fed.algorithms.fedlgt`). The authors' code applies it to the first
+sample of each batch only (feeding the global model the label-mask states) and swaps the positive/negative
+prompts; this follows the paper.
+
+Choices of this implementation beyond the papers: a learned position embedding on the feature tokens, post-norm
+encoder layers (PyTorch's default) with a final LayerNorm on the label tokens, feed-forward width 2× the model
+width, and the loss averaged (not summed) over the unknown labels.
 """
 
 from __future__ import annotations
@@ -196,7 +202,7 @@ def label_mask_states(targets: torch.Tensor, min_unknown: float, generator: torc
 
 
 def ca_mle_unknown(probabilities: torch.Tensor, tau: float, epsilon: float) -> torch.Tensor:
-    """FedLGT eq. 3: True where τ − ε ≤ p ≤ τ + ε (the global model is uncertain: the label becomes unknown)."""
+    """FedLGT eq. 4: True where τ − ε ≤ p ≤ τ + ε (the global model is uncertain: the label becomes unknown)."""
     return (probabilities >= tau - epsilon) & (probabilities <= tau + epsilon)
 
 

@@ -137,12 +137,18 @@ class CTranFamily(ModelFamily):
         *,
         generator: torch.Generator,
         uncertain=None,
+        random_mask: bool = True,
     ) -> torch.Tensor:
         """Label mask training: states from :func:`~secure_fed.models.ctran.label_mask_states`; labels in
-        ``uncertain(x)`` (CA-MLE's mask, or None) become unknown too; the loss is on the unknown labels only."""
-        from secure_fed.models.ctran import UNKNOWN, label_mask_states, masked_loss
+        ``uncertain(x)`` (CA-MLE's mask, or None) become unknown too; the loss is on the unknown labels only.
+        With CA-MLE and ``random_mask=False`` there is no random mask: only the uncertain labels are unknown and
+        every other label is given with its true state (the FedLGT paper's §3.3 wording)."""
+        from secure_fed.models.ctran import NEGATIVE, POSITIVE, UNKNOWN, label_mask_states, masked_loss
 
-        states = label_mask_states(targets, model.min_unknown, generator)
+        if uncertain is not None and not random_mask:
+            states = torch.where(targets.bool(), POSITIVE, NEGATIVE)
+        else:
+            states = label_mask_states(targets, model.min_unknown, generator)
         if uncertain is not None:
             states = torch.where(uncertain(x), UNKNOWN, states)
         logits = model(x, states)

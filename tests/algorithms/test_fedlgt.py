@@ -71,7 +71,7 @@ def test_ule_is_the_same_on_every_client_and_in_no_message(tmp_path, encoder):
     for msg in ups + downs:
         for t in _tensors(msg):
             assert tuple(t.shape) not in {(len(names), encoder.dim), (2, encoder.dim)}, t.shape
-    assert {k for m in downs for k in m} == {"theta", "train_rows", "loss", "ca_mle_tau", "ca_mle_epsilon"}
+    assert {k for m in downs for k in m} == {"theta", "train_rows", "loss", "ca_mle_tau", "ca_mle_epsilon", "ca_mle_random_mask"}
     assert downs[0]["ca_mle_tau"] == 0.5 and downs[0]["ca_mle_epsilon"] == 0.02
 
 
@@ -119,9 +119,9 @@ def test_resume_is_exact_with_dropout_and_ca_mle(tmp_path):
     a.run(progress=False)
     c = Experiment(load_config(overrides=[*ov, "training.rounds=2"]), run_dir=tmp_path / "c")
     c.run(progress=False)
-    torch.rand(1000)  # the process does other work
     d = Experiment(load_config(overrides=ov), run_dir=tmp_path / "c")
     assert d.resume() and d.round == 2
+    torch.rand(1000)  # the process does other work between building and running
     d.run(progress=False)
     assert all(torch.equal(a.theta[k], d.theta[k]) for k in a.theta)
 
@@ -131,3 +131,25 @@ def test_centralised_ctran_trains_with_label_masks(tmp_path):
                      run_dir=tmp_path / "central")  # fmt: skip
     res = exp.run(progress=False)
     assert res.summary["status"] == "completed" and res.summary["final"]["mAP"] > 0
+
+
+def _training_states(tmp_path, name, *overrides):
+    """The share of unknown labels in the states local training gives the model (1 round)."""
+    exp = Experiment(load_config(overrides=[*LGT, "training.rounds=1", "output.log_messages=false", *overrides]),
+                     run_dir=tmp_path / name)  # fmt: skip
+    states = []
+    exp.worker.register_forward_hook(lambda m, a, out: states.append(a[1]) if len(a) > 1 else None)
+    exp.run(progress=False)
+    s = torch.cat(states)
+    return float((s == 0).float().mean())
+
+
+def test_the_trainer_applies_ca_mle_in_both_readings(tmp_path):
+    """ε = 0.49 makes (almost) every label uncertain, so (almost) every label is unknown; without the random mask
+    and with ε = 0 none is; without CA-MLE the label mask alone leaves about (1/4 + 1)/2 of the labels unknown."""
+    plain = _training_states(tmp_path, "plain", "algorithm.ca_mle=false")
+    wide = _training_states(tmp_path, "wide", "algorithm.ca_mle_epsilon=0.49")
+    none = _training_states(tmp_path, "none", "algorithm.ca_mle_epsilon=0.0", "algorithm.ca_mle_random_mask=false")
+    assert 0.5 < plain < 0.75, plain
+    assert wide > 0.97, wide
+    assert none < 0.01, none

@@ -151,3 +151,23 @@ def test_text_embeddings_are_buffers_outside_theta():
     model.set_text_embeddings(np.ones((L, 5), np.float32), np.ones((2, 5), np.float32))
     assert model(torch.randn(2, 12)).shape == (2, L)
     assert "text_labels" not in model.state_dict()  # not persistent: each client computes them
+
+
+def test_ca_mle_leaves_the_payload_unchanged_with_batch_norm_statistics_in_theta():
+    """ResNet tokens: batch-norm running statistics are parameters in θ; scoring with the received θ must not
+    write a batch's statistics into the payload (it runs in eval mode)."""
+    from secure_fed.models.backbones import ResNetEncoder
+    from secure_fed.models.ctran import ResNetTokens
+
+    torch.manual_seed(0)
+    tokens = ResNetTokens(ResNetEncoder("resnet18", (3, 32, 32), out_dim=8, weights="random"), width=16)
+    model = CTran(tokens, num_labels=L, width=16, layers=1, heads=2)
+    assert tokens.num_tokens == 1
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
+    before = {n: t.clone() for n, t in theta.items()}
+    model.train()
+    mask = LocalTrainer(model, CTranFamily())._ca_mle({"theta": theta, "ca_mle_tau": 0.5, "ca_mle_epsilon": 0.1})(
+        torch.randn(8, 3 * 32 * 32) * 3
+    )
+    assert mask.shape == (8, L)
+    assert all(torch.equal(theta[n], before[n]) for n in theta)
