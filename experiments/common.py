@@ -41,3 +41,15 @@ def history(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def default_workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
+
+
+def run_jobs(jobs: list[tuple[str, list[str], str, str | None, int]], workers: int) -> None:
+    """Run ``(config, overrides, run_dir, data_root, threads)`` jobs through :func:`run_cached` in ``workers``
+    processes, printing each run directory as it finishes (in job order)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers) as pool:
+        futures = [(job[2], pool.submit(run_cached, *job)) for job in jobs]
+        for i, (rd, fut) in enumerate(futures, 1):
+            fut.result()
+            print(f"[{i}/{len(futures)}] {rd}", flush=True)

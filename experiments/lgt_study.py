@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CONFIGS, run_cached  # noqa: E402
+from common import CONFIGS, run_jobs  # noqa: E402
 
 CONFIG = CONFIGS / "lgt_study.yaml"
 METRICS = ("mAP", "O-AP", "C-F1", "O-F1", "GmAP")
@@ -133,11 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.report_only:
         jobs = [(str(CONFIG), [f"seed={seed}", *DATASET[d], *ov], str(run_dir(out, d, label, seed)), args.data_root, 1)
                 for d in args.datasets for seed in args.seeds for label, ov in methods(d)]  # fmt: skip
-        with ProcessPoolExecutor(args.workers) as pool:
-            futures = [(job[2], pool.submit(run_cached, *job)) for job in jobs]
-            for i, (rd, fut) in enumerate(futures, 1):
-                fut.result()
-                print(f"[{i}/{len(futures)}] {rd}", flush=True)
+        run_jobs(jobs, args.workers)
     per_seed = collect(args, out)
     (out / "per_seed.json").write_text(json.dumps(per_seed, indent=2))
     print(report(args, per_seed, out))
