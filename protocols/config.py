@@ -32,6 +32,17 @@ class InstanceDPConfig(_DPUnitConfig):
     sample_rate: float = Field(0.1, gt=0.0, le=1.0, description="q: Poisson sampling rate of label sets per server step")
 
 
+class LocalDPConfig(_DPUnitConfig):
+    """DP-SGD inside each client's local training (per-sample gradients, per-sample clipping to C, Gaussian noise
+    σ·C on each step's sum, Poisson-sampled batches); its steps join the instance unit's ledger."""
+
+    batch_sample_rate: float = Field(
+        0.25, gt=0.0, le=1.0,
+        description="q: each local step takes every example of the client independently with probability q "
+        "(Poisson sampling, from the client's own secret); a local epoch is round(1/q) steps",
+    )  # fmt: skip
+
+
 class ClientDPConfig(_DPUnitConfig):
     """DP-FedAvg: each client's whole update (θ and its rows) clipped to C, Gaussian noise on the sum."""
 
@@ -61,8 +72,24 @@ class PrivacyConfig(_Strict):
         description="debugging only: derive every DP noise and sampling draw from this number, so runs repeat; the ε then "
         "does not hold against anyone who knows it. Default: fresh secrets from os.urandom, kept in private checkpoints",
     )
-    instance: InstanceDPConfig | None = None
+    instance: InstanceDPConfig | None = Field(
+        None, description="instance unit: DP-SGD on the server's class-embedding update over label sets (fedalc)"
+    )
+    local: LocalDPConfig | None = Field(
+        None, description="instance unit: DP-SGD inside client training (Opacus-style, per-sample clipping)"
+    )
     client: ClientDPConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_instance_budget(self) -> PrivacyConfig:
+        a = self.instance.target_epsilon if self.instance is not None else None
+        b = self.local.target_epsilon if self.local is not None else None
+        if a is not None and b is not None and a != b:
+            raise ValueError(
+                f"privacy.instance.target_epsilon {a:g} and privacy.local.target_epsilon {b:g} differ: both "
+                "mechanisms spend the one budget of the instance unit; give it once (or twice the same)"
+            )
+        return self
 
     @field_validator("accountant", mode="before")
     @classmethod

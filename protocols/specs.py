@@ -33,11 +33,11 @@ def _first_step_epsilon(sigma: float, q: float, delta: float, accountant: str) -
 def _validate_dp(cfg, stack: list[str]) -> None:
     p, algo = cfg.privacy, cfg.algorithm.name
     if "dp" not in stack:
-        if p.instance is not None or p.client is not None:
-            raise ValueError("privacy.instance / privacy.client is set but 'dp' is not listed in protocols")
+        if p.instance is not None or p.client is not None or p.local is not None:
+            raise ValueError("privacy.instance / privacy.local / privacy.client is set but 'dp' is not listed in protocols")
         return
-    if p.instance is None and p.client is None:
-        raise ValueError("'dp' is listed in protocols but neither privacy.instance nor privacy.client is set")
+    if p.instance is None and p.client is None and p.local is None:
+        raise ValueError("'dp' is listed in protocols but none of privacy.instance, privacy.local, privacy.client is set")
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):
         raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")
@@ -79,7 +79,18 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 "privacy.client with training.client_fraction < 1 needs training.sampling: poisson "
                 "(the accountant's subsampling amplification assumes Poisson sampling)"
             )
+    if p.local is not None and p.instance is None and algo in LABEL_SET_ALGORITHMS:
+        raise ValueError(
+            f"privacy.local with {algo}: the server's W update also uses every instance, through its label set; add "
+            "privacy.instance so that the instance unit's ε covers both (one budget, composed)"
+        )
+    if p.local is not None and _has_batch_norm(cfg):
+        raise ValueError(
+            "privacy.local (DP-SGD in client training) cannot run on a ResNet: batch norm mixes a batch's samples, so no "
+            "per-sample clip bounds one instance; use a model without batch norm (model.name: mlp | sparse_text)"
+        )
     for name, unit, q in (("instance", p.instance, getattr(p.instance, "sample_rate", None)),
+                          ("local", p.local, getattr(p.local, "batch_sample_rate", None)),
                           ("client", p.client, cfg.training.client_fraction)):  # fmt: skip
         if unit is None or unit.noise_multiplier is None or unit.target_epsilon is None:
             continue
@@ -90,6 +101,15 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 f"{unit.noise_multiplier:g} and sample rate {q:g} already spends ε = {eps1:.4g} (δ = {p.delta:g}, "
                 f"{p.accountant}); raise noise_multiplier, or omit it to calibrate σ to the target"
             )
+
+
+def _has_batch_norm(cfg) -> bool:
+    """The config's encoder is a ResNet (batch norm): named, or picked by ``auto`` for image data."""
+    from secure_fed.config.schema import IMAGE_FORMATS
+
+    m, d = cfg.model, cfg.dataset
+    images = d.name == "digit_mosaics" or d.format in IMAGE_FORMATS
+    return m.name.startswith("resnet") or (m.name == "auto" and images)
 
 
 def _encrypts_everything(groups: list[str]) -> bool:

@@ -90,6 +90,13 @@ DP_CONFIGS: dict[str, list[str]] = {
         'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}',
         'privacy.client={"target_epsilon": 8, "clip_norm": 0.5}', "privacy.report_gdp=true", "privacy.noise_seed=1",
     ],
+    "instance_both_mechanisms_secagg": [
+        'protocols=["dp", "secure_aggregation"]', "algorithm.normalize_gamma=false",
+        'privacy.instance={"target_epsilon": 6, "sample_rate": 0.2}', 'privacy.local={"batch_sample_rate": 0.5}',
+    ],
+    "local_fedaws_ckks": [
+        "algorithm.name=fedaws", 'protocols=["dp", "ckks"]', 'privacy.local={"noise_multiplier": 1.5, "clip_norm": 0.5}',
+    ],
 }  # fmt: skip
 
 

@@ -117,6 +117,51 @@ def calibrate_sigma(*, target_epsilon: float, delta: float, sample_rate: float, 
     )
 
 
+def calibrate_shared_sigma(
+    *, target_epsilon: float, delta: float, parts: list[tuple[float, int, float | None]], accountant: str
+) -> float:
+    """One σ for every mechanism of a unit that has none, so that the composition of all of them over their planned
+    steps keeps ε ≤ the target by RDP *and* PRV.
+
+    ``parts`` holds each mechanism's (sample rate q, planned steps, σ or None); the ones with None share the answer.
+    With a single part this is :func:`calibrate_sigma`. Raises ValueError when the mechanisms with a fixed σ
+    already exceed the target over their planned steps (no σ for the others can help).
+    """
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"unknown accountant {accountant!r}; choose one of {sorted(ACCOUNTANTS)}")
+    free = [(q, n) for q, n, s in parts if s is None and n > 0]
+    fixed = [(float(s), q, n) for q, n, s in parts if s is not None and n > 0]
+    if not free:
+        raise ValueError("calibrate_shared_sigma: every mechanism already has a σ")
+    if len(free) == 1 and not fixed:
+        q, n = free[0]
+        return calibrate_sigma(target_epsilon=target_epsilon, delta=delta, sample_rate=q, steps=n, accountant=accountant)
+    worst = max(epsilon_of(fixed, delta, name) for name in ACCOUNTANTS) if fixed else 0.0
+    if worst >= target_epsilon:
+        raise ValueError(
+            f"target ε {target_epsilon:g} cannot be met: the mechanisms with a fixed noise_multiplier already spend "
+            f"ε = {worst:.4g} over their planned steps"
+        )
+
+    def eps(sigma: float, name: str) -> float:
+        return epsilon_of(fixed + [(sigma, q, n) for q, n in free], delta, name)
+
+    lo, hi = 0.3, 1.0
+    while eps(hi, "rdp") > target_epsilon:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e6:
+            raise ValueError(f"target ε {target_epsilon:g} cannot be met with σ ≤ 1e6")
+    while hi / lo > 1.001:  # RDP bisection on log σ (RDP is the binding accountant in practice, as above)
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if eps(mid, "rdp") <= target_epsilon else (mid, hi)
+    sigma = hi
+    for _ in range(_MAX_SIGMA_STEPS):
+        if all(eps(sigma, name) <= target_epsilon for name in ACCOUNTANTS):
+            return sigma
+        sigma *= _SIGMA_STEP
+    raise RuntimeError(f"no σ ≤ {sigma:g} keeps ε ≤ {target_epsilon:g} by both rdp and prv")
+
+
 def gdp_epsilon(history: list[tuple[float, float, int]], delta: float) -> tuple[float, str]:
     """Opacus's GDP (Gaussian DP, central-limit) ε of a (σ, q, steps) history, and Opacus's warning text.
 
@@ -142,17 +187,45 @@ def gdp_epsilon(history: list[tuple[float, float, int]], delta: float) -> tuple[
     return eps, " ".join(str(w.message) for w in caught)
 
 
+class Mechanism:
+    """One Gaussian mechanism a privacy unit's data goes through: DP-SGD steps at noise multiplier σ and sampling
+    rate q (the server's step on W over label sets; DP-SGD inside client training)."""
+
+    def __init__(
+        self, *, name: str, scope: str, sigma: float, sample_rate: float, clip_norm: float, calibrated: bool,
+        planned_steps: int,
+    ):  # fmt: skip
+        self.name, self.scope = name, scope
+        self.sigma, self.sample_rate, self.clip_norm = float(sigma), float(sample_rate), float(clip_norm)
+        self.calibrated = calibrated
+        self.planned_steps = int(planned_steps)
+        self.steps = 0
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "scope": self.scope, "noise_multiplier": self.sigma, "sample_rate": self.sample_rate,
+            "clip_norm": self.clip_norm, "steps": self.steps, "planned_steps": self.planned_steps,
+            "sigma_calibrated": self.calibrated,
+        }  # fmt: skip
+
+
 class PrivacyUnit:
-    """The ledger of one privacy unit (``instance`` or ``client``).
+    """The ledger of one privacy unit (``instance`` or ``client``): one ε for every mechanism its data goes through.
+
+    The first mechanism is given by the keyword arguments (``sigma``, ``sample_rate``, ``clip_norm``, …);
+    :meth:`add_mechanism` adds more (the instance unit composes the server's W step with DP-SGD in client
+    training). The ledger holds one (σ, q, steps) entry per distinct (σ, q): composition does not depend on
+    the order of the steps, so ε is that of the whole history whatever the interleaving.
 
     Args:
         name: the unit.
         scope: which mechanism the ε covers, in words.
-        sigma, sample_rate: the mechanism's noise multiplier and sampling rate.
+        sigma, sample_rate: the first mechanism's noise multiplier and sampling rate.
         delta, target_epsilon: the budget (target may be None: no enforcement).
         accountant: ``rdp`` or ``prv``: the accountant of the ledger, the report and the stopping rule.
-        not_covered: data uses outside this mechanism (reported, never hidden).
+        not_covered: data uses outside this unit's mechanisms (reported, never hidden).
         report_gdp: also report Opacus's approximate GDP ε (with its warning) under ``"approximate"``.
+        mechanism: the first mechanism's name (default: the unit's).
     """
 
     def __init__(
@@ -170,47 +243,111 @@ class PrivacyUnit:
         planned_steps: int,
         not_covered: list[str] | None = None,
         report_gdp: bool = False,
+        mechanism: str | None = None,
     ):
         self.name, self.scope = name, scope
-        self.sigma, self.sample_rate = float(sigma), float(sample_rate)
         self.delta, self.accountant_name = float(delta), accountant
         self.target_epsilon = target_epsilon
-        self.clip_norm = clip_norm
-        self.calibrated = calibrated
-        self.planned_steps = planned_steps
         self.not_covered = list(not_covered or [])
         self.report_gdp = bool(report_gdp)
+        self.mechanisms: dict[str, Mechanism] = {}
+        self.primary = mechanism or name
+        self.add_mechanism(
+            self.primary, scope=scope, sigma=sigma, sample_rate=sample_rate, clip_norm=clip_norm, calibrated=calibrated,
+            planned_steps=planned_steps,
+        )  # fmt: skip
         self.accountant = make_accountant(accountant)
-        self.steps = 0
+
+    def add_mechanism(self, name: str, **kw: Any) -> Mechanism:
+        if name in self.mechanisms:
+            raise ValueError(f"privacy unit {self.name!r} already has a mechanism {name!r}")
+        self.mechanisms[name] = m = Mechanism(name=name, **kw)
+        return m
+
+    def mechanism(self, name: str | None = None) -> Mechanism:
+        return self.mechanisms[name or self.primary]
+
+    # the first mechanism's numbers, as the reports and the single-mechanism callers read them
+    @property
+    def sigma(self) -> float:
+        return self.mechanism().sigma
+
+    @property
+    def sample_rate(self) -> float:
+        return self.mechanism().sample_rate
+
+    @property
+    def clip_norm(self) -> float:
+        return self.mechanism().clip_norm
+
+    @property
+    def calibrated(self) -> bool:
+        return self.mechanism().calibrated
+
+    @property
+    def planned_steps(self) -> int:
+        return self.mechanism().planned_steps
+
+    @property
+    def steps(self) -> int:
+        return self.mechanism().steps
 
     def epsilon(self) -> float:
         if not self.accountant.history:
             return 0.0
         return _get_epsilon(self.accountant, self.delta)
 
-    def epsilon_after(self, steps: int = 1) -> float:
+    def _history_after(self, steps: dict[str, int]) -> list[tuple[float, float, int]]:
         hist = [tuple(h) for h in self.accountant.history]
-        if hist and hist[-1][:2] == (self.sigma, self.sample_rate):
-            hist[-1] = (self.sigma, self.sample_rate, hist[-1][2] + steps)
-        else:
-            hist.append((self.sigma, self.sample_rate, steps))
-        return epsilon_of(hist, self.delta, self.accountant_name)
+        for name, n in steps.items():
+            m = self.mechanisms[name]
+            if n <= 0:
+                continue
+            for i, (s, q, k) in enumerate(hist):
+                if (s, q) == (m.sigma, m.sample_rate):
+                    hist[i] = (s, q, k + n)
+                    break
+            else:
+                hist.append((m.sigma, m.sample_rate, n))
+        return hist
 
-    def stop_reason(self) -> str | None:
-        """Why the next step must not run (it would exceed the target), or None."""
+    def epsilon_after(self, steps: int = 1, mechanism: str | None = None) -> float:
+        """ε once ``steps`` more steps of ``mechanism`` (default: the first) have run."""
+        return epsilon_of(self._history_after({mechanism or self.primary: steps}), self.delta, self.accountant_name)
+
+    def stop_reason(self, steps: int = 1, mechanism: str | None = None, *, plan: dict[str, int] | None = None) -> str | None:
+        """Why the next ``steps`` steps of ``mechanism`` (or the steps of several mechanisms in ``plan``, name →
+        count) must not run (they would exceed the target), or None."""
         if self.target_epsilon is None:
             return None
-        nxt = self.epsilon_after(1)
+        plan = plan if plan is not None else {mechanism or self.primary: steps}
+        nxt = epsilon_of(self._history_after(plan), self.delta, self.accountant_name)
         if nxt > self.target_epsilon:
+            n = sum(plan.values())
+            if len(self.mechanisms) == 1:
+                what = "one more step" if n == 1 else f"the next {n} steps"
+            else:
+                what = "the next " + " and ".join(
+                    f"{k} step{'s' if k != 1 else ''} of {name}" for name, k in plan.items() if k > 0
+                )
             return (
-                f"{self.name}-level budget: one more step would reach ε = {nxt:.4g} > target {self.target_epsilon:g} "
-                f"(δ = {self.delta:g}); stopped after {self.steps} steps at ε = {self.epsilon():.4g}"
+                f"{self.name}-level budget: {what} would reach ε = {nxt:.4g} > target {self.target_epsilon:g} "
+                f"(δ = {self.delta:g}); stopped after {self._steps_text()} at ε = {self.epsilon():.4g}"
             )
         return None
 
-    def step(self) -> None:
-        self.accountant.step(noise_multiplier=self.sigma, sample_rate=self.sample_rate)
-        self.steps += 1
+    def _steps_text(self) -> str:
+        if len(self.mechanisms) == 1:
+            return f"{self.steps} steps"
+        return ", ".join(f"{m.steps} steps of {n}" for n, m in self.mechanisms.items())
+
+    def step(self, count: int = 1, mechanism: str | None = None) -> None:
+        """Record ``count`` steps of ``mechanism`` (default: the first)."""
+        if count <= 0:
+            return
+        m = self.mechanism(mechanism)
+        self.accountant.history = self._history_after({m.name: count})
+        m.steps += count
 
     def report(self) -> dict[str, Any]:
         eps = self.epsilon()
@@ -228,6 +365,9 @@ class PrivacyUnit:
             "scope": self.scope,
             "not_covered": self.not_covered,
         }
+        if len(self.mechanisms) > 1:
+            out["mechanisms"] = {n: m.report() for n, m in self.mechanisms.items()}
+            out["composition"] = "one ledger over every mechanism: ε is the accountant's composition of all their (σ, q, steps)"
         if self.report_gdp:
             try:
                 g_eps, g_warning = gdp_epsilon([tuple(h) for h in self.accountant.history], self.delta)
@@ -238,10 +378,17 @@ class PrivacyUnit:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": [tuple(h) for h in self.accountant.history], "steps": self.steps, "sigma": self.sigma}
+        return {
+            "history": [tuple(h) for h in self.accountant.history],
+            "steps": self.steps,
+            "sigma": self.sigma,
+            "mechanisms": {n: {"steps": m.steps, "sigma": m.sigma} for n, m in self.mechanisms.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.accountant = make_accountant(self.accountant_name)
         self.accountant.history = [tuple(h) for h in state["history"]]
-        self.steps = int(state["steps"])
-        self.sigma = float(state["sigma"])
+        mech = state.get("mechanisms") or {self.primary: {"steps": state["steps"], "sigma": state["sigma"]}}
+        for n, st in mech.items():
+            self.mechanisms[n].steps = int(st["steps"])
+            self.mechanisms[n].sigma = float(st["sigma"])

@@ -9,13 +9,18 @@ import numpy as np
 import torch
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
-from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of, reported
+from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
 from protocols.dp.client_dp import add_client_noise, cap_weight, clip_update, noise_aggregate
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
+from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.randomness import SecretStream
 from protocols.specs import LABEL_SET_ALGORITHMS
 from secure_fed.algorithms.base import Algorithm, ClientFn
 from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.errors import ConfigError
+
+#: the instance unit's mechanisms, as its report names them
+SERVER_STEP, CLIENT_TRAINING = "server_w_step", "client_training"
 
 NOISE_SEED_WARNING = (
     "privacy.noise_seed is set: every noise and sampling draw follows from that number, so the reported ε does not "
@@ -44,19 +49,8 @@ class DifferentialPrivacy(ProtocolLayer):
         self._client_streams: dict[int, SecretStream] = {}
         self.units: dict[str, PrivacyUnit] = {}
         algo = cfg.algorithm.name
-        if p.instance is not None:
-            steps = cfg.algorithm.fixed_steps if algo == "fedalc_fixed" else cfg.training.rounds
-            self.units["instance"] = self._unit("instance", p.instance, p.instance.sample_rate, steps, scope=(
-                "training instances, through their label sets in the server's W update (eq. 12 pre-training)"
-                if algo == "fedalc_fixed"
-                else "training instances, through their label sets in the server's W update (eq. 11 with σ weights, eq. 9)"
-            ), not_covered=[
-                "which labels have a training instance (the label space, and in the positive-only setting the set of "
-                "clients): public, it decides W's shape",
-                "client training on the instance (θ and class-row updates): "
-                + ("covered only through the client unit, by group privacy over the clients an instance sits on "
-                   "(units.client.instance_level)" if p.client is not None else "add privacy.client to cover it"),
-            ])  # fmt: skip
+        if p.instance is not None or p.local is not None:
+            self.units["instance"] = self._instance_unit()
         if p.client is not None:
             q = cfg.training.client_fraction
             not_cov = []
@@ -71,6 +65,86 @@ class DifferentialPrivacy(ProtocolLayer):
                 scope="each client's whole update of θ and its class rows",
                 not_covered=not_cov,
             )
+
+    # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters
+    def local_copies(self) -> int:
+        """Client trainings one instance can enter per round: the clients it sits on (``k``, its label count in the
+        positive-only setting, 1 in a CMDA/iid partition), capped by the largest cohort a round can have (all
+        clients under Poisson sampling, ⌈fN⌉ under fixed-size sampling). The ledger counts this worst case every
+        round, whatever the realised cohort."""
+        t = self.cfg.training
+        n = self.env.num_clients
+        largest = n if (t.sampling == "poisson" or t.client_fraction >= 1.0) else max(1, math.ceil(t.client_fraction * n))
+        return copies_per_round(self.env.max_clients_per_instance, largest)
+
+    def local_steps_per_round(self) -> int:
+        """Steps of the ``client_training`` mechanism the instance unit records per round."""
+        q = self.cfg.privacy.local.batch_sample_rate
+        return self.local_copies() * local_steps_per_round(local_epochs=self.cfg.training.local_epochs, sample_rate=q)
+
+    def _instance_unit(self) -> PrivacyUnit:
+        p, algo = self.cfg.privacy, self.cfg.algorithm.name
+        fixed = algo == "fedalc_fixed"
+        mechs: list[dict[str, Any]] = []
+        if p.instance is not None:
+            mechs.append({
+                "name": SERVER_STEP, "cfg": p.instance, "sample_rate": p.instance.sample_rate,
+                "planned_steps": self.cfg.algorithm.fixed_steps if fixed else self.cfg.training.rounds,
+                "scope": "the server's W update over label sets (eq. 12 pre-training)" if fixed
+                else "the server's W update over label sets (eq. 11 with σ weights, eq. 9)",
+            })  # fmt: skip
+        if p.local is not None:
+            k = int(self.env.max_clients_per_instance)
+            mechs.append({
+                "name": CLIENT_TRAINING, "cfg": p.local, "sample_rate": p.local.batch_sample_rate,
+                "planned_steps": self.cfg.training.rounds * self.local_steps_per_round(),
+                "scope": f"DP-SGD in client training (θ and the client's class rows), per-sample clipping; one instance "
+                         f"enters up to {self.local_copies()} clients' training a round (it sits on ≤ {k} clients), "
+                         "each of their steps counted",
+            })  # fmt: skip
+        target = next((m["cfg"].target_epsilon for m in mechs if m["cfg"].target_epsilon is not None), None)
+        free = [m for m in mechs if m["cfg"].noise_multiplier is None]
+        if free and target is None:
+            raise ValueError(
+                f"privacy.{'instance' if p.instance is not None else 'local'}: give noise_multiplier or target_epsilon"
+            )
+        shared = None
+        if free:
+            shared = calibrate_shared_sigma(
+                target_epsilon=target, delta=p.delta, accountant=p.accountant,
+                parts=[(m["sample_rate"], m["planned_steps"], m["cfg"].noise_multiplier) for m in mechs],
+            )  # fmt: skip
+        not_covered = ["which labels have a training instance (the label space, and in the positive-only setting the set "
+                       "of clients): public, it decides W's shape"]  # fmt: skip
+        if p.local is None:
+            not_covered.append(
+                "client training on the instance (θ and class-row updates): "
+                + ("covered only through the client unit, by group privacy over the clients an instance sits on "
+                   "(units.client.instance_level)" if p.client is not None else "add privacy.local to cover it")
+            )  # fmt: skip
+        if p.instance is None and algo in LABEL_SET_ALGORITHMS:
+            not_covered.append("label-set collection for the server's W update: add privacy.instance to cover it")
+        unit = None
+        for m in mechs:
+            sigma = m["cfg"].noise_multiplier if m["cfg"].noise_multiplier is not None else shared
+            kw = {"scope": m["scope"], "sigma": sigma, "sample_rate": m["sample_rate"], "clip_norm": m["cfg"].clip_norm,
+                  "calibrated": m["cfg"].noise_multiplier is None, "planned_steps": m["planned_steps"]}  # fmt: skip
+            if unit is None:
+                unit = PrivacyUnit(
+                    name="instance", delta=p.delta, accountant=p.accountant, target_epsilon=target,
+                    not_covered=not_covered, report_gdp=p.report_gdp, mechanism=m["name"], **kw,
+                )  # fmt: skip
+                unit.scope = "training instances, through " + " and ".join(x["scope"] for x in mechs)
+            else:
+                unit.add_mechanism(m["name"], **kw)
+        first = {m["name"]: (self.local_steps_per_round() if m["name"] == CLIENT_TRAINING else 1) for m in mechs}
+        if (why := unit.stop_reason(plan=first)) is not None:
+            block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
+            raise ConfigError(
+                f"privacy.{block}.target_epsilon {target:g} cannot be met: the first round alone would exceed it "
+                f"({why.split(': ', 1)[1].split('; stopped')[0]}); raise the noise_multiplier, or omit it to calibrate σ"
+            )
+        return unit
 
     def _unit(self, name, ucfg, q, steps, *, scope, not_covered) -> PrivacyUnit:
         p = self.cfg.privacy
@@ -93,31 +167,45 @@ class DifferentialPrivacy(ProtocolLayer):
     def wrap_algorithm(self, algorithm: Algorithm) -> None:
         """Wrap the algorithm's W step over label sets (its declared ``w_step``) with DP-SGD over label sets."""
         unit = self.units.get("instance")
-        if unit is None:
+        if unit is None or SERVER_STEP not in unit.mechanisms:
             return
         fixed = self.cfg.algorithm.name == "fedalc_fixed"
+        mech = unit.mechanism(SERVER_STEP)
 
         def dp_step(W: torch.Tensor) -> dict[str, float] | None:
-            if (why := unit.stop_reason()) is not None:
+            if (why := unit.stop_reason(1, SERVER_STEP)) is not None:
                 # fedalc_fixed: W stays fixed from here. fedalc: unreachable in practice, since budget_stop refuses the
                 # round first (same ledger, same check); if reached, the W step is skipped, the clients' update stands
                 self.pretrain_stopped = why if fixed else None
                 return None
-            label = f"instance step {unit.steps}"  # the ledger's step count: a resumed run redraws the same
+            label = f"instance step {mech.steps}"  # the ledger's step count: a resumed run redraws the same
             n_all = algorithm.label_sets.shape[0]
-            pick = torch.from_numpy(self.server_stream.uniform(n_all, f"{label} sample") < unit.sample_rate)
+            pick = torch.from_numpy(self.server_stream.uniform(n_all, f"{label} sample") < mech.sample_rate)
             stats = dp_label_set_step(
-                W, algorithm.label_sets, algorithm.per_set_gradients, clip_norm=unit.clip_norm,
-                noise_multiplier=unit.sigma, sample_rate=unit.sample_rate, step_size=algorithm.step_size, pick=pick,
+                W, algorithm.label_sets, algorithm.per_set_gradients, clip_norm=mech.clip_norm,
+                noise_multiplier=mech.sigma, sample_rate=mech.sample_rate, step_size=algorithm.step_size, pick=pick,
                 noise=self.server_stream.gaussian(tuple(W.shape), f"{label} noise"),
             )  # fmt: skip
-            unit.step()
+            unit.step(1, SERVER_STEP)
             return {"reg": algorithm.regularizer_value(W), **stats} if fixed else stats
 
         algorithm.w_step = dp_step  # stands in for the non-private step over the same label sets
 
     # ---------------------------------------------------------------- client-level
+    def local_privatizer(self, cid: int, round_idx: int) -> LocalDPSGD | None:
+        """Client side: client ``cid``'s DP-SGD for this round, drawing from the client's own secret."""
+        loc = self.cfg.privacy.local
+        if loc is None:
+            return None
+        mech = self.units["instance"].mechanism(CLIENT_TRAINING)
+        return LocalDPSGD(
+            clip_norm=mech.clip_norm, noise_multiplier=mech.sigma, sample_rate=mech.sample_rate,
+            stream=self.client_stream(cid), label=f"dp-sgd r{round_idx}",
+        )  # fmt: skip
+
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
+        if self.cfg.privacy.local is not None:  # counted before the clients train (an aborted round still used the data)
+            self.units["instance"].step(self.local_steps_per_round(), CLIENT_TRAINING)
         unit = self.units.get("client")
         if unit is None:
             return inner
@@ -175,17 +263,25 @@ class DifferentialPrivacy(ProtocolLayer):
 
     # ---------------------------------------------------------------- budget and ledger
     def budget_stop(self, round_idx: int) -> str | None:
-        units = [self.units.get("client")]
-        if self.cfg.algorithm.name == "fedalc":
-            units.append(self.units.get("instance"))
-        for u in units:
-            if u is not None and (why := u.stop_reason()):
-                return why
-        return None
+        """A reason not to start this round: one of its units' planned steps would exceed its target."""
+        if (client := self.units.get("client")) is not None and (why := client.stop_reason()):
+            return why
+        inst = self.units.get("instance")
+        if inst is None:
+            return None
+        plan = {}
+        if CLIENT_TRAINING in inst.mechanisms:
+            plan[CLIENT_TRAINING] = self.local_steps_per_round()
+        if SERVER_STEP in inst.mechanisms and self.cfg.algorithm.name == "fedalc":
+            plan[SERVER_STEP] = 1
+        return inst.stop_reason(plan=plan) if plan else None
 
     def _against_server(self, name: str, unit: PrivacyUnit) -> dict[str, Any]:
         if name == "instance":
-            return {"epsilon": "inf", "why": "the server holds the label sets it collected and adds the noise itself"}
+            if SERVER_STEP in unit.mechanisms:
+                return {"epsilon": "inf", "why": "the server holds the label sets it collected and adds the noise itself"}
+            return {"epsilon": reported(unit.epsilon()), "why": "DP-SGD batches and noise come from each client's own "
+                    "secret; the server sees only each client's update, a function of its noisy steps"}  # fmt: skip
         if self.cfg.privacy.client.noise == "server":
             return {"epsilon": "inf", "why": "the server sees each clipped update before it adds the noise"}
         # noise: clients under a secure sum: every sum the server obtains carries ≥ σ²S² of noise, but the server
@@ -197,10 +293,19 @@ class DifferentialPrivacy(ProtocolLayer):
         out = {}
         for name, u in self.units.items():
             rep = u.report()
-            if name == "instance":
-                rep["sensitivity"] = SENSITIVITY_IN_CLIP_NORMS * u.clip_norm
-                rep["sensitivity_note"] = (
-                    "2C: identical instances share one merged label set, so removing one can change a set, not only remove it"
+            if name == "instance" and SERVER_STEP in u.mechanisms:
+                m = u.mechanism(SERVER_STEP)
+                note = "2C: identical instances share one merged label set, so removing one can change a set, not only remove it"
+                target = rep["mechanisms"][SERVER_STEP] if "mechanisms" in rep else rep
+                target["sensitivity"] = SENSITIVITY_IN_CLIP_NORMS * m.clip_norm
+                target["sensitivity_note"] = note
+            if name == "instance" and CLIENT_TRAINING in u.mechanisms:
+                m = u.mechanism(CLIENT_TRAINING)
+                target = rep["mechanisms"][CLIENT_TRAINING] if "mechanisms" in rep else rep
+                target["sensitivity"] = m.clip_norm
+                target["sensitivity_note"] = (
+                    "C per step: adding or removing the instance adds or removes one clipped per-sample gradient; it "
+                    f"enters up to {self.local_copies()} clients' training a round, each of those steps counted"
                 )
             rep["adversaries"] = {
                 "observer": {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"},

@@ -14,6 +14,7 @@ from torch import nn
 from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.label_sets import TOKENIZERS
 from secure_fed.algorithms.losses import LOSSES
+from secure_fed.algorithms.per_sample import GradientPrivatizer, forbid_batch_norm, per_sample_gradients
 from secure_fed.models.families import CosineEmbedding, ModelFamily
 
 
@@ -51,17 +52,36 @@ class LocalTrainer:
         for n, p in self.model.named_parameters():
             p.copy_(theta[n])
 
-    def update(self, payload: Payload, data: ClientData, hp: LocalTraining, generator: torch.Generator) -> Payload:
-        """One client's local update; returns deltas for θ and its own rows (when it received rows)."""
+    def update(
+        self,
+        payload: Payload,
+        data: ClientData,
+        hp: LocalTraining,
+        generator: torch.Generator,
+        privatizer: GradientPrivatizer | None = None,
+    ) -> Payload:
+        """One client's local update; returns deltas for θ and its own rows (when it received rows).
+
+        With a ``privatizer`` (DP-SGD in client training, from a protocol layer) each step's batch is the one it
+        samples and the gradient is the one it returns from the per-sample gradients (clipped, noised)."""
+        if privatizer is not None:
+            forbid_batch_norm(self.model)
         if not self.has_dropout:
-            return self._update(payload, data, hp, generator)
+            return self._update(payload, data, hp, generator, privatizer)
         seed = int(torch.randint(2**62, (1,), generator=generator))
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):  # torch.manual_seed reseeds every device's generator
             torch.manual_seed(seed)
-            return self._update(payload, data, hp, generator)
+            return self._update(payload, data, hp, generator, privatizer)
 
-    def _update(self, payload: Payload, data: ClientData, hp: LocalTraining, generator: torch.Generator) -> Payload:
+    def _update(
+        self,
+        payload: Payload,
+        data: ClientData,
+        hp: LocalTraining,
+        generator: torch.Generator,
+        privatizer: GradientPrivatizer | None = None,
+    ) -> Payload:
         self._load(payload["theta"])
         has_rows = "rows" in payload
         rows = payload["rows"].detach().clone() if has_rows else None
@@ -80,10 +100,24 @@ class LocalTrainer:
         total, steps = 0.0, 0
         uncertain = self._ca_mle(payload) if "ca_mle_tau" in payload else None
         self.model.train()
-        for _ in range(hp.epochs):
-            perm = torch.randperm(n, generator=generator).to(data.x.device)
-            for start in range(0, n, hp.batch_size):
-                idx = perm[start : start + hp.batch_size]
+        random_mask = bool(payload.get("ca_mle_random_mask", True))
+        for epoch in range(hp.epochs):
+            if privatizer is None:
+                perm = torch.randperm(n, generator=generator).to(data.x.device)
+                batches = [perm[s : s + hp.batch_size] for s in range(0, n, hp.batch_size)]
+            else:  # Poisson batches from the client's secret
+                batches = [privatizer.batch(n, f"e{epoch} s{s}").to(data.x.device) for s in range(privatizer.steps_per_epoch())]
+            for s, idx in enumerate(batches):
+                if privatizer is not None:
+                    loss = self._private_step(
+                        data, targets, idx, rows, train_rows, loss_fn, hp, generator, uncertain, random_mask,
+                        privatizer, f"e{epoch} s{s}",
+                    )  # fmt: skip
+                    opt.step()
+                    if loss is not None:
+                        total += loss
+                        steps += 1
+                    continue
                 with torch.autocast(data.x.device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16"):
                     if self.family.label_masked:
                         loss = self.family.masked_training_loss(
@@ -93,7 +127,7 @@ class LocalTrainer:
                             loss_fn,
                             generator=generator,
                             uncertain=uncertain,
-                            random_mask=bool(payload.get("ca_mle_random_mask", True)),
+                            random_mask=random_mask,
                         )
                     else:
                         out = self.family.forward(self.model, data.x[idx])
@@ -111,6 +145,37 @@ class LocalTrainer:
                 reply["rows_delta"] = rows.detach() - payload["rows"]
                 reply["row_ids"] = payload["row_ids"]
         return reply
+
+    def _private_step(
+        self, data, targets, idx, rows, train_rows, loss_fn, hp, generator, uncertain, random_mask, privatizer, step,
+    ) -> float | None:  # fmt: skip
+        """One DP-SGD step: per-sample gradients of the batch, clipped and summed chunk by chunk, then the
+        privatizer's noise; the result becomes each parameter's ``.grad``. Returns the batch's mean loss (None for
+        an empty Poisson batch, whose step is noise only)."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        trained = list(params.values()) + ([rows] if train_rows else [])
+        sums = [torch.zeros_like(p) for p in trained]
+        losses: list[torch.Tensor] = []
+        if len(idx) > 0:
+            x, y = data.x[idx], targets[idx]
+            states = None
+            if self.family.label_masked:
+                states = self.family.label_states(
+                    self.model, x, y, generator=generator, uncertain=uncertain, random_mask=random_mask
+                )
+
+            def add(grads: list[torch.Tensor], batch_losses: torch.Tensor) -> None:
+                for acc, g in zip(sums, privatizer.clip_sum(grads), strict=True):
+                    acc += g.to(acc.dtype)
+                losses.append(batch_losses.float())
+
+            per_sample_gradients(
+                family=self.family, model=self.model, params=params, rows=rows,
+                x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add,
+            )  # fmt: skip
+        for p, g in zip(trained, privatizer.finish(sums, data.num_examples, step), strict=True):
+            p.grad = g.to(p.dtype).reshape(p.shape)
+        return float(torch.cat(losses).mean()) if losses else None
 
     def _ca_mle(self, payload: Payload):
         """FedLGT's CA-MLE (eq. 4) on this client: the global model it received (θ of the payload, through the

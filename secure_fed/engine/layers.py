@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.algorithms.per_sample import GradientPrivatizer
 from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
 
 if TYPE_CHECKING:
@@ -142,6 +143,11 @@ class ProtocolLayer:
         """Wrap the client's training function (every round)."""
         return fn
 
+    def local_privatizer(self, cid: int, round_idx: int) -> GradientPrivatizer | None:
+        """Client side: a :class:`~secure_fed.algorithms.per_sample.GradientPrivatizer` that turns client ``cid``'s
+        local training in this round into DP-SGD (its randomness the client's own secret), or None."""
+        return None
+
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         return inner
 
@@ -233,6 +239,13 @@ class ProtocolStack:
 
     def client_mod(self, fn):
         return self._fold("client_mod", fn)
+
+    def local_privatizer(self, cid: int, round_idx: int) -> GradientPrivatizer | None:
+        """The privatizer of client ``cid``'s local training (at most one layer may give one)."""
+        found = [p for layer in self.layers if (p := layer.local_privatizer(cid, round_idx)) is not None]
+        if len(found) > 1:
+            raise ValueError("two protocol layers each turn client training into DP-SGD; list one")
+        return found[0] if found else None
 
     def open_round(self, round_idx: int, base: RoundSession) -> RoundSession:
         session = base

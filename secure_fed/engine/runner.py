@@ -295,7 +295,8 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, self.round, int(cid)))
 
             def train(p, d, g=gen, cid=cid):
-                reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, g))
+                priv = self.stack.local_privatizer(cid, self.round)  # client side: DP-SGD from the client's secret
+                reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, g, priv))
                 self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
                 return reply
 

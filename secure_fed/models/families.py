@@ -128,6 +128,30 @@ class CTranFamily(ModelFamily):
     def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         return out.float()
 
+    def label_states(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        generator: torch.Generator,
+        uncertain=None,
+        random_mask: bool = True,
+    ) -> torch.Tensor:
+        """Label mask training's input states for a batch: from :func:`~secure_fed.models.ctran.label_mask_states`;
+        labels in ``uncertain(x)`` (CA-MLE's mask, or None) become unknown too. With CA-MLE and
+        ``random_mask=False`` there is no random mask: only the uncertain labels are unknown and every other label
+        is given with its true state (the FedLGT paper's §3.3 wording)."""
+        from secure_fed.models.ctran import NEGATIVE, POSITIVE, UNKNOWN, label_mask_states
+
+        if uncertain is not None and not random_mask:
+            states = torch.where(targets.bool(), POSITIVE, NEGATIVE)
+        else:
+            states = label_mask_states(targets, model.min_unknown, generator)
+        if uncertain is not None:
+            states = torch.where(uncertain(x), UNKNOWN, states)
+        return states
+
     def masked_training_loss(
         self,
         model: nn.Module,
@@ -139,18 +163,10 @@ class CTranFamily(ModelFamily):
         uncertain=None,
         random_mask: bool = True,
     ) -> torch.Tensor:
-        """Label mask training: states from :func:`~secure_fed.models.ctran.label_mask_states`; labels in
-        ``uncertain(x)`` (CA-MLE's mask, or None) become unknown too; the loss is on the unknown labels only.
-        With CA-MLE and ``random_mask=False`` there is no random mask: only the uncertain labels are unknown and
-        every other label is given with its true state (the FedLGT paper's §3.3 wording)."""
-        from secure_fed.models.ctran import NEGATIVE, POSITIVE, UNKNOWN, label_mask_states, masked_loss
+        """Label mask training: states from :meth:`label_states`; the loss is on the unknown labels only."""
+        from secure_fed.models.ctran import UNKNOWN, masked_loss
 
-        if uncertain is not None and not random_mask:
-            states = torch.where(targets.bool(), POSITIVE, NEGATIVE)
-        else:
-            states = label_mask_states(targets, model.min_unknown, generator)
-        if uncertain is not None:
-            states = torch.where(uncertain(x), UNKNOWN, states)
+        states = self.label_states(model, x, targets, generator=generator, uncertain=uncertain, random_mask=random_mask)
         logits = model(x, states)
         return masked_loss(loss_fn, logits.float(), targets, states == UNKNOWN)
 

@@ -100,6 +100,32 @@ def test_unmeetable_dp_target_is_rejected_before_training_naming_the_achievable_
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("sets", "needles"),
+    [
+        (['privacy.local={"target_epsilon": 4}'], ["privacy.local", "is set but 'dp' is not listed"]),
+        (['protocols=["dp"]', 'privacy.local={"target_epsilon": 4}'], ["privacy.local with fedalc", "privacy.instance"]),
+        (['protocols=["dp"]', "algorithm.normalize_gamma=false", 'privacy.local={"target_epsilon": 4}',
+          'privacy.instance={"target_epsilon": 2}'], ["differ", "one budget"]),
+        (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"noise_multiplier": 0.3, "target_epsilon": 1}'],
+         ["privacy.local.target_epsilon 1 cannot be met"]),
+        (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"noise_multiplier": 2.0, "target_epsilon": 3, '
+          '"batch_sample_rate": 0.5}'], ["privacy.local.target_epsilon 3 cannot be met: the first round"]),
+        (['protocols=["dp"]', "algorithm.name=fedavg", "dataset.name=digit_mosaics", "partition.name=iid",
+          "model.name=resnet18", "model.weights=random", 'privacy.local={"target_epsilon": 4}'],
+         ["cannot run on a ResNet", "batch norm"]),
+    ],
+    ids=["no-dp", "fedalc-without-instance", "two-budgets", "unmeetable-first-step", "unmeetable-first-round", "resnet"],
+)  # fmt: skip
+def test_bad_client_dp_sgd_settings_are_one_line(tmp_path, sets, needles):
+    """privacy.local mistakes: a clear line before anything is written (the first-round check needs the data, so
+    ``run`` is the command that must refuse them all)."""
+    ov = [x for o in sets for x in ("--set", o)]
+    out = tmp_path / "run"
+    assert_one_error_line(*cli("run", "--out", str(out), *ov)[::2], *needles)
+    assert not out.exists()
+
+
 def _default(tmp_path: Path) -> list[str]:
     from secure_fed.config import default_config_text
 

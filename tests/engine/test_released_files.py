@@ -33,7 +33,10 @@ SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds
 SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning"}
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
         "target_epsilon", "sigma_calibrated", "scope", "not_covered", "sensitivity", "sensitivity_note", "adversaries",
-        "instance_level", "warning", "stopped", "approximate"}  # fmt: skip
+        "instance_level", "warning", "stopped", "approximate", "mechanisms", "composition"}  # fmt: skip
+# the instance unit's mechanisms (server's W step, DP-SGD in client training): configuration and accounting only
+MECHANISM = {"scope", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps", "sigma_calibrated",
+             "sensitivity", "sensitivity_note"}  # fmt: skip
 ADVERSARY = {"epsilon", "why"}
 # group_size is the dataset's largest label count per training instance: the declared group of the relation
 INSTANCE_LEVEL = {"group_size", "epsilon", "delta", "note"}
@@ -51,6 +54,9 @@ def _check_unit(unit: dict, where: str) -> None:
         assert name in ("observer", "server")
         _check(adv, ADVERSARY, f"{where}.adversaries.{name}")
     _check(unit.get("instance_level", {}), INSTANCE_LEVEL, f"{where}.instance_level")
+    for name, mech in unit.get("mechanisms", {}).items():
+        assert name in ("server_w_step", "client_training")
+        _check(mech, MECHANISM, f"{where}.mechanisms.{name}")
     for name, rep in unit.get("approximate", {}).items():
         assert name == "gdp"
         _check(rep, APPROXIMATE, f"{where}.approximate.{name}")

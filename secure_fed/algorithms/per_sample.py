@@ -1,0 +1,125 @@
+"""Per-sample gradients for DP-SGD inside client training, and the interface a DP layer implements.
+
+The core computes what DP-SGD needs from the model, for any model family: the gradient of each sample's own
+loss with respect to θ (and to the client's class rows when it trains them), with ``torch.func``
+(``vmap`` over ``grad`` of a ``functional_call``). What is done with them — Poisson sampling of the batch,
+per-sample clipping, the noise, the accounting — belongs to the layer that supplies a
+:class:`GradientPrivatizer` (``protocols/dp``); the core never imports it.
+
+A sample's own loss is the family's loss on a batch of that one sample: the hinge on its positive labels
+(embedding family), BCE/ASL over its label vector (linear head), or the loss on its unknown labels under
+the label states drawn for it (C-Tran, states drawn once per batch outside ``vmap``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+#: how many samples' gradients are materialised at once (bounds memory: chunk × |θ| floats)
+DEFAULT_CHUNK = 64
+
+
+class GradientPrivatizer(ABC):
+    """Client side: DP-SGD for one client's local training in one round (supplied by a protocol layer).
+
+    Its randomness (batch sampling, noise) must come from a secret of the client; a step is addressed by
+    ``step`` (epoch and step index), so a resumed run redraws exactly the same.
+    """
+
+    @abstractmethod
+    def steps_per_epoch(self) -> int:
+        """How many DP-SGD steps make one local epoch."""
+
+    @abstractmethod
+    def batch(self, n: int, step: str) -> torch.Tensor:
+        """Indices (into the client's ``n`` examples) of this step's batch."""
+
+    @abstractmethod
+    def clip_sum(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Σ over the samples of the per-sample gradients (``(B, *shape)`` each, together one vector per
+        sample), each sample's vector clipped first; returns one ``shape`` tensor per entry."""
+
+    @abstractmethod
+    def finish(self, sums: list[torch.Tensor], n: int, step: str) -> list[torch.Tensor]:
+        """The step's gradient from the clipped sums (noise added, scaled); ``n`` is the client's example count."""
+
+
+def forbid_batch_norm(model: nn.Module) -> None:
+    """Per-sample gradients need samples that do not interact: batch norm in training mode mixes a batch's
+    samples (one sample's statistics enter every other sample's output), so no per-sample clip bounds it."""
+    bn = [n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if bn:
+        raise ValueError(
+            f"DP-SGD in client training (privacy.local) cannot run on a model with batch norm ({bn[0]}, …): a batch's "
+            "statistics mix its samples, so no per-sample clip bounds one instance; use a model without batch norm"
+        )
+
+
+class _Scored(nn.Module):
+    """The model and the family's scoring as one module, so ``functional_call`` can swap θ in."""
+
+    def __init__(self, family, model: nn.Module):
+        super().__init__()
+        self.family = family
+        self.model = model
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor | None, states: torch.Tensor | None) -> torch.Tensor:
+        if states is not None:
+            return self.model(x, states).float()
+        return self.family.score(self.family.forward(self.model, x), rows)
+
+
+def per_sample_gradients(
+    *,
+    family,
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    rows: torch.Tensor | None,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: Callable,
+    states: torch.Tensor | None = None,
+    precision: str = "fp32",
+    on_chunk: Callable[[list[torch.Tensor], torch.Tensor], None],
+    chunk: int = DEFAULT_CHUNK,
+) -> None:
+    """Per-sample gradients of each sample's own loss w.r.t. ``params`` (and ``rows`` when given), chunk by chunk.
+
+    For each chunk of at most ``chunk`` samples, calls ``on_chunk(grads, losses)``: ``grads`` lists the
+    ``(b, *shape)`` gradients of ``params`` in order, then of ``rows``; ``losses`` is ``(b,)``. Dropout draws
+    differ per sample (``randomness="different"``, from torch's generator, which the trainer seeds).
+    """
+    from secure_fed.models.ctran import UNKNOWN, masked_loss
+
+    scored = _Scored(family, model)
+    names = [f"model.{n}" for n in params]
+    masked = states is not None
+
+    def loss_one(p: dict[str, torch.Tensor], r, xi, yi, si):
+        xb, yb = xi.unsqueeze(0), yi.unsqueeze(0)
+        sb = si.unsqueeze(0) if masked else None
+        with torch.autocast(xb.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = functional_call(scored, p, (xb, r, sb))
+        loss = masked_loss(loss_fn, out.float(), yb, sb == UNKNOWN) if masked else loss_fn(out, yb)
+        return loss, loss.detach()
+
+    with_rows = rows is not None and rows.requires_grad
+    argnums = (0, 1) if with_rows else 0
+    g = grad(loss_one, argnums=argnums, has_aux=True)
+    per = vmap(g, in_dims=(None, None, 0, 0, 0 if masked else None), randomness="different")
+    p_named = {f"model.{n}": t.detach() for n, t in params.items()}
+    r = rows.detach() if rows is not None else None
+    for s in range(0, x.shape[0], chunk):
+        sl = slice(s, s + chunk)
+        grads, losses = per(p_named, r, x[sl], targets[sl], states[sl] if masked else None)
+        if with_rows:
+            gp, gr = grads
+            out = [gp[n] for n in names] + [gr]
+        else:
+            out = [grads[n] for n in names]
+        on_chunk(out, losses)

@@ -1,0 +1,108 @@
+"""Per-sample gradients (the core half of DP-SGD in client training), checked against independent computations:
+one backward pass per sample, and Opacus's own per-sample gradients (``GradSampleModule``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from secure_fed.algorithms.losses import bce_loss, positive_hinge_loss
+from secure_fed.algorithms.per_sample import forbid_batch_norm, per_sample_gradients
+from secure_fed.config import load_config
+from secure_fed.engine import Experiment
+from secure_fed.models.families import CosineEmbedding, CTranFamily, LinearHead, LinearHeadModel
+from tests.conftest import SMALL
+
+
+def _collect(**kw):
+    out: list[list[torch.Tensor]] = []
+    losses: list[torch.Tensor] = []
+
+    def on_chunk(grads, ls):
+        out.append([g.clone() for g in grads])
+        losses.append(ls.clone())
+
+    per_sample_gradients(on_chunk=on_chunk, **kw)
+    return [torch.cat(parts) for parts in zip(*out, strict=True)], torch.cat(losses)
+
+
+def _loop(model, params, rows, x, loss_of):
+    """One forward/backward per sample: the gradient of that sample's own loss, by autograd."""
+    grads, losses = [], []
+    for i in range(x.shape[0]):
+        for p in params:
+            p.grad = None
+        if rows is not None:
+            rows.grad = None
+        loss = loss_of(i)
+        loss.backward()
+        grads.append([p.grad.clone() for p in params] + ([rows.grad.clone()] if rows is not None else []))
+        losses.append(loss.detach())
+    return [torch.stack(g) for g in zip(*grads, strict=True)], torch.stack(losses)
+
+
+def test_embedding_family_with_rows_matches_one_backward_per_sample():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 5))
+    fam = CosineEmbedding()
+    rows = torch.randn(3, 5, requires_grad=True)
+    x, pos = torch.randn(10, 6), torch.rand(10, 3) < 0.5
+    pos[:, 0] = True
+    params = dict(model.named_parameters())
+    got, got_loss = _collect(family=fam, model=model, params=params, rows=rows, x=x, targets=pos,
+                             loss_fn=positive_hinge_loss, chunk=4)  # fmt: skip
+    want, want_loss = _loop(model, list(params.values()), rows, x,
+                            lambda i: positive_hinge_loss(fam.score(model(x[i : i + 1]), rows), pos[i : i + 1]))  # fmt: skip
+    assert len(got) == len(params) + 1  # θ's tensors, then the rows
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_loss, want_loss)
+
+
+def test_linear_head_matches_opacus_grad_sample():
+    """Opacus computes per-sample gradients its own way (hooks on each layer): the two must agree."""
+    from opacus import GradSampleModule
+
+    torch.manual_seed(1)
+    model = LinearHeadModel(nn.Linear(6, 8), 8, 4)
+    x, y = torch.randn(12, 6), torch.rand(12, 4) < 0.3
+    params = dict(model.named_parameters())
+    got, _ = _collect(family=LinearHead(), model=model, params=params, rows=None, x=x, targets=y, loss_fn=bce_loss, chunk=5)
+    gsm = GradSampleModule(model, loss_reduction="sum")
+    # one forward of the batch; the loss is the sum of each sample's own mean over its labels (bce_loss on one sample)
+    bce_loss(gsm(x), y, reduction="none").mean(dim=1).sum().backward()
+    for g, (name, p) in zip(got, params.items(), strict=True):
+        torch.testing.assert_close(g, p.grad_sample, atol=1e-6, rtol=1e-5, msg=name)
+    gsm._close()
+
+
+def test_ctran_with_label_states_matches_one_backward_per_sample(tmp_path):
+    cfg = load_config(overrides=[*SMALL, "algorithm.name=fedctran", "model.family=ctran", "model.embedding_dim=16",
+                                 "model.ctran={layers: 1, heads: 2, token_size: 4, dropout: 0.0}",
+                                 "partition.name=iid", "partition.num_clients=2"])  # fmt: skip
+    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    model, fam = exp.worker, CTranFamily()
+    model.train()
+    client = exp.fed.clients[0]
+    x = client.x[:6]
+    from secure_fed.algorithms.client import full_label_targets
+
+    y = full_label_targets(client)[:6]
+    states = fam.label_states(model, x, y, generator=torch.Generator().manual_seed(3))
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    got, _ = _collect(family=fam, model=model, params=params, rows=None, x=x, targets=y, loss_fn=bce_loss,
+                      states=states, chunk=4)  # fmt: skip
+    from secure_fed.models.ctran import UNKNOWN, masked_loss
+
+    want, _ = _loop(model, list(params.values()), None, x,
+                    lambda i: masked_loss(bce_loss, model(x[i : i + 1], states[i : i + 1]).float(), y[i : i + 1],
+                                          states[i : i + 1] == UNKNOWN))  # fmt: skip
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_batch_norm_is_refused():
+    with pytest.raises(ValueError, match="batch norm"):
+        forbid_batch_norm(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
+    forbid_batch_norm(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)))
