@@ -10,6 +10,14 @@ that is the replacement neighbouring relation, which add/remove client-level DP
 at (ε, δ) covers at (2ε, (1 + e^ε)δ) by group privacy over two changes. The
 audit's lower bound is compared with that.
 
+Under DP-SGD in client training (``privacy.local``) the canaries are *instances* instead
+(``unit="instance"``): canary i is one extra training example of its owner client whose clipped
+per-sample gradient is the Dirac vector −s_i·C·e_{j_i} (norm C, the clip norm, so clipping leaves it
+whole). In each of the owner's DP-SGD steps it joins the batch with the step's sampling rate q, like
+every example, and its gradient enters the clipped sum before the noise
+(:meth:`DiracCanaries.wrap_privatizer`). Flipping its bit adds or removes one instance: the
+add/remove relation of the instance unit, so the bound is compared with that unit's (ε, δ) directly.
+
 The coordinates, signs, owners and bits are the auditor's secret: drawn from the
 operating system's entropy (never the run's public seed) and kept in
 ``RUN_DIR/checkpoints/auditor.pt``.
@@ -32,10 +40,20 @@ class DiracCanaries:
     """``m`` canaries in the flattened θ (parameters in their named order)."""
 
     def __init__(
-        self, *, m: int, norm: float, theta_shapes: dict[str, tuple[int, ...]], num_clients: int, seed: int | None = None
+        self,
+        *,
+        m: int,
+        norm: float,
+        theta_shapes: dict[str, tuple[int, ...]],
+        num_clients: int,
+        seed: int | None = None,
+        unit: str = "client",
     ):
-        """``seed`` None (the default) draws fresh OS entropy; an integer is for tests only."""
-        self.m, self.norm = int(m), float(norm)
+        """``seed`` None (the default) draws fresh OS entropy; an integer is for tests only. ``unit``: ``client``
+        (update canaries) or ``instance`` (gradient canaries inside DP-SGD)."""
+        if unit not in ("client", "instance"):
+            raise ValueError(f"canary unit {unit!r}: client or instance")
+        self.m, self.norm, self.unit = int(m), float(norm), unit
         self.names = list(theta_shapes)
         sizes = [int(np.prod(s)) for s in theta_shapes.values()]
         self.offsets = np.cumsum([0, *sizes])
@@ -44,6 +62,8 @@ class DiracCanaries:
         self.signs = rng.choice(np.array([-1.0, 1.0]), size=self.m)
         self.included = rng.random(self.m) < 0.5
         self.owner = rng.integers(num_clients, size=self.m)
+        #: the auditor's secret behind each canary's Poisson draws (instance canaries)
+        self.sampling_key = int(rng.integers(2**63))
 
     def _locate(self, coord: int) -> tuple[str, int]:
         k = int(np.searchsorted(self.offsets, coord, side="right") - 1)
@@ -68,6 +88,16 @@ class DiracCanaries:
 
         return with_canaries
 
+    def wrap_privatizer(self, cid: int, round_idx: int, privatizer):
+        """Instance canaries: the owner's DP-SGD gets its inserted canaries as extra examples, each sampled with the
+        step's rate q and contributing the clipped gradient −s·C·e_j to the sum before the noise."""
+        if self.unit != "instance":
+            return privatizer
+        own = [int(i) for i in np.flatnonzero(self.included & (self.owner == cid))]
+        if not own:
+            return privatizer
+        return _CanaryPrivatizer(privatizer, self, own, cid, round_idx)
+
     def scores(self, theta: dict[str, torch.Tensor], theta0: dict[str, torch.Tensor]) -> np.ndarray:
         """``s_i · (θ − θ⁰)[j_i]`` for every canary (inserted or not)."""
         flat = torch.cat([(theta[n].detach().double().cpu() - theta0[n].detach().double().cpu()).reshape(-1) for n in self.names])
@@ -76,12 +106,45 @@ class DiracCanaries:
     def state_dict(self) -> dict[str, Any]:
         return {
             "m": self.m, "norm": self.norm, "names": self.names, "offsets": self.offsets, "coords": self.coords,
-            "signs": self.signs, "included": self.included, "owner": self.owner,
+            "signs": self.signs, "included": self.included, "owner": self.owner, "unit": self.unit,
+            "sampling_key": self.sampling_key,
         }  # fmt: skip
 
     @classmethod
     def from_state_dict(cls, st: dict[str, Any]) -> DiracCanaries:
         c = cls.__new__(cls)
+        c.unit, c.sampling_key = "client", 0
         for k, v in st.items():
             setattr(c, k, v)
         return c
+
+
+class _CanaryPrivatizer:
+    """A client's DP-SGD with the auditor's inserted instance canaries among its examples."""
+
+    def __init__(self, inner, canaries: DiracCanaries, own: list[int], cid: int, round_idx: int):
+        self.inner, self.c, self.own, self.cid, self.round = inner, canaries, own, cid, round_idx
+
+    def steps_per_epoch(self) -> int:
+        return self.inner.steps_per_epoch()
+
+    def batch(self, n: int, step: str):
+        return self.inner.batch(n, step)
+
+    def clip_sum(self, grads):
+        return self.inner.clip_sum(grads)
+
+    def finish(self, sums, n: int, step: str):
+        q = float(self.inner.sample_rate)
+        tag = int.from_bytes(step.encode()[:16].ljust(16, b"\0"), "little")
+        rng = np.random.default_rng([self.c.sampling_key, self.round, self.cid, tag])
+        sampled = [i for i, u in zip(self.own, rng.random(len(self.own)), strict=True) if u < q]
+        if sampled:
+            sums = [t.clone() for t in sums]
+            for i in sampled:
+                name, off = self.c._locate(int(self.c.coords[i]))
+                k = self.c.names.index(name)
+                if sums[k].numel() != int(self.c.offsets[k + 1] - self.c.offsets[k]):
+                    raise RuntimeError(f"canary parameter {name}: the trainer's gradients are not laid out as θ")
+                sums[k].view(-1)[off] -= float(self.c.signs[i]) * self.c.norm  # descent moves θ_j by +s·(lr·C/qn)
+        return self.inner.finish(sums, n, step)

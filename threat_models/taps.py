@@ -32,18 +32,27 @@ class AttackTaps(Callback):
         self.tap = ServerTap(theta0=exp.theta, parameter=first)
         audit = self.cfg.attacks.one_run_audit
         if "one_run_audit" in self.cfg.attacks.names() and audit.canaries > 0:
-            client = self.cfg.privacy.client if "dp" in self.cfg.protocols else None
-            norm = audit.canary_norm or (client.clip_norm if client is not None else 0.05)
+            dp = "dp" in self.cfg.protocols
+            client = self.cfg.privacy.client if dp else None
+            local = self.cfg.privacy.local if dp else None
+            # under DP-SGD in client training the canaries are instances (gradient canaries of norm C)
+            unit = "instance" if local is not None else "client"
+            norm = audit.canary_norm or (local.clip_norm if local is not None else client.clip_norm if client else 0.05)
             self.canaries = DiracCanaries(
                 m=audit.canaries, norm=norm, num_clients=len(exp.fed.clients),
-                theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items()},
+                theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items()}, unit=unit,
             )  # fmt: skip
 
     def wrap_setup_query(self, query):
         return self.tap.wrap_setup_query(query)
 
     def client_mod(self, fn):
-        return fn if self.canaries is None else self.canaries.client_mod(fn)
+        if self.canaries is None or self.canaries.unit != "client":
+            return fn
+        return self.canaries.client_mod(fn)
+
+    def wrap_privatizer(self, cid: int, round_idx: int, privatizer):
+        return privatizer if self.canaries is None else self.canaries.wrap_privatizer(cid, round_idx, privatizer)
 
     def on_uplink(self, round_idx: int, cid: int, wire: dict[str, Any]) -> None:
         self.tap.on_uplink(round_idx, cid, wire)

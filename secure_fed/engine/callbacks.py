@@ -40,6 +40,11 @@ class Callback:
         """Wrap each client's training function, innermost: before any protocol layer sees the update."""
         return fn
 
+    def wrap_privatizer(self, cid: int, round_idx: int, privatizer):
+        """Wrap client ``cid``'s DP-SGD (a :class:`~secure_fed.algorithms.per_sample.GradientPrivatizer`) for this
+        round, e.g. to insert an auditor's gradient canaries; only called when a layer gives one."""
+        return privatizer
+
     def on_uplink(self, round_idx: int, cid: int, wire: dict[str, Any]) -> None:
         """A client's message as it crosses the wire (masked or encrypted under a secure-sum layer)."""
 

@@ -296,6 +296,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
 
             def train(p, d, g=gen, cid=cid):
                 priv = self.stack.local_privatizer(cid, self.round)  # client side: DP-SGD from the client's secret
+                if priv is not None:
+                    for cb in self.callbacks:
+                        priv = cb.wrap_privatizer(cid, self.round, priv)
                 reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, g, priv))
                 self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
                 return reply

@@ -20,7 +20,9 @@ canaries belong to, under the neighbouring relation the canaries use: flipping
 a canary replaces its owner's update (with or without the canary), so the
 add/remove ledger's (ε, δ) becomes (2ε, (1 + e^ε)δ) by group privacy over two
 changes, and the p-value's δ term uses that δ. A run without client-level DP has
-ε = ∞ for θ.
+ε = ∞ for θ. Under DP-SGD in client training the canaries are instances (gradient canaries, see
+:mod:`threat_models.canaries`) and the bound is compared with the instance unit's (ε, δ) as is: flipping
+a canary adds or removes one instance.
 """
 
 from __future__ import annotations
@@ -88,7 +90,13 @@ class OneRunAudit(Attack):
         units = priv.get("units", {})
         client = units.get("client")
         acct = {"epsilon": math.inf, "delta": 0.0, "replacement_epsilon": math.inf, "replacement_delta": 0.0}
-        if client:
+        if getattr(c, "unit", "client") == "instance":
+            # instance canaries: flipping a bit adds or removes one instance, the instance unit's own relation
+            inst = units.get("instance")
+            eps = float(inst["epsilon"]) if inst else math.inf
+            delta = float(inst["delta"]) if inst else 0.0
+            acct = {"epsilon": eps, "delta": delta, "replacement_epsilon": eps, "replacement_delta": delta, "unit": "instance"}
+        elif client:
             eps, delta = float(client["epsilon"]), float(client["delta"])
             acct = {"epsilon": eps, "delta": delta, **dict(zip(("replacement_epsilon", "replacement_delta"),
                                                                  replacement_privacy(eps, delta), strict=True))}  # fmt: skip
@@ -123,5 +131,6 @@ class OneRunAudit(Attack):
                      "replacement_epsilon": bound_eps, "exceeds_accountant": bool(lb > bound_eps)},
             chance={"epsilon_lower_bound": 0.0},
             details={"canaries": m, "inserted": int(inc.sum()), "confidence": truth["confidence"], "delta": delta,
+                     "unit": acct.get("unit", "client"),
                      "k_tried": ks, **{k: v for k, v in best.items() if k != "epsilon_lower_bound"}},
         )  # fmt: skip
