@@ -254,8 +254,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         if out.is_dir() or out.suffix.lower() != ".png":
             raise SecureFedError(f"--out {out}: expected the path of a .png file to write")
         check_writable_dir(out.parent, what="--out's folder")
-    path = report([Path(d) for d in args.run_dirs], out=out)
+    runs = [Path(d) for d in args.run_dirs]
+    path = report(runs, out=out)
     print(f"wrote {path}")
+    from secure_fed.html_report import html_report
+
+    page = html_report(runs, path.with_suffix(".html"), title=f"secure-fed report: {len(runs)} run(s)")
+    print(f"wrote {page} (open it in a browser: sortable table, plots embedded)")
     return 0
 
 
@@ -283,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="plot metrics of one or more runs")
+    p = sub.add_parser("report", help="plot metrics of one or more runs (report.png) and compare them (report.html)")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None, help="PNG path (default: report.png in the first run directory)")
     p.set_defaults(func=cmd_report)

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from secure_fed.errors import unknown_name
 from secure_fed.plugins import registry
@@ -355,6 +355,19 @@ class OutputConfig(_Strict):
 
     progress: bool = True
     log_messages: bool = Field(False, description="keep every client/server message in memory (tests, audits)")
+    tensorboard: bool = Field(
+        False, description="also write each round's released metrics and ε as TensorBoard scalars (RUN_DIR/tensorboard/)"
+    )
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard_installed(cls, v: bool) -> bool:
+        if v:
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ValueError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
+        return v
 
 
 class CoreConfig(_Strict):

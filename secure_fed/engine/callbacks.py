@@ -201,6 +201,38 @@ class MetricsFiles(Callback):
                 os.fsync(fh.fileno())
 
 
+class TensorBoardLog(Callback):
+    """``output.tensorboard``: the released metrics of each round and its (ε, δ) as TensorBoard scalars in
+    ``RUN_DIR/tensorboard/`` (``tensorboard --logdir RUN_DIR/tensorboard``). Only what ``metrics.jsonl`` holds:
+    the private diagnostics (training loss, clipping statistics) stay in ``private/``. A resumed run purges the
+    events after its checkpoint's round."""
+
+    name = "tensorboard"
+
+    def __init__(self):
+        self.writer = None
+
+    def on_run_start(self, exp) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(exp.run_dir / "tensorboard"), purge_step=exp.round + 1)
+
+    def on_round_end(self, exp, record, diagnostics) -> None:
+        step = int(record["round"])
+        for key, value in record.items():
+            if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(f"test/{key}", value, step)
+        priv = record.get("privacy", {})
+        for unit in ("instance", "client"):
+            if unit in priv and isinstance(priv[unit].get("epsilon"), (int, float)):
+                self.writer.add_scalar(f"privacy/epsilon_{unit}", priv[unit]["epsilon"], step)
+        self.writer.flush()
+
+    def on_run_end(self, exp, status) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 class ProgressBar(Callback):
     """A tqdm bar for the rounds (``output.progress``), with the training loss and the latest test metric."""
 

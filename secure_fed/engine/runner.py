@@ -41,6 +41,7 @@ from secure_fed.engine.callbacks import (
     ClientEvaluation,
     Evaluation,
     MetricsFiles,
+    TensorBoardLog,
     PrivacyRecord,
     ProgressBar,
     build_callbacks,
@@ -153,6 +154,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             ClientEvaluation(),
             PrivacyRecord(),
             MetricsFiles(),
+            *([TensorBoardLog()] if cfg.output.tensorboard else []),
             *build_callbacks(cfg),
             Checkpointing(),
         ]

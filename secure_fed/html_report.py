@@ -1,0 +1,335 @@
+"""A self-contained HTML page that compares runs: one table row per run, plots embedded.
+
+``secure-fed report RUN…`` and ``secure-fed tradeoff`` write the same page (``report.html``): no network, no
+external file — the plots are PNGs in ``data:`` URLs, the table sorts with a few lines of inline script (click
+a column header), and a filter box narrows the rows. Each run contributes what its released files hold:
+``summary.json`` (method, seed, status, ε, δ, σ, final metrics), ``config.yaml`` (the target ε) and, when an
+audit ran, ``attacks.json`` (each attack's metrics with their confidence intervals, the audit's ε lower bound).
+
+Plots, where the runs have what they need:
+
+* utility vs ε, one line per method, mean over seeds with a min–max band (ε = ∞ at the right end);
+* attack success vs ε against the attack's chance level;
+* the one-run audit's ε lower bound against the accountant's ε (it must stay under the diagonal);
+* a metric against the round, one line per (method, ε), mean over seeds.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from secure_fed.report import load_run
+
+#: metrics preferred as "utility" on the plots, in order (the first one the runs have)
+UTILITY_KEYS = ("P@1", "mAP", "GmAP", "C-F1")
+
+
+def _num(v: Any) -> float:
+    if v in (None, "", "inf"):
+        return math.inf if v == "inf" else math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _target_epsilon(summary: dict[str, Any], cfg: dict[str, Any]) -> float:
+    """The run's target ε on its privacy unit (∞ without DP; the accountant's ε if no target was set)."""
+    if "dp" not in (cfg.get("protocols") or []):
+        return math.inf
+    p = cfg.get("privacy") or {}
+    unit = summary.get("privacy", {}).get("unit", "instance")
+    blocks = ["instance", "local"] if unit == "instance" else [unit]
+    for b in blocks:
+        if isinstance(p.get(b), dict) and p[b].get("target_epsilon") is not None:
+            return float(p[b]["target_epsilon"])
+    return _num(summary.get("privacy", {}).get("epsilon"))
+
+
+def run_row(run_dir: Path, *, method: str | None = None) -> dict[str, Any]:
+    """One table row for a run directory: what its released files say."""
+    history, summary = load_run(run_dir)
+    summary = summary or {}
+    cfg_path = run_dir / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
+    priv = summary.get("privacy", {})
+    unit = priv.get("units", {}).get(priv.get("unit", ""), {})
+    sigmas = unit.get("mechanisms", {})
+    sigma = ";".join(f"{m['noise_multiplier']:.4g}" for m in sigmas.values()) if sigmas else unit.get("noise_multiplier")
+    row: dict[str, Any] = {
+        "run": run_dir.name,
+        "method": method or summary.get("algorithm") or (cfg.get("algorithm") or {}).get("name", "?"),
+        "seed": cfg.get("seed"),
+        "status": summary.get("status", "running"),
+        "rounds": summary.get("rounds_completed", history[-1]["round"] if history else 0),
+        "target_epsilon": _target_epsilon(summary, cfg),
+        "epsilon": _num(priv.get("epsilon", "inf")),
+        "delta": priv.get("delta"),
+        "sigma": sigma,
+    }
+    final = summary.get("final") or ({k: v for k, v in history[-1].items() if k not in ("round", "privacy")} if history else {})
+    row.update({k: v for k, v in final.items() if isinstance(v, (int, float))})
+    attacks = run_dir / "attacks.json"
+    if attacks.is_file():
+        for name, res in json.loads(attacks.read_text()).get("attacks", {}).items():
+            for key, val in _flatten(res.get("metrics", {})).items():
+                row[f"{name}.{key}"] = val
+            for key, val in _flatten(res.get("chance", {})).items():
+                row[f"{name}.{key}.chance"] = val
+    row["run_dir"] = str(run_dir)
+    return row
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        elif isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+            out[key] = f"[{v[0]:.3f}, {v[1]:.3f}]"  # a confidence interval
+        elif isinstance(v, (int, float, str, bool)) or v is None:
+            out[key] = v
+    return out
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    cols = _columns(rows)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("inf" if isinstance(r.get(k), float) and math.isinf(r[k]) else r.get(k, "")) for k in cols})
+    return path
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    first = ["method", "target_epsilon", "epsilon", "delta", "sigma", "seed", "status", "rounds"]
+    rest = sorted({k for r in rows for k in r} - set(first) - {"run", "run_dir"})
+    metrics = [k for k in rest if "." not in k]
+    attacks = [k for k in rest if "." in k]
+    return ["run", *first, *metrics, *attacks]
+
+
+# ------------------------------------------------------------------------------------------------ plots
+def _eps_x(values: list[float]) -> tuple[dict[float, float], list[float], list[str]]:
+    """x positions for ε values: log scale, ∞ one step beyond the largest finite ε."""
+    finite = sorted({v for v in values if math.isfinite(v) and v > 0})
+    pos = {v: v for v in finite}
+    ticks, labels = list(finite), [f"{v:g}" for v in finite]
+    if any(math.isinf(v) for v in values):
+        inf_x = (finite[-1] * 2.0) if finite else 1.0
+        pos[math.inf] = inf_x
+        ticks.append(inf_x)
+        labels.append("∞")
+    return pos, ticks, labels
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _utility_key(rows: list[dict[str, Any]]) -> str | None:
+    return next((k for k in UTILITY_KEYS if any(isinstance(r.get(k), (int, float)) for r in rows)), None)
+
+
+def _by_method_eps(rows, key) -> dict[str, dict[float, list[float]]]:
+    out: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        v = _num(r.get(key))
+        if math.isfinite(v):
+            out[r["method"]][r["target_epsilon"]].append(v)
+    return out
+
+
+def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None):
+    groups = _by_method_eps(rows, key)
+    if not groups:
+        return None
+    pos, ticks, labels = _eps_x([r["target_epsilon"] for r in rows])
+    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    for method, by_eps in sorted(groups.items()):
+        eps = sorted(e for e in by_eps if e in pos)
+        xs = [pos[e] for e in eps]
+        mean = [sum(by_eps[e]) / len(by_eps[e]) for e in eps]
+        ax.plot(xs, mean, marker="o", label=method)
+        ax.fill_between(xs, [min(by_eps[e]) for e in eps], [max(by_eps[e]) for e in eps], alpha=0.2)
+    if chance_key:
+        ch = [_num(r.get(chance_key)) for r in rows if math.isfinite(_num(r.get(chance_key)))]
+        if ch:
+            ax.axhline(ch[0], color="grey", ls="--", label="chance")
+    if ticks:
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, labels)
+        ax.minorticks_off()
+    ax.set(xlabel="target ε", ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _audit_plot(plt, rows):
+    pts = [(_num(r.get("epsilon")), _num(r.get("one_run_audit.epsilon_lower_bound")), r["method"]) for r in rows]
+    pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(5.0, 3.8))
+    for method in sorted({p[2] for p in pts}):
+        mine = [p for p in pts if p[2] == method]
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], label=method)
+    top = max(max(p[0] for p in pts), max(p[1] for p in pts), 1e-3) * 1.1
+    ax.plot([0, top], [0, top], color="grey", ls="--", label="lower bound = accountant ε")
+    ax.set(xlabel="accountant ε", ylabel="audit ε lower bound (one run)", title="one-run audit vs accountant")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _round_plot(plt, rows, key):
+    curves: dict[tuple[str, float], list[list[tuple[int, float]]]] = defaultdict(list)
+    for r in rows:
+        history, _ = load_run(Path(r["run_dir"]))
+        pts = [(h["round"], float(h[key])) for h in history if isinstance(h.get(key), (int, float))]
+        if pts:
+            curves[(r["method"], r["target_epsilon"])].append(pts)
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    for (method, eps), runs in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        by_round: dict[int, list[float]] = defaultdict(list)
+        for pts in runs:
+            for rd, v in pts:
+                by_round[rd].append(v)
+        rounds = sorted(by_round)
+        ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds], marker=".", label=f"{method}, ε={eps:g}")
+    ax.set(xlabel="round", ylabel=key, title=f"{key} by round (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes]]:
+    """``(file name, title, PNG bytes)`` for every plot the rows support."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    util = _utility_key(rows)
+    figs = []
+    if util:
+        figs.append(("utility_vs_epsilon.png", f"{util} vs ε",
+                     _eps_plot(plt, rows, util, ylabel=util, title=f"utility ({util}) vs ε; band: seed min–max")))  # fmt: skip
+    attack_keys = sorted({k for r in rows for k in r if k.endswith(".auc") and not k.endswith(".chance")})
+    for k in attack_keys:
+        figs.append((f"attack_{k.replace('.', '_')}_vs_epsilon.png", f"{k} vs ε",
+                     _eps_plot(plt, rows, k, ylabel=k, title=f"attack success ({k}) vs ε", chance_key=f"{k}.chance")))  # fmt: skip
+    figs.append(("audit_vs_accountant.png", "audit lower bound vs accountant ε", _audit_plot(plt, rows)))
+    if util:
+        figs.append(("metric_vs_round.png", f"{util} by round", _round_plot(plt, rows, util)))
+    for name, title, fig in figs:
+        if fig is not None:
+            out.append((name, title, _png(fig)))
+            plt.close(fig)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ page
+_SCRIPT = """
+function cellValue(td){const t=td.getAttribute('data-v');const n=parseFloat(t);return isNaN(n)?t:n;}
+function sortBy(th){const table=th.closest('table');const i=Array.from(th.parentNode.children).indexOf(th);
+ const asc=th.getAttribute('data-asc')!=='1';th.parentNode.querySelectorAll('th').forEach(h=>h.removeAttribute('data-asc'));
+ th.setAttribute('data-asc',asc?'1':'0');const body=table.tBodies[0];const rows=Array.from(body.rows);
+ rows.sort((a,b)=>{const x=cellValue(a.cells[i]),y=cellValue(b.cells[i]);
+  if(typeof x==='number'&&typeof y==='number')return asc?x-y:y-x;return asc?String(x).localeCompare(String(y)):String(y).localeCompare(String(x));});
+ rows.forEach(r=>body.appendChild(r));}
+function filterRows(box){const q=box.value.toLowerCase();document.querySelectorAll('#runs tbody tr').forEach(
+ r=>{r.style.display=r.textContent.toLowerCase().includes(q)?'':'none';});}
+document.querySelectorAll('#runs th').forEach(th=>th.addEventListener('click',()=>sortBy(th)));
+document.getElementById('filter').addEventListener('input',e=>filterRows(e.target));
+"""
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
+h1{font-size:1.4em} h2{font-size:1.1em;margin-top:1.6em}
+.plots{display:flex;flex-wrap:wrap;gap:16px} figure{margin:0} figcaption{font-size:.85em;color:#555}
+table{border-collapse:collapse;font-size:.82em} th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3;cursor:pointer;position:sticky;top:0} th[data-asc='1']::after{content:' ▲'} th[data-asc='0']::after{content:' ▼'}
+td.t{text-align:left} .wrap{max-height:70vh;overflow:auto} .note{color:#555;font-size:.9em;max-width:60em}
+"""
+
+
+def _cell(v: Any) -> tuple[str, str]:
+    """(display text, sort value)."""
+    if isinstance(v, bool):
+        return str(v), str(v)
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "∞", "1e308"
+        if math.isnan(v):
+            return "", ""
+        return f"{v:.4g}", repr(v)
+    if isinstance(v, int):
+        return str(v), str(v)
+    return ("" if v is None else str(v)), ("" if v is None else str(v))
+
+
+def write_html(rows: list[dict[str, Any]], out: Path, *, title: str, plots: list[tuple[str, str, bytes]],
+               notes: list[str] | None = None) -> Path:  # fmt: skip
+    """The self-contained page (``report.html``)."""
+    cols = _columns(rows)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = []
+    for r in rows:
+        cells = []
+        for c in cols:
+            text, key = _cell(r.get(c))
+            cls = ' class="t"' if isinstance(r.get(c), str) else ""
+            cells.append(f'<td{cls} data-v="{html.escape(key, quote=True)}">{html.escape(text)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    figs = "".join(
+        f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        f"<figcaption>{html.escape(t)}</figcaption></figure>"
+        for _, t, png in plots
+    )
+    note = "".join(f'<p class="note">{html.escape(n)}</p>' for n in (notes or []))
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_STYLE}</style></head>
+<body><h1>{html.escape(title)}</h1>{note}
+<h2>Plots</h2><div class="plots">{figs or "<p>(no plot: the runs have no evaluated metric yet)</p>"}</div>
+<h2>Runs ({len(rows)})</h2><p><input id="filter" type="search" placeholder="filter rows…"> click a column to sort</p>
+<div class="wrap"><table id="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>
+<script>{_SCRIPT}</script></body></html>
+"""
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def html_report(run_dirs: list[Path], out: Path, *, title: str = "secure-fed runs", methods: dict[str, str] | None = None,
+                notes: list[str] | None = None, plots_dir: Path | None = None) -> Path:  # fmt: skip
+    """Rows, plots and the page for ``run_dirs`` (``methods``: run dir → method label, default the algorithm).
+    With ``plots_dir`` the PNGs are also written there as files."""
+    rows = [run_row(Path(d), method=(methods or {}).get(str(d))) for d in run_dirs]
+    plots = make_plots(rows)
+    if plots_dir is not None:
+        plots_dir.mkdir(parents=True, exist_ok=True)
+        for name, _, png in plots:
+            (plots_dir / name).write_bytes(png)
+    return write_html(rows, out, title=title, plots=plots, notes=notes)

@@ -1,0 +1,50 @@
+"""``secure-fed tradeoff``: one command runs the grid (resumable), the attacks and the report."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import SMALL
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tradeoff(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    sets = [x for o in [*SMALL, "training.rounds=2", "protocols=[dp]", "attacks.membership_inference.shadows=0",
+                        'privacy.local={"batch_sample_rate": 0.5, "noise_multiplier": 1.0}'] for x in ("--set", o)]  # fmt: skip
+    args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", "--methods", "fedaws,fedavg", "--epsilons", "4,inf",
+            "--seeds", "0", "--attacks", "membership_inference", "--workers", "1", *sets, "--out", str(out), *extra]  # fmt: skip
+    return subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+
+
+def test_tradeoff_runs_the_grid_then_skips_finished_runs(tmp_path):
+    out = tmp_path / "study"
+    done = _tradeoff(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[4/4]" in done.stdout
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 4 and {r["method"] for r in rows} == {"fedaws", "fedavg"}
+    for r in rows:
+        if r["target_epsilon"] == "inf":
+            assert r["epsilon"] == "inf"
+        else:  # the fixed noise_multiplier was dropped: σ calibrated to the target, which holds
+            assert float(r["target_epsilon"]) == 4.0 and 0 < float(r["epsilon"]) <= 4.0 and float(r["sigma"]) != 1.0
+        assert 0.0 <= float(r["membership_inference.loss.auc"]) <= 1.0
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3 and '<table id="runs">' in page
+    assert (out / "utility_vs_epsilon.png").is_file()
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
+    again = _tradeoff(out)  # every run is finished: nothing retrains, the report is rewritten
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")} == stamps
+    assert math.isfinite(float(rows[0]["P@1"]))
+
+
+def test_bad_epsilons_are_one_line(tmp_path):
+    done = _tradeoff(tmp_path / "s", "--epsilons", "0,1")
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: --epsilons") and "\n" not in done.stderr.strip()
+    assert not (tmp_path / "s").exists()

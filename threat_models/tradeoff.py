@@ -1,0 +1,185 @@
+"""``secure-fed tradeoff``: the privacy/utility study as one command.
+
+    secure-fed tradeoff CONFIG --epsilons 0.5,1,2,4,8,inf --seeds 0,1,2 [--methods fedalc,fedaws]
+                       [--attacks membership_inference,one_run_audit] [--set key=value …] [--workers N] --out DIR
+
+For every (method, ε, seed) it runs CONFIG with the method as ``algorithm.name``, the seed, and ε as the
+target of the privacy unit the config's DP protects (the instance unit: ``privacy.instance`` and
+``privacy.local``; or ``privacy.client`` with ``--unit client``), σ calibrated to it (a fixed
+``noise_multiplier`` is dropped). ε = ``inf`` is the same run without the ``dp`` layer. A method that has no
+server step over label sets drops ``privacy.instance`` (its instance unit is client training alone).
+The attacks run on each finished run (their canaries and taps are inserted during training).
+
+Runs are cached and resumable (the sweep's cache: a finished run of the same config is skipped, an
+interrupted one resumes), in a process pool sized to the machine. DIR receives ``runs/``,
+``results.csv`` (one row per run), the PNG plots and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from secure_fed.errors import SecureFedError, unknown_name
+
+INSTANCE_BLOCKS = ("instance", "local")
+
+
+def parse_epsilons(text: str) -> list[float]:
+    out = []
+    for part in [p for p in text.split(",") if p.strip()]:
+        try:
+            v = float(part)
+        except ValueError:
+            raise SecureFedError(f"--epsilons {text!r}: {part!r} is not a number or inf") from None
+        if not (v > 0):
+            raise SecureFedError(f"--epsilons {text!r}: every ε must be > 0 (inf for no DP)")
+        out.append(v)
+    if not out:
+        raise SecureFedError(f"--epsilons {text!r}: give at least one ε")
+    return out
+
+
+def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, attacks: list[str]) -> list[str]:
+    """The overrides that turn the base config into one grid point."""
+    from protocols.specs import LABEL_SET_ALGORITHMS
+
+    ov = [f"algorithm.name={method}", f"seed={seed}", "output.progress=false"]
+    if attacks:
+        ov.append(f"attacks.run=[{', '.join(attacks)}]")
+    p = base.privacy
+    stack = list(base.protocols)
+    if math.isinf(eps):
+        ov.append(f"protocols=[{', '.join(x for x in stack if x != 'dp')}]")
+        ov += ["privacy.instance=null", "privacy.local=null", "privacy.client=null"]
+        return ov
+    if "dp" not in stack:
+        raise SecureFedError("the tradeoff config must list 'dp' in protocols and configure the privacy unit it sweeps")
+    blocks = [b for b in (INSTANCE_BLOCKS if unit == "instance" else ("client",)) if getattr(p, b) is not None]
+    if unit == "instance" and method not in LABEL_SET_ALGORITHMS and "instance" in blocks:
+        blocks.remove("instance")
+        ov.append("privacy.instance=null")
+    if not blocks:
+        raise SecureFedError(
+            f"--unit {unit}: the config sets none of "
+            + ("privacy.instance / privacy.local" if unit == "instance" else "privacy.client")
+            + f" for {method}"
+        )
+    for b in blocks:
+        ov += [f"privacy.{b}.target_epsilon={eps:g}", f"privacy.{b}.noise_multiplier=null"]
+    if unit == "instance" and getattr(p, "client") is not None:
+        ov.append("privacy.client=null")  # one unit swept at a time
+    return ov
+
+
+def _label(eps: float) -> str:
+    return "inf" if math.isinf(eps) else f"{eps:g}"
+
+
+def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str | None, attacks: list[str], threads: int):
+    """One grid point in a worker process: the run (cached / resumed), then its attacks (once)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from secure_fed.config import load_config
+    from secure_fed.sweep import run_cached
+
+    t0 = time.time()
+    summary = run_cached(load_config(config, overrides), run_dir, data_root=data_root)
+    if attacks and summary["status"] in ("completed", "budget_exhausted") and not (Path(run_dir) / "attacks.json").is_file():
+        from threat_models.audit import audit_run_dir
+
+        audit_run_dir(run_dir, attacks, data_root=data_root, progress=False)
+    return summary, time.time() - t0
+
+
+def cmd_tradeoff(args: argparse.Namespace) -> int:
+    from secure_fed.cli import _parse_seeds
+    from secure_fed.config import load_config
+    from secure_fed.html_report import html_report, run_row, write_csv
+    from secure_fed.io import check_writable_dir
+    from secure_fed.errors import ConfigError
+    from secure_fed.specs import attack_specs
+    from secure_fed.sweep import cached_summary
+
+    eps_list = parse_epsilons(args.epsilons)
+    seeds = _parse_seeds(args.seeds)
+    methods = [m for m in (args.methods or "").split(",") if m]
+    first = [f"algorithm.name={methods[0]}"] if methods else []  # the base is read as the first method's config
+    base = load_config(args.config, [*args.overrides, *first])
+    methods = methods or [base.algorithm.name]
+    specs = attack_specs()
+    attacks = [a for a in (args.attacks or "").split(",") if a]
+    for a in attacks:
+        if a not in specs:
+            raise SecureFedError("--attacks: " + unknown_name("attack", a, specs))
+    out = Path(args.out)
+    check_writable_dir(out, what="--out")
+    points = []  # validate every point (and every cached run's config) before anything runs
+    for method in methods:
+        for eps in eps_list:
+            for seed in seeds:
+                ov = [*args.overrides, *point_overrides(base, method=method, eps=eps, seed=seed, unit=args.unit,
+                                                         attacks=attacks)]  # fmt: skip
+                try:
+                    cfg = load_config(args.config, ov)
+                except ConfigError as exc:
+                    raise SecureFedError(f"--methods {method} at ε = {_label(eps)}: {exc}") from None
+                run_dir = out / "runs" / f"{method}-eps{_label(eps)}-seed{seed}"
+                cached_summary(cfg, run_dir)
+                points.append((method, eps, seed, ov, run_dir))
+    workers = args.workers or max(1, min(len(points), (os.cpu_count() or 1)))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    print(f"tradeoff: {len(methods)} method(s) × {len(eps_list)} ε × {len(seeds)} seed(s) = {len(points)} runs, "
+          f"{workers} worker(s) × {threads} thread(s) → {out}", flush=True)  # fmt: skip
+    t0 = time.time()
+    failed = []
+    with ProcessPoolExecutor(workers) as pool:
+        futures = [(pt, pool.submit(_job, args.config, pt[3], str(pt[4]), args.data_root, attacks, threads)) for pt in points]
+        for i, ((method, eps, seed, _, run_dir), fut) in enumerate(futures, 1):
+            summary, secs = fut.result()
+            final = summary.get("final", {})
+            util = next((f"{k} {final[k]:.2f}" for k in ("P@1", "mAP", "GmAP") if k in final), summary["status"])
+            elapsed = time.time() - t0
+            eta = elapsed / i * (len(points) - i)
+            eps_run = summary.get("privacy", {}).get("epsilon", "inf")
+            eps_txt = eps_run if isinstance(eps_run, str) else f"{eps_run:.3g}"
+            print(f"[{i}/{len(points)}] {method} ε={_label(eps)} seed {seed}: {util}, ε spent {eps_txt} "
+                  f"({secs:.0f} s; study {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)", flush=True)  # fmt: skip
+            if summary["status"] in ("failed", "diverged"):
+                failed.append(run_dir)
+    rows = [run_row(pt[4], method=pt[0]) for pt in points]
+    for r, pt in zip(rows, points, strict=True):
+        r["target_epsilon"] = pt[1]
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "results.csv")
+    page = html_report([pt[4] for pt in points], out / "report.html", title=f"privacy/utility trade-off: {', '.join(methods)}",
+                       methods={str(pt[4]): pt[0] for pt in points}, plots_dir=out,
+                       notes=[f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
+                              f"unit: {args.unit}; ε = ∞ runs have no dp layer. Bands: min–max over seeds {seeds}."])  # fmt: skip
+    print(f"wrote {out / 'results.csv'}, the plots and {page}")
+    if failed:
+        print(f"error: {len(failed)} of {len(points)} runs did not train ({failed[0]})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tradeoff", help="privacy/utility study: methods × ε × seeds, attacks, results.csv, report.html")
+    p.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default)")
+    p.add_argument("--epsilons", default="1,2,4,8,inf", help="target ε values; inf = the run without the dp layer")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--methods", default=None, help="comma-separated algorithm names (default: the config's)")
+    p.add_argument("--attacks", default="", help="comma-separated attacks to run on every run (e.g. membership_inference)")
+    p.add_argument("--unit", choices=["instance", "client"], default="instance", help="the privacy unit whose ε is swept")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores, at most one per run)")
+    p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    p.add_argument("--out", required=True, help="study directory (runs/, results.csv, plots, report.html)")
+    p.set_defaults(func=cmd_tradeoff)
