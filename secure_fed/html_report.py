@@ -238,8 +238,8 @@ def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes]]:
                      _eps_plot(plt, rows, util, ylabel=util, title=f"utility ({util}) vs ε; band: seed min–max")))  # fmt: skip
     attack_keys = sorted({k for r in rows for k in r if k.endswith(".auc") and not k.endswith(".chance")})
     for k in attack_keys:
-        figs.append((f"attack_{k.replace('.', '_')}_vs_epsilon.png", f"{k} vs ε",
-                     _eps_plot(plt, rows, k, ylabel=k, title=f"attack success ({k}) vs ε", chance_key=f"{k}.chance")))  # fmt: skip
+        fig = _eps_plot(plt, rows, k, ylabel=k, title=f"attack success ({k}) vs ε", chance_key=f"{k}.chance")
+        figs.append((f"attack_{k.replace('.', '_')}_vs_epsilon.png", f"{k} vs ε", fig))
     figs.append(("audit_vs_accountant.png", "audit lower bound vs accountant ε", _audit_plot(plt, rows)))
     if util:
         figs.append(("metric_vs_round.png", f"{util} by round", _round_plot(plt, rows, util)))
@@ -257,7 +257,8 @@ function sortBy(th){const table=th.closest('table');const i=Array.from(th.parent
  const asc=th.getAttribute('data-asc')!=='1';th.parentNode.querySelectorAll('th').forEach(h=>h.removeAttribute('data-asc'));
  th.setAttribute('data-asc',asc?'1':'0');const body=table.tBodies[0];const rows=Array.from(body.rows);
  rows.sort((a,b)=>{const x=cellValue(a.cells[i]),y=cellValue(b.cells[i]);
-  if(typeof x==='number'&&typeof y==='number')return asc?x-y:y-x;return asc?String(x).localeCompare(String(y)):String(y).localeCompare(String(x));});
+  if(typeof x==='number'&&typeof y==='number')return asc?x-y:y-x;
+  return asc?String(x).localeCompare(String(y)):String(y).localeCompare(String(x));});
  rows.forEach(r=>body.appendChild(r));}
 function filterRows(box){const q=box.value.toLowerCase();document.querySelectorAll('#runs tbody tr').forEach(
  r=>{r.style.display=r.textContent.toLowerCase().includes(q)?'':'none';});}
@@ -269,8 +270,10 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
 h1{font-size:1.4em} h2{font-size:1.1em;margin-top:1.6em}
 .plots{display:flex;flex-wrap:wrap;gap:16px} figure{margin:0} figcaption{font-size:.85em;color:#555}
-table{border-collapse:collapse;font-size:.82em} th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
-th{background:#f3f3f3;cursor:pointer;position:sticky;top:0} th[data-asc='1']::after{content:' ▲'} th[data-asc='0']::after{content:' ▼'}
+table{border-collapse:collapse;font-size:.82em}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3;cursor:pointer;position:sticky;top:0}
+th[data-asc='1']::after{content:' ▲'} th[data-asc='0']::after{content:' ▼'}
 td.t{text-align:left} .wrap{max-height:70vh;overflow:auto} .note{color:#555;font-size:.9em;max-width:60em}
 """
 

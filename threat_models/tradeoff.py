@@ -24,7 +24,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from secure_fed.errors import SecureFedError, unknown_name
 
@@ -73,7 +72,7 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
         )
     for b in blocks:
         ov += [f"privacy.{b}.target_epsilon={eps:g}", f"privacy.{b}.noise_multiplier=null"]
-    if unit == "instance" and getattr(p, "client") is not None:
+    if unit == "instance" and p.client is not None:
         ov.append("privacy.client=null")  # one unit swept at a time
     return ov
 
@@ -102,9 +101,9 @@ def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str 
 def cmd_tradeoff(args: argparse.Namespace) -> int:
     from secure_fed.cli import _parse_seeds
     from secure_fed.config import load_config
+    from secure_fed.errors import ConfigError
     from secure_fed.html_report import html_report, run_row, write_csv
     from secure_fed.io import check_writable_dir
-    from secure_fed.errors import ConfigError
     from secure_fed.specs import attack_specs
     from secure_fed.sweep import cached_summary
 
@@ -159,10 +158,12 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         r["target_epsilon"] = pt[1]
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "results.csv")
+    note = (
+        f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
+        f"unit: {args.unit}; ε = ∞ runs have no dp layer. Bands: min–max over seeds {seeds}."
+    )
     page = html_report([pt[4] for pt in points], out / "report.html", title=f"privacy/utility trade-off: {', '.join(methods)}",
-                       methods={str(pt[4]): pt[0] for pt in points}, plots_dir=out,
-                       notes=[f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
-                              f"unit: {args.unit}; ε = ∞ runs have no dp layer. Bands: min–max over seeds {seeds}."])  # fmt: skip
+                       methods={str(pt[4]): pt[0] for pt in points}, plots_dir=out, notes=[note])  # fmt: skip
     print(f"wrote {out / 'results.csv'}, the plots and {page}")
     if failed:
         print(f"error: {len(failed)} of {len(points)} runs did not train ({failed[0]})", file=sys.stderr)

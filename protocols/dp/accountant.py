@@ -144,7 +144,9 @@ def calibrate_shared_sigma(
         )
 
     def eps(sigma: float, name: str) -> float:
-        return epsilon_of(fixed + [(sigma, q, n) for q, n in free], delta, name)
+        with warnings.catch_warnings(record=True):  # trial σ values' warnings describe them, not the answer
+            warnings.simplefilter("always")
+            return epsilon_of(fixed + [(sigma, q, n) for q, n in free], delta, name)
 
     lo, hi = 0.3, 1.0
     while eps(hi, "rdp") > target_epsilon:

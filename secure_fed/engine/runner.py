@@ -41,9 +41,9 @@ from secure_fed.engine.callbacks import (
     ClientEvaluation,
     Evaluation,
     MetricsFiles,
-    TensorBoardLog,
     PrivacyRecord,
     ProgressBar,
+    TensorBoardLog,
     build_callbacks,
 )
 from secure_fed.engine.checkpoints import CheckpointMixin
