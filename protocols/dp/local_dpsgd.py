@@ -31,7 +31,7 @@ def steps_per_epoch(sample_rate: float) -> int:
 
 def clip_factors(grads: list[torch.Tensor], clip_norm: float) -> torch.Tensor:
     """(B,) factors min(1, C/‖g_i‖) of the per-sample gradients, ‖g_i‖ over every tensor of ``grads`` together."""
-    sq = sum(g.reshape(g.shape[0], -1).float().pow(2).sum(dim=1) for g in grads)
+    sq = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) ** 2 for g in grads)
     return (clip_norm / (sq.sqrt() + 1e-12)).clamp(max=1.0)
 
 
