@@ -84,6 +84,16 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             f"privacy.local with {algo}: the server's W update also uses every instance, through its label set; add "
             "privacy.instance so that the instance unit's ε covers both (one budget, composed)"
         )
+    if p.local is not None and cfg.training.aggregation != "uniform":
+        raise ValueError(
+            "privacy.local: training.aggregation must be uniform (weights by example count would release each client's "
+            "count through θ, outside DP-SGD)"
+        )
+    if p.local is not None and algo in WEIGHT_REPORTING_ALGORITHMS:
+        raise ValueError(
+            f"privacy.local with {algo}: its clients weight their update by eq. 2's w, computed from their labels and "
+            "sent outside DP-SGD; use privacy.client with weight_cap (client-level DP) for it"
+        )
     if p.local is not None and _has_batch_norm(cfg):
         raise ValueError(
             "privacy.local (DP-SGD in client training) cannot run on a ResNet: batch norm mixes a batch's samples, so no "

@@ -280,8 +280,9 @@ class DifferentialPrivacy(ProtocolLayer):
         if name == "instance":
             if SERVER_STEP in unit.mechanisms:
                 return {"epsilon": "inf", "why": "the server holds the label sets it collected and adds the noise itself"}
-            return {"epsilon": reported(unit.epsilon()), "why": "DP-SGD batches and noise come from each client's own "
-                    "secret; the server sees only each client's update, a function of its noisy steps"}  # fmt: skip
+            return {"epsilon": "inf", "why": "each client's update is a function of its noisy DP-SGD steps (batches and "
+                    "noise are the client's secrets), but its training loss and example count reach the server in the "
+                    "clear (or, under a secure sum, their sums), outside DP-SGD"}  # fmt: skip
         if self.cfg.privacy.client.noise == "server":
             return {"epsilon": "inf", "why": "the server sees each clipped update before it adds the noise"}
         # noise: clients under a secure sum: every sum the server obtains carries ≥ σ²S² of noise, but the server

@@ -114,8 +114,13 @@ def test_unmeetable_dp_target_is_rejected_before_training_naming_the_achievable_
         (['protocols=["dp"]', "algorithm.name=fedavg", "dataset.name=digit_mosaics", "partition.name=iid",
           "model.name=resnet18", "model.weights=random", 'privacy.local={"target_epsilon": 4}'],
          ["cannot run on a ResNet", "batch norm"]),
+        (['protocols=["dp"]', "algorithm.name=fedaws", "training.aggregation=num_examples",
+          'privacy.local={"target_epsilon": 4}'], ["training.aggregation must be uniform"]),
+        (['protocols=["dp"]', "algorithm.name=flag", "partition.name=iid", "model.family=linear_head",
+          'privacy.local={"target_epsilon": 4}'], ["privacy.local with flag", "weight_cap"]),
     ],
-    ids=["no-dp", "fedalc-without-instance", "two-budgets", "unmeetable-first-step", "unmeetable-first-round", "resnet"],
+    ids=["no-dp", "fedalc-without-instance", "two-budgets", "unmeetable-first-step", "unmeetable-first-round", "resnet",
+         "weighted-aggregation", "flag"],
 )  # fmt: skip
 def test_bad_client_dp_sgd_settings_are_one_line(tmp_path, sets, needles):
     """privacy.local mistakes: a clear line before anything is written (the first-round check needs the data, so
