@@ -97,6 +97,18 @@ def test_fedlgt_runs_under_client_dp_with_secure_aggregation_and_tracks_epsilon(
     assert ups and not any("theta_delta" in m for m in ups)  # masked sums only
 
 
+def test_fedlgt_runs_with_dp_sgd_in_client_training_under_secure_aggregation(tmp_path):
+    """Instance-level DP-SGD inside FedLGT's training (label states and CA-MLE masks drawn outside the per-sample
+    gradients): the run completes within its target, client training is covered, and one instance sits on one
+    client (iid), so each round counts exactly E·round(1/q) steps."""
+    ov = [*LGT, 'protocols=["dp", "secure_aggregation"]', 'privacy.local={"target_epsilon": 3, "batch_sample_rate": 0.5}']
+    res = Experiment(load_config(overrides=ov), run_dir=tmp_path / "dp").run(progress=False)
+    unit = res.summary["privacy"]["units"]["instance"]
+    assert res.summary["status"] == "completed" and 0 < unit["epsilon"] <= 3
+    assert unit["steps"] == 2 * 2  # 2 rounds × (1 epoch × 2 steps) × 1 copy
+    assert not any("client training" in x for x in unit["not_covered"])
+
+
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
