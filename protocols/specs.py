@@ -89,6 +89,17 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "privacy.local: training.aggregation must be uniform (weights by example count would release each client's "
             "count through θ, outside DP-SGD)"
         )
+    if p.local is not None and cfg.training.sampling == "proportional" and cfg.training.client_fraction < 1.0:
+        raise ValueError(
+            "privacy.local with training.sampling: proportional: clients are picked with probability ∝ their example "
+            "count, which then shapes θ outside DP-SGD; use uniform or poisson sampling"
+        )
+    if p.local is not None and cfg.model.family == "embedding" and cfg.partition.name != "positive_only":
+        raise ValueError(
+            f"privacy.local with model.family embedding on a {cfg.partition.name} partition: which class rows a client "
+            "receives and trains is the set of labels in its data, visible outside DP-SGD; use model.family "
+            "linear_head or ctran (every label scored, no per-client rows) or the positive_only partition"
+        )
     if p.local is not None and algo in WEIGHT_REPORTING_ALGORITHMS:
         raise ValueError(
             f"privacy.local with {algo}: its clients weight their update by eq. 2's w, computed from their labels and "
@@ -174,7 +185,8 @@ DP = LayerSpec(
     name="dp",
     threat_model=(
         "Bounds, with a tracked (ε, δ), what the released θ, W and files reveal about any one client (client-level "
-        "DP-FedAvg) or any one instance (DP-SGD on the server's W update over label sets) to an observer of the release; "
+        "DP-FedAvg) or any one instance (DP-SGD on the server's W update over label sets, and DP-SGD inside client "
+        "training, composed in one ledger) to an observer of the release; "
         "noise and sampling come from secrets of the party that draws them. Against the server: the instance unit gives "
         "nothing (it holds the label sets), the client unit holds only with noise: clients under a secure sum, without "
         "amplification by sampling."

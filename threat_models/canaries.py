@@ -28,6 +28,7 @@ keeps the coordinates, signs and bits on its own side (``RUN_DIR/auditor.pt``).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -124,6 +125,8 @@ class _CanaryPrivatizer:
 
     def __init__(self, inner, canaries: DiracCanaries, own: list[int], cid: int, round_idx: int):
         self.inner, self.c, self.own, self.cid, self.round = inner, canaries, own, cid, round_idx
+        self.sample_rate = float(inner.sample_rate)
+        self.clip_norm = float(inner.clip_norm)
 
     def steps_per_epoch(self) -> int:
         return self.inner.steps_per_epoch()
@@ -134,17 +137,16 @@ class _CanaryPrivatizer:
     def clip_sum(self, grads):
         return self.inner.clip_sum(grads)
 
-    def finish(self, sums, n: int, step: str):
-        q = float(self.inner.sample_rate)
-        tag = int.from_bytes(step.encode()[:16].ljust(16, b"\0"), "little")
+    def finish(self, sums, step: str):
+        tag = int.from_bytes(hashlib.sha256(step.encode()).digest()[:8], "little")
         rng = np.random.default_rng([self.c.sampling_key, self.round, self.cid, tag])
-        sampled = [i for i, u in zip(self.own, rng.random(len(self.own)), strict=True) if u < q]
+        sampled = [i for i, u in zip(self.own, rng.random(len(self.own)), strict=True) if u < self.sample_rate]
         if sampled:
-            sums = [t.clone() for t in sums]
+            sums = {n: t.clone() for n, t in sums.items()}
+            norm = min(self.c.norm, self.clip_norm)  # a canary is a clipped gradient: its norm is at most C
             for i in sampled:
                 name, off = self.c._locate(int(self.c.coords[i]))
-                k = self.c.names.index(name)
-                if sums[k].numel() != int(self.c.offsets[k + 1] - self.c.offsets[k]):
-                    raise RuntimeError(f"canary parameter {name}: the trainer's gradients are not laid out as θ")
-                sums[k].view(-1)[off] -= float(self.c.signs[i]) * self.c.norm  # descent moves θ_j by +s·(lr·C/qn)
-        return self.inner.finish(sums, n, step)
+                if name not in sums:
+                    raise RuntimeError(f"canary parameter {name} is not trained by the client")
+                sums[name].view(-1)[off] -= float(self.c.signs[i]) * norm  # descent moves θ_j by +s·lr·C/B
+        return self.inner.finish(sums, step)

@@ -47,6 +47,9 @@ class DifferentialPrivacy(ProtocolLayer):
         self.server_stream = SecretStream.for_party(p.noise_seed, "server")
         #: client side: each client's own secret behind its noise share (``noise: clients``)
         self._client_streams: dict[int, SecretStream] = {}
+        if p.local is not None:  # every client's key now, so the first checkpoint holds them all (exact resume)
+            for cid in range(env.num_clients):
+                self.client_stream(cid)
         self.units: dict[str, PrivacyUnit] = {}
         algo = cfg.algorithm.name
         if p.instance is not None or p.local is not None:
@@ -122,6 +125,11 @@ class DifferentialPrivacy(ProtocolLayer):
                 + ("covered only through the client unit, by group privacy over the clients an instance sits on "
                    "(units.client.instance_level)" if p.client is not None else "add privacy.local to cover it")
             )  # fmt: skip
+        if self.cfg.model.preprocessing in ("standardize", "auto"):
+            not_covered.append(
+                "feature standardisation, when model.preprocessing is standardize (auto picks it for dense features): "
+                "the mean and standard deviation of each feature over the whole training split, computed in the clear"
+            )
         if p.instance is None and algo in LABEL_SET_ALGORITHMS:
             not_covered.append("label-set collection for the server's W update: add privacy.instance to cover it")
         unit = None
@@ -200,7 +208,7 @@ class DifferentialPrivacy(ProtocolLayer):
         mech = self.units["instance"].mechanism(CLIENT_TRAINING)
         return LocalDPSGD(
             clip_norm=mech.clip_norm, noise_multiplier=mech.sigma, sample_rate=mech.sample_rate,
-            stream=self.client_stream(cid), label=f"dp-sgd r{round_idx}",
+            divisor=self.cfg.training.batch_size, stream=self.client_stream(cid), label=f"dp-sgd r{round_idx}",
         )  # fmt: skip
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:

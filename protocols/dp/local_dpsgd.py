@@ -8,8 +8,10 @@ Each local step of client c:
 2. **per-sample clipping**: each sample's gradient g_i (θ and, when the client trains them, its class rows,
    as one vector) is scaled to ‖g_i‖ ≤ C;
 3. **noise**: N(0, σ²C²) on every coordinate of the sum, from the client's own secret;
-4. the step's gradient is (Σ_i clip(g_i) + noise) / (q·n): the sum over the *expected* batch size, as
-   Opacus's ``DPOptimizer`` divides by ``expected_batch_size``.
+4. the step's gradient is (Σ_i clip(g_i) + noise) / B with B = ``training.batch_size``, a *public* constant.
+   (Opacus's ``DPOptimizer`` divides by the expected batch q·n; with the client's own n that divisor would
+   change when an instance is added or removed, scaling every other gradient and the noise, which add/remove
+   accounting at sensitivity C does not cover.)
 
 The per-sample gradients themselves come from the core (:mod:`secure_fed.algorithms.per_sample`); the
 accounting (one subsampled Gaussian step at (σ, q) per local step, for every client an instance sits on)
@@ -37,12 +39,17 @@ def clip_factors(grads: list[torch.Tensor], clip_norm: float) -> torch.Tensor:
 
 class LocalDPSGD(GradientPrivatizer):
     """One client's DP-SGD in one round: sampling and noise from ``stream`` (the client's secret), addressed by
-    ``label`` (the round) and the step, so a resumed run redraws the same batches and noise."""
+    ``label`` (the round) and the step, so a resumed run redraws the same batches and noise. ``divisor`` is the
+    public constant the noisy sum is divided by (``training.batch_size``)."""
 
-    def __init__(self, *, clip_norm: float, noise_multiplier: float, sample_rate: float, stream: SecretStream, label: str):
+    def __init__(
+        self, *, clip_norm: float, noise_multiplier: float, sample_rate: float, divisor: float, stream: SecretStream,
+        label: str,
+    ):  # fmt: skip
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.sample_rate = float(sample_rate)
+        self.divisor = float(divisor)
         self.stream = stream
         self.label = label
 
@@ -53,19 +60,20 @@ class LocalDPSGD(GradientPrivatizer):
         u = self.stream.uniform(n, f"{self.label} {step} sample")
         return torch.from_numpy((u < self.sample_rate).nonzero()[0])
 
-    def clip_sum(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        f = clip_factors(grads, self.clip_norm)
-        return [torch.einsum("b,b...->...", f.to(g.dtype), g) for g in grads]
+    def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        f = clip_factors(list(grads.values()), self.clip_norm)
+        return {n: torch.einsum("b,b...->...", f.to(g.dtype), g) for n, g in grads.items()}
 
-    def finish(self, sums: list[torch.Tensor], n: int, step: str) -> list[torch.Tensor]:
-        sizes = [s.numel() for s in sums]
+    def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:
+        names = sorted(sums)  # a fixed order of the one noise vector over every trained tensor
+        sizes = [sums[n].numel() for n in names]
         z = self.stream.gaussian((sum(sizes),), f"{self.label} {step} noise")
         std = self.noise_multiplier * self.clip_norm
-        out, at = [], 0
-        denom = self.sample_rate * max(n, 1)
-        for s, k in zip(sums, sizes, strict=True):
+        out, at = {}, 0
+        for n, k in zip(names, sizes, strict=True):
+            s = sums[n]
             noise = (std * z[at : at + k]).to(s.dtype).reshape(s.shape).to(s.device)
-            out.append((s + noise) / denom)
+            out[n] = (s + noise) / self.divisor
             at += k
         return out
 

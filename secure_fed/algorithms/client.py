@@ -153,8 +153,8 @@ class LocalTrainer:
         privatizer's noise; the result becomes each parameter's ``.grad``. Returns the batch's mean loss (None for
         an empty Poisson batch, whose step is noise only)."""
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        trained = list(params.values()) + ([rows] if train_rows else [])
-        sums = [torch.zeros_like(p) for p in trained]
+        trained = {**params, **({"rows": rows} if train_rows else {})}
+        sums = {n: torch.zeros_like(p) for n, p in trained.items()}
         losses: list[torch.Tensor] = []
         if len(idx) > 0:
             x, y = data.x[idx], targets[idx]
@@ -164,17 +164,18 @@ class LocalTrainer:
                     self.model, x, y, generator=generator, uncertain=uncertain, random_mask=random_mask
                 )
 
-            def add(grads: list[torch.Tensor], batch_losses: torch.Tensor) -> None:
-                for acc, g in zip(sums, privatizer.clip_sum(grads), strict=True):
-                    acc += g.to(acc.dtype)
+            def add(grads: dict[str, torch.Tensor], batch_losses: torch.Tensor) -> None:
+                for n, g in privatizer.clip_sum(grads).items():
+                    sums[n] += g.to(sums[n].dtype)
                 losses.append(batch_losses.float())
 
             per_sample_gradients(
                 family=self.family, model=self.model, params=params, rows=rows,
                 x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add,
             )  # fmt: skip
-        for p, g in zip(trained, privatizer.finish(sums, data.num_examples, step), strict=True):
-            p.grad = g.to(p.dtype).reshape(p.shape)
+        step_grads = privatizer.finish(sums, step)
+        for n, p in trained.items():
+            p.grad = step_grads[n].to(p.dtype).reshape(p.shape)
         return float(torch.cat(losses).mean()) if losses else None
 
     def _ca_mle(self, payload: Payload):

@@ -40,13 +40,14 @@ class GradientPrivatizer(ABC):
         """Indices (into the client's ``n`` examples) of this step's batch."""
 
     @abstractmethod
-    def clip_sum(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Σ over the samples of the per-sample gradients (``(B, *shape)`` each, together one vector per
-        sample), each sample's vector clipped first; returns one ``shape`` tensor per entry."""
+    def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Σ over the samples of the per-sample gradients (``(B, *shape)`` for each trained tensor, by name: θ's
+        parameter names, and ``rows`` for the client's class rows; together one vector per sample), each
+        sample's vector clipped first; returns one ``shape`` tensor per name."""
 
     @abstractmethod
-    def finish(self, sums: list[torch.Tensor], n: int, step: str) -> list[torch.Tensor]:
-        """The step's gradient from the clipped sums (noise added, scaled); ``n`` is the client's example count."""
+    def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:
+        """The step's gradient from the clipped sums (noise added, scaled by a public constant)."""
 
 
 def forbid_batch_norm(model: nn.Module) -> None:
@@ -85,19 +86,18 @@ def per_sample_gradients(
     loss_fn: Callable,
     states: torch.Tensor | None = None,
     precision: str = "fp32",
-    on_chunk: Callable[[list[torch.Tensor], torch.Tensor], None],
+    on_chunk: Callable[[dict[str, torch.Tensor], torch.Tensor], None],
     chunk: int = DEFAULT_CHUNK,
 ) -> None:
     """Per-sample gradients of each sample's own loss w.r.t. ``params`` (and ``rows`` when given), chunk by chunk.
 
-    For each chunk of at most ``chunk`` samples, calls ``on_chunk(grads, losses)``: ``grads`` lists the
-    ``(b, *shape)`` gradients of ``params`` in order, then of ``rows``; ``losses`` is ``(b,)``. Dropout draws
+    For each chunk of at most ``chunk`` samples, calls ``on_chunk(grads, losses)``: ``grads`` maps each name of
+    ``params`` (and ``rows``) to its ``(b, *shape)`` gradients; ``losses`` is ``(b,)``. Dropout draws
     differ per sample (``randomness="different"``, from torch's generator, which the trainer seeds).
     """
     from secure_fed.models.ctran import UNKNOWN, masked_loss
 
     scored = _Scored(family, model)
-    names = [f"model.{n}" for n in params]
     masked = states is not None
 
     def loss_one(p: dict[str, torch.Tensor], r, xi, yi, si):
@@ -117,9 +117,8 @@ def per_sample_gradients(
     for s in range(0, x.shape[0], chunk):
         sl = slice(s, s + chunk)
         grads, losses = per(p_named, r, x[sl], targets[sl], states[sl] if masked else None)
-        if with_rows:
-            gp, gr = grads
-            out = [gp[n] for n in names] + [gr]
-        else:
-            out = [grads[n] for n in names]
+        gp, gr = grads if with_rows else (grads, None)
+        out = {n: gp[f"model.{n}"] for n in params}
+        if gr is not None:
+            out["rows"] = gr
         on_chunk(out, losses)

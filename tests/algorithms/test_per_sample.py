@@ -16,15 +16,17 @@ from tests.conftest import SMALL
 
 
 def _collect(**kw):
-    out: list[list[torch.Tensor]] = []
+    """Run per_sample_gradients and concatenate its chunks: one ``(B, *shape)`` tensor per name, in θ's order then
+    ``rows``."""
+    out: list[dict[str, torch.Tensor]] = []
     losses: list[torch.Tensor] = []
 
     def on_chunk(grads, ls):
-        out.append([g.clone() for g in grads])
+        out.append({n: g.clone() for n, g in grads.items()})
         losses.append(ls.clone())
 
     per_sample_gradients(on_chunk=on_chunk, **kw)
-    return [torch.cat(parts) for parts in zip(*out, strict=True)], torch.cat(losses)
+    return [torch.cat([o[n] for o in out]) for n in out[0]], torch.cat(losses)
 
 
 def _loop(model, params, rows, x, loss_of):

@@ -112,15 +112,19 @@ def test_unmeetable_dp_target_is_rejected_before_training_naming_the_achievable_
         (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"noise_multiplier": 2.0, "target_epsilon": 3, '
           '"batch_sample_rate": 0.5}'], ["privacy.local.target_epsilon 3 cannot be met: the first round"]),
         (['protocols=["dp"]', "algorithm.name=fedavg", "dataset.name=digit_mosaics", "partition.name=iid",
-          "model.name=resnet18", "model.weights=random", 'privacy.local={"target_epsilon": 4}'],
+          "model.family=linear_head", "model.name=resnet18", "model.weights=random", 'privacy.local={"target_epsilon": 4}'],
          ["cannot run on a ResNet", "batch norm"]),
         (['protocols=["dp"]', "algorithm.name=fedaws", "training.aggregation=num_examples",
           'privacy.local={"target_epsilon": 4}'], ["training.aggregation must be uniform"]),
         (['protocols=["dp"]', "algorithm.name=flag", "partition.name=iid", "model.family=linear_head",
           'privacy.local={"target_epsilon": 4}'], ["privacy.local with flag", "weight_cap"]),
+        (['protocols=["dp"]', "algorithm.name=fedaws", "training.client_fraction=0.5", "training.sampling=proportional",
+          'privacy.local={"target_epsilon": 4}'], ["sampling: proportional"]),
+        (['protocols=["dp"]', "algorithm.name=fedavg", "partition.name=iid", 'privacy.local={"target_epsilon": 4}'],
+         ["model.family embedding on a iid partition"]),
     ],
     ids=["no-dp", "fedalc-without-instance", "two-budgets", "unmeetable-first-step", "unmeetable-first-round", "resnet",
-         "weighted-aggregation", "flag"],
+         "weighted-aggregation", "flag", "proportional", "rows-outside-positive-only"],
 )  # fmt: skip
 def test_bad_client_dp_sgd_settings_are_one_line(tmp_path, sets, needles):
     """privacy.local mistakes: a clear line before anything is written (the first-round check needs the data, so

@@ -21,40 +21,42 @@ from tests.conftest import SMALL
 LOCAL = ["algorithm.name=fedaws", "protocols=[dp]", "privacy.local={clip_norm: 1.0, target_epsilon: 8, batch_sample_rate: 0.25}"]
 
 
-def _priv(sigma=0.0, clip=1.0, q=0.5, stream=None):
-    return LocalDPSGD(clip_norm=clip, noise_multiplier=sigma, sample_rate=q, stream=stream or SecretStream.fresh(), label="r0")
+def _priv(sigma=0.0, clip=1.0, q=0.5, stream=None, divisor=1.0):
+    return LocalDPSGD(clip_norm=clip, noise_multiplier=sigma, sample_rate=q, divisor=divisor,
+                      stream=stream or SecretStream.fresh(), label="r0")  # fmt: skip
 
 
 def test_clip_sum_clips_each_sample_over_all_its_tensors():
     torch.manual_seed(0)
     a, b = torch.randn(7, 3, 4) * 5, torch.randn(7, 2) * 5
     a[0], b[0] = 1e-3, 1e-3  # one small sample: left as is
-    got = _priv(clip=1.0).clip_sum([a, b])
+    got = _priv(clip=1.0).clip_sum({"a": a, "b": b})
     want_a, want_b = torch.zeros(3, 4), torch.zeros(2)
     for i in range(7):  # independent: each sample's vector, its norm, min(1, C/‖g‖)
         v = torch.cat([a[i].flatten(), b[i]])
         f = min(1.0, 1.0 / float(v.norm()))
         want_a += f * a[i]
         want_b += f * b[i]
-    torch.testing.assert_close(got[0], want_a)
-    torch.testing.assert_close(got[1], want_b)
+    torch.testing.assert_close(got["a"], want_a)
+    torch.testing.assert_close(got["b"], want_b)
 
 
-def test_finish_adds_noise_of_std_sigma_c_over_qn_from_the_stream():
-    sums = [torch.zeros(200, 100), torch.zeros(500)]
-    sigma, clip, q, n = 2.0, 0.5, 0.25, 40
+def test_finish_adds_noise_of_std_sigma_c_over_the_public_divisor_from_the_stream():
+    sums = {"w": torch.zeros(200, 100), "b": torch.zeros(500)}
+    sigma, clip, B = 2.0, 0.5, 16.0
     s = SecretStream.fresh()
-    out = _priv(sigma=sigma, clip=clip, q=q, stream=s).finish(sums, n, "e0 s0")
-    z = torch.cat([o.flatten() for o in out]) * (q * n)
+    out = _priv(sigma=sigma, clip=clip, stream=s, divisor=B).finish(sums, "e0 s0")
+    z = torch.cat([o.flatten() for o in out.values()]) * B
     assert abs(float(z.std()) - sigma * clip) < 0.02 * sigma * clip
     # the noise is the stream's draw for this step's label: the same key and label redraw it, another key does not
-    again = _priv(sigma=sigma, clip=clip, q=q, stream=SecretStream.from_state_dict(s.state_dict())).finish(sums, n, "e0 s0")
-    torch.testing.assert_close(torch.cat([o.flatten() for o in again]), torch.cat([o.flatten() for o in out]))
-    other = _priv(sigma=sigma, clip=clip, q=q).finish(sums, n, "e0 s0")
-    assert not torch.allclose(other[0], out[0])
-    # without noise the step is the clipped sum over the expected batch q·n
-    plain = _priv(sigma=0.0, q=q).finish([torch.full((3,), 5.0)], n, "x")
-    torch.testing.assert_close(plain[0], torch.full((3,), 5.0 / (q * n)))
+    again = _priv(sigma=sigma, clip=clip, divisor=B, stream=SecretStream.from_state_dict(s.state_dict())).finish(sums, "e0 s0")
+    for n in sums:
+        torch.testing.assert_close(again[n], out[n])
+    other = _priv(sigma=sigma, clip=clip, divisor=B).finish(sums, "e0 s0")
+    assert not torch.allclose(other["w"], out["w"])
+    # without noise the step is the clipped sum over the public divisor, whatever the client's n
+    plain = _priv(sigma=0.0, divisor=B).finish({"x": torch.full((3,), 5.0)}, "x")
+    torch.testing.assert_close(plain["x"], torch.full((3,), 5.0 / B))
 
 
 def test_poisson_batches_take_each_example_with_rate_q_from_the_secret():
@@ -74,19 +76,37 @@ def _update_norm(reply):
 
 
 def test_the_trainer_takes_its_gradient_from_the_privatizer(tmp_path):
-    """Plain SGD from the privatizer's clipped sums: each step moves (θ, rows) by at most lr·|B|·C/(q·n), so with a
+    """Plain SGD from the privatizer's clipped sums: each step moves (θ, rows) by at most lr·|batch|·C/B, so with a
     tiny C the whole update is tiny; the same client without clipping moves far more."""
     exp = Experiment(load_config(overrides=[*SMALL, *LOCAL]), run_dir=tmp_path / "run")
     client = exp.fed.clients[0]
     payload = exp.algorithm.downlink(exp.theta, exp.W, client.known_labels)
-    q, clip = 0.5, 1e-4
-    priv = _priv(sigma=0.0, clip=clip, q=q)
-    batches = [len(priv.batch(client.num_examples, f"e0 s{s}")) for s in range(priv.steps_per_epoch())]
+    q, clip, B = 0.5, 1e-4, 32.0
+    priv = _priv(sigma=0.0, clip=clip, q=q, divisor=B)
+    # the batch sizes, redrawn independently from the same secret (uniform draws below q)
+    batches = [int((priv.stream.uniform(client.num_examples, f"r0 e0 s{s} sample") < q).sum()) for s in range(2)]
     reply = exp.trainer.update(payload, client, exp.local, torch.Generator().manual_seed(0), priv)
-    bound = exp.local.lr * sum(batches) * clip / (q * client.num_examples)
+    bound = exp.local.lr * sum(batches) * clip / B
     assert 0 < _update_norm(reply) <= bound * 1.001
-    loose = exp.trainer.update(payload, client, exp.local, torch.Generator().manual_seed(0), _priv(sigma=0.0, clip=1e6, q=q))
-    assert _update_norm(loose) > 20 * bound
+    loose = _priv(sigma=0.0, clip=1e6, q=q, divisor=B)
+    assert _update_norm(exp.trainer.update(payload, client, exp.local, torch.Generator().manual_seed(0), loose)) > 20 * bound
+
+
+def test_the_trainers_noise_has_std_lr_sigma_c_over_b_per_step(tmp_path):
+    """The noise reaches the update: the same client, batches and generator with σ = 3 and σ = 0 differ by
+    N(0, steps·(lr·σ·C/B)²) per coordinate of the plain-SGD update (first steps, before the noise feeds back)."""
+    exp = Experiment(load_config(overrides=[*SMALL, *LOCAL, "model.hidden_dims=[256]"]), run_dir=tmp_path / "run")
+    client = exp.fed.clients[0]
+    payload = exp.algorithm.downlink(exp.theta, exp.W, client.known_labels)
+    sigma, clip, B, q = 3.0, 1e-3, 32.0, 0.5  # a small C: the two runs' gradients differ only at second order
+    key = SecretStream.fresh().state_dict()
+    runs = []
+    for s in (sigma, 0.0):
+        priv = _priv(sigma=s, clip=clip, q=q, divisor=B, stream=SecretStream.from_state_dict(key))
+        runs.append(exp.trainer.update(payload, client, exp.local, torch.Generator().manual_seed(0), priv))
+    diff = torch.cat([(runs[0]["theta_delta"][n] - runs[1]["theta_delta"][n]).flatten() for n in runs[0]["theta_delta"]])
+    want = exp.local.lr * sigma * clip / B * math.sqrt(2)  # 2 steps an epoch at q = 0.5
+    assert abs(float(diff.std()) / want - 1) < 0.05
 
 
 def _independent_k(exp) -> int:
@@ -130,8 +150,10 @@ def test_budget_stops_client_training_before_the_target(tmp_path):
     summary = exp.run(progress=False).summary
     unit = summary["privacy"]["units"]["instance"]
     assert summary["status"] == "budget_exhausted" and float(unit["epsilon"]) <= 8
+    per_round = _independent_k(exp) * 1 * 2  # k copies × 1 epoch × round(1/0.5) steps
+    assert unit["steps"] % per_round == 0
     acc = RDPAccountant()
-    acc.history = [(2.0, 0.5, unit["steps"] + exp.stack.layers[0].local_steps_per_round())]
+    acc.history = [(2.0, 0.5, unit["steps"] + per_round)]
     assert acc.get_epsilon(1e-5) > 8  # the refused round would have crossed it
 
 
