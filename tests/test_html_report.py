@@ -41,8 +41,10 @@ def _browser():
     return webdriver.Chrome(service=Service(driver), options=opts)
 
 
-def _runs(tmp_path: Path) -> list[Path]:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[Path]:
     """Three small runs: two DP seeds at ε = 4 and one without DP, with the membership-inference attack."""
+    tmp_path = tmp_path_factory.mktemp("runs")
     runs = []
     for name, extra in (("dp4-seed0", ["seed=0"]), ("dp4-seed1", ["seed=1"]), ("nodp-seed0", ["protocols=[]"])):
         ov = [*SMALL, "training.rounds=2", "algorithm.name=fedaws", "attacks.run=[membership_inference]",
@@ -58,8 +60,7 @@ def _runs(tmp_path: Path) -> list[Path]:
     return runs
 
 
-def test_rows_carry_the_target_the_accountant_and_the_attacks(tmp_path):
-    runs = _runs(tmp_path)
+def test_rows_carry_the_target_the_accountant_and_the_attacks(runs):
     rows = [run_row(r) for r in runs]
     assert [r["target_epsilon"] for r in rows] == [4.0, 4.0, math.inf]
     assert all(0 < r["epsilon"] <= 4 for r in rows[:2]) and math.isinf(rows[2]["epsilon"])
@@ -67,8 +68,7 @@ def test_rows_carry_the_target_the_accountant_and_the_attacks(tmp_path):
     assert rows[0]["membership_inference.loss.auc.chance"] == 0.5
 
 
-def test_report_html_renders_in_a_headless_browser(tmp_path):
-    runs = _runs(tmp_path)
+def test_report_html_renders_in_a_headless_browser(tmp_path, runs):
     page = html_report(runs, tmp_path / "report.html", title="browser test")
     driver = _browser()
     try:

@@ -62,7 +62,7 @@ def test_calibrated_sigma_reaches_target_within_one_percent(acc, target):
     sigma=st.floats(0.3, 3.0),
     q=st.floats(0.01, 1.0),
     target=st.floats(0.2, 10.0),
-    steps=st.integers(1, 200),
+    steps=st.integers(1, 80),
 )
 def test_budget_is_never_exceeded(sigma, q, target, steps):
     u = unit(sigma=sigma, q=q, target=target)

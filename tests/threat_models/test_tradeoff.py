@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _tradeoff(out: Path, *extra: str) -> subprocess.CompletedProcess:
     sets = [x for o in [*SMALL, "training.rounds=2", "protocols=[dp]", "attacks.membership_inference.shadows=0",
                         'privacy.local={"batch_sample_rate": 0.5, "noise_multiplier": 1.0}'] for x in ("--set", o)]  # fmt: skip
-    args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", "--methods", "fedaws,fedavg", "--epsilons", "4,inf",
+    args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", "--methods", "fedaws", "--epsilons", "4,inf",
             "--seeds", "0", "--attacks", "membership_inference", "--workers", "1", *sets, "--out", str(out), *extra]  # fmt: skip
     return subprocess.run(args, capture_output=True, text=True, cwd=REPO)
 
@@ -25,9 +25,9 @@ def test_tradeoff_runs_the_grid_then_skips_finished_runs(tmp_path):
     out = tmp_path / "study"
     done = _tradeoff(out)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "[4/4]" in done.stdout
+    assert "[2/2]" in done.stdout
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert len(rows) == 4 and {r["method"] for r in rows} == {"fedaws", "fedavg"}
+    assert len(rows) == 2 and {r["method"] for r in rows} == {"fedaws"}
     for r in rows:
         if r["target_epsilon"] == "inf":
             assert r["epsilon"] == "inf"
@@ -48,3 +48,23 @@ def test_bad_epsilons_are_one_line(tmp_path):
     done = _tradeoff(tmp_path / "s", "--epsilons", "0,1")
     assert done.returncode == 2 and done.stderr.strip().startswith("error: --epsilons") and "\n" not in done.stderr.strip()
     assert not (tmp_path / "s").exists()
+
+
+def test_grid_points_set_the_one_target_and_drop_what_a_method_lacks():
+    from secure_fed.config import load_config
+    from threat_models.tradeoff import point_overrides
+
+    base_ov = ['protocols=["dp", "secure_aggregation"]', "algorithm.normalize_gamma=false",
+               'privacy.instance={"noise_multiplier": 2.0}', 'privacy.local={"noise_multiplier": 1.0}']  # fmt: skip
+    base = load_config(overrides=base_ov)
+    fedalc = point_overrides(base, method="fedalc", eps=2.0, seed=1, unit="instance", attacks=[])
+    assert {"privacy.instance.target_epsilon=2", "privacy.local.target_epsilon=2", "privacy.instance.noise_multiplier=null",
+            "privacy.local.noise_multiplier=null", "seed=1", "algorithm.name=fedalc"} <= set(fedalc)  # fmt: skip
+    cfg = load_config(overrides=[*base_ov, *fedalc])
+    assert cfg.privacy.instance.target_epsilon == cfg.privacy.local.target_epsilon == 2.0
+    assert cfg.privacy.local.noise_multiplier is None and cfg.protocols == ["dp", "secure_aggregation"]
+    fedaws = point_overrides(base, method="fedaws", eps=2.0, seed=0, unit="instance", attacks=[])
+    assert "privacy.instance=null" in fedaws and "privacy.local.target_epsilon=2" in fedaws
+    plain = point_overrides(base, method="fedaws", eps=float("inf"), seed=0, unit="instance", attacks=["one_run_audit"])
+    cfg = load_config(overrides=[*base_ov, *plain])
+    assert cfg.protocols == ["secure_aggregation"] and cfg.privacy.local is None and cfg.attacks.names() == ["one_run_audit"]
