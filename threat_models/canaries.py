@@ -134,6 +134,9 @@ class _CanaryPrivatizer:
     def batch(self, n: int, step: str):
         return self.inner.batch(n, step)
 
+    def factors(self, norms):
+        return self.inner.factors(norms)
+
     def clip_sum(self, grads):
         return self.inner.clip_sum(grads)
 

@@ -60,6 +60,9 @@ class LocalDPSGD(GradientPrivatizer):
         u = self.stream.uniform(n, f"{self.label} {step} sample")
         return torch.from_numpy((u < self.sample_rate).nonzero()[0])
 
+    def factors(self, norms: torch.Tensor) -> torch.Tensor:
+        return (self.clip_norm / (norms.float() + 1e-12)).clamp(max=1.0)
+
     def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         f = clip_factors(list(grads.values()), self.clip_norm)
         return {n: torch.einsum("b,b...->...", f.to(g.dtype), g) for n, g in grads.items()}

@@ -14,7 +14,13 @@ from torch import nn
 from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.label_sets import TOKENIZERS
 from secure_fed.algorithms.losses import LOSSES
-from secure_fed.algorithms.per_sample import GradientPrivatizer, forbid_batch_norm, per_sample_gradients
+from secure_fed.algorithms.per_sample import (
+    GradientPrivatizer,
+    clipped_sum_linear,
+    forbid_batch_norm,
+    linear_only,
+    per_sample_gradients,
+)
 from secure_fed.models.families import CosineEmbedding, ModelFamily
 
 
@@ -46,6 +52,8 @@ class LocalTrainer:
         #: dropout draws from torch's global generator; such a model gets it seeded from the client's own generator
         #: for each update (exact resume, and a run does not depend on what else the process did)
         self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+        #: DP-SGD without per-sample gradients (ghost norms) when every trainable parameter is a linear layer's
+        self.linear_fast_path = linear_only(model) and (self.family.name in ("embedding", "linear_head"))
 
     @torch.no_grad()
     def _load(self, theta: dict[str, torch.Tensor]) -> None:
@@ -169,10 +177,19 @@ class LocalTrainer:
                     sums[n] += g.to(sums[n].dtype)
                 losses.append(batch_losses.float())
 
-            per_sample_gradients(
-                family=self.family, model=self.model, params=params, rows=rows,
-                x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add,
-            )  # fmt: skip
+            if self.linear_fast_path and states is None:
+                clipped, batch_losses = clipped_sum_linear(
+                    family=self.family, model=self.model, rows=rows, x=x, targets=y, loss_fn=loss_fn,
+                    factors=privatizer.factors, precision=hp.precision,
+                )  # fmt: skip
+                for n, g in clipped.items():
+                    sums[n] += g.to(sums[n].dtype)
+                losses.append(batch_losses.float())
+            else:
+                per_sample_gradients(
+                    family=self.family, model=self.model, params=params, rows=rows,
+                    x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add,
+                )  # fmt: skip
         step_grads = privatizer.finish(sums, step)
         for n, p in trained.items():
             p.grad = step_grads[n].to(p.dtype).reshape(p.shape)

@@ -40,6 +40,10 @@ class GradientPrivatizer(ABC):
         """Indices (into the client's ``n`` examples) of this step's batch."""
 
     @abstractmethod
+    def factors(self, norms: torch.Tensor) -> torch.Tensor:
+        """(B,) clipping factors from the (B,) norms of the per-sample gradients (min(1, C/‖g_i‖))."""
+
+    @abstractmethod
     def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Σ over the samples of the per-sample gradients (``(B, *shape)`` for each trained tensor, by name: θ's
         parameter names, and ``rows`` for the client's class rows; together one vector per sample), each
@@ -122,3 +126,87 @@ def per_sample_gradients(
         if gr is not None:
             out["rows"] = gr
         on_chunk(out, losses)
+
+
+# ------------------------------------------------------------------------------ the fast path for linear models
+def linear_only(model: nn.Module) -> bool:
+    """Every trainable parameter belongs to an ``nn.Linear`` (the MLP and sparse-text encoders, the linear head)."""
+    owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    return bool(owners) and all(isinstance(m, nn.Linear) for m in owners)
+
+
+def clipped_sum_linear(
+    *,
+    family,
+    model: nn.Module,
+    rows: torch.Tensor | None,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: Callable,
+    factors: Callable[[torch.Tensor], torch.Tensor],
+    precision: str = "fp32",
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The clipped sum Σ_i f_i·∇ℓ_i of a batch without materialising any per-sample gradient, for models whose
+    trainable parameters are all ``nn.Linear`` on 2-D inputs (the ghost-norm trick of Goodfellow 2015 and Li et al.
+    2022): one forward and one backward of Σ_i ℓ_i record each layer's inputs a_i and output gradients g_i; the
+    per-sample gradient of a weight is g_i a_iᵀ, so its squared norm is ‖g_i‖²‖a_i‖² (bias: ‖g_i‖²), and the
+    clipped sum is (f∘G)ᵀA, one matrix product. The client's rows (embedding family) get per-sample copies, which
+    are small (k × d each). Returns the sums by name (θ's names, ``rows``) and the (B,) per-sample losses.
+    """
+    acts: dict[str, torch.Tensor] = {}
+    outs: dict[str, torch.Tensor] = {}
+    handles = []
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+    def keep(name):
+        def hook(_m, inputs, output):
+            acts[name] = inputs[0].detach()
+            output.register_hook(lambda g: outs.__setitem__(name, g.detach()))
+
+        return hook
+
+    for n, m in linears.items():
+        handles.append(m.register_forward_hook(keep(n)))
+    B = x.shape[0]
+    train_rows = rows is not None and rows.requires_grad
+    rows_b = rows.detach().unsqueeze(0).expand(B, *rows.shape).clone().requires_grad_(True) if train_rows else None
+    try:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = family.forward(model, x)
+        if rows_b is not None:  # the embedding family's score with each sample's own copy of the rows
+            scores = torch.einsum("bd,bkd->bk", nn.functional.normalize(out.float(), dim=-1),
+                                  nn.functional.normalize(rows_b, dim=-1))  # fmt: skip
+        else:
+            scores = family.score(out, rows.detach() if rows is not None else None)
+        losses = vmap(lambda s, y: loss_fn(s.unsqueeze(0), y.unsqueeze(0)))(scores, targets)
+        losses.sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    sq = torch.zeros(B, device=x.device)
+    for n, m in linears.items():
+        if not any(p.requires_grad for p in m.parameters()):
+            continue
+        a, g = acts[n].float(), outs[n].float()
+        if a.dim() != 2:
+            raise ValueError(f"the linear fast path needs 2-D inputs; {n} got {tuple(a.shape)}")
+        gn = g.pow(2).sum(1)
+        sq += gn * a.pow(2).sum(1) if m.weight.requires_grad else 0.0
+        if m.bias is not None and m.bias.requires_grad:
+            sq += gn
+    if rows_b is not None:
+        sq += rows_b.grad.reshape(B, -1).pow(2).sum(1)
+    f = factors(sq.sqrt())
+    sums: dict[str, torch.Tensor] = {}
+    for n, m in linears.items():
+        g = outs[n].float() * f[:, None]
+        prefix = f"{n}." if n else ""
+        if m.weight.requires_grad:
+            sums[prefix + "weight"] = g.T @ acts[n].float()
+        if m.bias is not None and m.bias.requires_grad:
+            sums[prefix + "bias"] = g.sum(0)
+    if rows_b is not None:
+        sums["rows"] = (rows_b.grad * f[:, None, None]).sum(0)
+    for p in model.parameters():
+        p.grad = None  # the backward above left Σ ∇ℓ_i on the parameters: not the step's gradient
+    return sums, losses.detach()

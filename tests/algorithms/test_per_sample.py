@@ -108,3 +108,46 @@ def test_batch_norm_is_refused():
     with pytest.raises(ValueError, match="batch norm"):
         forbid_batch_norm(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
     forbid_batch_norm(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)))
+
+
+@pytest.mark.parametrize("family", ["embedding", "linear_head"])
+def test_linear_fast_path_equals_clipping_the_per_sample_gradients(family):
+    """Ghost norms: the clipped sum from layer inputs and output gradients equals clipping each materialised per-sample
+    gradient (the vmap path) and summing, with clipping active on most samples."""
+    from secure_fed.algorithms.per_sample import clipped_sum_linear, linear_only
+
+    torch.manual_seed(4)
+    enc = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 5))
+    x = torch.randn(11, 6)
+    if family == "embedding":
+        model, fam, loss_fn = enc, CosineEmbedding(), positive_hinge_loss
+        rows = torch.randn(2, 5, requires_grad=True)
+        y = torch.rand(11, 2) < 0.6
+        y[:, 0] = True
+    else:
+        model, fam, loss_fn = LinearHeadModel(enc, 5, 3), LinearHead(), bce_loss
+        rows, y = None, torch.rand(11, 3) < 0.4
+    assert linear_only(model)
+    params = dict(model.named_parameters())
+    C = 0.05
+
+    def factors(norms):
+        return (C / (norms + 1e-12)).clamp(max=1.0)
+
+    got, losses = clipped_sum_linear(family=fam, model=model, rows=rows, x=x, targets=y, loss_fn=loss_fn, factors=factors)
+    per, want_losses = _collect(family=fam, model=model, params=params, rows=rows, x=x, targets=y, loss_fn=loss_fn)
+    names = list(params) + (["rows"] if rows is not None else [])
+    norms = torch.sqrt(sum(g.reshape(11, -1).pow(2).sum(1) for g in per))
+    assert (norms > C).sum() >= 8  # clipping is active
+    f = factors(norms)
+    for n, g in zip(names, per, strict=True):
+        torch.testing.assert_close(got[n], torch.einsum("b,b...->...", f, g), atol=1e-6, rtol=1e-5, msg=n)
+    torch.testing.assert_close(losses, want_losses)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_fast_path_is_only_taken_for_linear_models():
+    from secure_fed.algorithms.per_sample import linear_only
+
+    assert not linear_only(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)))
+    assert not linear_only(nn.Sequential(nn.Conv1d(1, 1, 3)))
