@@ -93,8 +93,8 @@ class DifferentialPrivacy(ProtocolLayer):
             mechs.append({
                 "name": SERVER_STEP, "cfg": p.instance, "sample_rate": p.instance.sample_rate,
                 "planned_steps": self.cfg.algorithm.fixed_steps if fixed else self.cfg.training.rounds,
-                "scope": "the server's W update over label sets (eq. 12 pre-training)" if fixed
-                else "the server's W update over label sets (eq. 11 with σ weights, eq. 9)",
+                "scope": "their label sets in the server's W update (eq. 12 pre-training)" if fixed
+                else "their label sets in the server's W update (eq. 11 with σ weights, eq. 9)",
             })  # fmt: skip
         if p.local is not None:
             k = int(self.env.max_clients_per_instance)

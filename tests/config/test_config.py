@@ -30,7 +30,7 @@ def test_shipped_experiment_configs_validate(path):
         ("training: {client_lr: -0.1}\n", "training.client_lr: Input should be greater than 0"),
         ("algorithm: {name: fedsgd}\n", "algorithm.name: Input should be"),
         ("bogus: 1\n", "bogus: unknown key"),
-        ("protocols: [dp]\n", "neither privacy.instance nor privacy.client is set"),
+        ("protocols: [dp]\n", "none of privacy.instance, privacy.local, privacy.client is set"),
         ("protocols: [secure_agregation]\n", "did you mean 'secure_aggregation'"),
         ("protocols: [secure_aggregation, ckks]\n", "choose one"),
         ("protocols: [keyed_hashing]\nalgorithm: {name: fedavg}\n", "only fedalc and fedalc_fixed collect label sets"),
