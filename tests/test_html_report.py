@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -43,7 +41,12 @@ def _browser():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[Path]:
-    """Three small runs: two DP seeds at ε = 4 and one without DP, with the membership-inference attack."""
+    """Three small runs: two DP seeds at ε = 4 and one without DP, each audited by membership inference."""
+    from secure_fed.config import load_config
+    from secure_fed.engine import Experiment
+    from threat_models.audit import audit
+    from threat_models.context import AuditContext
+
     tmp_path = tmp_path_factory.mktemp("runs")
     runs = []
     for name, extra in (("dp4-seed0", ["seed=0"]), ("dp4-seed1", ["seed=1"]), ("nodp-seed0", ["protocols=[]"])):
@@ -51,11 +54,9 @@ def runs(tmp_path_factory) -> list[Path]:
               "attacks.membership_inference.shadows=0"]  # fmt: skip
         if name.startswith("dp"):
             ov += ["protocols=[dp]", 'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5}']
-        args = [sys.executable, "-m", "secure_fed.cli", "run", "--out", str(tmp_path / name)]
-        for o in [*ov, *extra]:
-            args += ["--set", o]
-        done = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
-        assert done.returncode == 0, done.stderr[-2000:]
+        exp = Experiment(load_config(overrides=[*ov, *extra]), run_dir=tmp_path / name)
+        exp.run(progress=False)
+        audit(AuditContext(exp), progress=False)
         runs.append(tmp_path / name)
     return runs
 
