@@ -254,12 +254,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         if out.is_dir() or out.suffix.lower() != ".png":
             raise SecureFedError(f"--out {out}: expected the path of a .png file to write")
         check_writable_dir(out.parent, what="--out's folder")
+    from secure_fed.html_report import html_report, run_row
+
     runs = [Path(d) for d in args.run_dirs]
+    rows = [run_row(d) for d in runs]  # every run loads before anything is written
     path = report(runs, out=out)
     print(f"wrote {path}")
-    from secure_fed.html_report import html_report
-
-    page = html_report(runs, path.with_suffix(".html"), title=f"secure-fed report: {len(runs)} run(s)")
+    page = html_report(runs, path.with_suffix(".html"), title=f"secure-fed report: {len(runs)} run(s)", rows=rows)
     print(f"wrote {page} (open it in a browser: sortable table, plots embedded)")
     return 0
 

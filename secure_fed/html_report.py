@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from secure_fed.errors import SecureFedError
 from secure_fed.report import load_run
 
 #: metrics preferred as "utility" on the plots, in order (the first one the runs have)
@@ -61,8 +62,15 @@ def run_row(run_dir: Path, *, method: str | None = None) -> dict[str, Any]:
     history, summary = load_run(run_dir)
     summary = summary or {}
     cfg_path = run_dir / "config.yaml"
-    cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
-    priv = summary.get("privacy", {})
+    try:
+        cfg = (yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}) or {}
+    except yaml.YAMLError:
+        raise SecureFedError(f"{cfg_path}: not valid YAML") from None
+    priv = summary.get("privacy")
+    if priv is None:  # a run still in progress (or stopped before its summary): its last metrics line's ledger
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()[-1:] if x.strip()]
+        priv = lines[0].get("privacy", {}) if lines else {}
+    dp = "dp" in (cfg.get("protocols") or [])
     unit = priv.get("units", {}).get(priv.get("unit", ""), {})
     sigmas = unit.get("mechanisms", {})
     sigma = ";".join(f"{m['noise_multiplier']:.4g}" for m in sigmas.values()) if sigmas else unit.get("noise_multiplier")
@@ -73,7 +81,7 @@ def run_row(run_dir: Path, *, method: str | None = None) -> dict[str, Any]:
         "status": summary.get("status", "running"),
         "rounds": summary.get("rounds_completed", history[-1]["round"] if history else 0),
         "target_epsilon": _target_epsilon(summary, cfg),
-        "epsilon": _num(priv.get("epsilon", "inf")),
+        "epsilon": _num(priv.get("epsilon", "inf" if not dp else None)),
         "delta": priv.get("delta"),
         "sigma": sigma,
     }
@@ -81,7 +89,13 @@ def run_row(run_dir: Path, *, method: str | None = None) -> dict[str, Any]:
     row.update({k: v for k, v in final.items() if isinstance(v, (int, float))})
     attacks = run_dir / "attacks.json"
     if attacks.is_file():
-        for name, res in json.loads(attacks.read_text()).get("attacks", {}).items():
+        try:
+            doc = json.loads(attacks.read_text())
+        except json.JSONDecodeError:
+            raise SecureFedError(f"{attacks}: not valid JSON") from None
+        for name, res in doc.get("attacks", {}).items():
+            if "skipped" in res:
+                row[f"{name}.skipped"] = res["skipped"]
             for key, val in _flatten(res.get("metrics", {})).items():
                 row[f"{name}.{key}"] = val
             for key, val in _flatten(res.get("chance", {})).items():
@@ -252,7 +266,7 @@ def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes]]:
 
 # ------------------------------------------------------------------------------------------------ page
 _SCRIPT = """
-function cellValue(td){const t=td.getAttribute('data-v');const n=parseFloat(t);return isNaN(n)?t:n;}
+function cellValue(td){const t=td.getAttribute('data-v');const n=t===''?NaN:Number(t);return isNaN(n)?t:n;}
 function sortBy(th){const table=th.closest('table');const i=Array.from(th.parentNode.children).indexOf(th);
  const asc=th.getAttribute('data-asc')!=='1';th.parentNode.querySelectorAll('th').forEach(h=>h.removeAttribute('data-asc'));
  th.setAttribute('data-asc',asc?'1':'0');const body=table.tBodies[0];const rows=Array.from(body.rows);
@@ -326,10 +340,12 @@ def write_html(rows: list[dict[str, Any]], out: Path, *, title: str, plots: list
 
 
 def html_report(run_dirs: list[Path], out: Path, *, title: str = "secure-fed runs", methods: dict[str, str] | None = None,
-                notes: list[str] | None = None, plots_dir: Path | None = None) -> Path:  # fmt: skip
-    """Rows, plots and the page for ``run_dirs`` (``methods``: run dir → method label, default the algorithm).
-    With ``plots_dir`` the PNGs are also written there as files."""
-    rows = [run_row(Path(d), method=(methods or {}).get(str(d))) for d in run_dirs]
+                notes: list[str] | None = None, plots_dir: Path | None = None,
+                rows: list[dict[str, Any]] | None = None) -> Path:  # fmt: skip
+    """Rows, plots and the page for ``run_dirs`` (``methods``: run dir → method label, default the algorithm; ``rows``:
+    rows already built, e.g. with the swept target ε). With ``plots_dir`` the PNGs are also written there as files."""
+    if rows is None:
+        rows = [run_row(Path(d), method=(methods or {}).get(str(d))) for d in run_dirs]
     plots = make_plots(rows)
     if plots_dir is not None:
         plots_dir.mkdir(parents=True, exist_ok=True)

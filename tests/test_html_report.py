@@ -7,6 +7,7 @@ set-up). Without it the test fails under ``CI=true`` and is skipped elsewhere.""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -67,6 +68,18 @@ def test_rows_carry_the_target_the_accountant_and_the_attacks(runs):
     assert all(0 < r["epsilon"] <= 4 for r in rows[:2]) and math.isinf(rows[2]["epsilon"])
     assert all(0.0 <= r["membership_inference.loss.auc"] <= 1.0 for r in rows)
     assert rows[0]["membership_inference.loss.auc.chance"] == 0.5
+
+
+def test_a_run_in_progress_shows_its_ledger_not_infinity(tmp_path, runs):
+    """No summary.json yet: the row takes ε from the last metrics line (never ∞ for a DP run)."""
+    live = tmp_path / "live"
+    live.mkdir()
+    for f in ("config.yaml", "metrics.jsonl"):
+        (live / f).write_text((runs[0] / f).read_text())
+    row = run_row(live)
+    last = [ln for ln in (runs[0] / "metrics.jsonl").read_text().splitlines() if ln.strip()][-1]
+    assert row["status"] == "running" and row["epsilon"] == pytest.approx(json.loads(last)["privacy"]["epsilon"])
+    assert math.isfinite(row["epsilon"]) and row["target_epsilon"] == 4.0
 
 
 def test_report_html_renders_in_a_headless_browser(tmp_path, runs):

@@ -74,6 +74,8 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
         ov += [f"privacy.{b}.target_epsilon={eps:g}", f"privacy.{b}.noise_multiplier=null"]
     if unit == "instance" and p.client is not None:
         ov.append("privacy.client=null")  # one unit swept at a time
+    if unit == "client":
+        ov += ["privacy.instance=null", "privacy.local=null"]
     return ov
 
 
@@ -107,6 +109,8 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     from secure_fed.specs import attack_specs
     from secure_fed.sweep import cached_summary
 
+    if args.workers is not None and args.workers < 1:
+        raise SecureFedError(f"--workers {args.workers}: give at least 1")
     eps_list = parse_epsilons(args.epsilons)
     seeds = _parse_seeds(args.seeds)
     methods = [m for m in (args.methods or "").split(",") if m]
@@ -131,6 +135,10 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
                 except ConfigError as exc:
                     raise SecureFedError(f"--methods {method} at ε = {_label(eps)}: {exc}") from None
                 run_dir = out / "runs" / f"{method}-eps{_label(eps)}-seed{seed}"
+                if any(pt[4] == run_dir for pt in points):
+                    raise SecureFedError(
+                        f"{method} at ε = {_label(eps)}, seed {seed} is listed twice (--methods, --epsilons, --seeds)"
+                    )
                 cached_summary(cfg, run_dir)
                 points.append((method, eps, seed, ov, run_dir))
     workers = args.workers or max(1, min(len(points), (os.cpu_count() or 1)))
@@ -142,7 +150,12 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     with ProcessPoolExecutor(workers) as pool:
         futures = [(pt, pool.submit(_job, args.config, pt[3], str(pt[4]), args.data_root, attacks, threads)) for pt in points]
         for i, ((method, eps, seed, _, run_dir), fut) in enumerate(futures, 1):
-            summary, secs = fut.result()
+            try:
+                summary, secs = fut.result()
+            except SecureFedError as exc:  # a run that cannot start: reported, the rest of the study goes on
+                print(f"[{i}/{len(points)}] {method} ε={_label(eps)} seed {seed}: error: {exc}", file=sys.stderr, flush=True)
+                failed.append(run_dir)
+                continue
             final = summary.get("final", {})
             util = next((f"{k} {final[k]:.2f}" for k in ("P@1", "mAP", "GmAP") if k in final), summary["status"])
             elapsed = time.time() - t0
@@ -153,8 +166,9 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
                   f"({secs:.0f} s; study {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)", flush=True)  # fmt: skip
             if summary["status"] in ("failed", "diverged"):
                 failed.append(run_dir)
-    rows = [run_row(pt[4], method=pt[0]) for pt in points]
-    for r, pt in zip(rows, points, strict=True):
+    done = [pt for pt in points if (pt[4] / "metrics.jsonl").is_file()]
+    rows = [run_row(pt[4], method=pt[0]) for pt in done]
+    for r, pt in zip(rows, done, strict=True):
         r["target_epsilon"] = pt[1]
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "results.csv")
@@ -162,8 +176,8 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
         f"unit: {args.unit}; ε = ∞ runs have no dp layer. Bands: min–max over seeds {seeds}."
     )
-    page = html_report([pt[4] for pt in points], out / "report.html", title=f"privacy/utility trade-off: {', '.join(methods)}",
-                       methods={str(pt[4]): pt[0] for pt in points}, plots_dir=out, notes=[note])  # fmt: skip
+    page = html_report([pt[4] for pt in done], out / "report.html", title=f"privacy/utility trade-off: {', '.join(methods)}",
+                       plots_dir=out, notes=[note], rows=rows)  # fmt: skip
     print(f"wrote {out / 'results.csv'}, the plots and {page}")
     if failed:
         print(f"error: {len(failed)} of {len(points)} runs did not train ({failed[0]})", file=sys.stderr)
@@ -180,7 +194,7 @@ def register(sub) -> None:
     p.add_argument("--attacks", default="", help="comma-separated attacks to run on every run (e.g. membership_inference)")
     p.add_argument("--unit", choices=["instance", "client"], default="instance", help="the privacy unit whose ε is swept")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores, at most one per run)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: the cores, at most one per run)")
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
     p.add_argument("--out", required=True, help="study directory (runs/, results.csv, plots, report.html)")
     p.set_defaults(func=cmd_tradeoff)

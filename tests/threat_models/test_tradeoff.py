@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import SMALL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,9 +46,14 @@ def test_tradeoff_runs_the_grid_then_skips_finished_runs(tmp_path):
     assert math.isfinite(float(rows[0]["P@1"]))
 
 
-def test_bad_epsilons_are_one_line(tmp_path):
-    done = _tradeoff(tmp_path / "s", "--epsilons", "0,1")
-    assert done.returncode == 2 and done.stderr.strip().startswith("error: --epsilons") and "\n" not in done.stderr.strip()
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [(["--epsilons", "0,1"], "error: --epsilons"), (["--seeds", "0,0"], "listed twice"), (["--workers", "0"], "--workers 0")],
+)
+def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, extra, needle):
+    done = _tradeoff(tmp_path / "s", *extra)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and err.startswith("error: ") and needle in err and "\n" not in err
     assert not (tmp_path / "s").exists()
 
 
