@@ -73,7 +73,9 @@ def audit(
         "privacy": _jsonable(ctx.privacy()),
         "attacks": results,
     }
-    (out_dir / "attacks.json").write_text(json.dumps(doc, indent=1))
+    tmp = out_dir / "attacks.json.tmp"  # written whole, then renamed: a reader never sees half a file
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out_dir / "attacks.json")
     plot_run(results, out_dir)
     return doc
 

@@ -83,6 +83,17 @@ def _label(eps: float) -> str:
     return "inf" if math.isinf(eps) else f"{eps:g}"
 
 
+def _audited(run_dir: Path, attacks: list[str]) -> bool:
+    """The run's attacks.json already holds every requested attack."""
+    import json
+
+    path = run_dir / "attacks.json"
+    try:
+        return path.is_file() and set(attacks) <= set(json.loads(path.read_text()).get("attacks", {}))
+    except json.JSONDecodeError:
+        return False
+
+
 def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str | None, attacks: list[str], threads: int):
     """One grid point in a worker process: the run (cached / resumed), then its attacks (once)."""
     import torch
@@ -93,7 +104,7 @@ def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str 
 
     t0 = time.time()
     summary = run_cached(load_config(config, overrides), run_dir, data_root=data_root)
-    if attacks and summary["status"] in ("completed", "budget_exhausted") and not (Path(run_dir) / "attacks.json").is_file():
+    if attacks and summary["status"] in ("completed", "budget_exhausted") and not _audited(Path(run_dir), attacks):
         from threat_models.audit import audit_run_dir
 
         audit_run_dir(run_dir, attacks, data_root=data_root, progress=False)
