@@ -99,7 +99,7 @@ def test_released_files_hold_only_public_or_dp_protected_values(tmp_path, name):
     assert "setup" in private_summary
 
 
-@pytest.mark.parametrize("name", ["client_noise_secagg", "both_units_keyed_ckks_gdp_seeded"])
+@pytest.mark.parametrize("name", ["client_noise_secagg", "both_units_keyed_ckks_gdp_seeded", "local_fedaws_ckks"])
 def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, name):
     """Searched: every file of the run directory (with the server's recorded view), and every message logged."""
     import pickle
@@ -120,6 +120,6 @@ def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, nam
                 if key in blob or key.decode("latin-1").encode("utf-8") in blob:
                     holders[key].add(str(path.relative_to(tmp_path)))
     assert holders[server_key] == {"checkpoints/server_secrets.pt"}
-    for key in client_keys:  # noise: clients gives each client a key of its own, in the clients' storage only
+    for key in client_keys:  # noise shares and client DP-SGD: each client's own key, in the clients' storage only
         assert holders[key] == {"checkpoints/clients.pt"}
-    assert bool(client_keys) == (name == "client_noise_secagg")
+    assert bool(client_keys) == (name in ("client_noise_secagg", "local_fedaws_ckks"))
