@@ -31,10 +31,10 @@ def steps_per_epoch(sample_rate: float) -> int:
     return max(1, round(1.0 / sample_rate))
 
 
-def clip_factors(grads: list[torch.Tensor], clip_norm: float) -> torch.Tensor:
-    """(B,) factors min(1, C/‖g_i‖) of the per-sample gradients, ‖g_i‖ over every tensor of ``grads`` together."""
+def per_sample_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """(B,) norms ‖g_i‖ of the per-sample gradients, over every tensor of ``grads`` together."""
     sq = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) ** 2 for g in grads)
-    return (clip_norm / (sq.sqrt() + 1e-12)).clamp(max=1.0)
+    return sq.sqrt()
 
 
 class LocalDPSGD(GradientPrivatizer):
@@ -64,7 +64,7 @@ class LocalDPSGD(GradientPrivatizer):
         return (self.clip_norm / (norms.float() + 1e-12)).clamp(max=1.0)
 
     def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        f = clip_factors(list(grads.values()), self.clip_norm)
+        f = self.factors(per_sample_norms(list(grads.values())))
         return {n: torch.einsum("b,b...->...", f.to(g.dtype), g) for n, g in grads.items()}
 
     def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:
@@ -92,4 +92,4 @@ def copies_per_round(max_clients_per_instance: int, cohort_size: int) -> int:
     return max(0, min(int(max_clients_per_instance), int(cohort_size)))
 
 
-__all__ = ["LocalDPSGD", "clip_factors", "copies_per_round", "local_steps_per_round", "steps_per_epoch"]
+__all__ = ["LocalDPSGD", "per_sample_norms", "copies_per_round", "local_steps_per_round", "steps_per_epoch"]
