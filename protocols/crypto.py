@@ -60,12 +60,12 @@ def open_sealed(key: bytes, blob: bytes, *, aad: bytes = b"") -> bytes:
 
 
 def prg_words(seed: bytes, n: int, *, bits: int = 64) -> np.ndarray:
-    """``n`` pseudo-random words uniform in [0, 2^bits), from AES-256-CTR keyed by ``seed``."""
+    """``n`` pseudo-random words uniform in [0, 2^bits), from AES-256-CTR keyed by ``seed`` (a read-only array)."""
     key = hkdf(seed, info=b"secure-fed mask prg", length=32) if len(seed) != 32 else seed
     enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
-    words = np.frombuffer(enc.update(bytes(8 * n)), dtype="<u8").copy()
+    words = np.frombuffer(enc.update(bytes(8 * n)), dtype="<u8")  # read-only view of the key stream (no copy)
     if bits < 64:
-        words &= np.uint64((1 << bits) - 1)
+        words = words & np.uint64((1 << bits) - 1)
     return words
 
 

@@ -70,7 +70,9 @@ class LocalDPSGD(GradientPrivatizer):
     def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:
         names = sorted(sums)  # a fixed order of the one noise vector over every trained tensor
         sizes = [sums[n].numel() for n in names]
-        z = self.stream.gaussian((sum(sizes),), f"{self.label} {step} noise")
+        # float32 noise unless a sum is float64 (the sums are float32 or bf16 in every model family)
+        dtype = torch.float64 if any(sums[n].dtype == torch.float64 for n in names) else torch.float32
+        z = self.stream.gaussian((sum(sizes),), f"{self.label} {step} noise", dtype=dtype)
         std = self.noise_multiplier * self.clip_norm
         out, at = {}, 0
         for n, k in zip(names, sizes, strict=True):

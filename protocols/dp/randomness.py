@@ -62,15 +62,36 @@ class SecretStream:
         to 1.0 in float64, which Box–Muller maps to a radius of 0: harmless)."""
         return ((self._words(label, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
-    def gaussian(self, shape: tuple[int, ...] | torch.Size, label: str) -> torch.Tensor:
-        """Standard normals of ``shape`` (float64, CPU) by the Box–Muller transform of :meth:`uniform`."""
+    def gaussian(
+        self, shape: tuple[int, ...] | torch.Size, label: str, *, dtype: torch.dtype = torch.float64
+    ) -> torch.Tensor:
+        """Standard normals of ``shape`` (CPU) by the Box–Muller transform of secret uniforms.
+
+        ``dtype=torch.float64`` (the default): both uniforms have 53 bits and the transform runs in float64.
+        ``dtype=torch.float32``, for noise that is added to float32 or bf16 tensors anyway (client DP-SGD draws
+        millions a step), about 4× faster: the radius √(−2 ln u₁) still comes from a 53-bit u₁ in float64, so the
+        tails reach the same 8.7 standard deviations; the angle comes from a 24-bit u₂ and the cosine and sine run
+        in float32 (an error of about 1e-7 on each draw, below the float32 rounding of the sum it is added to).
+        """
         n = math.prod(shape)
         pairs = (n + 1) // 2
-        u = self.uniform(2 * pairs, label)
-        r = np.sqrt(-2.0 * np.log(u[:pairs]))
-        theta = _TWO_PI * u[pairs:]
-        z = np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
-        return torch.from_numpy(z).reshape(tuple(shape))
+        if dtype == torch.float64:
+            u = self.uniform(2 * pairs, label)
+            r = np.sqrt(-2.0 * np.log(u[:pairs]))
+            theta = _TWO_PI * u[pairs:]
+            z = np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
+            return torch.from_numpy(z).reshape(tuple(shape))
+        if dtype != torch.float32:
+            raise ValueError(f"SecretStream.gaussian draws float64 or float32, not {dtype}")
+        words = self._words(label, pairs + (pairs + 1) // 2)  # 64-bit words for u1; two 32-bit halves for u2
+        u1 = ((words[:pairs] >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+        r = np.sqrt(-2.0 * np.log(u1)).astype(np.float32)
+        halves = words[pairs:].view(np.uint32)[:pairs]
+        theta = ((halves >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(_TWO_PI * 2.0**-24)
+        z = np.empty(2 * pairs, dtype=np.float32)
+        np.multiply(r, np.cos(theta), out=z[:pairs])
+        np.multiply(r, np.sin(theta), out=z[pairs:])
+        return torch.from_numpy(z[:n]).reshape(tuple(shape))
 
     # the key is the whole state; it lives only in its owner's private checkpoint
     def state_dict(self) -> dict:

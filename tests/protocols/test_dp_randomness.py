@@ -163,6 +163,26 @@ def test_secret_stream_draws_are_standard_normal_and_uniform():
     assert "key" not in repr(s) and s.state_dict()["key"] not in repr(s).encode()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_secret_gaussian_pairs_have_exponential_radius_and_uniform_angle(dtype):
+    """Box–Muller's two outputs of one pair: r²/2 ~ Exp(1) and the angle ~ U(0, 2π), independent of each other.
+    Checked on both precisions (float32 computes the angle in float32 and the radius from a 53-bit uniform)."""
+    s = SecretStream.fresh()
+    n = 400_001
+    z = s.gaussian((n,), "pairs", dtype=dtype).numpy()
+    assert z.dtype == (np.float64 if dtype == torch.float64 else np.float32) and z.shape == (n,)
+    pairs = (n + 1) // 2
+    a, b = z[:pairs].astype(np.float64), np.append(z[pairs:], np.nan)[:pairs].astype(np.float64)
+    a, b = a[:-1], b[:-1]  # the last pair lost its sine to the odd length
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert stats.kstest((a**2 + b**2) / 2, "expon").pvalue > 1e-3
+    angle = np.mod(np.arctan2(b, a), 2 * np.pi)
+    assert stats.kstest(angle / (2 * np.pi), "uniform").pvalue > 1e-3
+    assert abs(stats.spearmanr(angle, a**2 + b**2).statistic) < 0.01
+    # the same label redraws the same values, in either precision
+    assert np.array_equal(s.gaussian((n,), "pairs", dtype=dtype).numpy(), z)
+
+
 def test_noise_seed_run_says_its_epsilon_does_not_hold_against_who_knows_it(tmp_path):
     s = Experiment(small_config(*SERVER_NOISE, "training.rounds=1", "privacy.noise_seed=3"), run_dir=tmp_path).run(progress=False)
     assert "noise_seed" in s.summary["privacy"]["warning"]
