@@ -62,9 +62,7 @@ class SecretStream:
         to 1.0 in float64, which Box–Muller maps to a radius of 0: harmless)."""
         return ((self._words(label, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
-    def gaussian(
-        self, shape: tuple[int, ...] | torch.Size, label: str, *, dtype: torch.dtype = torch.float64
-    ) -> torch.Tensor:
+    def gaussian(self, shape: tuple[int, ...] | torch.Size, label: str, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """Standard normals of ``shape`` (CPU) by the Box–Muller transform of secret uniforms.
 
         ``dtype=torch.float64`` (the default): both uniforms have 53 bits and the transform runs in float64.
