@@ -42,6 +42,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         help="override a config value, e.g. --set training.rounds=10 (repeatable)",
     )
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    p.add_argument(
+        "--backend", choices=["inprocess", "flower"], default=None,
+        help="where the clients run (the config's backend key; flower: Flower's simulation engine)",
+    )  # fmt: skip
 
 
 def _run_dir_for(cfg, out: str | None) -> Path:
@@ -326,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "backend", None):
+        args.overrides.append(f"backend={args.backend}")
     try:
         return args.func(args)
     except SecureFedError as exc:

@@ -46,6 +46,9 @@ class AttackTaps(Callback):
     def wrap_setup_query(self, query):
         return self.tap.wrap_setup_query(query)
 
+    def acts_on_clients(self) -> bool:
+        return self.canaries is not None
+
     def client_mod(self, fn):
         if self.canaries is None or self.canaries.unit != "client":
             return fn

@@ -21,6 +21,7 @@ from secure_fed.algorithms.per_sample import (
     linear_only,
     per_sample_gradients,
 )
+from secure_fed.client_functions import client_function
 from secure_fed.models.families import CosineEmbedding, ModelFamily
 
 
@@ -230,6 +231,7 @@ def full_label_targets(data: ClientData) -> torch.Tensor:
     return out
 
 
+@client_function
 def token_client(payload: Payload, data: ClientData) -> Payload:
     """Label-set collection, client side: tokens of every instance plus the client's label."""
     tokenizer = TOKENIZERS[payload["tokenizer"]]()

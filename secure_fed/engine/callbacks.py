@@ -36,6 +36,11 @@ class Callback:
         """Wrap the server's setup-time exchange with every client (label-set collection)."""
         return query
 
+    def acts_on_clients(self) -> bool:
+        """True when this callback, in this run, changes code that runs on the clients (:meth:`client_mod`,
+        :meth:`wrap_privatizer`): a remote back end must then carry it to the clients."""
+        return False
+
     def client_mod(self, fn: ClientFn) -> ClientFn:
         """Wrap each client's training function, innermost: before any protocol layer sees the update."""
         return fn
@@ -125,6 +130,9 @@ class ClientEvaluation(Callback):
     def on_init(self, exp) -> None:
         active = exp.fed.client_test is not None and not exp.algorithm.centralized and exp.W is None
         self.exp = exp if active else None
+
+    def acts_on_clients(self) -> bool:
+        return self.exp is not None
 
     def client_mod(self, fn: ClientFn) -> ClientFn:
         exp = self.exp

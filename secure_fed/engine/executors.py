@@ -1,14 +1,17 @@
 """Executors: how a round's clients are run.
 
 The engine hands an executor the round's client jobs (a client id, its payload and its wrapped client
-function, all built lazily) and a ``exchange`` function (the guarded channel: downlink check, the client
-function, wire logging); the executor yields ``(client id, wire message)`` pairs, which the engine
-submits to the round's aggregation session in cohort order. Nothing in the algorithms or layers may
-assume how the jobs run: a layer's client-side code runs inside ``job.fn``.
+function, all built lazily) and a :class:`Channel` (the guarded channel: ``down`` checks a payload before it
+leaves the server, ``up`` logs the wire message and shows it to the callbacks); the executor yields
+``(client id, wire message)`` pairs, which the engine submits to the round's aggregation session in cohort
+order. Nothing in the algorithms or layers may assume how the jobs run: a layer's client-side code runs inside
+``job.fn``, or, on a remote executor, inside the same function rebuilt by the client
+(:meth:`~secure_fed.engine.runner.Experiment.client_fn`).
 
 :class:`SequentialExecutor` (the reference, ``training.executor: sequential``) runs the clients one after
 another in this process and yields as it goes, so at most one client's update is in memory. Later
-executors (vectorised clients, Flower) implement the same interface.
+executors implement the same interface: :class:`~secure_fed.engine.flower.executor.FlowerExecutor`
+(``backend: flower``) sends each payload to the client's Flower node and yields the node's reply.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from secure_fed.algorithms.base import ClientFn, Payload
+from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,25 @@ class ClientJob:
     fn: ClientFn
 
 
+@dataclass(frozen=True)
+class Channel:
+    """The server's side of the guarded channel for one round."""
+
+    #: check a job's payload against the algorithm's declarations before it leaves the server
+    down: Callable[[ClientJob], None]
+    #: a client's wire message has arrived: log it, show it to the callbacks; returns it
+    up: Callable[[int, Payload], Payload]
+    #: client ``cid``'s data (in-process executors only: the client function runs here)
+    client: Callable[[int], ClientData]
+
+
 class Executor(ABC):
     name: str = ""
+    #: True when client code runs elsewhere (setup queries must then name a registered client function)
+    remote: bool = False
 
     @abstractmethod
-    def run(self, jobs: Iterable[ClientJob], exchange: Callable[[ClientJob], Payload]) -> Iterator[tuple[int, Payload]]:
+    def run(self, jobs: Iterable[ClientJob], channel: Channel) -> Iterator[tuple[int, Payload]]:
         """Yield ``(cid, wire)`` for every job, in the jobs' order."""
 
 
@@ -42,9 +59,10 @@ class SequentialExecutor(Executor):
 
     name = "sequential"
 
-    def run(self, jobs: Iterable[ClientJob], exchange: Callable[[ClientJob], Payload]) -> Iterator[tuple[int, Payload]]:
+    def run(self, jobs: Iterable[ClientJob], channel: Channel) -> Iterator[tuple[int, Payload]]:
         for job in jobs:
-            yield job.cid, exchange(job)
+            channel.down(job)
+            yield job.cid, channel.up(job.cid, job.fn(job.payload, channel.client(job.cid)))
 
 
 EXECUTORS: dict[str, type[Executor]] = {SequentialExecutor.name: SequentialExecutor}

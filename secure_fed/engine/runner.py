@@ -48,7 +48,7 @@ from secure_fed.engine.callbacks import (
 )
 from secure_fed.engine.checkpoints import CheckpointMixin
 from secure_fed.engine.evaluation import EvaluationMixin
-from secure_fed.engine.executors import EXECUTORS, ClientJob
+from secure_fed.engine.executors import EXECUTORS, Channel, ClientJob
 from secure_fed.engine.guard import MessageGuard
 from secure_fed.engine.layers import ProtocolSetup, ProtocolStack, StackEnv
 from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin
@@ -78,6 +78,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
     def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None):
         """``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs)."""
         self.cfg = cfg
+        self.data_root = data_root
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.device)
         self.dataset = dataset if dataset is not None else build_dataset(cfg, data_root)
@@ -208,21 +209,31 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         return reply
 
     def _query_all(self, payload_fn, client_fn) -> list[tuple[int, dict]]:
-        return [(c.client_id, self._exchange(c.client_id, payload_fn(c.client_id), client_fn)) for c in self.fed.clients]
+        return self._query([c.client_id for c in self.fed.clients], payload_fn, client_fn)
 
     def _query_one(self, cid: int, payload: dict, client_fn) -> dict:
-        return self._exchange(cid, payload, client_fn)
+        return self._query([cid], lambda _cid: payload, client_fn)[0][1]
 
-    def _training_exchange(self, job: ClientJob) -> dict:
-        """Downlink checked; the client's plaintext reply checked on the client; the wire message logged."""
-        cid, payload, fn = job.cid, job.payload, job.fn
-        client = self.fed.clients[cid]
-        self.guard.check_down(cid, payload)
-        wire = fn(payload, client)
-        self.guard.record("up", cid, wire)
-        for cb in self.callbacks:
-            cb.on_uplink(self.round, cid, wire)
-        return wire
+    def _query(self, cids: list[int], payload_fn, client_fn) -> list[tuple[int, dict]]:
+        """A setup-time exchange with ``cids``: in process, or through a remote executor (which sends the client
+        function's registered name; the client runs its own copy)."""
+        if self.executor.remote:
+            return self.executor.query(cids, payload_fn, client_fn)
+        return [(cid, self._exchange(cid, payload_fn(cid), client_fn)) for cid in cids]
+
+    def _channel(self) -> Channel:
+        """The round's guarded channel: downlink checked before it leaves; the wire message logged and shown to the
+        callbacks (the client's plaintext reply is checked on the client, inside :meth:`client_fn`)."""
+
+        def up(cid: int, wire: dict) -> dict:
+            self.guard.record("up", cid, wire)
+            for cb in self.callbacks:
+                cb.on_uplink(self.round, cid, wire)
+            return wire
+
+        return Channel(
+            down=lambda job: self.guard.check_down(job.cid, job.payload), up=up, client=lambda cid: self.fed.clients[cid]
+        )
 
     def apply_row_order(self, perm) -> None:
         """Re-index labels: label l now lives in row perm[l] (a layer's row order, e.g. keyed label pseudonyms).
@@ -294,20 +305,28 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         for cid in session.cohort:
             client = self.fed.clients[cid]
             payload = self.algorithm.downlink(self.theta, self.W, client.known_labels.to(self.device))
-            gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, self.round, int(cid)))
+            yield ClientJob(int(cid), payload, session.client_mod(self.stack.client_mod(self.client_fn(int(cid)))))
 
-            def train(p, d, g=gen, cid=cid):
-                priv = self.stack.local_privatizer(cid, self.round)  # client side: DP-SGD from the client's secret
-                if priv is not None:
-                    for cb in self.callbacks:
-                        priv = cb.wrap_privatizer(cid, self.round, priv)
-                reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, g, priv))
-                self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
-                return reply
+    def client_fn(self, cid: int):
+        """Client ``cid``'s training function in this round, client side: local training (DP-SGD when a layer gives
+        a privatizer, from the client's own secret) inside the algorithm's ``client_update``, its plaintext reply
+        checked against the algorithm's declarations, wrapped by the callbacks' client mods. A remote client
+        (``backend: flower``) builds the same function from its own copy of the run."""
+        round_idx = self.round
+        gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, round_idx, cid))
 
-            for cb in self.callbacks:
-                train = cb.client_mod(train)
-            yield ClientJob(int(cid), payload, session.client_mod(self.stack.client_mod(train)))
+        def train(p, d):
+            priv = self.stack.local_privatizer(cid, round_idx)  # client side: DP-SGD from the client's secret
+            if priv is not None:
+                for cb in self.callbacks:
+                    priv = cb.wrap_privatizer(cid, round_idx, priv)
+            reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, gen, priv))
+            self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
+            return reply
+
+        for cb in self.callbacks:
+            train = cb.client_mod(train)
+        return train
 
     def _train_round(self) -> dict[str, Any]:
         cfg, algo = self.cfg, self.algorithm
@@ -316,7 +335,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         chosen = sample_clients(sizes, cfg.training.client_fraction, cfg.training.sampling, cfg.seed, self.round, secret)
         base = RoundSession(cohort=[int(c) for c in chosen], theta=self.theta, W=self.W, weighting=cfg.training.aggregation)
         session = self.stack.open_round(self.round, base)
-        for cid, wire in self.executor.run(self._client_jobs(session), self._training_exchange):
+        for cid, wire in self.executor.run(self._client_jobs(session), self._channel()):
             session.submit(cid, wire)
         agg = session.finish()
         for cb in self.callbacks:
@@ -339,6 +358,15 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         return {"train_loss": loss, "clients": agg.num_clients, **stats, **self.stack.round_stats()}
 
     def run(self, *, progress: bool | None = None) -> RunResult:
+        """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files: in
+        this process, or with the clients on Flower nodes (``backend: flower``)."""
+        if self.cfg.backend == "flower":
+            from secure_fed.engine.flower.simulation import run_on_flower
+
+            return run_on_flower(self, progress=progress)
+        return self.run_rounds(progress=progress)
+
+    def run_rounds(self, *, progress: bool | None = None) -> RunResult:
         """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files.
 
         Each round: the protocol layers may stop the run (budget), :meth:`train_round` runs it, then every

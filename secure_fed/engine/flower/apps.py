@@ -1,0 +1,125 @@
+"""The Flower apps: a ``ServerApp`` that drives an :class:`~secure_fed.engine.runner.Experiment` through a
+:class:`~secure_fed.engine.flower.executor.FlowerExecutor`, and a ``ClientApp`` that serves its node's clients.
+
+**What a node holds.** The node with ``partition-id`` p of N serves the clients c with c mod N = p. It builds its
+own copy of the run from the experiment's config (the dataset, the partition, the model, the algorithm: all
+deterministic from the config), and uses from it only its own clients' data and the client-side code: the
+training function of :meth:`~secure_fed.engine.runner.Experiment.client_fn` (the same code as in process, so the
+same update bit for bit) and the registered setup functions (:mod:`secure_fed.client_functions`). It never
+receives the server's state except the payloads the algorithm addresses to its clients, and a message can only
+name code the node already has: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from typing import Any
+
+import yaml
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from secure_fed.client_functions import CLIENT_FUNCTIONS
+from secure_fed.engine.flower.codec import decode, encode
+
+#: one copy of the run per (config, data root) in each ClientApp process
+_REPLICAS: dict[str, Any] = {}
+
+
+def client_replica(config_text: str, data_root: str | None, threads: int):
+    """This process's copy of the run (built once): the clients' data and client-side code."""
+    key = hashlib.sha256(f"{config_text}\n{data_root}".encode()).hexdigest()
+    if key not in _REPLICAS:
+        import torch
+
+        from secure_fed.config.schema import ExperimentConfig
+        from secure_fed.engine.runner import Experiment
+
+        torch.set_num_threads(threads)
+        data = yaml.safe_load(config_text)
+        data["backend"] = "inprocess"  # the copy runs client code only
+        cfg = ExperimentConfig.model_validate(data)
+        cache = tempfile.mkdtemp(prefix="secure-fed-client-")
+        _REPLICAS[key] = Experiment(cfg, run_dir=cache, data_root=data_root)
+    return _REPLICAS[key]
+
+
+def _reply(msg: Message, payload: dict, **meta: Any) -> Message:
+    content = encode(payload)
+    content["meta"] = ConfigRecord({"seq": int(msg.content["meta"]["seq"]), **meta})
+    return Message(content, reply_to=msg)
+
+
+def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1) -> ClientApp:
+    """The ClientApp of one experiment (its config and data root travel with the app, not in messages)."""
+    app = ClientApp()
+
+    def own_client(context: Context, cid: int) -> None:
+        p, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+        if cid % n != p:
+            raise PermissionError(f"client {cid} does not live on partition {p} of {n}")
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        meta = msg.content["meta"]
+        if meta["kind"] == "whoami":
+            return _reply(
+                msg, {}, partition_id=int(context.node_config["partition-id"]),
+                num_partitions=int(context.node_config["num-partitions"]),
+            )  # fmt: skip
+        cid, name = int(meta["cid"]), str(meta["fn"])
+        own_client(context, cid)
+        fn = CLIENT_FUNCTIONS.get(name)
+        if fn is None:
+            raise PermissionError(f"{name} is not a registered client function")
+        exp = client_replica(config_text, data_root, threads)
+        return _reply(msg, fn(decode(msg.content), exp.fed.clients[cid]))
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        meta = msg.content["meta"]
+        cid, round_idx = int(meta["cid"]), int(meta["round"])
+        own_client(context, cid)
+        exp = client_replica(config_text, data_root, threads)
+        exp.round = round_idx  # the client's training function of this round (its generator follows the round)
+        payload = decode(msg.content)
+        client = exp.fed.clients[cid]
+        payload = _to_device(payload, exp.device)
+        return _reply(msg, exp.client_fn(cid)(payload, client))
+
+    return app
+
+
+def _to_device(payload: Any, device) -> Any:
+    import torch
+
+    if isinstance(payload, torch.Tensor):
+        return payload.to(device)
+    if isinstance(payload, dict):
+        return {k: _to_device(v, device) for k, v in payload.items()}
+    return payload
+
+
+def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: bool | None) -> ServerApp:
+    """The ServerApp that runs ``exp`` (built by the caller, in this process) with its clients on Flower."""
+    from secure_fed.engine.flower.executor import FlowerExecutor
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            f = exp.cfg.flower
+            executor = FlowerExecutor(grid, exp, max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
+            executor.discover(len(exp.fed.clients), num_nodes)
+            exp.executor = executor
+            outcome["result"] = exp.run_rounds(progress=progress)
+        except BaseException as e:  # handed to the caller, which raises it in its own thread
+            outcome["error"] = e
+
+    return app
+
+
+__all__ = ["RecordDict", "client_replica", "make_client_app", "make_server_app"]

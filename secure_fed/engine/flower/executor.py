@@ -1,0 +1,127 @@
+"""The executor whose client jobs run on Flower nodes.
+
+Each job becomes one ``train`` message to the node that hosts the client (client ``c`` on the node whose
+``partition-id`` is ``c mod num-partitions``): the payload the algorithm built for that client alone, checked by
+the guard before it leaves, and the round index. The node rebuilds the client's training function from its own
+copy of the run (:meth:`~secure_fed.engine.runner.Experiment.client_fn`) and answers with the wire message, which
+the guard checks again on arrival. At most ``flower.max_in_flight`` messages are out at once; replies are yielded
+in the jobs' order, so aggregation sums in the same order as in process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from secure_fed.algorithms.base import Payload
+from secure_fed.client_functions import registered_name
+from secure_fed.engine.executors import Channel, ClientJob, Executor
+from secure_fed.engine.flower.codec import decode, encode
+
+
+class FlowerError(RuntimeError):
+    """A Flower node failed or answered outside the protocol."""
+
+
+def request(kind: str, payload: Payload, **meta: Any) -> RecordDict:
+    record = encode(payload)
+    record["meta"] = ConfigRecord({"kind": kind, **meta})
+    return record
+
+
+class FlowerExecutor(Executor):
+    name = "flower"
+    remote = True
+
+    def __init__(self, grid, exp, *, max_in_flight: int, timeout_s: float):
+        self.grid, self.exp = grid, exp
+        self.max_in_flight, self.timeout_s = max_in_flight, timeout_s
+        self.node_of: dict[int, int] = {}
+
+    # ----------------------------------------------------------------- nodes
+    def discover(self, num_clients: int, expected_nodes: int, *, wait_s: float = 600.0) -> None:
+        """Wait for the nodes, ask each for its partition and map every client to its node."""
+        import time
+
+        start = time.monotonic()
+        while len(nodes := list(self.grid.get_node_ids())) < expected_nodes:
+            if time.monotonic() - start > wait_s:
+                raise FlowerError(f"only {len(nodes)} of {expected_nodes} Flower nodes connected in {wait_s:.0f} s")
+            time.sleep(0.05)
+        replies = self._send([(n, request("whoami", {}), None) for n in nodes])
+        parts: dict[int, int] = {}
+        sizes = set()
+        for node, content in replies:
+            meta = content["meta"]
+            parts[int(meta["partition_id"])] = node
+            sizes.add(int(meta["num_partitions"]))
+        if len(sizes) != 1 or sorted(parts) != list(range(next(iter(sizes)))):
+            raise FlowerError(f"the nodes' partitions {sorted(parts)} (of {sorted(sizes)}) do not cover 0..N-1 once")
+        n = sizes.pop()
+        self.node_of = {cid: parts[cid % n] for cid in range(num_clients)}
+
+    # ----------------------------------------------------------------- messages
+    def _send(self, batch: list[tuple[int, RecordDict, int | None]]) -> list[tuple[int, RecordDict]]:
+        """Send ``(node, content, cid)`` messages; return ``(node, reply content)`` in the batch's order."""
+        kinds = {"whoami": "query", "query": "query", "train": "train"}
+        msgs = []
+        for seq, (node, content, _) in enumerate(batch):
+            content["meta"]["seq"] = seq  # the client echoes it: replies come back in any order
+            msgs.append(Message(content, dst_node_id=node, message_type=kinds[str(content["meta"]["kind"])]))
+        out: list[tuple[int, RecordDict] | None] = [None] * len(msgs)
+        for reply in self.grid.send_and_receive(msgs, timeout=self.timeout_s):
+            if reply.has_error():
+                raise FlowerError(f"node {reply.metadata.src_node_id} failed: {reply.error.reason}")
+            seq = int(reply.content["meta"]["seq"])
+            node, _, cid = batch[seq]
+            if reply.metadata.src_node_id != node or out[seq] is not None:
+                raise FlowerError(f"node {reply.metadata.src_node_id} answered a message it was not sent")
+            out[seq] = (node, reply.content)
+        missing = [batch[i][2] for i, r in enumerate(out) if r is None]
+        if missing:
+            raise FlowerError(f"no reply within {self.timeout_s:.0f} s from clients {missing[:10]}")
+        return out  # type: ignore[return-value]
+
+    def _chunks(self, items: Iterable[Any]) -> Iterator[list[Any]]:
+        chunk: list[Any] = []
+        for item in items:
+            chunk.append(item)
+            if len(chunk) == self.max_in_flight:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    # ----------------------------------------------------------------- the executor interface
+    def run(self, jobs: Iterable[ClientJob], channel: Channel) -> Iterator[tuple[int, Payload]]:
+        round_idx = self.exp.round
+        for chunk in self._chunks(jobs):
+            batch = []
+            for job in chunk:
+                channel.down(job)
+                batch.append((self.node_of[job.cid], request("train", job.payload, cid=job.cid, round=round_idx), job.cid))
+            for (_, content), job in zip(self._send(batch), chunk, strict=True):
+                wire = decode(content)
+                self.exp.guard.check_up(job.cid, wire, record=False)  # the server checks what crossed the network
+                yield job.cid, channel.up(job.cid, wire)
+
+    def query(self, cids: list[int], payload_fn: Callable[[int], Payload], client_fn) -> list[tuple[int, Payload]]:
+        """A setup exchange: each client runs the registered client function ``client_fn`` names."""
+        fn = registered_name(client_fn)
+        out: list[tuple[int, Payload]] = []
+        for chunk in self._chunks(cids):
+            batch = []
+            for cid in chunk:
+                payload = payload_fn(cid)
+                self.exp.guard.check_down(cid, payload)
+                batch.append((self.node_of[cid], request("query", payload, cid=cid, fn=fn), cid))
+            for (_, content), cid in zip(self._send(batch), chunk, strict=True):
+                reply = decode(content)
+                self.exp.guard.check_up(cid, reply)
+                out.append((cid, reply))
+        return out
+
+
+__all__ = ["FlowerError", "FlowerExecutor", "request"]

@@ -1,0 +1,72 @@
+"""``Experiment.run`` on Flower's simulation engine (``backend: flower``).
+
+The server's :class:`~secure_fed.engine.runner.Experiment` is the one the caller built (so resume, checkpoints
+and the run directory work as in process); Flower's simulation engine starts one SuperNode per partition
+(``flower.num_supernodes``, default one per client) whose ClientApps run in Ray actors of ``flower.client_cpus``
+CPUs each, and the ServerApp runs the rounds through them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from secure_fed.config import dump_config
+from secure_fed.errors import SecureFedError
+
+
+def client_side_callbacks(exp) -> list[str]:
+    """Callbacks that act inside the clients' code: not carried to Flower nodes yet."""
+    return [cb.name for cb in exp.callbacks if cb.acts_on_clients()]
+
+
+def run_on_flower(exp, *, progress: bool | None, client_app=None):
+    """Run ``exp`` with its clients on Flower's simulation engine; ``client_app`` replaces the project's ClientApp
+    (tests use it to play a misbehaving client)."""
+    from flwr.simulation import run_simulation
+
+    from secure_fed.engine.flower.apps import make_client_app, make_server_app
+
+    busy = client_side_callbacks(exp)
+    if busy:
+        raise SecureFedError(
+            f"backend=flower: {', '.join(busy)} act inside the clients' code, which the Flower back end does not "
+            "carry yet; use backend: inprocess"
+        )
+    f = exp.cfg.flower
+    nodes = f.num_supernodes or len(exp.fed.clients)
+    outcome: dict = {}
+    if client_app is None:
+        client_app = make_client_app(dump_config(exp.cfg), exp.data_root, threads=max(1, int(f.client_cpus)))
+    server_app = make_server_app(exp, outcome, num_nodes=nodes, progress=progress)
+    cpus = os.cpu_count() or 1
+    backend_config = {
+        "client_resources": {"num_cpus": f.client_cpus, "num_gpus": 0.0},
+        "init_args": {"num_cpus": cpus, "include_dashboard": False, "logging_level": logging.ERROR},
+    }
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.WARNING)
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
+    try:
+        run_simulation(server_app, client_app, num_supernodes=nodes, backend_config=backend_config)
+    except SystemExit:
+        # Ray's driver turns the SIGTERM of its own shutdown into SystemExit when the ServerApp stopped early (an
+        # error, e.g. the guard's): the ServerApp's outcome says what happened
+        if not outcome:
+            raise
+    finally:
+        flwr_logger.setLevel(level)
+        if main_thread:
+            signal.signal(signal.SIGTERM, sigterm)  # ray.init installed its own handler in this process
+    if "error" in outcome:
+        raise outcome["error"]
+    if "result" not in outcome:
+        raise RuntimeError("the Flower simulation ended without running the ServerApp")
+    return outcome["result"]
+
+
+__all__ = ["client_side_callbacks", "run_on_flower"]

@@ -1,0 +1,71 @@
+"""The Flower codec carries every payload the engine builds, exactly, and refuses what it cannot carry."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from secure_fed.engine.flower.codec import CodecError, decode, encode
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32, torch.uint8, torch.bool]
+
+
+def _tensor(draw_shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(draw_shape, generator=g, dtype=torch.float64) * 100
+    return t.to(dtype)
+
+
+leaves = st.one_of(
+    st.integers(-(2**62), 2**62), st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8), st.booleans(),
+    st.none(),
+    st.builds(_tensor, st.lists(st.integers(0, 4), max_size=3), st.sampled_from(DTYPES), st.integers(0, 1000)),
+)  # fmt: skip
+payloads = st.recursive(
+    leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=6), st.integers(0, 100)), inner, max_size=4),
+    ),
+    max_leaves=20,
+)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), payloads, max_size=5))
+def test_any_payload_comes_back_with_the_same_types_and_values(payload):
+    assert _same(payload, decode(encode(payload)))
+
+
+def test_engine_payload_shapes_round_trip():
+    theta = {"fc.weight": torch.randn(5, 3), "fc.bias": torch.randn(5)}
+    payload = {"theta": theta, "rows": torch.randn(1, 4), "row_ids": [3], "loss": math.nan, "tokens": [b"\x00a", b"b"],
+               "pair": (1, "x"), "n": np.int64(7), "mask": np.arange(4, dtype=np.uint8)}  # fmt: skip
+    back = decode(encode(payload))
+    assert torch.equal(back["theta"]["fc.weight"], theta["fc.weight"]) and back["row_ids"] == [3]
+    assert math.isnan(back["loss"]) and back["tokens"] == [b"\x00a", b"b"] and back["pair"] == (1, "x")
+    assert back["n"] == 7 and type(back["n"]) is int and np.array_equal(back["mask"], payload["mask"])
+    # the decoded tensors are the receiver's own (writable, not views of the message)
+    back["theta"]["fc.bias"].add_(1.0)
+
+
+def test_what_cannot_travel_is_refused_naming_the_key():
+    with pytest.raises(CodecError, match="payload.fn"):
+        encode({"fn": lambda: 0})
+    with pytest.raises(CodecError, match="complex"):
+        encode({"z": torch.zeros(2, dtype=torch.complex64)})
