@@ -38,8 +38,10 @@ class Callback:
 
     def acts_on_clients(self) -> bool:
         """True when this callback, in this run, changes code that runs on the clients (:meth:`client_mod`,
-        :meth:`wrap_privatizer`): a remote back end must then carry it to the clients."""
-        return False
+        :meth:`wrap_privatizer`): a remote back end must then carry it to the clients. Default: whether the class
+        overrides either (a callback that does so only in some runs says when)."""
+        cls = type(self)
+        return cls.client_mod is not Callback.client_mod or cls.wrap_privatizer is not Callback.wrap_privatizer
 
     def client_mod(self, fn: ClientFn) -> ClientFn:
         """Wrap each client's training function, innermost: before any protocol layer sees the update."""

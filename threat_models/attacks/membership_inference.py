@@ -253,7 +253,8 @@ class _ShadowTrainer:
             test=MultiLabelSplit(self.feats[hold], self.labels[hold]),
             label_names=self.names, feature_kind=self.kind, meta=dict(self.meta),
         )  # fmt: skip
-        cfg = self.cfg.model_copy(update={"seed": self.cfg.seed + 1000 + k})
+        # shadow runs train on the attacker's own data (``dataset=ds``), in this process whatever the target's backend
+        cfg = self.cfg.model_copy(update={"seed": self.cfg.seed + 1000 + k, "backend": "inprocess"})
         exp = Experiment(cfg, run_dir=self.dir / f"run{k}", dataset=ds)
         exp.run(progress=False)
         perm = exp.label_perm

@@ -24,6 +24,8 @@ from flwr.serverapp import Grid, ServerApp
 from secure_fed.client_functions import CLIENT_FUNCTIONS
 from secure_fed.engine.flower.codec import decode, encode
 
+#: what a request's ``meta`` record may hold
+REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn"})
 #: one copy of the run per (config, data root) in each ClientApp process
 _REPLICAS: dict[str, Any] = {}
 
@@ -56,9 +58,9 @@ def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1
     """The ClientApp of one experiment (its config and data root travel with the app, not in messages)."""
     app = ClientApp()
 
-    def own_client(context: Context, cid: int) -> None:
+    def own_client(context: Context, cid: int, exp) -> None:
         p, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-        if cid % n != p:
+        if not 0 <= cid < len(exp.fed.clients) or cid % n != p:
             raise PermissionError(f"client {cid} does not live on partition {p} of {n}")
 
     @app.query()
@@ -70,21 +72,21 @@ def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1
                 num_partitions=int(context.node_config["num-partitions"]),
             )  # fmt: skip
         cid, name = int(meta["cid"]), str(meta["fn"])
-        own_client(context, cid)
         fn = CLIENT_FUNCTIONS.get(name)
         if fn is None:
             raise PermissionError(f"{name} is not a registered client function")
         exp = client_replica(config_text, data_root, threads)
-        return _reply(msg, fn(decode(msg.content), exp.fed.clients[cid]))
+        own_client(context, cid, exp)
+        return _reply(msg, fn(decode(msg.content, meta_keys=REQUEST_META), exp.fed.clients[cid]))
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         meta = msg.content["meta"]
         cid, round_idx = int(meta["cid"]), int(meta["round"])
-        own_client(context, cid)
         exp = client_replica(config_text, data_root, threads)
+        own_client(context, cid, exp)
         exp.round = round_idx  # the client's training function of this round (its generator follows the round)
-        payload = decode(msg.content)
+        payload = decode(msg.content, meta_keys=REQUEST_META)
         client = exp.fed.clients[cid]
         payload = _to_device(payload, exp.device)
         return _reply(msg, exp.client_fn(cid)(payload, client))
@@ -99,6 +101,8 @@ def _to_device(payload: Any, device) -> Any:
         return payload.to(device)
     if isinstance(payload, dict):
         return {k: _to_device(v, device) for k, v in payload.items()}
+    if isinstance(payload, (list, tuple)):
+        return type(payload)(_to_device(v, device) for v in payload)
     return payload
 
 

@@ -40,6 +40,8 @@ def encode(payload: dict[str, Any]) -> RecordDict:
             arrays[path] = Array(np.ascontiguousarray(host.numpy()).reshape(-1))
             return {"t": path, "dtype": dtype, "shape": list(t.shape)}
         if isinstance(v, np.ndarray):
+            if v.dtype.kind not in "biuf":
+                raise CodecError(f"{where}: arrays of dtype {v.dtype} are not carried")
             arrays[path] = Array(np.ascontiguousarray(v).reshape(-1))
             return {"n": path, "shape": list(v.shape)}
         if isinstance(v, bytes):
@@ -62,16 +64,29 @@ def encode(payload: dict[str, Any]) -> RecordDict:
     return RecordDict({"arrays": ArrayRecord(array_dict=arrays), "values": ConfigRecord(values)})
 
 
-def decode(record: RecordDict) -> dict[str, Any]:
+def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """The payload of ``record``. Strict: a record that holds anything the layout does not name (another record,
+    an unreferenced array or value, a ``meta`` key outside ``meta_keys`` when given) is refused, so nothing can
+    ride along a message past the guard, which checks the decoded payload."""
+    allowed = {"arrays", "values"} | ({"meta"} if meta_keys is not None else set())
+    if set(record.keys()) - allowed or not {"arrays", "values"} <= set(record.keys()):
+        raise CodecError(f"a message holds records {sorted(record.keys())}; expected {sorted(allowed)}")
+    if meta_keys is not None and "meta" in record and set(record["meta"].keys()) - meta_keys:
+        raise CodecError(f"a message's meta holds {sorted(set(record['meta'].keys()) - meta_keys)}")
     arrays, values = record["arrays"], record["values"]
+    used_arrays: set[str] = set()
+    used_values: set[str] = {"layout"}
 
     def build(node: dict) -> Any:
         if "t" in node:
+            used_arrays.add(node["t"])
             a = torch.from_numpy(np.array(arrays[node["t"]].numpy(), copy=True).reshape(node["shape"]))
             return a.to(_DTYPES[node["dtype"]])
         if "n" in node:
+            used_arrays.add(node["n"])
             return np.array(arrays[node["n"]].numpy(), copy=True).reshape(node["shape"])
         if "b" in node:
+            used_values.add(node["b"])
             return bytes(values[node["b"]])
         if "d" in node:
             return {build(k): build(x) for k, x in node["d"]}
@@ -81,7 +96,13 @@ def decode(record: RecordDict) -> dict[str, Any]:
             return tuple(build(x) for x in node["u"])
         return node["v"]
 
-    return build(json.loads(str(values["layout"])))
+    payload = build(json.loads(str(values["layout"])))
+    extra = sorted((set(arrays.keys()) - used_arrays) | (set(values.keys()) - used_values))
+    if extra:
+        raise CodecError(f"a message carries entries its layout does not name: {extra[:5]}")
+    if not isinstance(payload, dict):
+        raise CodecError("a message's payload is not a mapping")
+    return payload
 
 
 __all__ = ["CodecError", "decode", "encode"]

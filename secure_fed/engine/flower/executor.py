@@ -20,6 +20,9 @@ from secure_fed.client_functions import registered_name
 from secure_fed.engine.executors import Channel, ClientJob, Executor
 from secure_fed.engine.flower.codec import decode, encode
 
+#: what a reply's ``meta`` record may hold (the request's position in its batch)
+REPLY_META = frozenset({"seq"})
+
 
 class FlowerError(RuntimeError):
     """A Flower node failed or answered outside the protocol."""
@@ -39,6 +42,8 @@ class FlowerExecutor(Executor):
         self.grid, self.exp = grid, exp
         self.max_in_flight, self.timeout_s = max_in_flight, timeout_s
         self.node_of: dict[int, int] = {}
+        #: messages sent, by kind (``whoami``, ``query``, ``train``)
+        self.sent: dict[str, int] = {}
 
     # ----------------------------------------------------------------- nodes
     def discover(self, num_clients: int, expected_nodes: int, *, wait_s: float = 600.0) -> None:
@@ -50,16 +55,23 @@ class FlowerExecutor(Executor):
             if time.monotonic() - start > wait_s:
                 raise FlowerError(f"only {len(nodes)} of {expected_nodes} Flower nodes connected in {wait_s:.0f} s")
             time.sleep(0.05)
+        if len(nodes) != expected_nodes:
+            raise FlowerError(f"{len(nodes)} Flower nodes connected; this run expects {expected_nodes}")
         replies = self._send([(n, request("whoami", {}), None) for n in nodes])
         parts: dict[int, int] = {}
         sizes = set()
         for node, content in replies:
             meta = content["meta"]
-            parts[int(meta["partition_id"])] = node
+            pid = int(meta["partition_id"])
+            if pid in parts:
+                raise FlowerError(f"nodes {parts[pid]} and {node} both say they hold partition {pid}")
+            parts[pid] = node
             sizes.add(int(meta["num_partitions"]))
-        if len(sizes) != 1 or sorted(parts) != list(range(next(iter(sizes)))):
-            raise FlowerError(f"the nodes' partitions {sorted(parts)} (of {sorted(sizes)}) do not cover 0..N-1 once")
-        n = sizes.pop()
+        if sizes != {expected_nodes} or sorted(parts) != list(range(expected_nodes)):
+            raise FlowerError(
+                f"the nodes' partitions {sorted(parts)} (of {sorted(sizes)}) do not cover 0..{expected_nodes - 1} once"
+            )
+        n = expected_nodes
         self.node_of = {cid: parts[cid % n] for cid in range(num_clients)}
 
     # ----------------------------------------------------------------- messages
@@ -68,6 +80,8 @@ class FlowerExecutor(Executor):
         kinds = {"whoami": "query", "query": "query", "train": "train"}
         msgs = []
         for seq, (node, content, _) in enumerate(batch):
+            kind = str(content["meta"]["kind"])
+            self.sent[kind] = self.sent.get(kind, 0) + 1
             content["meta"]["seq"] = seq  # the client echoes it: replies come back in any order
             msgs.append(Message(content, dst_node_id=node, message_type=kinds[str(content["meta"]["kind"])]))
         out: list[tuple[int, RecordDict] | None] = [None] * len(msgs)
@@ -75,6 +89,8 @@ class FlowerExecutor(Executor):
             if reply.has_error():
                 raise FlowerError(f"node {reply.metadata.src_node_id} failed: {reply.error.reason}")
             seq = int(reply.content["meta"]["seq"])
+            if not 0 <= seq < len(batch):
+                raise FlowerError(f"node {reply.metadata.src_node_id} answered a message it was not sent")
             node, _, cid = batch[seq]
             if reply.metadata.src_node_id != node or out[seq] is not None:
                 raise FlowerError(f"node {reply.metadata.src_node_id} answered a message it was not sent")
@@ -103,7 +119,7 @@ class FlowerExecutor(Executor):
                 channel.down(job)
                 batch.append((self.node_of[job.cid], request("train", job.payload, cid=job.cid, round=round_idx), job.cid))
             for (_, content), job in zip(self._send(batch), chunk, strict=True):
-                wire = decode(content)
+                wire = decode(content, meta_keys=REPLY_META)
                 self.exp.guard.check_up(job.cid, wire, record=False)  # the server checks what crossed the network
                 yield job.cid, channel.up(job.cid, wire)
 
@@ -118,7 +134,7 @@ class FlowerExecutor(Executor):
                 self.exp.guard.check_down(cid, payload)
                 batch.append((self.node_of[cid], request("query", payload, cid=cid, fn=fn), cid))
             for (_, content), cid in zip(self._send(batch), chunk, strict=True):
-                reply = decode(content)
+                reply = decode(content, meta_keys=REPLY_META)
                 self.exp.guard.check_up(cid, reply)
                 out.append((cid, reply))
         return out

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from flwr.app import Array, ConfigRecord
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,10 +48,43 @@ def _same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _over_the_wire(record):
+    """Through Flower's own protobuf serialisation, as a message crosses a real network."""
+    return recorddict_from_proto(recorddict_to_proto(record))
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text(max_size=6), payloads, max_size=5))
+@given(st.dictionaries(st.one_of(st.text(max_size=6), st.integers(0, 9)), payloads, max_size=5))
 def test_any_payload_comes_back_with_the_same_types_and_values(payload):
     assert _same(payload, decode(encode(payload)))
+    assert _same(payload, decode(_over_the_wire(encode(payload))))
+
+
+def test_non_contiguous_and_small_dtypes_round_trip():
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()  # a transposed view
+    small = {str(d): torch.arange(6).to(d) for d in (torch.float16, torch.int8, torch.int16)}
+    payload = {"t": t, **small}
+    assert _same(payload, decode(_over_the_wire(encode(payload))))
+
+
+def test_anything_beside_the_layout_is_refused():
+    """A record, an array, a value or a meta key the layout does not name cannot ride along past the guard."""
+    base = {"theta": {"w": torch.ones(2)}, "tokens": [b"a"]}
+    extra_array = encode(base)
+    extra_array["arrays"]["p/raw"] = Array(np.arange(3.0))
+    extra_value = encode(base)
+    extra_value["values"]["p/raw"] = b"secret"
+    extra_record = encode(base)
+    extra_record["leak"] = ConfigRecord({"x": 1})
+    for record in (extra_array, extra_value, extra_record):
+        with pytest.raises(CodecError):
+            decode(record)
+    with_meta = encode(base)
+    with_meta["meta"] = ConfigRecord({"seq": 0, "raw": b"x"})
+    with pytest.raises(CodecError, match="raw"):
+        decode(with_meta, meta_keys=frozenset({"seq"}))
+    with_meta["meta"] = ConfigRecord({"seq": 0})
+    assert _same(base, decode(with_meta, meta_keys=frozenset({"seq"})))
 
 
 def test_engine_payload_shapes_round_trip():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from flwr.app import ConfigRecord, Message
 from flwr.clientapp import ClientApp
 
@@ -24,8 +25,17 @@ def _metrics(run_dir):
 def test_default_run_on_flower_equals_in_process(tmp_path):
     """The embedded default (FedALC, 40 one-label clients, 60 rounds; label-set collection as a setup query):
     every released metric of every evaluated round and the ε agree within 1e-5."""
-    local = Experiment(load_config(None), run_dir=tmp_path / "local").run(progress=False)
-    flower = Experiment(load_config(None, ["backend=flower"]), run_dir=tmp_path / "flower").run(progress=False)
+    local_exp = Experiment(load_config(None), run_dir=tmp_path / "local")
+    local = local_exp.run(progress=False)
+    # 7 messages in flight at most: each round's 40 clients go out in 6 batches, replies summed in cohort order
+    flower_exp = Experiment(load_config(None, ["backend=flower", "flower.max_in_flight=7"]), run_dir=tmp_path / "flower")
+    flower = flower_exp.run(progress=False)
+    # the clients really ran on Flower nodes: every training job and the setup query went out as messages
+    assert flower_exp.executor.name == "flower"
+    assert flower_exp.executor.sent == {"whoami": 40, "query": 40, "train": 60 * 40}
+    for n, t in local_exp.theta.items():
+        assert torch.allclose(flower_exp.theta[n], t, atol=1e-5, rtol=0), n
+    assert torch.allclose(flower_exp.W, local_exp.W, atol=1e-5, rtol=0)
     assert flower.summary["status"] == "completed" and flower.summary["rounds_completed"] == 60
     assert flower.summary["privacy"] == local.summary["privacy"]
     a, b = _metrics(tmp_path / "local"), _metrics(tmp_path / "flower")
@@ -57,7 +67,7 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
     @leaky.train()
     def train(msg, context):
         reply = honest(msg, context)
-        payload = decode(reply.content)
+        payload = decode(reply.content, meta_keys=frozenset({"seq"}))
         payload["raw_features"] = [1.0, 2.0]
         content = encode(payload)
         content["meta"] = ConfigRecord(dict(reply.content["meta"]))
@@ -72,10 +82,28 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
     [
         (["protocols=[dp]", "privacy.instance={target_epsilon: 4}", "algorithm.normalize_gamma=false"],
          "protocols ['dp'] do not run on Flower yet"),
-        (["training.executor=sequential", "partition.name=iid", "algorithm.name=fedavg", "model.family=linear_head"],
+        (["partition.name=iid", "algorithm.name=fedavg", "model.family=linear_head"],
          "positive-only setting"),
     ],
 )  # fmt: skip
 def test_what_flower_does_not_carry_yet_is_a_config_error(overrides, needle):
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         load_config(None, ["backend=flower", *overrides])
+
+
+def test_a_callback_that_acts_inside_clients_is_refused_before_anything_is_written(tmp_path):
+    """A plugin callback with a client_mod would be silently dropped on Flower nodes: the run refuses to start."""
+    from secure_fed.engine.callbacks import Callback
+    from secure_fed.errors import SecureFedError
+
+    class Tap(Callback):
+        name = "tap"
+
+        def client_mod(self, fn):
+            return fn
+
+    exp = Experiment(load_config(None, ["backend=flower"]), run_dir=tmp_path / "run")
+    exp.callbacks.insert(0, Tap())
+    with pytest.raises(SecureFedError, match="tap act inside the clients' code"):
+        exp.run(progress=False)
+    assert not (tmp_path / "run" / "config.yaml").exists()
