@@ -94,6 +94,10 @@ class DatasetConfig(_Strict):
     train_split: str | None = None
     test_split: str | None = None
     fold: int = Field(0, ge=0)
+    test_fraction: float = Field(
+        0.3, gt=0.0, lt=1.0, description="arff shipped as one file (no dataset.test, no fold files): the held-out share"
+    )
+    split_seed: int = Field(0, ge=0, lt=2**32, description="seeds that one-file split (fixed across run seeds)")
     feature_kind: Literal["auto", "sparse", "dense"] = "auto"
     drop_empty_labels: bool = Field(
         True, description="drop labels no training instance has (in train and test), with a one-line note"

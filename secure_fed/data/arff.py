@@ -5,10 +5,17 @@ named in a separate XML file. Rows are either dense (``v1,v2,...``) or sparse
 (``{index value,...}``; absent attributes are 0). Every attribute named in the
 XML is a binary label; every other attribute is a feature. We never rely on the
 labels' position.
+
+Names and values follow the ARFF quoting rules: a name or value may be quoted with single or
+double quotes, and inside quotes a backslash escapes the next character (``'TAG_m\\'usica'`` is the
+name ``TAG_m'usica``). Feature attributes may be numeric (``numeric``, ``real``, ``integer``),
+nominal (``{a, b, c}``: one 0/1 column per category, in the header's order; a nominal ``{0, 1}``
+stays one numeric column) or ``string``/``date`` (skipped, with a one-line note).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -19,7 +26,9 @@ import scipy.sparse as sp
 from secure_fed.data.dataset import MultiLabelSplit
 from secure_fed.errors import DataError
 
-_ATTR_RE = re.compile(r"^@attribute\s+('(?:[^'\\]|\\.)*'|\"[^\"]*\"|\S+)\s+(.+)$", re.IGNORECASE)
+_ATTR_RE = re.compile(r"^@attribute\s+('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)\s+(.+)$", re.IGNORECASE)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
+log = logging.getLogger(__name__)
 
 
 def read_label_names(xml_path: str | Path) -> list[str]:
@@ -37,10 +46,66 @@ def read_label_names(xml_path: str | Path) -> list[str]:
     return names
 
 
-def _unquote(name: str) -> str:
-    if len(name) >= 2 and name[0] == name[-1] and name[0] in "'\"":
-        name = name[1:-1]
-    return name.replace("\\'", "'")
+def _unquote(token: str) -> str:
+    """A name or value as ARFF writes it: quoted with ' or " (backslash escapes inside), or bare."""
+    token = token.strip()
+    if len(token) >= 2 and token[0] == token[-1] and token[0] in "'\"":
+        body, out, i = token[1:-1], [], 0
+        while i < len(body):
+            ch = body[i]
+            if ch == "\\" and i + 1 < len(body):
+                i += 1
+                out.append(_ESCAPES.get(body[i], body[i]))
+            else:
+                out.append(ch)
+            i += 1
+        return "".join(out)
+    return token
+
+
+def split_values(line: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside quotes (a quoted value may hold the separator and escaped quotes)."""
+    if "'" not in line and '"' not in line:
+        return line.split(sep)
+    out, cur, quote, i = [], [], None, 0
+    while i < len(line):
+        ch = line[i]
+        if quote is not None:
+            cur.append(ch)
+            if ch == "\\" and i + 1 < len(line):
+                cur.append(line[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+            cur.append(ch)
+        elif ch == sep:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    if quote is not None:
+        raise ValueError("unterminated quote")
+    out.append("".join(cur))
+    return out
+
+
+def _kind(raw_type: str) -> str:
+    t = raw_type.strip()
+    if t.startswith("{"):
+        return "binary" if _is_binary_nominal(t) else "nominal"
+    low = t.lower()
+    if low in ("numeric", "real", "integer"):
+        return "numeric"
+    if low == "string" or low.startswith("date"):
+        return "skip"
+    raise ValueError(f"unknown attribute type {t[:40]!r}")
+
+
+def _categories(raw_type: str) -> list[str]:
+    return [_unquote(v) for v in split_values(raw_type.strip()[1 : raw_type.strip().rindex("}")])]
 
 
 def _parse_header(lines, path: Path) -> tuple[list[str], list[str], int]:
@@ -87,14 +152,30 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
     label_cols = np.array([index_of[n] for n in label_names], dtype=np.int64)
     is_label = np.zeros(len(names), dtype=bool)
     is_label[label_cols] = True
-    feature_cols = np.flatnonzero(~is_label)
-    # attribute index -> (is_label, column in its matrix)
-    col_map = np.empty(len(names), dtype=np.int64)
-    col_map[feature_cols] = np.arange(len(feature_cols))
+    # every attribute's role: a label column, a numeric feature column, a nominal feature (one column per category,
+    # from base), or skipped (string, date)
+    col_map = np.full(len(names), -1, dtype=np.int64)
     col_map[label_cols] = np.arange(len(label_cols))
-    nominal_feature = [i for i in feature_cols if types[i].startswith("{") and not _is_binary_nominal(types[i])]
-    if nominal_feature:
-        raise DataError(f"{path}: non-numeric feature attribute '{names[nominal_feature[0]]}' is not supported")
+    nominal: dict[int, dict[str, int]] = {}
+    skipped: list[str] = []
+    width = 0
+    for i in np.flatnonzero(~is_label):
+        try:
+            kind = _kind(types[i])
+        except ValueError as exc:
+            raise DataError(f"{path}: attribute '{names[i]}': {exc}") from None
+        if kind == "skip":
+            skipped.append(names[i])
+            continue
+        col_map[i] = width
+        if kind == "nominal":
+            cats = _categories(types[i])
+            nominal[int(i)] = {c: j for j, c in enumerate(cats)}
+            width += len(cats)
+        else:
+            width += 1
+    if skipped:
+        log.warning("note: %s: %d string/date attribute(s) skipped (%s)", path, len(skipped), ", ".join(skipped[:3]))
 
     f_rows: list[int] = []
     f_cols: list[int] = []
@@ -109,14 +190,24 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
         try:
             if line.startswith("{"):
                 body = line[1 : line.rindex("}")].strip()
-                pairs = [p.split(None, 1) for p in body.split(",")] if body else []
+                pairs = [p.strip().split(None, 1) for p in split_values(body)] if body else []
                 entries = ((int(p[0]), p[1].strip()) for p in pairs)
             else:
-                entries = enumerate(v.strip() for v in line.split(","))
+                entries = enumerate(v.strip() for v in split_values(line))
             for attr, sval in entries:
-                if sval in ("0", "?", ""):
+                if col_map[attr] < 0 or sval in ("?", ""):
                     continue
-                val = float(sval.strip("'\""))
+                if attr in nominal:
+                    cat = _unquote(sval)
+                    if cat not in nominal[attr]:
+                        raise ValueError(f"'{names[attr]}' has no category {cat!r}")
+                    f_rows.append(n)
+                    f_cols.append(col_map[attr] + nominal[attr][cat])
+                    f_vals.append(1.0)
+                    continue
+                if sval == "0":
+                    continue
+                val = float(_unquote(sval) if sval[0] in "'\"" else sval)
                 if val == 0.0:
                     continue
                 if is_label[attr]:
@@ -131,7 +222,7 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
         except (ValueError, IndexError) as exc:
             raise DataError(f"{path}:{lineno + 1}: malformed data row ({exc})") from None
         n += 1
-    features = sp.csr_matrix((np.asarray(f_vals, dtype=np.float32), (f_rows, f_cols)), shape=(n, len(feature_cols)))
+    features = sp.csr_matrix((np.asarray(f_vals, dtype=np.float32), (f_rows, f_cols)), shape=(n, width))
     labels = sp.csr_matrix((np.ones(len(l_rows), dtype=np.int8), (l_rows, l_cols)), shape=(n, len(label_cols)))
     features.sum_duplicates()
     labels.sum_duplicates()
@@ -139,5 +230,4 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
 
 
 def _is_binary_nominal(t: str) -> bool:
-    vals = {v.strip().strip("'\"") for v in t.strip("{} ").split(",")}
-    return vals <= {"0", "1"}
+    return set(_categories(t)) <= {"0", "1"}

@@ -17,7 +17,7 @@ import numpy as np
 
 from secure_fed.data.arff import read_arff, read_label_names
 from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
-from secure_fed.data.xc import read_xc, read_xc_split
+from secure_fed.data.xc import cut_by_fold_files, read_xc, read_xc_split, seeded_split
 from secure_fed.errors import DataError
 
 DEFAULT_ROOT = Path.home() / ".cache" / "secure-fed" / "data"
@@ -105,18 +105,29 @@ def load_from_paths(
     fold: int = 0,
     feature_kind: str = "auto",
     name: str | None = None,
+    test_fraction: float = 0.3,
+    split_seed: int = 0,
 ) -> MultiLabelDataset:
     """Load a user's own dataset from file paths.
 
-    ``format="arff"``: ``train`` and ``test`` ARFF files plus ``labels`` (Mulan XML).
+    ``format="arff"``: ``train`` and ``test`` ARFF files plus ``labels`` (Mulan XML); a data set shipped as one ARFF
+    file (no ``test``) is cut by ``train_split``/``test_split`` fold files, or else by a seeded random
+    ``test_fraction`` of its rows (``split_seed``).
     ``format="xc"``: ``train`` and ``test`` XC files, or one XC file in ``train``
     cut by ``train_split``/``test_split`` fold files (``fold`` picks the column).
     """
     if format == "arff":
-        if test is None or labels is None:
-            raise DataError("format 'arff' needs dataset.train, dataset.test and dataset.labels (XML)")
+        if labels is None:
+            raise DataError("format 'arff' needs dataset.labels (the Mulan XML label list)")
         names = read_label_names(labels)
-        tr, te = read_arff(train, names), read_arff(test, names)
+        if test is not None:
+            tr, te = read_arff(train, names), read_arff(test, names)
+        elif train_split is not None or test_split is not None:
+            if train_split is None or test_split is None:
+                raise DataError("format 'arff' with fold files needs both dataset.train_split and dataset.test_split")
+            tr, te = cut_by_fold_files(read_arff(train, names), train_split, test_split, fold=fold, source=train)
+        else:
+            tr, te = seeded_split(read_arff(train, names), test_fraction=test_fraction, seed=split_seed)
     elif format == "xc":
         if train_split is not None or test_split is not None:
             if train_split is None or test_split is None:

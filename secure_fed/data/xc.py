@@ -73,7 +73,13 @@ def read_xc_split(
     data_path: str | Path, train_split: str | Path, test_split: str | Path, *, fold: int = 0
 ) -> tuple[MultiLabelSplit, MultiLabelSplit]:
     """Read a single XC data file and cut it with ``*_trSplit``/``*_tstSplit`` fold files."""
-    full = read_xc(data_path)
+    return cut_by_fold_files(read_xc(data_path), train_split, test_split, fold=fold, source=data_path)
+
+
+def cut_by_fold_files(
+    full: MultiLabelSplit, train_split: str | Path, test_split: str | Path, *, fold: int, source: str | Path
+) -> tuple[MultiLabelSplit, MultiLabelSplit]:
+    """Cut one file's rows with fold files (one column per fold, 1-based row numbers; the XC and Mulan convention)."""
 
     def rows(p: str | Path) -> np.ndarray:
         p = Path(p)
@@ -84,9 +90,20 @@ def read_xc_split(
             raise DataError(f"{p}: fold {fold} requested but the file has {table.shape[1]} folds")
         idx = table[:, fold] - 1
         if idx.min() < 0 or idx.max() >= full.num_instances:
-            raise DataError(f"{p}: row index out of range for {data_path}")
+            raise DataError(f"{p}: row index out of range for {source}")
         return idx
 
     tr, te = rows(train_split), rows(test_split)
     take = lambda idx: MultiLabelSplit(full.features[idx], full.labels[idx])  # noqa: E731
     return take(tr), take(te)
+
+
+def seeded_split(full: MultiLabelSplit, *, test_fraction: float, seed: int) -> tuple[MultiLabelSplit, MultiLabelSplit]:
+    """A data set shipped as one file: a seeded random ``test_fraction`` of its rows is the test split."""
+    n = full.num_instances
+    n_test = int(round(n * test_fraction))
+    if not 0 < n_test < n:
+        raise DataError(f"dataset.test_fraction={test_fraction} leaves no training or no test rows of {n}")
+    order = np.random.default_rng(seed).permutation(n)
+    te, tr = np.sort(order[:n_test]), np.sort(order[n_test:])
+    return MultiLabelSplit(full.features[tr], full.labels[tr]), MultiLabelSplit(full.features[te], full.labels[te])

@@ -59,6 +59,8 @@ def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
             train_split=d.train_split,
             test_split=d.test_split,
             fold=d.fold,
+            test_fraction=d.test_fraction,
+            split_seed=d.split_seed,
             feature_kind=d.feature_kind,
             name=d.name if d.name != "synthetic" else None,
         )

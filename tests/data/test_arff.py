@@ -81,3 +81,119 @@ def test_malformed_row_names_file_and_line(tmp_path):
     (tmp_path / "d.arff").write_text(DENSE.replace("0,1.5,0,1", "0,abc,0,1"))
     with pytest.raises(DataError, match=r"d\.arff:9"):
         read_arff(tmp_path / "d.arff", ["lab_a", "lab_b"])
+
+
+# ---------------------------------------------------------------- ARFF quirks of real Mulan files
+QUIRKS = r"""@relation 'quirks, and more'
+@attribute id string
+@attribute 'TAG_m\'usica' {0,1}
+@attribute "say \"hi\"" {0,1}
+@attribute where {north, 'south east', 'west, far'}
+@attribute x numeric
+@attribute when date "yyyy-MM-dd"
+@attribute plain {0,1}
+@data
+'row, one',1,0,north,0.5,"2020-01-01",1
+"row \"two\"",0,1,'south east',-1,?,0
+r3,1,1,'west, far',2.0,2021-02-02,0
+{0 r4,1 1,3 north,4 3}
+"""
+
+QUIRKS_XML = """<?xml version="1.0" encoding="utf-8"?>
+<labels xmlns="http://mulan.sourceforge.net/labels"><label name="TAG_m'usica"></label><label name='say "hi"'></label>
+<label name="plain"></label></labels>
+"""
+
+
+def test_quoted_names_nominal_features_and_string_attributes(tmp_path, caplog):
+    """Escaped quotes in names (' and "), quoted values holding commas, nominal features one-hot in the header's
+    order, string and date attributes skipped with a one-line note, sparse rows with nominal values."""
+    (tmp_path / "q.arff").write_text(QUIRKS)
+    (tmp_path / "q.xml").write_text(QUIRKS_XML)
+    names = read_label_names(tmp_path / "q.xml")
+    assert names == ["TAG_m'usica", 'say "hi"', "plain"]
+    with caplog.at_level("WARNING"):
+        split = read_arff(tmp_path / "q.arff", names)
+    assert any("2 string/date attribute(s) skipped (id, when)" in r.getMessage() for r in caplog.records)
+    # features: where=north, where=south east, where=west, far, x
+    np.testing.assert_array_equal(
+        split.features.toarray(),
+        [[1, 0, 0, 0.5], [0, 1, 0, -1], [0, 0, 1, 2.0], [1, 0, 0, 3]],
+    )
+    np.testing.assert_array_equal(split.labels.toarray(), [[1, 0, 1], [0, 1, 0], [1, 1, 0], [1, 0, 0]])
+
+
+def test_unknown_nominal_value_and_unknown_type_are_clear_errors(tmp_path):
+    (tmp_path / "q.arff").write_text(QUIRKS.replace("r3,1,1,'west, far'", "r3,1,1,'nowhere'"))
+    with pytest.raises(DataError, match=r"q\.arff:\d+: malformed data row .*no category 'nowhere'"):
+        read_arff(tmp_path / "q.arff", ["plain"])
+    (tmp_path / "r.arff").write_text(QUIRKS.replace("@attribute x numeric", "@attribute x relational"))
+    with pytest.raises(DataError, match="attribute 'x': unknown attribute type 'relational'"):
+        read_arff(tmp_path / "r.arff", ["plain"])
+
+
+def _one_file_dataset(tmp_path, n=120, seed=0):
+    """A one-file Mulan-style data set with every quirk: string id, nominal feature, escaped label names."""
+    rng = np.random.default_rng(seed)
+    lines = [
+        "@relation one_file", "@attribute id string", "@attribute colour {red, 'dark green', blue}",
+        *[f"@attribute f{i} numeric" for i in range(6)],
+        r"@attribute 'TAG_m\'usica' {0,1}", '@attribute "jazz" {0,1}', "@attribute rock {0,1}", "@data",
+    ]  # fmt: skip
+    for r in range(n):
+        labels = rng.random(3) < 0.4
+        labels[r % 3] = True
+        colour = ["red", "'dark green'", "blue"][int(rng.integers(3))]
+        feats = ",".join(f"{v:.3f}" for v in rng.normal(size=6) + labels.repeat(2).astype(float))
+        lines.append(f"'id {r}',{colour},{feats}," + ",".join(str(int(b)) for b in labels))
+    (tmp_path / "one.arff").write_text("\n".join(lines) + "\n")
+    (tmp_path / "one.xml").write_text(
+        '<labels xmlns="http://mulan.sourceforge.net/labels"><label name="TAG_m\'usica"/><label name="jazz"/>'
+        '<label name="rock"/></labels>'
+    )
+    return tmp_path / "one.arff", tmp_path / "one.xml"
+
+
+def test_a_one_file_dataset_gets_a_seeded_split_or_uses_fold_files(tmp_path):
+    from secure_fed.data import load_from_paths
+
+    arff, xml = _one_file_dataset(tmp_path)
+    a = load_from_paths(format="arff", train=arff, labels=xml, test_fraction=0.25, split_seed=3)
+    b = load_from_paths(format="arff", train=arff, labels=xml, test_fraction=0.25, split_seed=3)
+    c = load_from_paths(format="arff", train=arff, labels=xml, test_fraction=0.25, split_seed=4)
+    assert a.test.num_instances == 30 and a.train.num_instances == 90
+    assert (a.train.features != b.train.features).nnz == 0  # the same seed, the same split
+    assert (a.train.features != c.train.features).nnz > 0  # another seed, another split
+    # the two splits partition the file's rows: together they hold every row exactly once
+    full = read_arff(arff, read_label_names(xml))
+    rows = lambda m: sorted(map(tuple, np.round(m.toarray(), 3)))  # noqa: E731
+    assert rows(sp_vstack(a.train.features, a.test.features)) == rows(full.features)
+    (tmp_path / "tr.txt").write_text("\n".join(str(i) for i in range(1, 101)))
+    (tmp_path / "te.txt").write_text("\n".join(str(i) for i in range(101, 121)))
+    f = load_from_paths(format="arff", train=arff, labels=xml, train_split=tmp_path / "tr.txt", test_split=tmp_path / "te.txt")
+    assert f.train.num_instances == 100 and f.test.num_instances == 20
+    assert (f.test.features != full.features[100:]).nnz == 0
+
+
+def sp_vstack(a, b):
+    import scipy.sparse as sp
+
+    return sp.vstack([a, b]).tocsr()
+
+
+def test_a_one_file_quirky_arff_runs_end_to_end(tmp_path):
+    """The one-file data set with a string id, a nominal feature and an escaped label name: FedAvg trains on it."""
+    from secure_fed.config import load_config
+    from secure_fed.engine import Experiment
+
+    arff, xml = _one_file_dataset(tmp_path)
+    cfg = load_config(None, [
+        "dataset.name=null", "dataset.format=arff", f"dataset.train={arff}", f"dataset.labels={xml}",
+        "algorithm.name=fedavg", "training.rounds=2", "evaluation.every=1",
+        "model={name: mlp, embedding_dim: 16, hidden_dims: [16]}",
+    ])  # fmt: skip
+    result = Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
+    assert result.summary["status"] == "completed" and result.summary["rounds_completed"] == 2
+    exp_ds = Experiment(cfg, run_dir=tmp_path / "run2").dataset
+    assert exp_ds.label_names == ["TAG_m'usica", "jazz", "rock"]
+    assert exp_ds.train.features.shape == (84, 3 + 6) and exp_ds.test.num_instances == 36
