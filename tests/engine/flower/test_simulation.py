@@ -107,3 +107,23 @@ def test_a_callback_that_acts_inside_clients_is_refused_before_anything_is_writt
     with pytest.raises(SecureFedError, match="tap act inside the clients' code"):
         exp.run(progress=False)
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_flower_run_resumes_from_its_checkpoint(tmp_path):
+    """2 rounds on Flower, then the same run directory resumed to 4 rounds on Flower: the same model and metrics as
+    4 uninterrupted rounds in process (the nodes hold no state between rounds without protocol layers)."""
+    common = ["training.rounds=4", "evaluation.every=2", "output.checkpoint_every=2", "flower.num_supernodes=4"]
+    local = Experiment(load_config(None, common), run_dir=tmp_path / "local")
+    local.run(progress=False)
+    first = Experiment(load_config(None, [*common, "backend=flower", "training.rounds=2"]), run_dir=tmp_path / "f")
+    first.run(progress=False)
+    resumed = Experiment(load_config(None, [*common, "backend=flower"]), run_dir=tmp_path / "f")
+    assert resumed.resume() and resumed.round == 2
+    result = resumed.run(progress=False)
+    assert result.summary["rounds_completed"] == 4
+    for n, t in local.theta.items():
+        assert torch.allclose(resumed.theta[n], t, atol=1e-5, rtol=0), n
+    assert [r["round"] for r in _metrics(tmp_path / "f")] == [1, 2, 3, 4]
+    for k, v in local.history[-1].items():
+        if isinstance(v, float):
+            assert result.history[-1][k] == pytest.approx(v, abs=1e-5), k
