@@ -44,11 +44,14 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     cpus = os.cpu_count() or 1
     backend_config = {
         "client_resources": {"num_cpus": f.client_cpus, "num_gpus": 0.0},
-        "init_args": {"num_cpus": cpus, "include_dashboard": False, "logging_level": logging.ERROR},
+        "init_args": {"num_cpus": cpus, "include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False},
     }
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)
+    # Flower's own errors still show; its notice that run_simulation is deprecated (in favour of `flwr run`, which
+    # this back end does not use yet) and Ray's note on accelerator variables do not, on every run
+    flwr_logger.setLevel(logging.ERROR)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     main_thread = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
