@@ -30,11 +30,14 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def _to_device(obj: Any, device) -> Any:
+def to_device(obj: Any, device) -> Any:
+    """``obj`` with every tensor in it (nested in dicts, lists and tuples) moved to ``device``."""
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
     if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
     return obj
 
 
@@ -71,7 +74,7 @@ class CheckpointMixin:
         self.diagnostics = sd.get("diagnostics", [])
         self.rounds_aborted = sd.get("rounds_aborted", 0)
         best = sd.get("best")
-        self.best = None if best is None else _to_device(best, self.device)
+        self.best = None if best is None else to_device(best, self.device)
         self.wall_before = sd["wall_seconds"]
 
     def client_state_dict(self) -> dict[str, Any]:
@@ -115,7 +118,7 @@ class CheckpointMixin:
             if cs["label_perm"] is not None:
                 self.apply_row_order(cs["label_perm"])
             for cid, state in cs.get("client_state", {}).items():
-                self.fed.clients[cid].state = _to_device(state, self.device)
+                self.fed.clients[cid].state = to_device(state, self.device)
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
         if secrets.is_file():

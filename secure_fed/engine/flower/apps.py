@@ -22,6 +22,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.client_functions import CLIENT_FUNCTIONS
+from secure_fed.engine.checkpoints import to_device
 from secure_fed.engine.flower.codec import decode, encode
 
 #: what a request's ``meta`` record may hold
@@ -88,22 +89,10 @@ def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1
         exp.round = round_idx  # the client's training function of this round (its generator follows the round)
         payload = decode(msg.content, meta_keys=REQUEST_META)
         client = exp.fed.clients[cid]
-        payload = _to_device(payload, exp.device)
+        payload = to_device(payload, exp.device)
         return _reply(msg, exp.client_fn(cid)(payload, client))
 
     return app
-
-
-def _to_device(payload: Any, device) -> Any:
-    import torch
-
-    if isinstance(payload, torch.Tensor):
-        return payload.to(device)
-    if isinstance(payload, dict):
-        return {k: _to_device(v, device) for k, v in payload.items()}
-    if isinstance(payload, (list, tuple)):
-        return type(payload)(_to_device(v, device) for v in payload)
-    return payload
 
 
 def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: bool | None) -> ServerApp:
