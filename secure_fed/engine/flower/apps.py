@@ -4,20 +4,24 @@
 **What a node holds.** The node with ``partition-id`` p of N serves the clients c with c mod N = p. It builds its
 own copy of the run from the experiment's config (the dataset, the partition, the model, the algorithm: all
 deterministic from the config), and uses from it only its own clients' data and the client-side code: the
-training function of :meth:`~secure_fed.engine.runner.Experiment.client_fn` (the same code as in process, so the
-same update bit for bit) and the registered setup functions (:mod:`secure_fed.client_functions`). It never
-receives the server's state except the payloads the algorithm addresses to its clients, and a message can only
-name code the node already has: nothing is unpickled.
+training function of :meth:`~secure_fed.engine.runner.Experiment.client_fn` (the same code as in process; the
+same update up to float reassociation when thread counts differ) and the registered setup functions
+(:mod:`secure_fed.client_functions`). It answers only for its own clients (0 ≤ c < clients, c mod N = p). It
+receives no server state beyond the payloads the algorithm addresses to its clients, and a message can only name
+code the node already has: the codec never unpickles (Flower's simulation engine itself moves messages between
+Ray processes with pickle, inside one machine).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import shutil
 import tempfile
 from typing import Any
 
 import yaml
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -45,6 +49,7 @@ def client_replica(config_text: str, data_root: str | None, threads: int):
         data["backend"] = "inprocess"  # the copy runs client code only
         cfg = ExperimentConfig.model_validate(data)
         cache = tempfile.mkdtemp(prefix="secure-fed-client-")
+        atexit.register(shutil.rmtree, cache, True)  # the copy's model cache goes with the process
         _REPLICAS[key] = Experiment(cfg, run_dir=cache, data_root=data_root)
     return _REPLICAS[key]
 
@@ -115,4 +120,4 @@ def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: b
     return app
 
 
-__all__ = ["RecordDict", "client_replica", "make_client_app", "make_server_app"]
+__all__ = ["client_replica", "make_client_app", "make_server_app"]

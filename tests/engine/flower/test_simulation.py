@@ -127,3 +127,37 @@ def test_a_flower_run_resumes_from_its_checkpoint(tmp_path):
     for k, v in local.history[-1].items():
         if isinstance(v, float):
             assert result.history[-1][k] == pytest.approx(v, abs=1e-5), k
+
+
+def test_a_node_answers_only_for_its_own_clients_and_registered_functions(monkeypatch, tmp_path):
+    """The real ClientApp, called in process: node 1 of 4 trains client 5 (5 mod 4 = 1) and refuses client 2 (another
+    node's), client -3 (out of range, though -3 mod 4 = 1), and a query naming a function nobody registered."""
+    from flwr.app import Context, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from secure_fed.engine.flower.executor import request
+
+    for attr, value in (("_run_id", 1), ("_node_id", 7), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, attr, value, raising=False)
+    cfg = load_config(None, ["backend=flower"])
+    app = make_client_app(dump_config(cfg), None)
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 4}, state=RecordDict(),
+                  run_config={})  # fmt: skip
+    server = Experiment(cfg, run_dir=tmp_path / "server")  # only to build real payloads
+
+    def train(cid):
+        client = server.fed.clients[cid] if 0 <= cid < len(server.fed.clients) else server.fed.clients[1]
+        payload = server.algorithm.downlink(server.theta, server.W, client.known_labels)
+        content = request("train", payload, cid=cid, round=0)
+        content["meta"]["seq"] = 0
+        return app(Message(content, dst_node_id=7, message_type="train"), ctx)
+
+    reply = decode(train(5).content, meta_keys=frozenset({"seq"}))
+    assert set(reply) >= {"theta_delta", "loss"}
+    for foreign in (2, -3):
+        with pytest.raises(Exception, match=f"client {foreign} does not live on partition 1 of 4"):
+            train(foreign)
+    content = request("query", {"tokenizer": "sha256"}, cid=5, fn="os:system")
+    content["meta"]["seq"] = 0
+    with pytest.raises(Exception, match="os:system is not a registered client function"):
+        app(Message(content, dst_node_id=7, message_type="query"), ctx)
