@@ -139,6 +139,8 @@ def test_a_node_answers_only_for_its_own_clients_and_registered_functions(monkey
 
     for attr, value in (("_run_id", 1), ("_node_id", 7), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, attr, value, raising=False)
+    # a node's copy sets its process to one torch thread; this process runs other tests after this one
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     cfg = load_config(None, ["backend=flower"])
     app = make_client_app(dump_config(cfg), None)
     ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 4}, state=RecordDict(),
