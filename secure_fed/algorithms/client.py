@@ -6,6 +6,7 @@ Flower ``ClientApp`` (or any transport) can host them unchanged.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,11 @@ class LocalTraining:
     momentum: float = 0.0
     weight_decay: float = 0.0
     precision: str = "fp32"  # fp32 | bf16 (autocast of the encoder; weights and updates stay fp32)
+
+
+#: set (``BATCHING.submit``) by the vectorised executor in the thread that runs one client's function: the trainer
+#: hands its request there instead of training now (:mod:`secure_fed.engine.vectorized`)
+BATCHING = threading.local()
 
 
 class LocalTrainer:
@@ -72,7 +78,26 @@ class LocalTrainer:
         """One client's local update; returns deltas for θ and its own rows (when it received rows).
 
         With a ``privatizer`` (DP-SGD in client training, from a protocol layer) each step's batch is the one it
-        samples and the gradient is the one it returns from the per-sample gradients (clipped, noised)."""
+        samples and the gradient is the one it returns from the per-sample gradients (clipped, noised).
+
+        Under the vectorised executor the request goes to the executor, which trains it with the round's other
+        clients (same result up to floating-point reassociation) or, where it cannot, calls :meth:`update_one`."""
+        submit = getattr(BATCHING, "submit", None)
+        if submit is not None:
+            from secure_fed.algorithms.batched_sgd import TrainRequest
+
+            return submit(self, TrainRequest(payload, data, hp, generator), privatizer)
+        return self.update_one(payload, data, hp, generator, privatizer)
+
+    def update_one(
+        self,
+        payload: Payload,
+        data: ClientData,
+        hp: LocalTraining,
+        generator: torch.Generator,
+        privatizer: GradientPrivatizer | None = None,
+    ) -> Payload:
+        """One client's local update on the working model (the reference trainer)."""
         if privatizer is not None:
             forbid_batch_norm(self.model)
         if not self.has_dropout:

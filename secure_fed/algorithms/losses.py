@@ -58,7 +58,7 @@ def asymmetric_loss(
     The focusing weights keep their gradient (the loss as the paper defines it). ``reduction="none"`` gives the
     (instance, label) terms.
     """
-    z = scores.float()
+    z = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
     posf = pos.to(z.dtype)
     p = torch.sigmoid(z)
     if clip > 0:

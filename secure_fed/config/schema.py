@@ -317,7 +317,14 @@ class TrainingConfig(_Strict):
     client_momentum: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0, le=1e3)
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast client forward passes (fp32 weights)")
-    executor: Literal["sequential"] = Field("sequential", description="how a round's clients run (secure_fed.engine.executors)")
+    executor: Literal["sequential", "vectorized"] = Field(
+        "sequential",
+        description="how a round's clients run: sequential (the reference) or vectorized (a chunk of clients trains "
+        "together, exact lock-step SGD; secure_fed.engine.vectorized)",
+    )
+    chunk_clients: int | None = Field(
+        None, ge=1, le=1024, description="vectorized: clients trained together at most (default: fit a quarter of free memory)"
+    )
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
 
 

@@ -9,9 +9,13 @@ order. Nothing in the algorithms or layers may assume how the jobs run: a layer'
 (:meth:`~secure_fed.engine.runner.Experiment.client_fn`).
 
 :class:`SequentialExecutor` (the reference, ``training.executor: sequential``) runs the clients one after
-another in this process and yields as it goes, so at most one client's update is in memory. Later
-executors implement the same interface: :class:`~secure_fed.engine.flower.executor.FlowerExecutor`
-(``backend: flower``) sends each payload to the client's Flower node and yields the node's reply.
+another in this process and yields as it goes, so at most one client's update is in memory. Other executors
+implement the same interface:
+
+* :class:`~secure_fed.engine.vectorized.VectorizedExecutor` (``training.executor: vectorized``) trains the
+  clients of a chunk together;
+* :class:`~secure_fed.engine.flower.executor.FlowerExecutor` (``backend: flower``) sends each payload to the
+  client's Flower node and yields the node's reply.
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ class Executor(ABC):
     #: True when client code runs elsewhere (setup queries must then name a registered client function)
     remote: bool = False
 
+    @classmethod
+    def from_config(cls, training) -> Executor:
+        """The executor for a run's ``training`` config section."""
+        return cls()
+
+    def report(self) -> dict:
+        """What ``summary.json`` says about how the clients ran."""
+        return {"name": self.name}
+
     @abstractmethod
     def run(self, jobs: Iterable[ClientJob], channel: Channel) -> Iterator[tuple[int, Payload]]:
         """Yield ``(cid, wire)`` for every job, in the jobs' order."""
@@ -66,3 +79,7 @@ class SequentialExecutor(Executor):
 
 
 EXECUTORS: dict[str, type[Executor]] = {SequentialExecutor.name: SequentialExecutor}
+
+from secure_fed.engine.vectorized import VectorizedExecutor  # noqa: E402  (it builds on the classes above)
+
+EXECUTORS[VectorizedExecutor.name] = VectorizedExecutor

@@ -65,6 +65,7 @@ class ReportMixin:
             "protocols": list(self.cfg.protocols),
             "stop_reason": self.stop_reason,
             "device": str(self.device),
+            "executor": self.executor.name,
             "num_clients": len(self.fed.clients),
             "dropped_labels": self.dataset.meta.get("dropped_labels", []),
         }
@@ -94,6 +95,8 @@ class ReportMixin:
             "wall_seconds": self.wall_before,
             "seconds_per_round": self.wall_before / max(self.round, 1),
             "setup": self.setup_facts,
+            # counts of client updates: under secret (Poisson) client sampling the cohort sizes are private
+            "executor": self.executor.report(),
             "protocols": self.stack.private_report(),
             "last_round": self.diagnostics[-1] if self.diagnostics else None,
         }

@@ -159,7 +159,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             *build_callbacks(cfg),
             Checkpointing(),
         ]
-        self.executor = EXECUTORS[cfg.training.executor]()
+        self.executor = EXECUTORS[cfg.training.executor].from_config(cfg.training)
         for cb in self.callbacks:
             cb.on_init(self)
 

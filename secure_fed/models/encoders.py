@@ -44,6 +44,11 @@ class SparseTextEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(self.embed(x))
 
+    def chain(self) -> list[nn.Module]:
+        """The forward pass as a chain of ``nn.Linear`` and ``nn.ReLU`` modules (what the vectorised executor's
+        batched SGD runs: :mod:`secure_fed.algorithms.batched_sgd`)."""
+        return [self.embed, *self.body]
+
 
 class MLPEncoder(nn.Module):
     """A ReLU MLP for dense numeric features."""
@@ -61,6 +66,10 @@ class MLPEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
+
+    def chain(self) -> list[nn.Module]:
+        """The forward pass as a chain of ``nn.Linear`` and ``nn.ReLU`` modules."""
+        return list(self.body)
 
 
 def normalized_scores(encoder: nn.Module, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

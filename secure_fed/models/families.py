@@ -33,6 +33,11 @@ from torch.nn import functional as F
 from secure_fed.models.encoders import spread_init
 
 
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fp32 when it is half precision (autocast output); fp32 and fp64 as they are."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 class ModelFamily:
     """Base class: a family of models, given an encoder g_θ built from the ``model`` config."""
 
@@ -81,7 +86,7 @@ class CosineEmbedding(ModelFamily):
         return spread_init(num_labels, embedding_dim, generator=generator)
 
     def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        return F.normalize(out.float(), dim=-1) @ F.normalize(rows, dim=-1).T
+        return F.normalize(at_least_fp32(out), dim=-1) @ F.normalize(rows, dim=-1).T
 
     def project_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return F.normalize(rows, dim=-1)  # rows live on the unit sphere
@@ -99,6 +104,11 @@ class LinearHeadModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.encoder(x)))
 
+    def chain(self) -> list[nn.Module] | None:
+        """The forward pass as a chain of ``nn.Linear`` and ``nn.ReLU`` modules, when the encoder has one."""
+        inner = getattr(self.encoder, "chain", None)
+        return None if inner is None else [*inner(), nn.ReLU(), self.head]
+
 
 class LinearHead(ModelFamily):
     """An ordinary multi-label classifier: every parameter (head included) is shared, scores are logits."""
@@ -112,7 +122,7 @@ class LinearHead(ModelFamily):
         return LinearHeadModel(encoder, embedding_dim, num_labels)
 
     def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        return out.float()
+        return at_least_fp32(out)
 
 
 class CTranFamily(ModelFamily):
@@ -126,7 +136,7 @@ class CTranFamily(ModelFamily):
     label_masked = True
 
     def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        return out.float()
+        return at_least_fp32(out)
 
     def label_states(
         self,

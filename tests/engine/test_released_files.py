@@ -28,7 +28,7 @@ METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client"}
 METRICS_UNIT = {"epsilon", "delta", "steps"}
 # rounds_aborted: how many rounds a protocol could not finish (dropouts below the secure sum's threshold)
 SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds_aborted", "status", "final", "W_mean_cos",
-           "privacy", "protocols", "stop_reason", "device", "num_clients", "dropped_labels",
+           "privacy", "protocols", "stop_reason", "device", "executor", "num_clients", "dropped_labels",
            "target"}  # fmt: skip
 SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning"}
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",

@@ -1,0 +1,268 @@
+"""Many clients' local SGD at once, exactly: the vectorised executor's training (``training.executor: vectorized``).
+
+Every client of a round starts from the same θ, and plain SGD changes a linear layer's weight by a sum of
+rank-b terms: after steps t < s, client i's weight is
+
+    A_i(s) = A₀ − η Σ_{t<s} δ_{i,t}ᵀ x_{i,t}
+
+where x_{i,t} (b × in) is the layer's input on the client's batch t and δ_{i,t} (b × out) the loss gradient at
+the layer's output. So the layer's output on the client's next batch is
+
+    x A_i(s)ᵀ = x A₀ᵀ − η Σ_{t<s} (x x_{i,t}ᵀ) δ_{i,t}
+
+The first term is **one** matrix product for all clients together (their batches stacked: a large GEMM that runs
+near the machine's matmul rate, where one client's b = 32 rows run at a fraction of it); the history terms are
+small batched products (b × b). The backward pass is the same algebra, through autograd. No client's weight is
+formed until the end, when its update Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its own rows.
+
+Each client runs **exactly its own SGD steps**: its own batches, drawn from its own generator in the same calls as
+:class:`~secure_fed.algorithms.client.LocalTrainer` makes (one ``randperm`` per epoch), its own row(s), its own
+loss. The clients of a group run in lock step (step s of every client that has one); a client's short last batch
+is padded with rows that carry no label (masked out of the loss, so their gradient is exactly zero). The result
+equals the sequential trainer's up to floating-point reassociation (``tests/algorithms/test_batched_sgd.py``).
+
+What it covers: models whose forward pass is a chain of ``nn.Linear`` and ``nn.ReLU`` modules (``model.chain()``:
+the text network and the MLPs, with either head), plain SGD (no momentum, no weight decay), no DP-SGD, no dropout,
+no label mask training, losses in :data:`MASKED_LOSSES`. :func:`unbatchable` names what rules a request out; the
+executor then runs that client with the reference trainer and counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from secure_fed.algorithms.base import ClientData, Payload
+from secure_fed.algorithms.losses import asymmetric_loss, bce_loss, positive_hinge_loss
+
+
+def _positive(scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    # a padded row carries no positive label, so it adds nothing to the sum nor to the count
+    return positive_hinge_loss(scores, pos & valid[:, None])
+
+
+def _elementwise(fn) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    def loss(scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        elem = fn(scores, pos, reduction="none")
+        w = valid.to(elem.dtype)[:, None]
+        return (elem * w).sum() / (w.sum() * elem.shape[1]).clamp(min=1.0)
+
+    return loss
+
+
+#: client losses with a padding mask: ``loss(scores (b, k), pos (b, k), valid (b,))`` equals the loss of
+#: :data:`~secure_fed.algorithms.losses.LOSSES` on the valid rows only
+MASKED_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "positive": _positive,
+    "bce": _elementwise(bce_loss),
+    "asl": _elementwise(asymmetric_loss),
+}
+
+
+def linear_chain(model: nn.Module) -> list[tuple[nn.Module, str | None]] | None:
+    """``model``'s forward pass as ``[(module, parameter prefix)]``, every module an ``nn.Linear`` or ``nn.ReLU``
+    (prefix None for a ReLU), when the model declares such a chain (``chain()``) and the chain's Linears hold every
+    parameter; else None."""
+    chain_fn = getattr(model, "chain", None)
+    chain = chain_fn() if callable(chain_fn) else None
+    if not chain:
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    out: list[tuple[nn.Module, str | None]] = []
+    covered: set[str] = set()
+    for m in chain:
+        if isinstance(m, nn.ReLU):
+            out.append((m, None))
+        elif type(m) is nn.Linear and id(m) in names:
+            prefix = names[id(m)]
+            out.append((m, prefix))
+            covered |= {f"{prefix}.{p}" for p, _ in m.named_parameters()}
+        else:
+            return None
+    if covered != {n for n, _ in model.named_parameters()}:
+        return None
+    return out
+
+
+@dataclass
+class TrainRequest:
+    """One client's call of ``LocalTrainer.update``: what it received, its data, its settings, its generator."""
+
+    payload: Payload
+    data: ClientData
+    hp: object  # LocalTraining
+    generator: torch.Generator
+
+
+def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None) -> str | None:
+    """Why ``req`` cannot run in a batched group (a short reason), or None when it can."""
+    hp = req.hp
+    if privatizer is not None:
+        return "DP-SGD in client training"
+    if hp.optimizer != "sgd" or hp.momentum or hp.weight_decay:
+        return "client optimiser other than plain SGD"
+    if family.label_masked or "ca_mle_tau" in req.payload:
+        return "label mask training"
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return "dropout"
+    if req.payload["loss"] not in MASKED_LOSSES:
+        return f"loss {req.payload['loss']!r}"
+    if linear_chain(model) is None:
+        return "model is not a chain of Linear and ReLU layers"
+    return None
+
+
+def group_key(req: TrainRequest) -> tuple:
+    """Requests with equal keys run in one lock-step group (same θ storage, row count, loss and settings)."""
+    p = req.payload
+    theta_ptrs = tuple((n, t.data_ptr()) for n, t in sorted(p["theta"].items()))
+    rows = p.get("rows")
+    return (
+        theta_ptrs,
+        None if rows is None else tuple(rows.shape),
+        bool(p.get("train_rows", False)) and rows is not None,
+        p["loss"],
+        req.hp,
+        str(req.data.x.device),
+    )
+
+
+class _Client:
+    """One client's schedule in a group: its batches (index tensors) and targets."""
+
+    def __init__(self, req: TrainRequest, has_rows: bool):
+        from secure_fed.algorithms.client import full_label_targets
+
+        d, hp = req.data, req.hp
+        n = d.num_examples
+        self.req = req
+        self.n = n
+        self.batches: list[torch.Tensor] = []
+        for _ in range(hp.epochs):  # the same generator calls as LocalTrainer._update
+            perm = torch.randperm(n, generator=req.generator).to(d.x.device)
+            self.batches += [perm[s : s + hp.batch_size] for s in range(0, n, hp.batch_size)]
+        self.targets = d.pos if has_rows else full_label_targets(d)
+        self.losses: list[float] = []
+
+
+def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Callable[[], Payload]]:
+    """Run the requests of one group (equal :func:`group_key`) together; returns, per request in order, a
+    function that builds its reply (the same keys and values as ``LocalTrainer.update``'s). Building a reply
+    forms that client's dense update, so the executor builds one at a time."""
+    chain = linear_chain(model)
+    assert chain is not None
+    first = reqs[0]
+    p0, hp = first.payload, first.hp
+    theta = p0["theta"]
+    has_rows = "rows" in p0
+    train_rows = has_rows and bool(p0["train_rows"])
+    loss_fn = MASKED_LOSSES[p0["loss"]]
+    lr, b = float(hp.lr), int(hp.batch_size)
+    device = first.data.x.device
+    autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16")
+
+    clients = [_Client(r, has_rows) for r in reqs]
+    # lock step: sort by number of steps (longest first), so the clients active at step s are a prefix
+    order = sorted(range(len(clients)), key=lambda i: -len(clients[i].batches))
+    steps = [len(clients[i].batches) for i in order]
+    G = len(order)
+    layers = [(m, prefix) for m, prefix in chain if prefix is not None]
+    A0 = [theta[f"{prefix}.weight"].detach() for _, prefix in layers]
+    bias = [theta[f"{prefix}.bias"].detach().expand(G, -1).clone() if m.bias is not None else None for m, prefix in layers]
+    rows = torch.stack([clients[i].req.payload["rows"] for i in order]).detach().clone() if has_rows else None
+    rows0 = rows.clone() if rows is not None else None
+    #: per layer, per step t: (inputs (G_t, b, in), η·δ (G_t, b, out)) of the G_t clients active at t (one tensor
+    #: per step: concatenating the steps would copy the whole history every step, which costs more than it saves)
+    hist: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
+    score = torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
+    loss_v = torch.func.vmap(loss_fn)
+
+    for s in range(steps[0] if G else 0):
+        Gs = sum(1 for k in steps if k > s)
+        idx = [clients[order[j]].batches[s] for j in range(Gs)]
+        counts = torch.tensor([len(i) for i in idx], device=device)
+        xs = torch.zeros(Gs, b, first.data.x.shape[1], dtype=first.data.x.dtype, device=device)
+        k = clients[order[0]].targets.shape[1]
+        ys_t = torch.zeros(Gs, b, k, dtype=torch.bool, device=device)
+        for j, ij in enumerate(idx):
+            c = clients[order[j]]
+            xs[j, : len(ij)] = c.req.data.x[ij]
+            ys_t[j, : len(ij)] = c.targets[ij]
+        valid = torch.arange(b, device=device)[None, :] < counts[:, None]
+        outs: list[torch.Tensor] = []
+        inputs: list[torch.Tensor] = []
+        h = xs
+        li = 0
+        with torch.autocast(**autocast):
+            for _m, prefix in chain:
+                if prefix is None:
+                    h = torch.relu(h)
+                    continue
+                inputs.append(h.detach())
+                y = (h.reshape(Gs * b, -1) @ A0[li].T).reshape(Gs, b, -1)
+                for X_t, D_t in hist[li]:
+                    y = y - torch.bmm(torch.bmm(h, X_t[:Gs].transpose(1, 2)), D_t[:Gs])
+                if bias[li] is not None:
+                    y = y + bias[li][:Gs, None, :]
+                if not y.requires_grad:  # the first layer: a function of the data only, its δ is all we need
+                    y = y.detach().requires_grad_()
+                outs.append(y)
+                h = y
+                li += 1
+        r = rows[:Gs].detach().clone().requires_grad_(train_rows) if rows is not None else None
+        per_client = loss_v(score(h, r), ys_t, valid)
+        wrt = outs + ([r] if train_rows else [])
+        grads = torch.autograd.grad(per_client.sum(), wrt)
+        with torch.no_grad():
+            for li_, (x_in, delta) in enumerate(zip(inputs, grads[: len(outs)], strict=True)):
+                hist[li_].append((x_in, (lr * delta).to(x_in.dtype)))
+                if bias[li_] is not None:
+                    bias[li_][:Gs] -= lr * delta.to(bias[li_].dtype).sum(dim=1)
+            if train_rows:
+                rows[:Gs] = rows[:Gs].detach() - lr * grads[-1]
+        for j, v in enumerate(per_client.detach().tolist()):
+            clients[order[j]].losses.append(v)
+
+    pos_of = {i: j for j, i in enumerate(order)}
+
+    def reply(i: int) -> Callable[[], Payload]:
+        def build() -> Payload:
+            j = pos_of[i]
+            c = clients[i]
+            live = range(steps[j])  # the steps this client took (the first steps[j] of the group)
+            delta: dict[str, torch.Tensor] = {}
+            with torch.no_grad():
+                for li_, (_m, prefix) in enumerate(layers):
+                    dtype = theta[f"{prefix}.weight"].dtype
+                    # all b rows of each step: a padded row has δ = 0, so it adds nothing
+                    X = torch.cat([hist[li_][t][0][j] for t in live]).to(dtype)
+                    D = torch.cat([hist[li_][t][1][j] for t in live]).to(dtype)
+                    delta[f"{prefix}.weight"] = -(D.T @ X)
+                    if bias[li_] is not None:
+                        delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
+            out: Payload = {
+                "theta_delta": {n: delta[n] for n in theta},
+                "num_examples": c.n,
+                "loss": sum(c.losses) / max(len(c.losses), 1),
+            }
+            if train_rows:
+                out["rows_delta"] = rows[j].detach() - rows0[j]
+                out["row_ids"] = c.req.payload["row_ids"]
+            return out
+
+        return build
+
+    return [reply(i) for i in range(len(reqs))]
+
+
+def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """‖a − b‖ / ‖b‖ over all tensors of two equal-keyed dicts (for tests and the benchmark)."""
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in b)
+    den = sum(float(b[k].double().pow(2).sum()) for k in b)
+    return (num / max(den, 1e-300)) ** 0.5
+
+
+__all__ = ["MASKED_LOSSES", "TrainRequest", "group_key", "linear_chain", "train_group", "unbatchable", "relative_error"]

@@ -1,0 +1,162 @@
+"""Batched lock-step SGD (the vectorised executor's trainer) against the reference trainer, client by client.
+
+The reference is ``LocalTrainer.update_one``: autograd through the working model, one client at a time, with
+torch's SGD. The batched trainer never forms a client's weights during training (shared products plus low-rank
+history terms), so the two are independent computations of the same SGD; in float64 they agree to rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from secure_fed.algorithms.base import ClientData
+from secure_fed.algorithms.batched_sgd import TrainRequest, linear_chain, relative_error, train_group, unbatchable
+from secure_fed.algorithms.client import LocalTrainer, LocalTraining
+from secure_fed.models.encoders import MLPEncoder, SparseTextEncoder
+from secure_fed.models.families import CosineEmbedding, LinearHead
+
+#: client sizes: ragged last batches, one client smaller than a batch, one with many steps (lock step + padding)
+SIZES = [3, 9, 4, 13, 1, 8]
+
+
+def _clients(dt, *, num_labels, positive_only, in_dim=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for c, n in enumerate(SIZES):
+        x = (torch.rand(n, in_dim, generator=g, dtype=torch.float64) * (torch.rand(n, in_dim, generator=g) < 0.4)).to(dt)
+        if positive_only:
+            known = torch.tensor([c % num_labels])
+            pos = torch.ones(n, 1, dtype=torch.bool)
+        else:  # the general setting: the client knows a subset of the labels, full label vectors as targets
+            known = torch.tensor(sorted({c % num_labels, (c + 2) % num_labels}))
+            pos = torch.rand(n, len(known), generator=g) < 0.5
+        out.append(ClientData(client_id=c, x=x, pos=pos, known_labels=known, raw=None, num_labels=num_labels))
+    return out
+
+
+def _compare(model, family, clients, payload_of, hp, tol):
+    trainer = LocalTrainer(model, family)
+    reference = [trainer.update_one(payload_of(d), d, hp, torch.Generator().manual_seed(10 + i)) for i, d in enumerate(clients)]
+    reqs = [TrainRequest(payload_of(d), d, hp, torch.Generator().manual_seed(10 + i)) for i, d in enumerate(clients)]
+    batched = [build() for build in train_group(model, family, reqs)]
+    for ref, got in zip(reference, batched, strict=True):
+        assert set(got) == set(ref)
+        assert relative_error(got["theta_delta"], ref["theta_delta"]) < tol
+        assert got["num_examples"] == ref["num_examples"]
+        assert got["loss"] == pytest.approx(ref["loss"], rel=tol, abs=tol)
+        if "rows_delta" in ref:
+            assert relative_error({"r": got["rows_delta"]}, {"r": ref["rows_delta"]}) < tol
+            assert torch.equal(got["row_ids"], ref["row_ids"])
+        assert max(float(t.abs().max()) for t in ref["theta_delta"].values()) > 0  # a real update was compared
+
+
+@pytest.mark.parametrize("train_rows", [True, False])
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_embedding_family_matches_the_reference_trainer_in_float64(train_rows, epochs):
+    torch.manual_seed(0)
+    dt = torch.float64
+    model = SparseTextEncoder(20, embed_dim=16, hidden_dims=(32, 24), out_dim=8).to(dt)
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
+    clients = _clients(dt, num_labels=4, positive_only=True)
+    rows = F.normalize(torch.randn(4, 8, dtype=dt), dim=-1)
+
+    def payload(d):
+        k = d.known_labels
+        return {"theta": theta, "rows": rows[k], "row_ids": k, "train_rows": train_rows, "loss": "positive"}
+
+    hp = LocalTraining(batch_size=4, lr=0.3, epochs=epochs)
+    _compare(model, CosineEmbedding(), clients, payload, hp, 1e-9)
+
+
+@pytest.mark.parametrize("loss", ["bce", "asl"])
+def test_linear_head_family_in_the_general_setting_matches_in_float64(loss):
+    torch.manual_seed(1)
+    dt = torch.float64
+    from secure_fed.models.families import LinearHeadModel
+
+    model = LinearHeadModel(MLPEncoder(20, hidden_dims=(16,), out_dim=12), 12, 5).to(dt)
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
+    clients = _clients(dt, num_labels=5, positive_only=False)
+    hp = LocalTraining(batch_size=4, lr=0.5, epochs=2)
+    _compare(model, LinearHead(), clients, lambda d: {"theta": theta, "train_rows": False, "loss": loss}, hp, 1e-9)
+
+
+def test_float32_is_as_close_to_the_exact_update_as_the_reference_is():
+    """In fp32 neither trainer is exact; the batched one must not be further from the float64 result than the
+    reference trainer (which loses bits forming θ_final − θ)."""
+    torch.manual_seed(2)
+    model64 = SparseTextEncoder(20, embed_dim=16, hidden_dims=(32,), out_dim=8).double()
+    theta64 = {n: p.detach().clone() for n, p in model64.named_parameters()}
+    rows64 = F.normalize(torch.randn(4, 8, dtype=torch.float64), dim=-1)
+    hp = LocalTraining(batch_size=4, lr=0.3)
+    exact = [
+        LocalTrainer(model64, CosineEmbedding()).update_one(
+            {"theta": theta64, "rows": rows64[d.known_labels], "row_ids": d.known_labels, "train_rows": True, "loss": "positive"},
+            d,
+            hp,
+            torch.Generator().manual_seed(i),
+        )  # fmt: skip
+        for i, d in enumerate(_clients(torch.float64, num_labels=4, positive_only=True))
+    ]
+    model32 = model64.float()
+    theta32 = {n: t.float() for n, t in theta64.items()}
+    clients32 = _clients(torch.float32, num_labels=4, positive_only=True)
+    payload = {"theta": theta32, "train_rows": True, "loss": "positive"}
+    reqs = [
+        TrainRequest({**payload, "rows": rows64.float()[d.known_labels], "row_ids": d.known_labels}, d, hp,
+                     torch.Generator().manual_seed(i))
+        for i, d in enumerate(clients32)
+    ]  # fmt: skip
+    batched = [b() for b in train_group(model32, CosineEmbedding(), reqs)]
+    ref32 = [
+        LocalTrainer(model32, CosineEmbedding()).update_one(r.payload, r.data, hp, torch.Generator().manual_seed(i))
+        for i, r in enumerate(reqs)
+    ]
+    for e, b, r in zip(exact, batched, ref32, strict=True):
+        err_b = relative_error(b["theta_delta"], e["theta_delta"])
+        err_r = relative_error(r["theta_delta"], e["theta_delta"])
+        assert err_b < 1e-5 and err_b <= 2 * err_r + 1e-7
+
+
+def test_what_the_batched_trainer_does_not_cover_is_named():
+    model = SparseTextEncoder(6, embed_dim=4, hidden_dims=(4,), out_dim=4)
+    d = _clients(torch.float32, num_labels=2, positive_only=True, in_dim=6)[0]
+    theta = dict(model.named_parameters())
+
+    def req(hp=None, loss="positive", **extra):
+        return TrainRequest({"theta": theta, "loss": loss, **extra}, d, hp or LocalTraining(), torch.Generator())
+
+    fam = CosineEmbedding()
+    assert unbatchable(model, fam, req()) is None
+    assert "DP-SGD" in unbatchable(model, fam, req(), privatizer=object())
+    assert "SGD" in unbatchable(model, fam, req(LocalTraining(momentum=0.9)))
+    assert "SGD" in unbatchable(model, fam, req(LocalTraining(weight_decay=0.1)))
+    assert "SGD" in unbatchable(model, fam, req(LocalTraining(optimizer="adam")))
+    assert "softmax" in unbatchable(model, fam, req(loss="softmax"))
+    assert "mask" in unbatchable(model, fam, req(ca_mle_tau=0.5))
+    dropout = nn.Sequential(nn.Linear(6, 4), nn.Dropout(0.5))
+    assert unbatchable(dropout, fam, req()) is not None
+
+
+def test_a_chain_must_hold_every_parameter():
+    enc = SparseTextEncoder(6, embed_dim=4, hidden_dims=(4,), out_dim=4)
+    assert [type(m) for m, _ in linear_chain(enc)] == [nn.Linear, nn.Linear, nn.ReLU, nn.Linear]
+    enc.extra = nn.Linear(2, 2)  # a parameter outside the chain: the chain no longer describes the model
+    assert linear_chain(enc) is None
+    assert linear_chain(nn.Sequential(nn.Linear(2, 2))) is None  # no chain() declared
+
+
+def test_the_declared_chain_computes_the_models_forward_pass():
+    torch.manual_seed(3)
+    from secure_fed.models.families import LinearHeadModel
+
+    for model in (SparseTextEncoder(7, embed_dim=5, hidden_dims=(6, 4), out_dim=3),
+                  LinearHeadModel(MLPEncoder(7, hidden_dims=(5,), out_dim=4), 4, 3)):  # fmt: skip
+        x = torch.randn(5, 7)
+        h = x
+        for m, _ in linear_chain(model):
+            h = m(h)
+        assert torch.allclose(h, model(x), atol=1e-6)
