@@ -1,0 +1,130 @@
+"""Sequential vs vectorised executor: seconds per round, training GFLOP/s against this machine's matmul rate, and
+how the cost grows with the number of clients — every ratio measured in the same run.
+
+    python benchmarks/executors.py [--precisions fp32,bf16] [--rounds 3] [--scaling 10,40,159,1000]
+                                   [--skip-bibtex] [--json FILE]
+
+* **Machine**: the rate of one 1024 × 1024 × 1024 matrix product (and of a 32-row one, a client batch's shape) in
+  fp32 and bf16, on this process's torch threads.
+* **Bibtex FedALC** (``experiments/configs/bibtex_fedalc.yaml``: all 159 clients every round, the paper's
+  512 → 1024 → 1024 → 512 network; needs ``$SECURE_FED_DATA``): seconds per round of each executor at each
+  precision (mean of ``--rounds`` rounds after one warm-up), their ratio, the 300-round time it implies, and the
+  training GFLOP/s of each (the round's forward, input-gradient and weight-gradient products counted from the
+  network's shape and the clients' example counts) over the matmul rate at the same precision.
+* **Scaling**: synthetic positive-only data with C labels (one client per label, 20 instances per label, dense
+  64-wide features, the same 1024-wide body), seconds per round of both executors at each C.
+
+The per-round time is wall time of ``Experiment.train_round`` (no evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BIBTEX = REPO / "experiments/configs/bibtex_fedalc.yaml"
+
+
+def matmul_rate(dtype: torch.dtype, m: int, k: int = 1024, n: int = 1024, seconds: float = 0.5) -> float:
+    """GFLOP/s of an (m × k) @ (k × n) product, repeated for about ``seconds``."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
+
+
+def training_flops(exp) -> float:
+    """FLOPs of one round's client training: per example, 2·in·out for each layer's forward product, as much for
+    its weight gradient, and as much for its input gradient (not the first layer's, whose input is data)."""
+    from secure_fed.algorithms.batched_sgd import linear_chain
+
+    chain = linear_chain(exp.worker)
+    if chain is None:
+        return float("nan")
+    sizes = [m.in_features * m.out_features for m, prefix in chain if prefix is not None]
+    per_example = sum(2 * s * (3 if i else 2) for i, s in enumerate(sizes))
+    examples = sum(c.num_examples for c in exp.fed.clients) * exp.local.epochs
+    return per_example * examples * exp.cfg.training.client_fraction
+
+
+def seconds_per_round(config, overrides: list[str], executor: str, rounds: int) -> tuple[float, object]:
+    from secure_fed.config import load_config
+    from secure_fed.engine import Experiment
+
+    cfg = load_config(config, [*overrides, f"training.executor={executor}", "output.progress=false", "device=cpu"])
+    with tempfile.TemporaryDirectory() as tmp:
+        exp = Experiment(cfg, run_dir=Path(tmp) / "run")
+        exp.setup()
+        exp.train_round()  # warm-up
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            exp.train_round()
+            times.append(time.perf_counter() - t0)
+    return statistics.mean(times), exp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--scaling", default="10,40,159,1000", help="numbers of clients of the scaling table ('' to skip)")
+    ap.add_argument("--skip-bibtex", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows as it goes, also into a file
+    out: dict = {"threads": torch.get_num_threads(), "machine": {}, "bibtex": {}, "scaling": {}}
+
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        out["machine"][name] = {"gflops_1024": matmul_rate(dt, 1024), "gflops_32_rows": matmul_rate(dt, 32)}
+    print(f"torch threads: {out['threads']}")
+    for name, r in out["machine"].items():
+        print(
+            f"matmul {name}: 1024³ {r['gflops_1024']:.0f} GFLOP/s; 32 × 1024 × 1024 {r['gflops_32_rows']:.0f} GFLOP/s", flush=True
+        )
+
+    if not args.skip_bibtex:
+        for prec in [p for p in args.precisions.split(",") if p]:
+            row = {}
+            for executor in ("sequential", "vectorized"):
+                s, exp = seconds_per_round(BIBTEX, [f"training.precision={prec}"], executor, args.rounds)
+                flops = training_flops(exp)
+                rate = flops / s / 1e9
+                row[executor] = {"s_per_round": s, "train_gflops": rate,
+                                 "of_matmul_rate": rate / out["machine"][prec]["gflops_1024"],
+                                 "minutes_300_rounds": 300 * s / 60}  # fmt: skip
+                print(f"bibtex fedalc 159 clients {prec} {executor:>10}: {s:.3f} s/round "
+                      f"({flops / 1e9:.0f} GFLOP → {rate:.0f} GFLOP/s = {rate / out['machine'][prec]['gflops_1024']:.2f}"
+                      f" of the {prec} matmul rate); 300 rounds ≈ {300 * s / 60:.1f} min")  # fmt: skip
+            row["speedup"] = row["sequential"]["s_per_round"] / row["vectorized"]["s_per_round"]
+            print(f"bibtex {prec}: vectorized is {row['speedup']:.2f}× sequential")
+            out["bibtex"][prec] = row
+
+    for n in [int(c) for c in args.scaling.split(",") if c]:
+        ov = [f"dataset.synthetic.num_labels={n}", f"dataset.synthetic.num_train={20 * n}",
+              f"dataset.synthetic.num_groups={max(1, min(5, n // 2))}", "dataset.synthetic.num_test=200",
+              "model.hidden_dims=[1024,1024]", "model.embedding_dim=512", "training.client_fraction=1.0"]  # fmt: skip
+        row = {ex: seconds_per_round(None, ov, ex, max(1, args.rounds - 1))[0] for ex in ("sequential", "vectorized")}
+        row["speedup"] = row["sequential"] / row["vectorized"]
+        out["scaling"][n] = row
+        print(f"synthetic {n:>5} clients: sequential {row['sequential']:.3f} s/round, vectorized "
+              f"{row['vectorized']:.3f} s/round ({row['speedup']:.2f}×)")  # fmt: skip
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
