@@ -236,11 +236,13 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
             delta: dict[str, torch.Tensor] = {}
             with torch.no_grad():
                 for li_, (_m, prefix) in enumerate(layers):
-                    dtype = theta[f"{prefix}.weight"].dtype
-                    # all b rows of each step: a padded row has δ = 0, so it adds nothing
-                    X = torch.cat([hist[li_][t][0][j] for t in live]).to(dtype)
-                    D = torch.cat([hist[li_][t][1][j] for t in live]).to(dtype)
-                    delta[f"{prefix}.weight"] = -(D.T @ X)
+                    A = theta[f"{prefix}.weight"]
+                    if not live:  # a client without examples took no step
+                        delta[f"{prefix}.weight"] = torch.zeros_like(A)
+                    else:  # all b rows of each step: a padded row has δ = 0, so it adds nothing
+                        X = torch.cat([hist[li_][t][0][j] for t in live]).to(A.dtype)
+                        D = torch.cat([hist[li_][t][1][j] for t in live]).to(A.dtype)
+                        delta[f"{prefix}.weight"] = -(D.T @ X)
                     if bias[li_] is not None:
                         delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
             out: Payload = {
