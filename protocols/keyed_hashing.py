@@ -35,7 +35,7 @@ import torch
 from protocols.base import ProtocolLayer, ProtocolSetup, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.algorithms.label_sets import canonical_instance_bytes
+from secure_fed.algorithms.label_sets import canonical_rows
 from secure_fed.errors import PrivacyViolation
 
 TOKENIZER_NAME = "hmac-sha256"
@@ -67,8 +67,7 @@ class ClientKeyring:
         self.pseudonym: bytes | None = None
 
     def tokens(self, raw: sp.csr_matrix) -> list[bytes]:
-        x = sp.csr_matrix(raw)
-        return [keyed_token(self.run_key, self.salt, canonical_instance_bytes(x[i])) for i in range(x.shape[0])]
+        return [keyed_token(self.run_key, self.salt, row) for row in canonical_rows(raw)]
 
     def state(self) -> dict[str, bytes]:
         return {"sk": self.pair.private_bytes(), "run_key": self.run_key, "salt": self.salt, "pseudonym": self.pseudonym}

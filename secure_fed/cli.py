@@ -191,6 +191,28 @@ def cmd_data_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_synth_xc(args: argparse.Namespace) -> int:
+    from secure_fed.data.synth_xc import scaled_shape, synth_xc
+
+    shape = scaled_shape(args.like, args.scale)  # bad --like/--scale: an error before anything is written
+    out = Path(args.out)
+    if not args.force and any((out / f).exists() for f in ("train.txt", "test.txt")):
+        raise SecureFedError(f"--out {out}: train.txt or test.txt already exists (use --force to overwrite)")
+    print(
+        f"writing {args.like} x{args.scale:g}: {shape.train:,} train + {shape.test:,} test rows, {shape.features:,} "
+        f"features, {shape.labels:,} labels, ~{shape.labels_per_instance:.2f} labels and ~{shape.nnz_per_row:.0f} "
+        f"non-zeros per row -> {out}/",
+        file=sys.stderr,
+    )
+
+    def progress(split: str, done: int, total: int) -> None:
+        print(f"  {split}: {done:,}/{total:,} rows", file=sys.stderr, flush=True)
+
+    synth_xc(args.like, out=out, scale=args.scale, seed=args.seed, progress=progress)
+    print(f"ok  {out / 'train.txt'}\nok  {out / 'test.txt'}")
+    return 0
+
+
 def _parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     grid = []
     for item in items:
@@ -320,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--mirror", default=None, help="base URL replacing the Mulan GitHub raw URL (file:// works)")
     d.add_argument("--force", action="store_true", help="download even if a verified copy exists")
     d.set_defaults(func=cmd_data_download)
+    d = dsub.add_parser("synth-xc", help="write synthetic XC files with a benchmark's published shape (train.txt, test.txt)")
+    d.add_argument("--like", required=True, help="eurlex-4k | amazoncat-13k | wiki-325k | amazon-670k")
+    d.add_argument("--scale", type=float, default=1.0, help="instances and labels scaled by F in (0, 1] (default 1)")
+    d.add_argument("--out", required=True, help="output folder (use it as dataset.train/test with format: xc)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--force", action="store_true", help="overwrite existing files")
+    d.set_defaults(func=cmd_data_synth_xc)
 
     from secure_fed.plugins import registry
 

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
 #: ``per_set_grads(W)`` prepares everything that depends on W alone (pair gradients, neighbours) once per
 #: step and returns a function of a chunk of label sets (B, C) → per-set gradients (B, C, d).
 PerSetGrads = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+
+#: elements of one chunk's per-set gradients (chunk × C × d) the step holds at once (fp32: 256 MB)
+PER_SET_CHUNK_ELEMENTS = 2**26
 
 #: sensitivity of the clipped sum of per-set gradients, in units of the clip norm C (see above)
 SENSITIVITY_IN_CLIP_NORMS = 2.0
@@ -50,7 +54,7 @@ def dp_label_set_step(
     step_size: float,
     pick: torch.Tensor,
     noise: torch.Tensor,
-    chunk: int = 64,
+    chunk: int | None = None,
 ) -> dict[str, float]:
     """One DP-SGD step on W in place; returns diagnostics (batch size, clipped fraction, mean norm).
 
@@ -59,12 +63,20 @@ def dp_label_set_step(
     the run's private diagnostics, never in a released file.
     """
     n_all = label_sets.shape[0]
-    batch = label_sets[pick.to(label_sets.device)].to(W.device)
+    if sp.issparse(label_sets):  # the algorithm's CSR label sets: densified one chunk at a time
+        batch = sp.csr_matrix(label_sets)[pick.cpu().numpy()]
+    else:
+        batch = label_sets[pick.to(label_sets.device)].to(W.device)
+    if chunk is None:  # the per-set gradients of a chunk are (chunk, C, d): keep them near PER_SET_CHUNK_ELEMENTS
+        chunk = int(min(64, max(1, PER_SET_CHUNK_ELEMENTS // max(1, W.numel()))))
     total = torch.zeros_like(W)
     clipped, norms_sum = 0, 0.0
     grads_of = per_set_grads(W)
     for start in range(0, batch.shape[0], chunk):
-        G = grads_of(batch[start : start + chunk])
+        Yb = batch[start : start + chunk]
+        if sp.issparse(Yb):
+            Yb = torch.from_numpy(Yb.toarray()).to(W.device)
+        G = grads_of(Yb)
         norms = G.flatten(1).norm(dim=1)
         factor = (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
         total += torch.einsum("b,brd->rd", factor, G)

@@ -37,6 +37,7 @@ from torch import nn
 
 from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.losses import asymmetric_loss, bce_loss, positive_hinge_loss
+from secure_fed.models.sparse_rows import SparseRows
 
 
 def _positive(scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -76,7 +77,7 @@ def linear_chain(model: nn.Module) -> list[tuple[nn.Module, str | None]] | None:
     for m in chain:
         if isinstance(m, nn.ReLU):
             out.append((m, None))
-        elif type(m) is nn.Linear and id(m) in names:
+        elif isinstance(m, nn.Linear) and id(m) in names:  # SparseInputLinear too: on dense rows it is nn.Linear
             prefix = names[id(m)]
             out.append((m, prefix))
             covered |= {f"{prefix}.{p}" for p, _ in m.named_parameters()}
@@ -108,6 +109,8 @@ def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None) ->
         return "label mask training"
     if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
         return "dropout"
+    if isinstance(req.data.x, SparseRows):
+        return "sparse input rows"
     if req.payload["loss"] not in MASKED_LOSSES:
         return f"loss {req.payload['loss']!r}"
     if linear_chain(model) is None:

@@ -24,6 +24,7 @@ from secure_fed.algorithms.per_sample import (
 )
 from secure_fed.client_functions import client_function
 from secure_fed.models.families import CosineEmbedding, ModelFamily
+from secure_fed.models.sparse_rows import set_sparse_grads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +126,8 @@ class LocalTrainer:
         # without a row table the model scores every label: targets are the client's full label vectors
         targets = data.pos if has_rows else full_label_targets(data)
         params = list(self.model.parameters()) + ([rows] if train_rows else [])
+        # sparse input rows: plain SGD takes the first layer's gradient as a sparse tensor (the batch's columns only)
+        set_sparse_grads(self.model, hp.optimizer == "sgd" and not hp.momentum and not hp.weight_decay)
         if hp.optimizer == "adam":
             opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
         else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import scipy.sparse as sp
 import torch
 
 from secure_fed.algorithms.base import Algorithm, SetupContext
@@ -32,14 +33,14 @@ from secure_fed.algorithms.client import token_client
 from secure_fed.algorithms.fedaws import regularizer_step
 from secure_fed.algorithms.label_sets import merge_label_sets
 from secure_fed.algorithms.regularizers import (
+    CorrelationWeights,
     cooccurrence_counts,
-    correlation_gamma,
-    correlation_sigma,
     correlation_top_k,
     fixed_embedding_reg,
     label_set_correlation_grads,
     label_set_fixed_grads,
     nearest_classes,
+    neighbour_hinge_grads,
     pair_hinge_grads,
     pair_sqdist_grads,
 )
@@ -59,7 +60,8 @@ class _LabelSetMixin:
     downlink_rules = {**Algorithm.downlink_rules, "tokenizer": Setting()}
     uplink_rules = {**Algorithm.uplink_rules, "tokens": ByteList(), "label": OwnLabel()}
 
-    label_sets: torch.Tensor | None = None
+    #: the merged label sets, (n_all, C) sparse CSR (one row per distinct instance token)
+    label_sets: sp.csr_matrix | None = None
 
     def collect_label_sets(self, ctx: SetupContext) -> dict[str, Any]:
         replies = ctx.query(lambda cid: {"tokenizer": self.cfg.tokenizer}, token_client)
@@ -69,7 +71,7 @@ class _LabelSetMixin:
         return {
             "label_sets": int(self.label_sets.shape[0]),
             "tokens_received": sent,
-            "mean_labels_per_set": float(self.label_sets.sum(1).mean()),
+            "mean_labels_per_set": float(self.label_sets.sum(axis=1).mean()) if self.label_sets.shape[0] else 0.0,
         }
 
 
@@ -98,15 +100,16 @@ class FedALC(_LabelSetMixin, Algorithm):
         """Eq. 11 with σ weights (eq. 9) as a sum over label sets: per-set gradients (B, C, d) for label sets (B, C).
         The W-only parts (neighbours, pair gradients) are computed once here, for every chunk of sets."""
         cfg = self.cfg
-        nn_idx, pair = nearest_classes(V, cfg.k), pair_hinge_grads(V, cfg.margin)
+        nn_idx = nearest_classes(V, cfg.k)
+        pair = neighbour_hinge_grads(V, nn_idx, cfg.margin)
         scale = self._scale(V.shape[0])
         return lambda Y: label_set_correlation_grads(V, Y, k=cfg.k, margin=cfg.margin, scale=scale, nn_idx=nn_idx,
                                                      pair_grads=pair)  # fmt: skip
 
     def _build_weights(self, num_labels: int) -> None:
-        sigma = correlation_sigma(self.label_sets)
-        w = correlation_gamma(sigma) if self.cfg.normalize_gamma else sigma
-        self.weights = (self._scale(num_labels) * w).to(torch.float32).to(self.device)
+        """γ (eq. 10) or σ (eq. 9), scaled, from the sparse co-occurrence counts: looked up at each step's C·K
+        neighbour pairs, never a C × C matrix."""
+        self.weights = CorrelationWeights(self.label_sets, normalize=self.cfg.normalize_gamma, scale=self._scale(num_labels))
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         return self.w_step(W) or {}

@@ -18,7 +18,6 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 
 def canonical_instance_bytes(row: sp.csr_matrix | np.ndarray) -> bytes:
@@ -49,6 +48,35 @@ def canonical_instance_bytes(row: sp.csr_matrix | np.ndarray) -> bytes:
     )
 
 
+def canonical_rows(x: sp.spmatrix | np.ndarray):
+    """:func:`canonical_instance_bytes` of every row of ``x``, built for all rows at once with numpy (no per-row
+    slicing): yields one ``memoryview`` per row, in order, each equal to that row's canonical encoding."""
+    m = sp.csr_matrix(x, copy=True)  # in its own dtype until the values are written, as the per-row encoding does
+    m.sum_duplicates()  # sorted, unique indices per row
+    m.eliminate_zeros()
+    n, dim = m.shape
+    nnz = np.diff(m.indptr).astype(np.int64)
+    lengths = 12 + 8 * nnz
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    buf = np.empty(int(lengths.sum()), np.uint8)
+    head = np.empty((n, 3), "<u4")
+    head[:, 0] = np.frombuffer(b"SFI1", "<u4")[0]
+    head[:, 1] = dim
+    head[:, 2] = nnz
+    take = (starts[:, None] + np.arange(12)).ravel()
+    buf[take] = head.view(np.uint8).ravel()
+    # each stored value's byte positions: its row's start + 12, then 4 bytes per index before it in the row
+    pos_in_row = np.arange(m.nnz, dtype=np.int64) - np.repeat(m.indptr[:-1].astype(np.int64), nnz)
+    idx_at = np.repeat(starts + 12, nnz) + 4 * pos_in_row
+    val_at = idx_at + 4 * np.repeat(nnz, nnz)
+    four = np.arange(4)
+    buf[(idx_at[:, None] + four).ravel()] = m.indices.astype("<u4").view(np.uint8)
+    buf[(val_at[:, None] + four).ravel()] = m.data.astype("<f4").view(np.uint8)
+    view = memoryview(buf)
+    for s, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+        yield view[s : s + length]
+
+
 class Tokenizer(ABC):
     """Maps each instance a client holds to a fixed-size token (bytes)."""
 
@@ -64,27 +92,27 @@ class Sha256Tokenizer(Tokenizer):
     name = "sha256"
 
     def tokens(self, raw_features: sp.csr_matrix) -> list[bytes]:
-        x = sp.csr_matrix(raw_features)
-        return [hashlib.sha256(canonical_instance_bytes(x[i])).digest() for i in range(x.shape[0])]
+        return [hashlib.sha256(row).digest() for row in canonical_rows(raw_features)]
 
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {Sha256Tokenizer.name: Sha256Tokenizer}
 
 
-def merge_label_sets(messages: list[tuple[list[bytes], int]], num_labels: int) -> torch.Tensor:
-    """Server side: merge (tokens, label) messages into an ``(n_all, C)`` 0/1 matrix.
+def merge_label_sets(messages: list[tuple[list[bytes], int]], num_labels: int) -> sp.csr_matrix:
+    """Server side: merge (tokens, label) messages into an ``(n_all, C)`` sparse 0/1 matrix (CSR, float32).
 
     One row per distinct token, in first-seen order. Identical instances share a
-    token and therefore a row, exactly as in the paper's protocol.
+    token and therefore a row, exactly as in the paper's protocol. Memory is O(tokens), never O(n_all·C).
     """
     row_of: dict[bytes, int] = {}
-    rows, cols = [], []
+    rows: list[int] = []
+    cols: list[np.ndarray] = []
     for tokens, label in messages:
-        for t in tokens:
-            r = row_of.setdefault(t, len(row_of))
-            rows.append(r)
-            cols.append(label)
-    Y = torch.zeros((len(row_of), num_labels), dtype=torch.float32)
-    if rows:
-        Y[torch.tensor(rows), torch.tensor(cols)] = 1.0
+        rows.extend(row_of.setdefault(t, len(row_of)) for t in tokens)
+        cols.append(np.full(len(tokens), label, np.int64))
+    r = np.asarray(rows, np.int64)
+    c = np.concatenate(cols) if cols else np.zeros(0, np.int64)
+    Y = sp.csr_matrix((np.ones(len(r), np.float32), (r, c)), shape=(len(row_of), num_labels))
+    Y.sum_duplicates()
+    Y.data[:] = 1.0  # a client sending one token twice (duplicate rows) still marks one label
     return Y

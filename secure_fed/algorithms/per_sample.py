@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from secure_fed.models.sparse_rows import SparseRows
+
 #: how many samples' gradients are materialised at once (bounds memory: chunk × |θ| floats)
 DEFAULT_CHUNK = 64
 
@@ -101,6 +103,12 @@ def per_sample_gradients(
     """
     from secure_fed.models.ctran import UNKNOWN, masked_loss
 
+    if isinstance(x, SparseRows):
+        raise ValueError(
+            "DP-SGD in client training on sparse input rows needs the linear fast path (a model whose trainable layers "
+            "are all linear: the sparse_text encoder with the embedding or linear_head family); this model is not, so "
+            "set model.sparse_input: false"
+        )
     scored = _Scored(family, model)
     masked = states is not None
 
@@ -187,11 +195,16 @@ def clipped_sum_linear(
     for n, m in linears.items():
         if not any(p.requires_grad for p in m.parameters()):
             continue
-        a, g = acts[n].float(), outs[n].float()
-        if a.dim() != 2:
-            raise ValueError(f"the linear fast path needs 2-D inputs; {n} got {tuple(a.shape)}")
+        a, g = acts[n], outs[n].float()
+        if isinstance(a, SparseRows):  # the sparse first layer: ‖a_i‖² over the row's non-zeros
+            a_sq = a.row_sq_norms().float()
+        else:
+            a = a.float()
+            if a.dim() != 2:
+                raise ValueError(f"the linear fast path needs 2-D inputs; {n} got {tuple(a.shape)}")
+            a_sq = a.pow(2).sum(1)
         gn = g.pow(2).sum(1)
-        sq += gn * a.pow(2).sum(1) if m.weight.requires_grad else 0.0
+        sq += gn * a_sq if m.weight.requires_grad else 0.0
         if m.bias is not None and m.bias.requires_grad:
             sq += gn
     if rows_b is not None:
@@ -202,7 +215,8 @@ def clipped_sum_linear(
         g = outs[n].float() * f[:, None]
         prefix = f"{n}." if n else ""
         if m.weight.requires_grad:
-            sums[prefix + "weight"] = g.T @ acts[n].float()
+            a = acts[n]
+            sums[prefix + "weight"] = a.t_matmul(g) if isinstance(a, SparseRows) else g.T @ a.float()
         if m.bias is not None and m.bias.requires_grad:
             sums[prefix + "bias"] = g.sum(0)
     if rows_b is not None:

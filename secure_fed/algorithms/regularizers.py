@@ -7,21 +7,48 @@ the FedAwS paper (eqs. 7–8) and the FedALC paper (eqs. 9–12).
 
 from __future__ import annotations
 
+import numpy as np
+import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
+#: elements of the (rows × C) distance block the exact neighbour search holds at once
+NEIGHBOUR_BLOCK_ELEMENTS = 2**24
+
 
 def cosine_distances(W: torch.Tensor) -> torch.Tensor:
+    """The dense (C, C) matrix of d(w_u, w_v) (eq. 7's all-pairs form and tests; the top-k forms never build it)."""
     Wn = F.normalize(W, dim=-1)
     return 1.0 - Wn @ Wn.T
 
 
-def nearest_classes(W: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices ``(C, k)`` of each class's k closest other classes (N_k(c)), no gradient."""
+def pair_distances(W: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """d(w_u, w_v) for the pairs (rows[i], cols[i, j]): shape of ``cols``; differentiable in W."""
+    Wn = F.normalize(W, dim=-1)
+    # index_select, not advanced indexing: its backward is index_add_, deterministic on CPU, where indexing's
+    # backward (index_put_ with accumulate) adds in a thread-dependent order and runs would differ in the last bits
+    u = Wn.index_select(0, rows).unsqueeze(1)
+    v = Wn.index_select(0, cols.reshape(-1)).view(*cols.shape, W.shape[1])
+    return 1.0 - (u * v).sum(-1)
+
+
+def nearest_classes(W: torch.Tensor, k: int, *, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices ``(len(rows), k)`` of each class's k closest other classes (N_k(c)), no gradient; all classes by
+    default. Exact: blocks of rows against all of W (a blocked matmul and ``torch.topk``), so memory is
+    O(block × C) and never C × C."""
+    C = W.shape[0]
+    rows = torch.arange(C, device=W.device) if rows is None else rows
+    k = min(k, C - 1)
+    block = max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1))
     with torch.no_grad():
-        D = cosine_distances(W)
-        D.fill_diagonal_(float("inf"))
-        return torch.topk(D, min(k, W.shape[0] - 1), dim=1, largest=False).indices
+        Wn = F.normalize(W, dim=-1)
+        out = []
+        for s in range(0, len(rows), block):
+            r = rows[s : s + block]
+            D = 1.0 - Wn[r] @ Wn.T
+            D[torch.arange(len(r), device=W.device), r] = float("inf")
+            out.append(torch.topk(D, k, dim=1, largest=False).indices)
+        return torch.cat(out) if out else torch.zeros(0, k, dtype=torch.int64, device=W.device)
 
 
 def spreadout(W: torch.Tensor, margin: float) -> torch.Tensor:
@@ -37,21 +64,75 @@ def spreadout_top_k(W: torch.Tensor, k: int, classes: torch.Tensor | None = None
     Stochastic negative mining: each class is pushed away from its k nearest
     classes only. ``classes`` restricts the outer sum (default: all classes).
     """
-    nn_idx = nearest_classes(W, k)
-    D = cosine_distances(W)
     rows = torch.arange(W.shape[0], device=W.device) if classes is None else classes
-    return -(D[rows.unsqueeze(1), nn_idx[rows]] ** 2).sum()
+    nn_idx = nearest_classes(W, k, rows=rows)
+    return -(pair_distances(W, rows, nn_idx) ** 2).sum()
 
 
-def cooccurrence_counts(label_sets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def as_csr(label_sets) -> sp.csr_matrix:
+    """Label sets (a scipy sparse matrix, or a dense 0/1 tensor or array) as a float64 CSR matrix."""
+    if sp.issparse(label_sets):
+        return sp.csr_matrix(label_sets, dtype=np.float64)
+    if isinstance(label_sets, torch.Tensor):
+        label_sets = label_sets.detach().cpu().numpy()
+    return sp.csr_matrix(np.asarray(label_sets, dtype=np.float64))
+
+
+def sparse_cooccurrence(label_sets) -> tuple[sp.csr_matrix, np.ndarray, int]:
+    """(A, n_u, n_all) with A the sparse co-occurrence counts (diagonal removed: only pairs that occur are
+    stored), n_u each label's count and n_all the number of sets: ``Yᵀ Y`` on CSR, O(Σ_j |L_j|²) work."""
+    Y = as_csr(label_sets)
+    A = (Y.T @ Y).tocsr()
+    n_u = A.diagonal().copy()
+    A = (A - sp.diags(n_u, format="csr")).tocsr()
+    A.eliminate_zeros()
+    A.sort_indices()
+    return A, n_u, int(Y.shape[0])
+
+
+def cooccurrence_counts(label_sets) -> tuple[torch.Tensor, torch.Tensor, int]:
     """From an ``(n_all, C)`` 0/1 matrix of label sets: (A, n_u, n_all), where
     A[u, u'] counts instances with both u and u' (diagonal zeroed) and n_u
-    counts instances with u."""
-    Y = label_sets.to(torch.float64)
-    A = Y.T @ Y
-    n_u = A.diagonal().clone()
-    A.fill_diagonal_(0.0)
-    return A, n_u, int(Y.shape[0])
+    counts instances with u. Dense (C, C): eq. 12's all-pairs form (FedALC-fixed) and tests."""
+    A, n_u, n_all = sparse_cooccurrence(label_sets)
+    return torch.from_numpy(A.toarray()), torch.from_numpy(n_u), n_all
+
+
+class CorrelationWeights:
+    """σ (eq. 9) or γ (eq. 10), times ``scale``, looked up at any pairs without a C × C matrix.
+
+    σ_uv = (n_u − A_uv)/n_all (σ_uu = 0) and γ_uv = σ_uv / Σ_{v'≠u} σ_uv', whose row mass is
+    ((C − 1)·n_u − Σ_v A_uv)/n_all in closed form; A is the sparse co-occurrence matrix, looked up by binary
+    search in its sorted (u·C + v) keys. Memory O(pairs that occur + C)."""
+
+    def __init__(self, label_sets, *, normalize: bool, scale: float):
+        A, n_u, n_all = sparse_cooccurrence(label_sets)
+        C = A.shape[0]
+        self.num_labels, self.n_all, self.normalize, self.scale = C, max(n_all, 1), normalize, float(scale)
+        self.n_u = n_u
+        rows = np.repeat(np.arange(C, dtype=np.int64), np.diff(A.indptr))
+        self.keys = rows * C + A.indices.astype(np.int64)  # sorted: rows ascending, indices sorted within a row
+        self.counts = A.data
+        self.mass = ((C - 1) * n_u - np.asarray(A.sum(axis=1)).ravel()) / self.n_all
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The weights of pairs (rows[i], cols[i, j]), shape of ``cols`` (float64, on ``cols``' device)."""
+        r = rows.detach().cpu().numpy().astype(np.int64)[:, None]
+        c = cols.detach().cpu().numpy().astype(np.int64)
+        key = r * self.num_labels + c
+        pos = np.minimum(np.searchsorted(self.keys, key), max(len(self.keys) - 1, 0))
+        a = np.where(self.keys[pos] == key, self.counts[pos], 0.0) if len(self.keys) else np.zeros(key.shape)
+        sigma = np.where(r == c, 0.0, (self.n_u[r] - a) / self.n_all)
+        if self.normalize:
+            m = np.broadcast_to(self.mass[r], sigma.shape)
+            sigma = np.divide(sigma, m, out=np.zeros_like(sigma), where=m > 0)
+        return torch.from_numpy(self.scale * sigma).to(cols.device)
+
+    def dense(self) -> torch.Tensor:
+        """The (C, C) matrix (tests and small C only)."""
+        C = self.num_labels
+        idx = torch.arange(C)
+        return self.at(idx, idx.unsqueeze(0).expand(C, C))
 
 
 def correlation_sigma(label_sets: torch.Tensor) -> torch.Tensor:
@@ -71,13 +152,16 @@ def correlation_gamma(sigma: torch.Tensor) -> torch.Tensor:
 def correlation_top_k(W: torch.Tensor, weights: torch.Tensor, k: int, margin: float) -> torch.Tensor:
     """reg_cr^top(W) = Σ_u Σ_{u' ∈ N_K(u)} γ_uu' · max(0, ν − d(w_u, w_u'))²  (FedALC eq. 11).
 
-    ``weights`` is γ (or σ), already scaled as the caller wants.
+    ``weights`` is γ (or σ), already scaled as the caller wants: a dense (C, C) tensor or a
+    :class:`CorrelationWeights` (looked up at the C·K pairs only).
     """
     nn_idx = nearest_classes(W, k)
-    D = cosine_distances(W)
-    rows = torch.arange(W.shape[0], device=W.device).unsqueeze(1)
-    g = weights.to(W.dtype)[rows, nn_idx]
-    return (g * torch.clamp(margin - D[rows, nn_idx], min=0.0) ** 2).sum()
+    rows = torch.arange(W.shape[0], device=W.device)
+    if isinstance(weights, CorrelationWeights):
+        g = weights.at(rows, nn_idx).to(W.dtype)
+    else:
+        g = weights.to(W.dtype)[rows.unsqueeze(1), nn_idx]
+    return (g * torch.clamp(margin - pair_distances(W, rows, nn_idx), min=0.0) ** 2).sum()
 
 
 def fixed_embedding_reg(
@@ -130,6 +214,17 @@ def pair_sqdist_grads(W: torch.Tensor) -> torch.Tensor:
     return -2.0 * (1.0 - c).unsqueeze(2) * dc
 
 
+def neighbour_hinge_grads(W: torch.Tensor, nn_idx: torch.Tensor, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For the pairs (u, v = nn_idx[u, k]) only: (∂h/∂w_u, ∂h/∂w_v) of h = max(0, ν − d(w_u, w_v))², each (C, K, d).
+    Eq. 11's per-set gradients need no other pair, so no (C, C, d) tensor is built."""
+    norms = W.norm(dim=-1).clamp(min=1e-12)
+    Wn = W / norms.unsqueeze(1)
+    Wu, Wv = Wn.unsqueeze(1), Wn[nn_idx]  # (C, 1, d), (C, K, d)
+    c = (Wu * Wv).sum(-1, keepdim=True)  # (C, K, 1)
+    m2 = 2.0 * torch.clamp(margin - (1.0 - c), min=0.0)
+    return m2 * (Wv - c * Wu) / norms.view(-1, 1, 1), m2 * (Wu - c * Wv) / norms[nn_idx].unsqueeze(-1)
+
+
 def _per_set(M: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """(B, C, C) pair weights × (C, C, d) pair gradients → (B, C, d) per-set gradients."""
     Ms = (M + M.transpose(1, 2)).to(A.dtype)
@@ -146,17 +241,23 @@ def label_set_correlation_grads(
     nn_idx: torch.Tensor | None = None,
     pair_grads: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-label-set gradients (B, C, d) of ℓ_j for eq. 11 with σ weights (eq. 9), label sets Y (B, C).
+    r"""Per-label-set gradients (B, C, d) of ℓ_j for eq. 11 with σ weights (eq. 9), label sets Y (B, C).
 
-    ``nn_idx`` and ``pair_grads`` depend on W only; pass them to reuse them across chunks of label sets.
+    Only the pairs (u ∈ L_j, v ∈ N_K(u) \ L_j) enter: u gets ∂h/∂w_u and v gets ∂h/∂w_v of each (scaled by s),
+    from :func:`neighbour_hinge_grads` — memory O(C·K·d + B·C·d), never O(C²·d). ``nn_idx`` and ``pair_grads``
+    (that function's pair) depend on W only; pass them to reuse them across chunks of label sets.
     """
-    C = W.shape[0]
+    B, (C, d) = Y.shape[0], W.shape
     nn_idx = nearest_classes(W, k) if nn_idx is None else nn_idx
-    near = torch.zeros(C, C, dtype=W.dtype, device=W.device)
-    near[torch.arange(C, device=W.device).unsqueeze(1), nn_idx] = 1.0
-    Yf = Y.to(W.dtype)
-    M = scale * Yf.unsqueeze(2) * (1.0 - Yf).unsqueeze(1) * near.unsqueeze(0)
-    return _per_set(M, pair_hinge_grads(W, margin) if pair_grads is None else pair_grads)
+    Au, Av = neighbour_hinge_grads(W, nn_idx, margin) if pair_grads is None else pair_grads
+    Yb = Y.to(W.device) != 0
+    b_idx, u_idx = Yb.nonzero(as_tuple=True)  # (set, label) memberships
+    v_idx = nn_idx[u_idx]  # (m, K)
+    active = (~Yb[b_idx.unsqueeze(1), v_idx]).to(W.dtype).unsqueeze(-1)  # v ∉ L_j
+    G = torch.zeros(B * C, d, dtype=W.dtype, device=W.device)  # index_add_: deterministic on CPU (index_put_ is not)
+    G.index_add_(0, b_idx * C + u_idx, scale * (active * Au[u_idx]).sum(1))
+    G.index_add_(0, (b_idx.unsqueeze(1) * C + v_idx).reshape(-1), scale * (active * Av[u_idx]).reshape(-1, d))
+    return G.view(B, C, d)
 
 
 def label_set_fixed_grads(

@@ -207,6 +207,12 @@ class ModelConfig(_Strict):
     preprocessing: Literal["auto", "rsqrt_nnz", "standardize", "image", "none"] = Field(
         "auto", description="auto: image for image data, rsqrt_nnz for sparse_text, else standardize"
     )
+    sparse_input: bool | Literal["auto"] = Field(
+        "auto",
+        description="sparse_text on sparse data: keep the preprocessed rows sparse (CSR on the device; the first layer "
+        "is an embedding bag over them) instead of dense. auto: sparse when the clients' dense copies would exceed "
+        "1 GiB (extreme-classification data), dense otherwise (Bibtex and the other Mulan sets)",
+    )
     weights: str | None = Field(
         None, min_length=1,
         description="resnet18, resnet50: a local torchvision state-dict file (ImageNet checkpoint format; fc.* ignored) "

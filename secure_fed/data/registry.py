@@ -150,8 +150,8 @@ def load_from_paths(
                 raise DataError(f"{lp} lists {len(names)} labels but the data has {n_labels}")
     else:
         raise DataError(f"unknown dataset format '{format}' (use 'arff' or 'xc')")
-    if feature_kind == "auto":
-        feature_kind = "sparse" if _looks_sparse(tr) else "dense"
+    if feature_kind == "auto":  # XC files are bag-of-words features (tf-idf values): the sparse text network's input
+        feature_kind = "sparse" if format == "xc" or _looks_sparse(tr) else "dense"
     return MultiLabelDataset(name or Path(train).stem, tr, te, names, feature_kind, {"format": format})
 
 

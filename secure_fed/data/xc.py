@@ -12,6 +12,7 @@ fold files: column j of each holds the 1-based row indices of fold j.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -22,51 +23,70 @@ from secure_fed.errors import DataError
 
 
 def read_xc(path: str | Path) -> MultiLabelSplit:
-    """Read an XC-format file into CSR features and labels."""
+    """Read an XC-format file into CSR features (float32) and labels (int8).
+
+    The rows are parsed by scikit-learn's svmlight reader (C code; ``multilabel=True``, 0-based features) from
+    the line after the header, so a file of millions of rows loads at the speed of its size; memory is the CSR
+    result plus the label tuples. A malformed file is then re-read line by line to name the first bad line."""
+    from sklearn.datasets import load_svmlight_file
+
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
-    with path.open("r", encoding="utf-8") as fh:
-        header = fh.readline().split()
-        if len(header) != 3:
-            raise DataError(f"{path}:1: expected header 'N D L', got {' '.join(header)!r}")
-        n, d, n_labels = (int(x) for x in header)
-        f_rows, f_cols, f_vals, l_rows, l_cols = [], [], [], [], []
-        row = 0
-        for lineno, line in enumerate(fh, start=2):
-            if not line.strip():
-                continue
-            tokens = line.split()
-            if ":" not in tokens[0]:
-                labels_tok, feats = tokens[0], tokens[1:]
-            else:
-                labels_tok, feats = "", tokens
-            try:
-                for lab in filter(None, labels_tok.split(",")):
-                    li = int(lab)
-                    if not 0 <= li < n_labels:
-                        raise ValueError(f"label {li} outside [0, {n_labels})")
-                    l_rows.append(row)
-                    l_cols.append(li)
-                for tok in feats:
-                    fi, fv = tok.split(":", 1)
-                    fi = int(fi)
-                    if not 0 <= fi < d:
-                        raise ValueError(f"feature {fi} outside [0, {d})")
-                    f_rows.append(row)
-                    f_cols.append(fi)
-                    f_vals.append(float(fv))
-            except ValueError as exc:
-                raise DataError(f"{path}:{lineno}: malformed row ({exc})") from None
-            row += 1
-    if row != n:
-        raise DataError(f"{path}: header says {n} rows but the file has {row}")
-    features = sp.csr_matrix((np.asarray(f_vals, np.float32), (f_rows, f_cols)), shape=(n, d))
-    labels = sp.csr_matrix((np.ones(len(l_rows), np.int8), (l_rows, l_cols)), shape=(n, n_labels))
+    with path.open("rb") as fh:
+        n, d, n_labels = _header(path, fh.readline())
+        try:
+            features, label_tuples = load_svmlight_file(fh, n_features=d, multilabel=True, zero_based=True, dtype=np.float32)
+        except ValueError as exc:
+            _locate_error(path, d, n_labels)
+            raise DataError(f"{path}: malformed rows ({exc})") from None
+    lengths = np.fromiter(map(len, label_tuples), np.int64, count=len(label_tuples))
+    cols = np.fromiter(itertools.chain.from_iterable(label_tuples), np.float64, count=int(lengths.sum()))
+    if features.shape[0] != n:
+        raise DataError(f"{path}: header says {n} rows but the file has {features.shape[0]}")
+    if len(cols) and (cols.min() < 0 or cols.max() >= n_labels or np.any(cols != np.floor(cols))):
+        _locate_error(path, d, n_labels)
+        raise DataError(f"{path}: a label outside [0, {n_labels})")
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    labels = sp.csr_matrix((np.ones(len(cols), np.int8), cols.astype(np.int64), indptr), shape=(n, n_labels))
+    features = sp.csr_matrix(features, dtype=np.float32)
     features.sum_duplicates()
     labels.sum_duplicates()
     labels.data[:] = 1
     return MultiLabelSplit(features=features, labels=labels)
+
+
+def _header(path: Path, line: bytes) -> tuple[int, int, int]:
+    header = line.decode("utf-8", "replace").split()
+    try:
+        if len(header) != 3:
+            raise ValueError
+        n, d, n_labels = (int(x) for x in header)
+    except ValueError:
+        raise DataError(f"{path}:1: expected header 'N D L', got {' '.join(header)!r}") from None
+    return n, d, n_labels
+
+
+def _locate_error(path: Path, d: int, n_labels: int) -> None:
+    """Raise a :class:`DataError` naming the first malformed line of an XC file (the slow diagnostic pass)."""
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        fh.readline()
+        for lineno, line in enumerate(fh, start=2):
+            if not line.strip():
+                continue
+            tokens = line.split()
+            labels_tok, feats = ("", tokens) if ":" in tokens[0] else (tokens[0], tokens[1:])
+            try:
+                for lab in filter(None, labels_tok.split(",")):
+                    if not 0 <= int(lab) < n_labels:
+                        raise ValueError(f"label {lab} outside [0, {n_labels})")
+                for tok in feats:
+                    fi, fv = tok.split(":", 1)
+                    float(fv)
+                    if not 0 <= int(fi) < d:
+                        raise ValueError(f"feature {fi} outside [0, {d})")
+            except ValueError as exc:
+                raise DataError(f"{path}:{lineno}: malformed row ({exc})") from None
 
 
 def read_xc_split(

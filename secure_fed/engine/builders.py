@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +26,7 @@ from secure_fed.data import (
 )
 from secure_fed.errors import ConfigError
 from secure_fed.models import Preprocessor, build_encoder
+from secure_fed.models.sparse_rows import SparseRows
 
 
 def resolve_device(name: str) -> torch.device:
@@ -225,17 +228,50 @@ class Federation:
 
     clients: list[ClientData]
     shards: list[ClientShard]
-    x_test: torch.Tensor
+    x_test: torch.Tensor | SparseRows
     y_test: np.ndarray
     preprocessor: Preprocessor
     #: centralised baselines only: a validation split carved from the training data (never the test split)
-    x_val: torch.Tensor | None = None
+    x_val: torch.Tensor | SparseRows | None = None
     y_val: np.ndarray | None = None
     #: the general multi-label setting: each client's own test rows (the partitioner's ``assign`` of the test
     #: split to the same clients), as row indices into ``x_test``/``y_test``; GmAP scores the server's model on
     #: each, AmAP each client's own model. A centralised baseline gets the same clients' test rows (same
     #: partition, same seed) so its GmAP is comparable. None in the positive-only setting.
     client_test: list[np.ndarray] | None = None
+    #: raw feature rows (the dataset's CSR or dense rows) → the model's input, as the clients' rows were made
+    #: (preprocessed; dense, or :class:`SparseRows` when ``model.sparse_input`` picked sparse rows)
+    encode: Callable[[Any], torch.Tensor | SparseRows] | None = None
+
+
+#: ``model.sparse_input: auto`` keeps rows sparse when the clients' dense float32 copies would exceed this
+SPARSE_AUTO_BYTES = 2**30
+
+
+def sparse_input_choice(cfg: ExperimentConfig, ds: MultiLabelDataset, dense_rows: int) -> bool:
+    """Whether the clients' and the test rows stay sparse (:class:`~secure_fed.models.sparse_rows.SparseRows`):
+    ``model.sparse_input`` true, or ``auto`` with ``dense_rows`` rows of ``D`` float32 features over
+    :data:`SPARSE_AUTO_BYTES`. Sparse rows need sparse data, the ``sparse_text`` encoder (its first layer reads
+    them) and a preprocessing that keeps zeros zero; ``true`` without them is a :class:`ConfigError`."""
+    from secure_fed.models.preprocess import SPARSE_KINDS
+
+    want = cfg.model.sparse_input
+    if want is False:
+        return False
+    name, prep, _ = model_choice(cfg, ds)
+    why = (
+        f"dataset '{ds.name}' has {ds.feature_kind} features" if ds.feature_kind != "sparse"
+        else f"model.name={name} (only sparse_text reads sparse rows)" if name != "sparse_text"
+        else f"model.family={cfg.model.family} (its tokens read dense rows)" if cfg.model.family == "ctran"
+        else f"model.preprocessing={prep} (only {' and '.join(SPARSE_KINDS)} keep zeros zero)" if prep not in SPARSE_KINDS
+        else None
+    )  # fmt: skip
+    if want is True:
+        if why is not None:
+            raise ConfigError(f"model.sparse_input=true needs sparse data, the sparse_text encoder and rsqrt_nnz or none "
+                              f"preprocessing: {why}")  # fmt: skip
+        return True
+    return why is None and dense_rows * ds.num_features * 4 > SPARSE_AUTO_BYTES
 
 
 def build_federation(
@@ -243,9 +279,15 @@ def build_federation(
 ) -> Federation:
     _, prep_kind, _ = model_choice(cfg, ds)
     prep = Preprocessor.fit(prep_kind, ds.train.features)
+    sparse = False  # decided once the shards are known (their total size)
 
-    def features(rows: np.ndarray) -> torch.Tensor:  # per shard: no second full copy of the (float) training set
-        return torch.from_numpy(prep.transform(ds.train.features[rows])).to(device)
+    def features(rows: np.ndarray) -> torch.Tensor | SparseRows:  # per shard: no second full copy of the training set
+        return encode(ds.train.features[rows])
+
+    def encode(raw) -> torch.Tensor | SparseRows:
+        if sparse:
+            return SparseRows.from_csr(prep.transform_sparse(raw), device=device)
+        return torch.from_numpy(prep.transform(raw)).to(device)
 
     y_train = ds.train.labels.toarray().astype(bool)
     rng = np.random.default_rng([cfg.seed, 11])
@@ -264,6 +306,7 @@ def build_federation(
         shards = [ClientShard(0, rest)]
     else:
         shards = fed_shards if client_test is not None else part.partition(ds.train, rng)
+    sparse = sparse_input_choice(cfg, ds, sum(len(s.indices) for s in shards) + n_test)
     clients = []
     for s in shards:
         if s.label is not None:
@@ -282,9 +325,9 @@ def build_federation(
                 num_labels=ds.num_labels,
             )
         )
-    x_test = torch.from_numpy(prep.transform(ds.test.features[:n_test])).to(device)
+    x_test = encode(ds.test.features[:n_test])
     y_test = ds.test.labels[:n_test].toarray().astype(np.int8)
-    fed = Federation(clients, shards, x_test, y_test, prep, client_test=client_test)
+    fed = Federation(clients, shards, x_test, y_test, prep, client_test=client_test, encode=encode)
     if client_test is not None and not algorithm.centralized:
         for c, rows in zip(clients, client_test, strict=True):  # each client holds its own test rows
             c.eval_x, c.eval_y = x_test[rows], y_test[rows]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from secure_fed.metrics import evaluate_scores, macro_average_precision
+from secure_fed.models.sparse_rows import SparseRows, split_rows
 
 
 def client_map(scores: np.ndarray, y: np.ndarray) -> float:
@@ -59,6 +60,10 @@ def spread(values: list[float], prefix: str, *, worst: str) -> dict[str, float]:
 EVAL_CHUNK_ELEMENTS = 2**24
 
 
+#: the width a chunk of sparse rows counts as: their first layer's output, not their D features
+SPARSE_ROW_WIDTH = 8192
+
+
 def eval_chunk_rows(width: int) -> int:
     """Rows per evaluation forward pass for inputs ``width`` wide (at most 2048)."""
     return max(1, min(2048, EVAL_CHUNK_ELEMENTS // max(1, width)))
@@ -71,7 +76,8 @@ class EvaluationMixin:
         for n, p in self.encoder.named_parameters():
             p.copy_(theta[n])
         self.encoder.eval()
-        chunks = [self.family.scores(self.encoder, self.W, xb) for xb in torch.split(x, eval_chunk_rows(x.shape[1]))]
+        width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
+        chunks = [self.family.scores(self.encoder, self.W, xb) for xb in split_rows(x, eval_chunk_rows(width))]
         return torch.cat(chunks).float().cpu().numpy()
 
     def evaluate(self, split: str = "test") -> dict[str, float]:

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from secure_fed.models.sparse_rows import SparseInputLinear
+
 
 def _init_kaiming(module: nn.Module) -> None:
     """Kaiming-normal weights and zero biases.
@@ -26,12 +28,14 @@ class SparseTextEncoder(nn.Module):
     A linear embedding of the sparse input to ``embed_dim`` (512), then layers
     of ``hidden_dims`` (1024, 1024) with ReLU, then a linear map to ``out_dim``
     (512). The output is L2-normalised by :class:`EmbeddingClassifier`.
-    Inputs are expected pre-scaled (see ``secure_fed.models.preprocess``).
+    Inputs are expected pre-scaled (see ``secure_fed.models.preprocess``), as a dense ``(n, D)`` tensor or as
+    :class:`~secure_fed.models.sparse_rows.SparseRows` (extreme-classification data: the first layer is then an
+    embedding bag, the paper's "embedding lookup followed by averaging", with the same weight).
     """
 
     def __init__(self, in_dim: int, *, embed_dim: int = 512, hidden_dims: tuple[int, ...] = (1024, 1024), out_dim: int = 512):
         super().__init__()
-        self.embed = nn.Linear(in_dim, embed_dim, bias=False)
+        self.embed = SparseInputLinear(in_dim, embed_dim, bias=False)  # reads dense rows or SparseRows
         layers: list[nn.Module] = []
         prev = embed_dim
         for h in hidden_dims:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from secure_fed.data.dataset import Features, as_dense, row_nnz
 
@@ -14,6 +15,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 KINDS = ("rsqrt_nnz", "standardize", "image", "none")
+#: kinds that map zeros to zeros, so a sparse matrix stays sparse (:meth:`Preprocessor.transform_sparse`)
+SPARSE_KINDS = ("rsqrt_nnz", "none")
 
 #: rows transformed at a time by the ``image`` kind (bounds the float64-free temporary memory)
 _CHUNK = 4096
@@ -61,6 +64,17 @@ class Preprocessor:
         if self.kind == "image":
             return self._normalise_images(as_dense(x))
         return np.array(as_dense(x), dtype=np.float32)  # a copy: the caller may write to it
+
+    def transform_sparse(self, x: Features) -> sp.csr_matrix:
+        """``x`` preprocessed as a float32 CSR matrix, for the kinds that keep zeros zero (``rsqrt_nnz``, ``none``);
+        the same values as :meth:`transform`'s, without the zeros."""
+        if self.kind not in SPARSE_KINDS:
+            raise ValueError(f"preprocessing '{self.kind}' does not keep rows sparse (only {', '.join(SPARSE_KINDS)} do)")
+        m = sp.csr_matrix(x, dtype=np.float32, copy=True)
+        if self.kind == "rsqrt_nnz":
+            scale = 1.0 / np.sqrt(np.maximum(row_nnz(x).astype(np.float32), 1.0))
+            m.data *= np.repeat(scale, np.diff(m.indptr))
+        return m
 
     def _normalise_images(self, x: np.ndarray) -> np.ndarray:
         n, d = x.shape

@@ -29,12 +29,14 @@ def test_sha256_tokens_are_plain_sha256_of_the_encoding():
 def test_merge_label_sets():
     msgs = [([b"a", b"b"], 0), ([b"a"], 1), ([b"c", b"b"], 2)]
     Y = merge_label_sets(msgs, 3)
-    assert Y.tolist() == [[1, 1, 0], [1, 0, 1], [0, 0, 1]]
+    assert sp.issparse(Y) and Y.toarray().tolist() == [[1, 1, 0], [1, 0, 1], [0, 0, 1]]
 
 
 def _collected_sets(exp):
     exp.setup()
-    return exp.algorithm.label_sets
+    Y = exp.algorithm.label_sets
+    assert sp.issparse(Y)  # the server keeps them sparse (O(tokens) memory)
+    return torch.from_numpy(Y.toarray())
 
 
 def test_collected_label_sets_equal_true_label_sets_on_synthetic(tmp_path):
@@ -69,3 +71,22 @@ def test_collected_label_sets_on_bibtex_group_identical_instances(data_root, tmp
     assert Y_server.shape[0] == len(groups)  # one label set per distinct instance
     assert sorted(map(tuple, Y_server.int().tolist())) == expected
     assert exp.setup_facts["tokens_received"] == int(y.sum())
+
+
+def test_canonical_rows_equal_the_per_row_encoding():
+    """The vectorised encoding of all rows equals :func:`canonical_instance_bytes` of each row: duplicates summed,
+    explicit zeros dropped, unsorted indices, empty rows, float64 values and dense input."""
+    from secure_fed.algorithms.label_sets import canonical_rows
+
+    rng = np.random.default_rng(0)
+    m = sp.random(30, 50, density=0.1, format="csr", random_state=1, dtype=np.float64)
+    m = sp.csr_matrix(m.toarray())
+    m[4] = 0
+    m.eliminate_zeros()
+    dup = sp.csr_matrix((np.array([1.5, 2.0, 0.0, 3.0]), np.array([7, 7, 2, 1]), np.array([0, 4])), shape=(1, 50))
+    x = sp.vstack([m, dup]).tocsr()
+    x.has_sorted_indices = False
+    rows = [bytes(r) for r in canonical_rows(x)]
+    assert rows == [canonical_instance_bytes(x[i]) for i in range(x.shape[0])]
+    dense = rng.random((5, 9)) * (rng.random((5, 9)) < 0.4)
+    assert [bytes(r) for r in canonical_rows(dense)] == [canonical_instance_bytes(dense[i]) for i in range(5)]

@@ -103,3 +103,75 @@ def test_spreadout_top_k_outer_sum_over_participating_classes_only():
     nn = nearest_classes(W, 2)
     brute = sum(-(d(W[c], W[j]) ** 2) for c in part.tolist() for j in nn[c].tolist())
     assert float(spreadout_top_k(W, 2, classes=part)) == pytest.approx(brute, rel=1e-5)
+
+
+# ---------------------------------------------------------------- the sparse forms against the dense ones
+def _random_sets(n=60, C=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Ys = (torch.rand(n, C, generator=g) < 0.25).double()
+    Ys[0] = 0  # an empty set
+    return Ys
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_pair_weights_equal_the_dense_sigma_and_gamma(normalize):
+    import scipy.sparse as sp
+
+    from secure_fed.algorithms.regularizers import CorrelationWeights
+
+    Ys = _random_sets()
+    Ys[:, 5] = 0  # a label in no set: its γ row has no mass and stays 0
+    dense = correlation_sigma(Ys)
+    dense = correlation_gamma(dense) if normalize else dense
+    w = CorrelationWeights(sp.csr_matrix(Ys.numpy()), normalize=normalize, scale=3.0)
+    torch.testing.assert_close(w.dense(), 3.0 * dense, rtol=1e-12, atol=1e-15)
+
+
+def test_blocked_neighbour_search_equals_the_dense_one(monkeypatch):
+    from secure_fed.algorithms import regularizers
+
+    W = torch.randn(37, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    D = regularizers.cosine_distances(W)
+    D.fill_diagonal_(float("inf"))
+    want = torch.topk(D, 4, dim=1, largest=False).indices
+    monkeypatch.setattr(regularizers, "NEIGHBOUR_BLOCK_ELEMENTS", 37 * 5)  # blocks of 5 rows
+    assert torch.equal(nearest_classes(W, 4), want)
+    rows = torch.tensor([3, 30, 11])
+    assert torch.equal(nearest_classes(W, 4, rows=rows), want[rows])
+
+
+def test_eq11_with_pair_weights_equals_it_with_the_dense_matrix():
+    import scipy.sparse as sp
+
+    from secure_fed.algorithms.regularizers import CorrelationWeights
+
+    Ys = _random_sets(C=15)
+    W = torch.randn(15, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    dense = 14 * correlation_gamma(correlation_sigma(Ys))
+    pairs = CorrelationWeights(sp.csr_matrix(Ys.numpy()), normalize=True, scale=14)
+    a, b = W.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    ra, rb = correlation_top_k(a, dense, 4, 1.5), correlation_top_k(b, pairs, 4, 1.5)
+    ra.backward(), rb.backward()
+    assert float(ra) == pytest.approx(float(rb), rel=1e-12)
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-13)
+
+
+def test_eq11_per_set_gradients_over_neighbour_pairs_equal_the_all_pairs_form():
+    """The per-set gradients from the C·K neighbour pairs equal the all-pairs form (a (B, C, C) pair-weight tensor
+    times the (C, C, d) pair gradients), fp64 ≤ 1e-9, and their sum is the gradient of eq. 11 with σ weights."""
+    from secure_fed.algorithms.regularizers import _per_set, label_set_correlation_grads, pair_hinge_grads
+
+    C, k, margin, s = 14, 4, 1.5, 13.0
+    Ys = _random_sets(n=25, C=C, seed=5)
+    W = torch.randn(C, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    nn_idx = nearest_classes(W, k)
+    near = torch.zeros(C, C, dtype=W.dtype)
+    near[torch.arange(C).unsqueeze(1), nn_idx] = 1.0
+    M = s * Ys.unsqueeze(2) * (1.0 - Ys).unsqueeze(1) * near.unsqueeze(0)
+    want = _per_set(M, pair_hinge_grads(W, margin))
+    got = label_set_correlation_grads(W, Ys, k=k, margin=margin, scale=s)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert float(got.abs().sum()) > 0
+    V = W.clone().requires_grad_(True)
+    correlation_top_k(V, s * correlation_sigma(Ys) * Ys.shape[0], k, margin).backward()
+    torch.testing.assert_close(got.sum(0), V.grad, rtol=1e-9, atol=1e-12)

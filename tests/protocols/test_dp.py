@@ -21,7 +21,7 @@ from secure_fed.algorithms.regularizers import (
     correlation_top_k,
     label_set_correlation_grads,
     nearest_classes,
-    pair_hinge_grads,
+    neighbour_hinge_grads,
 )
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
@@ -85,7 +85,8 @@ def test_label_set_step_without_noise_equals_nonprivate_sigma_step():
     W_dp = W.clone()
 
     def grads(V):  # W-only parts computed once per step, reused over chunks
-        nn_idx, pair = nearest_classes(V, 3), pair_hinge_grads(V, 1.0)
+        nn_idx = nearest_classes(V, 3)
+        pair = neighbour_hinge_grads(V, nn_idx, 1.0)
         return lambda Yb: label_set_correlation_grads(V, Yb, k=3, margin=1.0, scale=9.0, nn_idx=nn_idx, pair_grads=pair)
 
     stats = dp_label_set_step(W_dp, Y, grads, clip_norm=1e9, noise_multiplier=0.0, sample_rate=1.0, step_size=0.05,
@@ -215,7 +216,7 @@ def test_merged_duplicates_change_a_set_so_the_sensitivity_is_two_clip_norms():
     C = 1e-3  # every set's gradient is clipped
 
     def clipped_sum(Y):
-        G = label_set_correlation_grads(W, Y.double(), k=4, margin=2.0, scale=10.0)
+        G = label_set_correlation_grads(W, torch.from_numpy(Y.toarray()).double(), k=4, margin=2.0, scale=10.0)
         norms = G.flatten(1).norm(dim=1, keepdim=True).unsqueeze(2)
         return (G * (C / norms).clamp(max=1.0)).sum(0)
 

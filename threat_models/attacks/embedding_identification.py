@@ -19,6 +19,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch.nn import functional as F
 
+from secure_fed.models.sparse_rows import split_rows
 from threat_models.base import Attack, AttackResult, label_of_row
 from threat_models.specs import EMBEDDING_IDENTIFICATION
 
@@ -45,7 +46,7 @@ class EmbeddingIdentification(Attack):
         for n, p in enc.named_parameters():
             p.copy_(view.theta[n])
         enc.eval()
-        z = torch.cat([F.normalize(enc(xb).float(), dim=-1) for xb in torch.split(aux["x_public"], 2048)])
+        z = torch.cat([F.normalize(enc(xb).float(), dim=-1) for xb in split_rows(aux["x_public"], 2048)])
         Y = torch.as_tensor(aux["Y_public"], dtype=torch.float32)
         centroids = F.normalize(Y.T @ z, dim=-1)  # (C, d); labels absent from the public data give zeros
         sim = (F.normalize(view.W.float(), dim=-1) @ centroids.T).numpy()  # rows × names

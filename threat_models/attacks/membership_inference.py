@@ -185,7 +185,7 @@ class MembershipInference(Attack):
         member = np.r_[trained, np.zeros(ds.test.num_instances, bool)]
         order = np.random.default_rng([ctx.cfg.seed, 0x3E3]).permutation(len(member))
         feats, labels, member = feats[order], labels[order], member[order]
-        x = torch.from_numpy(fed.preprocessor.transform(feats))
+        x = fed.encode(feats).cpu()  # as the clients' rows were made (dense, or sparse rows at XC scale)
         aux = {
             "x": x, "Y": labels.toarray().astype(bool), "encoder": ctx.new_encoder(),
             "shadow": _ShadowTrainer(ctx, feats, labels, self.options) if self.options.shadows > 0 else None,
