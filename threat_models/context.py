@@ -105,7 +105,7 @@ class AuditContext:
             config=self.public_config(),
             tokenizer=tokenizer,
             token_messages=tuple(tap.token_messages) if tap is not None else (),
-            label_sets=None if label_sets is None else label_sets.clone(),
+            label_sets=None if label_sets is None else label_sets.copy(),
             row_names=None if self.pseudonymized else names,
             label_vocabulary=tuple(sorted(names)),
             theta0=self.theta0(),

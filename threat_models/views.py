@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import scipy.sparse as sp
 import torch
 
 
@@ -38,7 +39,7 @@ class ServerView:
     config: dict[str, Any]
     tokenizer: str | None  #: the tokenizer it asked for ("sha256", or "hmac-sha256" under keyed hashing)
     token_messages: tuple[tuple[int, tuple[bytes, ...], int], ...]  #: (client, tokens, W row) per reply
-    label_sets: torch.Tensor | None  #: merged label sets, columns in the server's row order
+    label_sets: sp.csr_matrix | None  #: merged label sets (CSR), columns in the server's row order
     row_names: tuple[str, ...] | None  #: label name of each W row, if labels arrived in the clear
     label_vocabulary: tuple[str, ...]  #: the dataset's public label list (order of W rows unknown if pseudonymised)
     theta0: dict[str, torch.Tensor]

@@ -57,8 +57,7 @@ class Preprocessor:
     def transform(self, x: Features) -> np.ndarray:
         """``x`` preprocessed: a dense float32 array of the same shape."""
         if self.kind == "rsqrt_nnz":
-            scale = 1.0 / np.sqrt(np.maximum(row_nnz(x).astype(np.float32), 1.0))
-            return (as_dense(x, np.float32) * scale[:, None]).astype(np.float32, copy=False)
+            return (as_dense(x, np.float32) * _rsqrt_nnz(x)[:, None]).astype(np.float32, copy=False)
         if self.kind == "standardize":
             return ((as_dense(x) - self.mean) / self.std).astype(np.float32)
         if self.kind == "image":
@@ -72,8 +71,7 @@ class Preprocessor:
             raise ValueError(f"preprocessing '{self.kind}' does not keep rows sparse (only {', '.join(SPARSE_KINDS)} do)")
         m = sp.csr_matrix(x, dtype=np.float32, copy=True)
         if self.kind == "rsqrt_nnz":
-            scale = 1.0 / np.sqrt(np.maximum(row_nnz(x).astype(np.float32), 1.0))
-            m.data *= np.repeat(scale, np.diff(m.indptr))
+            m.data *= np.repeat(_rsqrt_nnz(x), np.diff(m.indptr))
         return m
 
     def _normalise_images(self, x: np.ndarray) -> np.ndarray:
@@ -88,3 +86,8 @@ class Preprocessor:
             block = x[start : start + _CHUNK].reshape(-1, c, d // c).astype(np.float32) * scale
             out[start : start + _CHUNK] = ((block - mean) * inv_std).reshape(-1, d)
         return out
+
+
+def _rsqrt_nnz(x: Features) -> np.ndarray:
+    """(n,) float32: 1/sqrt(non-zeros) of each row (1 for an empty row), the ``rsqrt_nnz`` scale."""
+    return 1.0 / np.sqrt(np.maximum(row_nnz(x).astype(np.float32), 1.0))

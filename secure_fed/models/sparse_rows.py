@@ -104,9 +104,6 @@ class SparseRows:
         out[self.row_ids(), self.indices] = self.values
         return out
 
-    def to_scipy(self) -> sp.csr_matrix:
-        return sp.csr_matrix((self.values.cpu().numpy(), self.indices.cpu().numpy(), self.indptr.cpu().numpy()), shape=self.shape)
-
     # ---------------------------------------------------------------- products for DP-SGD's linear fast path
     def row_ids(self) -> torch.Tensor:
         """(nnz,) the row of each stored value."""
@@ -124,10 +121,6 @@ class SparseRows:
         out = torch.zeros(self.num_features, g.shape[1], dtype=g.dtype, device=g.device)
         out.index_add_(0, self.indices, g[self.row_ids()] * self.values.to(g.dtype).unsqueeze(1))
         return out.T
-
-
-def num_rows(x: torch.Tensor | SparseRows) -> int:
-    return int(x.shape[0])
 
 
 def split_rows(x: torch.Tensor | SparseRows, size: int) -> list[torch.Tensor | SparseRows]:

@@ -61,7 +61,7 @@ def test_pseudonymous_label_sets_give_the_same_weights_as_clear_labels(tmp_path,
     perm = torch.as_tensor(keyed.label_perm)
     assert sorted(perm.tolist()) == list(range(len(perm))) and not torch.equal(perm, torch.arange(len(perm)))
     # the server's label sets, in its pseudonym-ranked rows, are the clear ones with columns permuted
-    Yc, Yk = clear.algorithm.label_sets, keyed.algorithm.label_sets
+    Yc, Yk = (torch.from_numpy(e.algorithm.label_sets.toarray()) for e in (clear, keyed))  # the server's CSR
     Yc_perm = torch.zeros_like(Yc)
     Yc_perm[:, perm] = Yc
     assert sorted(map(tuple, Yk.tolist())) == sorted(map(tuple, Yc_perm.tolist()))

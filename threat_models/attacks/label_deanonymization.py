@@ -76,7 +76,7 @@ class LabelDeanonymization(Attack):
         if view.row_names is not None:  # labels arrived in the clear
             name_of_row = np.array([names.index(n) for n in view.row_names])
             return {"top1": name_of_row, "top5": name_of_row[:, None], "frequency_only": name_of_row, "clear": True}
-        Y = view.label_sets.numpy()
+        Y = view.label_sets.toarray()  # the matching is C × C (label co-occurrence profiles) whatever the storage
         assign, score, freq_assign = match_by_cooccurrence(Y, aux["Y_public"], iterations=self.options.iterations)
         top5 = np.argsort(-score, axis=1)[:, : min(5, C)]
         return {"top1": assign, "top5": top5, "frequency_only": freq_assign, "clear": False}
