@@ -74,7 +74,7 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 f"privacy.client.noise: clients with ckks.encrypt {cfg.ckks.encrypt} would send the unencrypted groups "
                 "in plaintext with only a 1/√n share of the noise; set ckks.encrypt: [all] (or [theta, rows])"
             )
-        if t.client_fraction < 1.0 and t.sampling != "poisson":
+        if (t.client_fraction < 1.0 or t.clients_per_round is not None) and t.sampling != "poisson":
             raise ValueError(
                 "privacy.client with training.client_fraction < 1 needs training.sampling: poisson "
                 "(the accountant's subsampling amplification assumes Poisson sampling)"
@@ -89,7 +89,8 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "privacy.local: training.aggregation must be uniform (weights by example count would release each client's "
             "count through θ, outside DP-SGD)"
         )
-    if p.local is not None and cfg.training.sampling == "proportional" and cfg.training.client_fraction < 1.0:
+    fixed_cohort = cfg.training.client_fraction < 1.0 or cfg.training.clients_per_round is not None
+    if p.local is not None and cfg.training.sampling == "proportional" and fixed_cohort:
         raise ValueError(
             "privacy.local with training.sampling: proportional: clients are picked with probability ∝ their example "
             "count, which then shapes θ outside DP-SGD; use uniform or poisson sampling"

@@ -118,6 +118,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
     d = cfg.dataset
     data = f"{d.format} data at {d.train or d.root}" if d.format else d.name
     print(f"{args.config}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
+    from secure_fed.config.schema import IMAGE_FORMATS
+    from secure_fed.data.from_config import build_dataset  # torch-free: validate stays fast
+    from secure_fed.errors import DataError
+    from secure_fed.memory import needs_torch, plan_memory
+
+    later = "`secure-fed run` makes it before training and refuses a run that cannot fit"
+    if d.name == "digit_mosaics" or d.format in IMAGE_FORMATS:
+        print(f"memory estimate: not made here (image data are decoded with torch); {later}")
+        return 0
+    try:
+        ds = build_dataset(cfg, args.data_root)
+    except DataError as exc:
+        print(f"memory estimate: skipped, the data cannot be read ({one_line(str(exc))})")
+        return 0
+    print(ds.describe())
+    if needs_torch(cfg, ds):
+        print(f"memory estimate: not made here (counting this model's parameters needs torch); {later}")
+        return 0
+    device = "cpu" if cfg.device in ("cpu", "auto") else cfg.device
+    est = plan_memory(cfg, ds, device)
+    note = " (device: auto is checked against GPU memory when the run starts on one)" if cfg.device == "auto" else ""
+    print(f"estimated peak memory{note}:")
+    print("\n".join(est.lines()))
+    if est.available is not None and est.total > est.available:
+        print("error: the run would not fit; `secure-fed run` refuses it", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -323,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a config without running it")
     p.add_argument("config")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("partition", help="partition the training set and report its heterogeneity (sizes, KL)")

@@ -17,6 +17,7 @@ from protocols.dp.randomness import SecretStream
 from protocols.specs import LABEL_SET_ALGORITHMS
 from secure_fed.algorithms.base import Algorithm, ClientFn
 from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.engine.sampling import cohort_size
 from secure_fed.errors import ConfigError
 
 #: the instance unit's mechanisms, as its report names them
@@ -77,7 +78,7 @@ class DifferentialPrivacy(ProtocolLayer):
         round, whatever the realised cohort."""
         t = self.cfg.training
         n = self.env.num_clients
-        largest = n if (t.sampling == "poisson" or t.client_fraction >= 1.0) else max(1, math.ceil(t.client_fraction * n))
+        largest = n if t.sampling == "poisson" else cohort_size(t, n)
         return copies_per_round(self.env.max_clients_per_instance, largest)
 
     def local_steps_per_round(self) -> int:

@@ -13,6 +13,7 @@ Clients are plain functions of ``(payload, data)``: see ``client.py``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,6 +26,24 @@ from secure_fed.messages import Number, Params, RowIds, Rows, Rules, Setting, Vi
 
 if TYPE_CHECKING:
     from secure_fed.config.schema import AlgorithmConfig
+
+
+class SharedRows:
+    """A client's rows kept as row numbers into one shared matrix, read when used (:class:`ClientData`'s ``x``
+    and ``raw``). In the positive-only setting an instance sits on every client of its labels (AmazonCat-13K:
+    6M copies of 1.2M rows), so the simulator stores each row once and a client's rows are gathered when it
+    trains; ``read(rows)`` returns exactly what an eager copy would hold."""
+
+    __slots__ = ("read", "rows")
+
+    def __init__(self, read: Callable[[np.ndarray], Any], rows: np.ndarray):
+        self.read, self.rows = read, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __call__(self) -> Any:
+        return self.read(self.rows)
 
 
 @dataclass
@@ -43,6 +62,9 @@ class ClientData:
             general multi-label setting, where each client is evaluated on its own data (AmAP); else None.
         state: what the client keeps from one round to the next (e.g. ``local``'s own model); saved with the
             clients' checkpoint, never sent.
+
+    ``x`` and ``raw`` may be given as :class:`SharedRows` (the simulator's shared storage of large data): reading the
+    attribute then gathers the client's rows, the same values an eager copy holds.
     """
 
     client_id: int
@@ -57,7 +79,35 @@ class ClientData:
 
     @property
     def num_examples(self) -> int:
-        return int(self.x.shape[0])
+        x = self.__dict__["_x"]
+        return len(x) if isinstance(x, SharedRows) else int(x.shape[0])
+
+    def with_rows_read(self) -> ClientData:
+        """This client with ``x`` read once (for a training turn that indexes it batch by batch); the same object
+        when ``x`` is stored eagerly. The copy shares everything else, ``state`` included."""
+        if not isinstance(self.__dict__["_x"], SharedRows):
+            return self
+        out = copy.copy(self)
+        out.__dict__ = {**self.__dict__, "_x": self.x}
+        return out
+
+
+def _lazy(name: str) -> property:
+    """A :class:`ClientData` attribute that may be stored as :class:`SharedRows` and is then read on access."""
+    key = "_" + name
+
+    def get(self):
+        v = self.__dict__[key]
+        return v() if isinstance(v, SharedRows) else v
+
+    def set_(self, v) -> None:
+        self.__dict__[key] = v
+
+    return property(get, set_)
+
+
+ClientData.x = _lazy("x")  # after @dataclass: its __init__ assigns through the properties
+ClientData.raw = _lazy("raw")
 
 
 Payload = dict[str, Any]

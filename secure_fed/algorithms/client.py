@@ -24,7 +24,7 @@ from secure_fed.algorithms.per_sample import (
 )
 from secure_fed.client_functions import client_function
 from secure_fed.models.families import CosineEmbedding, ModelFamily
-from secure_fed.models.sparse_rows import set_sparse_grads
+from secure_fed.models.sparse_rows import set_fused_sgd
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +99,7 @@ class LocalTrainer:
         privatizer: GradientPrivatizer | None = None,
     ) -> Payload:
         """One client's local update on the working model (the reference trainer)."""
+        data = data.with_rows_read()
         if privatizer is not None:
             forbid_batch_norm(self.model)
         if not self.has_dropout:
@@ -126,8 +127,15 @@ class LocalTrainer:
         # without a row table the model scores every label: targets are the client's full label vectors
         targets = data.pos if has_rows else full_label_targets(data)
         params = list(self.model.parameters()) + ([rows] if train_rows else [])
-        # sparse input rows: plain SGD takes the first layer's gradient as a sparse tensor (the batch's columns only)
-        set_sparse_grads(self.model, hp.optimizer == "sgd" and not hp.momentum and not hp.weight_decay)
+        # sparse input rows, plain SGD: the first layer's step is fused into its backward (the batch's columns only)
+        plain_sgd = hp.optimizer == "sgd" and not hp.momentum and not hp.weight_decay and privatizer is None
+        set_fused_sgd(self.model, hp.lr if plain_sgd else None)
+        try:
+            return self._train(payload, data, hp, generator, privatizer, rows, train_rows, targets, params)
+        finally:
+            set_fused_sgd(self.model, None)
+
+    def _train(self, payload, data, hp, generator, privatizer, rows, train_rows, targets, params) -> Payload:
         if hp.optimizer == "adam":
             opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
         else:

@@ -33,6 +33,7 @@ from secure_fed.algorithms.client import token_client
 from secure_fed.algorithms.fedaws import regularizer_step
 from secure_fed.algorithms.label_sets import merge_label_sets
 from secure_fed.algorithms.regularizers import (
+    PAIR_BLOCK_ELEMENTS,
     CorrelationWeights,
     cooccurrence_counts,
     correlation_top_k,
@@ -41,6 +42,7 @@ from secure_fed.algorithms.regularizers import (
     label_set_fixed_grads,
     nearest_classes,
     neighbour_hinge_grads,
+    outer_blocks,
     pair_hinge_grads,
     pair_sqdist_grads,
 )
@@ -101,7 +103,10 @@ class FedALC(_LabelSetMixin, Algorithm):
         The W-only parts (neighbours, pair gradients) are computed once here, for every chunk of sets."""
         cfg = self.cfg
         nn_idx = nearest_classes(V, cfg.k)
-        pair = neighbour_hinge_grads(V, nn_idx, cfg.margin)
+        # the (C, K, d) pair gradients once for every chunk, unless they are XC-sized: then each chunk computes
+        # those of its own labels' pairs (the same values)
+        small = nn_idx.numel() * V.shape[1] <= PAIR_BLOCK_ELEMENTS
+        pair = neighbour_hinge_grads(V, nn_idx, cfg.margin) if small else None
         scale = self._scale(V.shape[0])
         return lambda Y: label_set_correlation_grads(V, Y, k=cfg.k, margin=cfg.margin, scale=scale, nn_idx=nn_idx,
                                                      pair_grads=pair)  # fmt: skip
@@ -117,8 +122,9 @@ class FedALC(_LabelSetMixin, Algorithm):
     def correlation_update(self, W: torch.Tensor) -> dict[str, float]:
         """One step on eq. 11 with the γ weights (the default ``w_step``; the ``dp`` layer wraps it)."""
         cfg = self.cfg
-        fn = lambda V: correlation_top_k(V, self.weights, cfg.k, cfg.margin)  # noqa: E731
-        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr)}
+        blocks = outer_blocks(torch.arange(W.shape[0], device=W.device), cfg.k, W.shape[1])
+        fn = lambda V, rows: correlation_top_k(V, self.weights, cfg.k, cfg.margin, rows=rows)  # noqa: E731
+        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr, blocks=blocks)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_sets": self.label_sets}

@@ -16,19 +16,33 @@ import torch
 from torch.nn import functional as F
 
 from secure_fed.algorithms.base import Algorithm
-from secure_fed.algorithms.regularizers import spreadout, spreadout_top_k
+from secure_fed.algorithms.regularizers import outer_blocks, spreadout, spreadout_top_k
 from secure_fed.catalog import ALGORITHMS as CATALOG
 
 
-def regularizer_step(W: torch.Tensor, loss_fn, step_size: float) -> float:
-    """W ← normalize(W − step_size·∇loss(W)) in place; returns the loss before the step."""
+def regularizer_step(W: torch.Tensor, loss_fn, step_size: float, *, blocks: list[torch.Tensor] | None = None) -> float:
+    """W ← normalize(W − step_size·∇loss(W)) in place; returns the loss before the step.
+
+    With ``blocks`` (a top-k regulariser's outer classes split by
+    :func:`~secure_fed.algorithms.regularizers.outer_blocks`), ``loss_fn(V, rows)`` is the outer sum over
+    ``rows`` only: the loss and its gradient are summed block by block, so the (pairs × d) tensors of one
+    backward stay block-sized (AmazonCat-13K at K = 50: 666,500 pairs × 512 floats a tensor otherwise)."""
     Wv = W.detach().clone().requires_grad_(True)
-    loss = loss_fn(Wv)
-    (grad,) = torch.autograd.grad(loss, Wv)
+    if blocks is None:
+        loss = loss_fn(Wv)
+        (grad,) = torch.autograd.grad(loss, Wv)
+        total = float(loss.detach())
+    else:
+        grad, total = torch.zeros_like(Wv), 0.0
+        for rows in blocks:
+            loss = loss_fn(Wv, rows)
+            (g,) = torch.autograd.grad(loss, Wv)
+            grad += g
+            total += float(loss.detach())
     with torch.no_grad():
         W.sub_(step_size * grad)
         W.copy_(F.normalize(W, dim=-1))
-    return float(loss.detach())
+    return total
 
 
 class FedAwS(Algorithm):
@@ -38,9 +52,9 @@ class FedAwS(Algorithm):
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
-        if cfg.negative_mining:  # eq. 8: outer sum over this round's classes 𝔆ᵗ
-            fn = lambda V: spreadout_top_k(V, cfg.k, classes=participating)  # noqa: E731
-        else:
-            fn = lambda V: spreadout(V, cfg.margin)  # noqa: E731
-        reg = regularizer_step(W, fn, cfg.lam * cfg.reg_lr)
-        return {"reg": reg}
+        if cfg.negative_mining:  # eq. 8: outer sum over this round's classes 𝔆ᵗ, block by block
+            blocks = outer_blocks(participating, cfg.k, W.shape[1])
+            fn = lambda V, rows: spreadout_top_k(V, cfg.k, classes=rows)  # noqa: E731
+            return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr, blocks=blocks)}
+        fn = lambda V: spreadout(V, cfg.margin)  # noqa: E731
+        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr)}

@@ -14,6 +14,15 @@ from torch.nn import functional as F
 
 #: elements of the (rows × C) distance block the exact neighbour search holds at once
 NEIGHBOUR_BLOCK_ELEMENTS = 2**24
+#: elements (pairs × d) of one block of a top-k regulariser's pair tensors (see :func:`outer_blocks`)
+PAIR_BLOCK_ELEMENTS = 2**24
+
+
+def outer_blocks(rows: torch.Tensor, k: int, dim: int) -> list[torch.Tensor]:
+    """``rows`` (the outer classes of eq. 8 or 11) split so that a block's pairs × d stay under
+    :data:`PAIR_BLOCK_ELEMENTS`: one block for Bibtex-sized C (the sum as one expression), several for XC data."""
+    per = max(1, PAIR_BLOCK_ELEMENTS // max(1, k * dim))
+    return [rows] if len(rows) <= per else list(torch.split(rows, per))
 
 
 def cosine_distances(W: torch.Tensor) -> torch.Tensor:
@@ -149,14 +158,17 @@ def correlation_gamma(sigma: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, sigma / mass.clamp(min=1e-300), torch.zeros_like(sigma))
 
 
-def correlation_top_k(W: torch.Tensor, weights: torch.Tensor, k: int, margin: float) -> torch.Tensor:
+def correlation_top_k(
+    W: torch.Tensor, weights: torch.Tensor, k: int, margin: float, *, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """reg_cr^top(W) = Σ_u Σ_{u' ∈ N_K(u)} γ_uu' · max(0, ν − d(w_u, w_u'))²  (FedALC eq. 11).
 
     ``weights`` is γ (or σ), already scaled as the caller wants: a dense (C, C) tensor or a
-    :class:`CorrelationWeights` (looked up at the C·K pairs only).
+    :class:`CorrelationWeights` (looked up at the C·K pairs only). ``rows`` restricts the outer sum to those
+    classes u (default: all; a block of :func:`outer_blocks`).
     """
-    nn_idx = nearest_classes(W, k)
-    rows = torch.arange(W.shape[0], device=W.device)
+    rows = torch.arange(W.shape[0], device=W.device) if rows is None else rows
+    nn_idx = nearest_classes(W, k, rows=rows)
     if isinstance(weights, CorrelationWeights):
         g = weights.at(rows, nn_idx).to(W.dtype)
     else:
@@ -214,15 +226,19 @@ def pair_sqdist_grads(W: torch.Tensor) -> torch.Tensor:
     return -2.0 * (1.0 - c).unsqueeze(2) * dc
 
 
-def neighbour_hinge_grads(W: torch.Tensor, nn_idx: torch.Tensor, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """For the pairs (u, v = nn_idx[u, k]) only: (∂h/∂w_u, ∂h/∂w_v) of h = max(0, ν − d(w_u, w_v))², each (C, K, d).
-    Eq. 11's per-set gradients need no other pair, so no (C, C, d) tensor is built."""
+def neighbour_hinge_grads(
+    W: torch.Tensor, nn_idx: torch.Tensor, margin: float, *, rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For the pairs (u, v = nn_idx[i, k]) only, u = rows[i] (all classes by default): (∂h/∂w_u, ∂h/∂w_v) of
+    h = max(0, ν − d(w_u, w_v))², each (len(rows), K, d). Eq. 11's per-set gradients need no other pair, so no
+    (C, C, d) tensor is built."""
     norms = W.norm(dim=-1).clamp(min=1e-12)
     Wn = W / norms.unsqueeze(1)
-    Wu, Wv = Wn.unsqueeze(1), Wn[nn_idx]  # (C, 1, d), (C, K, d)
-    c = (Wu * Wv).sum(-1, keepdim=True)  # (C, K, 1)
+    nu = norms if rows is None else norms[rows]
+    Wu, Wv = (Wn if rows is None else Wn[rows]).unsqueeze(1), Wn[nn_idx]  # (m, 1, d), (m, K, d)
+    c = (Wu * Wv).sum(-1, keepdim=True)  # (m, K, 1)
     m2 = 2.0 * torch.clamp(margin - (1.0 - c), min=0.0)
-    return m2 * (Wv - c * Wu) / norms.view(-1, 1, 1), m2 * (Wu - c * Wv) / norms[nn_idx].unsqueeze(-1)
+    return m2 * (Wv - c * Wu) / nu.view(-1, 1, 1), m2 * (Wu - c * Wv) / norms[nn_idx].unsqueeze(-1)
 
 
 def _per_set(M: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
@@ -245,18 +261,23 @@ def label_set_correlation_grads(
 
     Only the pairs (u ∈ L_j, v ∈ N_K(u) \ L_j) enter: u gets ∂h/∂w_u and v gets ∂h/∂w_v of each (scaled by s),
     from :func:`neighbour_hinge_grads` — memory O(C·K·d + B·C·d), never O(C²·d). ``nn_idx`` and ``pair_grads``
-    (that function's pair) depend on W only; pass them to reuse them across chunks of label sets.
+    (that function's pair for every class) depend on W only; pass them to reuse them across chunks of label sets.
+    Without ``pair_grads`` only the pairs of the labels the sets hold are formed (XC-sized C·K·d).
     """
     B, (C, d) = Y.shape[0], W.shape
     nn_idx = nearest_classes(W, k) if nn_idx is None else nn_idx
-    Au, Av = neighbour_hinge_grads(W, nn_idx, margin) if pair_grads is None else pair_grads
     Yb = Y.to(W.device) != 0
     b_idx, u_idx = Yb.nonzero(as_tuple=True)  # (set, label) memberships
+    if pair_grads is None:  # only the pairs of the labels these sets hold: O(labels held · K · d)
+        held, at = torch.unique(u_idx, return_inverse=True)
+        Au, Av = neighbour_hinge_grads(W, nn_idx[held], margin, rows=held)
+    else:
+        (Au, Av), at = pair_grads, u_idx
     v_idx = nn_idx[u_idx]  # (m, K)
     active = (~Yb[b_idx.unsqueeze(1), v_idx]).to(W.dtype).unsqueeze(-1)  # v ∉ L_j
     G = torch.zeros(B * C, d, dtype=W.dtype, device=W.device)  # index_add_: deterministic on CPU (index_put_ is not)
-    G.index_add_(0, b_idx * C + u_idx, scale * (active * Au[u_idx]).sum(1))
-    G.index_add_(0, (b_idx.unsqueeze(1) * C + v_idx).reshape(-1), scale * (active * Av[u_idx]).reshape(-1, d))
+    G.index_add_(0, b_idx * C + u_idx, scale * (active * Au[at]).sum(1))
+    G.index_add_(0, (b_idx.unsqueeze(1) * C + v_idx).reshape(-1), scale * (active * Av[at]).reshape(-1, d))
     return G.view(B, C, d)
 
 

@@ -314,6 +314,11 @@ class ServerOptimizerConfig(_Strict):
 class TrainingConfig(_Strict):
     rounds: int = Field(50, ge=1, le=MAX_SIZE)
     client_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    clients_per_round: int | None = Field(
+        None, ge=1, le=MAX_SIZE,
+        description="an absolute cohort size instead of client_fraction (e.g. FedAwS's 4,000 sampled clients a round); "
+        "uniform or proportional sampling",
+    )  # fmt: skip
     sampling: Literal["uniform", "proportional", "poisson"] = "uniform"
     aggregation: Literal["uniform", "num_examples"] = Field("uniform", description="weights when averaging θ")
     local_epochs: int = Field(1, ge=1, le=10_000)
@@ -332,6 +337,18 @@ class TrainingConfig(_Strict):
         None, ge=1, le=1024, description="vectorized: clients trained together at most (default: fit a quarter of free memory)"
     )
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
+
+    @model_validator(mode="after")
+    def _cohort(self) -> TrainingConfig:
+        if self.clients_per_round is not None:
+            if self.client_fraction < 1.0:
+                raise ValueError("give training.clients_per_round or training.client_fraction, not both")
+            if self.sampling == "poisson":
+                raise ValueError(
+                    "training.clients_per_round is a fixed cohort size; sampling: poisson picks each client with "
+                    "probability training.client_fraction instead"
+                )
+        return self
 
 
 class EvaluationConfig(_Strict):

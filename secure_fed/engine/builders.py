@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import nn
 
 from secure_fed.algorithms import ALGORITHMS, Algorithm, ClientData
-from secure_fed.config.schema import NO_WEIGHTS, RESNETS, ExperimentConfig
+from secure_fed.algorithms.base import SharedRows
+from secure_fed.config.choices import SPARSE_AUTO_BYTES, model_choice, sparse_input_choice  # noqa: F401 (re-exported)
+from secure_fed.config.schema import RESNETS, ExperimentConfig
 from secure_fed.data import (
-    GENERATED,
     ClientShard,
     MultiLabelDataset,
     MultiLabelSplit,
-    SyntheticSpec,
-    load_from_paths,
-    load_registered,
-    make_synthetic,
     partitioner_from_config,
 )
+from secure_fed.data.from_config import build_dataset  # noqa: F401 (re-exported: the engine's loader)
 from secure_fed.errors import ConfigError
 from secure_fed.models import Preprocessor, build_encoder
 from secure_fed.models.sparse_rows import SparseRows
@@ -36,120 +36,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda requested but no CUDA device is available (use 'auto' or 'cpu')")
     return torch.device(name)
-
-
-def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
-    """The configured data; labels no training instance has are dropped (``dataset.drop_empty_labels``)."""
-    ds = _load_dataset(cfg, data_root)
-    if cfg.dataset.drop_empty_labels:
-        ds, dropped = ds.without_empty_labels()
-        if dropped:
-            shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
-            print(f"note: dropped {len(dropped)} label(s) with no training instance ({shown}); dataset.drop_empty_labels")
-    return ds
-
-
-def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
-    d = cfg.dataset
-    if d.format in ("voc", "coco") or (d.format is None and d.name == "digit_mosaics"):
-        return _with_feature_kind(_load_images(cfg, data_root), d.feature_kind)
-    if d.format is not None:
-        return load_from_paths(
-            format=d.format,
-            train=d.train,
-            test=d.test,
-            labels=d.labels,
-            train_split=d.train_split,
-            test_split=d.test_split,
-            fold=d.fold,
-            test_fraction=d.test_fraction,
-            split_seed=d.split_seed,
-            feature_kind=d.feature_kind,
-            name=d.name if d.name != "synthetic" else None,
-        )
-    if d.name == "synthetic":
-        return make_synthetic(SyntheticSpec(**d.synthetic.model_dump()), seed=cfg.seed)
-    return _with_feature_kind(load_registered(d.name, data_root or d.root), d.feature_kind)
-
-
-def _with_feature_kind(ds: MultiLabelDataset, kind: str) -> MultiLabelDataset:
-    """``ds`` relabelled with ``dataset.feature_kind`` when that is not ``auto`` (e.g. pixels as ``dense`` features
-    for an MLP)."""
-    if kind != "auto" and kind != ds.feature_kind:
-        ds = MultiLabelDataset(ds.name, ds.train, ds.test, ds.label_names, kind, ds.meta)
-    return ds
-
-
-def _load_images(cfg: ExperimentConfig, data_root: str | None) -> MultiLabelDataset:
-    """Digit mosaics (generated from the run seed), or a VOC / COCO folder: ``dataset.train`` if given, else
-    ``--data-root``, else ``dataset.root``."""
-    from secure_fed.data.images import MosaicSpec, load_coco, load_voc, make_digit_mosaics  # torchvision: on demand
-
-    d = cfg.dataset
-    if d.format is None:
-        return make_digit_mosaics(MosaicSpec(**d.mosaics.model_dump()), seed=cfg.seed)
-    root = d.train or data_root or d.root
-    name = d.name if d.name not in GENERATED else None
-    if d.format == "voc":
-        return load_voc(root, size=d.image_size, train_set=d.train_set or "trainval", test_set=d.test_set or "test", name=name)
-    return load_coco(
-        root,
-        size=d.image_size,
-        train_set=d.train_set or "train2014",
-        test_set=d.test_set or "val2014",
-        train_annotations=d.train_annotations,
-        test_annotations=d.test_annotations,
-        name=name,
-    )
-
-
-#: a ResNet's last stage sees a 1×1 map (where bf16 on CPU is broken, see model_choice) for images up to this side
-BF16_MIN_SIDE = 16
-
-
-def _on_cpu(cfg: ExperimentConfig) -> bool:
-    return cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
-
-
-def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str, list[int]]:
-    """The encoder name, preprocessing kind and hidden widths the config picks for ``ds``.
-
-    ``auto`` picks ``resnet18`` for image data, ``sparse_text`` for sparse data, else ``mlp``; preprocessing ``auto``
-    picks ``image`` for image data. A ResNet on data that are not images, a ResNet without ``model.weights``,
-    ``model.weights`` for an encoder that is not a ResNet, or bf16 training of a ResNet on CPU with images of 16 px or
-    less (a PyTorch bug: garbage gradients, measured on torch 2.14) is a one-line :class:`ConfigError`.
-    """
-    name = cfg.model.name
-    if name == "auto":
-        name = "resnet18" if ds.feature_kind == "image" else "sparse_text" if ds.feature_kind == "sparse" else "mlp"
-    resnet = name in RESNETS
-    if resnet and (ds.feature_kind != "image" or ds.image_shape is None):
-        raise ConfigError(
-            f"model.name={name} needs image data (dataset.name: digit_mosaics, or dataset.format: voc | coco); "
-            f"dataset '{ds.name}' has {ds.feature_kind} features"
-        )
-    if resnet and cfg.model.weights is None:
-        raise ConfigError(NO_WEIGHTS.format(name=name) + f" (model.name=auto picks {name} for image data)")
-    if resnet and cfg.training.precision == "bf16" and min(ds.image_shape[1:]) <= BF16_MIN_SIDE and _on_cpu(cfg):
-        raise ConfigError(
-            f"training.precision=bf16 with model.name={name} on {ds.image_shape[1]}×{ds.image_shape[2]} images on CPU: "
-            "PyTorch's bf16 CPU kernels give garbage weight gradients for a stride-2 3×3 convolution of a 1×1 feature map "
-            f"(the ResNet's last stage for images of {BF16_MIN_SIDE} px or less); use training.precision: fp32 or larger images"
-        )
-    if not resnet and cfg.model.weights is not None:
-        raise ConfigError(
-            f"model.weights is for {' and '.join(RESNETS)}; model.name={cfg.model.name} picks {name} for "
-            f"{ds.feature_kind} data, which has no pretrained weights"
-        )
-    prep = cfg.model.preprocessing
-    if prep == "auto":
-        prep = "image" if ds.feature_kind == "image" else "rsqrt_nnz" if name == "sparse_text" else "standardize"
-    hidden = cfg.model.hidden_dims
-    if resnet:
-        hidden = []  # a ResNet has no hidden_dims
-    elif hidden is None:
-        hidden = [1024, 1024] if name == "sparse_text" else [256]
-    return name, prep, hidden
 
 
 def build_encoder_for(cfg: ExperimentConfig, ds: MultiLabelDataset, seed_offset: int = 0) -> nn.Module:
@@ -229,11 +115,12 @@ class Federation:
     clients: list[ClientData]
     shards: list[ClientShard]
     x_test: torch.Tensor | SparseRows
-    y_test: np.ndarray
+    #: the test rows' labels, (n_test, C) 0/1 CSR (an XC test split's dense matrix does not fit)
+    y_test: sp.csr_matrix
     preprocessor: Preprocessor
     #: centralised baselines only: a validation split carved from the training data (never the test split)
     x_val: torch.Tensor | SparseRows | None = None
-    y_val: np.ndarray | None = None
+    y_val: sp.csr_matrix | None = None
     #: the general multi-label setting: each client's own test rows (the partitioner's ``assign`` of the test
     #: split to the same clients), as row indices into ``x_test``/``y_test``; GmAP scores the server's model on
     #: each, AmAP each client's own model. A centralised baseline gets the same clients' test rows (same
@@ -242,36 +129,6 @@ class Federation:
     #: raw feature rows (the dataset's CSR or dense rows) → the model's input, as the clients' rows were made
     #: (preprocessed; dense, or :class:`SparseRows` when ``model.sparse_input`` picked sparse rows)
     encode: Callable[[Any], torch.Tensor | SparseRows] | None = None
-
-
-#: ``model.sparse_input: auto`` keeps rows sparse when the clients' dense float32 copies would exceed this
-SPARSE_AUTO_BYTES = 2**30
-
-
-def sparse_input_choice(cfg: ExperimentConfig, ds: MultiLabelDataset, dense_rows: int) -> bool:
-    """Whether the clients' and the test rows stay sparse (:class:`~secure_fed.models.sparse_rows.SparseRows`):
-    ``model.sparse_input`` true, or ``auto`` with ``dense_rows`` rows of ``D`` float32 features over
-    :data:`SPARSE_AUTO_BYTES`. Sparse rows need sparse data, the ``sparse_text`` encoder (its first layer reads
-    them) and a preprocessing that keeps zeros zero; ``true`` without them is a :class:`ConfigError`."""
-    from secure_fed.models.preprocess import SPARSE_KINDS
-
-    want = cfg.model.sparse_input
-    if want is False:
-        return False
-    name, prep, _ = model_choice(cfg, ds)
-    why = (
-        f"dataset '{ds.name}' has {ds.feature_kind} features" if ds.feature_kind != "sparse"
-        else f"model.name={name} (only sparse_text reads sparse rows)" if name != "sparse_text"
-        else f"model.family={cfg.model.family} (its tokens read dense rows)" if cfg.model.family == "ctran"
-        else f"model.preprocessing={prep} (only {' and '.join(SPARSE_KINDS)} keep zeros zero)" if prep not in SPARSE_KINDS
-        else None
-    )  # fmt: skip
-    if want is True:
-        if why is not None:
-            raise ConfigError(f"model.sparse_input=true needs sparse data, the sparse_text encoder and rsqrt_nnz or none "
-                              f"preprocessing: {why}")  # fmt: skip
-        return True
-    return why is None and dense_rows * ds.num_features * 4 > SPARSE_AUTO_BYTES
 
 
 def build_federation(
@@ -289,7 +146,8 @@ def build_federation(
             return SparseRows.from_csr(prep.transform_sparse(raw), device=device)
         return torch.from_numpy(prep.transform(raw)).to(device)
 
-    y_train = ds.train.labels.toarray().astype(bool)
+    labels = sp.csr_matrix(ds.train.labels, copy=True)  # never a dense (n, C) copy: XC label matrices do not fit
+    labels.eliminate_zeros()
     rng = np.random.default_rng([cfg.seed, 11])
     val = None
     part = partitioner_from_config(cfg.partition, seed=cfg.seed)
@@ -307,6 +165,9 @@ def build_federation(
     else:
         shards = fed_shards if client_test is not None else part.partition(ds.train, rng)
     sparse = sparse_input_choice(cfg, ds, sum(len(s.indices) for s in shards) + n_test)
+    # sparse rows: the training rows preprocessed once, each client reading its own when it trains (an XC instance
+    # sits on every client of its labels: ~5 copies); dense rows: each client's own copy, as before
+    store = SparseRows.from_csr(prep.transform_sparse(ds.train.features), device=device) if sparse else None
     clients = []
     for s in shards:
         if s.label is not None:
@@ -314,27 +175,38 @@ def build_federation(
         elif algorithm.centralized:
             known = np.arange(ds.num_labels)
         else:
-            known = np.flatnonzero(y_train[s.indices].any(axis=0))
+            known = np.flatnonzero(np.diff(labels[s.indices].tocsc().indptr))  # the labels its rows have
+        rows = s.indices
         clients.append(
             ClientData(
                 client_id=s.client_id,
-                x=features(s.indices),
-                pos=torch.from_numpy(y_train[np.ix_(s.indices, known)]).to(device),
+                x=SharedRows(partial(_store_rows, store), rows) if sparse else features(rows),
+                pos=torch.from_numpy(labels[rows][:, known].toarray().astype(bool)).to(device),
                 known_labels=torch.from_numpy(known.astype(np.int64)),
-                raw=ds.train.features[s.indices],
+                raw=SharedRows(partial(_feature_rows, ds.train.features), rows),
                 num_labels=ds.num_labels,
             )
         )
     x_test = encode(ds.test.features[:n_test])
-    y_test = ds.test.labels[:n_test].toarray().astype(np.int8)
+    y_test = sp.csr_matrix(ds.test.labels[:n_test], dtype=np.int8)
     fed = Federation(clients, shards, x_test, y_test, prep, client_test=client_test, encode=encode)
     if client_test is not None and not algorithm.centralized:
         for c, rows in zip(clients, client_test, strict=True):  # each client holds its own test rows
-            c.eval_x, c.eval_y = x_test[rows], y_test[rows]
+            c.eval_x, c.eval_y = x_test[rows], y_test[rows].toarray()
     if val is not None and len(val):
         fed.x_val = features(val)
-        fed.y_val = ds.train.labels[val].toarray().astype(np.int8)
+        fed.y_val = sp.csr_matrix(ds.train.labels[val], dtype=np.int8)
     return fed
+
+
+def _store_rows(store: SparseRows, rows: np.ndarray) -> SparseRows:
+    """Rows ``rows`` of the shared preprocessed training rows (a client's ``x``, read when it trains)."""
+    return store[torch.from_numpy(rows)]
+
+
+def _feature_rows(features, rows: np.ndarray):
+    """Raw feature rows ``rows`` of the training split (a client's ``raw``, read when it computes tokens)."""
+    return features[rows]
 
 
 def _head(split: MultiLabelSplit, n: int) -> MultiLabelSplit:

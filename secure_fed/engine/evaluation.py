@@ -23,8 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
+from secure_fed.metrics import blocks as label_blocks
 from secure_fed.metrics import evaluate_scores, macro_average_precision
 from secure_fed.models.sparse_rows import SparseRows, split_rows
 
@@ -73,21 +75,48 @@ class EvaluationMixin:
     @torch.no_grad()
     def model_scores(self, theta: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:
         """(n, C) scores of the model θ (with the server's W when the family has rows) on ``x``."""
-        for n, p in self.encoder.named_parameters():
-            p.copy_(theta[n])
-        self.encoder.eval()
+        self._load_theta(theta)
         width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
         chunks = [self.family.scores(self.encoder, self.W, xb) for xb in split_rows(x, eval_chunk_rows(width))]
         return torch.cat(chunks).float().cpu().numpy()
 
+    def _load_theta(self, theta: dict[str, torch.Tensor]) -> None:
+        for n, p in self.encoder.named_parameters():
+            p.copy_(theta[n])
+        self.encoder.eval()
+
+    @torch.no_grad()
+    def _blocked_metrics(self, x, y: sp.csr_matrix) -> dict[str, float]:
+        """The metrics from blocks of W's rows (:mod:`secure_fed.metrics.blocks`): the test rows' embeddings
+        g_θ(x) once, then each block's scores against them; never the (n, C) score matrix."""
+        self._load_theta(self.theta)
+        width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
+        outs = [self.family.forward(self.encoder, xb) for xb in split_rows(x, eval_chunk_rows(width))]
+        W = self.W
+
+        def block_scores(sl: slice) -> np.ndarray:
+            return torch.cat([self.family.score(o, W[sl]) for o in outs]).float().cpu().numpy()
+
+        ev = self.cfg.evaluation
+        return label_blocks.evaluate_label_blocks(block_scores, y, ks=tuple(ev.ks), threshold=ev.threshold)
+
     def evaluate(self, split: str = "test") -> dict[str, float]:
         """Metrics of the current θ, W on the test split (with GmAP when clients have test rows), or on a
-        centralised baseline's validation split."""
+        centralised baseline's validation split.
+
+        When the full score matrix would hold more than :data:`~secure_fed.metrics.blocks.BLOCK_ELEMENTS` entries
+        and the family has a row table, the metrics come from blocks of labels (the same values, tested; an
+        extreme-classification test split never forms the (n, C) matrix); otherwise from the whole matrix."""
         x, y = (self.fed.x_test, self.fed.y_test) if split == "test" else (self.fed.x_val, self.fed.y_val)
-        scores = self.model_scores(self.theta, x)
         ks = tuple(self.cfg.evaluation.ks)
+        general = split == "test" and self.fed.client_test is not None
+        n, C = y.shape
+        if self.W is not None and not general and n * C > label_blocks.BLOCK_ELEMENTS:
+            return self._blocked_metrics(x, y)
+        scores = self.model_scores(self.theta, x)
+        y = y.toarray() if sp.issparse(y) else y
         out = evaluate_scores(scores, y, ks=ks, threshold=self.cfg.evaluation.threshold)
-        if split == "test" and self.fed.client_test is not None:
+        if general:
             out.update(spread(client_maps(scores, y, self.fed.client_test), "GmAP", worst="GmAP_worst"))
         return out
 

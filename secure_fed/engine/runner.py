@@ -52,13 +52,15 @@ from secure_fed.engine.executors import EXECUTORS, Channel, ClientJob
 from secure_fed.engine.guard import MessageGuard
 from secure_fed.engine.layers import ProtocolSetup, ProtocolStack, StackEnv
 from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin
-from secure_fed.engine.sampling import client_seed, sample_clients
+from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
+from secure_fed.memory import check_memory, plan_memory
 from secure_fed.messages import FullTable, Rules
 from secure_fed.models import mean_pairwise_cosine
 from secure_fed.models.families import model_family
+from secure_fed.models.sparse_rows import SparseRows, column_major
 from secure_fed.specs import layer_specs
 
 
@@ -83,6 +85,8 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.device = resolve_device(cfg.device)
         self.dataset = dataset if dataset is not None else build_dataset(cfg, data_root)
         self.algorithm = build_algorithm(cfg, self.device)
+        self.memory = plan_memory(cfg, self.dataset, self.device)
+        check_memory(self.memory)  # a run that cannot fit stops here: nothing built, nothing written
         self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device)
         # the server's model as named tensors: θ (every client gets it whole) and, for families with one, the
         # row table W (each client gets only its own rows); a worker model for local training
@@ -92,7 +96,10 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         # from the public names, only for scoring) and the clients' working model
         self.encoder = build_model(cfg, self.dataset, cache_dir=self.run_dir / "cache").to(self.device)
         self.worker = build_model(cfg, self.dataset, cache_dir=self.run_dir / "cache").to(self.device)
-        self.theta = {n: p.detach().clone() for n, p in self.encoder.named_parameters()}
+        if isinstance(self.fed.x_test, SparseRows):  # sparse rows: the first layer's weight stored as an (in, out) table
+            column_major(self.encoder)
+            column_major(self.worker)
+        self.theta = {n: p.detach().clone() for n, p in self.encoder.named_parameters()}  # clones keep the layout
         gen = torch.Generator().manual_seed(cfg.seed * 104729 + 1)
         W = self.family.init_rows(C, d, generator=gen)
         self.W: torch.Tensor | None = None if W is None else W.to(self.device)
@@ -245,12 +252,11 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         t = torch.as_tensor(perm)
         for c in self.fed.clients:
             c.known_labels = t[c.known_labels]
-        y = np.zeros_like(self.fed.y_test)
-        y[:, perm] = self.fed.y_test
+        y = self.fed.y_test.tocsc()[:, np.argsort(perm)].tocsr()  # column perm[l] holds label l
         self.fed.y_test = y
         for c, rows in zip(self.fed.clients, self.fed.client_test or [], strict=False):
             if c.eval_y is not None:
-                c.eval_y = y[rows]
+                c.eval_y = y[rows].toarray()
         self.guard.set_client_rows(self._client_rows())
         self.stack_env.clients_per_row = self._clients_per_row()
 
@@ -332,7 +338,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         cfg, algo = self.cfg, self.algorithm
         sizes = np.array([c.num_examples for c in self.fed.clients], dtype=float)
         secret = self.stack.cohort_uniforms(self.round, len(sizes))
-        chosen = sample_clients(sizes, cfg.training.client_fraction, cfg.training.sampling, cfg.seed, self.round, secret)
+        t = cfg.training
+        size = cohort_size(t, len(sizes))
+        chosen = sample_clients(sizes, t.client_fraction, t.sampling, cfg.seed, self.round, secret, size=size)
         base = RoundSession(cohort=[int(c) for c in chosen], theta=self.theta, W=self.W, weighting=cfg.training.aggregation)
         session = self.stack.open_round(self.round, base)
         for cid, wire in self.executor.run(self._client_jobs(session), self._channel()):
@@ -350,12 +358,14 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
                     self.W[seen] += row_delta[seen]
                 self.W[seen] = self.family.project_rows(self.W[seen])
         labels = [self.fed.clients[int(c)].known_labels for c in session.cohort]
+        loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
+        num_clients = agg.num_clients
+        del agg, session, base  # the round's sums (a copy of θ) are not needed by the server step
         participating = torch.unique(torch.cat(labels)).to(self.device) if labels else torch.zeros(0, dtype=torch.long)
         stats = algo.server_step(self.W, self.round, participating)
         self.stack.after_round(self.round)
         self.round += 1
-        loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
-        return {"train_loss": loss, "clients": agg.num_clients, **stats, **self.stack.round_stats()}
+        return {"train_loss": loss, "clients": num_clients, **stats, **self.stack.round_stats()}
 
     def run(self, *, progress: bool | None = None) -> RunResult:
         """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files: in

@@ -11,11 +11,25 @@ def client_seed(seed: int, round_idx: int, cid: int) -> int:
     return int(np.random.SeedSequence([seed, round_idx, cid]).generate_state(1)[0])
 
 
+def cohort_size(training, num_clients: int) -> int:
+    """Clients a fixed-size round samples: ``training.clients_per_round`` (at most N), else ⌈client_fraction·N⌉."""
+    if training.clients_per_round is not None:
+        return min(num_clients, training.clients_per_round)
+    return min(num_clients, max(1, math.ceil(training.client_fraction * num_clients)))
+
+
 def sample_clients(
-    sizes: np.ndarray, fraction: float, how: str, seed: int, round_idx: int, uniforms: np.ndarray | None = None
+    sizes: np.ndarray,
+    fraction: float,
+    how: str,
+    seed: int,
+    round_idx: int,
+    uniforms: np.ndarray | None = None,
+    *,
+    size: int | None = None,
 ) -> np.ndarray:
-    """Client ids for one round: ``ceil(fraction·N)`` without replacement (uniform or ∝ size), or Poisson
-    (each client independently with probability ``fraction``).
+    """Client ids for one round: ``size`` (default ``ceil(fraction·N)``) without replacement (uniform or ∝ size),
+    or Poisson (each client independently with probability ``fraction``).
 
     ``uniforms`` (one per client) replaces the public seed's draws for Poisson sampling: a DP layer passes draws
     from the server's secret, since amplification by sampling needs a sample the adversary cannot recompute."""
@@ -26,11 +40,11 @@ def sample_clients(
             return np.arange(n)
         u = rng.random(n) if uniforms is None else np.asarray(uniforms)
         return np.flatnonzero(u < fraction)
-    m = max(1, math.ceil(fraction * n))
+    m = max(1, math.ceil(fraction * n)) if size is None else size
     if m >= n:
         return np.arange(n)
     p = sizes / sizes.sum() if how == "proportional" else None
     return np.sort(rng.choice(n, size=m, replace=False, p=p))
 
 
-__all__ = ["client_seed", "sample_clients"]
+__all__ = ["client_seed", "cohort_size", "sample_clients"]

@@ -21,6 +21,12 @@ def threshold_metrics(scores: np.ndarray, y: np.ndarray, threshold: float = 0.5)
     tp = (pred & y).sum(axis=0).astype(float)
     npred = pred.sum(axis=0).astype(float)
     ntrue = y.sum(axis=0).astype(float)
+    return threshold_from_counts(tp, npred, ntrue)
+
+
+def threshold_from_counts(tp: np.ndarray, npred: np.ndarray, ntrue: np.ndarray) -> dict[str, float]:
+    """The metrics of :func:`threshold_metrics` (fractions) from per-label counts: true positives, predicted
+    positives and positives."""
     cp = float(np.mean(np.divide(tp, npred, out=np.zeros_like(tp), where=npred > 0)))
     cr = float(np.mean(np.divide(tp, ntrue, out=np.zeros_like(tp), where=ntrue > 0)))
     op = float(tp.sum() / npred.sum()) if npred.sum() else 0.0

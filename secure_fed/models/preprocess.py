@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from secure_fed.config.choices import SPARSE_KINDS  # kinds that map zeros to zeros (transform_sparse)
 from secure_fed.data.dataset import Features, as_dense, row_nnz
 
 #: ImageNet's per-channel (R, G, B) mean and standard deviation of pixels in [0, 1]: public constants (the
@@ -15,8 +16,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 KINDS = ("rsqrt_nnz", "standardize", "image", "none")
-#: kinds that map zeros to zeros, so a sparse matrix stays sparse (:meth:`Preprocessor.transform_sparse`)
-SPARSE_KINDS = ("rsqrt_nnz", "none")
 
 #: rows transformed at a time by the ``image`` kind (bounds the float64-free temporary memory)
 _CHUNK = 4096

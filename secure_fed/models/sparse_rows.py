@@ -130,63 +130,72 @@ def split_rows(x: torch.Tensor | SparseRows, size: int) -> list[torch.Tensor | S
     return list(torch.split(x, size))
 
 
-#: a sparse gradient only when the batch touches under 1/N of the columns (else the dense add is cheaper)
-SPARSE_GRAD_MAX_SHARE = 8
-
-
 class _Bag(torch.autograd.Function):
     """``x Wᵀ`` for sparse rows x: forward by ``embedding_bag`` over Wᵀ; backward into W's gradient only at the
-    columns the batch touches, as a sparse COO tensor (``sparse=True`` and under 1/8 of the columns touched) or a
-    dense one."""
+    columns the batch touches: a dense gradient, or, when the layer has :attr:`SparseInputLinear.fused_sgd_lr`,
+    no gradient at all but the SGD step itself on those columns (see that attribute)."""
 
     @staticmethod
-    def forward(ctx, weight, indices, offsets, values, row_ids, sparse):
+    def forward(ctx, weight, indices, offsets, values, row_ids, fused_lr):
         ctx.save_for_backward(indices, values, row_ids)
-        ctx.weight_shape, ctx.sparse = weight.shape, sparse
+        ctx.weight_shape, ctx.fused_lr = weight.shape, fused_lr
+        ctx.weight = weight if fused_lr is not None else None  # stepped in place in backward, not saved for it
         return F.embedding_bag(indices, weight.t(), offsets, mode="sum", per_sample_weights=values)
 
     @staticmethod
     def backward(ctx, g):
         indices, values, row_ids = ctx.saved_tensors
         e, d = ctx.weight_shape
-        cols, inverse = torch.unique(indices, return_inverse=True)  # sorted: the COO tensor below is coalesced
+        cols, inverse = torch.unique(indices, return_inverse=True)
         part = torch.zeros(len(cols), e, dtype=g.dtype, device=g.device)
         part.index_add_(0, inverse, g[row_ids] * values.to(g.dtype).unsqueeze(1))  # (u, e): Σ_r v_rj g_r per column j
-        if ctx.sparse and len(cols) * SPARSE_GRAD_MAX_SHARE < d:
-            u = len(cols)
-            idx = torch.stack((torch.arange(e, device=g.device).repeat_interleave(u), cols.repeat(e)))
-            grad = torch.sparse_coo_tensor(
-                idx, part.T.reshape(-1), (e, d), is_coalesced=True, check_invariants=False
-            )  # built sorted and unique above
-        else:
-            grad = torch.zeros(e, d, dtype=g.dtype, device=g.device)
-            grad[:, cols] = part.T
+        if ctx.fused_lr is not None:  # w_j ← w_j − lr·g_j for the touched columns j: plain SGD's step, nothing else
+            with torch.no_grad():
+                ctx.weight.t().index_add_(0, cols, part.to(ctx.weight.dtype), alpha=-ctx.fused_lr)
+            return None, None, None, None, None, None
+        grad = torch.zeros(e, d, dtype=g.dtype, device=g.device)
+        grad[:, cols] = part.T
         return grad, None, None, None, None, None
 
 
 class SparseInputLinear(nn.Linear):
     """A linear layer that also reads :class:`SparseRows`: ``x Wᵀ (+ b)`` as an embedding bag over W's columns.
 
-    The weight keeps ``nn.Linear``'s ``(out, in)`` layout, so θ, checkpoints, the vectorised executor (dense
+    The weight keeps ``nn.Linear``'s ``(out, in)`` shape, so θ, checkpoints, the vectorised executor (dense
     input) and DP-SGD's linear fast path see one kind of layer whatever the input. On sparse rows the forward is
     ``embedding_bag(indices, Wᵀ, offsets, mode="sum", per_sample_weights=values)``: row i's output is
-    Σ_j v_ij W[:, j], the dense product without the zeros. The weight's gradient touches only the batch's columns;
-    with :attr:`sparse_grad` it is a sparse tensor (plain SGD steps on those columns only: an XC table of 203,882
-    columns is not rewritten at every step), else a dense one (any optimiser)."""
+    Σ_j v_ij W[:, j], the dense product without the zeros. With :func:`column_major` (the engine's choice for sparse
+    rows) the weight is *stored* as its transpose, a ``(in, out)`` table, so the bag reads contiguous rows."""
 
-    #: sparse rows give the weight a sparse gradient (set by the trainer for plain SGD, which applies it as is)
-    sparse_grad: bool = False
+    #: plain SGD on sparse rows (set by the trainer through :func:`set_fused_sgd`): the backward pass applies the
+    #: step w_j ← w_j − lr·∂L/∂w_j to the batch's columns j itself and leaves ``weight.grad`` unset, as fused
+    #: embedding optimisers do. The step is SGD's; it only skips forming a gradient of the whole table (an XC table
+    #: has 203,882 columns, a batch touches ~2,000). The layer is the first in the network, so its backward runs
+    #: after every other gradient is formed: the update is the one ``optimizer.step()`` would make.
+    fused_sgd_lr: float | None = None
 
     def forward(self, x):  # type: ignore[override]
         if not isinstance(x, SparseRows):
             return super().forward(x)
         w = self.weight  # in its own precision under autocast too: a bf16 copy of the table would cost more than the bag
-        out = _Bag.apply(w, x.indices, x.offsets, x.values.to(w.dtype), x.row_ids(), self.sparse_grad)
+        lr = self.fused_sgd_lr if torch.is_grad_enabled() and w.requires_grad else None
+        out = _Bag.apply(w, x.indices, x.offsets, x.values.to(w.dtype), x.row_ids(), lr)
         return out if self.bias is None else out + self.bias
 
 
-def set_sparse_grads(model: nn.Module, enabled: bool) -> None:
-    """Sparse weight gradients on (or off) for every :class:`SparseInputLinear` of ``model``."""
+def set_fused_sgd(model: nn.Module, lr: float | None) -> None:
+    """Plain SGD with step ``lr`` fused into the backward pass on sparse rows (None: ordinary gradients) for every
+    :class:`SparseInputLinear` of ``model``."""
     for m in model.modules():
         if isinstance(m, SparseInputLinear):
-            m.sparse_grad = enabled
+            m.fused_sgd_lr = lr
+
+
+def column_major(model: nn.Module) -> nn.Module:
+    """Store every :class:`SparseInputLinear` weight of ``model`` as its transpose (same values and shape, strides
+    ``(1, out)``), so the embedding bag over sparse rows and the fused SGD step read and write contiguous
+    ``out``-long rows of the table. Copies of θ made with ``clone``/``zeros_like`` keep the layout."""
+    for m in model.modules():
+        if isinstance(m, SparseInputLinear) and m.weight.stride() != (1, m.weight.shape[0]):
+            m.weight.data = m.weight.data.t().contiguous().t()
+    return model

@@ -207,7 +207,7 @@ def test_weight_cap_is_refused_where_no_client_reports_a_weight():
 
 def _label_frequency_map(exp) -> float:
     """mAP (percent) of scoring every test instance by the labels' frequencies: each label's AP = its prevalence."""
-    y = exp.fed.y_test
+    y = exp.fed.y_test.toarray()
     return float(100 * y.mean(0)[y.sum(0) > 0].mean())
 
 

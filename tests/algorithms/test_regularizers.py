@@ -175,3 +175,36 @@ def test_eq11_per_set_gradients_over_neighbour_pairs_equal_the_all_pairs_form():
     V = W.clone().requires_grad_(True)
     correlation_top_k(V, s * correlation_sigma(Ys) * Ys.shape[0], k, margin).backward()
     torch.testing.assert_close(got.sum(0), V.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", ["fedalc", "fedaws"])
+def test_server_step_in_outer_blocks_equals_the_one_expression_step(algorithm, monkeypatch):
+    """XC-sized C: eqs. 8 and 11 are summed over blocks of outer classes (bounded pair tensors); the step is the
+    one-expression step's, up to the reassociated sums (fp64: 1e-12)."""
+    from secure_fed.algorithms import regularizers
+    from secure_fed.algorithms.fedalc import FedALC
+    from secure_fed.algorithms.fedaws import FedAwS
+    from secure_fed.config import load_config
+
+    torch.manual_seed(0)
+    C, dim = 40, 6
+    W0 = F.normalize(torch.randn(C, dim, dtype=torch.float64), dim=-1)
+    sets = (torch.rand(60, C) < 0.15).double()
+    cfg = load_config(overrides=[f"algorithm.name={algorithm}", "algorithm.k=4", "algorithm.lam=50"]).algorithm
+    out, calls = [], []
+    real = regularizers.outer_blocks
+    for budget in (10**9, 4 * dim * 7):  # one block; blocks of 7 classes
+        monkeypatch.setattr(regularizers, "PAIR_BLOCK_ELEMENTS", budget)
+        blocks_of = lambda *a: calls.append(len(real(*a))) or real(*a)  # noqa: E731
+        monkeypatch.setattr(f"secure_fed.algorithms.{algorithm}.outer_blocks", blocks_of)
+        algo = (FedALC if algorithm == "fedalc" else FedAwS)(cfg)
+        if algorithm == "fedalc":
+            algo.label_sets = regularizers.as_csr(sets)
+            algo._build_weights(C)
+        W = W0.clone()
+        stats = algo.server_step(W, 0, torch.arange(0, C, 2))
+        out.append((W, stats["reg"]))
+    assert calls[0] == 1 and calls[1] > 1
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-12, atol=1e-12)
+    assert out[0][1] == pytest.approx(out[1][1], rel=1e-12)
+    assert not torch.equal(out[0][0], W0)  # the step moved W

@@ -46,9 +46,9 @@ def test_gmap_is_the_released_models_map_on_each_clients_test_rows(tmp_path):
     exp = Experiment(small_config(*GENERAL, "algorithm.name=fedavg", "training.rounds=3", "evaluation.every=3"), run_dir=tmp_path)
     res = exp.run(progress=False)
     rows = exp.fed.client_test
-    assert len(rows) == 5 and sorted(np.concatenate(rows).tolist()) == list(range(len(exp.fed.y_test)))  # a partition
+    assert len(rows) == 5 and sorted(np.concatenate(rows).tolist()) == list(range(len(exp.fed.y_test.toarray())))  # a partition
     scores = _scores(exp, exp.theta, exp.fed.x_test)
-    maps = [m for r in rows if len(r) and (m := _sk_client_map(scores[r], exp.fed.y_test[r])) is not None]
+    maps = [m for r in rows if len(r) and (m := _sk_client_map(scores[r], exp.fed.y_test.toarray()[r])) is not None]
     assert len(maps) >= 2
     final = res.summary["final"]
     mean, std, worst = _spread(maps)

@@ -59,6 +59,20 @@ def test_sampling_fraction_and_proportional():
     assert sample_clients(sizes, 1.0, "uniform", 0, 0).tolist() == [0, 1, 2, 3]
 
 
+def test_clients_per_round_is_an_absolute_cohort(tmp_path):
+    exp = Experiment(small_config("training.clients_per_round=7", "training.rounds=1", "output.log_messages=true"),
+                     run_dir=tmp_path)  # fmt: skip
+    exp.run(progress=False)
+    assert len(exp.fed.clients) > 7
+    assert len({m["client"] for m in exp.messages if m["direction"] == "up" and "theta_delta" in m["message"]}) == 7
+    rounds = [set(sample_clients(np.ones(20), 1.0, "uniform", 0, r, size=7).tolist()) for r in (0, 1)]
+    assert [len(r) for r in rounds] == [7, 7] and rounds[0] != rounds[1]
+    with pytest.raises(ConfigError, match="clients_per_round or training.client_fraction, not both"):
+        small_config("training.clients_per_round=7", "training.client_fraction=0.5")
+    with pytest.raises(ConfigError, match="sampling: poisson"):
+        small_config("training.clients_per_round=7", "training.sampling=poisson")
+
+
 def test_device_resolution():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto").type == expected

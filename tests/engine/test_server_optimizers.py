@@ -88,3 +88,22 @@ def test_averaged_keys_take_the_clients_mean_under_an_adaptive_optimiser():
     assert torch.allclose(p["bn.running_var"], 1 + 2 * d)
     assert torch.allclose(p["w"], 0.02 * torch.sign(d), atol=1e-5)
     assert "bn.running_var" not in opt.state and "w" in opt.state
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"])
+def test_chunked_steps_equal_whole_tensor_steps_bit_for_bit(name, monkeypatch):
+    """Large parameters step in pieces (bounded temporaries); the result is the whole-tensor step's, exactly."""
+    from secure_fed.engine import server_optimizers
+
+    torch.manual_seed(0)
+    p0, deltas = torch.randn(37, 11), [torch.randn(37, 11) for _ in range(3)]
+    out = {}
+    for chunk in (10**9, 50):
+        monkeypatch.setattr(server_optimizers, "CHUNK_ELEMENTS", chunk)
+        opt, p = ServerOptimizer(name=name, lr=0.1), {"w": p0.clone()}
+        for d in deltas:
+            opt.step(p, {"w": d})
+        out[chunk] = (p["w"], opt.state_dict())
+    assert torch.equal(out[10**9][0], out[50][0])
+    for k, st in out[10**9][1]["state"].get("w", {}).items():
+        assert torch.equal(st, out[50][1]["state"]["w"][k]), k

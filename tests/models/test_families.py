@@ -63,7 +63,7 @@ def test_inconsistent_family_settings_are_refused_by_validate(overrides, message
 def _label_frequency_map(exp) -> float:
     """mAP (percent) of the baseline that scores every test instance by the labels' training frequencies:
     constant scores per label give each label's AP = its test prevalence."""
-    y = exp.fed.y_test
+    y = exp.fed.y_test.toarray()
     present = y.sum(0) > 0
     return float(100 * y.mean(0)[present].mean())
 

@@ -12,7 +12,7 @@ from secure_fed.algorithms.losses import bce_loss, positive_hinge_loss
 from secure_fed.algorithms.per_sample import clipped_sum_linear
 from secure_fed.models.encoders import SparseTextEncoder
 from secure_fed.models.families import CosineEmbedding, LinearHead, LinearHeadModel
-from secure_fed.models.sparse_rows import SparseInputLinear, SparseRows, set_sparse_grads
+from secure_fed.models.sparse_rows import SparseInputLinear, SparseRows, column_major, set_fused_sgd
 
 
 def _csr(n=40, d=300, density=0.03, seed=0, empty_row=3):
@@ -43,33 +43,64 @@ def test_products_for_the_linear_fast_path_match_dense():
     torch.testing.assert_close(x.t_matmul(g), g.T @ dense)
 
 
-@pytest.mark.parametrize("sparse_grad", [False, True])
-def test_first_layer_output_and_gradient_equal_the_dense_linear_layer(sparse_grad):
+@pytest.mark.parametrize("layout", ["row_major", "column_major"])
+def test_first_layer_output_and_gradient_equal_the_dense_linear_layer(layout):
     torch.manual_seed(0)
-    m = _csr(d=20000, density=0.0005)  # few columns touched (under 1/8): the sparse gradient path is taken
+    m = _csr(d=20000, density=0.0005)
     x, dense = SparseRows.from_csr(m, dtype=torch.float64), torch.from_numpy(m.toarray())
     lin = SparseInputLinear(20000, 16, bias=True).double()
-    lin.sparse_grad = sparse_grad
+    if layout == "column_major":
+        w = lin.weight.detach().clone()
+        column_major(lin)
+        assert lin.weight.stride() == (1, 16) and torch.equal(lin.weight, w)  # same values, transposed storage
     out = lin(x)
     torch.testing.assert_close(out, dense @ lin.weight.T + lin.bias, rtol=1e-12, atol=1e-12)
     (out.sin().sum()).backward()
     got = lin.weight.grad
-    assert got.is_sparse == sparse_grad
     lin.weight.grad = None
     torch.nn.functional.linear(dense, lin.weight, lin.bias).sin().sum().backward()
-    torch.testing.assert_close(got.to_dense(), lin.weight.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, lin.weight.grad, rtol=1e-12, atol=1e-12)
 
 
-def test_sgd_steps_on_sparse_rows_equal_steps_on_dense_rows():
-    """The text network trained by plain SGD (sparse first-layer gradients) from the same weights on the same
-    batches, once on sparse rows and once on the dense matrix: the same weights after every step (fp64)."""
+@pytest.mark.parametrize("layout", ["row_major", "column_major"])
+def test_fused_sgd_step_is_the_sgd_step_on_the_touched_columns(layout):
+    """With ``fused_sgd_lr`` the backward itself moves the weight by −lr·gradient (the dense layer's gradient,
+    computed independently) and leaves no .grad; columns no row touches keep their values."""
+    torch.manual_seed(0)
+    m = _csr(d=20000, density=0.0005)
+    x, dense = SparseRows.from_csr(m, dtype=torch.float64), torch.from_numpy(m.toarray())
+    lin = SparseInputLinear(20000, 16, bias=False).double()
+    if layout == "column_major":
+        column_major(lin)
+    w0 = lin.weight.detach().clone()
+    ref = w0.clone().requires_grad_(True)
+    torch.nn.functional.linear(dense, ref).sin().sum().backward()
+    set_fused_sgd(lin, 0.25)
+    lin(x).sin().sum().backward()
+    assert lin.weight.grad is None
+    torch.testing.assert_close(lin.weight.detach(), w0 - 0.25 * ref.grad, rtol=1e-12, atol=1e-12)
+    untouched = np.setdiff1d(np.arange(20000), m.indices)
+    assert torch.equal(lin.weight.detach()[:, untouched], w0[:, untouched])
+    with torch.no_grad():  # no step outside training
+        lin(x)
+    set_fused_sgd(lin, None)
+    lin(x).sum().backward()
+    assert lin.weight.grad is not None
+
+
+@pytest.mark.parametrize("layout", ["row_major", "column_major"])
+def test_sgd_steps_on_sparse_rows_equal_steps_on_dense_rows(layout):
+    """The text network trained by plain SGD (the first layer's step fused into its backward) from the same weights
+    on the same batches, once on sparse rows and once on the dense matrix: the same weights after every step (fp64)."""
     m = _csr(n=64, d=30000, density=0.0004, empty_row=10)
     xs, xd = SparseRows.from_csr(m, dtype=torch.float64), torch.from_numpy(m.toarray())
     torch.manual_seed(1)
     a = SparseTextEncoder(30000, embed_dim=16, hidden_dims=(32,), out_dim=8).double()
     b = SparseTextEncoder(30000, embed_dim=16, hidden_dims=(32,), out_dim=8).double()
     b.load_state_dict(a.state_dict())
-    set_sparse_grads(a, True)
+    if layout == "column_major":
+        column_major(a)
+    set_fused_sgd(a, 0.3)
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.3), torch.optim.SGD(b.parameters(), lr=0.3)
     rows, target = torch.randn(5, 8, dtype=torch.float64), torch.rand(64, 5) < 0.3
     fam = CosineEmbedding()
@@ -79,7 +110,7 @@ def test_sgd_steps_on_sparse_rows_equal_steps_on_dense_rows():
             opt.zero_grad(set_to_none=True)
             positive_hinge_loss(fam.score(model(x[idx]), rows), target[idx]).backward()
             opt.step()
-        assert a.embed.weight.grad.is_sparse
+        assert a.embed.weight.grad is None  # stepped in the backward pass
         for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
             torch.testing.assert_close(p, q, rtol=1e-11, atol=1e-12, msg=n)
     fresh = SparseTextEncoder(30000, embed_dim=16, hidden_dims=(32,), out_dim=8).double()

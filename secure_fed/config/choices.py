@@ -1,0 +1,98 @@
+"""What a config picks for its data, decided without torch: the encoder, its preprocessing and hidden widths
+(:func:`model_choice`), and whether input rows stay sparse (:func:`sparse_input_choice`). The engine builds what
+these name; ``secure-fed validate`` and the memory estimate (:mod:`secure_fed.memory`) read them without building."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from secure_fed.config.schema import NO_WEIGHTS, RESNETS
+from secure_fed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from secure_fed.config.schema import ExperimentConfig
+    from secure_fed.data.dataset import MultiLabelDataset
+
+#: preprocessing kinds that keep zeros zero (sparse rows can use them)
+SPARSE_KINDS = ("rsqrt_nnz", "none")
+
+
+#: a ResNet's last stage sees a 1×1 map (where bf16 on CPU is broken, see model_choice) for images up to this side
+BF16_MIN_SIDE = 16
+
+
+def _on_cpu(cfg: ExperimentConfig) -> bool:
+    if cfg.device == "cpu":
+        return True
+    import torch  # only for bf16 ResNet configs on device auto
+
+    return cfg.device == "auto" and not torch.cuda.is_available()
+
+
+def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str, list[int]]:
+    """The encoder name, preprocessing kind and hidden widths the config picks for ``ds``.
+
+    ``auto`` picks ``resnet18`` for image data, ``sparse_text`` for sparse data, else ``mlp``; preprocessing ``auto``
+    picks ``image`` for image data. A ResNet on data that are not images, a ResNet without ``model.weights``,
+    ``model.weights`` for an encoder that is not a ResNet, or bf16 training of a ResNet on CPU with images of 16 px or
+    less (a PyTorch bug: garbage gradients, measured on torch 2.14) is a one-line :class:`ConfigError`.
+    """
+    name = cfg.model.name
+    if name == "auto":
+        name = "resnet18" if ds.feature_kind == "image" else "sparse_text" if ds.feature_kind == "sparse" else "mlp"
+    resnet = name in RESNETS
+    if resnet and (ds.feature_kind != "image" or ds.image_shape is None):
+        raise ConfigError(
+            f"model.name={name} needs image data (dataset.name: digit_mosaics, or dataset.format: voc | coco); "
+            f"dataset '{ds.name}' has {ds.feature_kind} features"
+        )
+    if resnet and cfg.model.weights is None:
+        raise ConfigError(NO_WEIGHTS.format(name=name) + f" (model.name=auto picks {name} for image data)")
+    if resnet and cfg.training.precision == "bf16" and min(ds.image_shape[1:]) <= BF16_MIN_SIDE and _on_cpu(cfg):
+        raise ConfigError(
+            f"training.precision=bf16 with model.name={name} on {ds.image_shape[1]}×{ds.image_shape[2]} images on CPU: "
+            "PyTorch's bf16 CPU kernels give garbage weight gradients for a stride-2 3×3 convolution of a 1×1 feature map "
+            f"(the ResNet's last stage for images of {BF16_MIN_SIDE} px or less); use training.precision: fp32 or larger images"
+        )
+    if not resnet and cfg.model.weights is not None:
+        raise ConfigError(
+            f"model.weights is for {' and '.join(RESNETS)}; model.name={cfg.model.name} picks {name} for "
+            f"{ds.feature_kind} data, which has no pretrained weights"
+        )
+    prep = cfg.model.preprocessing
+    if prep == "auto":
+        prep = "image" if ds.feature_kind == "image" else "rsqrt_nnz" if name == "sparse_text" else "standardize"
+    hidden = cfg.model.hidden_dims
+    if resnet:
+        hidden = []  # a ResNet has no hidden_dims
+    elif hidden is None:
+        hidden = [1024, 1024] if name == "sparse_text" else [256]
+    return name, prep, hidden
+
+
+#: ``model.sparse_input: auto`` keeps rows sparse when the clients' dense float32 copies would exceed this
+SPARSE_AUTO_BYTES = 2**30
+
+
+def sparse_input_choice(cfg: ExperimentConfig, ds: MultiLabelDataset, dense_rows: int) -> bool:
+    """Whether the clients' and the test rows stay sparse (:class:`~secure_fed.models.sparse_rows.SparseRows`):
+    ``model.sparse_input`` true, or ``auto`` with ``dense_rows`` rows of ``D`` float32 features over
+    :data:`SPARSE_AUTO_BYTES`. Sparse rows need sparse data, the ``sparse_text`` encoder (its first layer reads
+    them) and a preprocessing that keeps zeros zero; ``true`` without them is a :class:`ConfigError`."""
+    want = cfg.model.sparse_input
+    if want is False:
+        return False
+    name, prep, _ = model_choice(cfg, ds)
+    why = (
+        f"dataset '{ds.name}' has {ds.feature_kind} features" if ds.feature_kind != "sparse"
+        else f"model.name={name} (only sparse_text reads sparse rows)" if name != "sparse_text"
+        else f"model.family={cfg.model.family} (its tokens read dense rows)" if cfg.model.family == "ctran"
+        else f"model.preprocessing={prep} (only {' and '.join(SPARSE_KINDS)} keep zeros zero)" if prep not in SPARSE_KINDS
+        else None
+    )  # fmt: skip
+    if want is True:
+        if why is not None:
+            raise ConfigError(f"model.sparse_input=true needs sparse data, the sparse_text encoder and rsqrt_nnz or none "
+                              f"preprocessing: {why}")  # fmt: skip
+        return True
+    return why is None and dense_rows * ds.num_features * 4 > SPARSE_AUTO_BYTES

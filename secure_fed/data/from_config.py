@@ -1,0 +1,78 @@
+"""A config's data: the dataset it names or points at, loaded without torch (``secure-fed validate`` uses it for
+the memory estimate; the engine builds everything else on top of it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from secure_fed.data.dataset import MultiLabelDataset
+from secure_fed.data.registry import GENERATED, load_from_paths, load_registered
+from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
+
+if TYPE_CHECKING:
+    from secure_fed.config.schema import ExperimentConfig
+
+
+def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
+    """The configured data; labels no training instance has are dropped (``dataset.drop_empty_labels``)."""
+    ds = _load_dataset(cfg, data_root)
+    if cfg.dataset.drop_empty_labels:
+        ds, dropped = ds.without_empty_labels()
+        if dropped:
+            shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+            print(f"note: dropped {len(dropped)} label(s) with no training instance ({shown}); dataset.drop_empty_labels")
+    return ds
+
+
+def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
+    d = cfg.dataset
+    if d.format in ("voc", "coco") or (d.format is None and d.name == "digit_mosaics"):
+        return _with_feature_kind(_load_images(cfg, data_root), d.feature_kind)
+    if d.format is not None:
+        return load_from_paths(
+            format=d.format,
+            train=d.train,
+            test=d.test,
+            labels=d.labels,
+            train_split=d.train_split,
+            test_split=d.test_split,
+            fold=d.fold,
+            test_fraction=d.test_fraction,
+            split_seed=d.split_seed,
+            feature_kind=d.feature_kind,
+            name=d.name if d.name != "synthetic" else None,
+        )
+    if d.name == "synthetic":
+        return make_synthetic(SyntheticSpec(**d.synthetic.model_dump()), seed=cfg.seed)
+    return _with_feature_kind(load_registered(d.name, data_root or d.root), d.feature_kind)
+
+
+def _with_feature_kind(ds: MultiLabelDataset, kind: str) -> MultiLabelDataset:
+    """``ds`` relabelled with ``dataset.feature_kind`` when that is not ``auto`` (e.g. pixels as ``dense`` features
+    for an MLP)."""
+    if kind != "auto" and kind != ds.feature_kind:
+        ds = MultiLabelDataset(ds.name, ds.train, ds.test, ds.label_names, kind, ds.meta)
+    return ds
+
+
+def _load_images(cfg: ExperimentConfig, data_root: str | None) -> MultiLabelDataset:
+    """Digit mosaics (generated from the run seed), or a VOC / COCO folder: ``dataset.train`` if given, else
+    ``--data-root``, else ``dataset.root``."""
+    from secure_fed.data.images import MosaicSpec, load_coco, load_voc, make_digit_mosaics  # torchvision: on demand
+
+    d = cfg.dataset
+    if d.format is None:
+        return make_digit_mosaics(MosaicSpec(**d.mosaics.model_dump()), seed=cfg.seed)
+    root = d.train or data_root or d.root
+    name = d.name if d.name not in GENERATED else None
+    if d.format == "voc":
+        return load_voc(root, size=d.image_size, train_set=d.train_set or "trainval", test_set=d.test_set or "test", name=name)
+    return load_coco(
+        root,
+        size=d.image_size,
+        train_set=d.train_set or "train2014",
+        test_set=d.test_set or "val2014",
+        train_annotations=d.train_annotations,
+        test_annotations=d.test_annotations,
+        name=name,
+    )

@@ -1,0 +1,230 @@
+"""The planned run's peak memory, estimated before anything is built, and the refusal of a run that cannot fit.
+
+:func:`estimate_memory` adds up the large allocations of a run from the config and the data's shape
+(:class:`DataShape`), term by term; :func:`check_memory` refuses a run whose estimate exceeds what the device has
+available with one :class:`~secure_fed.errors.ConfigError` naming the largest term, before the federation, the
+models or any file are made. ``secure-fed validate`` prints the terms (without importing torch, except to count
+a ResNet's or C-Tran's parameters).
+
+The terms follow the code that allocates them (bytes; P = the model's parameters, C labels, d = embedding_dim):
+
+* ``data``: the loaded splits as they are held (CSR: 8 bytes a stored value plus row pointers; dense: n·D);
+* ``client rows``: sparse rows keep one preprocessed copy of the training rows (12 bytes a value); dense rows are a
+  float32 copy per client row (positive-only: an instance on each of its labels' clients);
+* ``model``: :data:`MODEL_HELD` float32 copies of θ (the server's θ and its scoring copy, the worker model,
+  FedAdam's two moments), and in a ``round`` :data:`MODEL_ROUND` more (the round's sum and mean, one client's
+  update and gradient);
+* ``row table``: W, its round sums and its optimiser state (:data:`ROW_COPIES` copies of C·d floats);
+* ``evaluation``: one block of test scores with its sort buffers (:mod:`secure_fed.metrics.blocks`; the whole
+  matrix when it is small), and the test rows' embeddings;
+* ``label sets`` (FedALC): the tokens of every client's instances and the merged CSR sets;
+* ``co-occurrence`` (FedALC): the sparse label-pair counts and weights (at most C·K·… pairs that occur);
+* a protocol that sums flat vectors (secure aggregation, CKKS) adds float64 vectors of the whole update layout
+  (θ plus C·(d+1)) to a round, several at once.
+
+Terms held for the whole run add up; the phases (setup's label sets, a round, an evaluation) do not overlap, so only
+the largest of them counts.
+
+It is an estimate (±30% on the runs measured in the README), meant to stop a run that is far past the machine, not
+to budget one to the last megabyte.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from secure_fed.errors import ConfigError
+
+GB = 1e9
+#: float32 copies of θ held throughout (the server's θ, its scoring copy, the worker model, FedAdam's two moments)
+MODEL_HELD = 5
+#: ... and held during a round (its sum and mean, one client's update and gradient)
+MODEL_ROUND = 4
+#: float32 copies of W (the table, the round's row sums, FedAdam's moments when rows are optimised, the scores' copy)
+ROW_COPIES = 6
+#: bytes per instance copy while label sets are collected (a 32-byte token object and its list slot, the merge map)
+TOKEN_BYTES = 180
+#: the process before any data (Python, torch, numpy, scipy)
+BASELINE = 0.6 * GB
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What the estimate needs of the data: sizes, stored values, and how the rows are kept."""
+
+    train: int
+    test: int
+    features: int
+    labels: int
+    train_values: int  #: stored feature values of the training split (n·D when dense)
+    test_values: int
+    label_entries: int  #: stored (instance, label) pairs of the training split
+    dense: bool  #: features held as a dense array (images, dense numeric data)
+    value_bytes: int = 4  #: bytes per dense feature value (uint8 images: 1)
+
+    @classmethod
+    def of(cls, ds) -> DataShape:
+        """The shape of a loaded :class:`~secure_fed.data.MultiLabelDataset`."""
+        tr, te = ds.train, ds.test
+        dense = not sp.issparse(tr.features)
+        vb = int(np.asarray(tr.features).dtype.itemsize) if dense else 4
+        values = lambda x: int(np.prod(x.shape)) if dense else int(x.nnz)  # noqa: E731
+        return cls(
+            train=tr.num_instances, test=te.num_instances, features=int(ds.num_features), labels=int(ds.num_labels),
+            train_values=values(tr.features), test_values=values(te.features), label_entries=int(tr.labels.nnz),
+            dense=dense, value_bytes=vb,
+        )  # fmt: skip
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per term, the total, and what is available."""
+
+    terms: dict[str, float] = field(default_factory=dict)
+    #: allocations of one phase each (setup, a round, an evaluation): only the largest counts toward the peak
+    transient: dict[str, float] = field(default_factory=dict)
+    available: float | None = None
+    device: str = "cpu"
+
+    @property
+    def total(self) -> float:
+        return BASELINE + sum(self.terms.values()) + max(self.transient.values(), default=0.0)
+
+    def largest(self) -> tuple[str, float]:
+        return max({**self.terms, **self.transient}.items(), key=lambda kv: kv[1])
+
+    def lines(self) -> list[str]:
+        """The estimate as text: one line a term, largest first, then the total against what is available."""
+        rows = [(n, b, "held") for n, b in self.terms.items()] + [(n, b, "one phase") for n, b in self.transient.items()]
+        out = [f"  {name:<16} {b / GB:8.2f} GB  {kind}" for name, b, kind in sorted(rows, key=lambda r: -r[1])]
+        avail = f" of {self.available / GB:.1f} GB available on {self.device}" if self.available else ""
+        out.append(f"  {'total':<16} {self.total / GB:8.2f} GB (with {BASELINE / GB:.1f} GB for the process){avail}")
+        return out
+
+
+def parameter_count(cfg, ds) -> int:
+    """θ's parameter count: in closed form for the text network and the MLP (with the embedding or linear-head
+    family; torch is not imported), else from the model built on torch's meta device (no memory)."""
+    from secure_fed.config.choices import model_choice
+
+    name, _, hidden = model_choice(cfg, ds)
+    d = cfg.model.embedding_dim
+    if name in ("sparse_text", "mlp") and cfg.model.family in ("embedding", "linear_head"):
+        widths = [cfg.model.embed_dim, *hidden] if name == "sparse_text" else [ds.num_features, *hidden]
+        n = ds.num_features * cfg.model.embed_dim if name == "sparse_text" else 0  # the text network's bias-free embed
+        n += sum(a * b + b for a, b in zip(widths, [*widths[1:], d], strict=True))  # Linear layers with biases, the last one to d
+        if cfg.model.family == "linear_head":
+            n += d * ds.num_labels + ds.num_labels
+        return n
+    import torch
+
+    from secure_fed.engine.builders import build_model
+
+    if cfg.model.family == "ctran" and cfg.algorithm.name == "fedlgt" and cfg.algorithm.ule:
+        model = build_model(cfg, ds)  # the text encoder's weights load from disk, which the meta device cannot do
+    else:
+        with torch.device("meta"):
+            model = build_model(cfg, ds)
+    return sum(p.numel() for p in model.parameters())
+
+
+def needs_torch(cfg, ds) -> bool:
+    """Whether :func:`parameter_count` builds the model (ResNets, C-Tran) rather than counting in closed form."""
+    from secure_fed.config.choices import model_choice
+
+    return model_choice(cfg, ds)[0] not in ("sparse_text", "mlp") or cfg.model.family not in ("embedding", "linear_head")
+
+
+def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, device: str = "cpu") -> MemoryEstimate:
+    """The planned run's large allocations (see the module docstring), in bytes per term."""
+    C, d, D = shape.labels, cfg.model.embedding_dim, shape.features
+    n_test = shape.test if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, shape.test)
+    t: dict[str, float] = {}
+    if shape.dense:
+        t["data"] = (shape.train_values + shape.test_values) * shape.value_bytes + shape.label_entries * 13
+    else:
+        t["data"] = (shape.train_values + shape.test_values) * 8 + (shape.train + shape.test) * 16 + shape.label_entries * 13
+    positive_only = cfg.partition.name == "positive_only"
+    client_rows = shape.label_entries if positive_only else shape.train
+    if sparse_rows:
+        t["client rows"] = shape.train_values * 12 + shape.train * 8
+    else:
+        t["client rows"] = client_rows * D * 4
+        t["test rows"] = n_test * D * 4
+    t["model"] = MODEL_HELD * params * 4
+    phase: dict[str, float] = {"round": MODEL_ROUND * params * 4}
+    has_rows = cfg.model.family == "embedding"
+    if has_rows:
+        t["row table"] = ROW_COPIES * C * d * 4
+    from secure_fed.metrics.blocks import BLOCK_ELEMENTS, BYTES_PER_SCORE
+
+    block = min(n_test * C, BLOCK_ELEMENTS) if has_rows else n_test * C
+    phase["evaluation"] = block * BYTES_PER_SCORE + n_test * d * 4
+    if cfg.algorithm.name in ("fedalc", "fedalc_fixed"):
+        phase["label sets"] = shape.label_entries * TOKEN_BYTES
+        k = cfg.algorithm.k
+        t["co-occurrence"] = min(C * C, shape.label_entries * 8 + C * k) * 24 + C * k * (d + 4) * 4
+    secure = [p for p in cfg.protocols if p in ("secure_aggregation", "ckks")]
+    if secure:
+        layout = params + (C * (d + 1) if has_rows else 0)
+        phase["round"] += 4 * layout * 8
+    return MemoryEstimate(t, phase, available_bytes(device), device)
+
+
+def plan_memory(cfg, ds, device) -> MemoryEstimate:
+    """The estimate for ``cfg`` on the loaded data ``ds`` and ``device`` (a torch device or its name)."""
+    from secure_fed.config.choices import model_choice, sparse_input_choice
+
+    shape = DataShape.of(ds)
+    model_choice(cfg, ds)  # a config the data cannot run is its own error, before any estimate
+    rows = shape.label_entries if cfg.partition.name == "positive_only" else shape.train
+    n_test = shape.test if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, shape.test)
+    sparse = sparse_input_choice(cfg, ds, rows + n_test)
+    return estimate_memory(cfg, shape, params=parameter_count(cfg, ds), sparse_rows=sparse, device=str(device))
+
+
+def available_bytes(device: str) -> float | None:
+    """Memory the run can use: free GPU memory on CUDA, else MemAvailable (Linux) or the physical memory."""
+    if device.startswith("cuda"):
+        import torch  # the engine's check on a GPU run (validate stays on CPU memory)
+
+        free, _ = torch.cuda.mem_get_info()
+        return float(free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(est: MemoryEstimate) -> None:
+    """A one-line :class:`ConfigError` when the estimate exceeds what is available, naming the largest term."""
+    if est.available is None or est.total <= est.available:
+        return
+    name, b = est.largest()
+    raise ConfigError(
+        f"the planned run needs about {est.total / GB:.1f} GB but {est.device} has {est.available / GB:.1f} GB available; "
+        f"the largest term is {name} ({b / GB:.1f} GB){HINTS.get(name, '')} (secure-fed validate CONFIG lists every term)"
+    )
+
+
+#: what to change when a term is too large
+HINTS = {
+    "client rows": ": keep sparse rows (model.sparse_input: auto or true) or use fewer instances",
+    "test rows": ": keep sparse rows (model.sparse_input) or set evaluation.max_test",
+    "model": ": lower model.embed_dim / hidden_dims / embedding_dim",
+    "row table": ": lower model.embedding_dim",
+    "evaluation": ": set evaluation.max_test",
+    "label sets": "",
+    "round": ": a smaller model (a round holds several copies of θ; secure sums hold it as float64 vectors)",
+}

@@ -1,0 +1,84 @@
+"""The memory estimate (secure_fed.engine.memory): its terms against independent counts, and a run sized past the
+machine refused before anything is built or written, with one ``error:`` line and exit 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from secure_fed import memory
+from secure_fed.config import load_config
+from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
+from tests.config.test_bad_input import assert_one_error_line, cli
+from tests.conftest import SMALL
+
+HUGE = ["--set", "model.hidden_dims=[65536, 65536]"]  # 4.3e9 parameters: about 86 GB for θ's copies alone
+
+
+def test_a_run_sized_past_the_machine_stops_before_anything_is_written(tmp_path):
+    out = tmp_path / "run"
+    code, _, err = cli("run", *[a for s in SMALL for a in ("--set", s)], *HUGE, "--out", str(out))
+    assert_one_error_line(code, err, "the planned run needs about", "largest term is model", "GB available")
+    assert not out.exists()
+
+
+def test_validate_prints_the_estimate_and_refuses_what_cannot_fit(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("training: {rounds: 1}\n")
+    code, out, err = cli("validate", str(cfg))
+    assert code == 0, err
+    assert "estimated peak memory" in out and "total" in out and "model" in out
+    code, out, err = cli("validate", str(cfg), *HUGE)
+    assert_one_error_line(code, err, "would not fit")
+    assert "model" in out
+
+
+def _dataset(n=50, D=30, C=7, seed=0):
+    rng = np.random.default_rng(seed)
+    x = sp.random(n, D, density=0.2, format="csr", dtype=np.float32, random_state=seed)
+    y = sp.csr_matrix((rng.random((n, C)) < 0.3).astype(np.int8))
+    return MultiLabelDataset("t", MultiLabelSplit(x, y), MultiLabelSplit(x[:10], y[:10]), [f"l{i}" for i in range(C)], "sparse")
+
+
+def test_terms_follow_the_data_and_the_model():
+    ds = _dataset()
+    cfg = load_config(overrides=[*SMALL, "model.name=sparse_text", "model.embed_dim=8", "model.hidden_dims=[16]",
+                                 "model.embedding_dim=4"])  # fmt: skip
+    shape = memory.DataShape.of(ds)
+    assert shape.train_values == ds.train.features.nnz and shape.label_entries == ds.train.labels.nnz
+    params = 30 * 8 + (8 * 16 + 16) + (16 * 4 + 4)  # counted by hand: embed (no bias), hidden, output layers
+    assert memory.parameter_count(cfg, ds) == params
+    sparse = memory.estimate_memory(cfg, shape, params=params, sparse_rows=True)
+    dense = memory.estimate_memory(cfg, shape, params=params, sparse_rows=False)
+    assert sparse.terms["model"] == memory.MODEL_HELD * 4 * params
+    assert sparse.transient["round"] == memory.MODEL_ROUND * 4 * params
+    assert sparse.terms["row table"] == memory.ROW_COPIES * 7 * 4 * 4
+    assert sparse.terms["client rows"] == 12 * ds.train.features.nnz + 8 * 50
+    # dense rows: a float32 row of D features per client row, one per (instance, label) pair in positive-only
+    assert dense.terms["client rows"] == 4 * 30 * ds.train.labels.nnz
+    # the phases do not overlap: the total counts only the largest
+    assert sparse.total == pytest.approx(memory.BASELINE + sum(sparse.terms.values()) + max(sparse.transient.values()))
+
+
+@pytest.mark.parametrize(
+    ("model", "family"),
+    [("sparse_text", "embedding"), ("mlp", "embedding"), ("mlp", "linear_head"), ("sparse_text", "linear_head")],
+)
+def test_closed_form_parameter_count_equals_the_built_model(model, family):
+    """validate counts θ without torch; the count is the built model's."""
+    from secure_fed.engine.builders import build_model
+
+    ds = _dataset()
+    part = ["partition.name=iid", "algorithm.name=fedavg"] if family == "linear_head" else []
+    cfg = load_config(overrides=[*SMALL, f"model.name={model}", f"model.family={family}", *part, "model.embed_dim=8",
+                                 "model.hidden_dims=[16, 12]", "model.embedding_dim=5"])  # fmt: skip
+    assert not memory.needs_torch(cfg, ds)
+    assert memory.parameter_count(cfg, ds) == sum(p.numel() for p in build_model(cfg, ds).parameters())
+
+
+def test_the_refusal_names_the_largest_term():
+    est = memory.MemoryEstimate({"data": 2e9, "client rows": 9e9}, {"round": 1e9}, available=4e9, device="cpu")
+    with pytest.raises(Exception, match=r"largest term is client rows \(9.0 GB\): keep sparse rows"):
+        memory.check_memory(est)
+    memory.check_memory(memory.MemoryEstimate({"data": 1e9}, {}, available=4e9))  # fits: no error
