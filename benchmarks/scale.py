@@ -2,7 +2,8 @@
 synthetic data written by ``secure-fed data synth-xc``, with the fitted growth exponent of each.
 
     python benchmarks/scale.py [--labels 1000,4000,13330,131072] [--algorithms fedavg,fedaws,fedalc]
-                               [--like amazon-670k] [--dp] [--client-fraction 0.01] [--workdir DIR] [--json FILE]
+                               [--like amazon-670k] [--dp] [--client-fraction 0.01] [--set KEY=VALUE]
+                               [--workdir DIR] [--json FILE]
 
 For each label count C the data are ``--like``'s shape scaled so that C labels remain (instances scale with the
 labels: instances per label stay as published; features and non-zeros per row stay as published). Each
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-test", type=int, default=2000)
     ap.add_argument("--k", type=int, default=50, help="FedALC's K and FedAwS's k")
     ap.add_argument("--workdir", default=None, help="where the generated data go (default: a temporary folder)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run (e.g. algorithm.neighbour_search=approximate)")  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"dataset={{format: xc, train: {data}/train.txt, test: {data}/test.txt}}", "device=cpu",
                 "model={name: sparse_text, embedding_dim: 512, embed_dim: 512, hidden_dims: [1024, 1024]}",
                 f"training.client_fraction={args.client_fraction}", "training.rounds=1", f"algorithm.k={args.k}",
-                f"evaluation.max_test={args.max_test}", "output.progress=false", *over,
+                f"evaluation.max_test={args.max_test}", "output.progress=false", *over, *args.overrides,
             ]  # fmt: skip
             with tempfile.TemporaryDirectory() as run_dir:
                 t = time.perf_counter()

@@ -18,7 +18,9 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 * ``evaluation``: one block of test scores with its sort buffers (:mod:`secure_fed.metrics.blocks`; the whole
   matrix when it is small), and the test rows' embeddings;
 * ``label sets`` (FedALC): the tokens of every client's instances and the merged CSR sets;
-* ``co-occurrence`` (FedALC): the sparse label-pair counts and weights (at most C·K·… pairs that occur);
+* ``co-occurrence`` (FedALC): the sparse counts of the label pairs that occur (Σ_j |L_j|², at most C²); a round
+  adds one block of the top-k regulariser's pair tensors;
+* ``attack NAME``: an attack in ``attacks.run`` that densifies label matrices declares its peak (``AttackSpec.memory``);
 * a protocol that sums flat vectors (secure aggregation, CKKS) adds float64 vectors of the whole update layout
   (θ plus C·(d+1)) to a round, several at once.
 
@@ -48,6 +50,13 @@ MODEL_ROUND = 4
 ROW_COPIES = 6
 #: bytes per instance copy while label sets are collected (a 32-byte token object and its list slot, the merge map)
 TOKEN_BYTES = 180
+#: bytes per co-occurring label pair (the CSR product's float64 value and index, and its temporary)
+COOCCURRENCE_BYTES = 24
+#: elements (pairs × d) of one block of a top-k regulariser's pair tensors
+#: (:func:`secure_fed.algorithms.regularizers.outer_blocks`)
+PAIR_BLOCK_ELEMENTS = 2**24
+#: float32 (pairs × d) tensors a block of the top-k regulariser's backward holds (gathered rows, products, grads)
+PAIR_TENSORS = 6
 #: the process before any data (Python, torch, numpy, scipy)
 BASELINE = 0.6 * GB
 
@@ -166,13 +175,30 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
     phase["evaluation"] = block * BYTES_PER_SCORE + n_test * d * 4
     if cfg.algorithm.name in ("fedalc", "fedalc_fixed"):
         phase["label sets"] = shape.label_entries * TOKEN_BYTES
-        k = cfg.algorithm.k
-        t["co-occurrence"] = min(C * C, shape.label_entries * 8 + C * k) * 24 + C * k * (d + 4) * 4
+        # the label pairs that occur (Σ_j |L_j|², at most C²) as CSR counts, built by a sparse product
+        per_set = shape.label_entries / max(1, shape.train)
+        t["co-occurrence"] = min(C * C, shape.label_entries * per_set) * COOCCURRENCE_BYTES
+    if cfg.algorithm.name in ("fedalc", "fedalc_fixed", "fedaws"):  # a block of the top-k regulariser's pair tensors
+        phase["round"] += min(C * cfg.algorithm.k * d, PAIR_BLOCK_ELEMENTS) * 4 * PAIR_TENSORS
     secure = [p for p in cfg.protocols if p in ("secure_aggregation", "ckks")]
     if secure:
         layout = params + (C * (d + 1) if has_rows else 0)
         phase["round"] += 4 * layout * 8
+    phase.update(_attack_phases(cfg, shape))
     return MemoryEstimate(t, phase, available_bytes(device), device)
+
+
+def _attack_phases(cfg, shape: DataShape) -> dict[str, float]:
+    """The configured attacks' own peaks (``attacks.run``; each registered attack declares its cost, if any)."""
+    attacks = getattr(cfg, "attacks", None)
+    names = list(getattr(attacks, "run", []) or [])
+    if not names:
+        return {}
+    from secure_fed.specs import attack_specs
+
+    specs = attack_specs()
+    chosen = specs if "all" in names else {n: specs[n] for n in names if n in specs}
+    return {f"attack {n}": float(spec.memory(shape, cfg)) for n, spec in chosen.items() if spec.memory is not None}
 
 
 def plan_memory(cfg, ds, device) -> MemoryEstimate:
@@ -212,9 +238,10 @@ def check_memory(est: MemoryEstimate) -> None:
     if est.available is None or est.total <= est.available:
         return
     name, b = est.largest()
+    hint = HINTS.get(name, ": leave it out of attacks.run for data of this size" if name.startswith("attack ") else "")
     raise ConfigError(
         f"the planned run needs about {est.total / GB:.1f} GB but {est.device} has {est.available / GB:.1f} GB available; "
-        f"the largest term is {name} ({b / GB:.1f} GB){HINTS.get(name, '')} (secure-fed validate CONFIG lists every term)"
+        f"the largest term is {name} ({b / GB:.1f} GB){hint} (secure-fed validate CONFIG lists every term)"
     )
 
 

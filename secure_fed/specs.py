@@ -57,6 +57,9 @@ class AttackSpec:
     defended_by: str
     implementation: str
     extra: dict[str, Any] = field(default_factory=dict)
+    #: ``memory(shape, cfg)``: the bytes the attack allocates at its peak for data of ``shape`` (a
+    #: :class:`secure_fed.memory.DataShape`), so that a run too large for it is refused before it starts (None: small)
+    memory: Any = None
 
     def load(self) -> type:
         return load_object(self.implementation)

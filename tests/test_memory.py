@@ -52,7 +52,8 @@ def test_terms_follow_the_data_and_the_model():
     sparse = memory.estimate_memory(cfg, shape, params=params, sparse_rows=True)
     dense = memory.estimate_memory(cfg, shape, params=params, sparse_rows=False)
     assert sparse.terms["model"] == memory.MODEL_HELD * 4 * params
-    assert sparse.transient["round"] == memory.MODEL_ROUND * 4 * params
+    pair_block = min(7 * cfg.algorithm.k * 4, memory.PAIR_BLOCK_ELEMENTS) * 4 * memory.PAIR_TENSORS  # the default fedalc
+    assert sparse.transient["round"] == memory.MODEL_ROUND * 4 * params + pair_block
     assert sparse.terms["row table"] == memory.ROW_COPIES * 7 * 4 * 4
     assert sparse.terms["client rows"] == 12 * ds.train.features.nnz + 8 * 50
     # dense rows: a float32 row of D features per client row, one per (instance, label) pair in positive-only
@@ -82,3 +83,19 @@ def test_the_refusal_names_the_largest_term():
     with pytest.raises(Exception, match=r"largest term is client rows \(9.0 GB\): keep sparse rows"):
         memory.check_memory(est)
     memory.check_memory(memory.MemoryEstimate({"data": 1e9}, {}, available=4e9))  # fits: no error
+
+
+def test_an_attack_that_densifies_labels_is_refused_up_front_on_xc_sized_labels(tmp_path):
+    """label_deanonymization matches C × C co-occurrence profiles: at a million labels it cannot run, and the run
+    stops before training, naming the attack."""
+    ds = _dataset()
+    cfg = load_config(overrides=[*SMALL, 'attacks={run: ["label_deanonymization"]}'])
+    shape = memory.DataShape.of(ds)
+    est = memory.estimate_memory(cfg, shape, params=10, sparse_rows=True)
+    assert est.transient["attack label_deanonymization"] == 50 * 7 * 4 + 10 * 7 + 4 * 8 * 7 * 7
+    big = memory.DataShape(train=10**6, test=10**5, features=10, labels=10**6, train_values=10**6, test_values=10**5,
+                           label_entries=5 * 10**6, dense=False)  # fmt: skip
+    est = memory.estimate_memory(cfg, big, params=10, sparse_rows=True)
+    est.available = 64e9
+    with pytest.raises(Exception, match="largest term is attack label_deanonymization .* leave it out of attacks.run"):
+        memory.check_memory(est)

@@ -8,6 +8,28 @@ from __future__ import annotations
 
 from secure_fed.specs import AttackSpec
 
+
+def _test_rows(shape, cfg) -> int:
+    return shape.test if cfg.evaluation.max_test is None else min(shape.test, cfg.evaluation.max_test)
+
+
+# the attacks that densify label matrices (their matching and scoring are over dense label vectors)
+def _deanonymization_bytes(shape, cfg) -> float:
+    """The label sets densified (float32, at most one per training instance), the public test labels (int8) and
+    four C × C float64 co-occurrence profiles."""
+    C = shape.labels
+    return shape.train * C * 4 + shape.test * C + 4 * 8 * C * C
+
+
+def _identification_bytes(shape, cfg) -> float:
+    """The test labels as a dense bool matrix and per-label centroids of g(x)."""
+    return _test_rows(shape, cfg) * shape.labels + 2 * 4 * shape.labels * cfg.model.embedding_dim
+
+
+def _membership_bytes(shape, cfg) -> float:
+    """Target instances' label vectors densified (bool), at most the training split."""
+    return shape.train * shape.labels
+
 TOKEN_LINKAGE = AttackSpec(
     name="token_linkage",
     role="server",
@@ -24,6 +46,7 @@ LABEL_DEANONYMIZATION = AttackSpec(
     defended_by="none fully: keyed_hashing pseudonyms hide names only up to co-occurrence structure",
     description="match pseudonymised W rows to label names by frequency and co-occurrence graph matching",
     implementation="threat_models.attacks.label_deanonymization:LabelDeanonymization",
+    memory=_deanonymization_bytes,
 )
 
 EMBEDDING_IDENTIFICATION = AttackSpec(
@@ -33,6 +56,7 @@ EMBEDDING_IDENTIFICATION = AttackSpec(
     defended_by="dp (privacy.client)",
     description="name each class-embedding row by its similarity to public per-label centroids of g(x)",
     implementation="threat_models.attacks.embedding_identification:EmbeddingIdentification",
+    memory=_identification_bytes,
 )
 
 MEMBERSHIP_INFERENCE = AttackSpec(
@@ -42,6 +66,7 @@ MEMBERSHIP_INFERENCE = AttackSpec(
     defended_by="dp (privacy.client; the instance unit covers only W's label-set step)",
     description="LOSS threshold and LiRA (online and offline) with shadow runs; AUC, TPR at low FPR, log-scale ROC",
     implementation="threat_models.attacks.membership_inference:MembershipInference",
+    memory=_membership_bytes,
 )
 
 ONE_RUN_AUDIT = AttackSpec(

@@ -35,6 +35,7 @@ from secure_fed.algorithms.label_sets import merge_label_sets
 from secure_fed.algorithms.regularizers import (
     PAIR_BLOCK_ELEMENTS,
     CorrelationWeights,
+    approximate_nearest_classes,
     cooccurrence_counts,
     correlation_top_k,
     fixed_embedding_reg,
@@ -42,6 +43,7 @@ from secure_fed.algorithms.regularizers import (
     label_set_fixed_grads,
     nearest_classes,
     neighbour_hinge_grads,
+    neighbour_recall,
     outer_blocks,
     pair_hinge_grads,
     pair_sqdist_grads,
@@ -53,6 +55,10 @@ from secure_fed.messages import ByteList, OwnLabel, Setting
 #: non-private step; a protocol layer wraps it by replacing ``algorithm.w_step`` with its own step built
 #: from the algorithm's public ``per_set_gradients``, ``step_size`` and ``regularizer_value``.
 WStep = Callable[[torch.Tensor], "dict[str, float] | None"]
+
+
+#: classes on which the approximate neighbour search's recall is measured each step (exact search on these rows only)
+RECALL_ROWS = 256
 
 
 class _LabelSetMixin:
@@ -102,7 +108,7 @@ class FedALC(_LabelSetMixin, Algorithm):
         """Eq. 11 with σ weights (eq. 9) as a sum over label sets: per-set gradients (B, C, d) for label sets (B, C).
         The W-only parts (neighbours, pair gradients) are computed once here, for every chunk of sets."""
         cfg = self.cfg
-        nn_idx = nearest_classes(V, cfg.k)
+        nn_idx, _ = self.neighbours(V)
         # the (C, K, d) pair gradients once for every chunk, unless they are XC-sized: then each chunk computes
         # those of its own labels' pairs (the same values)
         small = nn_idx.numel() * V.shape[1] <= PAIR_BLOCK_ELEMENTS
@@ -119,12 +125,23 @@ class FedALC(_LabelSetMixin, Algorithm):
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         return self.w_step(W) or {}
 
+    def neighbours(self, W: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """N_K(u) of every class (``algorithm.neighbour_search``) and, for the approximate search, its recall against
+        the exact search on :data:`RECALL_ROWS` evenly spaced classes (a diagnostic)."""
+        cfg = self.cfg
+        if cfg.neighbour_search == "exact":
+            return nearest_classes(W, cfg.k), {}
+        nn_idx = approximate_nearest_classes(W, cfg.k, nprobe=cfg.ann_nprobe)
+        rows = torch.linspace(0, W.shape[0] - 1, min(RECALL_ROWS, W.shape[0]), device=W.device).long().unique()
+        return nn_idx, {"neighbour_recall": neighbour_recall(W, nn_idx, nn_idx.shape[1], rows)}
+
     def correlation_update(self, W: torch.Tensor) -> dict[str, float]:
         """One step on eq. 11 with the γ weights (the default ``w_step``; the ``dp`` layer wraps it)."""
         cfg = self.cfg
+        nn_idx, stats = self.neighbours(W)
         blocks = outer_blocks(torch.arange(W.shape[0], device=W.device), cfg.k, W.shape[1])
-        fn = lambda V, rows: correlation_top_k(V, self.weights, cfg.k, cfg.margin, rows=rows)  # noqa: E731
-        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr, blocks=blocks)}
+        fn = lambda V, rows: correlation_top_k(V, self.weights, cfg.k, cfg.margin, rows=rows, nn_idx=nn_idx[rows])  # noqa: E731
+        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr, blocks=blocks), **stats}
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_sets": self.label_sets}

@@ -12,10 +12,10 @@ import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
+from secure_fed.memory import PAIR_BLOCK_ELEMENTS  # elements (pairs × d) of one block (outer_blocks)
+
 #: elements of the (rows × C) distance block the exact neighbour search holds at once
 NEIGHBOUR_BLOCK_ELEMENTS = 2**24
-#: elements (pairs × d) of one block of a top-k regulariser's pair tensors (see :func:`outer_blocks`)
-PAIR_BLOCK_ELEMENTS = 2**24
 
 
 def outer_blocks(rows: torch.Tensor, k: int, dim: int) -> list[torch.Tensor]:
@@ -58,6 +58,55 @@ def nearest_classes(W: torch.Tensor, k: int, *, rows: torch.Tensor | None = None
             D[torch.arange(len(r), device=W.device), r] = float("inf")
             out.append(torch.topk(D, k, dim=1, largest=False).indices)
         return torch.cat(out) if out else torch.zeros(0, k, dtype=torch.int64, device=W.device)
+
+
+def approximate_nearest_classes(W: torch.Tensor, k: int, *, nprobe: int = 64) -> torch.Tensor:
+    """N_k(c) for every class from an inverted-file index (faiss ``IndexIVFFlat``, inner product on the normalised
+    rows, ⌈4·√C⌉ lists trained on an evenly spaced sample of rows, ``nprobe`` lists searched per query): the
+    approximate search for label counts where the exact one (C² · d work) is too slow. Rows whose probed lists
+    hold fewer than k other classes get the exact search. :func:`neighbour_recall` measures it against the exact
+    search. No gradient."""
+    import faiss  # declared dependency (faiss-cpu); imported here, where the approximate search is asked for
+
+    C, d = W.shape
+    k = min(k, C - 1)
+    with torch.no_grad():
+        X = np.ascontiguousarray(F.normalize(W.detach().float(), dim=-1).cpu().numpy())
+    nlist = max(1, min(C // 40, int(np.ceil(4 * np.sqrt(C)))))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    sample = X[np.linspace(0, C - 1, num=min(C, 64 * nlist)).astype(np.int64)]
+    index.train(sample)
+    index.add(X)
+    index.nprobe = min(nprobe, nlist)
+    _, found = index.search(X, k + 1)
+    own = found == np.arange(C)[:, None]
+    # drop each row's own class (or, when it was not found, the farthest hit)
+    keep = ~own
+    keep[~own.any(axis=1), k] = False
+    out = found[keep].reshape(C, k) if keep.sum() == C * k else _drop_own(found, own, k)
+    short = np.flatnonzero((out < 0).any(axis=1))
+    result = torch.from_numpy(out.astype(np.int64)).to(W.device)
+    if len(short):
+        rows = torch.from_numpy(short).to(W.device)
+        result[rows] = nearest_classes(W, k, rows=rows)
+    return result
+
+
+def _drop_own(found: np.ndarray, own: np.ndarray, k: int) -> np.ndarray:
+    out = np.empty((found.shape[0], k), np.int64)
+    for i in range(found.shape[0]):
+        row = found[i][~own[i]]
+        out[i] = row[:k]
+    return out
+
+
+def neighbour_recall(W: torch.Tensor, approx: torch.Tensor, k: int, rows: torch.Tensor) -> float:
+    """Share of the exact k nearest classes of ``rows`` that the approximate search ``approx`` (all classes'
+    neighbours) also found: |approx ∩ exact| / (k · len(rows))."""
+    exact = nearest_classes(W, k, rows=rows).cpu().numpy()
+    got = approx[rows].cpu().numpy()
+    hits = sum(len(np.intersect1d(a, b)) for a, b in zip(got, exact, strict=True))
+    return hits / max(1, exact.size)
 
 
 def spreadout(W: torch.Tensor, margin: float) -> torch.Tensor:
@@ -159,16 +208,23 @@ def correlation_gamma(sigma: torch.Tensor) -> torch.Tensor:
 
 
 def correlation_top_k(
-    W: torch.Tensor, weights: torch.Tensor, k: int, margin: float, *, rows: torch.Tensor | None = None
+    W: torch.Tensor,
+    weights: torch.Tensor,
+    k: int,
+    margin: float,
+    *,
+    rows: torch.Tensor | None = None,
+    nn_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reg_cr^top(W) = Σ_u Σ_{u' ∈ N_K(u)} γ_uu' · max(0, ν − d(w_u, w_u'))²  (FedALC eq. 11).
 
     ``weights`` is γ (or σ), already scaled as the caller wants: a dense (C, C) tensor or a
     :class:`CorrelationWeights` (looked up at the C·K pairs only). ``rows`` restricts the outer sum to those
-    classes u (default: all; a block of :func:`outer_blocks`).
+    classes u (default: all; a block of :func:`outer_blocks`); ``nn_idx`` gives their N_K(u) (default: the exact
+    search; e.g. :func:`approximate_nearest_classes` for very large C).
     """
     rows = torch.arange(W.shape[0], device=W.device) if rows is None else rows
-    nn_idx = nearest_classes(W, k, rows=rows)
+    nn_idx = nearest_classes(W, k, rows=rows) if nn_idx is None else nn_idx
     if isinstance(weights, CorrelationWeights):
         g = weights.at(rows, nn_idx).to(W.dtype)
     else:

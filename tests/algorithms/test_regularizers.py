@@ -208,3 +208,35 @@ def test_server_step_in_outer_blocks_equals_the_one_expression_step(algorithm, m
     torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-12, atol=1e-12)
     assert out[0][1] == pytest.approx(out[1][1], rel=1e-12)
     assert not torch.equal(out[0][0], W0)  # the step moved W
+
+
+def test_approximate_neighbours_find_most_exact_neighbours_and_never_the_class_itself():
+    """The inverted-file search on clustered rows (as trained class embeddings are): recall against the exact search
+    (counted here from the dense distance matrix, independently) and no class among its own neighbours."""
+    from secure_fed.algorithms.regularizers import approximate_nearest_classes, cosine_distances, neighbour_recall
+
+    torch.manual_seed(0)
+    C, dim, k = 4000, 32, 10
+    centres = F.normalize(torch.randn(200, dim), dim=-1)
+    W = F.normalize(centres[torch.randint(0, 200, (C,))] + 0.3 * torch.randn(C, dim) / dim**0.5, dim=-1)
+    approx = approximate_nearest_classes(W, k, nprobe=64)
+    assert approx.shape == (C, k) and not (approx == torch.arange(C)[:, None]).any()
+    assert all(len(set(r)) == k for r in approx.tolist())
+    D = cosine_distances(W)
+    D.fill_diagonal_(float("inf"))
+    exact = torch.topk(D, k, dim=1, largest=False).indices
+    hits = sum(len(set(a) & set(b)) for a, b in zip(approx.tolist(), exact.tolist(), strict=True))
+    assert hits / (C * k) >= 0.9
+    rows = torch.arange(0, C, 7)
+    brute = sum(len(set(approx[r].tolist()) & set(exact[r].tolist())) for r in rows.tolist()) / (len(rows) * k)
+    assert neighbour_recall(W, approx, k, rows) == pytest.approx(brute)
+
+
+def test_fedalc_with_the_approximate_search_reports_its_recall(tmp_path):
+    from secure_fed.engine import Experiment
+    from tests.conftest import small_config
+
+    exp = Experiment(small_config("algorithm.neighbour_search=approximate", "training.rounds=2"), run_dir=tmp_path)
+    exp.run(progress=False)
+    recalls = [d["neighbour_recall"] for d in exp.diagnostics]
+    assert len(recalls) == 2 and all(0.0 <= r <= 1.0 for r in recalls)
