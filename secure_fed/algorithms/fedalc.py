@@ -140,8 +140,14 @@ class FedALC(_LabelSetMixin, Algorithm):
         cfg = self.cfg
         nn_idx, stats = self.neighbours(W)
         blocks = outer_blocks(torch.arange(W.shape[0], device=W.device), cfg.k, W.shape[1])
-        fn = lambda V, rows: correlation_top_k(V, self.weights, cfg.k, cfg.margin, rows=rows, nn_idx=nn_idx[rows])  # noqa: E731
-        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr, blocks=blocks), **stats}
+        if len(blocks) == 1:  # one expression (Bibtex-sized C)
+            fn = lambda V: correlation_top_k(V, self.weights, cfg.k, cfg.margin, nn_idx=nn_idx)  # noqa: E731
+            return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr), **stats}
+        pairs = [(rows, nn_idx[rows]) for rows in blocks]
+        fn = lambda V, rows, nn, labels: correlation_top_k(  # noqa: E731
+            V, self.weights, cfg.k, cfg.margin, rows=rows, nn_idx=nn, labels=labels
+        )
+        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr, blocks=pairs), **stats}
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_sets": self.label_sets}

@@ -116,14 +116,17 @@ def spreadout(W: torch.Tensor, margin: float) -> torch.Tensor:
     return (torch.clamp(margin - D, min=0.0) ** 2)[off].sum()
 
 
-def spreadout_top_k(W: torch.Tensor, k: int, classes: torch.Tensor | None = None) -> torch.Tensor:
+def spreadout_top_k(
+    W: torch.Tensor, k: int, classes: torch.Tensor | None = None, *, nn_idx: torch.Tensor | None = None
+) -> torch.Tensor:
     """reg_sp^top(W) = Σ_{c ∈ 𝔆} Σ_{y ∈ N_k(c)} −d(w_c, w_y)²  (FedAwS eq. 8).
 
     Stochastic negative mining: each class is pushed away from its k nearest
-    classes only. ``classes`` restricts the outer sum (default: all classes).
+    classes only. ``classes`` restricts the outer sum (default: all classes); ``nn_idx`` gives their N_k(c)
+    (default: the exact search on ``W``).
     """
     rows = torch.arange(W.shape[0], device=W.device) if classes is None else classes
-    nn_idx = nearest_classes(W, k, rows=rows)
+    nn_idx = nearest_classes(W, k, rows=rows) if nn_idx is None else nn_idx
     return -(pair_distances(W, rows, nn_idx) ** 2).sum()
 
 
@@ -215,20 +218,23 @@ def correlation_top_k(
     *,
     rows: torch.Tensor | None = None,
     nn_idx: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reg_cr^top(W) = Σ_u Σ_{u' ∈ N_K(u)} γ_uu' · max(0, ν − d(w_u, w_u'))²  (FedALC eq. 11).
 
     ``weights`` is γ (or σ), already scaled as the caller wants: a dense (C, C) tensor or a
     :class:`CorrelationWeights` (looked up at the C·K pairs only). ``rows`` restricts the outer sum to those
     classes u (default: all; a block of :func:`outer_blocks`); ``nn_idx`` gives their N_K(u) (default: the exact
-    search; e.g. :func:`approximate_nearest_classes` for very large C).
+    search; e.g. :func:`approximate_nearest_classes` for very large C). When ``W`` holds only some classes' rows
+    (:func:`~secure_fed.algorithms.fedaws.regularizer_step` in blocks), ``labels`` maps its rows to label ids.
     """
     rows = torch.arange(W.shape[0], device=W.device) if rows is None else rows
     nn_idx = nearest_classes(W, k, rows=rows) if nn_idx is None else nn_idx
+    u, v = (rows, nn_idx) if labels is None else (labels[rows], labels[nn_idx])  # label ids, for the weights
     if isinstance(weights, CorrelationWeights):
-        g = weights.at(rows, nn_idx).to(W.dtype)
+        g = weights.at(u, v).to(W.dtype)
     else:
-        g = weights.to(W.dtype)[rows.unsqueeze(1), nn_idx]
+        g = weights.to(W.dtype)[u.unsqueeze(1), v]
     return (g * torch.clamp(margin - pair_distances(W, rows, nn_idx), min=0.0) ** 2).sum()
 
 

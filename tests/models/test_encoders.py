@@ -49,3 +49,20 @@ def test_init_does_not_collapse_sparse_inputs(bibtex):
 
 def test_mlp_encoder_shapes():
     assert MLPEncoder(10, hidden_dims=(32, 16), out_dim=8)(torch.zeros(4, 10)).shape == (4, 8)
+
+
+def test_mean_pairwise_cosine_in_chunks_equals_the_pairwise_mean(monkeypatch):
+    """An XC-sized W is normalised a chunk of rows at a time; the figure is the mean over all pairs i ≠ j,
+    computed here from the dense cosine matrix."""
+    import torch
+    from torch.nn import functional as F
+
+    from secure_fed.models import encoders
+
+    torch.manual_seed(0)
+    W = torch.randn(300, 16) + 0.3
+    Wn = F.normalize(W.double(), dim=-1)
+    cos = Wn @ Wn.T
+    brute = float((cos.sum() - cos.diagonal().sum()) / (300 * 299))
+    monkeypatch.setattr(encoders, "_COSINE_CHUNK", 16 * 7)
+    assert abs(mean_pairwise_cosine(W) - brute) <= 1e-6 * abs(brute)
