@@ -20,6 +20,8 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 * ``label sets`` (FedALC): the tokens of every client's instances and the merged CSR sets;
 * ``co-occurrence`` (FedALC): the sparse counts of the label pairs that occur (Σ_j |L_j|², at most C²); a round
   adds one block of the top-k regulariser's pair tensors;
+* ``eq. 12 pairs`` (FedALC-fixed): its all-pairs form holds C × C matrices, and (C, C, d) pair gradients under
+  ``privacy.instance`` (not yet over sparse pairs);
 * ``attack NAME``: an attack in ``attacks.run`` that densifies label matrices declares its peak (``AttackSpec.memory``);
 * a protocol that sums flat vectors (secure aggregation, CKKS) adds float64 vectors of the whole update layout
   (θ plus C·(d+1)) to a round, several at once.
@@ -57,6 +59,10 @@ COOCCURRENCE_BYTES = 24
 PAIR_BLOCK_ELEMENTS = 2**24
 #: float32 (pairs × d) tensors a block of the top-k regulariser's backward holds (gathered rows, products, grads)
 PAIR_TENSORS = 6
+#: FedALC-fixed (eq. 12): dense C × C float32 matrices its step holds (distances, counts, weights, their products),
+#: and (C, C, d) pair-gradient tensors of its per-label-set DP gradients
+FIXED_DENSE_MATRICES = 6
+FIXED_PAIR_TENSORS = 3
 #: the process before any data (Python, torch, numpy, scipy)
 BASELINE = 0.6 * GB
 
@@ -178,6 +184,9 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
         # the label pairs that occur (Σ_j |L_j|², at most C²) as CSR counts, built by a sparse product
         per_set = shape.label_entries / max(1, shape.train)
         t["co-occurrence"] = min(C * C, shape.label_entries * per_set) * COOCCURRENCE_BYTES
+    if cfg.algorithm.name == "fedalc_fixed":  # eq. 12 is still all-pairs: C × C matrices, and C × C × d under DP
+        private = getattr(getattr(cfg, "privacy", None), "instance", None) is not None and "dp" in cfg.protocols
+        phase["eq. 12 pairs"] = FIXED_DENSE_MATRICES * C * C * 4 + (FIXED_PAIR_TENSORS * C * C * d * 4 if private else 0)
     if cfg.algorithm.name in ("fedalc", "fedalc_fixed", "fedaws"):  # a block of the top-k regulariser's pair tensors
         phase["round"] += min(C * cfg.algorithm.k * d, PAIR_BLOCK_ELEMENTS) * 4 * PAIR_TENSORS
     secure = [p for p in cfg.protocols if p in ("secure_aggregation", "ckks")]
@@ -251,6 +260,7 @@ HINTS = {
     "test rows": ": keep sparse rows (model.sparse_input) or set evaluation.max_test",
     "model": ": lower model.embed_dim / hidden_dims / embedding_dim",
     "row table": ": lower model.embedding_dim",
+    "eq. 12 pairs": ": FedALC-fixed's eq. 12 is all-pairs (C × C, and C × C × d under DP); use fedalc for this many labels",
     "evaluation": ": set evaluation.max_test",
     "label sets": "",
     "round": ": a smaller model (a round holds several copies of θ; secure sums hold it as float64 vectors)",

@@ -99,3 +99,19 @@ def test_an_attack_that_densifies_labels_is_refused_up_front_on_xc_sized_labels(
     est.available = 64e9
     with pytest.raises(Exception, match="largest term is attack label_deanonymization .* leave it out of attacks.run"):
         memory.check_memory(est)
+
+
+def test_fedalc_fixed_all_pairs_dp_path_is_refused_at_xc_sizes():
+    """Eq. 12's per-set DP gradients are (C, C, d) tensors: at EURLex-4K's C and d = 512 that is ~100 GB; the
+    estimate names it and the run is refused."""
+    shape = memory.DataShape(train=15539, test=3809, features=5000, labels=3993, train_values=15539 * 236,
+                             test_values=3809 * 236, label_entries=15539 * 5, dense=False)  # fmt: skip
+    cfg = load_config(overrides=["algorithm.name=fedalc_fixed", "protocols=[dp]", "model.embedding_dim=512",
+                                 "privacy.instance={noise_multiplier: 1.0, sample_rate: 0.01}"])  # fmt: skip
+    est = memory.estimate_memory(cfg, shape, params=10, sparse_rows=True)
+    assert est.transient["eq. 12 pairs"] >= memory.FIXED_PAIR_TENSORS * 3993 * 3993 * 512 * 4
+    est.available = 24e9
+    with pytest.raises(Exception, match="largest term is eq. 12 pairs .* use fedalc for this many labels"):
+        memory.check_memory(est)
+    plain = load_config(overrides=["algorithm.name=fedalc_fixed"])
+    assert memory.estimate_memory(plain, shape, params=10, sparse_rows=True).transient["eq. 12 pairs"] < 1e9

@@ -30,6 +30,7 @@ def _membership_bytes(shape, cfg) -> float:
     """Target instances' label vectors densified (bool), at most the training split."""
     return shape.train * shape.labels
 
+
 TOKEN_LINKAGE = AttackSpec(
     name="token_linkage",
     role="server",
