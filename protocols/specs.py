@@ -76,7 +76,8 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             )
         if (t.client_fraction < 1.0 or t.clients_per_round is not None) and t.sampling != "poisson":
             raise ValueError(
-                "privacy.client with training.client_fraction < 1 needs training.sampling: poisson "
+                "privacy.client with training.client_fraction < 1 (or training.clients_per_round) needs "
+                "training.sampling: poisson with client_fraction "
                 "(the accountant's subsampling amplification assumes Poisson sampling)"
             )
     if p.local is not None and p.instance is None and algo in LABEL_SET_ALGORITHMS:

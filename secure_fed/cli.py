@@ -121,7 +121,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from secure_fed.config.schema import IMAGE_FORMATS
     from secure_fed.data.from_config import build_dataset  # torch-free: validate stays fast
     from secure_fed.errors import DataError
-    from secure_fed.memory import needs_torch, plan_memory
+    from secure_fed.memory import check_memory, needs_torch, plan_memory
 
     later = "`secure-fed run` makes it before training and refuses a run that cannot fit"
     if d.name == "digit_mosaics" or d.format in IMAGE_FORMATS:
@@ -136,14 +136,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if needs_torch(cfg, ds):
         print(f"memory estimate: not made here (counting this model's parameters needs torch); {later}")
         return 0
-    device = "cpu" if cfg.device in ("cpu", "auto") else cfg.device
-    est = plan_memory(cfg, ds, device)
-    note = " (device: auto is checked against GPU memory when the run starts on one)" if cfg.device == "auto" else ""
+    est = plan_memory(cfg, ds, "cpu")  # validate checks host memory; a GPU run is checked when it starts there
+    note = "" if cfg.device == "cpu" else f" (device: {cfg.device}: checked against GPU memory when the run starts on one)"
     print(f"estimated peak memory{note}:")
     print("\n".join(est.lines()))
-    if est.available is not None and est.total > est.available:
-        print("error: the run would not fit; `secure-fed run` refuses it", file=sys.stderr)
-        return 2
+    check_memory(est)  # the run's own refusal: one error line, exit 2
     return 0
 
 

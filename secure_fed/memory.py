@@ -29,7 +29,7 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 Terms held for the whole run add up; the phases (setup's label sets, a round, an evaluation) do not overlap, so only
 the largest of them counts.
 
-It is an estimate (±30% on the runs measured in the README), meant to stop a run that is far past the machine, not
+It is an estimate (within about 10% above the peaks measured in the README), meant to stop a run that is far past the machine, not
 to budget one to the last megabyte.
 """
 
@@ -223,11 +223,12 @@ def plan_memory(cfg, ds, device) -> MemoryEstimate:
 
 
 def available_bytes(device: str) -> float | None:
-    """Memory the run can use: free GPU memory on CUDA, else MemAvailable (Linux) or the physical memory."""
+    """Memory the run can use: free memory of that GPU on CUDA (the estimate then counts host-side terms, the data
+    and label sets, against it too: conservative), else MemAvailable (Linux) or the physical memory."""
     if device.startswith("cuda"):
         import torch  # the engine's check on a GPU run (validate stays on CPU memory)
 
-        free, _ = torch.cuda.mem_get_info()
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
         return float(free)
     try:
         with open("/proc/meminfo") as fh:

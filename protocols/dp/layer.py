@@ -74,8 +74,8 @@ class DifferentialPrivacy(ProtocolLayer):
     def local_copies(self) -> int:
         """Client trainings one instance can enter per round: the clients it sits on (``k``, its label count in the
         positive-only setting, 1 in a CMDA/iid partition), capped by the largest cohort a round can have (all
-        clients under Poisson sampling, ⌈fN⌉ under fixed-size sampling). The ledger counts this worst case every
-        round, whatever the realised cohort."""
+        clients under Poisson sampling, else the fixed cohort size: ⌈fN⌉ or ``training.clients_per_round``). The
+        ledger counts this worst case every round, whatever the realised cohort."""
         t = self.cfg.training
         n = self.env.num_clients
         largest = n if t.sampling == "poisson" else cohort_size(t, n)

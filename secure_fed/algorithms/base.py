@@ -64,7 +64,9 @@ class ClientData:
             clients' checkpoint, never sent.
 
     ``x`` and ``raw`` may be given as :class:`SharedRows` (the simulator's shared storage of large data): reading the
-    attribute then gathers the client's rows, the same values an eager copy holds.
+    attribute then gathers the client's rows, the same values an eager copy holds. The reader holds a reference to
+    the simulator's whole store (one process simulates every client); what a client function reads through this
+    object is still only its own rows.
     """
 
     client_id: int

@@ -161,6 +161,8 @@ def clipped_sum_linear(
     clipped sum is (f∘G)ᵀA, one matrix product. The client's rows (embedding family) get per-sample copies, which
     are small (k × d each). Returns the sums by name (θ's names, ``rows``) and the (B,) per-sample losses.
     """
+    if any(getattr(m, "fused_sgd_lr", None) is not None for m in model.modules()):
+        raise RuntimeError("DP-SGD's backward would apply the sparse layer's fused (non-private) SGD step: unset it")
     acts: dict[str, torch.Tensor] = {}
     outs: dict[str, torch.Tensor] = {}
     handles = []

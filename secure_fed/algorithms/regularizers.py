@@ -62,9 +62,9 @@ def nearest_classes(W: torch.Tensor, k: int, *, rows: torch.Tensor | None = None
 
 def approximate_nearest_classes(W: torch.Tensor, k: int, *, nprobe: int = 64) -> torch.Tensor:
     """N_k(c) for every class from an inverted-file index (faiss ``IndexIVFFlat``, inner product on the normalised
-    rows, ⌈4·√C⌉ lists trained on an evenly spaced sample of rows, ``nprobe`` lists searched per query): the
-    approximate search for label counts where the exact one (C² · d work) is too slow. Rows whose probed lists
-    hold fewer than k other classes get the exact search. :func:`neighbour_recall` measures it against the exact
+    rows, ⌈4·√C⌉ lists but at most C/40, trained on an evenly spaced sample of rows, ``nprobe`` lists searched per
+    query): the approximate search for label counts where the exact one (C² · d work) is too slow. Rows whose
+    probed lists hold fewer than k other classes get the exact search. :func:`neighbour_recall` measures it against the exact
     search. No gradient."""
     import faiss  # declared dependency (faiss-cpu); imported here, where the approximate search is asked for
 

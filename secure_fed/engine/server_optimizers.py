@@ -59,6 +59,8 @@ class ServerOptimizer:
         with torch.no_grad():
             for key, delta in deltas.items():
                 p = params[key]
+                if delta.shape == p.shape and delta.stride() != p.stride():  # e.g. a secure sum's row-major delta
+                    delta = torch.empty_like(p).copy_(delta)  # for the column-major table: step in pieces (_chunked)
                 if key in self.averaged:
                     p.add_(delta)  # the clients' mean, not a trained step (see the module docstring)
                     continue

@@ -141,7 +141,8 @@ def evaluate_label_blocks(
         out[f"nDCG@{k}"] = 100 * _ndcg(gains, np.asarray(y.sum(axis=1)).ravel(), k)
     ap = np.concatenate(aps) if aps else np.zeros(0)
     out["mAP"] = 100 * float(np.mean(ap)) if len(ap) else float("nan")
-    out["O-AP"] = 100 * _micro_ap(block_scores, np.concatenate(pos_scores) if pos_scores else np.zeros(0), n, C, block)
+    positives = np.concatenate(pos_scores) if pos_scores else np.zeros(0)
+    out["O-AP"] = 100 * _micro_ap(block_scores, positives, y, n, C, block)
     out.update({key: 100 * v for key, v in threshold_from_counts(tp, npred, ntrue).items()})
     return out
 
@@ -166,15 +167,26 @@ def _ndcg(gains: np.ndarray, npos: np.ndarray, k: int) -> float:
     return float((dcg[ok] / idcg[ok]).mean()) if ok.any() else float("nan")
 
 
-def _micro_ap(block_scores, pos: np.ndarray, n: int, C: int, block: int) -> float:
-    """O-AP: Σ over distinct positive scores t of (positives at t / P) · (positives ≥ t / all scores ≥ t)."""
+def _micro_ap(block_scores, pos: np.ndarray, y: sp.csc_matrix, n: int, C: int, block: int) -> float:
+    """O-AP: Σ over distinct positive scores t of (positives at t / P) · (positives ≥ t / all scores ≥ t).
+
+    The thresholds t come from the first pass's positive scores; every count (positives and all scores at or above
+    each t) comes from this second pass's scores, so the precision is a ratio of counts of one set of values (≤ 1)
+    even if a device's second pass differed in the last bits."""
     if len(pos) == 0:
         return float("nan")
-    T, at_t = np.unique(pos, return_counts=True)  # ascending distinct positive scores
-    pos_ge = np.cumsum(at_t[::-1])[::-1]
+    T = np.unique(pos)  # ascending distinct positive scores
     counts = np.zeros(len(T) + 1, np.int64)  # counts[j]: scores s with exactly j values of T ≤ s
+    pos_counts = np.zeros(len(T) + 1, np.int64)  # ... of them positives
     for a in range(0, C, block):
-        s = np.asarray(block_scores(slice(a, min(C, a + block))))
+        sl = slice(a, min(C, a + block))
+        s = np.asarray(block_scores(sl))
         counts += np.bincount(np.searchsorted(T, s.ravel(), side="right"), minlength=len(T) + 1)
+        p = s[y[:, sl].toarray().astype(bool)]
+        pos_counts += np.bincount(np.searchsorted(T, p, side="right"), minlength=len(T) + 1)
     all_ge = np.cumsum(counts[::-1])[::-1][1:]  # scores ≥ T[j]: those with more than j values of T at or below
-    return float(np.sum(at_t / len(pos) * pos_ge / all_ge))
+    pos_ge = np.cumsum(pos_counts[::-1])[::-1][1:]
+    at_t = pos_counts[1:]  # positives in [T[j], T[j+1]): at T[j] when the passes agree
+    P = pos_counts.sum()
+    ok = all_ge > 0
+    return float(np.sum(at_t[ok] / P * pos_ge[ok] / all_ge[ok]))

@@ -240,3 +240,22 @@ def test_fedalc_with_the_approximate_search_reports_its_recall(tmp_path):
     exp.run(progress=False)
     recalls = [d["neighbour_recall"] for d in exp.diagnostics]
     assert len(recalls) == 2 and all(0.0 <= r <= 1.0 for r in recalls)
+
+
+def test_eq11_per_set_gradients_from_the_held_labels_pairs_equal_those_from_every_pair():
+    """Sets holding a strict subset of the labels: the gradients formed from only those labels' pairs (XC-sized C)
+    equal the ones from every class's precomputed pair gradients (fp64, exact index bookkeeping)."""
+    from secure_fed.algorithms.regularizers import label_set_correlation_grads, nearest_classes, neighbour_hinge_grads
+
+    torch.manual_seed(3)
+    C, dim, k = 30, 6, 4
+    W = torch.randn(C, dim, dtype=torch.float64)
+    Ys = torch.zeros(5, C, dtype=torch.float64)
+    for j, labels in enumerate([[3, 7], [7, 19, 25], [11], [2, 3, 29], [25]]):
+        Ys[j, labels] = 1.0
+    nn_idx = nearest_classes(W, k)
+    full = label_set_correlation_grads(W, Ys, k=k, margin=1.5, scale=2.0, nn_idx=nn_idx,
+                                       pair_grads=neighbour_hinge_grads(W, nn_idx, 1.5))  # fmt: skip
+    held = label_set_correlation_grads(W, Ys, k=k, margin=1.5, scale=2.0, nn_idx=nn_idx)
+    assert full.abs().sum() > 0
+    torch.testing.assert_close(held, full, rtol=1e-12, atol=1e-12)

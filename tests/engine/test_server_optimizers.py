@@ -90,13 +90,21 @@ def test_averaged_keys_take_the_clients_mean_under_an_adaptive_optimiser():
     assert "bn.running_var" not in opt.state and "w" in opt.state
 
 
+@pytest.mark.parametrize("layout", ["row_major", "column_major"])
 @pytest.mark.parametrize("name", ["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"])
-def test_chunked_steps_equal_whole_tensor_steps_bit_for_bit(name, monkeypatch):
-    """Large parameters step in pieces (bounded temporaries); the result is the whole-tensor step's, exactly."""
+def test_chunked_steps_equal_whole_tensor_steps_bit_for_bit(name, layout, monkeypatch):
+    """Large parameters step in pieces (bounded temporaries); the result is the whole-tensor step's, exactly. A
+    column-major parameter (the sparse first layer's table) steps in pieces too, whatever layout its deltas have."""
     from secure_fed.engine import server_optimizers
 
     torch.manual_seed(0)
     p0, deltas = torch.randn(37, 11), [torch.randn(37, 11) for _ in range(3)]
+    if layout == "column_major":
+        p0 = p0.t().contiguous().t()
+    pieces = []
+    real = server_optimizers.ServerOptimizer._chunked
+    monkeypatch.setattr(server_optimizers.ServerOptimizer, "_chunked",
+                        staticmethod(lambda fn, p, *o: pieces.append(p.numel()) or real(fn, p, *o)))  # fmt: skip
     out = {}
     for chunk in (10**9, 50):
         monkeypatch.setattr(server_optimizers, "CHUNK_ELEMENTS", chunk)
@@ -105,5 +113,6 @@ def test_chunked_steps_equal_whole_tensor_steps_bit_for_bit(name, monkeypatch):
             opt.step(p, {"w": d})
         out[chunk] = (p["w"], opt.state_dict())
     assert torch.equal(out[10**9][0], out[50][0])
+    assert out[50][0].stride() == p0.stride()  # the step kept the parameter's layout
     for k, st in out[10**9][1]["state"].get("w", {}).items():
         assert torch.equal(st, out[50][1]["state"]["w"][k]), k

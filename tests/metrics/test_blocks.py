@@ -41,6 +41,16 @@ def test_blocks_equal_the_whole_matrix(seed):
             assert got[k] == pytest.approx(v, rel=1e-12, abs=1e-12, nan_ok=True), (block, k)
 
 
+def test_precision_at_k_from_blocks_matches_an_independent_ranking():
+    """P@k against a ranking made here with np.lexsort (score descending, then label id), not the module's own."""
+    s, y = _case(5, ties=True)
+    order = np.lexsort((np.broadcast_to(np.arange(s.shape[1]), s.shape), -s), axis=1)
+    for k in (1, 3):
+        ref = 100 * np.take_along_axis(y, order[:, :k], axis=1).sum(axis=1).mean() / k
+        got = evaluate_label_blocks(lambda sl: s[:, sl], y, ks=(k,), block=4)[f"P@{k}"]
+        assert got == pytest.approx(ref, rel=1e-12)
+
+
 def test_column_ap_matches_scikit_learn_with_ties():
     rng = np.random.default_rng(3)
     s = np.round(rng.normal(size=(300, 20)), 1)

@@ -81,8 +81,11 @@ def test_fused_sgd_step_is_the_sgd_step_on_the_touched_columns(layout):
     torch.testing.assert_close(lin.weight.detach(), w0 - 0.25 * ref.grad, rtol=1e-12, atol=1e-12)
     untouched = np.setdiff1d(np.arange(20000), m.indices)
     assert torch.equal(lin.weight.detach()[:, untouched], w0[:, untouched])
+    stepped = lin.weight.detach().clone()
     with torch.no_grad():  # no step outside training
         lin(x)
+    out = lin(x)  # a forward alone steps nothing either
+    assert torch.equal(lin.weight.detach(), stepped) and out.requires_grad
     set_fused_sgd(lin, None)
     lin(x).sum().backward()
     assert lin.weight.grad is not None
@@ -145,3 +148,16 @@ def test_dp_sgd_fast_path_on_sparse_rows_equals_it_on_dense_rows(family):
     for n in got:
         torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-6, msg=n)
     torch.testing.assert_close(la, lb)
+
+
+def test_dp_sgd_refuses_a_model_with_the_fused_sgd_step_on():
+    """The fused step would move the weight by a non-private gradient inside DP-SGD's backward: refused."""
+    from secure_fed.algorithms.per_sample import clipped_sum_linear
+
+    enc = SparseTextEncoder(50, embed_dim=4, hidden_dims=(8,), out_dim=3)
+    set_fused_sgd(enc, 0.1)
+    x = SparseRows.from_csr(_csr(n=4, d=50, density=0.2))
+    with pytest.raises(RuntimeError, match="fused"):
+        clipped_sum_linear(family=CosineEmbedding(), model=enc, rows=torch.randn(1, 3), x=x,
+                           targets=torch.ones(4, 1, dtype=torch.bool), loss_fn=positive_hinge_loss,
+                           factors=lambda n: torch.ones_like(n))  # fmt: skip
