@@ -83,21 +83,13 @@ def approximate_nearest_classes(W: torch.Tensor, k: int, *, nprobe: int = 64) ->
     # drop each row's own class (or, when it was not found, the farthest hit)
     keep = ~own
     keep[~own.any(axis=1), k] = False
-    out = found[keep].reshape(C, k) if keep.sum() == C * k else _drop_own(found, own, k)
+    out = found[keep].reshape(C, k)  # faiss returns distinct ids per query: exactly k kept in every row
     short = np.flatnonzero((out < 0).any(axis=1))
     result = torch.from_numpy(out.astype(np.int64)).to(W.device)
     if len(short):
         rows = torch.from_numpy(short).to(W.device)
         result[rows] = nearest_classes(W, k, rows=rows)
     return result
-
-
-def _drop_own(found: np.ndarray, own: np.ndarray, k: int) -> np.ndarray:
-    out = np.empty((found.shape[0], k), np.int64)
-    for i in range(found.shape[0]):
-        row = found[i][~own[i]]
-        out[i] = row[:k]
-    return out
 
 
 def neighbour_recall(W: torch.Tensor, approx: torch.Tensor, k: int, rows: torch.Tensor) -> float:
