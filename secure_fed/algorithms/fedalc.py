@@ -108,7 +108,7 @@ class FedALC(_LabelSetMixin, Algorithm):
         """Eq. 11 with σ weights (eq. 9) as a sum over label sets: per-set gradients (B, C, d) for label sets (B, C).
         The W-only parts (neighbours, pair gradients) are computed once here, for every chunk of sets."""
         cfg = self.cfg
-        nn_idx, _ = self.neighbours(V)
+        nn_idx, _ = self.neighbours(V, recall=False)  # the DP step reports no diagnostic of it: not measured
         # the (C, K, d) pair gradients once for every chunk, unless they are XC-sized: then each chunk computes
         # those of its own labels' pairs (the same values)
         small = nn_idx.numel() * V.shape[1] <= PAIR_BLOCK_ELEMENTS
@@ -125,13 +125,15 @@ class FedALC(_LabelSetMixin, Algorithm):
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         return self.w_step(W) or {}
 
-    def neighbours(self, W: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """N_K(u) of every class (``algorithm.neighbour_search``) and, for the approximate search, its recall against
-        the exact search on :data:`RECALL_ROWS` evenly spaced classes (a diagnostic)."""
+    def neighbours(self, W: torch.Tensor, *, recall: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+        """N_K(u) of every class (``algorithm.neighbour_search``) and, for the approximate search with ``recall``, its
+        recall against the exact search on :data:`RECALL_ROWS` evenly spaced classes (a diagnostic)."""
         cfg = self.cfg
         if cfg.neighbour_search == "exact":
             return nearest_classes(W, cfg.k), {}
         nn_idx = approximate_nearest_classes(W, cfg.k, nprobe=cfg.ann_nprobe)
+        if not recall:
+            return nn_idx, {}
         rows = torch.linspace(0, W.shape[0] - 1, min(RECALL_ROWS, W.shape[0]), device=W.device).long().unique()
         return nn_idx, {"neighbour_recall": neighbour_recall(W, nn_idx, nn_idx.shape[1], rows)}
 
