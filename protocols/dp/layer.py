@@ -218,6 +218,9 @@ class DifferentialPrivacy(ProtocolLayer):
         unit = self.units.get("client")
         if unit is None:
             return inner
+        # counted once the secret cohort is drawn: its clients train, and whether the round completes or a protocol
+        # aborts it (dropouts below the secure sum's threshold) is observable, so an aborted round is charged too
+        unit.step()
         layer = self
 
         on_clients = self.cfg.privacy.client.noise == "clients"
@@ -246,13 +249,14 @@ class DifferentialPrivacy(ProtocolLayer):
 
             def post_own(self, agg: Aggregate) -> Aggregate:
                 q = unit.sample_rate
+                # an empty cohort (Poisson sampling) has no one to add noise shares: the server draws the whole
+                # σS itself, so the release is the sampled Gaussian mechanism's on an empty sample, as accounted
                 out = noise_aggregate(
                     agg, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma,
                     expected_clients=q * layer.env.num_clients, expected_per_row=q * layer.env.clients_per_row.float(),
                     noise_rows=noise_rows, stream=layer.server_stream, label=f"client noise r{round_idx}",
-                    server_noise=not on_clients,
+                    server_noise=not on_clients or agg.num_clients == 0,
                 )  # fmt: skip
-                unit.step()
                 return out
 
         return _Noise(inner)

@@ -43,6 +43,12 @@ class _SecAggRound(RoundWrapper):
         self.graph = neighbour_graph(cohort, cfg.neighbors, seed=layer.cfg.seed * 1000003 + round_idx)
         group = len(self.graph[cohort[0]]) + 1 if cohort else 1
         self.t = threshold_for(group, cfg.threshold)
+        self.t_setup = self.t_mask = 0.0
+        self.bytes_up = 0
+        if not cohort:  # an empty (Poisson) cohort: a sum over nobody is zero, and nobody's input needs masking
+            self.u2 = self.cohort = []
+            self._set_min_summands(self.t)
+            return
         rng = np.random.default_rng([layer.cfg.seed, 31, round_idx])
         self.drops = {
             stage: {u for u in cohort if rng.random() < cfg.dropout} for stage in ("advertise", "share", "input", "unmask")
@@ -60,8 +66,6 @@ class _SecAggRound(RoundWrapper):
         self.cohort = alive  # clients that dropped before sharing keys do not train this round
         self._set_min_summands(self.t)  # a completed sum holds ≥ t updates (each neighbourhood keeps ≥ t)
         self.t_setup = time.perf_counter() - t0
-        self.t_mask = 0.0
-        self.bytes_up = 0
 
     def client_mod(self, fn: ClientFn) -> ClientFn:
         inner_fn = self.inner.client_mod(fn)
@@ -84,6 +88,9 @@ class _SecAggRound(RoundWrapper):
         self.server.add_masked(cid, reply["masked"])
 
     def finish(self) -> Aggregate:
+        if not self.inner.cohort:
+            self.layer.last_stats = {"secagg_survivors": 0, "secagg_dropped": 0, "secagg_threshold": self.t}
+            return self.inner.post(self.layer.layout.unflatten_sum(np.zeros(self.layer.layout.size), self.device))
         t0 = time.perf_counter()
         u3, dropped = self.server.request_unmasking()  # aborts here, before any share is asked for, if U3's graph splits
         replies = {u: self.clients[u].unmask(u3, dropped) for u in sorted(u3) if u not in self.drops["unmask"]}

@@ -149,7 +149,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.round = 0
         self.history: list[dict[str, Any]] = []  #: released: one line of metrics.jsonl per round
         self.diagnostics: list[dict[str, Any]] = []  #: private: one line of private/diagnostics.jsonl per round
-        self.rounds_aborted = 0  #: rounds a protocol aborted (nothing applied, no privacy spent)
+        self.rounds_aborted = 0  #: rounds a protocol aborted (nothing applied; a DP layer still charges them)
         self.best: dict[str, Any] | None = None  #: centralised baselines: the best epoch on validation so far
         self.selected: dict[str, Any] | None = None  #: ... and, at the end, the reported one
         self.setup_facts: dict[str, Any] | None = None

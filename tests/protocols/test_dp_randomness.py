@@ -225,3 +225,48 @@ def test_client_level_dp_reports_instance_level_group_privacy(tmp_path):
     eps, delta = unit["epsilon"], unit["delta"]
     assert unit["instance_level"]["epsilon"] == pytest.approx(g * eps)
     assert unit["instance_level"]["delta"] == pytest.approx(min(1.0, g * math.exp((g - 1) * eps) * delta))
+
+
+def _empty_cohort_round(tmp_path, *ov) -> tuple[Experiment, torch.Tensor]:
+    """One round of plain FedAvg (server lr 1) whose secret Poisson cohort comes out empty."""
+    e = Experiment(small_config(*ONE_ROUND, *ov, "training.client_fraction=0.5", "training.sampling=poisson"),
+                   run_dir=tmp_path)  # fmt: skip
+    e.setup()
+    e.stack.cohort_uniforms = lambda r, n: np.ones(n)  # every client's draw above q: nobody is sampled
+    theta0 = _flat(e.theta)
+    out = e.train_round()
+    assert "aborted" not in out and e.rounds_aborted == 0
+    return e, _flat(e.theta) - theta0
+
+
+@pytest.mark.parametrize("ov", [SERVER_NOISE, CLIENT_NOISE], ids=["server_noise", "client_noise_shares"])
+def test_an_empty_poisson_cohort_releases_the_full_noise_and_is_charged(tmp_path, ov):
+    """An empty sample is one outcome of the sampled Gaussian mechanism: the release is N(0, σ²S²)/(qN) on every
+    coordinate, and the round costs one step. With noise shares nobody is there to add them: the server draws it."""
+    e, released = _empty_cohort_round(tmp_path, *ov)
+    sigma, clip, q, n = 2.0, 0.5, 0.5, len(e.fed.clients)
+    expected_std = sigma * clip / (q * n)
+    assert released.numel() > 1000
+    # a chi-square test on the released coordinates' spread (independent of the layer's code: σ, S, q, N from the config)
+    z = float((released / expected_std).pow(2).sum())
+    lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], released.numel())
+    assert lo < z < hi, (z, lo, hi)
+    ref = RDPAccountant()
+    ref.step(noise_multiplier=sigma, sample_rate=q)
+    assert _dp(e).units["client"].steps == 1
+    assert _dp(e).units["client"].epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+
+
+def test_a_round_the_secure_sum_aborts_is_still_charged(tmp_path):
+    """Dropouts below the secure sum's threshold abort the round after its secret cohort trained: the abort is
+    observable, so the round costs a step like any other."""
+    e = Experiment(small_config(*CLIENT_NOISE, "training.rounds=3", "secure_aggregation.dropout=0.95"), run_dir=tmp_path)
+    e.setup()
+    for _ in range(3):
+        e.train_round()
+    assert e.rounds_aborted == 3
+    ref = RDPAccountant()
+    for _ in range(3):
+        ref.step(noise_multiplier=2.0, sample_rate=1.0)
+    assert _dp(e).units["client"].steps == 3
+    assert _dp(e).units["client"].epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
