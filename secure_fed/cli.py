@@ -9,6 +9,8 @@
     secure-fed audit RUN_DIR [--attacks a,b] [--data-root DIR]
     secure-fed list
     secure-fed data download NAME [--root DIR] [--mirror URL]
+    secure-fed flower certificates --out DIR [--host H ...]
+    secure-fed flower local [CONFIG] [--nodes N] [--set ...] [--out DIR]
 
 User mistakes (bad config, missing file) print one ``error:`` line and exit 2.
 """
@@ -314,6 +316,44 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flower_certificates(args: argparse.Namespace) -> int:
+    from secure_fed.engine.flower.certificates import generate_certificates
+
+    out = Path(args.out)
+    check_writable_dir(out, what="--out")
+    paths = generate_certificates(out, args.hosts or ["127.0.0.1", "localhost"], days=args.days)
+    for name, path in paths.items():
+        print(f"wrote {path}" + ("  (private: keep it on the SuperLink / offline)" if name.endswith(".key") else ""))
+    return 0
+
+
+def cmd_flower_local(args: argparse.Namespace) -> int:
+    """A TLS SuperLink and N SuperNodes on this machine, one `flwr run` of the experiment, then shut down."""
+    from secure_fed.config import load_config
+
+    overrides = [o for o in args.overrides if not o.startswith("backend=")]
+    overrides.append(f"flower.num_supernodes={args.nodes}")
+    cfg = load_config(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started
+    run_dir = _run_dir_for(cfg, args.out)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise SecureFedError(f"--out {run_dir} is not empty; give a new run directory")
+    check_writable_dir(run_dir)
+    from secure_fed.engine.flower.deployment import LocalDeployment
+
+    work = Path(args.workdir) if args.workdir else run_dir.parent / f".{run_dir.name}-flower"
+    print(f"starting a SuperLink and {args.nodes} SuperNodes on 127.0.0.1 over TLS (logs in {work})")
+    with LocalDeployment(work, nodes=args.nodes, data_root=args.data_root) as dep:
+        print(f"flwr run experiments/flower-app secure-fed-local (SuperLink on port {dep.port}; log in {work}/flwr-run.log)")
+        done = dep.run(out=run_dir, config=args.config, overrides=overrides, timeout_s=args.timeout)
+    summary_path = run_dir / "summary.json"
+    if done.returncode != 0 or not summary_path.is_file():
+        raise SecureFedError(f"the Flower run did not finish (flwr run exit {done.returncode}); see {work}/flwr-run.log")
+    summary = json.loads(summary_path.read_text())
+    private = json.loads((run_dir / "private" / "summary.json").read_text())
+    _print_summary(summary, run_dir, private)
+    return 0 if summary["status"] in ("completed", "budget_exhausted") else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="secure-fed", description="Privacy-hardened federated learning with positive labels.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -373,6 +413,24 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--force", action="store_true", help="overwrite existing files")
     d.set_defaults(func=cmd_data_synth_xc)
+
+    p = sub.add_parser("flower", help="Flower deployment tools (TLS certificates; a local TLS deployment)")
+    fsub = p.add_subparsers(dest="flower_command", required=True)
+    f = fsub.add_parser("certificates", help="write a CA and a SuperLink certificate (ca.crt, server.pem, server.key)")
+    f.add_argument("--out", required=True, help="folder for the four files")
+    f.add_argument("--host", dest="hosts", action="append", default=[],
+                   help="the SuperLink's IP address or DNS name (repeatable; default 127.0.0.1 and localhost)")  # fmt: skip
+    f.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    f.set_defaults(func=cmd_flower_certificates)
+    f = fsub.add_parser("local", help="run CONFIG through `flwr run` on a TLS SuperLink and N SuperNodes on 127.0.0.1")
+    f.add_argument("config", nargs="?", default=None)
+    f.add_argument("--nodes", type=int, default=3, help="SuperNodes (client c on node c mod N; default 3)")
+    f.add_argument("--out", default=None, help="run directory (default: output.dir/NAME)")
+    f.add_argument("--workdir", default=None, help="certificates, Flower home and logs (default: next to the run)")
+    f.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
+    f.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    f.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    f.set_defaults(func=cmd_flower_local)
 
     from secure_fed.plugins import registry
 

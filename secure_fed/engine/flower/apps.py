@@ -18,6 +18,7 @@ import atexit
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -62,6 +63,11 @@ def _reply(msg: Message, payload: dict, **meta: Any) -> Message:
 
 def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1) -> ClientApp:
     """The ClientApp of one experiment (its config and data root travel with the app, not in messages)."""
+    return client_app_of(lambda context: client_replica(config_text, data_root, threads))
+
+
+def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
+    """A ClientApp whose node finds its copy of the run with ``replica(context)``."""
     app = ClientApp()
 
     def own_client(context: Context, cid: int, exp) -> None:
@@ -81,7 +87,7 @@ def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1
         fn = CLIENT_FUNCTIONS.get(name)
         if fn is None:
             raise PermissionError(f"{name} is not a registered client function")
-        exp = client_replica(config_text, data_root, threads)
+        exp = replica(context)
         own_client(context, cid, exp)
         return _reply(msg, fn(decode(msg.content, meta_keys=REQUEST_META), exp.fed.clients[cid]))
 
@@ -89,7 +95,7 @@ def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1
     def train(msg: Message, context: Context) -> Message:
         meta = msg.content["meta"]
         cid, round_idx = int(meta["cid"]), int(meta["round"])
-        exp = client_replica(config_text, data_root, threads)
+        exp = replica(context)
         own_client(context, cid, exp)
         exp.round = round_idx  # the client's training function of this round (its generator follows the round)
         payload = decode(msg.content, meta_keys=REQUEST_META)
@@ -100,24 +106,29 @@ def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1
     return app
 
 
-def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: bool | None) -> ServerApp:
-    """The ServerApp that runs ``exp`` (built by the caller, in this process) with its clients on Flower."""
+def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
+    """Run ``exp``'s rounds with its clients on the nodes behind ``grid``."""
     from secure_fed.engine.flower.executor import FlowerExecutor
 
+    f = exp.cfg.flower
+    executor = FlowerExecutor(grid, exp, max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
+    executor.discover(len(exp.fed.clients), num_nodes)
+    exp.executor = executor
+    return exp.run_rounds(progress=progress)
+
+
+def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: bool | None) -> ServerApp:
+    """The ServerApp that runs ``exp`` (built by the caller, in this process) with its clients on Flower."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            f = exp.cfg.flower
-            executor = FlowerExecutor(grid, exp, max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
-            executor.discover(len(exp.fed.clients), num_nodes)
-            exp.executor = executor
-            outcome["result"] = exp.run_rounds(progress=progress)
+            outcome["result"] = run_with_grid(exp, grid, num_nodes=num_nodes, progress=progress)
         except BaseException as e:  # handed to the caller, which raises it in its own thread
             outcome["error"] = e
 
     return app
 
 
-__all__ = ["client_replica", "make_client_app", "make_server_app"]
+__all__ = ["client_app_of", "client_replica", "make_client_app", "make_server_app", "run_with_grid"]

@@ -1,0 +1,82 @@
+"""A real Flower deployment on 127.0.0.1: a TLS SuperLink, 3 SuperNodes, `flwr run` of a 2-round FedAwS run
+(about 80 s on the 2-core machine: Flower starts one ClientApp process per message), the metrics against the
+same run in process, and nothing left running afterwards."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+
+import httpx
+import pytest
+import torch
+
+from secure_fed.engine import Experiment
+from secure_fed.engine.flower.deployment import LocalDeployment, marked_processes
+from tests.config.test_bad_input import cli
+from tests.conftest import SMALL, small_config
+
+SETTINGS = ["training.rounds=2", "evaluation.every=1", "algorithm.name=fedaws"]
+RUN = [*SMALL, *SETTINGS, "flower.num_supernodes=3"]  # later overrides win
+
+
+def _reference(tmp_path) -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ClientApps train (one thread each)
+    try:
+        return Experiment(small_config(*SETTINGS), run_dir=tmp_path).run(progress=False).summary
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_flwr_run_on_a_tls_superlink_with_three_supernodes(tmp_path):
+    started = time.monotonic()
+    dep = LocalDeployment(tmp_path / "deployment", nodes=3)
+    with dep:
+        ca = str(tmp_path / "deployment" / "certs" / "ca.crt")
+        # the SuperLink speaks TLS with the deployment's own CA: trusted with it, refused without it
+        assert httpx.get(f"https://127.0.0.1:{dep.port}/health", verify=ssl.create_default_context(cafile=ca)).is_success
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"https://127.0.0.1:{dep.port}/health", verify=True)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{dep.port}/health")
+        done = dep.run(out=tmp_path / "run", overrides=RUN, timeout_s=600)
+        assert marked_processes(dep.marker)  # the deployment is up until the block ends
+    assert done.returncode == 0, (tmp_path / "deployment" / "flwr-run.log").read_text()[-3000:]
+    assert marked_processes(dep.marker) == []  # SuperLink, SuperNodes, ServerApp and ClientApp processes: all gone
+    assert time.monotonic() - started < 600
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 2
+    assert summary["privacy"]["epsilon"] == "inf"
+    private = json.loads((tmp_path / "run" / "private" / "summary.json").read_text())
+    assert private["executor"]["name"] == "flower"
+    ref = _reference(tmp_path / "inprocess")
+    assert set(summary["final"]) == set(ref["final"])
+    for k, v in ref["final"].items():
+        assert summary["final"][k] == pytest.approx(v, abs=1e-5), k
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+
+
+def test_flower_local_refuses_a_bad_config_before_starting_anything(tmp_path):
+    code, out, err = cli("flower", "local", "--nodes", "2", "--out", str(tmp_path / "run"), "--set", "training.rounds=0")
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "training.rounds" in err, err
+    assert not (tmp_path / "run").exists() and not any(tmp_path.iterdir())
+
+
+def test_flower_certificates_are_a_ca_and_a_server_certificate_for_the_hosts(tmp_path):
+    from cryptography import x509
+
+    code, out, err = cli("flower", "certificates", "--out", str(tmp_path), "--host", "10.0.0.7", "--host", "link.example")
+    assert code == 0, err
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)  # raises unless the CA signed it
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert san.get_values_for_type(x509.DNSName) == ["link.example"]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert (tmp_path / "server.key").stat().st_mode & 0o077 == 0 and (tmp_path / "ca.key").stat().st_mode & 0o077 == 0
