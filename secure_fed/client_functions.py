@@ -12,12 +12,41 @@ from collections.abc import Callable
 from typing import Any
 
 CLIENT_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+#: client-side steps a round's plan may name (``name → step(reply, **args) -> reply``), e.g. DP's clip
+CLIENT_STEPS: dict[str, Callable[..., Any]] = {}
 
 
 def client_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Register ``fn`` (a module-level ``(payload, data) -> reply`` function) under ``module:qualname``."""
     CLIENT_FUNCTIONS[name_of(fn)] = fn
     return fn
+
+
+def client_step(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a client-side step of a protocol layer under ``name`` (``step(reply, **args) -> reply``).
+
+    A layer's round session describes the steps a client applies to its update this round as a *plan*
+    (:meth:`~secure_fed.engine.aggregation.RoundSession.client_plan`): a list of ``{"op": name, **args}`` with
+    public arguments only. In process the session's ``client_mod`` runs them; a remote client (``backend: flower``)
+    receives the plan with its payload and runs the steps it has under those names, never anything else."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        CLIENT_STEPS[name] = fn
+        return fn
+
+    return register
+
+
+def apply_client_plan(reply: Any, plan: list[dict[str, Any]]) -> Any:
+    """Client side: the reply after each step of ``plan`` in order; an unregistered step is refused."""
+    for step in plan:
+        args = dict(step)
+        op = str(args.pop("op", ""))
+        fn = CLIENT_STEPS.get(op)
+        if fn is None:
+            raise PermissionError(f"{op!r} is not a registered client step")
+        reply = fn(reply, **args)
+    return reply
 
 
 def name_of(fn: Callable[..., Any]) -> str:
@@ -35,4 +64,4 @@ def registered_name(fn: Callable[..., Any]) -> str:
     return name
 
 
-__all__ = ["CLIENT_FUNCTIONS", "client_function", "registered_name"]
+__all__ = ["CLIENT_FUNCTIONS", "CLIENT_STEPS", "apply_client_plan", "client_function", "client_step", "registered_name"]

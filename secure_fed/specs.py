@@ -29,6 +29,7 @@ class LayerSpec:
         validate: ``validate(cfg, stack)`` raises ``ValueError`` with the reason when the config cannot
             run; called for every registered layer, listed or not (a layer may reject its own section
             being set while it is not listed).
+        runs_on_flower: ``backend: flower`` carries it (see the field's comment).
         downlink_rules, uplink_rules: the message keys the layer adds, each with its rule
             (:mod:`secure_fed.messages`); the guard allows exactly the algorithm's and the listed layers' keys.
     """
@@ -38,6 +39,10 @@ class LayerSpec:
     implementation: str
     replaces_aggregation: bool = False
     validate: Callable[[Any, list[str]], None] | None = None
+    #: the Flower back end carries it: its client side is a registered plan (``RoundSession.client_plan``), it has
+    #: no layer-level ``client_mod`` and no setup exchange beyond registered client functions; ``validate`` refuses
+    #: the settings of it that Flower does not carry (``cfg.backend == "flower"``)
+    runs_on_flower: bool = False
     #: the message keys the layer adds (its setup exchanges, its additions to updates), with their rules
     downlink_rules: dict[str, Rule] = field(default_factory=dict)
     uplink_rules: dict[str, Rule] = field(default_factory=dict)
@@ -92,6 +97,11 @@ def validate_stack(cfg) -> None:
         )
     if stack and cfg.algorithm.name == "local":
         raise ValueError("local: each client trains alone and sends nothing, so protocol layers have nothing to protect")
+    if cfg.backend == "flower" and (off := [n for n in stack if not specs[n].runs_on_flower]):
+        raise ValueError(
+            f"backend=flower: protocols {off} do not run on Flower yet (their client-side state and multi-stage "
+            "exchanges are not carried as Flower messages); use backend: inprocess"
+        )
     summing = [n for n in stack if specs[n].replaces_aggregation]
     if len(summing) > 1:
         raise ValueError(f"{' and '.join(summing)} both replace how the server sums updates; choose one")

@@ -19,6 +19,7 @@ import torch
 
 from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
+from secure_fed.client_functions import client_step
 from secure_fed.engine.aggregation import Aggregate
 
 
@@ -52,6 +53,14 @@ def cap_weight(reply: Payload, weight_cap: float) -> Payload:
     if "weight" not in reply:
         return reply
     return {**scale_update(reply, min(float(reply["weight"]), weight_cap) / weight_cap), "weight": 1.0}
+
+
+@client_step("dp.clip")
+def clip_step(reply: Payload, *, clip_norm: float, weight_cap: float | None = None) -> Payload:
+    """Client side, the client-level DP step of every round: clip the update to ``clip_norm``, then (FLAG) bound
+    its weight by ``weight_cap``. Registered, so a remote client runs it from the round's plan."""
+    reply = clip_update(reply, clip_norm)
+    return cap_weight(reply, weight_cap) if weight_cap is not None else reply
 
 
 def add_client_noise(

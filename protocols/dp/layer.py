@@ -10,7 +10,7 @@ import torch
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
-from protocols.dp.client_dp import add_client_noise, cap_weight, clip_update, noise_aggregate
+from protocols.dp.client_dp import add_client_noise, clip_step, noise_aggregate, update_norm
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.randomness import SecretStream
@@ -18,7 +18,7 @@ from protocols.specs import LABEL_SET_ALGORITHMS
 from secure_fed.algorithms.base import Algorithm, ClientFn
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 from secure_fed.engine.sampling import cohort_size
-from secure_fed.errors import ConfigError
+from secure_fed.errors import ConfigError, PrivacyViolation
 
 #: the instance unit's mechanisms, as its report names them
 SERVER_STEP, CLIENT_TRAINING = "server_w_step", "client_training"
@@ -233,9 +233,8 @@ class DifferentialPrivacy(ProtocolLayer):
                 weight_cap = layer.cfg.privacy.client.weight_cap
 
                 def clipped(payload, data):
-                    reply = clip_update(fn(payload, data), unit.clip_norm)
-                    if weight_cap is not None:  # flag: the client's eq. 2 weight, bounded inside the clipped update
-                        reply = cap_weight(reply, weight_cap)
+                    # flag: the client's eq. 2 weight, bounded inside the clipped update (weight_cap)
+                    reply = clip_step(fn(payload, data), clip_norm=unit.clip_norm, weight_cap=weight_cap)
                     if not on_clients:
                         return reply
                     if self.min_summands is None:
@@ -246,6 +245,26 @@ class DifferentialPrivacy(ProtocolLayer):
                     return add_client_noise(reply, std=std, rows_shape=rows, stream=stream, label=f"noise share r{round_idx}")
 
                 return self.inner.client_mod(clipped)
+
+            def client_plan(self) -> list[dict]:
+                """Remote clients: the clip (and weight cap) as a registered step; noise shares are not carried."""
+                if on_clients:
+                    raise RuntimeError("privacy.client.noise: clients draws each client's share from its own secret "
+                                       "stream, which remote clients do not carry yet")  # fmt: skip
+                step = {"op": "dp.clip", "clip_norm": float(unit.clip_norm)}
+                if layer.cfg.privacy.client.weight_cap is not None:
+                    step["weight_cap"] = float(layer.cfg.privacy.client.weight_cap)
+                return [step, *self.inner.client_plan()]
+
+            def submit(self, cid: int, reply) -> None:
+                """Server side: a plaintext update must arrive clipped (a client that skipped the clip would break
+                the sensitivity the noise is calibrated to): refused above S."""
+                if not on_clients and (norm := update_norm(reply)) > unit.clip_norm * (1 + 1e-5):
+                    raise PrivacyViolation(
+                        f"client {cid}'s update has L2 norm {norm:.6g}, above privacy.client.clip_norm "
+                        f"{unit.clip_norm:g}: it was not clipped"
+                    )
+                self.inner.submit(cid, reply)
 
             def post_own(self, agg: Aggregate) -> Aggregate:
                 q = unit.sample_rate

@@ -462,12 +462,8 @@ class CoreConfig(_Strict):
     def _check_backend(self) -> None:
         if self.backend != "flower":
             return
-        # what the Flower back end carries so far (issue 15): the algorithms' own messages, setup queries included
-        if self.protocols:
-            raise ValueError(
-                f"backend=flower: protocols {self.protocols} do not run on Flower yet (their multi-stage exchanges are "
-                "not carried as Flower messages); use backend: inprocess"
-            )
+        # what the Flower back end carries so far (issue 15): the algorithms' own messages, setup queries included,
+        # and the protocol layers whose specs say runs_on_flower (checked with the stack, secure_fed.specs)
         if self.partition.name != "positive_only":
             raise ValueError(
                 "backend=flower runs the positive-only setting so far (client-side evaluation of the general setting "

@@ -169,6 +169,11 @@ class RoundSession:
     def client_mod(self, fn: ClientFn) -> ClientFn:
         return fn
 
+    def client_plan(self) -> list[dict]:
+        """The client-side steps of this round as public data (``[{"op": name, **args}]``, innermost first), for
+        a remote client that cannot receive :meth:`client_mod`'s closure; the base session adds none."""
+        return []
+
     def submit(self, cid: int, reply: Payload) -> None:
         w = client_weight(reply, self.weighting)
         for n, d in reply["theta_delta"].items():

@@ -34,6 +34,8 @@ class ClientJob:
     cid: int
     payload: Payload
     fn: ClientFn
+    #: the round's client-side protocol steps as public data (what ``fn`` runs after training), for remote clients
+    plan: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,11 @@ class RoundWrapper(RoundSession):
     def client_mod(self, fn: ClientFn) -> ClientFn:
         return self.inner.client_mod(fn)
 
+    def client_plan(self) -> list[dict]:
+        """A wrapper whose ``client_mod`` adds a client-side step must describe it here too (a registered step,
+        :func:`~secure_fed.client_functions.client_step`), or refuse: by default it adds none."""
+        return self.inner.client_plan()
+
     def _set_min_summands(self, n: int) -> None:
         """Tell every session inside this one how few updates a completed sum can hold."""
         session: RoundSession | None = self

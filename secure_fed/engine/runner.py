@@ -308,10 +308,12 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
     def _client_jobs(self, session: RoundSession):
         """The round's client jobs, built lazily: payload, and the client function wrapped innermost-first by the
         callbacks (canaries), the layers (clip, noise share) and the session (mask, encrypt)."""
+        plan = tuple(session.client_plan()) if self.executor.remote else ()
         for cid in session.cohort:
             client = self.fed.clients[cid]
             payload = self.algorithm.downlink(self.theta, self.W, client.known_labels.to(self.device))
-            yield ClientJob(int(cid), payload, session.client_mod(self.stack.client_mod(self.client_fn(int(cid)))))
+            fn = session.client_mod(self.stack.client_mod(self.client_fn(int(cid))))
+            yield ClientJob(int(cid), payload, fn, plan)
 
     def client_fn(self, cid: int):
         """Client ``cid``'s training function in this round, client side: local training (DP-SGD when a layer gives

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -26,12 +27,12 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from secure_fed.client_functions import CLIENT_FUNCTIONS
+from secure_fed.client_functions import CLIENT_FUNCTIONS, apply_client_plan
 from secure_fed.engine.checkpoints import to_device
 from secure_fed.engine.flower.codec import decode, encode
 
 #: what a request's ``meta`` record may hold
-REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn"})
+REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan"})
 #: one copy of the run per (config, data root) in each ClientApp process
 _REPLICAS: dict[str, Any] = {}
 
@@ -101,7 +102,8 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
         payload = decode(msg.content, meta_keys=REQUEST_META)
         client = exp.fed.clients[cid]
         payload = to_device(payload, exp.device)
-        return _reply(msg, exp.client_fn(cid)(payload, client))
+        plan = json.loads(str(meta["plan"])) if "plan" in meta else []
+        return _reply(msg, apply_client_plan(exp.client_fn(cid)(payload, client), plan))
 
     return app
 

@@ -2,7 +2,9 @@
 
 Each job becomes one ``train`` message to the node that hosts the client (client ``c`` on the node whose
 ``partition-id`` is ``c mod num-partitions``): the payload the algorithm built for that client alone, checked by
-the guard before it leaves, and the round index. The node rebuilds the client's training function from its own
+the guard before it leaves, the round index, and the round's client-side protocol steps as public data (the
+session's :meth:`~secure_fed.engine.aggregation.RoundSession.client_plan`, e.g. DP's clip; the node runs the
+registered steps of those names). The node rebuilds the client's training function from its own
 copy of the run (:meth:`~secure_fed.engine.runner.Experiment.client_fn`) and answers with the wire message, which
 the guard checks again on arrival. At most ``flower.max_in_flight`` messages are out at once; replies are yielded
 in the jobs' order, so aggregation sums in the same order as in process.
@@ -10,6 +12,7 @@ in the jobs' order, so aggregation sums in the same order as in process.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -117,7 +120,8 @@ class FlowerExecutor(Executor):
             batch = []
             for job in chunk:
                 channel.down(job)
-                batch.append((self.node_of[job.cid], request("train", job.payload, cid=job.cid, round=round_idx), job.cid))
+                msg = request("train", job.payload, cid=job.cid, round=round_idx, plan=json.dumps(list(job.plan)))
+                batch.append((self.node_of[job.cid], msg, job.cid))
             for (_, content), job in zip(self._send(batch), chunk, strict=True):
                 wire = decode(content, meta_keys=REPLY_META)
                 self.exp.guard.check_up(job.cid, wire, record=False)  # the server checks what crossed the network

@@ -1,0 +1,86 @@
+"""The DP layer on Flower: the clients clip as the round's plan says (a registered step run by the node), the
+server noises, samples and accounts as in process, and an update that arrives unclipped is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from flwr.app import ConfigRecord
+from flwr.clientapp import ClientApp
+
+from secure_fed.config import dump_config, load_config
+from secure_fed.engine import Experiment
+from secure_fed.engine.aggregation import RoundSession
+from secure_fed.engine.flower.apps import make_client_app
+from secure_fed.engine.flower.simulation import run_on_flower
+from secure_fed.errors import PrivacyViolation
+
+# FedALC (the default) with both units: client-level DP (clip on the node, server noise, secret Poisson sampling)
+# and instance-level DP-SGD on the server's W step over the label sets the nodes send; a fixed noise seed makes
+# the server's secret draws the same in both runs
+DP = ["protocols=[dp]", "algorithm.normalize_gamma=false", "privacy.noise_seed=7", "training.rounds=3",
+      "evaluation.every=3", "training.client_fraction=0.5", "training.sampling=poisson", "flower.num_supernodes=4",
+      "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5}",
+      "privacy.instance={noise_multiplier: 1.0, clip_norm: 1.0, sample_rate: 0.5}"]  # fmt: skip
+
+
+def test_dp_on_flower_equals_in_process(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each Flower node trains
+    try:
+        local_exp = Experiment(load_config(None, DP), run_dir=tmp_path / "local")
+        local = local_exp.run(progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    flower_exp = Experiment(load_config(None, [*DP, "backend=flower"]), run_dir=tmp_path / "flower")
+    flower = flower_exp.run(progress=False)
+    assert flower_exp.executor.name == "flower" and flower_exp.executor.sent["train"] > 0
+    assert flower.summary["privacy"] == local.summary["privacy"]
+    units = flower.summary["privacy"]["units"]
+    assert units["client"]["steps"] == 3 and units["instance"]["steps"] == 3
+    for n, t in local_exp.theta.items():
+        assert torch.allclose(flower_exp.theta[n], t, atol=1e-5, rtol=0), n
+    assert torch.allclose(flower_exp.W, local_exp.W, atol=1e-5, rtol=0)
+    for k, v in local.summary["final"].items():
+        assert flower.summary["final"][k] == pytest.approx(v, abs=1e-5), k
+
+
+def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
+    """A ClientApp that drops the round's plan (so it never clips): the server's DP session refuses the first
+    update above the clip norm, and the run stops with that error."""
+    cfg = load_config(None, [*DP, "backend=flower", "training.rounds=1"])
+    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    honest = make_client_app(dump_config(cfg), None)
+    skipping = ClientApp()
+
+    @skipping.query()
+    def query(msg, context):
+        return honest(msg, context)
+
+    @skipping.train()
+    def train(msg, context):
+        meta = dict(msg.content["meta"])
+        assert json.loads(meta.pop("plan")) == [{"op": "dp.clip", "clip_norm": 0.5}]  # what the server asked for
+        msg.content["meta"] = ConfigRecord(meta)
+        return honest(msg, context)
+
+    with pytest.raises(PrivacyViolation, match="was not clipped"):
+        run_on_flower(exp, progress=False, client_app=skipping)
+
+
+def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
+    """In process too: the DP session's submit checks the norm of every plaintext update against S."""
+    from protocols.dp.client_dp import update_norm
+    from protocols.dp.layer import DifferentialPrivacy
+
+    e = Experiment(load_config(None, DP), run_dir=tmp_path)
+    dp = next(layer for layer in e.stack.layers if isinstance(layer, DifferentialPrivacy))
+    session = dp.open_round(0, RoundSession(cohort=[0], theta=e.theta, W=e.W, weighting="uniform"))
+    big = {"theta_delta": {n: torch.full_like(t, 0.01) for n, t in e.theta.items()}, "num_examples": 1, "loss": 0.0}
+    assert update_norm(big) > 0.5 * 1.001
+    with pytest.raises(PrivacyViolation, match="above privacy.client.clip_norm 0.5"):
+        session.submit(0, big)
+    scale = 0.5 / update_norm(big)
+    session.submit(0, {**big, "theta_delta": {n: t * scale for n, t in big["theta_delta"].items()}})  # at S: taken
