@@ -36,6 +36,7 @@ from protocols.base import ProtocolLayer, ProtocolSetup, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.algorithms.label_sets import canonical_rows
+from secure_fed.client_functions import client_side, mod_of
 from secure_fed.errors import PrivacyViolation
 
 TOKENIZER_NAME = "hmac-sha256"
@@ -72,11 +73,23 @@ class ClientKeyring:
     def state(self) -> dict[str, bytes]:
         return {"sk": self.pair.private_bytes(), "run_key": self.run_key, "salt": self.salt, "pseudonym": self.pseudonym}
 
+    @classmethod
     def restore(cls, cid: int, st: dict[str, bytes]) -> ClientKeyring:
         k = cls.__new__(cls)
         k.cid, k.pair, k.run_key, k.salt = cid, KeyPair.from_private_bytes(st["sk"]), st["run_key"], st["salt"]
         k.pseudonym = st["pseudonym"]
         return k
+
+
+def _row_order(num_labels: int, held: dict[int, list[int]], by_client: dict[int, list[bytes]],
+               row_of_pseudonym: dict[bytes, int]) -> np.ndarray:  # fmt: skip
+    """Label l → the row of its pseudonym; labels no client holds fill the remaining rows in label order."""
+    perm = np.full(num_labels, -1, dtype=np.int64)
+    for cid, labels in held.items():
+        for lbl, p in zip(labels, by_client[cid], strict=True):
+            perm[lbl] = row_of_pseudonym[p]
+    free = iter(sorted(set(range(num_labels)) - set(perm[perm >= 0].tolist())))
+    return np.array([p if p >= 0 else next(free) for p in perm])
 
 
 def _seal_info(dealer: int, cid: int) -> bytes:
@@ -85,6 +98,7 @@ def _seal_info(dealer: int, cid: int) -> bytes:
 
 class KeyedHashing(ProtocolLayer):
     name = "keyed_hashing"
+    client_state_on_nodes = True  # the keyrings, from the key exchange before round 0
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)
@@ -98,6 +112,7 @@ class KeyedHashing(ProtocolLayer):
         return self._row_order
 
     # ------------------------------------------------------------------ one-off setup
+    @client_side
     def _client_setup_fn(self, payload: Payload, data: ClientData) -> Payload:
         """Client side of key agreement: runs on the client, with its own keyring."""
         ring = self._clients.setdefault(data.client_id, ClientKeyring(data.client_id))
@@ -147,16 +162,25 @@ class KeyedHashing(ProtocolLayer):
         distinct = sorted({p for ps in by_client.values() for p in ps})
         self.row_of_pseudonym = {p: i for i, p in enumerate(distinct)}
         # simulator: re-index labels so that label l lives in the row of its pseudonym
-        C = len(ctx.label_names)
-        perm = np.full(C, -1, dtype=np.int64)
-        for c in ctx.clients:
-            for lbl, p in zip(c.known_labels.tolist(), by_client[c.client_id], strict=True):
-                perm[lbl] = self.row_of_pseudonym[p]
-        free = iter(sorted(set(range(C)) - set(perm[perm >= 0].tolist())))
-        self._row_order = np.array([p if p >= 0 else next(free) for p in perm])
+        held = {c.client_id: c.known_labels.tolist() for c in ctx.clients}
+        self._row_order = _row_order(len(ctx.label_names), held, by_client, self.row_of_pseudonym)
         return {"keyed_hashing": {"dealer": dealer, "clients": len(self.public_keys), "pseudonyms": len(distinct)}}
 
+    def client_row_order(self, held: dict[int, list[int]], label_names: list[str]) -> np.ndarray | None:
+        """Client side (a remote client's copy of the run): the same row order the server's setup produced,
+        computed from the run key that this client's keyring holds and the public facts (which labels the clients
+        hold, ``held``: client id → its labels in label order): the server's rows are the ranks of the distinct
+        pseudonyms. None before the key exchange, or without pseudonyms."""
+        ring = next((r for r in self._clients.values() if r.run_key is not None), None)
+        if ring is None or not self.cfg.keyed_hashing.pseudonymize_labels:
+            return None
+        by_client = {cid: [label_pseudonym(ring.run_key, label_names[int(lbl)]) for lbl in labels]
+                     for cid, labels in held.items()}  # fmt: skip
+        rows = {p: i for i, p in enumerate(sorted({p for ps in by_client.values() for p in ps}))}
+        return _row_order(len(label_names), held, by_client, rows)
+
     # ------------------------------------------------------------------ label-set collection
+    @client_side
     def token_mod(self, fn: ClientFn) -> ClientFn:
         """Client side: answer a token request with keyed tokens and pseudonyms instead of clear ones."""
 
@@ -170,7 +194,7 @@ class KeyedHashing(ProtocolLayer):
                 return {"tokens": ring.tokens(data.raw), "label": int(data.known_labels[0])}
             return {"tokens": ring.tokens(data.raw), "pseudonym": ring.pseudonym}
 
-        return wrapped
+        return mod_of(wrapped, self.name, "token_mod", fn)
 
     def wrap_query(self, query):
         """Server side: ask for keyed tokens; map each pseudonym to its row before the algorithm merges sets."""

@@ -186,6 +186,7 @@ KEYED_HASHING = LayerSpec(
     ),
     implementation="protocols.keyed_hashing:KeyedHashing",
     validate=_validate_keyed_hashing,
+    runs_on_flower=True,  # its setup steps are client-side methods; the keyrings live in each node's context.state
     downlink_rules={
         "keyed_hashing": Setting(),
         **KEY_DEALING_DOWN,

@@ -53,8 +53,38 @@ def name_of(fn: Callable[..., Any]) -> str:
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
+def client_side(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a protocol layer's method as client-side code a remote client may run by name: a client function
+    ``(payload, data) -> reply`` (e.g. a key exchange step), or a *mod* ``(client_fn) -> client_fn`` whose result
+    carries :func:`mod_of`. The client runs its own copy of the layer (built from the same config), holding its
+    own client-side state."""
+    fn.__sf_client_side__ = True
+    return fn
+
+
+def mod_of(wrapped: Callable[..., Any], layer: str, method: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+    """Say that ``wrapped`` is ``layer.method(inner)``, so a remote client can rebuild it by name."""
+    wrapped.__sf_mod__ = (layer, method, inner)
+    return wrapped
+
+
+def _layer_method(fn: Callable[..., Any]) -> tuple[str, str] | None:
+    owner, func = getattr(fn, "__self__", None), getattr(fn, "__func__", None)
+    if owner is None or not getattr(func, "__sf_client_side__", False) or not isinstance(getattr(owner, "name", None), str):
+        return None
+    return owner.name, func.__name__
+
+
 def registered_name(fn: Callable[..., Any]) -> str:
-    """The name a server sends for ``fn``; a clear error when it is not a registered client function."""
+    """The name a server sends for ``fn``; a clear error when it is not a registered client function.
+
+    Names: ``module:qualname`` (a registered function), ``layer:NAME.METHOD`` (a layer's :func:`client_side`
+    method), ``mod:NAME.METHOD|INNER`` (a layer's client-side mod around the function named INNER)."""
+    if (mod := getattr(fn, "__sf_mod__", None)) is not None:
+        layer, method, inner = mod
+        return f"mod:{layer}.{method}|{registered_name(inner)}"
+    if (lm := _layer_method(fn)) is not None:
+        return f"layer:{lm[0]}.{lm[1]}"
     name = name_of(fn)
     if CLIENT_FUNCTIONS.get(name) is not fn:
         raise ValueError(
@@ -64,4 +94,37 @@ def registered_name(fn: Callable[..., Any]) -> str:
     return name
 
 
-__all__ = ["CLIENT_FUNCTIONS", "CLIENT_STEPS", "apply_client_plan", "client_function", "client_step", "registered_name"]
+def resolve_client_function(name: str, layers: dict[str, Any]) -> Callable[..., Any]:
+    """Client side: the function a server's ``name`` stands for, built from this client's own code and its copy of
+    the layers (``layers``: name → layer object); anything not registered or not marked client-side is refused."""
+    if name.startswith("mod:"):
+        head, _, inner = name[4:].partition("|")
+        return _layer_attr(head, layers)(resolve_client_function(inner, layers))
+    if name.startswith("layer:"):
+        return _layer_attr(name[6:], layers)
+    fn = CLIENT_FUNCTIONS.get(name)
+    if fn is None:
+        raise PermissionError(f"{name} is not a registered client function")
+    return fn
+
+
+def _layer_attr(ref: str, layers: dict[str, Any]) -> Callable[..., Any]:
+    layer_name, _, method = ref.partition(".")
+    layer = layers.get(layer_name)
+    fn = getattr(layer, method, None) if layer is not None and not method.startswith("__") else None
+    if fn is None or _layer_method(fn) != (layer_name, method):
+        raise PermissionError(f"{ref} is not a client-side method of a layer of this run")
+    return fn
+
+
+__all__ = [
+    "CLIENT_FUNCTIONS",
+    "CLIENT_STEPS",
+    "apply_client_plan",
+    "client_function",
+    "client_side",
+    "client_step",
+    "mod_of",
+    "registered_name",
+    "resolve_client_function",
+]

@@ -122,6 +122,9 @@ class ProtocolLayer:
     (:class:`~secure_fed.specs.LayerSpec`) holds its threat model and config rules."""
 
     name: ClassVar[str] = ""
+    #: on Flower its clients keep state from the run's setup (e.g. keyrings) in the nodes' ``context.state``, which
+    #: lasts one Flower run: a resumed run cannot continue on Flower
+    client_state_on_nodes: ClassVar[bool] = False
 
     def __init__(self, cfg: ExperimentConfig, env: StackEnv):
         self.cfg = cfg
@@ -140,6 +143,11 @@ class ProtocolLayer:
     def wrap_query(self, query):
         """Wrap the setup-time exchange the algorithm uses (label-set collection)."""
         return query
+
+    def client_row_order(self, held: dict[int, list[int]], label_names: list[str]) -> Any:
+        """Client side, in a remote client's copy of the run: the row order :meth:`row_order` gave the server,
+        computed from this client's own state (``held``: client id → its labels in label order), or None."""
+        return None
 
     def wrap_algorithm(self, algorithm: Algorithm) -> None:
         """Replace the algorithm's server steps where the layer must (e.g. DP-SGD on W)."""
@@ -237,6 +245,15 @@ class ProtocolStack:
 
     def wrap_query(self, query):
         return self._fold("wrap_query", query)
+
+    def by_name(self) -> dict[str, ProtocolLayer]:
+        return {layer.name: layer for layer in self.layers}
+
+    def client_row_order(self, held: dict[int, list[int]], label_names: list[str]) -> Any:
+        for layer in self.layers:
+            if (perm := layer.client_row_order(held, label_names)) is not None:
+                return perm
+        return None
 
     def wrap_algorithm(self, algorithm) -> None:
         for layer in self.layers:

@@ -218,3 +218,24 @@ def test_label_names_stay_off_the_uplink_with_pseudonyms(tmp_path, pseudonyms):
     else:
         assert all("pseudonym" not in m and isinstance(m["label"], int) for m in token_msgs)
         assert e.label_perm is None
+
+
+def test_a_keyed_hashing_run_resumes_from_the_clients_own_storage(tmp_path):
+    """2 rounds, then resume to 4: the clients' keyrings come back from checkpoints/clients.pt (their own storage)
+    and the model equals 4 uninterrupted rounds run with the same run key."""
+    from tests.engine.golden import pinned_run_key
+
+    ov = ['protocols=["keyed_hashing"]', "training.rounds=4", "output.checkpoint_every=2", "evaluation.every=2"]
+    with pinned_run_key():
+        whole = Experiment(small_config(*ov), run_dir=tmp_path / "whole")
+        whole.run(progress=False)
+    with pinned_run_key():
+        Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "split").run(progress=False)
+    resumed = Experiment(small_config(*ov), run_dir=tmp_path / "split")
+    assert resumed.resume() and resumed.round == 2
+    kh = resumed.stack.by_name()["keyed_hashing"]
+    assert len(kh._clients) == len(resumed.fed.clients) and all(r.run_key for r in kh._clients.values())
+    resumed.run(progress=False)
+    assert (resumed.label_perm == whole.label_perm).all()
+    for n, t in whole.theta.items():
+        assert torch.equal(resumed.theta[n], t), n

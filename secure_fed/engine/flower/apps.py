@@ -23,11 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
-from flwr.app import ConfigRecord, Context, Message
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from secure_fed.client_functions import CLIENT_FUNCTIONS, apply_client_plan
+from secure_fed.client_functions import apply_client_plan, resolve_client_function
 from secure_fed.engine.checkpoints import to_device
 from secure_fed.engine.flower.codec import decode, encode
 
@@ -54,6 +54,47 @@ def client_replica(config_text: str, data_root: str | None, threads: int):
         atexit.register(shutil.rmtree, cache, True)  # the copy's model cache goes with the process
         _REPLICAS[key] = Experiment(cfg, run_dir=cache, data_root=data_root)
     return _REPLICAS[key]
+
+
+#: the records of a node's ``context.state`` that hold its clients' protocol state (keys, secrets)
+STATE_RECORDS = ("secure-fed/client-state/arrays", "secure-fed/client-state/values")
+
+
+def load_node_state(context: Context, exp) -> None:
+    """Before a message: this node's clients' protocol state from ``context.state`` into the copy's layers.
+
+    Flower keeps ``context.state`` per node for the whole run (in a deployment it starts a fresh ClientApp process
+    for every message, so state kept anywhere else would be lost); it never travels to the ServerApp. A copy of
+    the run that serves several nodes (one simulation worker) is loaded afresh for each message."""
+    if not exp.stack:
+        return
+    arrays, values = STATE_RECORDS
+    state = {}
+    if values in context.state.keys():
+        state = decode(RecordDict({"arrays": context.state[arrays], "values": context.state[values]}))
+    exp.stack.load_client_state_dict(state)
+
+
+def save_node_state(context: Context, exp) -> None:
+    """After a message: the copy's client-side protocol state back into this node's ``context.state``."""
+    if not exp.stack:
+        return
+    record = encode(exp.stack.client_state_dict())
+    context.state[STATE_RECORDS[0]] = record["arrays"]
+    context.state[STATE_RECORDS[1]] = record["values"]
+
+
+def _apply_client_row_order(exp) -> None:
+    """A layer that ordered W's rows (keyed label pseudonyms) lets each client compute the same order from its own
+    state: the copy re-indexes its clients' labels once, as the server did after setup (simulator bookkeeping)."""
+    if getattr(exp, "_node_row_order", None) is not None:
+        return
+    if not hasattr(exp, "_node_labels"):
+        exp._node_labels = {c.client_id: c.known_labels.tolist() for c in exp.fed.clients}
+    perm = exp.stack.client_row_order(exp._node_labels, list(exp.dataset.label_names))
+    if perm is not None:
+        exp.apply_row_order(perm)
+        exp._node_row_order = perm
 
 
 def _reply(msg: Message, payload: dict, **meta: Any) -> Message:
@@ -85,12 +126,13 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
                 num_partitions=int(context.node_config["num-partitions"]),
             )  # fmt: skip
         cid, name = int(meta["cid"]), str(meta["fn"])
-        fn = CLIENT_FUNCTIONS.get(name)
-        if fn is None:
-            raise PermissionError(f"{name} is not a registered client function")
         exp = replica(context)
         own_client(context, cid, exp)
-        return _reply(msg, fn(decode(msg.content, meta_keys=REQUEST_META), exp.fed.clients[cid]))
+        load_node_state(context, exp)
+        fn = resolve_client_function(name, exp.stack.by_name())
+        reply = fn(decode(msg.content, meta_keys=REQUEST_META), exp.fed.clients[cid])
+        save_node_state(context, exp)
+        return _reply(msg, reply)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -98,12 +140,16 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
         cid, round_idx = int(meta["cid"]), int(meta["round"])
         exp = replica(context)
         own_client(context, cid, exp)
+        load_node_state(context, exp)
+        _apply_client_row_order(exp)  # training addresses rows; the setup steps still read labels in label order
         exp.round = round_idx  # the client's training function of this round (its generator follows the round)
         payload = decode(msg.content, meta_keys=REQUEST_META)
         client = exp.fed.clients[cid]
         payload = to_device(payload, exp.device)
         plan = json.loads(str(meta["plan"])) if "plan" in meta else []
-        return _reply(msg, apply_client_plan(exp.client_fn(cid)(payload, client), plan))
+        reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan)
+        save_node_state(context, exp)
+        return _reply(msg, reply)
 
     return app
 
@@ -111,7 +157,9 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
 def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
     """Run ``exp``'s rounds with its clients on the nodes behind ``grid``."""
     from secure_fed.engine.flower.executor import FlowerExecutor
+    from secure_fed.engine.flower.simulation import check_flower_start
 
+    check_flower_start(exp)
     f = exp.cfg.flower
     executor = FlowerExecutor(grid, exp, max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
     executor.discover(len(exp.fed.clients), num_nodes)
@@ -133,4 +181,12 @@ def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: b
     return app
 
 
-__all__ = ["client_app_of", "client_replica", "make_client_app", "make_server_app", "run_with_grid"]
+__all__ = [
+    "client_app_of",
+    "client_replica",
+    "make_client_app",
+    "make_server_app",
+    "run_with_grid",
+    "load_node_state",
+    "save_node_state",
+]

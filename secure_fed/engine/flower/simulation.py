@@ -22,6 +22,24 @@ def client_side_callbacks(exp) -> list[str]:
     return [cb.name for cb in exp.callbacks if cb.acts_on_clients()]
 
 
+def check_flower_start(exp) -> None:
+    """Refuse, before anything starts, what this back end cannot run: callbacks inside clients, and resuming a run
+    whose layers keep client state from setup on the nodes (it lasts one Flower run)."""
+    busy = client_side_callbacks(exp)
+    if busy:
+        raise SecureFedError(
+            f"backend=flower: {', '.join(busy)} act inside the clients' code, which the Flower back end does not "
+            "carry yet; use backend: inprocess"
+        )
+    held = [layer.name for layer in exp.stack.layers if layer.client_state_on_nodes]
+    if exp.round > 0 and held:
+        raise SecureFedError(
+            f"backend=flower: cannot resume at round {exp.round}: the clients of {', '.join(held)} keep what its setup "
+            "gave them (e.g. the run key) in the Flower nodes' state, which ended with the first Flower run; start a "
+            "new run"
+        )
+
+
 def run_on_flower(exp, *, progress: bool | None, client_app=None):
     """Run ``exp`` with its clients on Flower's simulation engine; ``client_app`` replaces the project's ClientApp
     (tests use it to play a misbehaving client)."""
@@ -29,12 +47,7 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
 
     from secure_fed.engine.flower.apps import make_client_app, make_server_app
 
-    busy = client_side_callbacks(exp)
-    if busy:
-        raise SecureFedError(
-            f"backend=flower: {', '.join(busy)} act inside the clients' code, which the Flower back end does not "
-            "carry yet; use backend: inprocess"
-        )
+    check_flower_start(exp)
     f = exp.cfg.flower
     nodes = f.num_supernodes or len(exp.fed.clients)
     outcome: dict = {}
@@ -72,4 +85,4 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     return outcome["result"]
 
 
-__all__ = ["client_side_callbacks", "run_on_flower"]
+__all__ = ["check_flower_start", "client_side_callbacks", "run_on_flower"]
