@@ -46,8 +46,8 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             )
         if p.client is not None and p.client.noise == "clients":
             raise ValueError(
-                "backend=flower: privacy.client.noise: clients needs a secure sum, which does not run on Flower yet; "
-                "use noise: server or backend: inprocess"
+                "backend=flower: privacy.client.noise: clients draws each client's noise share from its own secret "
+                "stream, which the Flower nodes do not carry yet; use noise: server or backend: inprocess"
             )
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):
@@ -223,7 +223,15 @@ SECURE_AGGREGATION = LayerSpec(
     implementation="protocols.secagg.layer:SecureAggregation",
     replaces_aggregation=True,
     validate=_validate_secure_aggregation,
-)
+    runs_on_flower=True,  # its stages are query messages to the layer's client side; the mask is the plan's last step
+    # the stages' messages (public keys, sealed shares, the survivors, the shares the server is entitled to) and the
+    # masked update: none carries a client's data in the clear
+    downlink_rules={"secagg": Setting(), "secagg_round": Number(), "secagg_neighbours": Opaque(),
+                    "secagg_threshold": Number(), "secagg_keys": Opaque(), "secagg_sealed": Opaque(),
+                    "secagg_survived": Opaque(), "secagg_dropped": Opaque()},
+    uplink_rules={"c_pk": ShortBytes(), "s_pk": ShortBytes(), "secagg_sealed": Opaque(), "secagg_shares": Opaque(),
+                  "masked": Opaque()},
+)  # fmt: skip
 
 CKKS = LayerSpec(
     name="ckks",

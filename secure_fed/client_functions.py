@@ -37,11 +37,16 @@ def client_step(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
     return register
 
 
-def apply_client_plan(reply: Any, plan: list[dict[str, Any]]) -> Any:
-    """Client side: the reply after each step of ``plan`` in order; an unregistered step is refused."""
+def apply_client_plan(reply: Any, plan: list[dict[str, Any]], *, data: Any = None, layers: dict[str, Any] | None = None) -> Any:
+    """Client side: the reply after each step of ``plan`` in order; an unregistered step is refused. A step
+    ``layer:NAME.METHOD`` runs that layer's :func:`client_side` method in this client's copy of the layers, as
+    ``method(reply, data, **args)`` (e.g. secure aggregation's mask, which needs the client's round secrets)."""
     for step in plan:
         args = dict(step)
         op = str(args.pop("op", ""))
+        if op.startswith("layer:"):
+            reply = _layer_attr(op[6:], layers or {})(reply, data, **args)
+            continue
         fn = CLIENT_STEPS.get(op)
         if fn is None:
             raise PermissionError(f"{op!r} is not a registered client step")

@@ -11,6 +11,7 @@ from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.protocol import SecAggClient, SecAggServer, neighbour_graph, threshold_for
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 
 
@@ -25,6 +26,7 @@ class SecureAggregation(ProtocolLayer):
         self.layout = env.update_layout()
         self.last_stats: dict[str, Any] = {}
         self.transcripts: list | None = [] if cfg.output.log_messages else None
+        self._round_clients: dict[int, SecAggClient] = {}  # client side: each client's secrets of the current round
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         return _SecAggRound(self, round_idx, inner)
@@ -32,12 +34,54 @@ class SecureAggregation(ProtocolLayer):
     def round_stats(self) -> dict[str, Any]:
         return self.last_stats
 
+    # ------------------------------------------------------------------ client side
+    @client_side
+    def client_stage(self, payload: Payload, data: ClientData) -> Payload:
+        """Client side of one stage of a round (a message from the server): advertise keys, share keys, receive
+        the shares addressed to this client, or unmask (Bonawitz et al. 2017, steps 0, 1 and 3)."""
+        cid, stage = data.client_id, payload["secagg"]
+        if stage == "advertise":  # a new round: fresh keys and self-mask seed
+            nbrs = [int(v) for v in payload["secagg_neighbours"]]
+            client = SecAggClient(cid, int(payload["secagg_round"]), nbrs, int(payload["secagg_threshold"]))
+            self._round_clients[cid] = client
+            return client.advertise()
+        client = self._round_clients.get(cid)
+        if client is None or client.round_idx != int(payload["secagg_round"]):
+            raise ValueError(f"client {cid}: secure aggregation stage {stage!r} of a round it did not advertise in")
+        if stage == "share":
+            return {"secagg_sealed": client.share_keys(payload["secagg_keys"])}
+        if stage == "receive":
+            client.receive_shares(payload["secagg_sealed"])
+            return {}
+        if stage == "unmask":
+            shares = client.unmask({int(u) for u in payload["secagg_survived"]}, {int(u) for u in payload["secagg_dropped"]})
+            del self._round_clients[cid]  # the round is over for this client
+            return {"secagg_shares": shares}
+        raise ValueError(f"unknown secure aggregation stage {stage!r}")
+
+    @client_side
+    def mask_step(self, reply: Payload, data: ClientData, *, secagg_round: int, alive: list[int], weighting: str) -> Payload:
+        """Client side, after training (the last step of the round's plan): the update, flattened and encoded,
+        masked (step 2)."""
+        client = self._round_clients.get(data.client_id)
+        if client is None or client.round_idx != int(secagg_round):
+            raise ValueError(f"client {data.client_id}: asked to mask an update for a round it did not share keys in")
+        x = self.codec.encode(self.layout.flatten(reply, weighting))
+        return {"masked": client.masked_input(x, [int(u) for u in alive], self.cfg.secure_aggregation.modulus_bits)}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {cid: c.state() for cid, c in self._round_clients.items()}
+
+    def load_client_state_dict(self, state: dict[str, Any]) -> None:
+        self._round_clients = {int(cid): SecAggClient.from_state(st) for cid, st in state.items()}
+
 
 class _SecAggRound(RoundWrapper):
     def __init__(self, layer: SecureAggregation, round_idx: int, inner: RoundSession):
         super().__init__(inner)
         cfg = layer.cfg.secure_aggregation
         self.layer = layer
+        self.round_idx = round_idx
         self.bits = cfg.modulus_bits
         cohort = sorted(int(c) for c in inner.cohort)
         self.graph = neighbour_graph(cohort, cfg.neighbors, seed=layer.cfg.seed * 1000003 + round_idx)
@@ -54,32 +98,42 @@ class _SecAggRound(RoundWrapper):
             stage: {u for u in cohort if rng.random() < cfg.dropout} for stage in ("advertise", "share", "input", "unmask")
         }
         t0 = time.perf_counter()
-        self.clients = {u: SecAggClient(u, round_idx, self.graph[u], self.t) for u in cohort}  # client side
         self.server = SecAggServer(round_idx=round_idx, graph=self.graph, threshold=self.t, bits=self.bits)
         alive = [u for u in cohort if u not in self.drops["advertise"]]
-        pks = self.server.collect_keys({u: self.clients[u].advertise() for u in alive})
+        pks = self.server.collect_keys(dict(self._call(alive, lambda u: {
+            "secagg": "advertise", "secagg_neighbours": self.graph[u], "secagg_threshold": self.t})))  # fmt: skip
         alive = [u for u in alive if u not in self.drops["share"]]
-        inbox = self.server.route_shares({u: self.clients[u].share_keys(pks) for u in alive})
-        for u in alive:
-            self.clients[u].receive_shares(inbox[u])
+        sealed = self._call(alive, lambda u: {"secagg": "share", "secagg_keys": {v: pks[v] for v in self.graph[u] if v in pks}})
+        inbox = self.server.route_shares({u: r["secagg_sealed"] for u, r in sealed})
+        self._call(alive, lambda u: {"secagg": "receive", "secagg_sealed": inbox[u]})
         self.u2 = alive
         self.cohort = alive  # clients that dropped before sharing keys do not train this round
         self._set_min_summands(self.t)  # a completed sum holds ≥ t updates (each neighbourhood keeps ≥ t)
         self.t_setup = time.perf_counter() - t0
 
+    def _call(self, cids: list[int], payload_fn) -> list[tuple[int, Payload]]:
+        """One stage: a guarded message to each of ``cids`` (in process, or to their Flower nodes)."""
+        return self.layer.env.call_clients(cids, lambda u: {**payload_fn(u), "secagg_round": self.round_idx},
+                                           self.layer.client_stage)  # fmt: skip
+
+    def _mask_args(self) -> dict[str, Any]:
+        return {"secagg_round": self.round_idx, "alive": list(self.u2), "weighting": self.weighting}
+
     def client_mod(self, fn: ClientFn) -> ClientFn:
         inner_fn = self.inner.client_mod(fn)
-        layout, codec = self.layer.layout, self.layer.codec
+        args = self._mask_args()
 
         def masked(payload: Payload, data: ClientData) -> Payload:
             reply = inner_fn(payload, data)
             t0 = time.perf_counter()
-            x = codec.encode(layout.flatten(reply, self.weighting))
-            y = self.clients[data.client_id].masked_input(x, self.u2, self.bits)
+            out = self.layer.mask_step(reply, data, **args)
             self.t_mask += time.perf_counter() - t0
-            return {"masked": y}
+            return out
 
         return masked
+
+    def client_plan(self) -> list[dict]:
+        return [*self.inner.client_plan(), {"op": "layer:secure_aggregation.mask_step", **self._mask_args()}]
 
     def submit(self, cid: int, reply: Payload) -> None:
         if cid in self.drops["input"]:
@@ -93,7 +147,10 @@ class _SecAggRound(RoundWrapper):
             return self.inner.post(self.layer.layout.unflatten_sum(np.zeros(self.layer.layout.size), self.device))
         t0 = time.perf_counter()
         u3, dropped = self.server.request_unmasking()  # aborts here, before any share is asked for, if U3's graph splits
-        replies = {u: self.clients[u].unmask(u3, dropped) for u in sorted(u3) if u not in self.drops["unmask"]}
+        asked = [u for u in sorted(u3) if u not in self.drops["unmask"]]
+        ask = {"secagg": "unmask", "secagg_survived": sorted(u3), "secagg_dropped": sorted(dropped)}
+        answers = self._call(asked, lambda u: ask)
+        replies = {u: r["secagg_shares"] for u, r in answers}
         total = self.server.unmask(replies, self.layer.layout.size)
         agg = self.layer.layout.unflatten_sum(self.layer.codec.decode_sum(total), self.device)
         t_unmask = time.perf_counter() - t0

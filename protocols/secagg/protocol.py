@@ -119,6 +119,23 @@ class SecAggClient:
     def advertise(self) -> dict:
         return {"c_pk": self.c_key.public, "s_pk": self.s_key.public}
 
+    def state(self) -> dict:
+        """Everything this client holds in the round (its secrets included): for its own storage only."""
+        return {"cid": self.cid, "round_idx": self.round_idx, "neighbours": list(self.neighbours),
+                "threshold": self.threshold, "c_sk": self.c_key.private_bytes(), "s_sk": self.s_key.private_bytes(),
+                "b_seed": self.b_seed, "peers_c": dict(self.peers_c), "peers_s": dict(self.peers_s),
+                "held_shares": {u: [list(b), list(s)] for u, (b, s) in self.held_shares.items()}}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, st: dict) -> SecAggClient:
+        return cls(
+            cid=int(st["cid"]), round_idx=int(st["round_idx"]), neighbours=[int(v) for v in st["neighbours"]],
+            threshold=int(st["threshold"]), c_key=KeyPair.from_private_bytes(st["c_sk"]),
+            s_key=KeyPair.from_private_bytes(st["s_sk"]), b_seed=st["b_seed"],
+            peers_c={int(k): v for k, v in st["peers_c"].items()}, peers_s={int(k): v for k, v in st["peers_s"].items()},
+            held_shares={int(u): ((int(b[0]), b[1]), (int(s[0]), s[1])) for u, (b, s) in st["held_shares"].items()},
+        )  # fmt: skip
+
     def share_keys(self, public_keys: dict[int, dict]) -> dict[int, bytes]:
         """Seal (share of b_u, share of s_u) to each neighbour still alive; keeps its own pair."""
         group = sorted([self.cid, *self.neighbours])

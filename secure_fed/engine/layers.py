@@ -72,6 +72,10 @@ class StackEnv:
     has_rows: bool = True
     #: reply keys the listed layers declare as added to every row of W (``FullTable`` rule)
     full_table_keys: tuple[str, ...] = ()
+    #: a guarded exchange with some clients during a round, ``call_clients(cids, payload_fn, client_fn)`` →
+    #: ``[(cid, reply)]``: in process, or as messages to their Flower nodes (``client_fn`` must then be a
+    #: registered client function or a layer's ``client_side`` method); set by the engine
+    call_clients: Any = None
 
     def update_layout(self) -> UpdateLayout:
         """How one client's update is packed into a flat vector (for layers that sum vectors)."""

@@ -130,6 +130,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             max_clients_per_instance=self._max_clients_per_instance(),
             has_rows=self.W is not None,
             full_table_keys=tuple(k for k, rule in up.items() if isinstance(rule, FullTable)),
+            call_clients=lambda cids, payload_fn, client_fn: self._query(list(cids), payload_fn, client_fn),
         )
         self.stack = ProtocolStack(cfg, self.stack_env)
         self.stack.wrap_algorithm(self.algorithm)

@@ -147,7 +147,7 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
         client = exp.fed.clients[cid]
         payload = to_device(payload, exp.device)
         plan = json.loads(str(meta["plan"])) if "plan" in meta else []
-        reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan)
+        reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan, data=client, layers=exp.stack.by_name())
         save_node_state(context, exp)
         return _reply(msg, reply)
 

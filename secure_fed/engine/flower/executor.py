@@ -103,20 +103,28 @@ class FlowerExecutor(Executor):
             raise FlowerError(f"no reply within {self.timeout_s:.0f} s from clients {missing[:10]}")
         return out  # type: ignore[return-value]
 
-    def _chunks(self, items: Iterable[Any]) -> Iterator[list[Any]]:
+    def _chunks(self, items: Iterable[Any], cid_of: Callable[[Any], int]) -> Iterator[list[Any]]:
+        """Consecutive batches of at most ``max_in_flight`` items. With protocol layers, also at most one message per
+        node in a batch: a node's client state (keys, round secrets) lives in its ``context.state``, which Flower
+        hands to each message and stores back after it, so two messages to one node at once would lose one's
+        changes (the last write wins)."""
+        one_per_node = bool(self.exp.stack)
         chunk: list[Any] = []
+        nodes: set[int] = set()
         for item in items:
-            chunk.append(item)
-            if len(chunk) == self.max_in_flight:
+            node = self.node_of.get(cid_of(item))
+            if chunk and (len(chunk) == self.max_in_flight or (one_per_node and node in nodes)):
                 yield chunk
-                chunk = []
+                chunk, nodes = [], set()
+            chunk.append(item)
+            nodes.add(node)
         if chunk:
             yield chunk
 
     # ----------------------------------------------------------------- the executor interface
     def run(self, jobs: Iterable[ClientJob], channel: Channel) -> Iterator[tuple[int, Payload]]:
         round_idx = self.exp.round
-        for chunk in self._chunks(jobs):
+        for chunk in self._chunks(jobs, lambda job: job.cid):
             batch = []
             for job in chunk:
                 channel.down(job)
@@ -131,7 +139,7 @@ class FlowerExecutor(Executor):
         """A setup exchange: each client runs the registered client function ``client_fn`` names."""
         fn = registered_name(client_fn)
         out: list[tuple[int, Payload]] = []
-        for chunk in self._chunks(cids):
+        for chunk in self._chunks(cids, int):
             batch = []
             for cid in chunk:
                 payload = payload_fn(cid)

@@ -10,12 +10,13 @@ import torch
 from flwr.app import ConfigRecord
 from flwr.clientapp import ClientApp
 
-from secure_fed.config import dump_config, load_config
+from secure_fed.config import dump_config
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.flower.apps import make_client_app
 from secure_fed.engine.flower.simulation import run_on_flower
 from secure_fed.errors import PrivacyViolation
+from tests.conftest import small_config
 
 # FedALC (the default) with both units: client-level DP (clip on the node, server noise, secret Poisson sampling)
 # and instance-level DP-SGD on the server's W step over the label sets the nodes send; a fixed noise seed makes
@@ -30,11 +31,11 @@ def test_dp_on_flower_equals_in_process(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each Flower node trains
     try:
-        local_exp = Experiment(load_config(None, DP), run_dir=tmp_path / "local")
+        local_exp = Experiment(small_config(*DP), run_dir=tmp_path / "local")
         local = local_exp.run(progress=False)
     finally:
         torch.set_num_threads(threads)
-    flower_exp = Experiment(load_config(None, [*DP, "backend=flower"]), run_dir=tmp_path / "flower")
+    flower_exp = Experiment(small_config(*DP, "backend=flower"), run_dir=tmp_path / "flower")
     flower = flower_exp.run(progress=False)
     assert flower_exp.executor.name == "flower" and flower_exp.executor.sent["train"] > 0
     assert flower.summary["privacy"] == local.summary["privacy"]
@@ -50,7 +51,8 @@ def test_dp_on_flower_equals_in_process(tmp_path):
 def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
     """A ClientApp that drops the round's plan (so it never clips): the server's DP session refuses the first
     update above the clip norm, and the run stops with that error."""
-    cfg = load_config(None, [*DP, "backend=flower", "training.rounds=1"])
+    # a clip far below any update's norm: every unclipped update is over it
+    cfg = small_config(*DP, "backend=flower", "training.rounds=1", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.001}")
     exp = Experiment(cfg, run_dir=tmp_path / "run")
     honest = make_client_app(dump_config(cfg), None)
     skipping = ClientApp()
@@ -62,7 +64,7 @@ def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
     @skipping.train()
     def train(msg, context):
         meta = dict(msg.content["meta"])
-        assert json.loads(meta.pop("plan")) == [{"op": "dp.clip", "clip_norm": 0.5}]  # what the server asked for
+        assert json.loads(meta.pop("plan")) == [{"op": "dp.clip", "clip_norm": 0.001}]  # what the server asked for
         msg.content["meta"] = ConfigRecord(meta)
         return honest(msg, context)
 
@@ -75,10 +77,10 @@ def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
     from protocols.dp.client_dp import update_norm
     from protocols.dp.layer import DifferentialPrivacy
 
-    e = Experiment(load_config(None, DP), run_dir=tmp_path)
+    e = Experiment(small_config(*DP), run_dir=tmp_path)
     dp = next(layer for layer in e.stack.layers if isinstance(layer, DifferentialPrivacy))
     session = dp.open_round(0, RoundSession(cohort=[0], theta=e.theta, W=e.W, weighting="uniform"))
-    big = {"theta_delta": {n: torch.full_like(t, 0.01) for n, t in e.theta.items()}, "num_examples": 1, "loss": 0.0}
+    big = {"theta_delta": {n: torch.full_like(t, 0.1) for n, t in e.theta.items()}, "num_examples": 1, "loss": 0.0}
     assert update_norm(big) > 0.5 * 1.001
     with pytest.raises(PrivacyViolation, match="above privacy.client.clip_norm 0.5"):
         session.submit(0, big)

@@ -4,87 +4,30 @@ computes W's row order from its own key, and the run equals the in-process run w
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import pickle
 
 import pytest
 import torch
-from flwr.app import RecordDict
-from flwr.clientapp import ClientApp
 
-from secure_fed.config import dump_config, load_config
 from secure_fed.engine import Experiment
-from secure_fed.engine.flower.apps import STATE_RECORDS, make_client_app
-from secure_fed.engine.flower.codec import decode
 from secure_fed.engine.flower.simulation import run_on_flower
+from tests.conftest import small_config
+from tests.engine.flower.nodes import pinned_run_key, recording_app
 
 RUN = ["protocols=[keyed_hashing]", "training.rounds=3", "evaluation.every=3", "flower.num_supernodes=4",
        "output.log_messages=true"]  # fmt: skip
 
 
-def _recording_app(cfg, out_dir) -> ClientApp:
-    """The project's ClientApp, plus: after each message, the node writes its clients' keyrings (read from its
-    context.state) to ``out_dir`` — the test's only window into what the nodes hold."""
-    honest = make_client_app(dump_config(cfg), None)
-    app = ClientApp()
-
-    def dump(context) -> None:
-        if STATE_RECORDS[1] not in context.state.keys():
-            return
-        state = decode(RecordDict({"arrays": context.state[STATE_RECORDS[0]], "values": context.state[STATE_RECORDS[1]]}))
-        for cid, ring in state.get("keyed_hashing", {}).items():
-            (out_dir / f"{cid}.json").write_text(json.dumps({k: v.hex() if v else None for k, v in ring.items()}))
-
-    @app.query()
-    def query(msg, context):
-        reply = honest(msg, context)
-        dump(context)
-        return reply
-
-    @app.train()
-    def train(msg, context):
-        reply = honest(msg, context)
-        dump(context)
-        return reply
-
-    return app
-
-
-@contextlib.contextmanager
-def _pinned(run_key: bytes, salt: bytes):
-    """The in-process dealer draws these (os.urandom(32), then os.urandom(16)) instead of fresh ones."""
-    import protocols.keyed_hashing as kh
-
-    draws = iter([run_key, salt])
-
-    class _OS:
-        def __getattr__(self, name):
-            return getattr(os, name)
-
-        @staticmethod
-        def urandom(n: int) -> bytes:
-            value = next(draws)
-            assert len(value) == n
-            return value
-
-    kh.os = _OS()
-    try:
-        yield
-    finally:
-        kh.os = os
-
-
 def test_keyed_hashing_on_flower(tmp_path):
     rings_dir = tmp_path / "rings"
     rings_dir.mkdir()
-    cfg = load_config(None, [*RUN, "backend=flower"])
+    cfg = small_config(*RUN, "backend=flower")
     fl = Experiment(cfg, run_dir=tmp_path / "flower")
-    result = run_on_flower(fl, progress=False, client_app=_recording_app(cfg, rings_dir))
+    result = run_on_flower(fl, progress=False, client_app=recording_app(cfg, rings_dir))
     assert result.summary["status"] == "completed"
     rings = {int(p.stem): {k: bytes.fromhex(v) if v else None for k, v in json.loads(p.read_text()).items()}
-             for p in rings_dir.glob("*.json")}  # fmt: skip
+             for p in rings_dir.glob("[0-9]*.json")}  # fmt: skip
     assert sorted(rings) == list(range(len(fl.fed.clients)))  # every client has a keyring, on its node
     run_keys = {(r["run_key"], r["salt"]) for r in rings.values()}
     assert len(run_keys) == 1  # the dealer's key reached every client through the sealed exchange
@@ -106,8 +49,8 @@ def test_keyed_hashing_on_flower(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with _pinned(run_key, salt):
-            local = Experiment(load_config(None, RUN), run_dir=tmp_path / "local")
+        with pinned_run_key(run_key, salt):
+            local = Experiment(small_config(*RUN), run_dir=tmp_path / "local")
             local_result = local.run(progress=False)
     finally:
         torch.set_num_threads(threads)
@@ -123,7 +66,7 @@ def test_a_keyed_hashing_run_does_not_resume_on_flower(tmp_path):
     """The nodes' keyrings last one Flower run: resuming is refused before anything starts."""
     from secure_fed.errors import SecureFedError
 
-    exp = Experiment(load_config(None, [*RUN, "backend=flower"]), run_dir=tmp_path / "run")
+    exp = Experiment(small_config(*RUN, "backend=flower"), run_dir=tmp_path / "run")
     exp.round = 2  # as after resume() from a round-2 checkpoint
     with pytest.raises(SecureFedError, match="cannot resume at round 2: the clients of keyed_hashing keep"):
         exp.run(progress=False)

@@ -89,11 +89,9 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["protocols=[secure_aggregation]"], "protocols ['secure_aggregation'] do not run on Flower yet"),
+        (["protocols=[ckks]"], "protocols ['ckks'] do not run on Flower yet"),
         (["protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 1, clip_norm: 1, noise: clients}"],
-         "protocols ['secure_aggregation'] do not run on Flower yet"),
-        (["protocols=[dp]", "privacy.client={noise_multiplier: 1, clip_norm: 1, noise: clients}"],
-         "noise: clients needs a secure sum"),
+         "noise: clients draws each client's noise share from its own secret stream"),
         (["protocols=[dp]", "algorithm.name=fedavg", "privacy.local={noise_multiplier: 1, clip_norm: 1}"],
          "privacy.local (DP-SGD in client training)"),
         (["partition.name=iid", "algorithm.name=fedavg", "model.family=linear_head"],

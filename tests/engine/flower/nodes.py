@@ -1,0 +1,71 @@
+"""Test instruments for the Flower back end: a ClientApp that also writes what each node holds (its clients'
+keyrings and secure-aggregation round secrets, read from the node's ``context.state``) to files, and a pin for
+the in-process dealer's run key, so that an in-process run can repeat a Flower run exactly."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from flwr.app import RecordDict
+from flwr.clientapp import ClientApp
+
+from secure_fed.config import dump_config
+from secure_fed.engine.flower.apps import STATE_RECORDS, make_client_app
+from secure_fed.engine.flower.codec import decode
+
+
+def recording_app(cfg, out_dir) -> ClientApp:
+    """The project's ClientApp, plus: after each message, the node writes its clients' keyrings (read from its
+    context.state) to ``out_dir`` — the test's only window into what the nodes hold."""
+    honest = make_client_app(dump_config(cfg), None)
+    app = ClientApp()
+
+    def dump(context) -> None:
+        if STATE_RECORDS[1] not in context.state.keys():
+            return
+        state = decode(RecordDict({"arrays": context.state[STATE_RECORDS[0]], "values": context.state[STATE_RECORDS[1]]}))
+        for cid, ring in state.get("keyed_hashing", {}).items():
+            (out_dir / f"{cid}.json").write_text(json.dumps({k: v.hex() if v else None for k, v in ring.items()}))
+        for cid, client in state.get("secure_aggregation", {}).items():  # this round's secrets, while it lasts
+            secrets = [client[k].hex() for k in ("c_sk", "s_sk", "b_seed")]
+            (out_dir / f"secagg-r{client['round_idx']}-c{cid}.json").write_text(json.dumps(secrets))
+
+    @app.query()
+    def query(msg, context):
+        reply = honest(msg, context)
+        dump(context)
+        return reply
+
+    @app.train()
+    def train(msg, context):
+        reply = honest(msg, context)
+        dump(context)
+        return reply
+
+    return app
+
+
+@contextlib.contextmanager
+def pinned_run_key(run_key: bytes, salt: bytes):
+    """The in-process dealer draws these (os.urandom(32), then os.urandom(16)) instead of fresh ones."""
+    import protocols.keyed_hashing as kh
+
+    draws = iter([run_key, salt])
+
+    class _OS:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def urandom(n: int) -> bytes:
+            value = next(draws)
+            assert len(value) == n
+            return value
+
+    kh.os = _OS()
+    try:
+        yield
+    finally:
+        kh.os = os
