@@ -29,6 +29,7 @@ import tenseal as ts
 from protocols.base import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 from secure_fed.errors import ConfigError
 
@@ -52,6 +53,7 @@ def _info(src: int, dst: int) -> bytes:
 
 class CKKSAggregation(ProtocolLayer):
     name = "ckks"
+    client_state_on_nodes = True  # the key holders' keys and every client's public context, from setup
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)
@@ -62,6 +64,9 @@ class CKKSAggregation(ProtocolLayer):
         self.server_context_bytes: bytes | None = None
         self._holders: dict[int, dict] = {}  # client side: key holders' key pairs and secret contexts
         self._client_public: ts.Context | None = None  # client side copy of the public context
+        self._public_bytes: bytes | None = None
+        self._client_public_of: bytes | None = None
+        self.holders: list[int] = []  # server side: who holds the secret key (public rule)
         self.last_stats: dict[str, Any] = {}
         self.max_abs_error = 0.0  # simulator's measurement of CKKS's approximation error over the run
 
@@ -83,31 +88,62 @@ class CKKSAggregation(ProtocolLayer):
         return [s for s in segs if s in out]
 
     # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ client side
+    @client_side
+    def client_setup(self, payload: Payload, data: ClientData) -> Payload:
+        """Client side of the setup and of each round's decryption: key holders advertise a key pair, the first
+        generates the context and seals its secret copy to the others, the others open theirs; every client
+        stores the public context; a key holder decrypts a round's summed ciphertexts (the sum only)."""
+        c = self.cfg.ckks
+        me, step = data.client_id, payload["ckks"]
+        if step == "advertise":
+            self._holders[me] = {"pair": KeyPair()}
+            return {"public_key": self._holders[me]["pair"].public}
+        if step == "keygen":
+            sk_ctx = make_context(c.poly_modulus_degree, c.coeff_mod_bit_sizes, c.global_scale_bits)
+            secret = sk_ctx.serialize(save_secret_key=True)
+            self._holders[me]["secret"] = secret
+            sealed = {}
+            for v, pk in payload["public_keys"].items():
+                if v != me:
+                    sealed[v] = seal(self._holders[me]["pair"].agree(pk, info=_info(me, v)), secret, aad=_info(me, v))
+            return {"public_context": public_bytes(sk_ctx), "sealed": sealed}
+        if step == "receive":
+            key = self._holders[me]["pair"].agree(payload["dealer_public_key"], info=_info(payload["dealer"], me))
+            self._holders[me]["secret"] = open_sealed(key, payload["sealed"], aad=_info(payload["dealer"], me))
+            return {}
+        if step == "public_context":  # every client: the context it encrypts with (public)
+            self._public_bytes = payload["ckks_public"]
+            self._client_public = ts.context_from(self._public_bytes)
+            return {}
+        if step == "decrypt":
+            return {"ckks_sum": self._decrypt(me, payload["ckks_sums"])}
+        raise ValueError(f"unknown ckks step {step!r}")
+
+    @client_side
+    def encrypt_step(self, reply: Payload, data: ClientData, *, weighting: str) -> Payload:
+        """Client side, after training (the last step of the round's plan): the update flattened, its selected
+        groups encrypted under the public context in vectors of ``slots`` values, the rest in plaintext."""
+        v = self.layout.flatten(reply, weighting)
+        mask = self.encrypted_mask()
+        secret_part = v[mask]
+        blobs = [ts.ckks_vector(self._client_public, secret_part[o : o + self.slots]).serialize()
+                 for o in range(0, len(secret_part), self.slots)]  # fmt: skip
+        return {"ciphertexts": blobs, "plain": v[~mask]}
+
+    def encrypted_mask(self) -> np.ndarray:
+        seg = self.layout.segments()
+        m = np.zeros(self.layout.size, dtype=bool)
+        for s in self.encrypted:
+            m[seg[s]] = True
+        return m
+
+    # ------------------------------------------------------------------ setup (server side)
     def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
         c = self.cfg.ckks
         holders = sorted(cl.client_id for cl in ctx.clients)[: max(1, c.key_holders)]
-
-        def client_fn(payload: Payload, data: ClientData) -> Payload:  # runs on a key holder
-            me = data.client_id
-            step = payload["ckks"]
-            if step == "advertise":
-                self._holders[me] = {"pair": KeyPair()}
-                return {"public_key": self._holders[me]["pair"].public}
-            if step == "keygen":
-                sk_ctx = make_context(c.poly_modulus_degree, c.coeff_mod_bit_sizes, c.global_scale_bits)
-                secret = sk_ctx.serialize(save_secret_key=True)
-                self._holders[me]["secret"] = secret
-                sealed = {}
-                for v, pk in payload["public_keys"].items():
-                    if v != me:
-                        sealed[v] = seal(self._holders[me]["pair"].agree(pk, info=_info(me, v)), secret, aad=_info(me, v))
-                return {"public_context": public_bytes(sk_ctx), "sealed": sealed}
-            if step == "receive":
-                key = self._holders[me]["pair"].agree(payload["dealer_public_key"], info=_info(payload["dealer"], me))
-                self._holders[me]["secret"] = open_sealed(key, payload["sealed"], aad=_info(payload["dealer"], me))
-                return {}
-            raise ValueError(step)
-
+        self.holders = holders
+        client_fn = self.client_setup
         pks = {h: ctx.query_one(h, {"ckks": "advertise"}, client_fn)["public_key"] for h in holders}
         dealer = holders[0]
         keygen = ctx.query_one(dealer, {"ckks": "keygen", "public_keys": pks}, client_fn)
@@ -118,7 +154,7 @@ class CKKSAggregation(ProtocolLayer):
         self.server_context = ts.context_from(self.server_context_bytes)
         if self.server_context.is_private():
             raise RuntimeError("the server's CKKS context must not hold a secret key")
-        self._client_public = ts.context_from(self.server_context_bytes)  # broadcast to clients (public)
+        ctx.query(lambda cid: {"ckks": "public_context", "ckks_public": self.server_context_bytes}, client_fn)  # broadcast
         return {"ckks": {"key_holders": holders, "public_context_bytes": len(self.server_context_bytes),
                          "encrypted_groups": self.encrypted}}  # fmt: skip
 
@@ -137,19 +173,29 @@ class CKKSAggregation(ProtocolLayer):
         return {"ckks_max_abs_decryption_error": self.max_abs_error}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"server_context": self.server_context_bytes, "max_abs_error": self.max_abs_error}
+        return {"server_context": self.server_context_bytes, "max_abs_error": self.max_abs_error, "holders": self.holders}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.max_abs_error = float(state.get("max_abs_error", 0.0))
         self.server_context_bytes = state["server_context"]
         self.server_context = ts.context_from(self.server_context_bytes)
-        self._client_public = ts.context_from(self.server_context_bytes)
+        self.holders = list(state.get("holders", []))
 
     def client_state_dict(self) -> dict[str, Any]:
-        return {h: {"sk": v["pair"].private_bytes(), "secret": v.get("secret")} for h, v in self._holders.items()}
+        return {
+            "holders": {h: {"sk": v["pair"].private_bytes(), "secret": v.get("secret")} for h, v in self._holders.items()},
+            "public_context": self._public_bytes,
+        }
 
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
-        self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"]} for h, v in state.items()}
+        holders = state.get("holders", {})
+        self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"]} for h, v in holders.items()}
+        self._public_bytes = state.get("public_context")
+        if self._public_bytes is None:
+            self._client_public = None
+        elif self._client_public is None or self._client_public_of != self._public_bytes:
+            self._client_public = ts.context_from(self._public_bytes)
+        self._client_public_of = self._public_bytes
 
 
 class _CKKSRound(RoundWrapper):
@@ -165,31 +211,23 @@ class _CKKSRound(RoundWrapper):
         self.bytes_up = 0
         self.n = 0
 
-    def _plain_mask(self) -> np.ndarray:
-        seg = self.layer.layout.segments()
-        m = np.zeros(self.layer.layout.size, dtype=bool)
-        for s in self.layer.encrypted:
-            m[seg[s]] = True
-        return m
-
     def client_mod(self, fn: ClientFn) -> ClientFn:
         inner_fn = self.inner.client_mod(fn)
         layer = self.layer
-        enc_mask = self._plain_mask()
 
         def encrypted(payload: Payload, data: ClientData) -> Payload:
-            v = layer.layout.flatten(inner_fn(payload, data), self.weighting)
-            self.exact_sum = v.copy() if self.exact_sum is None else self.exact_sum + v
+            reply = inner_fn(payload, data)
+            v = layer.layout.flatten(reply, self.weighting)
+            self.exact_sum = v.copy() if self.exact_sum is None else self.exact_sum + v  # simulator only
             t0 = time.perf_counter()
-            secret_part = v[enc_mask]
-            blobs = [
-                ts.ckks_vector(layer._client_public, secret_part[o : o + layer.slots]).serialize()
-                for o in range(0, len(secret_part), layer.slots)
-            ]
+            out = layer.encrypt_step(reply, data, weighting=self.weighting)
             self.t_enc += time.perf_counter() - t0
-            return {"ciphertexts": blobs, "plain": v[~enc_mask]}
+            return out
 
         return encrypted
+
+    def client_plan(self) -> list[dict]:
+        return [*self.inner.client_plan(), {"op": "layer:ckks.encrypt_step", "weighting": self.weighting}]
 
     def submit(self, cid: int, reply: Payload) -> None:
         t0 = time.perf_counter()
@@ -207,17 +245,21 @@ class _CKKSRound(RoundWrapper):
     def finish(self) -> Aggregate:
         if self.sums is None:  # nobody took part this round
             return self.inner.post(self.layer.layout.unflatten_sum(np.zeros(self.layer.layout.size), self.device))
-        holder = min(self.layer._holders)  # the first live key holder decrypts the sum
+        holder = self.layer.holders[0]  # the first key holder decrypts the sum (a message to it)
         t0 = time.perf_counter()
         blobs = [c.serialize() for c in self.sums]
-        dec = self.layer._decrypt(holder, blobs)
+        answer = self.layer.env.call_clients([holder], lambda _: {"ckks": "decrypt", "ckks_sums": blobs},
+                                             self.layer.client_setup)  # fmt: skip
+        dec = np.asarray(answer[0][1]["ckks_sum"], dtype=np.float64)
         t_dec = time.perf_counter() - t0
-        mask = self._plain_mask()
+        mask = self.layer.encrypted_mask()
         total = np.zeros(self.layer.layout.size)
         total[mask] = dec[: int(mask.sum())]
         total[~mask] = self.plain_sum
-        err = float(np.max(np.abs(total - self.exact_sum))) if self.exact_sum is not None else 0.0
-        self.layer.max_abs_error = max(self.layer.max_abs_error, err)
+        # the simulator's measurement of CKKS's error (in process only: on Flower no party holds the exact sum)
+        err = float(np.max(np.abs(total - self.exact_sum))) if self.exact_sum is not None else float("nan")
+        if self.exact_sum is not None:
+            self.layer.max_abs_error = max(self.layer.max_abs_error, err)
         self.layer.last_stats = {
             "ckks_max_abs_error": err,
             "ckks_clients": self.n,

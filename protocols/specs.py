@@ -243,6 +243,11 @@ CKKS = LayerSpec(
     implementation="protocols.ckks:CKKSAggregation",
     replaces_aggregation=True,
     validate=_validate_ckks,
-    downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN},
-    uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "public_context": Opaque()},
-)
+    runs_on_flower=True,  # setup and decryption are messages to its client side; encryption is the plan's last step
+    # the public context to every client, summed ciphertexts to the key holder (the sum only)
+    downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN, "ckks_public": Opaque(), "ckks_sums": Opaque()},
+    # the key exchange; the decrypted sum (what the server learns by design); an update as ciphertexts and the
+    # groups ckks.encrypt leaves in plaintext (the config's choice, reported in the summary)
+    uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "public_context": Opaque(), "ckks_sum": Opaque(),
+                  "ciphertexts": Opaque(), "plain": Opaque()},
+)  # fmt: skip

@@ -1,0 +1,48 @@
+"""CKKS on Flower: the key holders' exchange, the public context's broadcast and each round's decryption of the
+sum are messages to the nodes (their keys in context.state), encryption is the plan's last step on the node; the
+server holds only the public context and adds ciphertexts, and the run matches in process up to CKKS's error."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import tenseal as ts
+import torch
+
+from secure_fed.engine import Experiment
+from secure_fed.engine.flower.simulation import run_on_flower
+from tests.conftest import small_config
+
+RUN = ["protocols=[ckks]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "ckks.key_holders=2",
+       "flower.num_supernodes=4", "output.log_messages=true"]  # fmt: skip
+
+
+def test_ckks_on_flower(tmp_path):
+    fl = Experiment(small_config(*RUN, "backend=flower"), run_dir=tmp_path / "flower")
+    result = run_on_flower(fl, progress=False)
+    assert result.summary["status"] == "completed"
+    ck = fl.stack.by_name()["ckks"]
+    assert ck._holders == {} and ck._client_public is None  # no key, not even the clients' copy, on the server
+    assert not ts.context_from(ck.server_context_bytes).is_private()
+    ups = [m["message"] for m in fl.messages if m["direction"] == "up"]
+    updates = [m for m in ups if "ciphertexts" in m]
+    assert len(updates) == 2 * len(fl.fed.clients) and not any("theta_delta" in m for m in ups)
+    sums = [m for m in ups if "ckks_sum" in m]
+    assert len(sums) == 2  # one decryption of the sum per round, by a key holder
+    # every update's encrypted part is a CKKS ciphertext the server cannot open: no plaintext θ in what it received
+    server_side = pickle.dumps(fl.stack.state_dict()) + pickle.dumps(fl.state_dict())
+    assert b"secret_key" not in server_side
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = Experiment(small_config(*RUN), run_dir=tmp_path / "local")
+        local_result = local.run(progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    for n, t in local.theta.items():  # CKKS adds its own approximation error (≈1e-6 here) on either side
+        assert torch.allclose(fl.theta[n], t, atol=1e-4, rtol=0), n
+    assert torch.allclose(fl.W, local.W, atol=1e-4, rtol=0)
+    for k, v in local_result.summary["final"].items():
+        assert result.summary["final"][k] == pytest.approx(v, abs=1e-3), k
