@@ -69,6 +69,8 @@ class CKKSAggregation(ProtocolLayer):
         self.holders: list[int] = []  # server side: who holds the secret key (public rule)
         self.last_stats: dict[str, Any] = {}
         self.max_abs_error = 0.0  # simulator's measurement of CKKS's approximation error over the run
+        self.error_measured = False
+        self._legacy_client_state = False
 
     def _select(self, groups: list[str]) -> list[str]:
         segs = list(self.layout.segments())
@@ -170,16 +172,22 @@ class CKKSAggregation(ProtocolLayer):
         return self.last_stats
 
     def private_report(self) -> dict[str, Any]:
-        return {"ckks_max_abs_decryption_error": self.max_abs_error}
+        # None where no party held the exact sum to measure against (backend: flower)
+        return {"ckks_max_abs_decryption_error": self.max_abs_error if self.error_measured else None}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"server_context": self.server_context_bytes, "max_abs_error": self.max_abs_error, "holders": self.holders}
+        return {"server_context": self.server_context_bytes, "max_abs_error": self.max_abs_error, "holders": self.holders,
+                "error_measured": self.error_measured}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.max_abs_error = float(state.get("max_abs_error", 0.0))
+        self.error_measured = bool(state.get("error_measured", True))
         self.server_context_bytes = state["server_context"]
         self.server_context = ts.context_from(self.server_context_bytes)
-        self.holders = list(state.get("holders", []))
+        # checkpoints before the holders were kept: the holders are the clients with the smallest ids (public rule)
+        self.holders = list(state.get("holders") or sorted(self._holders))
+        if self._client_public is None and self._legacy_client_state:  # such checkpoints kept no client copy
+            self._client_public = ts.context_from(self.server_context_bytes)
 
     def client_state_dict(self) -> dict[str, Any]:
         return {
@@ -188,7 +196,8 @@ class CKKSAggregation(ProtocolLayer):
         }
 
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
-        holders = state.get("holders", {})
+        self._legacy_client_state = bool(state) and "holders" not in state  # {holder id: keys}, before the public copy
+        holders = state if self._legacy_client_state else state.get("holders", {})
         self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"]} for h, v in holders.items()}
         self._public_bytes = state.get("public_context")
         if self._public_bytes is None:
@@ -260,6 +269,7 @@ class _CKKSRound(RoundWrapper):
         err = float(np.max(np.abs(total - self.exact_sum))) if self.exact_sum is not None else float("nan")
         if self.exact_sum is not None:
             self.layer.max_abs_error = max(self.layer.max_abs_error, err)
+            self.layer.error_measured = True
         self.layer.last_stats = {
             "ckks_max_abs_error": err,
             "ckks_clients": self.n,

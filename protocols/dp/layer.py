@@ -52,6 +52,7 @@ class DifferentialPrivacy(ProtocolLayer):
             for cid in range(env.num_clients):
                 self.client_stream(cid)
         self.units: dict[str, PrivacyUnit] = {}
+        self.charged_round = -1  #: the last round whose steps the ledger holds
         algo = cfg.algorithm.name
         if p.instance is not None or p.local is not None:
             self.units["instance"] = self._instance_unit()
@@ -213,14 +214,19 @@ class DifferentialPrivacy(ProtocolLayer):
         )  # fmt: skip
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
-        if self.cfg.privacy.local is not None:  # counted before the clients train (an aborted round still used the data)
+        # a round is charged once: a run interrupted inside round r (checkpointed with r charged) re-runs r after
+        # resume with the same secret draws (cohort, noise, batches are addressed by the round), so the same output
+        first = round_idx > self.charged_round
+        self.charged_round = max(self.charged_round, round_idx)
+        if self.cfg.privacy.local is not None and first:  # before the clients train (an aborted round used the data)
             self.units["instance"].step(self.local_steps_per_round(), CLIENT_TRAINING)
         unit = self.units.get("client")
         if unit is None:
             return inner
         # counted once the secret cohort is drawn: its clients train, and whether the round completes or a protocol
         # aborts it (dropouts below the secure sum's threshold) is observable, so an aborted round is charged too
-        unit.step()
+        if first:
+            unit.step()
         layer = self
 
         on_clients = self.cfg.privacy.client.noise == "clients"
@@ -259,11 +265,18 @@ class DifferentialPrivacy(ProtocolLayer):
             def submit(self, cid: int, reply) -> None:
                 """Server side: a plaintext update must arrive clipped (a client that skipped the clip would break
                 the sensitivity the noise is calibrated to): refused above S."""
-                if not on_clients and (norm := update_norm(reply)) > unit.clip_norm * (1 + 1e-5):
-                    raise PrivacyViolation(
-                        f"client {cid}'s update has L2 norm {norm:.6g}, above privacy.client.clip_norm "
-                        f"{unit.clip_norm:g}: it was not clipped"
-                    )
+                if not on_clients:
+                    norm = update_norm(reply)
+                    if not norm <= unit.clip_norm * (1 + 1e-5):  # NaN fails too
+                        raise PrivacyViolation(
+                            f"client {cid}'s update has L2 norm {norm:.6g}, above privacy.client.clip_norm "
+                            f"{unit.clip_norm:g}: it was not clipped"
+                        )
+                    if "weight" in reply and float(reply["weight"]) != 1.0:  # the sum would count it w times
+                        raise PrivacyViolation(
+                            f"client {cid}'s update carries weight {reply['weight']}: under client DP a weight is "
+                            "capped inside the clipped update and reported as 1 (privacy.client.weight_cap)"
+                        )
                 self.inner.submit(cid, reply)
 
             def post_own(self, agg: Aggregate) -> Aggregate:
@@ -373,12 +386,14 @@ class DifferentialPrivacy(ProtocolLayer):
         return {
             "units": {n: u.state_dict() for n, u in self.units.items()},
             "pretrain_stopped": getattr(self, "pretrain_stopped", None),
+            "charged_round": self.charged_round,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for n, s in state["units"].items():
             self.units[n].load_state_dict(s)
         self.pretrain_stopped = state.get("pretrain_stopped")
+        self.charged_round = int(state.get("charged_round", -1))
 
     # the secrets: the server's in its private checkpoint (server_secrets.pt), the clients' in clients.pt
     def secret_state_dict(self) -> dict[str, Any]:

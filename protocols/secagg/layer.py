@@ -60,14 +60,19 @@ class SecureAggregation(ProtocolLayer):
         raise ValueError(f"unknown secure aggregation stage {stage!r}")
 
     @client_side
-    def mask_step(self, reply: Payload, data: ClientData, *, secagg_round: int, alive: list[int], weighting: str) -> Payload:
+    def mask_step(self, reply: Payload, data: ClientData, *, secagg_round: int, weighting: str) -> Payload:
         """Client side, after training (the last step of the round's plan): the update, flattened and encoded,
-        masked (step 2)."""
+        masked (step 2) with the pairwise masks of the neighbours whose shares this client holds, i.e. those that
+        completed ShareKeys (the client's own view, not a list the server could shorten to strip the masks)."""
         client = self._round_clients.get(data.client_id)
         if client is None or client.round_idx != int(secagg_round):
             raise ValueError(f"client {data.client_id}: asked to mask an update for a round it did not share keys in")
+        alive = sorted(client.held_shares)
+        if len(alive) < client.threshold:
+            raise ValueError(f"client {data.client_id}: only {len(alive)} shares held, below the threshold t = "
+                             f"{client.threshold}; it does not send its update")  # fmt: skip
         x = self.codec.encode(self.layout.flatten(reply, weighting))
-        return {"masked": client.masked_input(x, [int(u) for u in alive], self.cfg.secure_aggregation.modulus_bits)}
+        return {"masked": client.masked_input(x, alive, self.cfg.secure_aggregation.modulus_bits)}
 
     def client_state_dict(self) -> dict[str, Any]:
         return {cid: c.state() for cid, c in self._round_clients.items()}
@@ -117,7 +122,7 @@ class _SecAggRound(RoundWrapper):
                                            self.layer.client_stage)  # fmt: skip
 
     def _mask_args(self) -> dict[str, Any]:
-        return {"secagg_round": self.round_idx, "alive": list(self.u2), "weighting": self.weighting}
+        return {"secagg_round": self.round_idx, "weighting": self.weighting}
 
     def client_mod(self, fn: ClientFn) -> ClientFn:
         inner_fn = self.inner.client_mod(fn)

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from secure_fed.errors import SecureFedError
+
 CHECKPOINT_VERSION = 3
 
 
@@ -119,6 +121,13 @@ class CheckpointMixin:
                 self.apply_row_order(cs["label_perm"])
             for cid, state in cs.get("client_state", {}).items():
                 self.fed.clients[cid].state = to_device(state, self.device)
+        lost = [layer.name for layer in self.stack.layers
+                if layer.client_state_on_nodes and not any(layer.client_state_dict().values())]  # fmt: skip
+        if lost and self.cfg.backend != "flower":
+            raise SecureFedError(
+                f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (their keys from "
+                "setup) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
+            )
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
         if secrets.is_file():

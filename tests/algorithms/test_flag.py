@@ -35,6 +35,10 @@ Y = [[1, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
 #: eq. 2 by hand: Σ_l n_l^α over the labels the client has (label 4 has no positive: it adds nothing, also at α = 0)
 BY_HAND = {0.0: 3.0, 0.3: 3**0.3 + 1 + 1, 0.5: math.sqrt(3) + 2, 1.0: 5.0}
 
+#: what a client sends under secure aggregation: each round's stage messages (public keys, sealed shares, the
+#: shares the server is entitled to) and its masked update
+SECAGG_UP = {"c_pk", "s_pk", "secagg_sealed", "secagg_shares", "masked"}
+
 
 class _Recorder(Callback):
     """The wire messages and the aggregate of every round, as the server gets them."""
@@ -132,7 +136,9 @@ def test_under_secure_aggregation_the_server_sees_no_weight_and_gets_the_plainte
         err = (plain.theta[n] - sec.theta[n]).norm() / plain.theta[n].norm()
         assert err < 1e-5, (n, float(err))
         assert (plain.theta[n] - fedavg.theta[n]).norm() / plain.theta[n].norm() > 100 * err  # FLAG's weights show
-    ups = [m for m in sec.messages if m["direction"] == "up"]
+    every_up = [m for m in sec.messages if m["direction"] == "up"]
+    assert all(set(m["message"]) <= SECAGG_UP for m in every_up)  # stage messages and masked words, nothing else
+    ups = [m for m in every_up if "masked" in m["message"]]
     clients = len(sec.fed.clients)
     assert len(ups) == 2 * clients and all(set(m["message"]) == {"masked"} for m in ups)  # no weight, no delta
     layer = sec.stack.layers[0]
@@ -190,7 +196,9 @@ def test_flag_runs_under_dp_and_secure_aggregation_with_a_tracked_epsilon_and_no
     exp, rec, res = _run(tmp_path, *ov)
     eps = [float(h["privacy"]["epsilon"]) for h in res.history]
     assert 0 < eps[0] < eps[1] < math.inf  # tracked round by round
-    ups = [m for m in exp.messages if m["direction"] == "up"]
+    every_up = [m for m in exp.messages if m["direction"] == "up"]
+    assert all(set(m["message"]) <= SECAGG_UP for m in every_up)
+    ups = [m for m in every_up if "masked" in m["message"]]
     assert ups and all(set(m["message"]) == {"masked"} for m in ups)
     for r in (0, 1):  # the sum's weight slot counts clients: each reported weight 1, no eq. 2 weight in the view
         assert rec.aggs[r].weight_sum == pytest.approx(len(exp.fed.clients), abs=1e-6)

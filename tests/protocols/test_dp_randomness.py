@@ -270,3 +270,28 @@ def test_a_round_the_secure_sum_aborts_is_still_charged(tmp_path):
         ref.step(noise_multiplier=2.0, sample_rate=1.0)
     assert _dp(e).units["client"].steps == 3
     assert _dp(e).units["client"].epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+
+
+def test_a_round_re_run_after_an_interrupt_is_charged_once(tmp_path):
+    """Interrupted inside round 0 (its steps charged, checkpointed), resumed: round 0 runs again with the same secret
+    draws, so the ledger does not charge it twice; round 1 is charged as usual. Each unit independently (Opacus)."""
+    ov = ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5}', "algorithm.name=fedavg",
+          'privacy.local={"noise_multiplier": 1.0, "clip_norm": 1.0}']  # fmt: skip
+    e = Experiment(small_config(*ov), run_dir=tmp_path / "a")
+    dp = _dp(e)
+    base = lambda: RoundSession(cohort=[0], theta=e.theta, W=e.W, weighting="uniform")  # noqa: E731
+    dp.open_round(0, base())
+    dpsgd_steps, client_unit_steps = dp.units["instance"].mechanism("client_training").steps, dp.units["client"].steps
+    assert dpsgd_steps > 0 and client_unit_steps == 1
+    resumed = _dp(Experiment(small_config(*ov), run_dir=tmp_path / "b"))
+    resumed.load_state_dict(dp.state_dict())
+    resumed.open_round(0, base())  # the interrupted round again
+    assert resumed.units["client"].steps == 1
+    assert resumed.units["instance"].mechanism("client_training").steps == dpsgd_steps
+    resumed.open_round(1, base())
+    assert resumed.units["client"].steps == 2
+    assert resumed.units["instance"].mechanism("client_training").steps == 2 * dpsgd_steps
+    ref = RDPAccountant()
+    for _ in range(2):
+        ref.step(noise_multiplier=2.0, sample_rate=1.0)
+    assert resumed.units["client"].epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)

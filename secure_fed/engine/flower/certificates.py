@@ -43,6 +43,7 @@ def _san(host: str) -> x509.GeneralName:
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT: set it before the key is written
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
 

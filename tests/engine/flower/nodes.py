@@ -18,7 +18,7 @@ from secure_fed.engine.flower.codec import decode
 
 def recording_app(cfg, out_dir) -> ClientApp:
     """The project's ClientApp, plus: after each message, the node writes its clients' keyrings (read from its
-    context.state) to ``out_dir`` — the test's only window into what the nodes hold."""
+    context.state) to ``out_dir``, and CKKS key holders' keys — the test's only window into what the nodes hold."""
     honest = make_client_app(dump_config(cfg), None)
     app = ClientApp()
 
@@ -26,11 +26,21 @@ def recording_app(cfg, out_dir) -> ClientApp:
         if STATE_RECORDS[1] not in context.state.keys():
             return
         state = decode(RecordDict({"arrays": context.state[STATE_RECORDS[0]], "values": context.state[STATE_RECORDS[1]]}))
+        # a node's state holds its own clients only (c mod N = its partition), never another node's secrets
+        p, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+        held = [*state.get("keyed_hashing", {}), *state.get("secure_aggregation", {}),
+                *state.get("ckks", {}).get("holders", {})]  # fmt: skip
+        foreign = [cid for cid in held if cid % n != p]
+        if foreign:
+            raise AssertionError(f"node {p} of {n} holds the state of clients {foreign}")
         for cid, ring in state.get("keyed_hashing", {}).items():
             (out_dir / f"{cid}.json").write_text(json.dumps({k: v.hex() if v else None for k, v in ring.items()}))
         for cid, client in state.get("secure_aggregation", {}).items():  # this round's secrets, while it lasts
             secrets = [client[k].hex() for k in ("c_sk", "s_sk", "b_seed")]
             (out_dir / f"secagg-r{client['round_idx']}-c{cid}.json").write_text(json.dumps(secrets))
+        for cid, holder in state.get("ckks", {}).get("holders", {}).items():  # a key holder's key pair and secret
+            secrets = [holder["sk"].hex(), holder["secret"].hex() if holder.get("secret") else None]
+            (out_dir / f"ckks-holder-{cid}.json").write_text(json.dumps(secrets))
 
     @app.query()
     def query(msg, context):

@@ -4,6 +4,7 @@ server holds only the public context and adds ciphertexts, and the run matches i
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -13,14 +14,18 @@ import torch
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.simulation import run_on_flower
 from tests.conftest import small_config
+from tests.engine.flower.nodes import recording_app
 
 RUN = ["protocols=[ckks]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "ckks.key_holders=2",
        "flower.num_supernodes=4", "output.log_messages=true"]  # fmt: skip
 
 
 def test_ckks_on_flower(tmp_path):
-    fl = Experiment(small_config(*RUN, "backend=flower"), run_dir=tmp_path / "flower")
-    result = run_on_flower(fl, progress=False)
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    cfg = small_config(*RUN, "backend=flower")
+    fl = Experiment(cfg, run_dir=tmp_path / "flower")
+    result = run_on_flower(fl, progress=False, client_app=recording_app(cfg, nodes))
     assert result.summary["status"] == "completed"
     ck = fl.stack.by_name()["ckks"]
     assert ck._holders == {} and ck._client_public is None  # no key, not even the clients' copy, on the server
@@ -30,9 +35,15 @@ def test_ckks_on_flower(tmp_path):
     assert len(updates) == 2 * len(fl.fed.clients) and not any("theta_delta" in m for m in ups)
     sums = [m for m in ups if "ckks_sum" in m]
     assert len(sums) == 2  # one decryption of the sum per round, by a key holder
-    # every update's encrypted part is a CKKS ciphertext the server cannot open: no plaintext θ in what it received
-    server_side = pickle.dumps(fl.stack.state_dict()) + pickle.dumps(fl.state_dict())
-    assert b"secret_key" not in server_side
+    # the key holders' secrets, read back from their nodes' state: two holders, the same secret context, and none
+    # of it (X25519 keys, the secret key at the serialised context's tail) in anything the server has
+    held = [json.loads(p.read_text()) for p in nodes.glob("ckks-holder-*.json")]
+    assert len(held) == 2 and len({h[1] for h in held}) == 1 and ts.context_from(bytes.fromhex(held[0][1])).is_private()
+    secrets = [bytes.fromhex(h[0]) for h in held] + [bytes.fromhex(held[0][1])[-4096:]]
+    server_side = pickle.dumps(fl.messages) + pickle.dumps(fl.stack.state_dict()) + pickle.dumps(fl.state_dict())
+    for path in (tmp_path / "flower" / "checkpoints").iterdir():
+        server_side += path.read_bytes()
+    assert not [s for s in secrets if s in server_side]
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

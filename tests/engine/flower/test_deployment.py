@@ -69,6 +69,8 @@ def test_flower_local_refuses_a_bad_config_before_starting_anything(tmp_path):
 def test_flower_certificates_are_a_ca_and_a_server_certificate_for_the_hosts(tmp_path):
     from cryptography import x509
 
+    (tmp_path / "server.key").write_bytes(b"old")
+    (tmp_path / "server.key").chmod(0o644)  # a world-readable file from an earlier run is overwritten private
     code, out, err = cli("flower", "certificates", "--out", str(tmp_path), "--host", "10.0.0.7", "--host", "link.example")
     assert code == 0, err
     ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())

@@ -85,4 +85,11 @@ def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
     with pytest.raises(PrivacyViolation, match="above privacy.client.clip_norm 0.5"):
         session.submit(0, big)
     scale = 0.5 / update_norm(big)
-    session.submit(0, {**big, "theta_delta": {n: t * scale for n, t in big["theta_delta"].items()}})  # at S: taken
+    at_s = {**big, "theta_delta": {n: t * scale for n, t in big["theta_delta"].items()}}
+    nan = {**big, "theta_delta": {n: torch.full_like(t, float("nan")) for n, t in big["theta_delta"].items()}}
+    with pytest.raises(PrivacyViolation, match="not clipped"):
+        session.submit(0, nan)
+    with pytest.raises(PrivacyViolation, match="carries weight 3.0"):  # clipped, but it would count three times
+        session.submit(0, {**at_s, "weight": 3.0})
+    session.submit(0, {**at_s, "weight": 1.0})  # at S, weight 1: taken
+    session.submit(0, at_s)

@@ -45,6 +45,12 @@ def test_keyed_hashing_on_flower(tmp_path):
     for s in secrets:
         assert s not in server_side
 
+    # the clients' keyrings stayed on the nodes: the run cannot be resumed in process (nor on Flower, below)
+    from secure_fed.errors import SecureFedError
+
+    with pytest.raises(SecureFedError, match="in process: the clients' state of keyed_hashing"):
+        Experiment(small_config(*RUN), run_dir=tmp_path / "flower").resume()
+
     # the same run in process, its dealer drawing the same run key and salt: the same model
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

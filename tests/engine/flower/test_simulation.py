@@ -89,7 +89,6 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["protocols=[ckks]"], "protocols ['ckks'] do not run on Flower yet"),
         (["protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 1, clip_norm: 1, noise: clients}"],
          "noise: clients draws each client's noise share from its own secret stream"),
         (["protocols=[dp]", "algorithm.name=fedavg", "privacy.local={noise_multiplier: 1, clip_norm: 1}"],
@@ -101,6 +100,20 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
 def test_what_flower_does_not_carry_yet_is_a_config_error(overrides, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_config(None, ["backend=flower", *overrides])
+
+
+def test_a_layer_whose_spec_does_not_run_on_flower_is_a_config_error(monkeypatch):
+    """A plugin layer that has not said its client side runs on Flower (``LayerSpec.runs_on_flower``) is refused."""
+    import dataclasses
+
+    import secure_fed.specs as specs
+
+    real = specs.layer_specs()
+    stub = dataclasses.replace(real["secure_aggregation"], name="stub_layer", runs_on_flower=False, validate=None)
+    monkeypatch.setattr(specs, "layer_specs", lambda: {**real, "stub_layer": stub})
+    load_config(None, ["protocols=[stub_layer]"])  # fine in process
+    with pytest.raises(ConfigError, match=re.escape("protocols ['stub_layer'] do not run on Flower yet")):
+        load_config(None, ["backend=flower", "protocols=[stub_layer]"])
 
 
 def test_a_callback_that_acts_inside_clients_is_refused_before_anything_is_written(tmp_path):
