@@ -79,3 +79,34 @@ def pinned_run_key(run_key: bytes, salt: bytes):
         yield
     finally:
         kh.os = os
+
+
+def run_in_process(overrides: list[str], run_dir, *, run_key: tuple[bytes, bytes] | None = None):
+    """The small-config run of ``overrides`` in process at one torch thread (as each Flower node trains), its dealer
+    pinned to ``run_key`` = (run key, salt) when given; returns (experiment, result)."""
+    import torch
+
+    from secure_fed.engine import Experiment
+    from tests.conftest import small_config
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pinned_run_key(*run_key) if run_key else contextlib.nullcontext():
+            exp = Experiment(small_config(*overrides), run_dir=run_dir)
+            return exp, exp.run(progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_same_run(flower_exp, flower_result, local_exp, local_result, *, atol: float = 1e-5, metric_atol: float = 1e-5):
+    """θ and W within ``atol``, every final metric within ``metric_atol``."""
+    import pytest
+    import torch
+
+    for n, t in local_exp.theta.items():
+        assert torch.allclose(flower_exp.theta[n], t, atol=atol, rtol=0), n
+    assert torch.allclose(flower_exp.W, local_exp.W, atol=atol, rtol=0)
+    assert set(flower_result.summary["final"]) == set(local_result.summary["final"])
+    for k, v in local_result.summary["final"].items():
+        assert flower_result.summary["final"][k] == pytest.approx(v, abs=metric_atol), k

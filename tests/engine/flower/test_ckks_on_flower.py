@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import pickle
 
-import pytest
 import tenseal as ts
-import torch
 
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.simulation import run_on_flower
 from tests.conftest import small_config
-from tests.engine.flower.nodes import recording_app
+from tests.engine.flower.nodes import assert_same_run, recording_app, run_in_process
 
 RUN = ["protocols=[ckks]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "ckks.key_holders=2",
        "flower.num_supernodes=4", "output.log_messages=true"]  # fmt: skip
@@ -45,15 +43,6 @@ def test_ckks_on_flower(tmp_path):
         server_side += path.read_bytes()
     assert not [s for s in secrets if s in server_side]
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        local = Experiment(small_config(*RUN), run_dir=tmp_path / "local")
-        local_result = local.run(progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    for n, t in local.theta.items():  # CKKS adds its own approximation error (≈1e-6 here) on either side
-        assert torch.allclose(fl.theta[n], t, atol=1e-4, rtol=0), n
-    assert torch.allclose(fl.W, local.W, atol=1e-4, rtol=0)
-    for k, v in local_result.summary["final"].items():
-        assert result.summary["final"][k] == pytest.approx(v, abs=1e-3), k
+    local, local_result = run_in_process(RUN, tmp_path / "local")
+    # CKKS adds its own approximation error (about 1e-6 here) on either side
+    assert_same_run(fl, result, local, local_result, atol=1e-4, metric_atol=1e-3)

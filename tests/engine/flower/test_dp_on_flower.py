@@ -17,6 +17,7 @@ from secure_fed.engine.flower.apps import make_client_app
 from secure_fed.engine.flower.simulation import run_on_flower
 from secure_fed.errors import PrivacyViolation
 from tests.conftest import small_config
+from tests.engine.flower.nodes import assert_same_run, run_in_process
 
 # FedALC (the default) with both units: client-level DP (clip on the node, server noise, secret Poisson sampling)
 # and instance-level DP-SGD on the server's W step over the label sets the nodes send; a fixed noise seed makes
@@ -28,24 +29,14 @@ DP = ["protocols=[dp]", "algorithm.normalize_gamma=false", "privacy.noise_seed=7
 
 
 def test_dp_on_flower_equals_in_process(tmp_path):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each Flower node trains
-    try:
-        local_exp = Experiment(small_config(*DP), run_dir=tmp_path / "local")
-        local = local_exp.run(progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    local_exp, local = run_in_process(DP, tmp_path / "local")
     flower_exp = Experiment(small_config(*DP, "backend=flower"), run_dir=tmp_path / "flower")
     flower = flower_exp.run(progress=False)
     assert flower_exp.executor.name == "flower" and flower_exp.executor.sent["train"] > 0
     assert flower.summary["privacy"] == local.summary["privacy"]
     units = flower.summary["privacy"]["units"]
     assert units["client"]["steps"] == 3 and units["instance"]["steps"] == 3
-    for n, t in local_exp.theta.items():
-        assert torch.allclose(flower_exp.theta[n], t, atol=1e-5, rtol=0), n
-    assert torch.allclose(flower_exp.W, local_exp.W, atol=1e-5, rtol=0)
-    for k, v in local.summary["final"].items():
-        assert flower.summary["final"][k] == pytest.approx(v, abs=1e-5), k
+    assert_same_run(flower_exp, flower, local_exp, local)
 
 
 def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):

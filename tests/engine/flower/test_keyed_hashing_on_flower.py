@@ -8,12 +8,11 @@ import json
 import pickle
 
 import pytest
-import torch
 
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.simulation import run_on_flower
 from tests.conftest import small_config
-from tests.engine.flower.nodes import pinned_run_key, recording_app
+from tests.engine.flower.nodes import assert_same_run, recording_app, run_in_process
 
 RUN = ["protocols=[keyed_hashing]", "training.rounds=3", "evaluation.every=3", "flower.num_supernodes=4",
        "output.log_messages=true"]  # fmt: skip
@@ -52,20 +51,9 @@ def test_keyed_hashing_on_flower(tmp_path):
         Experiment(small_config(*RUN), run_dir=tmp_path / "flower").resume()
 
     # the same run in process, its dealer drawing the same run key and salt: the same model
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pinned_run_key(run_key, salt):
-            local = Experiment(small_config(*RUN), run_dir=tmp_path / "local")
-            local_result = local.run(progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    local, local_result = run_in_process(RUN, tmp_path / "local", run_key=(run_key, salt))
     assert (local.label_perm == fl.label_perm).all()  # the server's row order: the ranks of the same pseudonyms
-    for n, t in local.theta.items():
-        assert torch.allclose(fl.theta[n], t, atol=1e-5, rtol=0), n
-    assert torch.allclose(fl.W, local.W, atol=1e-5, rtol=0)
-    for k, v in local_result.summary["final"].items():
-        assert result.summary["final"][k] == pytest.approx(v, abs=1e-5), k
+    assert_same_run(fl, result, local, local_result)
 
 
 def test_a_keyed_hashing_run_does_not_resume_on_flower(tmp_path):

@@ -8,13 +8,10 @@ from __future__ import annotations
 import json
 import pickle
 
-import pytest
-import torch
-
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.simulation import run_on_flower
 from tests.conftest import small_config
-from tests.engine.flower.nodes import pinned_run_key, recording_app
+from tests.engine.flower.nodes import assert_same_run, recording_app, run_in_process
 
 STACK = ["protocols=[keyed_hashing, dp, secure_aggregation]", "privacy.noise_seed=5",
          "privacy.client={noise_multiplier: 0.8, clip_norm: 0.5}", "secure_aggregation.dropout=0.05",
@@ -50,17 +47,6 @@ def test_keyed_hashing_dp_and_secure_aggregation_on_flower(tmp_path):
 
     rings = [json.loads(p.read_text()) for p in nodes_dir.glob("[0-9]*.json")]
     run_key, salt = bytes.fromhex(rings[0]["run_key"]), bytes.fromhex(rings[0]["salt"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pinned_run_key(run_key, salt):
-            local = Experiment(small_config(*STACK), run_dir=tmp_path / "local")
-            local_result = local.run(progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    local, local_result = run_in_process(STACK, tmp_path / "local", run_key=(run_key, salt))
     assert result.summary["privacy"] == local_result.summary["privacy"]
-    for n, t in local.theta.items():
-        assert torch.allclose(fl.theta[n], t, atol=1e-5, rtol=0), n
-    assert torch.allclose(fl.W, local.W, atol=1e-5, rtol=0)
-    for k, v in local_result.summary["final"].items():
-        assert result.summary["final"][k] == pytest.approx(v, abs=1e-5), k
+    assert_same_run(fl, result, local, local_result)
