@@ -110,3 +110,30 @@ def assert_same_run(flower_exp, flower_result, local_exp, local_result, *, atol:
     assert set(flower_result.summary["final"]) == set(local_result.summary["final"])
     for k, v in local_result.summary["final"].items():
         assert flower_result.summary["final"][k] == pytest.approx(v, abs=metric_atol), k
+
+
+def run_recorded(overrides: list[str], tmp_path):
+    """The small-config run of ``overrides`` on Flower's simulation engine with :func:`recording_app` writing what
+    the nodes hold to ``tmp_path/nodes``; returns (experiment, result, that folder). The run goes to
+    ``tmp_path/flower``."""
+    from secure_fed.engine import Experiment
+    from secure_fed.engine.flower.simulation import run_on_flower
+    from tests.conftest import small_config
+
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    cfg = small_config(*overrides, "backend=flower")
+    exp = Experiment(cfg, run_dir=tmp_path / "flower")
+    return exp, run_on_flower(exp, progress=False, client_app=recording_app(cfg, nodes)), nodes
+
+
+def server_side_bytes(exp) -> bytes:
+    """Everything the server holds after a run, as bytes: the messages it received and sent, its layers' and its own
+    state, and every file in its run directory (checkpoints, summary, metrics)."""
+    import pickle
+
+    blob = pickle.dumps(exp.messages) + pickle.dumps(exp.stack.state_dict()) + pickle.dumps(exp.state_dict())
+    for path in sorted(exp.run_dir.rglob("*")):
+        if path.is_file():
+            blob += path.read_bytes()
+    return blob

@@ -5,25 +5,17 @@ server holds only the public context and adds ciphertexts, and the run matches i
 from __future__ import annotations
 
 import json
-import pickle
 
 import tenseal as ts
 
-from secure_fed.engine import Experiment
-from secure_fed.engine.flower.simulation import run_on_flower
-from tests.conftest import small_config
-from tests.engine.flower.nodes import assert_same_run, recording_app, run_in_process
+from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded, server_side_bytes
 
 RUN = ["protocols=[ckks]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "ckks.key_holders=2",
        "flower.num_supernodes=4", "output.log_messages=true"]  # fmt: skip
 
 
 def test_ckks_on_flower(tmp_path):
-    nodes = tmp_path / "nodes"
-    nodes.mkdir()
-    cfg = small_config(*RUN, "backend=flower")
-    fl = Experiment(cfg, run_dir=tmp_path / "flower")
-    result = run_on_flower(fl, progress=False, client_app=recording_app(cfg, nodes))
+    fl, result, nodes = run_recorded(RUN, tmp_path)
     assert result.summary["status"] == "completed"
     ck = fl.stack.by_name()["ckks"]
     assert ck._holders == {} and ck._client_public is None  # no key, not even the clients' copy, on the server
@@ -38,9 +30,7 @@ def test_ckks_on_flower(tmp_path):
     held = [json.loads(p.read_text()) for p in nodes.glob("ckks-holder-*.json")]
     assert len(held) == 2 and len({h[1] for h in held}) == 1 and ts.context_from(bytes.fromhex(held[0][1])).is_private()
     secrets = [bytes.fromhex(h[0]) for h in held] + [bytes.fromhex(held[0][1])[-4096:]]
-    server_side = pickle.dumps(fl.messages) + pickle.dumps(fl.stack.state_dict()) + pickle.dumps(fl.state_dict())
-    for path in (tmp_path / "flower" / "checkpoints").iterdir():
-        server_side += path.read_bytes()
+    server_side = server_side_bytes(fl)
     assert not [s for s in secrets if s in server_side]
 
     local, local_result = run_in_process(RUN, tmp_path / "local")

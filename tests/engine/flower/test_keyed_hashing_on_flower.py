@@ -5,25 +5,19 @@ computes W's row order from its own key, and the run equals the in-process run w
 from __future__ import annotations
 
 import json
-import pickle
 
 import pytest
 
 from secure_fed.engine import Experiment
-from secure_fed.engine.flower.simulation import run_on_flower
 from tests.conftest import small_config
-from tests.engine.flower.nodes import assert_same_run, recording_app, run_in_process
+from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded, server_side_bytes
 
 RUN = ["protocols=[keyed_hashing]", "training.rounds=3", "evaluation.every=3", "flower.num_supernodes=4",
        "output.log_messages=true"]  # fmt: skip
 
 
 def test_keyed_hashing_on_flower(tmp_path):
-    rings_dir = tmp_path / "rings"
-    rings_dir.mkdir()
-    cfg = small_config(*RUN, "backend=flower")
-    fl = Experiment(cfg, run_dir=tmp_path / "flower")
-    result = run_on_flower(fl, progress=False, client_app=recording_app(cfg, rings_dir))
+    fl, result, rings_dir = run_recorded(RUN, tmp_path)
     assert result.summary["status"] == "completed"
     rings = {int(p.stem): {k: bytes.fromhex(v) if v else None for k, v in json.loads(p.read_text()).items()}
              for p in rings_dir.glob("[0-9]*.json")}  # fmt: skip
@@ -35,11 +29,7 @@ def test_keyed_hashing_on_flower(tmp_path):
     # the server holds no keyring and received no secret: not in its layer, its messages, its files
     assert fl.stack.by_name()["keyed_hashing"]._clients == {}
     secrets = [run_key, salt, *(r["sk"] for r in rings.values())]
-    server_side = pickle.dumps(fl.messages) + pickle.dumps(fl.stack.state_dict()) + pickle.dumps(fl.state_dict())
-    for name in ("summary.json", "metrics.jsonl"):
-        server_side += (tmp_path / "flower" / name).read_bytes()
-    for path in (tmp_path / "flower" / "checkpoints").iterdir():
-        server_side += path.read_bytes()
+    server_side = server_side_bytes(fl)
     assert len(fl.messages) > 0
     for s in secrets:
         assert s not in server_side

@@ -6,12 +6,8 @@ client secret; and the run equals the same run in process."""
 from __future__ import annotations
 
 import json
-import pickle
 
-from secure_fed.engine import Experiment
-from secure_fed.engine.flower.simulation import run_on_flower
-from tests.conftest import small_config
-from tests.engine.flower.nodes import assert_same_run, recording_app, run_in_process
+from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded, server_side_bytes
 
 STACK = ["protocols=[keyed_hashing, dp, secure_aggregation]", "privacy.noise_seed=5",
          "privacy.client={noise_multiplier: 0.8, clip_norm: 0.5}", "secure_aggregation.dropout=0.05",
@@ -19,11 +15,7 @@ STACK = ["protocols=[keyed_hashing, dp, secure_aggregation]", "privacy.noise_see
 
 
 def test_keyed_hashing_dp_and_secure_aggregation_on_flower(tmp_path):
-    nodes_dir = tmp_path / "nodes"
-    nodes_dir.mkdir()
-    cfg = small_config(*STACK, "backend=flower")
-    fl = Experiment(cfg, run_dir=tmp_path / "flower")
-    result = run_on_flower(fl, progress=False, client_app=recording_app(cfg, nodes_dir))
+    fl, result, nodes_dir = run_recorded(STACK, tmp_path)
     assert result.summary["status"] == "completed" and result.summary["rounds_aborted"] == 0
     assert fl.executor.sent["train"] > 0 and fl.executor.sent["query"] > 4 * len(fl.fed.clients)  # stages as messages
     diag = [d for d in fl.diagnostics if "secagg_dropped" in d]
@@ -39,9 +31,7 @@ def test_keyed_hashing_dp_and_secure_aggregation_on_flower(tmp_path):
         values = v if isinstance(v, list) else [v[k] for k in ("sk", "run_key", "salt")]  # (the pseudonym is public)
         secrets += [bytes.fromhex(x) for x in values if x]
     assert len(secrets) > 3 * len(fl.fed.clients)
-    server_side = pickle.dumps(fl.messages) + pickle.dumps(fl.stack.state_dict()) + pickle.dumps(fl.state_dict())
-    for path in (tmp_path / "flower" / "checkpoints").iterdir():
-        server_side += path.read_bytes()
+    server_side = server_side_bytes(fl)
     assert not [s for s in secrets if s in server_side]
     assert fl.stack.by_name()["secure_aggregation"]._round_clients == {}  # the server holds no round secret
 
