@@ -38,17 +38,6 @@ def _validate_dp(cfg, stack: list[str]) -> None:
         return
     if p.instance is None and p.client is None and p.local is None:
         raise ValueError("'dp' is listed in protocols but none of privacy.instance, privacy.local, privacy.client is set")
-    if cfg.backend == "flower":
-        if p.local is not None:
-            raise ValueError(
-                "backend=flower: privacy.local (DP-SGD in client training) draws from each client's own secret stream, "
-                "which the Flower nodes do not keep across messages yet; use backend: inprocess"
-            )
-        if p.client is not None and p.client.noise == "clients":
-            raise ValueError(
-                "backend=flower: privacy.client.noise: clients draws each client's noise share from its own secret "
-                "stream, which the Flower nodes do not carry yet; use noise: server or backend: inprocess"
-            )
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):
         raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")

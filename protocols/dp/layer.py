@@ -15,7 +15,8 @@ from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.randomness import SecretStream
 from protocols.specs import LABEL_SET_ALGORITHMS
-from secure_fed.algorithms.base import Algorithm, ClientFn
+from secure_fed.algorithms.base import Algorithm, ClientData, ClientFn, Payload
+from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 from secure_fed.engine.sampling import cohort_size
 from secure_fed.errors import ConfigError, PrivacyViolation
@@ -46,9 +47,12 @@ class DifferentialPrivacy(ProtocolLayer):
         p = cfg.privacy
         #: server side: the secret behind server noise, label-set sampling and client sampling
         self.server_stream = SecretStream.for_party(p.noise_seed, "server")
-        #: client side: each client's own secret behind its noise share (``noise: clients``)
+        #: client side: each client's own secret behind its DP-SGD (``privacy.local``) and its noise share
+        #: (``noise: clients``)
         self._client_streams: dict[int, SecretStream] = {}
-        if p.local is not None:  # every client's key now, so the first checkpoint holds them all (exact resume)
+        if self.client_state_on_nodes and cfg.backend != "flower":
+            # in process, every client's key now, so the first checkpoint holds them all (exact resume); on Flower
+            # each node draws its own clients' keys when they first train and keeps them in its state
             for cid in range(env.num_clients):
                 self.client_stream(cid)
         self.units: dict[str, PrivacyUnit] = {}
@@ -72,6 +76,13 @@ class DifferentialPrivacy(ProtocolLayer):
             )
 
     # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters
+    @property
+    def client_state_on_nodes(self) -> bool:  # type: ignore[override]
+        """On Flower, each client's secret stream (DP-SGD's batches and noise, its noise share) lives in its node's
+        state, which lasts one Flower run."""
+        p = self.cfg.privacy
+        return p.local is not None or (p.client is not None and p.client.noise == "clients")
+
     def local_copies(self) -> int:
         """Client trainings one instance can enter per round: the clients it sits on (``k``, its label count in the
         positive-only setting, 1 in a CMDA/iid partition), capped by the largest cohort a round can have (all
@@ -253,14 +264,23 @@ class DifferentialPrivacy(ProtocolLayer):
                 return self.inner.client_mod(clipped)
 
             def client_plan(self) -> list[dict]:
-                """Remote clients: the clip (and weight cap) as a registered step; noise shares are not carried."""
-                if on_clients:
-                    raise RuntimeError("privacy.client.noise: clients draws each client's share from its own secret "
-                                       "stream, which remote clients do not carry yet")  # fmt: skip
+                """Remote clients: the clip (and weight cap) as a registered step; with ``noise: clients`` then the
+                noise share, drawn by the client's own copy of this layer from the client's own secret stream. The
+                plan holds public values only (the share's standard deviation, the label that addresses the draw)."""
                 step = {"op": "dp.clip", "clip_norm": float(unit.clip_norm)}
                 if layer.cfg.privacy.client.weight_cap is not None:
                     step["weight_cap"] = float(layer.cfg.privacy.client.weight_cap)
-                return [step, *self.inner.client_plan()]
+                steps = [step]
+                if on_clients:
+                    if self.min_summands is None:
+                        raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
+                    steps.append({
+                        "op": "layer:dp.noise_share_step",
+                        "std": float(unit.sigma * unit.clip_norm / math.sqrt(self.min_summands)),
+                        "rows": [layer.env.num_labels, layer.env.embedding_dim] if noise_rows else None,
+                        "label": f"noise share r{round_idx}",
+                    })  # fmt: skip
+                return [*steps, *self.inner.client_plan()]
 
             def submit(self, cid: int, reply) -> None:
                 """Server side: a plaintext update must arrive clipped (a client that skipped the clip would break
@@ -292,6 +312,13 @@ class DifferentialPrivacy(ProtocolLayer):
                 return out
 
         return _Noise(inner)
+
+    @client_side
+    def noise_share_step(self, reply: Payload, data: ClientData, *, std: float, rows: list[int] | None, label: str) -> Payload:
+        """Client side (a remote client's plan step): this client's noise share from its own secret stream, as the
+        in-process ``client_mod`` adds it."""
+        rows_shape = None if rows is None else (int(rows[0]), int(rows[1]))
+        return add_client_noise(reply, std=std, rows_shape=rows_shape, stream=self.client_stream(data.client_id), label=label)
 
     def client_stream(self, cid: int) -> SecretStream:
         """Client side: client ``cid``'s own secret (fresh from os.urandom unless privacy.noise_seed is set)."""

@@ -20,6 +20,7 @@ class Local(Algorithm):
     description = CATALOG["local"]
     trains_rows = False
     has_global_model = False
+    keeps_client_state = True
 
     def client_update(self, payload: Payload, data: ClientData, train: TrainFn) -> Payload:
         """Train the client's own model one more round; reply with a zero update (nothing leaves the client)."""

@@ -462,12 +462,12 @@ class CoreConfig(_Strict):
     def _check_backend(self) -> None:
         if self.backend != "flower":
             return
-        # what the Flower back end carries so far (issue 15): the algorithms' own messages, setup queries included,
-        # and the protocol layers whose specs say runs_on_flower (checked with the stack, secure_fed.specs)
-        if self.partition.name != "positive_only":
+        # what the Flower back end carries: the algorithms' own messages, setup queries included, and the protocol
+        # layers whose specs say runs_on_flower (checked with the stack, secure_fed.specs)
+        if self.algorithm.name in CENTRALIZED_ALGORITHMS:
             raise ValueError(
-                "backend=flower runs the positive-only setting so far (client-side evaluation of the general setting "
-                "is not carried); use backend: inprocess"
+                f"backend=flower: algorithm.name={self.algorithm.name} trains one centralised model on the pooled "
+                "data; it has no clients to put on Flower nodes; use backend: inprocess"
             )
         if self.training.executor != "sequential":
             raise ValueError("backend=flower replaces training.executor; leave it at sequential")
@@ -511,6 +511,8 @@ ROWLESS_ALGORITHMS = ("fedavg", "flag", "oracle", "local", "centralised", "fedct
 ROWLESS_FAMILIES = ("linear_head", "ctran")
 #: algorithms that train C-Tran (model.family: ctran)
 CTRAN_ALGORITHMS = ("fedctran", "fedlgt")
+#: algorithms that train one model on the pooled data (the upper bounds), with no clients to federate
+CENTRALIZED_ALGORITHMS = ("oracle", "centralised")
 #: baselines of the general multi-label setting (FLAG paper §4.2): linear_head and full-label partitions only
 GENERAL_ONLY_ALGORITHMS = ("local", "centralised", "fedctran", "fedlgt")
 

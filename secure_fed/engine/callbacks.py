@@ -17,6 +17,7 @@ import numpy as np
 
 from secure_fed.algorithms.base import ClientFn
 from secure_fed.engine.evaluation import client_maps, spread
+from secure_fed.errors import PrivacyViolation
 
 if TYPE_CHECKING:
     from secure_fed.engine.aggregation import Aggregate
@@ -46,6 +47,22 @@ class Callback:
     def client_mod(self, fn: ClientFn) -> ClientFn:
         """Wrap each client's training function, innermost: before any protocol layer sees the update."""
         return fn
+
+    def reports_from_remote_clients(self) -> bool:
+        """True when this callback's client-side work runs on remote clients too (``backend: flower``): each node
+        runs its own copy of the callback inside its clients' functions, and what that copy measured reaches the
+        server as a report (:meth:`client_report` on the node, :meth:`on_client_report` on the server). A callback
+        that acts on clients without saying so is refused on a remote back end."""
+        return False
+
+    def client_report(self, exp: Experiment, cid: int) -> dict[str, float]:
+        """Client side, on a remote node, after client ``cid``'s function ran: the numbers this callback measured
+        there that the server may learn (sent beside the reply, outside the guarded payload); empty for none."""
+        return {}
+
+    def on_client_report(self, exp: Experiment, cid: int, report: dict[str, float]) -> None:
+        """Server side: a remote client's :meth:`client_report` as it arrives."""
+        raise PrivacyViolation(f"client {cid} sent a report for callback {self.name!r}, which takes none")
 
     def wrap_privatizer(self, cid: int, round_idx: int, privatizer):
         """Wrap client ``cid``'s DP-SGD (a :class:`~secure_fed.algorithms.per_sample.GradientPrivatizer`) for this
@@ -121,7 +138,11 @@ class ClientEvaluation(Callback):
 
     These are metrics of models no DP mechanism protects (the clients' local models), so in a run with DP they go
     to the private diagnostics, not to ``metrics.jsonl``; without DP (ε = ∞) they are released beside the others.
-    Active only in the general setting (clients hold test rows) with a model family without a row table."""
+    Active only in the general setting (clients hold test rows) with a model family without a row table.
+
+    On Flower each node's copy computes its clients' mAPs and reports them to the server beside the reply, only
+    in a run without DP (with DP a client's mAP is a statistic of its data that no mechanism protects, so it stays
+    on the node and these metrics are not measured); the server refuses a report in a DP run."""
 
     name = "client_evaluation"
 
@@ -151,6 +172,20 @@ class ClientEvaluation(Callback):
             return reply
 
         return evaluated
+
+    def reports_from_remote_clients(self) -> bool:
+        return True
+
+    def client_report(self, exp, cid: int) -> dict[str, float]:
+        found = self.maps.pop(cid, None)
+        if found is None or exp.stack.privacy():  # under DP the client's mAP stays on its node
+            return {}
+        return {"mAP": float(found)}
+
+    def on_client_report(self, exp, cid: int, report: dict[str, float]) -> None:
+        if self.exp is None or exp.stack.privacy() or set(report) != {"mAP"}:
+            raise PrivacyViolation(f"client {cid}'s client-evaluation report {sorted(report)} is not allowed in this run")
+        self.maps[cid] = float(report["mAP"])
 
     def on_record(self, exp, record, diagnostics) -> None:
         if self.exp is None or not self.maps:

@@ -60,28 +60,44 @@ def client_replica(config_text: str, data_root: str | None, threads: int):
 STATE_RECORDS = ("secure-fed/client-state/arrays", "secure-fed/client-state/values")
 
 
+#: the records of a node's ``context.state`` that hold its clients' own algorithm state (e.g. ``local``'s θ_c)
+CLIENT_DATA_RECORDS = ("secure-fed/client-data/arrays", "secure-fed/client-data/values")
+
+
+def _read(context: Context, records: tuple[str, str]) -> dict:
+    arrays, values = records
+    if values not in context.state.keys():
+        return {}
+    return decode(RecordDict({"arrays": context.state[arrays], "values": context.state[values]}))
+
+
+def _write(context: Context, records: tuple[str, str], state: dict) -> None:
+    record = encode(state)
+    context.state[records[0]] = record["arrays"]
+    context.state[records[1]] = record["values"]
+
+
 def load_node_state(context: Context, exp) -> None:
-    """Before a message: this node's clients' protocol state from ``context.state`` into the copy's layers.
+    """Before a message: this node's clients' state from ``context.state`` into the copy of the run: the layers'
+    client-side protocol state (keys, secrets) and each client's own algorithm state.
 
     Flower keeps ``context.state`` per node for the whole run (in a deployment it starts a fresh ClientApp process
     for every message, so state kept anywhere else would be lost); it never travels to the ServerApp. A copy of
     the run that serves several nodes (one simulation worker) is loaded afresh for each message."""
-    if not exp.stack:
-        return
-    arrays, values = STATE_RECORDS
-    state = {}
-    if values in context.state.keys():
-        state = decode(RecordDict({"arrays": context.state[arrays], "values": context.state[values]}))
-    exp.stack.load_client_state_dict(state)
+    if exp.stack:
+        exp.stack.load_client_state_dict(_read(context, STATE_RECORDS))
+    own = _read(context, CLIENT_DATA_RECORDS)
+    for c in exp.fed.clients:
+        c.state = to_device(own.get(c.client_id, {}), exp.device)
 
 
 def save_node_state(context: Context, exp) -> None:
-    """After a message: the copy's client-side protocol state back into this node's ``context.state``."""
-    if not exp.stack:
-        return
-    record = encode(exp.stack.client_state_dict())
-    context.state[STATE_RECORDS[0]] = record["arrays"]
-    context.state[STATE_RECORDS[1]] = record["values"]
+    """After a message: the copy's client-side state back into this node's ``context.state``."""
+    if exp.stack:
+        _write(context, STATE_RECORDS, exp.stack.client_state_dict())
+    own = {c.client_id: c.state for c in exp.fed.clients if c.state}
+    if own or CLIENT_DATA_RECORDS[1] in context.state.keys():
+        _write(context, CLIENT_DATA_RECORDS, own)
 
 
 def _apply_client_row_order(exp) -> None:
@@ -149,7 +165,10 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
         plan = json.loads(str(meta["plan"])) if "plan" in meta else []
         reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan, data=client, layers=exp.stack.by_name())
         save_node_state(context, exp)
-        return _reply(msg, reply)
+        # what the node's callbacks measured inside the client's function that the server may learn (e.g. the
+        # client's own model's mAP in the general setting, without DP), beside the reply
+        reports = {cb.name: r for cb in exp.callbacks if cb.reports_from_remote_clients() and (r := cb.client_report(exp, cid))}
+        return _reply(msg, reply, **({"report": json.dumps(reports)} if reports else {}))
 
     return app
 

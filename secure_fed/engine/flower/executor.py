@@ -23,8 +23,8 @@ from secure_fed.client_functions import registered_name
 from secure_fed.engine.executors import Channel, ClientJob, Executor
 from secure_fed.engine.flower.codec import decode, encode
 
-#: what a reply's ``meta`` record may hold (the request's position in its batch)
-REPLY_META = frozenset({"seq"})
+#: what a reply's ``meta`` record may hold (the request's position in its batch; the node's callbacks' reports)
+REPLY_META = frozenset({"seq", "report"})
 
 
 class FlowerError(RuntimeError):
@@ -104,11 +104,12 @@ class FlowerExecutor(Executor):
         return out  # type: ignore[return-value]
 
     def _chunks(self, items: Iterable[Any], cid_of: Callable[[Any], int]) -> Iterator[list[Any]]:
-        """Consecutive batches of at most ``max_in_flight`` items. With protocol layers, also at most one message per
-        node in a batch: a node's client state (keys, round secrets) lives in its ``context.state``, which Flower
-        hands to each message and stores back after it, so two messages to one node at once would lose one's
-        changes (the last write wins)."""
-        one_per_node = bool(self.exp.stack)
+        """Consecutive batches of at most ``max_in_flight`` items. With protocol layers, or an algorithm whose
+        clients keep state between rounds, also at most one message per node in a batch: a node's client state
+        (keys, round secrets, ``local``'s own model) lives in its ``context.state``, which Flower hands to each
+        message and stores back after it, so two messages to one node at once would lose one's changes (the last
+        write wins)."""
+        one_per_node = bool(self.exp.stack) or self.exp.algorithm.keeps_client_state
         chunk: list[Any] = []
         nodes: set[int] = set()
         for item in items:
@@ -133,7 +134,28 @@ class FlowerExecutor(Executor):
             for (_, content), job in zip(self._send(batch), chunk, strict=True):
                 wire = decode(content, meta_keys=REPLY_META)
                 self.exp.guard.check_up(job.cid, wire, record=False)  # the server checks what crossed the network
+                if "report" in content["meta"]:
+                    self._take_reports(job.cid, str(content["meta"]["report"]))
                 yield job.cid, channel.up(job.cid, wire)
+
+    def _take_reports(self, cid: int, text: str) -> None:
+        """A node's callbacks' reports on client ``cid``: numbers only, each to the server's callback of that name,
+        which must take reports from remote clients (and may refuse them)."""
+        from secure_fed.errors import PrivacyViolation
+
+        reports = json.loads(text)
+        if not isinstance(reports, dict):
+            raise FlowerError(f"client {cid}'s report is not a mapping")
+        for name, report in reports.items():
+            cb = self.exp.callback(str(name))
+            if cb is None or not cb.reports_from_remote_clients():
+                raise PrivacyViolation(f"client {cid} sent a report for {name!r}, which takes no reports from clients")
+            ok = isinstance(report, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in report.values()
+            )
+            if not ok:
+                raise FlowerError(f"client {cid}'s report for {name!r} is not a mapping of names to numbers")
+            cb.on_client_report(self.exp, cid, {str(k): float(v) for k, v in report.items()})
 
     def query(self, cids: list[int], payload_fn: Callable[[int], Payload], client_fn) -> list[tuple[int, Payload]]:
         """A setup exchange: each client runs the registered client function ``client_fn`` names."""

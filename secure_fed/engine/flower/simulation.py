@@ -18,8 +18,9 @@ from secure_fed.errors import SecureFedError
 
 
 def client_side_callbacks(exp) -> list[str]:
-    """Callbacks that act inside the clients' code: not carried to Flower nodes yet."""
-    return [cb.name for cb in exp.callbacks if cb.acts_on_clients()]
+    """Callbacks that act inside the clients' code and are not carried to Flower nodes (a callback is carried when
+    it says so: :meth:`~secure_fed.engine.callbacks.Callback.reports_from_remote_clients`)."""
+    return [cb.name for cb in exp.callbacks if cb.acts_on_clients() and not cb.reports_from_remote_clients()]
 
 
 def check_flower_start(exp) -> None:
@@ -32,10 +33,12 @@ def check_flower_start(exp) -> None:
             "carry yet; use backend: inprocess"
         )
     held = [layer.name for layer in exp.stack.layers if layer.client_state_on_nodes]
+    if exp.algorithm.keeps_client_state:
+        held.append(f"algorithm {exp.algorithm.name}")
     if exp.round > 0 and held:
         raise SecureFedError(
-            f"backend=flower: cannot resume at round {exp.round}: the clients of {', '.join(held)} keep what its setup "
-            "gave them (e.g. the run key) in the Flower nodes' state, which ended with the first Flower run; start a "
+            f"backend=flower: cannot resume at round {exp.round}: the clients of {', '.join(held)} keep their secrets "
+            "(e.g. the run key, DP secret streams) in the Flower nodes' state, which ended with the first Flower run; start a "
             "new run"
         )
 

@@ -1,5 +1,5 @@
 """Test instruments for the Flower back end: a ClientApp that also writes what each node holds (its clients'
-keyrings and secure-aggregation round secrets, read from the node's ``context.state``) to files, and a pin for
+keyrings, secure-aggregation round secrets and DP secret streams, read from the node's ``context.state``) to files, and a pin for
 the in-process dealer's run key, so that an in-process run can repeat a Flower run exactly."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def recording_app(cfg, out_dir) -> ClientApp:
         # a node's state holds its own clients only (c mod N = its partition), never another node's secrets
         p, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
         held = [*state.get("keyed_hashing", {}), *state.get("secure_aggregation", {}),
-                *state.get("ckks", {}).get("holders", {})]  # fmt: skip
+                *state.get("ckks", {}).get("holders", {}), *state.get("dp", {})]  # fmt: skip
         foreign = [cid for cid in held if cid % n != p]
         if foreign:
             raise AssertionError(f"node {p} of {n} holds the state of clients {foreign}")
@@ -38,6 +38,8 @@ def recording_app(cfg, out_dir) -> ClientApp:
         for cid, client in state.get("secure_aggregation", {}).items():  # this round's secrets, while it lasts
             secrets = [client[k].hex() for k in ("c_sk", "s_sk", "b_seed")]
             (out_dir / f"secagg-r{client['round_idx']}-c{cid}.json").write_text(json.dumps(secrets))
+        for cid, stream in state.get("dp", {}).items():  # the client's own DP secret (DP-SGD, its noise share)
+            (out_dir / f"dp-stream-{cid}.json").write_text(json.dumps([stream["key"].hex()]))
         for cid, holder in state.get("ckks", {}).get("holders", {}).items():  # a key holder's key pair and secret
             secrets = [holder["sk"].hex(), holder["secret"].hex() if holder.get("secret") else None]
             (out_dir / f"ckks-holder-{cid}.json").write_text(json.dumps(secrets))

@@ -17,7 +17,7 @@ from secure_fed.engine.flower.apps import make_client_app
 from secure_fed.engine.flower.simulation import run_on_flower
 from secure_fed.errors import PrivacyViolation
 from tests.conftest import small_config
-from tests.engine.flower.nodes import assert_same_run, run_in_process
+from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded, server_side_bytes
 
 # FedALC (the default) with both units: client-level DP (clip on the node, server noise, secret Poisson sampling)
 # and instance-level DP-SGD on the server's W step over the label sets the nodes send; a fixed noise seed makes
@@ -84,3 +84,51 @@ def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
         session.submit(0, {**at_s, "weight": 3.0})
     session.submit(0, {**at_s, "weight": 1.0})  # at S, weight 1: taken
     session.submit(0, at_s)
+
+
+# DP-SGD in client training (privacy.local): each client's Poisson batches and noise come from its own secret
+# stream, which lives in its node's context.state; FedAwS (no label sets), a fixed noise seed so that the in-process
+# run's clients draw the same
+LOCAL = ["protocols=[dp]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
+         "flower.num_supernodes=4", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+# distributed noise (noise: clients): each client adds its share from its own stream, inside the secure sum
+SHARES = ["protocols=[dp, secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
+          "flower.num_supernodes=4", "output.log_messages=true",
+          "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, noise: clients}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", [LOCAL, SHARES], ids=["privacy.local", "noise-clients"])
+def test_client_secret_streams_on_flower_equal_in_process(overrides, tmp_path):
+    """The node draws exactly what the in-process client draws (same stream, same labels): DP-SGD's batches and
+    noise, or the noise share (the plan's ``layer:dp.noise_share_step``). A node that skipped its draw (or drew from
+    another stream) would leave θ different from the in-process run's."""
+    seeded = [*overrides, "privacy.noise_seed=3"]
+    flower_exp, flower, nodes = run_recorded(seeded, tmp_path)
+    local_exp, local = run_in_process(seeded, tmp_path / "local")
+    assert flower.summary["privacy"] == local.summary["privacy"]
+    assert flower.summary["privacy"]["epsilon"] < float("inf")
+    assert_same_run(flower_exp, flower, local_exp, local)
+    assert sorted(p.name for p in nodes.glob("dp-stream-*.json"))  # the streams lived on the nodes
+    if "noise: clients" in overrides[-1]:
+        plans = flower_exp.executor.sent["train"]
+        assert plans > 0 and flower_exp.stack.by_name()["dp"]._client_streams == {}  # the server drew no share
+
+
+def test_client_secret_streams_stay_on_the_nodes(tmp_path):
+    """Without a noise seed each node draws its clients' keys from os.urandom and keeps them in its state: every
+    node holds only its own clients' keys, and no key appears in anything the server holds (messages, layer state,
+    checkpoints, any file of its run directory). A resume on Flower is refused: the keys lasted one Flower run."""
+    from secure_fed.engine.flower.simulation import check_flower_start
+    from secure_fed.errors import SecureFedError
+
+    exp, result, nodes = run_recorded([*LOCAL, "output.log_messages=true"], tmp_path)
+    assert result.summary["status"] == "completed"
+    keys = [bytes.fromhex(json.loads(p.read_text())[0]) for p in nodes.glob("dp-stream-*.json")]
+    cids = {int(p.stem.rsplit("-", 1)[1]) for p in nodes.glob("dp-stream-*.json")}
+    assert cids and cids <= set(range(len(exp.fed.clients)))
+    assert len(set(keys)) == len(keys) == len(cids)  # one fresh key per client that trained
+    server_side = server_side_bytes(exp)
+    assert not [k for k in keys if k in server_side]
+    assert exp.stack.by_name()["dp"]._client_streams == {}  # the server's layer drew no client key
+    with pytest.raises(SecureFedError, match="cannot resume at round 2: the clients of dp keep"):
+        check_flower_start(exp)

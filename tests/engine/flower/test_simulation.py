@@ -86,20 +86,9 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
         run_on_flower(exp, progress=False, client_app=leaky)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "needle"),
-    [
-        (["protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 1, clip_norm: 1, noise: clients}"],
-         "noise: clients draws each client's noise share from its own secret stream"),
-        (["protocols=[dp]", "algorithm.name=fedavg", "privacy.local={noise_multiplier: 1, clip_norm: 1}"],
-         "privacy.local (DP-SGD in client training)"),
-        (["partition.name=iid", "algorithm.name=fedavg", "model.family=linear_head"],
-         "positive-only setting"),
-    ],
-)  # fmt: skip
-def test_what_flower_does_not_carry_yet_is_a_config_error(overrides, needle):
-    with pytest.raises(ConfigError, match=re.escape(needle)):
-        load_config(None, ["backend=flower", *overrides])
+def test_what_flower_does_not_carry_is_a_config_error():
+    with pytest.raises(ConfigError, match=re.escape("backend=flower replaces training.executor")):
+        load_config(None, ["backend=flower", "training.executor=vectorized"])
 
 
 def test_a_layer_whose_spec_does_not_run_on_flower_is_a_config_error(monkeypatch):
