@@ -419,6 +419,11 @@ class FlowerConfig(_Strict):
     client_cpus: float = Field(1.0, gt=0.0, le=1024.0, description="CPUs each simulated ClientApp reserves (Ray)")
     max_in_flight: int = Field(64, ge=1, le=100_000, description="messages in flight at once (bounds server memory)")
     timeout_s: float = Field(3600.0, gt=0.0, le=1e6, description="seconds to wait for one batch of replies")
+    on_client_failure: Literal["drop", "stop"] = Field(
+        "drop",
+        description="a training message whose node fails or does not answer in time: drop: the client drops out of "
+        "the round (the sum holds the others; a secure sum that needs more aborts the round), stop: the run stops",
+    )
 
 
 class CoreConfig(_Strict):

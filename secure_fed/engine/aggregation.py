@@ -165,6 +165,22 @@ class RoundSession:
         self._w = 0.0
         self._loss = 0.0
         self._n = 0
+        #: cohort clients whose update will not arrive (client id → why), see :meth:`drop`
+        self.dropped: dict[int, str] = {}
+
+    def drop(self, cid: int, reason: str) -> None:
+        """A cohort client whose update will not arrive (its node failed, or did not answer in time): the round
+        sums the others (partial aggregation). A sum that must hold at least ``min_summands`` updates (a secure sum
+        whose noise shares or threshold count on them) aborts the round when fewer can arrive."""
+        self.dropped[int(cid)] = reason
+        left = len(self.cohort) - len(self.dropped)
+        if self.min_summands is not None and left < self.min_summands:
+            from secure_fed.errors import RoundAborted
+
+            raise RoundAborted(
+                f"client {cid} dropped out ({reason}): {left} of {len(self.cohort)} updates can arrive, fewer than the "
+                f"{self.min_summands} this round's sum needs"
+            )
 
     def client_mod(self, fn: ClientFn) -> ClientFn:
         return fn

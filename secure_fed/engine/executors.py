@@ -48,6 +48,8 @@ class Channel:
     up: Callable[[int, Payload], Payload]
     #: client ``cid``'s data (in-process executors only: the client function runs here)
     client: Callable[[int], ClientData]
+    #: client ``cid``'s update will not arrive (a remote node failed or timed out), and why; may abort the round
+    drop: Callable[[int, str], None] = lambda cid, reason: None
 
 
 class Executor(ABC):

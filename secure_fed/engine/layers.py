@@ -111,6 +111,13 @@ class RoundWrapper(RoundSession):
     def submit(self, cid: int, reply: Payload) -> None:
         self.inner.submit(cid, reply)
 
+    def drop(self, cid: int, reason: str) -> None:
+        self.inner.drop(cid, reason)
+
+    @property
+    def dropped(self) -> dict[int, str]:
+        return self.inner.dropped
+
     def finish(self) -> Aggregate:
         return self.post_own(self.inner.finish())
 

@@ -229,7 +229,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             return self.executor.query(cids, payload_fn, client_fn)
         return [(cid, self._exchange(cid, payload_fn(cid), client_fn)) for cid in cids]
 
-    def _channel(self) -> Channel:
+    def _channel(self, session: RoundSession | None = None) -> Channel:
         """The round's guarded channel: downlink checked before it leaves; the wire message logged and shown to the
         callbacks (the client's plaintext reply is checked on the client, inside :meth:`client_fn`)."""
 
@@ -239,9 +239,15 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
                 cb.on_uplink(self.round, cid, wire)
             return wire
 
+        def drop(cid: int, reason: str) -> None:
+            if session is None:
+                raise RuntimeError(f"client {cid} dropped out ({reason}) outside a round")
+            session.drop(cid, reason)
+
         return Channel(
-            down=lambda job: self.guard.check_down(job.cid, job.payload), up=up, client=lambda cid: self.fed.clients[cid]
-        )
+            down=lambda job: self.guard.check_down(job.cid, job.payload), up=up,
+            client=lambda cid: self.fed.clients[cid], drop=drop,
+        )  # fmt: skip
 
     def apply_row_order(self, perm) -> None:
         """Re-index labels: label l now lives in row perm[l] (a layer's row order, e.g. keyed label pseudonyms).
@@ -346,8 +352,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         chosen = sample_clients(sizes, t.client_fraction, t.sampling, cfg.seed, self.round, secret, size=size)
         base = RoundSession(cohort=[int(c) for c in chosen], theta=self.theta, W=self.W, weighting=cfg.training.aggregation)
         session = self.stack.open_round(self.round, base)
-        for cid, wire in self.executor.run(self._client_jobs(session), self._channel()):
+        for cid, wire in self.executor.run(self._client_jobs(session), self._channel(session)):
             session.submit(cid, wire)
+        dropped = len(session.dropped)
         agg = session.finish()
         for cb in self.callbacks:
             cb.on_aggregate(self.round, list(session.cohort), agg)
@@ -368,7 +375,8 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         stats = algo.server_step(self.W, self.round, participating)
         self.stack.after_round(self.round)
         self.round += 1
-        return {"train_loss": loss, "clients": num_clients, **stats, **self.stack.round_stats()}
+        extra = {"clients_dropped": dropped} if dropped else {}
+        return {"train_loss": loss, "clients": num_clients, **extra, **stats, **self.stack.round_stats()}
 
     def run(self, *, progress: bool | None = None) -> RunResult:
         """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files: in

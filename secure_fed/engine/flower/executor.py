@@ -47,6 +47,8 @@ class FlowerExecutor(Executor):
         self.node_of: dict[int, int] = {}
         #: messages sent, by kind (``whoami``, ``query``, ``train``)
         self.sent: dict[str, int] = {}
+        #: training messages whose node failed or did not answer in time (the clients dropped out of their rounds)
+        self.dropped = 0
 
     # ----------------------------------------------------------------- nodes
     def discover(self, num_clients: int, expected_nodes: int, *, wait_s: float = 600.0) -> None:
@@ -63,7 +65,7 @@ class FlowerExecutor(Executor):
         replies = self._send([(n, request("whoami", {}), None) for n in nodes])
         parts: dict[int, int] = {}
         sizes = set()
-        for node, content in replies:
+        for node, content in replies:  # type: ignore[misc]
             meta = content["meta"]
             pid = int(meta["partition_id"])
             if pid in parts:
@@ -78,8 +80,12 @@ class FlowerExecutor(Executor):
         self.node_of = {cid: parts[cid % n] for cid in range(num_clients)}
 
     # ----------------------------------------------------------------- messages
-    def _send(self, batch: list[tuple[int, RecordDict, int | None]]) -> list[tuple[int, RecordDict]]:
-        """Send ``(node, content, cid)`` messages; return ``(node, reply content)`` in the batch's order."""
+    def _send(
+        self, batch: list[tuple[int, RecordDict, int | None]], *, failed: dict[int, str] | None = None
+    ) -> list[tuple[int, RecordDict] | None]:
+        """Send ``(node, content, cid)`` messages; return ``(node, reply content)`` in the batch's order. A node that
+        fails or does not answer within the timeout stops the run, unless ``failed`` is given: its position then
+        holds None and ``failed[position]`` says why."""
         kinds = {"whoami": "query", "query": "query", "train": "train"}
         msgs = []
         for seq, (node, content, _) in enumerate(batch):
@@ -88,20 +94,32 @@ class FlowerExecutor(Executor):
             content["meta"]["seq"] = seq  # the client echoes it: replies come back in any order
             msgs.append(Message(content, dst_node_id=node, message_type=kinds[str(content["meta"]["kind"])]))
         out: list[tuple[int, RecordDict] | None] = [None] * len(msgs)
+        errors: dict[int, str] = {}
         for reply in self.grid.send_and_receive(msgs, timeout=self.timeout_s):
+            src = reply.metadata.src_node_id
             if reply.has_error():
-                raise FlowerError(f"node {reply.metadata.src_node_id} failed: {reply.error.reason}")
+                to = reply.metadata.reply_to_message_id  # the grid sets each sent message's id; else the node tells
+                seqs = [i for i, m in enumerate(msgs) if to and m.metadata.message_id == to]
+                seqs = seqs or [i for i, (node, _, _) in enumerate(batch) if node == src]
+                if failed is None or len(seqs) != 1:
+                    raise FlowerError(f"node {src} failed: {reply.error.reason}")
+                errors[seqs[0]] = f"node {src} failed: {reply.error.reason}"
+                continue
             seq = int(reply.content["meta"]["seq"])
             if not 0 <= seq < len(batch):
-                raise FlowerError(f"node {reply.metadata.src_node_id} answered a message it was not sent")
+                raise FlowerError(f"node {src} answered a message it was not sent")
             node, _, cid = batch[seq]
-            if reply.metadata.src_node_id != node or out[seq] is not None:
-                raise FlowerError(f"node {reply.metadata.src_node_id} answered a message it was not sent")
+            if src != node or out[seq] is not None:
+                raise FlowerError(f"node {src} answered a message it was not sent")
             out[seq] = (node, reply.content)
-        missing = [batch[i][2] for i, r in enumerate(out) if r is None]
-        if missing:
-            raise FlowerError(f"no reply within {self.timeout_s:.0f} s from clients {missing[:10]}")
-        return out  # type: ignore[return-value]
+        missing = [i for i, r in enumerate(out) if r is None and i not in errors]
+        if failed is None:
+            if missing:
+                raise FlowerError(f"no reply within {self.timeout_s:.0f} s from clients {[batch[i][2] for i in missing][:10]}")
+            return out
+        failed.update(errors)
+        failed.update({i: f"no reply from node {batch[i][0]} within {self.timeout_s:g} s" for i in missing})
+        return out
 
     def _chunks(self, items: Iterable[Any], cid_of: Callable[[Any], int]) -> Iterator[list[Any]]:
         """Consecutive batches of at most ``max_in_flight`` items. With protocol layers, or an algorithm whose
@@ -131,7 +149,13 @@ class FlowerExecutor(Executor):
                 channel.down(job)
                 msg = request("train", job.payload, cid=job.cid, round=round_idx, plan=json.dumps(list(job.plan)))
                 batch.append((self.node_of[job.cid], msg, job.cid))
-            for (_, content), job in zip(self._send(batch), chunk, strict=True):
+            failed: dict[int, str] | None = {} if self.exp.cfg.flower.on_client_failure == "drop" else None
+            for seq, (answer, job) in enumerate(zip(self._send(batch, failed=failed), chunk, strict=True)):
+                if answer is None:  # the client dropped out: the round's session sums the others (or aborts)
+                    self.dropped += 1
+                    channel.drop(job.cid, failed[seq])  # type: ignore[index]
+                    continue
+                content = answer[1]
                 wire = decode(content, meta_keys=REPLY_META)
                 self.exp.guard.check_up(job.cid, wire, record=False)  # the server checks what crossed the network
                 if "report" in content["meta"]:
