@@ -196,7 +196,7 @@ DP = LayerSpec(
     ),
     implementation="protocols.dp.layer:DifferentialPrivacy",
     validate=_validate_dp,
-    runs_on_flower=True,  # privacy.instance and privacy.client with server noise; _validate_dp refuses the rest
+    runs_on_flower=True,  # every mechanism: the clients' secret streams live on their nodes (client_state_on_nodes)
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
     uplink_rules={"row_noise": FullTable("W")},
 )

@@ -174,7 +174,7 @@ class RoundSession:
         whose noise shares or threshold count on them) aborts the round when fewer can arrive."""
         self.dropped[int(cid)] = reason
         left = len(self.cohort) - len(self.dropped)
-        if self.min_summands is not None and left < self.min_summands:
+        if left == 0 or (self.min_summands is not None and left < self.min_summands):
             from secure_fed.errors import RoundAborted
 
             raise RoundAborted(

@@ -141,8 +141,10 @@ class ClientEvaluation(Callback):
     Active only in the general setting (clients hold test rows) with a model family without a row table.
 
     On Flower each node's copy computes its clients' mAPs and reports them to the server beside the reply, only
-    in a run without DP (with DP a client's mAP is a statistic of its data that no mechanism protects, so it stays
-    on the node and these metrics are not measured); the server refuses a report in a DP run."""
+    in a run without protocol layers, where the server sees each client's plaintext update anyway (under DP a
+    client's mAP is a statistic of its data that no mechanism protects, and under a secure sum the server must not
+    learn per-client values: it stays on the node and these metrics are not measured); the server refuses a report
+    in a run with layers."""
 
     name = "client_evaluation"
 
@@ -178,12 +180,12 @@ class ClientEvaluation(Callback):
 
     def client_report(self, exp, cid: int) -> dict[str, float]:
         found = self.maps.pop(cid, None)
-        if found is None or exp.stack.privacy():  # under DP the client's mAP stays on its node
+        if found is None or exp.stack:  # under a protocol layer the client's mAP stays on its node
             return {}
         return {"mAP": float(found)}
 
     def on_client_report(self, exp, cid: int, report: dict[str, float]) -> None:
-        if self.exp is None or exp.stack.privacy() or set(report) != {"mAP"}:
+        if self.exp is None or exp.stack or set(report) != {"mAP"}:
             raise PrivacyViolation(f"client {cid}'s client-evaluation report {sorted(report)} is not allowed in this run")
         self.maps[cid] = float(report["mAP"])
 

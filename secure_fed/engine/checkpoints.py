@@ -123,10 +123,12 @@ class CheckpointMixin:
                 self.fed.clients[cid].state = to_device(state, self.device)
         lost = [layer.name for layer in self.stack.layers
                 if layer.client_state_on_nodes and not any(layer.client_state_dict().values())]  # fmt: skip
+        if self.algorithm.keeps_client_state and not any(c.state for c in self.fed.clients):
+            lost.append(f"algorithm {self.algorithm.name}")
         if lost and self.cfg.backend != "flower":
             raise SecureFedError(
-                f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (their keys from "
-                "setup) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
+                f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (their keys, "
+                "secret streams or models) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
             )
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         secrets = self.run_dir / "checkpoints" / "server_secrets.pt"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 
@@ -49,7 +49,15 @@ class Channel:
     #: client ``cid``'s data (in-process executors only: the client function runs here)
     client: Callable[[int], ClientData]
     #: client ``cid``'s update will not arrive (a remote node failed or timed out), and why; may abort the round
-    drop: Callable[[int, str], None] = lambda cid, reason: None
+    drop: Callable[[int, str], None] = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.drop is None:
+            object.__setattr__(self, "drop", _no_dropouts)
+
+
+def _no_dropouts(cid: int, reason: str) -> None:
+    raise RuntimeError(f"client {cid} dropped out ({reason}), and this channel takes no dropouts")
 
 
 class Executor(ABC):

@@ -367,7 +367,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
                 else:
                     self.W[seen] += row_delta[seen]
                 self.W[seen] = self.family.project_rows(self.W[seen])
-        labels = [self.fed.clients[int(c)].known_labels for c in session.cohort]
+        labels = [self.fed.clients[int(c)].known_labels for c in session.cohort if int(c) not in session.dropped]
         loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
         num_clients = agg.num_clients
         del agg, session, base  # the round's sums (a copy of θ) are not needed by the server step

@@ -25,6 +25,8 @@ from secure_fed.engine.flower.codec import decode, encode
 
 #: what a reply's ``meta`` record may hold (the request's position in its batch; the node's callbacks' reports)
 REPLY_META = frozenset({"seq", "report"})
+#: ... and a setup or stage query's reply (no reports)
+QUERY_REPLY_META = frozenset({"seq"})
 
 
 class FlowerError(RuntimeError):
@@ -170,6 +172,8 @@ class FlowerExecutor(Executor):
         reports = json.loads(text)
         if not isinstance(reports, dict):
             raise FlowerError(f"client {cid}'s report is not a mapping")
+        if self.exp.messages is not None:  # what the server learned, in its recorded view
+            self.exp.messages.append({"direction": "up", "client": cid, "message": {"report": reports}})
         for name, report in reports.items():
             cb = self.exp.callback(str(name))
             if cb is None or not cb.reports_from_remote_clients():
@@ -192,7 +196,7 @@ class FlowerExecutor(Executor):
                 self.exp.guard.check_down(cid, payload)
                 batch.append((self.node_of[cid], request("query", payload, cid=cid, fn=fn), cid))
             for (_, content), cid in zip(self._send(batch), chunk, strict=True):
-                reply = decode(content, meta_keys=REPLY_META)
+                reply = decode(content, meta_keys=QUERY_REPLY_META)
                 self.exp.guard.check_up(cid, reply)
                 out.append((cid, reply))
         return out

@@ -126,7 +126,9 @@ def run_recorded(overrides: list[str], tmp_path):
     nodes.mkdir()
     cfg = small_config(*overrides, "backend=flower")
     exp = Experiment(cfg, run_dir=tmp_path / "flower")
-    return exp, run_on_flower(exp, progress=False, client_app=recording_app(cfg, nodes)), nodes
+    result = run_on_flower(exp, progress=False, client_app=recording_app(cfg, nodes))
+    assert exp.executor.dropped == 0  # a node's failed check (e.g. a foreign client's state) would be a dropout
+    return exp, result, nodes
 
 
 def server_side_bytes(exp) -> bytes:

@@ -59,6 +59,7 @@ def test_a_client_evaluation_report_is_refused_under_dp(tmp_path):
     ev = exp.callback("client_evaluation")
     ev.maps[0] = 50.0
     assert ev.client_report(exp, 0) == {}  # the node keeps it
+    assert ev.exp is exp  # active in this run: the refusal below is the protocol layer's
     with pytest.raises(PrivacyViolation, match="client 3's client-evaluation report"):
         ev.on_client_report(exp, 3, {"mAP": 50.0})
     plain = Experiment(small_config(*CASES["flag"]), run_dir=tmp_path / "plain")
