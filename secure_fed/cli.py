@@ -10,7 +10,7 @@
     secure-fed list
     secure-fed data download NAME [--root DIR] [--mirror URL]
     secure-fed flower certificates --out DIR [--host H ...]
-    secure-fed flower local [CONFIG] [--nodes N] [--set ...] [--out DIR]
+    secure-fed flower local [CONFIG] [--nodes N] [--set ...] [--out DIR] [--resume]
 
 User mistakes (bad config, missing file) print one ``error:`` line and exit 2.
 """
@@ -335,8 +335,10 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     overrides.append(f"flower.num_supernodes={args.nodes}")
     cfg = load_config(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started
     run_dir = _run_dir_for(cfg, args.out)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise SecureFedError(f"--out {run_dir} is not empty; give a new run directory")
+    if args.resume and not (run_dir / "checkpoints" / "last.pt").is_file():
+        raise SecureFedError(f"--resume: {run_dir} holds no checkpoint to continue")
+    if not args.resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise SecureFedError(f"--out {run_dir} is not empty; give a new run directory (or --resume to continue it)")
     check_writable_dir(run_dir)
     from secure_fed.engine.flower.deployment import LocalDeployment
 
@@ -344,7 +346,7 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     print(f"starting a SuperLink and {args.nodes} SuperNodes on 127.0.0.1 over TLS (logs in {work})")
     with LocalDeployment(work, nodes=args.nodes, data_root=args.data_root) as dep:
         print(f"flwr run experiments/flower-app secure-fed-local (SuperLink on port {dep.port}; log in {work}/flwr-run.log)")
-        done = dep.run(out=run_dir, config=args.config, overrides=overrides, timeout_s=args.timeout)
+        done = dep.run(out=run_dir, config=args.config, overrides=overrides, timeout_s=args.timeout, resume=args.resume)
     summary_path = run_dir / "summary.json"
     if done.returncode != 0 or not summary_path.is_file():
         raise SecureFedError(f"the Flower run did not finish (flwr run exit {done.returncode}); see {work}/flwr-run.log")
@@ -428,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", default=None, help="run directory (default: output.dir/NAME)")
     f.add_argument("--workdir", default=None, help="certificates, Flower home and logs (default: next to the run)")
     f.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
+    f.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint (same CONFIG and --set; the nodes take up "
+                        "their stored state from the work directory)")  # fmt: skip
     f.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     f.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
     f.set_defaults(func=cmd_flower_local)

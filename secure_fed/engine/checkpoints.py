@@ -60,6 +60,7 @@ class CheckpointMixin:
             "rounds_aborted": self.rounds_aborted,
             "best": _to_cpu(self.best),
             "wall_seconds": self.wall_before,
+            "flower_session": self.flower_session,
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -78,6 +79,7 @@ class CheckpointMixin:
         best = sd.get("best")
         self.best = None if best is None else to_device(best, self.device)
         self.wall_before = sd["wall_seconds"]
+        self.flower_session = sd.get("flower_session")
 
     def client_state_dict(self) -> dict[str, Any]:
         """What the clients (and the simulator) keep on their own side: protocol secrets, the label re-indexing."""
@@ -127,8 +129,8 @@ class CheckpointMixin:
             lost.append(f"algorithm {self.algorithm.name}")
         if lost and self.cfg.backend != "flower":
             raise SecureFedError(
-                f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (their keys, "
-                "secret streams or models) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
+                f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (keys, secret "
+                "streams or models) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
             )
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         secrets = self.run_dir / "checkpoints" / "server_secrets.pt"

@@ -155,6 +155,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.selected: dict[str, Any] | None = None  #: ... and, at the end, the reported one
         self.setup_facts: dict[str, Any] | None = None
         self.wall_before = 0.0
+        #: on Flower: a public token naming this run to the nodes, under which each keeps its clients' state on its
+        #: own storage (kept in the checkpoint, so a resumed run finds the nodes' state again)
+        self.flower_session: str | None = None
         self._t0 = time.perf_counter()  #: wall clock of the current stretch of training (see ``elapsed``)
         #: the built-in callbacks, then the registered ones (``secure_fed.callbacks`` entry points, e.g. the attack
         #: taps of threat_models), then the checkpoint (which saves what the callbacks before it keep)

@@ -10,12 +10,18 @@ processes, over TLS). The run config (``[tool.flwr.app.config]``):
 * ``overrides``: ``key=value`` overrides separated by ``;`` (as ``--set`` on the secure-fed CLI).
 * ``out``: the run directory the ServerApp writes (default ``runs/flwr-<run id>``); it must not hold a run.
 * ``data-root``: the ServerApp's data root (default: the config's, else ``SECURE_FED_DATA``).
+* ``resume``: ``true`` continues the run in ``out`` from its last checkpoint (give the same ``config`` and
+  ``overrides``; ``training.rounds`` may grow); without it ``out`` must not hold a run.
+* ``node-state-dir``: where each node keeps its clients' state between Flower runs when its node config names no
+  ``state-dir`` (simulation: all nodes on one machine, a file per node).
 
 Each SuperNode serves one partition: ``--node-config "partition-id=P num-partitions=N"`` (the simulation engine
-sets both), and optionally ``data-root='/path'`` for its own data. The experiment's ``flower.num_supernodes`` must
-equal N; client c lives on the node whose partition is c mod N. The ServerApp is the same
-:class:`~secure_fed.engine.runner.Experiment` as ``secure-fed run --backend flower`` builds, and the ClientApp the
-same as the simulation's (:func:`~secure_fed.engine.flower.apps.client_app_of`), so the run writes the same files.
+sets both), and optionally ``data-root='/path'`` for its own data and ``state-dir='/path'`` for its own storage of
+its clients' state (keys, secret streams, own models), which a resumed run takes up again. The experiment's
+``flower.num_supernodes`` must equal N; client c lives on the node whose partition is c mod N. The ServerApp is the
+same :class:`~secure_fed.engine.runner.Experiment` as ``secure-fed run --backend flower`` builds, and the ClientApp
+the same as the simulation's (:func:`~secure_fed.engine.flower.apps.client_app_of`), so the run writes the same
+files.
 """
 
 from __future__ import annotations
@@ -56,11 +62,20 @@ server_app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Build the experiment from the run config and run it with its clients on the connected SuperNodes."""
     from secure_fed.engine.runner import Experiment
+    from secure_fed.errors import SecureFedError
 
     rc = dict(context.run_config)
     cfg = config_from_run_config(rc)
     out = Path(_text(rc, "out") or f"runs/flwr-{context.run_id}")
+    resume = _text(rc, "resume").lower() in ("1", "true", "yes")
+    held = (out / "checkpoints" / "last.pt").exists()
+    if held and not resume:
+        raise SecureFedError(f"out={out} already holds a run; pass resume=true to continue it, or another out")
     exp = Experiment(cfg, run_dir=out, data_root=_data_root(_text(rc, "data-root")))
+    if resume:
+        if not exp.resume():
+            raise SecureFedError(f"resume=true: no checkpoint in {out}")
+        log.warning("secure-fed: resuming %s from round %d", out, exp.round)
     nodes = cfg.flower.num_supernodes or len(exp.fed.clients)
     result = run_with_grid(exp, grid, num_nodes=nodes, progress=False)
     log.warning("secure-fed: run %s %s in %s; final %s", context.run_id, result.summary["status"], out,
@@ -73,6 +88,12 @@ def _node_replica(context: Context):
     return client_replica(dump_config(cfg), root, threads=1)
 
 
-client_app = client_app_of(_node_replica)
+def _node_storage(context: Context) -> str | None:
+    """The node's own storage for its clients' state: its node config's ``state-dir``, else the run config's
+    ``node-state-dir``; None: the state lasts one Flower run."""
+    return str(context.node_config.get("state-dir", "") or "") or _text(dict(context.run_config), "node-state-dir") or None
+
+
+client_app = client_app_of(_node_replica, _node_storage)
 
 __all__ = ["client_app", "config_from_run_config", "server_app"]

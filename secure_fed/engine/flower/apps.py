@@ -17,9 +17,12 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,7 +35,7 @@ from secure_fed.engine.checkpoints import to_device
 from secure_fed.engine.flower.codec import decode, encode
 
 #: what a request's ``meta`` record may hold
-REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan"})
+REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan", "session", "since"})
 #: one copy of the run per (config, data root) in each ClientApp process
 _REPLICAS: dict[str, Any] = {}
 
@@ -77,13 +80,61 @@ def _write(context: Context, records: tuple[str, str], state: dict) -> None:
     context.state[records[1]] = record["values"]
 
 
-def load_node_state(context: Context, exp) -> None:
+def node_state_file(storage: str | Path | None, context: Context, session: Any) -> Path | None:
+    """Where this node keeps its clients' state for run ``session`` on its own storage (``storage``: the node's
+    state directory, or None for none), so that a resumed run finds it again; the session is a public token the
+    server names the run with (hex only: it becomes a folder name)."""
+    if storage is None or session is None:
+        return None
+    if not re.fullmatch(r"[0-9a-f]{32}", str(session)):
+        raise PermissionError(f"{session!r} is not a run session token")
+    return Path(storage) / str(session) / f"node-{int(context.node_config['partition-id'])}.pt"
+
+
+def _has_state(context: Context) -> bool:
+    return STATE_RECORDS[1] in context.state.keys() or CLIENT_DATA_RECORDS[1] in context.state.keys()
+
+
+def _store(file: Path, state: dict) -> None:
+    """Write the node's state file: private to its owner, replaced whole (a kill leaves the previous one)."""
+    import torch
+
+    file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = file.with_name(file.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        torch.save(state, fh)
+    tmp.replace(file)
+
+
+def check_node_storage(context: Context, file: Path | None, *, since: int) -> None:
+    """At the start of a Flower run (the ``whoami`` message): a node that will keep state gets its state file; in a
+    resumed run (``since`` > 0: its first round) whose clients keep state on the nodes, a node that has none to
+    take up refuses, so the run stops before any round (a client with fresh keys would draw again what it drew)."""
+    if since > 0 and not _has_state(context) and (file is None or not file.is_file()):
+        where = "no state storage (give the node a state-dir)" if file is None else f"no state file {file}"
+        raise PermissionError(
+            f"node {int(context.node_config['partition-id'])} has {where}: it cannot continue a run resumed at "
+            f"round {since} whose clients keep their secrets or models on the nodes"
+        )
+    if file is not None and not file.is_file():
+        _store(file, {"protocols": {}, "clients": {}})
+
+
+def load_node_state(context: Context, exp, file: Path | None = None) -> None:
     """Before a message: this node's clients' state from ``context.state`` into the copy of the run: the layers'
     client-side protocol state (keys, secrets) and each client's own algorithm state.
 
     Flower keeps ``context.state`` per node for the whole run (in a deployment it starts a fresh ClientApp process
     for every message, so state kept anywhere else would be lost); it never travels to the ServerApp. A copy of
-    the run that serves several nodes (one simulation worker) is loaded afresh for each message."""
+    the run that serves several nodes (one simulation worker) is loaded afresh for each message. With a state file
+    (``file``) the first message of a Flower run takes the state up from it (a resumed run)."""
+    if file is not None and not _has_state(context) and file.is_file():
+        import torch
+
+        stored = torch.load(file, map_location="cpu", weights_only=False)
+        _write(context, STATE_RECORDS, stored["protocols"])
+        _write(context, CLIENT_DATA_RECORDS, stored["clients"])
     if exp.stack:
         exp.stack.load_client_state_dict(_read(context, STATE_RECORDS))
     own = _read(context, CLIENT_DATA_RECORDS)
@@ -91,13 +142,17 @@ def load_node_state(context: Context, exp) -> None:
         c.state = to_device(own.get(c.client_id, {}), exp.device)
 
 
-def save_node_state(context: Context, exp) -> None:
-    """After a message: the copy's client-side state back into this node's ``context.state``."""
+def save_node_state(context: Context, exp, file: Path | None = None) -> None:
+    """After a message: the copy's client-side state back into this node's ``context.state``, and into its state
+    file when it keeps one."""
+    protocols = exp.stack.client_state_dict() if exp.stack else {}
     if exp.stack:
-        _write(context, STATE_RECORDS, exp.stack.client_state_dict())
+        _write(context, STATE_RECORDS, protocols)
     own = {c.client_id: c.state for c in exp.fed.clients if c.state}
     if own or CLIENT_DATA_RECORDS[1] in context.state.keys():
         _write(context, CLIENT_DATA_RECORDS, own)
+    if file is not None:
+        _store(file, to_device({"protocols": protocols, "clients": own}, "cpu"))
 
 
 def _apply_client_row_order(exp) -> None:
@@ -119,14 +174,23 @@ def _reply(msg: Message, payload: dict, **meta: Any) -> Message:
     return Message(content, reply_to=msg)
 
 
-def make_client_app(config_text: str, data_root: str | None, *, threads: int = 1) -> ClientApp:
-    """The ClientApp of one experiment (its config and data root travel with the app, not in messages)."""
-    return client_app_of(lambda context: client_replica(config_text, data_root, threads))
+def make_client_app(
+    config_text: str, data_root: str | None, *, threads: int = 1, state_dir: str | Path | None = None
+) -> ClientApp:
+    """The ClientApp of one experiment (its config and data root travel with the app, not in messages); each node
+    keeps its clients' state under ``state_dir`` too (its storage; None: only for one Flower run)."""
+    return client_app_of(lambda context: client_replica(config_text, data_root, threads), lambda context: state_dir)
 
 
-def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
-    """A ClientApp whose node finds its copy of the run with ``replica(context)``."""
+def client_app_of(
+    replica: Callable[[Context], Any], storage: Callable[[Context], str | Path | None] = lambda context: None
+) -> ClientApp:
+    """A ClientApp whose node finds its copy of the run with ``replica(context)`` and its state directory with
+    ``storage(context)`` (None: the node keeps its clients' state for one Flower run only)."""
     app = ClientApp()
+
+    def state_file(context: Context, meta) -> Path | None:
+        return node_state_file(storage(context), context, meta["session"] if "session" in meta else None)
 
     def own_client(context: Context, cid: int, exp) -> None:
         p, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
@@ -137,6 +201,7 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
     def query(msg: Message, context: Context) -> Message:
         meta = msg.content["meta"]
         if meta["kind"] == "whoami":
+            check_node_storage(context, state_file(context, meta), since=int(meta["since"]) if "since" in meta else 0)
             return _reply(
                 msg, {}, partition_id=int(context.node_config["partition-id"]),
                 num_partitions=int(context.node_config["num-partitions"]),
@@ -144,10 +209,11 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
         cid, name = int(meta["cid"]), str(meta["fn"])
         exp = replica(context)
         own_client(context, cid, exp)
-        load_node_state(context, exp)
+        file = state_file(context, meta)
+        load_node_state(context, exp, file)
         fn = resolve_client_function(name, exp.stack.by_name())
         reply = fn(decode(msg.content, meta_keys=REQUEST_META), exp.fed.clients[cid])
-        save_node_state(context, exp)
+        save_node_state(context, exp, file)
         return _reply(msg, reply)
 
     @app.train()
@@ -156,7 +222,8 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
         cid, round_idx = int(meta["cid"]), int(meta["round"])
         exp = replica(context)
         own_client(context, cid, exp)
-        load_node_state(context, exp)
+        file = state_file(context, meta)
+        load_node_state(context, exp, file)
         _apply_client_row_order(exp)  # training addresses rows; the setup steps still read labels in label order
         exp.round = round_idx  # the client's training function of this round (its generator follows the round)
         payload = decode(msg.content, meta_keys=REQUEST_META)
@@ -164,7 +231,7 @@ def client_app_of(replica: Callable[[Context], Any]) -> ClientApp:
         payload = to_device(payload, exp.device)
         plan = json.loads(str(meta["plan"])) if "plan" in meta else []
         reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan, data=client, layers=exp.stack.by_name())
-        save_node_state(context, exp)
+        save_node_state(context, exp, file)
         # what the node's callbacks measured inside the client's function that the server may learn (e.g. the
         # client's own model's mAP in the general setting, without DP), beside the reply
         reports = {cb.name: r for cb in exp.callbacks if cb.reports_from_remote_clients() and (r := cb.client_report(exp, cid))}
@@ -180,6 +247,8 @@ def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
 
     check_flower_start(exp)
     f = exp.cfg.flower
+    if exp.flower_session is None:  # a new run: a fresh public name for it (a resumed run keeps its own)
+        exp.flower_session = os.urandom(16).hex()
     executor = FlowerExecutor(grid, exp, max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
     executor.discover(len(exp.fed.clients), num_nodes)
     exp.executor = executor

@@ -105,6 +105,10 @@ class LocalDeployment:
                 raise SecureFedError(f"timed out after {self.start_timeout_s:.0f} s {what}; see the logs in {self.workdir}")
             time.sleep(0.2)
 
+    def _node_dir(self, i: int) -> str:
+        """SuperNode i's storage of its clients' state (kept across runs, so ``--resume`` finds it), as TOML."""
+        return _toml_string(str((self.workdir / f"node-{i}").resolve()), "the work directory")
+
     def start(self) -> LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         certs = generate_certificates(self.workdir / "certs", ["127.0.0.1", "localhost"])
@@ -125,7 +129,8 @@ class LocalDeployment:
         for i in range(self.nodes):
             self._start(f"supernode-{i}", [
                 "flower-supernode", "--root-certificates", str(certs["ca.crt"]), "--superlink", f"127.0.0.1:{self.port}",
-                "--port", str(free_port()), "--node-config", f"partition-id={i} num-partitions={self.nodes}",
+                "--port", str(free_port()), "--node-config",
+                f"partition-id={i} num-partitions={self.nodes} state-dir={self._node_dir(i)}",
             ])  # fmt: skip
         self._wait_for(
             f"connecting {self.nodes} SuperNodes", lambda: link_log.read_bytes().count(b"Activated node_id") >= self.nodes
@@ -165,7 +170,8 @@ class LocalDeployment:
 
     # ----------------------------------------------------------------- a run
     def run(self, *, out: str | Path, config: str | Path | None = None, overrides: list[str] = (),
-            timeout_s: float = 1800.0, app_dir: str | Path = APP_DIR) -> subprocess.CompletedProcess:  # fmt: skip
+            timeout_s: float = 1800.0, app_dir: str | Path = APP_DIR,
+            resume: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
         """``flwr run`` of one experiment on this deployment; returns when the run has finished (``--stream``)."""
         if not (Path(app_dir) / "pyproject.toml").is_file():
             raise SecureFedError(f"{app_dir}: no Flower app here (pyproject.toml with [tool.flwr.app]); run from a checkout")
@@ -174,6 +180,8 @@ class LocalDeployment:
             rc["config"] = str(Path(config).resolve())
         if self.data_root:
             rc["data-root"] = str(Path(self.data_root).resolve())
+        if resume:
+            rc["resume"] = "true"
         arg = " ".join(f"{k}={_toml_string(v, k)}" for k, v in rc.items())
         cmd = ["flwr", "run", str(app_dir), CONNECTION, "--run-config", arg, "--stream"]
         with open(self.workdir / "flwr-run.log", "wb") as log:

@@ -51,6 +51,13 @@ class FlowerExecutor(Executor):
         self.sent: dict[str, int] = {}
         #: training messages whose node failed or did not answer in time (the clients dropped out of their rounds)
         self.dropped = 0
+        from secure_fed.engine.flower.simulation import node_held_state
+
+        #: the run's public name to the nodes (they keep their clients' state under it) and, when the clients keep
+        #: secrets or models on the nodes, this Flower run's first round (a node refuses a resumed run it has no
+        #: state for)
+        self.session = exp.flower_session
+        self.since = exp.round if node_held_state(exp) else None
 
     # ----------------------------------------------------------------- nodes
     def discover(self, num_clients: int, expected_nodes: int, *, wait_s: float = 600.0) -> None:
@@ -94,6 +101,10 @@ class FlowerExecutor(Executor):
             kind = str(content["meta"]["kind"])
             self.sent[kind] = self.sent.get(kind, 0) + 1
             content["meta"]["seq"] = seq  # the client echoes it: replies come back in any order
+            if self.session is not None:
+                content["meta"]["session"] = self.session
+            if self.since is not None:
+                content["meta"]["since"] = self.since
             msgs.append(Message(content, dst_node_id=node, message_type=kinds[str(content["meta"]["kind"])]))
         out: list[tuple[int, RecordDict] | None] = [None] * len(msgs)
         errors: dict[int, str] = {}

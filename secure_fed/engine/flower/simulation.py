@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 
 from secure_fed.config import dump_config
 from secure_fed.errors import SecureFedError
@@ -23,23 +24,37 @@ def client_side_callbacks(exp) -> list[str]:
     return [cb.name for cb in exp.callbacks if cb.acts_on_clients() and not cb.reports_from_remote_clients()]
 
 
+def node_held_state(exp) -> list[str]:
+    """What keeps client secrets or models on the Flower nodes in this run (layers' client state, an algorithm's
+    per-client state): a resumed run needs every node to take it up again from its storage."""
+    held = [layer.name for layer in exp.stack.layers if layer.client_state_on_nodes]
+    if exp.algorithm.keeps_client_state:
+        held.append(f"algorithm {exp.algorithm.name}")
+    return held
+
+
+def node_storage_dir(run_dir) -> Path:
+    """Where the simulated nodes keep their clients' state between Flower runs (each node its own file, as each
+    device would on its own disk): beside the run directory, not in it (the server's files hold no client secret)."""
+    run_dir = Path(run_dir).resolve()
+    return run_dir.parent / f".{run_dir.name}-nodes"
+
+
 def check_flower_start(exp) -> None:
     """Refuse, before anything starts, what this back end cannot run: callbacks inside clients, and resuming a run
-    whose layers keep client state from setup on the nodes (it lasts one Flower run)."""
+    whose clients keep state on the nodes from a checkpoint that names no node session (nothing to take up)."""
     busy = client_side_callbacks(exp)
     if busy:
         raise SecureFedError(
             f"backend=flower: {', '.join(busy)} act inside the clients' code, which the Flower back end does not "
             "carry yet; use backend: inprocess"
         )
-    held = [layer.name for layer in exp.stack.layers if layer.client_state_on_nodes]
-    if exp.algorithm.keeps_client_state:
-        held.append(f"algorithm {exp.algorithm.name}")
-    if exp.round > 0 and held:
+    held = node_held_state(exp)
+    if exp.round > 0 and held and exp.flower_session is None:
         raise SecureFedError(
-            f"backend=flower: cannot resume at round {exp.round}: the clients of {', '.join(held)} keep their secrets "
-            "(e.g. the run key, DP secret streams) in the Flower nodes' state, which ended with the first Flower run; start a "
-            "new run"
+            f"backend=flower: cannot resume at round {exp.round}: the clients of {', '.join(held)} keep their secrets or "
+            "models on the Flower nodes, and this checkpoint names no Flower session under which the nodes stored them "
+            "(it predates node storage); start a new run"
         )
 
 
@@ -55,7 +70,9 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     nodes = f.num_supernodes or len(exp.fed.clients)
     outcome: dict = {}
     if client_app is None:
-        client_app = make_client_app(dump_config(exp.cfg), exp.data_root, threads=max(1, int(f.client_cpus)))
+        client_app = make_client_app(
+            dump_config(exp.cfg), exp.data_root, threads=max(1, int(f.client_cpus)), state_dir=node_storage_dir(exp.run_dir)
+        )
     server_app = make_server_app(exp, outcome, num_nodes=nodes, progress=progress)
     cpus = os.cpu_count() or 1
     backend_config = {

@@ -46,12 +46,13 @@ def test_keyed_hashing_on_flower(tmp_path):
     assert_same_run(fl, result, local, local_result)
 
 
-def test_a_keyed_hashing_run_does_not_resume_on_flower(tmp_path):
-    """The nodes' keyrings last one Flower run: resuming is refused before anything starts."""
+def test_a_keyed_hashing_checkpoint_without_a_node_session_does_not_resume_on_flower(tmp_path):
+    """A checkpoint that names no Flower session (the nodes stored nothing under it): resuming is refused before
+    anything starts (test_resume_on_flower.py resumes one that does)."""
     from secure_fed.errors import SecureFedError
 
     exp = Experiment(small_config(*RUN, "backend=flower"), run_dir=tmp_path / "run")
-    exp.round = 2  # as after resume() from a round-2 checkpoint
+    exp.round = 2  # as after resume() from a round-2 checkpoint written before node storage
     with pytest.raises(SecureFedError, match="cannot resume at round 2: the clients of keyed_hashing keep"):
         exp.run(progress=False)
     assert not (tmp_path / "run" / "config.yaml").exists()
