@@ -105,11 +105,13 @@ class _SecAggRound(RoundWrapper):
         t0 = time.perf_counter()
         self.server = SecAggServer(round_idx=round_idx, graph=self.graph, threshold=self.t, bits=self.bits)
         alive = [u for u in cohort if u not in self.drops["advertise"]]
+        # each stage goes on with the clients that answered the one before (a remote client whose node fails drops out)
         pks = self.server.collect_keys(dict(self._call(alive, lambda u: {
             "secagg": "advertise", "secagg_neighbours": self.graph[u], "secagg_threshold": self.t})))  # fmt: skip
-        alive = [u for u in alive if u not in self.drops["share"]]
+        alive = [u for u in alive if u in pks and u not in self.drops["share"]]
         sealed = self._call(alive, lambda u: {"secagg": "share", "secagg_keys": {v: pks[v] for v in self.graph[u] if v in pks}})
         inbox = self.server.route_shares({u: r["secagg_sealed"] for u, r in sealed})
+        alive = [u for u in alive if u in inbox]
         self._call(alive, lambda u: {"secagg": "receive", "secagg_sealed": inbox[u]})
         self.u2 = alive
         self.cohort = alive  # clients that dropped before sharing keys do not train this round
@@ -119,7 +121,7 @@ class _SecAggRound(RoundWrapper):
     def _call(self, cids: list[int], payload_fn) -> list[tuple[int, Payload]]:
         """One stage: a guarded message to each of ``cids`` (in process, or to their Flower nodes)."""
         return self.layer.env.call_clients(cids, lambda u: {**payload_fn(u), "secagg_round": self.round_idx},
-                                           self.layer.client_stage)  # fmt: skip
+                                           self.layer.client_stage, partial=True)  # fmt: skip
 
     def _mask_args(self) -> dict[str, Any]:
         return {"secagg_round": self.round_idx, "weighting": self.weighting}

@@ -72,9 +72,10 @@ class StackEnv:
     has_rows: bool = True
     #: reply keys the listed layers declare as added to every row of W (``FullTable`` rule)
     full_table_keys: tuple[str, ...] = ()
-    #: a guarded exchange with some clients during a round, ``call_clients(cids, payload_fn, client_fn)`` →
-    #: ``[(cid, reply)]``: in process, or as messages to their Flower nodes (``client_fn`` must then be a
-    #: registered client function or a layer's ``client_side`` method); set by the engine
+    #: a guarded exchange with some clients during a round, ``call_clients(cids, payload_fn, client_fn,
+    #: partial=False)`` → ``[(cid, reply)]``: in process, or as messages to their Flower nodes (``client_fn`` must
+    #: then be a registered client function or a layer's ``client_side`` method); with ``partial`` a client whose
+    #: node fails or times out is left out of the answers (it dropped out), else the run stops; set by the engine
     call_clients: Any = None
 
     def update_layout(self) -> UpdateLayout:

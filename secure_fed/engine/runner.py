@@ -130,7 +130,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             max_clients_per_instance=self._max_clients_per_instance(),
             has_rows=self.W is not None,
             full_table_keys=tuple(k for k, rule in up.items() if isinstance(rule, FullTable)),
-            call_clients=lambda cids, payload_fn, client_fn: self._query(list(cids), payload_fn, client_fn),
+            call_clients=lambda cids, payload_fn, client_fn, partial=False: self._query(
+                list(cids), payload_fn, client_fn, partial=partial
+            ),
         )
         self.stack = ProtocolStack(cfg, self.stack_env)
         self.stack.wrap_algorithm(self.algorithm)
@@ -225,11 +227,12 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
     def _query_one(self, cid: int, payload: dict, client_fn) -> dict:
         return self._query([cid], lambda _cid: payload, client_fn)[0][1]
 
-    def _query(self, cids: list[int], payload_fn, client_fn) -> list[tuple[int, dict]]:
+    def _query(self, cids: list[int], payload_fn, client_fn, *, partial: bool = False) -> list[tuple[int, dict]]:
         """A setup-time exchange with ``cids``: in process, or through a remote executor (which sends the client
-        function's registered name; the client runs its own copy)."""
+        function's registered name; the client runs its own copy). ``partial``: the caller takes the answers of the
+        clients that answered (a remote client whose node fails or times out drops out of the exchange)."""
         if self.executor.remote:
-            return self.executor.query(cids, payload_fn, client_fn)
+            return self.executor.query(cids, payload_fn, client_fn, partial=partial)
         return [(cid, self._exchange(cid, payload_fn(cid), client_fn)) for cid in cids]
 
     def _channel(self, session: RoundSession | None = None) -> Channel:

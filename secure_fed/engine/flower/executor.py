@@ -51,6 +51,8 @@ class FlowerExecutor(Executor):
         self.sent: dict[str, int] = {}
         #: training messages whose node failed or did not answer in time (the clients dropped out of their rounds)
         self.dropped = 0
+        #: protocol stage queries (``partial``) whose node failed or did not answer in time
+        self.stage_dropped = 0
         from secure_fed.engine.flower.simulation import node_held_state
 
         #: the run's public name to the nodes (they keep their clients' state under it) and, when the clients keep
@@ -196,17 +198,27 @@ class FlowerExecutor(Executor):
                 raise FlowerError(f"client {cid}'s report for {name!r} is not a mapping of names to numbers")
             cb.on_client_report(self.exp, cid, {str(k): float(v) for k, v in report.items()})
 
-    def query(self, cids: list[int], payload_fn: Callable[[int], Payload], client_fn) -> list[tuple[int, Payload]]:
-        """A setup exchange: each client runs the registered client function ``client_fn`` names."""
+    def query(
+        self, cids: list[int], payload_fn: Callable[[int], Payload], client_fn, *, partial: bool = False
+    ) -> list[tuple[int, Payload]]:
+        """A setup exchange: each client runs the registered client function ``client_fn`` names. With ``partial``
+        (and ``flower.on_client_failure: drop``) a client whose node fails or does not answer in time is left out of
+        the answers (a protocol stage that handles dropouts, e.g. secure aggregation's), else the run stops."""
         fn = registered_name(client_fn)
         out: list[tuple[int, Payload]] = []
+        drop = partial and self.exp.cfg.flower.on_client_failure == "drop"
         for chunk in self._chunks(cids, int):
             batch = []
             for cid in chunk:
                 payload = payload_fn(cid)
                 self.exp.guard.check_down(cid, payload)
                 batch.append((self.node_of[cid], request("query", payload, cid=cid, fn=fn), cid))
-            for (_, content), cid in zip(self._send(batch), chunk, strict=True):
+            failed: dict[int, str] | None = {} if drop else None
+            for answer, cid in zip(self._send(batch, failed=failed), chunk, strict=True):
+                if answer is None:
+                    self.stage_dropped += 1
+                    continue
+                content = answer[1]
                 reply = decode(content, meta_keys=QUERY_REPLY_META)
                 self.exp.guard.check_up(cid, reply)
                 out.append((cid, reply))

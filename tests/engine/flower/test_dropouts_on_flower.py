@@ -25,31 +25,40 @@ STACKS = {
 }
 
 
-def failing_app(cfg):
-    """The project's ClientApp, except that client LOST's node fails when it trains in round 1."""
+def failing_app(cfg, *, stage: str | None = None):
+    """The project's ClientApp, except that client LOST's node fails when it trains in round 1 (or, with ``stage``,
+    when it is asked for that secure-aggregation stage in round 1)."""
     from flwr.clientapp import ClientApp
+
+    from secure_fed.engine.flower.apps import REQUEST_META
+    from secure_fed.engine.flower.codec import decode
 
     honest = make_client_app(dump_config(cfg), None)
     app = ClientApp()
 
     @app.query()
     def query(msg, context):
+        meta = msg.content["meta"]
+        if stage is not None and "cid" in meta and int(meta["cid"]) == LOST:
+            payload = decode(msg.content, meta_keys=REQUEST_META)
+            if payload.get("secagg") == stage and payload.get("secagg_round") == 1:
+                raise ConnectionError("the device went offline")
         return honest(msg, context)
 
     @app.train()
     def train(msg, context):
         meta = msg.content["meta"]
-        if int(meta["cid"]) == LOST and int(meta["round"]) == 1:
+        if stage is None and int(meta["cid"]) == LOST and int(meta["round"]) == 1:
             raise ConnectionError("the device went offline")
         return honest(msg, context)
 
     return app
 
 
-def _run(overrides, tmp_path):
+def _run(overrides, tmp_path, *, stage: str | None = None):
     cfg = small_config(*BASE, *overrides, "backend=flower")
     exp = Experiment(cfg, run_dir=tmp_path / "run")
-    return exp, run_on_flower(exp, progress=False, client_app=failing_app(cfg))
+    return exp, run_on_flower(exp, progress=False, client_app=failing_app(cfg, stage=stage))
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
@@ -75,3 +84,16 @@ def test_a_client_that_disappears_mid_round(stack, tmp_path):
 def test_on_client_failure_stop_stops_the_run(tmp_path):
     with pytest.raises(FlowerError, match="the device went offline"):
         _run(["flower.on_client_failure=stop"], tmp_path)
+
+
+@pytest.mark.parametrize("stage", ["share"])
+def test_a_client_lost_in_a_secure_aggregation_stage_drops_out(stage, tmp_path):
+    """A node that fails while its client advertises keys or shares them: the stage goes on with the clients that
+    answered, the lost client neither trains nor is in the sum, and the round completes as SecAgg allows."""
+    exp, result = _run(STACKS["secure_aggregation"], tmp_path, stage=stage)
+    assert result.summary["status"] == "completed" and result.summary["rounds_aborted"] == 0
+    assert exp.executor.stage_dropped == 1 and exp.executor.dropped == 0
+    round1 = exp.diagnostics[1]
+    assert round1["secagg_dropped"] == 1 and round1["clients"] == len(exp.fed.clients) - 1
+    trained = [m["client"] for m in exp.messages if m["direction"] == "up" and "masked" in m["message"]]
+    assert trained.count(LOST) == trained.count(LOST - 1) - 1  # it sent no masked input in round 1
