@@ -98,33 +98,24 @@ SHARES = ["protocols=[dp, secure_aggregation]", "algorithm.name=fedaws", "traini
 
 
 @pytest.mark.parametrize("overrides", [LOCAL, SHARES], ids=["privacy.local", "noise-clients"])
-def test_client_secret_streams_on_flower_equal_in_process(overrides, tmp_path):
+def test_client_secret_streams_on_flower(overrides, tmp_path):
     """The node draws exactly what the in-process client draws (same stream, same labels): DP-SGD's batches and
-    noise, or the noise share (the plan's ``layer:dp.noise_share_step``). A node that skipped its draw (or drew from
-    another stream) would leave θ different from the in-process run's."""
-    seeded = [*overrides, "privacy.noise_seed=3"]
+    noise, or the noise share (the plan's ``layer:dp.noise_share_step``); a node that skipped its draw (or drew from
+    another stream) would leave θ different from the in-process run's. The streams' keys live on the nodes: each
+    node holds only its own clients' (the recording app checks), the server's layer drew none, and no key appears
+    in anything the server holds (messages, layer state, checkpoints, any file of its run directory). A fixed
+    noise seed makes the in-process clients derive the same keys; without one each node draws them from
+    os.urandom (the same code path from there on)."""
+    seeded = [*overrides, "privacy.noise_seed=3", "output.log_messages=true"]
     flower_exp, flower, nodes = run_recorded(seeded, tmp_path)
     local_exp, local = run_in_process(seeded, tmp_path / "local")
     assert flower.summary["privacy"] == local.summary["privacy"]
     assert flower.summary["privacy"]["epsilon"] < float("inf")
     assert_same_run(flower_exp, flower, local_exp, local)
-    assert sorted(p.name for p in nodes.glob("dp-stream-*.json"))  # the streams lived on the nodes
-    if "noise: clients" in overrides[-1]:
-        plans = flower_exp.executor.sent["train"]
-        assert plans > 0 and flower_exp.stack.by_name()["dp"]._client_streams == {}  # the server drew no share
 
-
-def test_client_secret_streams_stay_on_the_nodes(tmp_path):
-    """Without a noise seed each node draws its clients' keys from os.urandom and keeps them in its state: every
-    node holds only its own clients' keys, and no key appears in anything the server holds (messages, layer state,
-    checkpoints, any file of its run directory)."""
-
-    exp, result, nodes = run_recorded([*LOCAL, "output.log_messages=true"], tmp_path)
-    assert result.summary["status"] == "completed"
     keys = [bytes.fromhex(json.loads(p.read_text())[0]) for p in nodes.glob("dp-stream-*.json")]
     cids = {int(p.stem.rsplit("-", 1)[1]) for p in nodes.glob("dp-stream-*.json")}
-    assert cids and cids <= set(range(len(exp.fed.clients)))
-    assert len(set(keys)) == len(keys) == len(cids)  # one fresh key per client that trained
-    server_side = server_side_bytes(exp)
-    assert not [k for k in keys if k in server_side]
-    assert exp.stack.by_name()["dp"]._client_streams == {}  # the server's layer drew no client key
+    assert cids and cids <= set(range(len(flower_exp.fed.clients)))
+    assert len(set(keys)) == len(keys) == len(cids)  # one key per client that trained
+    assert not [k for k in keys if k in server_side_bytes(flower_exp)]
+    assert flower_exp.stack.by_name()["dp"]._client_streams == {}  # the server's layer drew no client key

@@ -1,7 +1,7 @@
-"""The general multi-label setting on Flower: FLAG (CMDA clients, eq. 2's weight), local training (each client's
-own model kept in its node's state between rounds) and FedLGT (C-Tran with label embeddings from the public names)
-give the in-process run's model, metrics and client-side evaluation (AmAP, WmAP: each node scores its clients'
-own models on their own test rows and reports the mAP beside the reply, in runs without DP)."""
+"""The general multi-label setting on Flower: FLAG (CMDA clients, eq. 2's weight) and FedLGT (C-Tran with label
+embeddings from the public names) give the in-process run's model, metrics and client-side evaluation (AmAP, WmAP:
+each node scores its clients' own models on their own test rows and reports the mAP beside the reply, in runs
+without protocol layers)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ GENERAL = ["model.family=linear_head", "partition.name=cmda", "partition.num_cli
            "training.client_lr=0.1", "training.rounds=2", "evaluation.every=1", "flower.num_supernodes=3"]  # fmt: skip
 CASES = {
     "flag": [*GENERAL, "algorithm.name=flag", "algorithm.loss=asl"],
-    "local": [*GENERAL, "algorithm.name=local"],
     "fedlgt": ["algorithm.name=fedlgt", "model.family=ctran", "model.embedding_dim=16", "partition.name=iid",
                "model.ctran={layers: 1, heads: 2, token_size: 4}", "partition.num_clients=3", "training.rounds=2",
                "training.client_optimizer=adam", "training.client_lr=0.003", "flower.num_supernodes=2"],
@@ -37,8 +36,8 @@ def test_the_general_setting_on_flower_equals_in_process(case, tmp_path):
     assert set(flower.summary["final"]) == set(local.summary["final"])
     for k, v in local.summary["final"].items():
         assert flower.summary["final"][k] == pytest.approx(v, abs=1e-5), k
-    # every round's client-side evaluation, from the nodes' reports (local: each client's own model, which exists
-    # only in its node's state, trained one round further each round)
+    # every round's client-side evaluation, from the nodes' reports (local training, whose clients' own models live
+    # in their nodes' state, is compared the same way in test_resume_on_flower.py)
     evaluated = [h for h in local.history if "AmAP" in h]
     assert evaluated and len(evaluated) == len([h for h in flower.history if "AmAP" in h])
     for f, h in zip(flower.history, local.history, strict=True):
