@@ -3,13 +3,15 @@
 Usage::
 
     python experiments/benchmark_protocols.py [--clients 159] [--parts theta,rows] [--neighbors 16]
-                                              [--ckks-clients N]
+                                              [--ckks-clients N] [--prg]
 
 ``theta`` is the FedALC text encoder's parameter vector on Bibtex (1836 → 512 → 1024 → 1024 → 512),
 ``rows`` the class-row block (159 × 512 deltas + 159 counts). Secure aggregation runs the whole protocol
 with all ``--clients`` clients (no dropout, then 10% dropped before masked input); CKKS encrypts
 ``--ckks-clients`` clients' vectors for real and scales the per-client costs to ``--clients``
-(stated in the output). Prints seconds per round and bytes per client.
+(stated in the output). Prints seconds per round and bytes per client. ``--prg`` first times one mask of each
+part's size from the PRG (AES-256-CTR written into the output) against encrypting a fresh zero buffer of the
+output's size (the PRG before), measured in the same run, and prints the ratio.
 """
 
 from __future__ import annotations
@@ -36,6 +38,28 @@ def bench_secagg(n: int, size: int, neighbors: int, drop_frac: float) -> dict:
     t0 = time.perf_counter()
     _, u3, _ = secure_sum(inputs, threshold=0.6, neighbors=neighbors, drop=drop)
     return {"seconds": time.perf_counter() - t0, "survivors": len(u3), "bytes_per_client": size * 8}
+
+
+def bench_prg(size: int, repeats: int = 20) -> dict:
+    """Seconds per mask: ``prg_words`` against the whole-buffer encryption it replaced, alternating, same key."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from protocols.crypto import prg_words
+
+    key = bytes(range(32))
+
+    def whole_buffer() -> np.ndarray:
+        enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
+        return np.frombuffer(enc.update(bytes(8 * size)), dtype="<u8")
+
+    assert np.array_equal(prg_words(key, size), whole_buffer())
+    times = {"prg_words": 0.0, "whole_buffer": 0.0}
+    for _ in range(repeats):
+        for name, fn in (("prg_words", lambda: prg_words(key, size)), ("whole_buffer", whole_buffer)):
+            t0 = time.perf_counter()
+            fn()
+            times[name] += time.perf_counter() - t0
+    return {k: v / repeats for k, v in times.items()}
 
 
 def bench_ckks(n_real: int, n_total: int, size: int) -> dict:
@@ -75,10 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckks-clients", type=int, default=4, help="clients actually encrypted; costs scaled to --clients")
     ap.add_argument("--skip-secagg", action="store_true")
     ap.add_argument("--skip-ckks", action="store_true")
+    ap.add_argument("--prg", action="store_true", help="also time the mask PRG against the whole-buffer encryption")
     args = ap.parse_args(argv)
     for part in args.parts.split(","):
         size = SIZES[part]
         print(f"== {part}: {size:,} values per client, {args.clients} clients")
+        if args.prg:
+            r = bench_prg(size)
+            print(f"mask PRG, {size:,} words: {r['prg_words'] * 1e3:.2f} ms (into the output) vs "
+                  f"{r['whole_buffer'] * 1e3:.2f} ms (a fresh zero buffer encrypted): "
+                  f"x{r['whole_buffer'] / r['prg_words']:.2f}", flush=True)  # fmt: skip
         if not args.skip_secagg:
             for frac in (0.0, 0.1):
                 r = bench_secagg(args.clients, size, args.neighbors, frac)

@@ -169,13 +169,17 @@ class SecAggClient:
 
     def masked_input(self, x: np.ndarray, alive: list[int], bits: int) -> np.ndarray:
         """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) (mod 2^bits), over neighbours that completed step 1."""
-        y = x + prg_words(self.b_seed, len(x), bits=bits)
+        y = prg_words(self.b_seed, len(x), bits=bits)  # a fresh array: the sums below go into it (mod 2^64)
+        y += x
         for v in self.neighbours:
             if v not in alive:
                 continue
             m = prg_words(self.s_key.agree(self.peers_s[v], info=_pair_info(self.cid, v, self.round_idx) + b" mask"), len(x),
                           bits=bits)  # fmt: skip
-            y = y + m if self.cid < v else y - m
+            if self.cid < v:
+                y += m
+            else:
+                y -= m
         return y
 
     def unmask(self, survived: set[int], dropped: set[int]) -> dict[int, tuple[str, tuple[int, bytes]]]:

@@ -41,6 +41,18 @@ def test_prg_is_deterministic_and_key_dependent():
     assert prg_words(b"k" * 32, 1000, bits=20).max() < 2**20
 
 
+@pytest.mark.parametrize("n", [0, 1, 131_071, 131_072, 131_073, 3 * 131_072 + 5])
+def test_prg_is_the_aes_256_ctr_key_stream(n):
+    """Against another library's AES-256-CTR (pycryptodome), counter block from 0, across the 1 MiB pieces the
+    PRG encrypts in (131,072 words each); ``bits`` keeps the low bits of the same words."""
+    from Crypto.Cipher import AES
+
+    key = bytes(range(32))
+    ref = np.frombuffer(AES.new(key, AES.MODE_CTR, nonce=b"", initial_value=bytes(16)).encrypt(bytes(8 * n)), dtype="<u8")
+    assert np.array_equal(prg_words(key, n), ref)
+    assert np.array_equal(prg_words(key, n, bits=40), ref & np.uint64(2**40 - 1))
+
+
 def test_fixed_point_capacity_error_names_the_keys():
     with pytest.raises(ConfigError, match="clip_range"):
         FixedPoint(1e6, 30, 32).check_capacity(100)

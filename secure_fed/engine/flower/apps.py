@@ -190,6 +190,10 @@ def client_app_of(
     app = ClientApp()
 
     def state_file(context: Context, meta) -> Path | None:
+        """The node's state file for this run, when the run's clients keep state on the nodes (the server then
+        sends ``since``); None otherwise."""
+        if "since" not in meta:
+            return None
         return node_state_file(storage(context), context, meta["session"] if "session" in meta else None)
 
     def own_client(context: Context, cid: int, exp) -> None:
