@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols.crypto import KeyPair, open_sealed, prg_words, seal, shamir_combine, shamir_split
+from protocols.crypto import KeyPair, open_sealed, prg_scratch, prg_words, seal, shamir_combine, shamir_split
 from secure_fed.errors import RoundAborted
 
 
@@ -171,11 +171,12 @@ class SecAggClient:
         """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) (mod 2^bits), over neighbours that completed step 1."""
         y = prg_words(self.b_seed, len(x), bits=bits)  # a fresh array: the sums below go into it (mod 2^64)
         y += x
+        scratch = prg_scratch(len(x))  # every pairwise mask is written into this one buffer
         for v in self.neighbours:
             if v not in alive:
                 continue
             m = prg_words(self.s_key.agree(self.peers_s[v], info=_pair_info(self.cid, v, self.round_idx) + b" mask"), len(x),
-                          bits=bits)  # fmt: skip
+                          bits=bits, scratch=scratch)  # fmt: skip
             if self.cid < v:
                 y += m
             else:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from protocols.crypto import KeyPair, open_sealed, prg_words, seal, shamir_combine, shamir_split
+from protocols.crypto import KeyPair, open_sealed, prg_scratch, prg_words, seal, shamir_combine, shamir_split
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, neighbour_graph, secure_sum
 from secure_fed.errors import ConfigError
@@ -51,6 +51,9 @@ def test_prg_is_the_aes_256_ctr_key_stream(n):
     ref = np.frombuffer(AES.new(key, AES.MODE_CTR, nonce=b"", initial_value=bytes(16)).encrypt(bytes(8 * n)), dtype="<u8")
     assert np.array_equal(prg_words(key, n), ref)
     assert np.array_equal(prg_words(key, n, bits=40), ref & np.uint64(2**40 - 1))
+    scratch = prg_scratch(n + 3)  # a reused buffer (larger than needed) holds the same words
+    prg_words(b"j" * 32, n + 3, scratch=scratch)
+    assert np.array_equal(prg_words(key, n, scratch=scratch), ref)
 
 
 def test_fixed_point_capacity_error_names_the_keys():
