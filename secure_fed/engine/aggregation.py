@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
+from secure_fed.errors import RoundAborted
 
 
 @dataclass
@@ -174,12 +175,11 @@ class RoundSession:
         whose noise shares or threshold count on them) aborts the round when fewer can arrive."""
         self.dropped[int(cid)] = reason
         left = len(self.cohort) - len(self.dropped)
-        if left == 0 or (self.min_summands is not None and left < self.min_summands):
-            from secure_fed.errors import RoundAborted
-
+        need = max(1, self.min_summands or 0)
+        if left < need:
             raise RoundAborted(
                 f"client {cid} dropped out ({reason}): {left} of {len(self.cohort)} updates can arrive, fewer than the "
-                f"{self.min_summands} this round's sum needs"
+                f"{need} this round's sum needs"
             )
 
     def client_mod(self, fn: ClientFn) -> ClientFn:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 
@@ -38,6 +38,10 @@ class ClientJob:
     plan: tuple = ()
 
 
+def _no_dropouts(cid: int, reason: str) -> None:
+    raise RuntimeError(f"client {cid} dropped out ({reason}), and this channel takes no dropouts")
+
+
 @dataclass(frozen=True)
 class Channel:
     """The server's side of the guarded channel for one round."""
@@ -49,15 +53,7 @@ class Channel:
     #: client ``cid``'s data (in-process executors only: the client function runs here)
     client: Callable[[int], ClientData]
     #: client ``cid``'s update will not arrive (a remote node failed or timed out), and why; may abort the round
-    drop: Callable[[int, str], None] = field(default=None)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.drop is None:
-            object.__setattr__(self, "drop", _no_dropouts)
-
-
-def _no_dropouts(cid: int, reason: str) -> None:
-    raise RuntimeError(f"client {cid} dropped out ({reason}), and this channel takes no dropouts")
+    drop: Callable[[int, str], None] = _no_dropouts
 
 
 class Executor(ABC):
