@@ -78,8 +78,8 @@ class DifferentialPrivacy(ProtocolLayer):
     # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters
     @property
     def client_state_on_nodes(self) -> bool:  # type: ignore[override]
-        """On Flower, each client's secret stream (DP-SGD's batches and noise, its noise share) lives in its node's
-        state, which lasts one Flower run."""
+        """On Flower, each client's secret stream (DP-SGD's batches and noise, its noise share) lives on its node
+        (its ``context.state`` and own storage, which a resumed run takes up again)."""
         p = self.cfg.privacy
         return p.local is not None or (p.client is not None and p.client.noise == "clients")
 

@@ -142,8 +142,8 @@ class Algorithm:
     description: ClassVar[str] = ""
     #: clients train their own class-embedding row(s) and send the delta back
     trains_rows: ClassVar[bool] = True
-    #: its clients keep state between rounds (``ClientData.state``); on Flower it lives in the nodes' state, which
-    #: lasts one Flower run, so such a run cannot be resumed there
+    #: its clients keep state between rounds (``ClientData.state``); on Flower it lives on the nodes (their
+    #: ``context.state`` and own storage), and a node sends at most one message at a time
     keeps_client_state: ClassVar[bool] = False
     #: one client holding all data and all labels (the oracle)
     centralized: ClassVar[bool] = False

@@ -134,8 +134,8 @@ class ProtocolLayer:
     (:class:`~secure_fed.specs.LayerSpec`) holds its threat model and config rules."""
 
     name: ClassVar[str] = ""
-    #: on Flower its clients keep state from the run's setup (e.g. keyrings) in the nodes' ``context.state``, which
-    #: lasts one Flower run: a resumed run cannot continue on Flower
+    #: its clients keep secrets (e.g. keyrings) on the Flower nodes: in the nodes' ``context.state`` and their own
+    #: storage, which a resumed run takes up again (each node must have it; :mod:`secure_fed.engine.flower.apps`)
     client_state_on_nodes: ClassVar[bool] = False
 
     def __init__(self, cfg: ExperimentConfig, env: StackEnv):

@@ -17,7 +17,7 @@ from tests.engine.flower.nodes import run_in_process, run_recorded
 GENERAL = ["model.family=linear_head", "partition.name=cmda", "partition.num_clients=5", "partition.kmodes_inits=2",
            "training.client_lr=0.1", "training.rounds=2", "evaluation.every=1", "flower.num_supernodes=3"]  # fmt: skip
 CASES = {
-    "flag": [*GENERAL, "algorithm.name=flag", "algorithm.loss=asl"],
+    "flag": [*GENERAL, "algorithm.name=flag", "algorithm.loss=asl", "output.log_messages=true"],
     "fedlgt": ["algorithm.name=fedlgt", "model.family=ctran", "model.embedding_dim=16", "partition.name=iid",
                "model.ctran={layers: 1, heads: 2, token_size: 4}", "partition.num_clients=3", "training.rounds=2",
                "training.client_optimizer=adam", "training.client_lr=0.003", "flower.num_supernodes=2"],
@@ -43,6 +43,10 @@ def test_the_general_setting_on_flower_equals_in_process(case, tmp_path):
     for f, h in zip(flower.history, local.history, strict=True):
         for k in CLIENT_METRICS:
             assert f.get(k) == pytest.approx(h.get(k), abs=1e-5), (h["round"], k)
+    if fl.messages is not None:  # what the server learned from the reports is in its recorded view
+        reports = [m for m in fl.messages if m["direction"] == "up" and "report" in m["message"]]
+        assert len(reports) == 2 * len(fl.fed.clients)  # one per client and evaluated round
+        assert all(set(m["message"]["report"]) == {"client_evaluation"} for m in reports)
 
 
 def test_a_client_evaluation_report_is_refused_under_dp(tmp_path):
