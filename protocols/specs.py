@@ -176,6 +176,7 @@ KEYED_HASHING = LayerSpec(
     implementation="protocols.keyed_hashing:KeyedHashing",
     validate=_validate_keyed_hashing,
     runs_on_flower=True,  # its setup steps are client-side methods; the keyrings live in each node's context.state
+    row_sparse_updates=lambda cfg: True,  # it keys labels and tokens; θ updates pass through untouched
     downlink_rules={
         "keyed_hashing": Setting(),
         **KEY_DEALING_DOWN,
@@ -197,6 +198,9 @@ DP = LayerSpec(
     implementation="protocols.dp.layer:DifferentialPrivacy",
     validate=_validate_dp,
     runs_on_flower=True,  # every mechanism: the clients' secret streams live on their nodes (client_state_on_nodes)
+    # the instance unit steps W on the server and never sees θ updates; client-level DP clips and noises whole
+    # updates, DP-SGD in client training noises the whole table: those take dense updates
+    row_sparse_updates=lambda cfg: cfg.privacy.client is None and cfg.privacy.local is None,
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
     uplink_rules={"row_noise": FullTable("W")},
 )

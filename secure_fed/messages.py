@@ -52,9 +52,14 @@ class Params(Rule):
     """A dict holding exactly the tensors of server group ``group`` (updates: their deltas), each of its shape."""
 
     group: str = "theta"
+    #: an entry may be a :class:`~secure_fed.models.sparse_rows.RowSparseDelta` (an update of a sparse-input table
+    #: as the columns the client touched; uplink only)
+    row_sparse: bool = False
 
     def check(self, key, value, msg, ctx):
         import torch
+
+        from secure_fed.models.sparse_rows import RowSparseDelta
 
         if ctx.visibility.get(self.group) != Visibility.ALL:
             return f"'{key}' carries {self.group}, which the algorithm does not let clients see whole"
@@ -62,9 +67,28 @@ class Params(Rule):
         if not isinstance(value, dict) or set(value) != set(shapes):
             return f"'{key}' must hold exactly the parameters of {self.group}"
         for n, v in value.items():
-            if not isinstance(v, torch.Tensor) or tuple(v.shape) != shapes[n]:
+            if self.row_sparse and isinstance(v, RowSparseDelta):
+                if (why := _row_sparse_problem(v, shapes[n])) is not None:
+                    return f"'{key}' entry '{n}' {why}"
+            elif not isinstance(v, torch.Tensor) or tuple(v.shape) != shapes[n]:
                 return f"'{key}' entry '{n}' has the wrong shape"
         return None
+
+
+def _row_sparse_problem(v, shape: tuple[int, ...]) -> str | None:
+    """Why a row-sparse update does not fit a parameter of ``shape`` (None: it does)."""
+    import torch
+
+    if len(shape) != 2 or tuple(v.shape) != tuple(shape):
+        return "has the wrong shape"
+    cols, values = v.cols, v.values
+    if not isinstance(cols, torch.Tensor) or cols.dtype != torch.int64 or cols.dim() != 1:
+        return "has column ids that are not a 1-d int64 tensor"
+    if not isinstance(values, torch.Tensor) or tuple(values.shape) != (len(cols), shape[0]):
+        return "has values that do not match its columns"
+    if len(cols) and (int(cols[0]) < 0 or int(cols[-1]) >= shape[1] or bool((cols[1:] <= cols[:-1]).any())):
+        return "has column ids that are not distinct, sorted and in range"
+    return None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ class LayerSpec:
     #: no layer-level ``client_mod`` and no setup exchange beyond registered client functions; ``validate`` refuses
     #: the settings of it that Flower does not carry (``cfg.backend == "flower"``)
     runs_on_flower: bool = False
+    #: ``row_sparse_updates(cfg)``: the layer's client and server sides take a client update whose sparse-input
+    #: table travels as the columns it touched (:class:`~secure_fed.models.sparse_rows.RowSparseDelta`), in a run
+    #: with ``cfg``; False for layers that sum, mask, encrypt, clip or noise whole updates (the column set reveals a
+    #: client's features)
+    row_sparse_updates: Callable[[Any], bool] | None = None
     #: the message keys the layer adds (its setup exchanges, its additions to updates), with their rules
     downlink_rules: dict[str, Rule] = field(default_factory=dict)
     uplink_rules: dict[str, Rule] = field(default_factory=dict)
@@ -105,6 +110,18 @@ def validate_stack(cfg) -> None:
     summing = [n for n in stack if specs[n].replaces_aggregation]
     if len(summing) > 1:
         raise ValueError(f"{' and '.join(summing)} both replace how the server sums updates; choose one")
+    if cfg.training.sparse_updates is True and (dense := dense_update_layers(cfg)):
+        raise ValueError(
+            f"training.sparse_updates=true: protocols {dense} take only dense client updates (the touched columns "
+            "would reveal a client's features to the server, or the layer clips or noises whole updates); set "
+            "training.sparse_updates: auto"
+        )
     for spec in specs.values():
         if spec.validate is not None:
             spec.validate(cfg, stack)
+
+
+def dense_update_layers(cfg) -> list[str]:
+    """The listed protocol layers that take only dense client updates in a run with ``cfg``."""
+    specs = layer_specs()
+    return [n for n in cfg.protocols if n in specs and not (specs[n].row_sparse_updates and specs[n].row_sparse_updates(cfg))]

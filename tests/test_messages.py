@@ -113,3 +113,41 @@ def test_guard_follows_a_new_row_order():
     g.check_down(0, {"rows": torch.zeros(1, 4), "row_ids": torch.tensor([3])})
     with pytest.raises(PrivacyViolation):
         g.check_down(0, {"rows": torch.zeros(1, 4), "row_ids": torch.tensor([0])})
+
+
+def test_row_sparse_updates_only_where_declared_and_well_formed():
+    """A θ update may carry a table's touched columns (uplink ``Params(row_sparse=True)``) only as distinct,
+    sorted, in-range int64 columns with one value row each; the downlink's ``Params`` takes dense tensors only."""
+    from secure_fed.models.sparse_rows import RowSparseDelta
+
+    def upd(cols, rows=None):
+        cols = torch.tensor(cols, dtype=torch.int64)
+        return {"a": RowSparseDelta(cols, torch.zeros(len(cols) if rows is None else rows, 2), (2, 3)), "b": torch.zeros(3)}
+
+    up, down = Params("theta", row_sparse=True), Params("theta")
+    assert up.check("theta_delta", upd([0, 2]), {}, ctx()) is None
+    assert up.check("theta_delta", upd([]), {}, ctx()) is None
+    assert down.check("theta", upd([0, 2]), {}, ctx()) == "'theta' entry 'a' has the wrong shape"
+    assert "not distinct, sorted and in range" in up.check("theta_delta", upd([2, 0]), {}, ctx())
+    assert "not distinct, sorted and in range" in up.check("theta_delta", upd([1, 1]), {}, ctx())
+    assert "not distinct, sorted and in range" in up.check("theta_delta", upd([0, 3]), {}, ctx())
+    assert "not distinct, sorted and in range" in up.check("theta_delta", upd([-1, 0]), {}, ctx())
+    assert "do not match its columns" in up.check("theta_delta", upd([0, 1], rows=3), {}, ctx())
+    bad_shape = {"a": RowSparseDelta(torch.tensor([0]), torch.zeros(1, 2), (2, 4)), "b": torch.zeros(3)}
+    assert up.check("theta_delta", bad_shape, {}, ctx()) == "'theta_delta' entry 'a' has the wrong shape"
+    floats = {"a": RowSparseDelta(torch.tensor([0.0]), torch.zeros(1, 2), (2, 3)), "b": torch.zeros(3)}
+    assert "not a 1-d int64 tensor" in up.check("theta_delta", floats, {}, ctx())
+
+
+def test_row_sparse_delta_is_its_dense_update():
+    from secure_fed.models.sparse_rows import RowSparseDelta, apply_delta
+
+    d = RowSparseDelta(torch.tensor([1, 3]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]), (2, 4))
+    want = torch.tensor([[0.0, 1.0, 0.0, 3.0], [0.0, 2.0, 0.0, 4.0]])
+    assert torch.equal(d.to_dense(), want)
+    t = torch.arange(8.0).reshape(2, 4)
+    assert torch.equal(apply_delta(t, d), t + want)
+    s = torch.zeros(2, 4)
+    d.add_to(s, alpha=2.0)
+    assert torch.equal(s, 2 * want)
+    assert d.sq_norm() == 30.0

@@ -19,6 +19,8 @@ from typing import Any
 import scipy.sparse as sp
 import torch
 
+from secure_fed.models.sparse_rows import dense_delta
+
 
 @dataclass(frozen=True)
 class RoundCapture:
@@ -105,7 +107,10 @@ class ServerTap:
             return
         plain = bool(wires) and all(isinstance(w.get("theta_delta"), dict) for w in wires.values())
         kind = "plaintext" if plain else ("encrypted" if any("ciphertexts" in w for w in wires.values()) else "masked")
-        indiv = {cid: w["theta_delta"][self.parameter].detach().cpu().clone() for cid, w in wires.items()} if plain else None
+        indiv = (
+            {cid: dense_delta(w["theta_delta"][self.parameter]).detach().cpu().clone() for cid, w in wires.items()}
+            if plain else None
+        )  # fmt: skip
         agg = theta_sum[self.parameter].detach().cpu().clone() if theta_sum is not None else None
         self.capture = {
             "round": round_idx, "cohort": tuple(int(c) for c in cohort), "parameter": self.parameter,

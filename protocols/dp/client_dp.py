@@ -21,6 +21,13 @@ from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import client_step
 from secure_fed.engine.aggregation import Aggregate
+from secure_fed.models.sparse_rows import dense_delta
+
+
+def dense_update(reply: Payload) -> Payload:
+    """The reply with every θ update dense (clipping and noise act on the whole update; the engine sends no
+    row-sparse update under client-level DP, see ``LayerSpec.row_sparse_updates``, but a caller might)."""
+    return {**reply, "theta_delta": {n: dense_delta(t) for n, t in reply["theta_delta"].items()}}
 
 
 def update_norm(reply: Payload) -> float:
@@ -59,7 +66,7 @@ def cap_weight(reply: Payload, weight_cap: float) -> Payload:
 def clip_step(reply: Payload, *, clip_norm: float, weight_cap: float | None = None) -> Payload:
     """Client side, the client-level DP step of every round: clip the update to ``clip_norm``, then (FLAG) bound
     its weight by ``weight_cap``. Registered, so a remote client runs it from the round's plan."""
-    reply = clip_update(reply, clip_norm)
+    reply = clip_update(dense_update(reply), clip_norm)
     return cap_weight(reply, weight_cap) if weight_cap is not None else reply
 
 
@@ -70,9 +77,9 @@ def add_client_noise(
     is given, of all C class rows (``row_noise``, added where the update is packed for the secure sum).
 
     ``stream`` is the client's own secret (never the server's, never the public seed)."""
-    out = dict(reply)
+    out = dense_update(reply)
     out["theta_delta"] = {
-        n: t + (std * stream.gaussian(t.shape, f"{label} {n}")).to(t.device, t.dtype) for n, t in reply["theta_delta"].items()
+        n: t + (std * stream.gaussian(t.shape, f"{label} {n}")).to(t.device, t.dtype) for n, t in out["theta_delta"].items()
     }
     if rows_shape is not None:
         out["row_noise"] = (std * stream.gaussian(rows_shape, f"{label} rows")).float()

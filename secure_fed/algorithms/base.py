@@ -23,6 +23,7 @@ import scipy.sparse as sp
 import torch
 
 from secure_fed.messages import Number, Params, RowIds, Rows, Rules, Setting, Visibility
+from secure_fed.models.sparse_rows import apply_delta
 
 if TYPE_CHECKING:
     from secure_fed.config.schema import AlgorithmConfig
@@ -160,8 +161,8 @@ class Algorithm:
         "theta": Params("theta"), "rows": Rows("W"), "row_ids": RowIds("W"), "train_rows": Setting(), "loss": Setting(),
     }  # fmt: skip
     uplink_rules: ClassVar[Rules] = {
-        "theta_delta": Params("theta"), "rows_delta": Rows("W"), "row_ids": RowIds("W"), "num_examples": Number(),
-        "loss": Number(),
+        "theta_delta": Params("theta", row_sparse=True), "rows_delta": Rows("W"), "row_ids": RowIds("W"),
+        "num_examples": Number(), "loss": Number(),
     }  # fmt: skip
 
     def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None, loss: str | None = None):
@@ -201,7 +202,7 @@ class Algorithm:
     def client_model(self, payload: Payload, data: ClientData, reply: Payload) -> dict[str, torch.Tensor]:
         """Client side: θ of the client's own model after :meth:`client_update` (what AmAP evaluates on the
         client's own test data). Default: the θ it received plus its update."""
-        return {n: t + reply["theta_delta"][n] for n, t in payload["theta"].items()}
+        return {n: apply_delta(t, reply["theta_delta"][n]) for n, t in payload["theta"].items()}
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         """Modify W in place after aggregation; return stats to log. Default: nothing.

@@ -7,6 +7,7 @@ Flower ``ClientApp`` (or any transport) can host them unchanged.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ from secure_fed.algorithms.per_sample import (
 )
 from secure_fed.client_functions import client_function
 from secure_fed.models.families import CosineEmbedding, ModelFamily
-from secure_fed.models.sparse_rows import set_fused_sgd
+from secure_fed.models.sparse_rows import RowSparseDelta, SparseInputLinear, SparseRows, set_fused_sgd
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,10 +63,25 @@ class LocalTrainer:
         self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
         #: DP-SGD without per-sample gradients (ghost norms) when every trainable parameter is a linear layer's
         self.linear_fast_path = linear_only(model) and (self.family.name in ("embedding", "linear_head"))
+        #: the weights of the model's sparse-input layers (their updates may travel as touched columns)
+        self.sparse_tables = frozenset(
+            f"{mn}.weight" if mn else "weight" for mn, m in model.named_modules() if isinstance(m, SparseInputLinear)
+        )
+        #: set by the engine (``training.sparse_updates``): on sparse rows under plain SGD, an update of a sparse-input
+        #: table is a :class:`RowSparseDelta` over the columns the client's rows touch, not a dense tensor
+        self.row_sparse_updates = False
+        #: sparse-input tables the working model holds exactly as the θ tensor of this key (a weak reference and its
+        #: version counter): after a row-sparse update the trainer restores the touched columns, so the next client of
+        #: the round loads nothing but the small parameters (an XC table is ~0.4 GB)
+        self._clean: dict[str, tuple[weakref.ref, int]] = {}
 
     @torch.no_grad()
     def _load(self, theta: dict[str, torch.Tensor]) -> None:
+        clean, self._clean = self._clean, {}
         for n, p in self.model.named_parameters():
+            ref = clean.get(n)
+            if ref is not None and ref[0]() is theta[n] and ref[1] == theta[n]._version:
+                continue  # the working table already equals this θ tensor, unchanged since
             p.copy_(theta[n])
 
     def update(
@@ -130,12 +146,32 @@ class LocalTrainer:
         # sparse input rows, plain SGD: the first layer's step is fused into its backward (the batch's columns only)
         plain_sgd = hp.optimizer == "sgd" and not hp.momentum and not hp.weight_decay and privatizer is None
         set_fused_sgd(self.model, hp.lr if plain_sgd else None)
+        # plain SGD on sparse rows changes a sparse-input table only at the columns of the client's features: its
+        # update is those columns (the others' deltas are exact zeros)
+        row_sparse = self.row_sparse_updates and plain_sgd and isinstance(data.x, SparseRows) and bool(self.sparse_tables)
+        cols = torch.unique(data.x.indices) if row_sparse else None  # sorted, distinct
         try:
-            return self._train(payload, data, hp, generator, privatizer, rows, train_rows, targets, params)
+            return self._train(payload, data, hp, generator, privatizer, rows, train_rows, targets, params, cols)
         finally:
             set_fused_sgd(self.model, None)
 
-    def _train(self, payload, data, hp, generator, privatizer, rows, train_rows, targets, params) -> Payload:
+    @torch.no_grad()
+    def _delta(self, theta: dict[str, torch.Tensor], cols: torch.Tensor | None) -> dict[str, torch.Tensor | RowSparseDelta]:
+        """θ's update: final − start per parameter; with ``cols``, each sparse-input table's as a
+        :class:`RowSparseDelta` over those columns, and the working table restored to θ there (the next client of
+        the round then loads nothing of it)."""
+        out: dict[str, torch.Tensor | RowSparseDelta] = {}
+        for n, p in self.model.named_parameters():
+            start = theta[n]
+            if cols is None or n not in self.sparse_tables:
+                out[n] = p.detach() - start
+                continue
+            out[n] = RowSparseDelta(cols, p.detach().t()[cols] - start.t()[cols], tuple(p.shape))
+            p.t()[cols] = start.t()[cols]
+            self._clean[n] = (weakref.ref(start), start._version)
+        return out
+
+    def _train(self, payload, data, hp, generator, privatizer, rows, train_rows, targets, params, cols=None) -> Payload:
         if hp.optimizer == "adam":
             opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
         else:
@@ -184,7 +220,7 @@ class LocalTrainer:
                 total += float(loss.detach())
                 steps += 1
         with torch.no_grad():
-            theta_delta = {n_: p.detach() - payload["theta"][n_] for n_, p in self.model.named_parameters()}
+            theta_delta = self._delta(payload["theta"], cols)
             reply: Payload = {"theta_delta": theta_delta, "num_examples": n, "loss": total / max(steps, 1)}
             if train_rows:
                 reply["rows_delta"] = rows.detach() - payload["rows"]

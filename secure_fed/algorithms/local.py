@@ -13,6 +13,7 @@ import torch
 
 from secure_fed.algorithms.base import Algorithm, ClientData, Payload, TrainFn
 from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.models.sparse_rows import apply_delta
 
 
 class Local(Algorithm):
@@ -28,8 +29,8 @@ class Local(Algorithm):
         if start is None:
             start = {n: t.detach().clone() for n, t in payload["theta"].items()}
         reply = train({**payload, "theta": start})
-        data.state["theta"] = {n: start[n] + reply["theta_delta"][n] for n in start}
-        return {**reply, "theta_delta": {n: torch.zeros_like(t) for n, t in reply["theta_delta"].items()}}
+        data.state["theta"] = {n: apply_delta(start[n], reply["theta_delta"][n]) for n in start}
+        return {**reply, "theta_delta": {n: torch.zeros_like(start[n]) for n in reply["theta_delta"]}}
 
     def client_model(self, payload: Payload, data: ClientData, reply: Payload) -> dict[str, torch.Tensor]:
         return data.state["theta"]

@@ -339,6 +339,12 @@ class TrainingConfig(_Strict):
         description="how a round's clients run: sequential (the reference) or vectorized (a chunk of clients trains "
         "together, exact lock-step SGD; secure_fed.engine.vectorized)",
     )
+    sparse_updates: bool | Literal["auto"] = Field(
+        "auto",
+        description="sparse input rows under plain SGD: a client's update of the input table travels as the columns its "
+        "rows touch (auto: whenever every listed protocol layer takes such updates; secure sums and client-level DP do "
+        "not, the column set would reveal the client's features); false: always dense",
+    )
     chunk_clients: int | None = Field(
         None, ge=1, le=1024, description="vectorized: clients trained together at most (default: fit a quarter of free memory)"
     )

@@ -19,6 +19,7 @@ import torch
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.errors import RoundAborted
+from secure_fed.models.sparse_rows import RowSparseDelta, dense_delta
 
 
 @dataclass
@@ -109,7 +110,7 @@ class UpdateLayout:
         seg = self.segments()
         v = np.zeros(self.size, dtype=np.float64)
         for n in self.names:
-            v[seg[n]] = w * reply["theta_delta"][n].detach().double().cpu().numpy().ravel()
+            v[seg[n]] = w * dense_delta(reply["theta_delta"][n]).detach().double().cpu().numpy().ravel()
         rows = v[seg["rows"]]
         deltas = rows[: self.num_rows * self.dim].reshape(self.num_rows, self.dim)
         counts = rows[self.num_rows * self.dim :]
@@ -193,7 +194,10 @@ class RoundSession:
     def submit(self, cid: int, reply: Payload) -> None:
         w = client_weight(reply, self.weighting)
         for n, d in reply["theta_delta"].items():
-            self._theta_sum[n].add_(d.to(self.device), alpha=w)
+            if isinstance(d, RowSparseDelta):  # the columns the client touched: a streaming sum of those only
+                d.add_to(self._theta_sum[n], alpha=w)
+            else:
+                self._theta_sum[n].add_(d.to(self.device), alpha=w)
         if "rows_delta" in reply:
             ids = torch.as_tensor(reply["row_ids"], device=self.device)
             self._row_sum.index_add_(0, ids, reply["rows_delta"].to(self.device))

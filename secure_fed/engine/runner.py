@@ -61,7 +61,7 @@ from secure_fed.messages import FullTable, Rules
 from secure_fed.models import mean_pairwise_cosine
 from secure_fed.models.families import model_family
 from secure_fed.models.sparse_rows import SparseRows, column_major
-from secure_fed.specs import layer_specs
+from secure_fed.specs import dense_update_layers, layer_specs
 
 
 @dataclass
@@ -139,6 +139,11 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.label_perm: np.ndarray | None = None  # simulator's view: label l lives in row label_perm[l]
         self.stop_reason: str | None = None
         self.trainer = LocalTrainer(self.worker, self.family)
+        # a plaintext update of a sparse-input table as the columns the client touched, where every layer takes it
+        self.trainer.row_sparse_updates = (
+            isinstance(self.fed.x_test, SparseRows) and cfg.training.sparse_updates is not False
+            and not dense_update_layers(cfg)
+        )  # fmt: skip
         t = cfg.training
         self.local = LocalTraining(
             epochs=t.local_epochs,

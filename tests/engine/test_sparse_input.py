@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from secure_fed.config import load_config
 from secure_fed.data.synth_xc import synth_xc
@@ -57,3 +58,65 @@ def test_sparse_input_true_needs_sparse_text_on_sparse_data(tmp_path, xc_files):
         Experiment(load_config(overrides=[*SMALL, "model.sparse_input=true"]), run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"model.sparse_input=true .* model.name=mlp"):
         Experiment(_cfg(xc_files, "model.name=mlp", "model.sparse_input=true"), run_dir=tmp_path / "b")
+
+
+def _uplinks(exp):
+    return [m for m in exp.messages if m["direction"] == "up" and "theta_delta" in m["message"]]
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedalc"])
+def test_row_sparse_updates_equal_dense_updates_exactly(xc_files, tmp_path, algorithm):
+    """A plaintext update of the input table as the columns the client touched gives the same run, bit for bit, as
+    the dense update; the wire carries exactly the columns of the client's own features (read from the raw file)."""
+    from secure_fed.data.from_config import build_dataset
+    from secure_fed.models.sparse_rows import RowSparseDelta
+
+    runs = {}
+    for mode in ("auto", "false"):
+        cfg = _cfg(xc_files, f"algorithm.name={algorithm}", "model.sparse_input=true", f"training.sparse_updates={mode}",
+                   "output.log_messages=true")  # fmt: skip
+        exp = Experiment(cfg, run_dir=tmp_path / mode)
+        runs[mode] = (exp.run(progress=False), exp)
+    (a, ea), (b, eb) = runs["auto"], runs["false"]
+    assert ea.trainer.row_sparse_updates and not eb.trainer.row_sparse_updates
+    for n in ea.theta:
+        assert torch.equal(ea.theta[n], eb.theta[n]), n
+    assert torch.equal(ea.W, eb.W)
+    assert a.summary["final"] == b.summary["final"]
+    table = next(n for n, t in ea.theta.items() if t.shape[1] == ea.dataset.train.features.shape[1])
+    raw = build_dataset(ea.cfg, None).train.features.tocsr()
+    ups = _uplinks(ea)
+    assert ups and all(isinstance(m["message"]["theta_delta"][table], RowSparseDelta) for m in ups)
+    assert all(not isinstance(m["message"]["theta_delta"][table], RowSparseDelta) for m in _uplinks(eb))
+    for m in ups[:5]:
+        rows = ea.fed.shards[m["client"]].indices
+        want = np.unique(raw[rows].nonzero()[1])
+        np.testing.assert_array_equal(m["message"]["theta_delta"][table].cols.numpy(), want)
+
+
+@pytest.mark.parametrize("layers", ["[secure_aggregation]", "[dp]"])
+def test_layers_that_sum_or_clip_updates_get_dense_ones(xc_files, tmp_path, layers):
+    from secure_fed.models.sparse_rows import RowSparseDelta
+
+    extra = ["privacy.client={noise_multiplier: 0.5, clip_norm: 1.0}", "training.aggregation=uniform",
+             "training.sampling=poisson"] if "dp" in layers else []
+    cfg = _cfg(xc_files, "algorithm.name=fedavg", "model.sparse_input=true", f"protocols={layers}", "training.rounds=1",
+               "output.log_messages=true", *extra)  # fmt: skip
+    exp = Experiment(cfg, run_dir=tmp_path)
+    assert not exp.trainer.row_sparse_updates
+    replies, check_up = [], exp.guard.check_up
+
+    def spy(cid, reply, *, record=True):  # the clients' plaintext replies, before the layers' client sides
+        replies.append(reply)
+        return check_up(cid, reply, record=record)
+
+    exp.guard.check_up = spy
+    exp.run(progress=False)
+    seen = [v for r in replies if "theta_delta" in r for v in r["theta_delta"].values()]
+    assert seen and not any(isinstance(v, RowSparseDelta) for v in seen)
+
+
+def test_sparse_updates_true_under_a_secure_sum_is_refused(xc_files, tmp_path):
+    with pytest.raises(ConfigError, match=r"training.sparse_updates=true: protocols \['secure_aggregation'\]"):
+        Experiment(_cfg(xc_files, "model.sparse_input=true", "protocols=[secure_aggregation]", "training.sparse_updates=true"),
+                   run_dir=tmp_path)  # fmt: skip

@@ -238,3 +238,16 @@ def test_label_set_noise_std_is_sigma_times_two_clip_norms():
                       noise=e)  # fmt: skip
     expected = torch.nn.functional.normalize(W - step * (sigma * 2 * C) * e / (q * 10), dim=-1)
     assert torch.allclose(W2, expected, atol=1e-15)
+
+
+def test_client_level_clip_of_a_row_sparse_update_is_the_dense_clip():
+    """Client-level DP clips the whole update: a table's update that arrives as touched columns is clipped as its
+    dense matrix (norm written out: ‖(3, 4)‖ = 5 over both parameters, scaled to the clip norm 1)."""
+    from protocols.dp.client_dp import clip_step
+    from secure_fed.models.sparse_rows import RowSparseDelta
+
+    reply = {"theta_delta": {"w": RowSparseDelta(torch.tensor([2]), torch.tensor([[3.0]]), (1, 4)),
+                             "b": torch.tensor([4.0])}, "loss": 0.0, "num_examples": 1}  # fmt: skip
+    out = clip_step(reply, clip_norm=1.0)
+    assert torch.allclose(out["theta_delta"]["w"], torch.tensor([[0.0, 0.0, 0.6, 0.0]]))
+    assert torch.allclose(out["theta_delta"]["b"], torch.tensor([0.8]))

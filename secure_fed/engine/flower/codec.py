@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from secure_fed.models.sparse_rows import RowSparseDelta
+
 _DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32,
                                torch.int16, torch.int8, torch.uint8, torch.bool)}  # fmt: skip
 
@@ -39,6 +41,9 @@ def encode(payload: dict[str, Any]) -> RecordDict:
             host = t.float() if t.dtype == torch.bfloat16 else t
             arrays[path] = Array(np.ascontiguousarray(host.numpy()).reshape(-1))
             return {"t": path, "dtype": dtype, "shape": list(t.shape)}
+        if isinstance(v, RowSparseDelta):  # a sparse-input table's update as its touched columns
+            return {"rs": [walk(v.cols, f"{path}/c", f"{where}.cols"), walk(v.values, f"{path}/v", f"{where}.values"),
+                           list(v.shape)]}  # fmt: skip
         if isinstance(v, np.ndarray):
             if v.dtype.kind not in "biuf":
                 raise CodecError(f"{where}: arrays of dtype {v.dtype} are not carried")
@@ -94,6 +99,11 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
             return [build(x) for x in node["l"]]
         if "u" in node:
             return tuple(build(x) for x in node["u"])
+        if "rs" in node:
+            cols, vals, shape = node["rs"]
+            if not (isinstance(shape, list) and len(shape) == 2 and all(type(k) is int and k >= 0 for k in shape)):
+                raise CodecError("a row-sparse update's shape is not two sizes")
+            return RowSparseDelta(build(cols), build(vals), (shape[0], shape[1]))
         return node["v"]
 
     payload = build(json.loads(str(values["layout"])))

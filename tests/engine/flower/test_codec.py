@@ -104,3 +104,16 @@ def test_what_cannot_travel_is_refused_naming_the_key():
         encode({"fn": lambda: 0})
     with pytest.raises(CodecError, match="complex"):
         encode({"z": torch.zeros(2, dtype=torch.complex64)})
+
+
+def test_row_sparse_update_round_trips_and_a_bad_shape_is_refused():
+    from secure_fed.models.sparse_rows import RowSparseDelta
+
+    d = RowSparseDelta(torch.tensor([0, 5, 9]), torch.randn(3, 4), (4, 10))
+    back = decode(recorddict_from_proto(recorddict_to_proto(encode({"theta_delta": {"w": d}}))))["theta_delta"]["w"]
+    assert isinstance(back, RowSparseDelta) and back.shape == (4, 10)
+    assert torch.equal(back.cols, d.cols) and torch.equal(back.values, d.values)
+    rec = encode({"u": d})
+    rec["values"]["layout"] = rec["values"]["layout"].replace("[4, 10]", '[4, "x"]')
+    with pytest.raises(CodecError, match="row-sparse update's shape"):
+        decode(rec)
