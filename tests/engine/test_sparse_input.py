@@ -98,8 +98,11 @@ def test_row_sparse_updates_equal_dense_updates_exactly(xc_files, tmp_path, algo
 def test_layers_that_sum_or_clip_updates_get_dense_ones(xc_files, tmp_path, layers):
     from secure_fed.models.sparse_rows import RowSparseDelta
 
-    extra = ["privacy.client={noise_multiplier: 0.5, clip_norm: 1.0}", "training.aggregation=uniform",
-             "training.sampling=poisson"] if "dp" in layers else []
+    extra = (
+        ["privacy.client={noise_multiplier: 0.5, clip_norm: 1.0}", "training.aggregation=uniform", "training.sampling=poisson"]
+        if "dp" in layers
+        else []
+    )
     cfg = _cfg(xc_files, "algorithm.name=fedavg", "model.sparse_input=true", f"protocols={layers}", "training.rounds=1",
                "output.log_messages=true", *extra)  # fmt: skip
     exp = Experiment(cfg, run_dir=tmp_path)
