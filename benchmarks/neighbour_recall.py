@@ -1,6 +1,7 @@
 """FedALC's approximate neighbour search against the exact one: recall and seconds, measured in the same run.
 
-    python benchmarks/neighbour_recall.py [--labels 50000] [--dim 512] [--k 50] [--nprobe 64,256,1024] [--json FILE]
+    python benchmarks/neighbour_recall.py [--labels 50000] [--dim 512] [--k 50] [--ef 64,128,256] [--nprobe 64,256,1024]
+        [--json FILE]
 
 Two kinds of class-embedding rows W (C × d):
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labels", type=int, default=50_000)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--ef", default="64,128,256")
     ap.add_argument("--nprobe", default="64,256,1024")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -61,13 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         t_exact = time.perf_counter() - t
         print(f"{name:<12} {'exact':<18} {t_exact:>8.1f} {1.0:>7.3f}", flush=True)
         out.append({"rows": name, "search": "exact", "seconds": t_exact, "recall": 1.0})
-        for nprobe in (int(x) for x in args.nprobe.split(",")):
+        settings = [("hnsw", int(x)) for x in args.ef.split(",") if x] + [("ivf", int(x)) for x in args.nprobe.split(",") if x]
+        for index, knob in settings:
             t = time.perf_counter()
-            approx = approximate_nearest_classes(W, k, nprobe=nprobe)
+            approx = approximate_nearest_classes(W, k, index=index, nprobe=knob, ef_search=knob)
             dt = time.perf_counter() - t
             r = recall(approx, exact)
-            print(f"{name:<12} {f'approximate {nprobe}':<18} {dt:>8.1f} {r:>7.3f}   ({t_exact / dt:.1f}x faster)", flush=True)
-            out.append({"rows": name, "search": f"approximate nprobe={nprobe}", "seconds": dt, "recall": r})
+            label = f"{index} {'ef' if index == 'hnsw' else 'nprobe'} {knob}"
+            print(f"{name:<12} {label:<18} {dt:>8.1f} {r:>7.3f}   ({t_exact / dt:.1f}x faster)", flush=True)
+            out.append({"rows": name, "search": label, "seconds": dt, "recall": r})
     if args.json:
         Path(args.json).write_text(json.dumps({"labels": C, "dim": d, "k": k, "results": out}, indent=2))
     return 0

@@ -131,7 +131,7 @@ class FedALC(_LabelSetMixin, Algorithm):
         cfg = self.cfg
         if cfg.neighbour_search == "exact":
             return nearest_classes(W, cfg.k), {}
-        nn_idx = approximate_nearest_classes(W, cfg.k, nprobe=cfg.ann_nprobe)
+        nn_idx = approximate_nearest_classes(W, cfg.k, index=cfg.ann_index, nprobe=cfg.ann_nprobe, ef_search=cfg.ann_ef_search)
         if not recall:
             return nn_idx, {}
         rows = torch.linspace(0, W.shape[0] - 1, min(RECALL_ROWS, W.shape[0]), device=W.device).long().unique()

@@ -269,10 +269,16 @@ class AlgorithmConfig(_Strict):
     negative_mining: bool = Field(True, description="fedaws: eq. 8 (top-k) instead of eq. 7")
     neighbour_search: Literal["exact", "approximate"] = Field(
         "exact",
-        description="fedalc: N_K(u) by the exact blocked search, or by an inverted-file index (faiss; for hundreds of "
-        "thousands of labels, where the exact search costs C²·d); its recall is in the private diagnostics",
+        description="fedalc: N_K(u) by the exact blocked search, or by an approximate index (faiss, ann_index; for "
+        "hundreds of thousands of labels, where the exact search costs C²·d); its recall is in the private diagnostics",
     )
-    ann_nprobe: int = Field(256, ge=1, le=65_536, description="neighbour_search approximate: index lists searched per query")
+    ann_index: Literal["hnsw", "ivf"] = Field(
+        "hnsw",
+        description="neighbour_search approximate: a graph index (faiss IndexHNSWFlat, M = 32, efConstruction 80; "
+        "cost ~C·log C) or an inverted-file index (IndexIVFFlat, ⌈4√C⌉ lists; cost ~C^1.5)",
+    )
+    ann_ef_search: int = Field(128, ge=1, le=65_536, description="ann_index hnsw: candidates kept per query (efSearch)")
+    ann_nprobe: int = Field(256, ge=1, le=65_536, description="ann_index ivf: index lists searched per query")
     margin: float = Field(1.0, gt=0.0, le=4.0, description="ν in cosine distance (fedalc eq. 11/12, fedaws eq. 7)")
     gamma_scale: Literal["classes_minus_one"] | Annotated[float, Field(gt=0.0, le=1e9)] = "classes_minus_one"
     normalize_gamma: bool = Field(True, description="fedalc: use γ (eq. 10) rather than σ (eq. 9)")

@@ -210,16 +210,17 @@ def test_server_step_in_outer_blocks_equals_the_one_expression_step(algorithm, m
     assert not torch.equal(out[0][0], W0)  # the step moved W
 
 
-def test_approximate_neighbours_find_most_exact_neighbours_and_never_the_class_itself():
-    """The inverted-file search on clustered rows (as trained class embeddings are): recall against the exact search
-    (counted here from the dense distance matrix, independently) and no class among its own neighbours."""
+@pytest.mark.parametrize("index", ["hnsw", "ivf"])
+def test_approximate_neighbours_find_most_exact_neighbours_and_never_the_class_itself(index):
+    """The graph and inverted-file searches on clustered rows (as trained class embeddings are): recall against the
+    exact search (counted here from the dense distance matrix, independently) and no class among its own neighbours."""
     from secure_fed.algorithms.regularizers import approximate_nearest_classes, cosine_distances, neighbour_recall
 
     torch.manual_seed(0)
     C, dim, k = 4000, 32, 10
     centres = F.normalize(torch.randn(200, dim), dim=-1)
     W = F.normalize(centres[torch.randint(0, 200, (C,))] + 0.3 * torch.randn(C, dim) / dim**0.5, dim=-1)
-    approx = approximate_nearest_classes(W, k, nprobe=64)
+    approx = approximate_nearest_classes(W, k, index=index, nprobe=64, ef_search=64)
     assert approx.shape == (C, k) and not (approx == torch.arange(C)[:, None]).any()
     assert all(len(set(r)) == k for r in approx.tolist())
     D = cosine_distances(W)
@@ -236,10 +237,12 @@ def test_fedalc_with_the_approximate_search_reports_its_recall(tmp_path):
     from secure_fed.engine import Experiment
     from tests.conftest import small_config
 
-    exp = Experiment(small_config("algorithm.neighbour_search=approximate", "training.rounds=2"), run_dir=tmp_path)
-    exp.run(progress=False)
-    recalls = [d["neighbour_recall"] for d in exp.diagnostics]
-    assert len(recalls) == 2 and all(0.0 <= r <= 1.0 for r in recalls)
+    for index in ("hnsw", "ivf"):
+        cfg = small_config("algorithm.neighbour_search=approximate", f"algorithm.ann_index={index}", "training.rounds=2")
+        exp = Experiment(cfg, run_dir=tmp_path / index)
+        exp.run(progress=False)
+        recalls = [d["neighbour_recall"] for d in exp.diagnostics]
+        assert len(recalls) == 2 and all(0.0 <= r <= 1.0 for r in recalls)
 
 
 def test_eq11_per_set_gradients_from_the_held_labels_pairs_equal_those_from_every_pair():
