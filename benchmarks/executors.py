@@ -12,7 +12,9 @@ how the cost grows with the number of clients — every ratio measured in the sa
   training GFLOP/s of each (the round's forward, input-gradient and weight-gradient products counted from the
   network's shape and the clients' example counts) over the matmul rate at the same precision.
 * **Scaling**: synthetic positive-only data with C labels (one client per label, 20 instances per label, dense
-  64-wide features, the same 1024-wide body), seconds per round of both executors at each C.
+  64-wide features, the same 1024-wide body; label groups of about 32 labels and about 1.6 noise labels an
+  instance, so an instance holds about 12 labels, and a client about as many examples, from 40 clients up),
+  seconds per round of both executors at each C.
 
 The per-round time is wall time of ``Experiment.train_round`` (no evaluation).
 """
@@ -113,7 +115,8 @@ def main() -> None:
 
     for n in [int(c) for c in args.scaling.split(",") if c]:
         ov = [f"dataset.synthetic.num_labels={n}", f"dataset.synthetic.num_train={20 * n}",
-              f"dataset.synthetic.num_groups={max(1, min(5, n // 2))}", "dataset.synthetic.num_test=200",
+              f"dataset.synthetic.num_groups={max(1, round(n / 32))}", f"dataset.synthetic.noise_label_rate={min(0.01, 1.6 / n)}",
+              "dataset.synthetic.num_test=200",
               "model.hidden_dims=[1024,1024]", "model.embedding_dim=512", "training.client_fraction=1.0"]  # fmt: skip
         row = {ex: seconds_per_round(None, ov, ex, max(1, args.rounds - 1))[0] for ex in ("sequential", "vectorized")}
         row["speedup"] = row["sequential"] / row["vectorized"]
