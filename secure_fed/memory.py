@@ -20,8 +20,9 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 * ``label sets`` (FedALC): the tokens of every client's instances and the merged CSR sets;
 * ``co-occurrence`` (FedALC): the sparse counts of the label pairs that occur (Σ_j |L_j|², at most C²); a round
   adds one block of the top-k regulariser's pair tensors;
-* ``eq. 12 pairs`` (FedALC-fixed): its all-pairs form holds C × C matrices, and (C, C, d) pair gradients under
-  ``privacy.instance`` (not yet over sparse pairs);
+* ``eq. 12 pairs`` (FedALC-fixed): a block of rows against all C labels (eq. 12's β term is over every pair),
+  a chunk of co-occurring pairs and a few C·d tables; under ``privacy.instance`` a chunk of per-set gradients
+  (:data:`PER_SET_CHUNK_ELEMENTS`) with their per-set pair terms;
 * ``attack NAME``: an attack in ``attacks.run`` that densifies label matrices declares its peak (``AttackSpec.memory``);
 * a protocol that sums flat vectors (secure aggregation, CKKS) adds float64 vectors of the whole update layout
   (θ plus C·(d+1)) to a round, several at once.
@@ -59,10 +60,17 @@ COOCCURRENCE_BYTES = 24
 PAIR_BLOCK_ELEMENTS = 2**24
 #: float32 (pairs × d) tensors a block of the top-k regulariser's backward holds (gathered rows, products, grads)
 PAIR_TENSORS = 6
-#: FedALC-fixed (eq. 12): dense C × C float32 matrices its step holds (distances, counts, weights, their products),
-#: and (C, C, d) pair-gradient tensors of its per-label-set DP gradients
-FIXED_DENSE_MATRICES = 6
-FIXED_PAIR_TENSORS = 3
+#: elements of the (rows × C) block of eq. 12's all-pairs term and of the exact neighbour search
+#: (:data:`secure_fed.algorithms.regularizers.NEIGHBOUR_BLOCK_ELEMENTS`)
+ROW_BLOCK_ELEMENTS = 2**24
+#: FedALC-fixed (eq. 12): float32 (rows × C) blocks its step holds (cosines, hinge, weights, their product), and
+#: C·d tables (unit rows, two gradients, the hinge row sums)
+FIXED_BLOCKS = 4
+FIXED_TABLES = 4
+#: elements of one chunk's per-set gradients (chunk × C × d) a DP step on W holds at once (fp32: 256 MB); the
+#: per-set tensors of a chunk (its gradients, eq. 12's per-set pair terms) are a few of these
+PER_SET_CHUNK_ELEMENTS = 2**26
+PER_SET_TENSORS = 3
 #: the process before any data (Python, torch, numpy, scipy)
 BASELINE = 0.6 * GB
 
@@ -184,9 +192,11 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
         # the label pairs that occur (Σ_j |L_j|², at most C²) as CSR counts, built by a sparse product
         per_set = shape.label_entries / max(1, shape.train)
         t["co-occurrence"] = min(C * C, shape.label_entries * per_set) * COOCCURRENCE_BYTES
-    if cfg.algorithm.name == "fedalc_fixed":  # eq. 12 is still all-pairs: C × C matrices, and C × C × d under DP
+    if cfg.algorithm.name == "fedalc_fixed":  # eq. 12 in blocks of rows and chunks of pairs: never C × C
         private = getattr(getattr(cfg, "privacy", None), "instance", None) is not None and "dp" in cfg.protocols
-        phase["eq. 12 pairs"] = FIXED_DENSE_MATRICES * C * C * 4 + (FIXED_PAIR_TENSORS * C * C * d * 4 if private else 0)
+        block = min(C * C, ROW_BLOCK_ELEMENTS) * FIXED_BLOCKS + PAIR_TENSORS * PAIR_BLOCK_ELEMENTS
+        per_set = PER_SET_TENSORS * max(min(PER_SET_CHUNK_ELEMENTS, 64 * C * d), C * d) if private else 0
+        phase["eq. 12 pairs"] = 4 * (block + FIXED_TABLES * C * d + per_set)
     if cfg.algorithm.name in ("fedalc", "fedalc_fixed", "fedaws"):  # a block of the top-k regulariser's pair tensors
         phase["round"] += min(C * cfg.algorithm.k * d, PAIR_BLOCK_ELEMENTS) * 4 * PAIR_TENSORS
     secure = [p for p in cfg.protocols if p in ("secure_aggregation", "ckks")]
@@ -261,7 +271,7 @@ HINTS = {
     "test rows": ": keep sparse rows (model.sparse_input) or set evaluation.max_test",
     "model": ": lower model.embed_dim / hidden_dims / embedding_dim",
     "row table": ": lower model.embedding_dim",
-    "eq. 12 pairs": ": FedALC-fixed's eq. 12 is all-pairs (C × C, and C × C × d under DP); use fedalc for this many labels",
+    "eq. 12 pairs": ": a smaller embedding_dim, or fedalc (eq. 12 pushes every label from every other: C² · d work a step)",
     "evaluation": ": set evaluation.max_test",
     "label sets": "",
     "round": ": a smaller model (a round holds several copies of θ; secure sums hold it as float64 vectors)",

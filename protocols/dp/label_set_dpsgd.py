@@ -32,12 +32,12 @@ import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
+from secure_fed.memory import PER_SET_CHUNK_ELEMENTS  # elements (chunk × C × d) of one chunk's per-set gradients
+
 #: ``per_set_grads(W)`` prepares everything that depends on W alone (pair gradients, neighbours) once per
 #: step and returns a function of a chunk of label sets (B, C) → per-set gradients (B, C, d).
 PerSetGrads = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 
-#: elements of one chunk's per-set gradients (chunk × C × d) the step holds at once (fp32: 256 MB)
-PER_SET_CHUNK_ELEMENTS = 2**26
 
 #: sensitivity of the clipped sum of per-set gradients, in units of the clip norm C (see above)
 SENSITIVITY_IN_CLIP_NORMS = 2.0

@@ -17,7 +17,9 @@ from tokens and labels only, which labels co-occur on an instance.
 * **FedALC-fixed** (Algorithm 2): before training, the server runs
   ``fixed_steps`` steps of W ← W − λ·η·∇ reg_fc(W) (eq. 12: co-occurring labels
   pulled together with weight α, others pushed beyond margin ν with weight β).
-  W then stays fixed and clients train θ only.
+  W then stays fixed and clients train θ only. The β term sums over every pair
+  of labels (C²·d work by definition), in blocks of rows; the co-occurring pairs
+  sparsely: no C × C matrix (``fixed_embedding_loss_grad``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import scipy.sparse as sp
 import torch
+from torch.nn import functional as F
 
 from secure_fed.algorithms.base import Algorithm, SetupContext
 from secure_fed.algorithms.client import token_client
@@ -36,17 +39,16 @@ from secure_fed.algorithms.regularizers import (
     PAIR_BLOCK_ELEMENTS,
     CorrelationWeights,
     approximate_nearest_classes,
-    cooccurrence_counts,
     correlation_top_k,
-    fixed_embedding_reg,
+    fixed_embedding_loss_grad,
+    hinge_grad_row_sums,
     label_set_correlation_grads,
-    label_set_fixed_grads,
+    label_set_fixed_grads_sparse,
     nearest_classes,
     neighbour_hinge_grads,
     neighbour_recall,
     outer_blocks,
-    pair_hinge_grads,
-    pair_sqdist_grads,
+    sparse_cooccurrence,
 )
 from secure_fed.catalog import ALGORITHMS as CATALOG
 from secure_fed.messages import ByteList, OwnLabel, Setting
@@ -172,22 +174,32 @@ class FedALCFixed(_LabelSetMixin, Algorithm):
     def step_size(self) -> float:
         return self.cfg.lam * self.cfg.fixed_lr
 
+    #: eq. 12's sparse co-occurrence counts (A, n_u, n_all), from the label sets
+    _counts: tuple | None = None
+
+    def _loss_grad(self, W: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """reg_fc(W) (eq. 12) and its gradient, over every pair in blocks and the co-occurring pairs sparsely."""
+        if self._counts is None:
+            self._counts = sparse_cooccurrence(self.label_sets)
+        A, n_u, n_all = self._counts
+        cfg = self.cfg
+        return fixed_embedding_loss_grad(W, A, n_u, n_all, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin)
+
     def regularizer_value(self, W: torch.Tensor) -> float:
         """reg_fc(W) (eq. 12) over the collected label sets."""
-        return float(self._reg_fc(W).detach())
+        return self._loss_grad(W)[0]
 
     def per_set_gradients(self, V: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Eq. 12 as a sum over label sets: per-set gradients (B, C, d) for label sets (B, C)."""
+        """Eq. 12 as a sum over label sets: per-set gradients (B, C, d) for label sets (B, C), from the hinge row
+        sums over all labels (once per step) and each set's own labels' pairs: no (C, C, d) tensor."""
         cfg = self.cfg
-        pair = (pair_sqdist_grads(V), pair_hinge_grads(V, cfg.margin))
-        return lambda Y: label_set_fixed_grads(V, Y, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin, pair_grads=pair)
+        S = hinge_grad_row_sums(V, cfg.margin)
+        return lambda Y: label_set_fixed_grads_sparse(V, Y, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin, row_sums=S)
 
     def setup(self, ctx: SetupContext) -> dict[str, Any]:
         facts = self.collect_label_sets(ctx)
         cfg = self.cfg
-        A, n_u, n_all = cooccurrence_counts(self.label_sets)
-        A, n_u = A.to(ctx.device), n_u.to(ctx.device)
-        self._reg_fc = lambda V: fixed_embedding_reg(V, A, n_u, n_all, alpha=cfg.alpha, beta=cfg.beta, margin=cfg.margin)  # noqa: E731
+        self._counts = None
         first, done = None, 0
         for _ in range(cfg.fixed_steps):
             out = self.w_step(ctx.W)
@@ -199,11 +211,16 @@ class FedALCFixed(_LabelSetMixin, Algorithm):
         return facts
 
     def pretrain_update(self, W: torch.Tensor) -> dict[str, float] | None:
-        """One step of W ← W − λη∇reg_fc(W) (eq. 12): the default ``w_step`` (the ``dp`` layer wraps it)."""
-        return {"reg": regularizer_step(W, self._reg_fc, self.step_size)}
+        """One step of W ← normalize(W − λη∇reg_fc(W)) (eq. 12): the default ``w_step`` (the ``dp`` layer wraps it)."""
+        loss, grad = self._loss_grad(W)
+        with torch.no_grad():
+            W.sub_(self.step_size * grad)
+            W.copy_(F.normalize(W, dim=-1))
+        return {"reg": loss}
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_sets": self.label_sets}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.label_sets = state["label_sets"]
+        self._counts = None

@@ -12,10 +12,10 @@ import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
-from secure_fed.memory import PAIR_BLOCK_ELEMENTS  # elements (pairs × d) of one block (outer_blocks)
+from secure_fed.memory import PAIR_BLOCK_ELEMENTS, ROW_BLOCK_ELEMENTS
 
 #: elements of the (rows × C) distance block the exact neighbour search holds at once
-NEIGHBOUR_BLOCK_ELEMENTS = 2**24
+NEIGHBOUR_BLOCK_ELEMENTS = ROW_BLOCK_ELEMENTS
 
 
 def outer_blocks(rows: torch.Tensor, k: int, dim: int) -> list[torch.Tensor]:
@@ -268,6 +268,62 @@ def fixed_embedding_reg(
     return (pos_term + neg_term) / max(n_all, 1)
 
 
+def _unit_rows(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ŵ, ‖w‖) of every row (norms clamped as ``F.normalize`` does)."""
+    norms = W.norm(dim=-1).clamp(min=1e-12)
+    return W / norms.unsqueeze(1), norms
+
+
+def _row_blocks(C: int) -> range:
+    """Starts of the row blocks of a (block × C) matrix under :data:`NEIGHBOUR_BLOCK_ELEMENTS`."""
+    return range(0, C, max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1)))
+
+
+def fixed_embedding_loss_grad(
+    W: torch.Tensor, A: sp.csr_matrix, n_u: np.ndarray, n_all: int, *, alpha: float, beta: float, margin: float
+) -> tuple[float, torch.Tensor]:
+    """reg_fc(W) (FedALC eq. 12) and its gradient, never a C × C matrix: memory O(block × C + pairs chunk + C·d).
+
+    With c_uv = ŵ_u·ŵ_v, d_uv = 1 − c_uv and h_uv = max(0, ν − d_uv)², the closed form of
+    :func:`fixed_embedding_reg` splits as
+
+        n_all · reg_fc = β Σ_u n_u Σ_{v≠u} h_uv  +  Σ_{(u,v): A_uv>0} A_uv (α d_uv² − β h_uv)
+
+    The first sum runs over every pair (the β term pushes each label from every label it does not co-occur with, so
+    its work is C²·d by definition) in blocks of rows; the second over the sparse co-occurring pairs ``A`` (CSR
+    counts, diagonal removed, from :func:`sparse_cooccurrence`) in chunks. ∂/∂c_uv is formed by hand and mapped to
+    W through ŵ = w/‖w‖; tested against autograd of the dense closed form in fp64."""
+    C, d = W.shape
+    with torch.no_grad():
+        Wn, norms = _unit_rows(W)
+        n = torch.as_tensor(np.asarray(n_u), dtype=W.dtype, device=W.device)
+        g_hat = torch.zeros_like(W)  # ∂ loss / ∂ŵ
+        total = 0.0
+        for s in _row_blocks(C):  # β Σ_u n_u Σ_{v≠u} h_uv; ∂/∂c_uv = β n_u m_uv with m_uv = 2 max(0, ν − d_uv)
+            r = torch.arange(s, min(C, s + max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1))), device=W.device)
+            hinge = torch.clamp(margin - (1.0 - Wn[r] @ Wn.T), min=0.0)
+            hinge[torch.arange(len(r), device=W.device), r] = 0.0
+            total += beta * float((n[r].unsqueeze(1) * hinge**2).sum())
+            # c is symmetric, so row r's gradient gathers both orders of its pairs: β (n_r + n_v) m_rv
+            g_hat[r] += (beta * 2.0 * hinge * (n[r].unsqueeze(1) + n.unsqueeze(0))) @ Wn
+        A = sp.csr_matrix(A)
+        rows_of = np.repeat(np.arange(C, dtype=np.int64), np.diff(A.indptr))
+        chunk = max(1, PAIR_BLOCK_ELEMENTS // max(d, 1))
+        for s in range(0, A.nnz, chunk):  # Σ A_uv (α d² − β h) over the ordered co-occurring pairs
+            u = torch.from_numpy(rows_of[s : s + chunk]).to(W.device)
+            v = torch.from_numpy(A.indices[s : s + chunk].astype(np.int64)).to(W.device)
+            a = torch.from_numpy(np.asarray(A.data[s : s + chunk])).to(W.device, W.dtype)
+            c = (Wn[u] * Wn[v]).sum(-1)
+            dist, hinge = 1.0 - c, torch.clamp(margin - (1.0 - c), min=0.0)
+            total += float((a * (alpha * dist**2 - beta * hinge**2)).sum())
+            dc = -a * (2.0 * alpha * dist + 2.0 * beta * hinge)  # ∂/∂c_uv of A_uv (α d² − β h)
+            g_hat.index_add_(0, u, dc.unsqueeze(1) * Wn[v])
+            g_hat.index_add_(0, v, dc.unsqueeze(1) * Wn[u])
+        g_hat /= max(n_all, 1)
+        grad = (g_hat - (g_hat * Wn).sum(-1, keepdim=True) * Wn) / norms.unsqueeze(1)
+    return total / max(n_all, 1), grad
+
+
 # --------------------------------------------------------------------------------------------
 # Per-label-set forms (for DP-SGD on the server's W update, protocols/dp/label_set_dpsgd.py).
 #
@@ -356,10 +412,67 @@ def label_set_correlation_grads(
     return G.view(B, C, d)
 
 
+def hinge_grad_row_sums(W: torch.Tensor, margin: float) -> torch.Tensor:
+    """S (C, d) with S_r = Σ_{v≠r} ∂/∂w_r max(0, ν − d(w_r, w_v))² (the row sums of :func:`pair_hinge_grads`), in
+    blocks of rows: memory O(block × C), never C × C × d."""
+    C = W.shape[0]
+    with torch.no_grad():
+        Wn, norms = _unit_rows(W)
+        S = torch.empty_like(W)
+        for s in _row_blocks(C):
+            r = torch.arange(s, min(C, s + max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1))), device=W.device)
+            c = Wn[r] @ Wn.T
+            m = 2.0 * torch.clamp(margin - (1.0 - c), min=0.0)
+            m[torch.arange(len(r), device=W.device), r] = 0.0
+            S[r] = (m @ Wn - (m * c).sum(1, keepdim=True) * Wn[r]) / norms[r].unsqueeze(1)
+    return S
+
+
+def label_set_fixed_grads_sparse(
+    W: torch.Tensor, Y: torch.Tensor, *, alpha: float, beta: float, margin: float, row_sums: torch.Tensor | None = None
+) -> torch.Tensor:
+    r"""Per-label-set gradients (B, C, d) of ℓ_j for eq. 12 without (C, C, d) pair gradients.
+
+    For set j with labels L_j and T_jr = Σ_{u ∈ L_j, u≠r} ∂h(w_r, w_u)/∂w_r (h the hinge):
+    row r ∉ L_j gets β T_jr (it is pushed by each label of the set); row r ∈ L_j gets
+    β (S_r − T_jr) + 2α Σ_{v ∈ L_j, v≠r} ∂d(w_r, w_v)²/∂w_r, with S the hinge row sums over all labels
+    (:func:`hinge_grad_row_sums`, computed once a step: pass it as ``row_sums``). Work O(B·C·m·d) for sets of at
+    most m labels, memory O(B·C·(m + d)). Equal to :func:`label_set_fixed_grads` (tested in fp64)."""
+    B, C = Y.shape[0], W.shape[0]
+    Yb = Y.to(W.device) != 0
+    S = hinge_grad_row_sums(W, margin) if row_sums is None else row_sums
+    with torch.no_grad():
+        Wn, norms = _unit_rows(W)
+        sizes = Yb.sum(1)
+        m = max(1, int(sizes.max())) if B else 1
+        b_idx, u_idx = Yb.nonzero(as_tuple=True)
+        slot = torch.arange(len(b_idx), device=W.device) - torch.repeat_interleave(
+            torch.cumsum(sizes, 0) - sizes, sizes, output_size=len(b_idx)
+        )  # position of each label within its set
+        lab = torch.full((B, m), -1, dtype=torch.int64, device=W.device)
+        lab[b_idx, slot] = u_idx
+        valid = lab >= 0
+        Wl = torch.where(valid.unsqueeze(-1), Wn[lab.clamp(min=0)], torch.zeros((), dtype=W.dtype, device=W.device))
+        c = torch.einsum("rd,bmd->brm", Wn, Wl)  # (B, C, m): ŵ_r · ŵ_u for the set's labels u
+        h = 2.0 * torch.clamp(margin - (1.0 - c), min=0.0) * valid.unsqueeze(1)
+        h[b_idx, u_idx, slot] = 0.0  # u = r: no pair
+        T = (torch.bmm(h, Wl) - (h * c).sum(-1, keepdim=True) * Wn.unsqueeze(0)) / norms.view(1, C, 1)
+        G = beta * T
+        # rows of the set's own labels: β (S_r − T_jr) in place of β T_jr, plus the α pull towards the set's others
+        P = torch.bmm(Wl, Wl.transpose(1, 2))  # (B, m, m)
+        q = -2.0 * (1.0 - P) * (valid.unsqueeze(1) & valid.unsqueeze(2))
+        q[:, torch.arange(m), torch.arange(m)] = 0.0
+        own = Wl  # (B, m, d): ŵ of each slot's label
+        pull = (torch.bmm(q, Wl) - (q * P).sum(-1, keepdim=True) * own)[b_idx, slot] / norms[u_idx].unsqueeze(1)
+        G[b_idx, u_idx] += beta * (S[u_idx] - 2.0 * T[b_idx, u_idx]) + 2.0 * alpha * pull
+    return G
+
+
 def label_set_fixed_grads(
     W: torch.Tensor, Y: torch.Tensor, *, alpha: float, beta: float, margin: float, pair_grads=None
 ) -> torch.Tensor:
-    """Per-label-set gradients (B, C, d) of ℓ_j for eq. 12."""
+    """Per-label-set gradients (B, C, d) of ℓ_j for eq. 12 from the dense (C, C, d) pair gradients (the reference
+    form, small C and tests; the algorithm uses :func:`label_set_fixed_grads_sparse`)."""
     Yf = Y.to(W.dtype)
     eye = torch.eye(W.shape[0], dtype=W.dtype, device=W.device)
     pos = alpha * Yf.unsqueeze(2) * Yf.unsqueeze(1) * (1.0 - eye)

@@ -262,3 +262,44 @@ def test_eq11_per_set_gradients_from_the_held_labels_pairs_equal_those_from_ever
     held = label_set_correlation_grads(W, Ys, k=k, margin=1.5, scale=2.0, nn_idx=nn_idx)
     assert full.abs().sum() > 0
     torch.testing.assert_close(held, full, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("margin", [0.5, 1.0, 1.7])
+def test_eq12_in_blocks_and_sparse_pairs_equals_the_dense_closed_form(margin, monkeypatch):
+    """reg_fc and its gradient from row blocks (all pairs) and the sparse co-occurring pairs equal autograd of the
+    dense closed form (C × C matrices) in fp64; blocks of 5 rows and chunks of 7 pairs, so both loops run often."""
+    from secure_fed.algorithms import regularizers as R
+
+    monkeypatch.setattr(R, "NEIGHBOUR_BLOCK_ELEMENTS", 5 * 37)
+    monkeypatch.setattr(R, "PAIR_BLOCK_ELEMENTS", 7 * 6)
+    torch.manual_seed(1)
+    C, dim = 37, 6
+    W = torch.randn(C, dim, dtype=torch.float64) * 2
+    Y = (torch.rand(60, C) < 0.12).double()
+    A, n_u, n_all = R.sparse_cooccurrence(Y)
+    Ad, nd, _ = R.cooccurrence_counts(Y)
+    Wv = W.clone().requires_grad_(True)
+    ref = R.fixed_embedding_reg(Wv, Ad, nd, n_all, alpha=0.7, beta=1.3, margin=margin)
+    (g_ref,) = torch.autograd.grad(ref, Wv)
+    loss, grad = R.fixed_embedding_loss_grad(W, A, n_u, n_all, alpha=0.7, beta=1.3, margin=margin)
+    assert loss == pytest.approx(float(ref.detach()), rel=1e-9)
+    torch.testing.assert_close(grad, g_ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("margin", [0.5, 1.7])
+def test_eq12_per_set_gradients_without_pair_tensors_equal_the_dense_ones(margin, monkeypatch):
+    """Per-label-set eq. 12 gradients from the hinge row sums and each set's own pairs equal the (C, C, d)
+    pair-gradient form in fp64, for sets of different sizes and an empty one."""
+    from secure_fed.algorithms import regularizers as R
+
+    monkeypatch.setattr(R, "NEIGHBOUR_BLOCK_ELEMENTS", 4 * 29)
+    torch.manual_seed(2)
+    C, dim = 29, 5
+    W = torch.randn(C, dim, dtype=torch.float64)
+    Y = torch.zeros(6, C, dtype=torch.float64)
+    for j, labels in enumerate([[3, 7], [7, 19, 25, 2], [11], [], [0, 28, 14], [5, 6, 7, 8, 9, 10]]):
+        Y[j, labels] = 1.0
+    dense = R.label_set_fixed_grads(W, Y, alpha=0.8, beta=1.1, margin=margin)
+    sparse = R.label_set_fixed_grads_sparse(W, Y, alpha=0.8, beta=1.1, margin=margin)
+    assert dense.abs().sum() > 0 and dense[3].abs().sum() == 0
+    torch.testing.assert_close(sparse, dense, rtol=1e-9, atol=1e-12)
