@@ -1,6 +1,6 @@
 """FedALC's approximate neighbour search against the exact one: recall and seconds, measured in the same run.
 
-    python benchmarks/neighbour_recall.py [--labels 50000] [--dim 512] [--k 50] [--ef 64,128,256] [--nprobe 64,256,1024]
+    python benchmarks/neighbour_recall.py [--labels 50000] [--dim 512] [--k 50] [--ef 32,64,128] [--nprobe 64,256,1024]
         [--json FILE]
 
 Two kinds of class-embedding rows W (C × d):
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labels", type=int, default=50_000)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--k", type=int, default=50)
-    ap.add_argument("--ef", default="64,128,256")
+    ap.add_argument("--ef", default="32,64,128")
     ap.add_argument("--nprobe", default="64,256,1024")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
