@@ -86,6 +86,8 @@ def _row_sparse_problem(v, shape: tuple[int, ...]) -> str | None:
         return "has column ids that are not a 1-d int64 tensor"
     if not isinstance(values, torch.Tensor) or tuple(values.shape) != (len(cols), shape[0]):
         return "has values that do not match its columns"
+    if not values.dtype.is_floating_point:
+        return "has values that are not floating point"
     if len(cols) and (int(cols[0]) < 0 or int(cols[-1]) >= shape[1] or bool((cols[1:] <= cols[:-1]).any())):
         return "has column ids that are not distinct, sorted and in range"
     return None

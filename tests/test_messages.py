@@ -137,6 +137,10 @@ def test_row_sparse_updates_only_where_declared_and_well_formed():
     assert up.check("theta_delta", bad_shape, {}, ctx()) == "'theta_delta' entry 'a' has the wrong shape"
     floats = {"a": RowSparseDelta(torch.tensor([0.0]), torch.zeros(1, 2), (2, 3)), "b": torch.zeros(3)}
     assert "not a 1-d int64 tensor" in up.check("theta_delta", floats, {}, ctx())
+    grid = {"a": RowSparseDelta(torch.tensor([[0]]), torch.zeros(1, 2), (2, 3)), "b": torch.zeros(3)}
+    assert "not a 1-d int64 tensor" in up.check("theta_delta", grid, {}, ctx())
+    ints = {"a": RowSparseDelta(torch.tensor([0]), torch.zeros(1, 2, dtype=torch.int64), (2, 3)), "b": torch.zeros(3)}
+    assert "not floating point" in up.check("theta_delta", ints, {}, ctx())
 
 
 def test_row_sparse_delta_is_its_dense_update():

@@ -82,7 +82,7 @@ class DiracCanaries:
             own = mine.get(int(data.client_id))
             if not own:
                 return reply
-            delta = {n: dense_delta(t).clone() for n, t in reply["theta_delta"].items()}
+            delta = {n: dense_delta(t).clone(memory_format=torch.contiguous_format) for n, t in reply["theta_delta"].items()}
             for i in own:
                 name, off = self._locate(int(self.coords[i]))
                 delta[name].view(-1)[off] += float(self.signs[i]) * self.norm

@@ -31,7 +31,7 @@ def dense_update(reply: Payload) -> Payload:
 
 
 def update_norm(reply: Payload) -> float:
-    sq = sum(float(t.double().pow(2).sum()) for t in reply["theta_delta"].values())
+    sq = sum(float(dense_delta(t).double().pow(2).sum()) for t in reply["theta_delta"].values())
     if "rows_delta" in reply:
         sq += float(reply["rows_delta"].double().pow(2).sum())
     return math.sqrt(sq)

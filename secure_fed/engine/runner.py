@@ -14,6 +14,7 @@ architecture table shows the same order.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
 from secure_fed.memory import check_memory, plan_memory
-from secure_fed.messages import FullTable, Rules
+from secure_fed.messages import FullTable, Params, Rules
 from secure_fed.models import mean_pairwise_cosine
 from secure_fed.models.families import model_family
 from secure_fed.models.sparse_rows import SparseRows, column_major
@@ -110,7 +111,12 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.server_opt = ServerOptimizer(**opt_args, averaged=frozen)
         self.row_opt = ServerOptimizer(**opt_args)
         self.messages: list[dict[str, Any]] | None = [] if cfg.output.log_messages else None
-        down, up = self._declared_message_rules()
+        # a plaintext update of a sparse-input table as the columns the client touched, where every layer takes it
+        row_sparse = (
+            isinstance(self.fed.x_test, SparseRows) and cfg.training.sparse_updates is not False
+            and not dense_update_layers(cfg)
+        )  # fmt: skip
+        down, up = self._declared_message_rules(row_sparse=row_sparse)
         self.guard = MessageGuard(
             shapes=self.tensor_shapes(),
             visibility=self.algorithm.visibility,
@@ -139,11 +145,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.label_perm: np.ndarray | None = None  # simulator's view: label l lives in row label_perm[l]
         self.stop_reason: str | None = None
         self.trainer = LocalTrainer(self.worker, self.family)
-        # a plaintext update of a sparse-input table as the columns the client touched, where every layer takes it
-        self.trainer.row_sparse_updates = (
-            isinstance(self.fed.x_test, SparseRows) and cfg.training.sparse_updates is not False
-            and not dense_update_layers(cfg)
-        )  # fmt: skip
+        self.trainer.row_sparse_updates = row_sparse
         t = cfg.training
         self.local = LocalTraining(
             epochs=t.local_epochs,
@@ -181,10 +183,14 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         for cb in self.callbacks:
             cb.on_init(self)
 
-    def _declared_message_rules(self) -> tuple[Rules, Rules]:
-        """The keys the guard allows, with their rules: the algorithm's, plus those of the layers this run lists."""
+    def _declared_message_rules(self, *, row_sparse: bool = False) -> tuple[Rules, Rules]:
+        """The keys the guard allows, with their rules: the algorithm's, plus those of the layers this run lists.
+        Without ``row_sparse`` (a run whose updates must be dense) a θ update may not carry touched columns."""
         specs = layer_specs()
         down, up = dict(self.algorithm.downlink_rules), dict(self.algorithm.uplink_rules)
+        for key, rule in up.items():
+            if isinstance(rule, Params) and rule.row_sparse and not row_sparse:
+                up[key] = dataclasses.replace(rule, row_sparse=False)
         for name in self.cfg.protocols:
             down.update(specs[name].downlink_rules)
             up.update(specs[name].uplink_rules)

@@ -123,3 +123,53 @@ def test_sparse_updates_true_under_a_secure_sum_is_refused(xc_files, tmp_path):
     with pytest.raises(ConfigError, match=r"training.sparse_updates=true: protocols \['secure_aggregation'\]"):
         Experiment(_cfg(xc_files, "model.sparse_input=true", "protocols=[secure_aggregation]", "training.sparse_updates=true"),
                    run_dir=tmp_path)  # fmt: skip
+
+
+def test_row_sparse_local_training_keeps_each_clients_own_table(xc_files, tmp_path):
+    """``local``: every client starts from its own θ (a different tensor each), so the working table must be
+    reloaded for each one; row-sparse and dense updates give the same per-client models (AmAP/WmAP, every round)."""
+    runs = {}
+    for mode in ("auto", "false"):
+        cfg = _cfg(xc_files, "algorithm.name=local", "model.family=linear_head", "partition.name=iid",
+                   "partition.num_clients=3", "model.sparse_input=true", f"training.sparse_updates={mode}",
+                   "training.rounds=3", "evaluation.every=1", "training.client_fraction=1.0")  # fmt: skip
+        exp = Experiment(cfg, run_dir=tmp_path / mode)
+        runs[mode] = (exp.run(progress=False), exp)
+    (a, ea), (b, eb) = runs["auto"], runs["false"]
+    assert ea.trainer.row_sparse_updates
+    rows = [(r["AmAP"], r["WmAP"]) for r in a.history]
+    assert rows == [(r["AmAP"], r["WmAP"]) for r in b.history]
+    for c_a, c_b in zip(ea.fed.clients, eb.fed.clients, strict=True):
+        for n, t in c_a.state["theta"].items():
+            assert torch.equal(t, c_b.state["theta"][n]), n
+
+
+def test_a_dense_run_refuses_a_row_sparse_update(xc_files, tmp_path):
+    """Where updates must be dense (here secure aggregation), the guard refuses touched columns from a client."""
+    from secure_fed.errors import PrivacyViolation
+    from secure_fed.models.sparse_rows import RowSparseDelta
+
+    exp = Experiment(_cfg(xc_files, "model.sparse_input=true", "protocols=[secure_aggregation]"), run_dir=tmp_path)
+    table = next(n for n, t in exp.theta.items() if t.shape[1] == exp.dataset.train.features.shape[1])
+    delta = {n: torch.zeros_like(t) for n, t in exp.theta.items()}
+    delta[table] = RowSparseDelta(torch.tensor([0]), torch.zeros(1, exp.theta[table].shape[0]), tuple(exp.theta[table].shape))
+    with pytest.raises(PrivacyViolation, match="theta_delta"):
+        exp.guard.check_up(0, {"theta_delta": delta, "num_examples": 1, "loss": 0.0})
+    delta[table] = torch.zeros_like(exp.theta[table])
+    exp.guard.check_up(0, {"theta_delta": delta, "num_examples": 1, "loss": 0.0})  # the dense one passes
+
+
+def test_a_row_sparse_update_packs_like_its_dense_update():
+    """The flat vector a secure sum adds (UpdateLayout.flatten) is the same for an update and its dense form."""
+    from secure_fed.engine.aggregation import UpdateLayout
+    from secure_fed.models.sparse_rows import RowSparseDelta
+
+    theta = {"w": torch.zeros(3, 5), "b": torch.zeros(3)}
+    layout = UpdateLayout.for_model(theta, 0, 0)
+    d = RowSparseDelta(torch.tensor([1, 4]), torch.arange(6.0).reshape(2, 3), (3, 5))
+    dense = torch.zeros(3, 5)
+    dense[:, 1], dense[:, 4] = torch.tensor([0.0, 1.0, 2.0]), torch.tensor([3.0, 4.0, 5.0])
+    base = {"num_examples": 2, "loss": 0.5}
+    a = layout.flatten({"theta_delta": {"w": d, "b": torch.ones(3)}, **base}, "num_examples")
+    b = layout.flatten({"theta_delta": {"w": dense, "b": torch.ones(3)}, **base}, "num_examples")
+    np.testing.assert_array_equal(a, b)

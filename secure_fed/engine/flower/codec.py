@@ -100,6 +100,8 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
         if "u" in node:
             return tuple(build(x) for x in node["u"])
         if "rs" in node:
+            if not (isinstance(node["rs"], list) and len(node["rs"]) == 3):
+                raise CodecError("a row-sparse update is not (columns, values, shape)")
             cols, vals, shape = node["rs"]
             if not (isinstance(shape, list) and len(shape) == 2 and all(type(k) is int and k >= 0 for k in shape)):
                 raise CodecError("a row-sparse update's shape is not two sizes")

@@ -117,3 +117,7 @@ def test_row_sparse_update_round_trips_and_a_bad_shape_is_refused():
     rec["values"]["layout"] = rec["values"]["layout"].replace("[4, 10]", '[4, "x"]')
     with pytest.raises(CodecError, match="row-sparse update's shape"):
         decode(rec)
+    rec = encode({"u": d})
+    rec["values"]["layout"] = rec["values"]["layout"].replace(", [4, 10]]", "]")
+    with pytest.raises(CodecError, match="not \\(columns, values, shape\\)"):
+        decode(rec)
