@@ -20,6 +20,8 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 * ``label sets`` (FedALC): the tokens of every client's instances and the merged CSR sets;
 * ``co-occurrence`` (FedALC): the sparse counts of the label pairs that occur (Σ_j |L_j|², at most C²); a round
   adds one block of the top-k regulariser's pair tensors;
+* ``neighbour index`` (FedALC with ``neighbour_search: approximate``): during the server step, two float32 copies
+  of the rows (the unit rows and the index's own), its links, and the search's (C, K + 1) results;
 * ``eq. 12 pairs`` (FedALC-fixed): a block of rows against all C labels (eq. 12's β term is over every pair),
   a chunk of co-occurring pairs and a few C·d tables; under ``privacy.instance`` a chunk of per-set gradients
   (:data:`PER_SET_CHUNK_ELEMENTS`) with their per-set pair terms;
@@ -67,6 +69,8 @@ ROW_BLOCK_ELEMENTS = 2**24
 #: C·d tables (unit rows, two gradients, the hinge row sums)
 FIXED_BLOCKS = 4
 FIXED_TABLES = 4
+#: links an approximate neighbour index keeps a row, at most (HNSW: 2·16 at its base level, a few above; IVF: none)
+ANN_LINKS_PER_ROW = 40
 #: elements of one chunk's per-set gradients (chunk × C × d) a DP step on W holds at once (fp32: 256 MB); the
 #: per-set tensors of a chunk (its gradients, eq. 12's per-set pair terms) are a few of these
 PER_SET_CHUNK_ELEMENTS = 2**26
@@ -192,6 +196,10 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
         # the label pairs that occur (Σ_j |L_j|², at most C²) as CSR counts, built by a sparse product
         per_set = shape.label_entries / max(1, shape.train)
         t["co-occurrence"] = min(C * C, shape.label_entries * per_set) * COOCCURRENCE_BYTES
+    if cfg.algorithm.name == "fedalc" and getattr(cfg.algorithm, "neighbour_search", "exact") == "approximate":
+        # the server step's index: the rows' unit copy and the index's own, its links, the search's results
+        k = cfg.algorithm.k
+        phase["neighbour index"] = 4 * 2 * C * d + C * ANN_LINKS_PER_ROW * 4 + C * (k + 1) * 12 + C * k * 8
     if cfg.algorithm.name == "fedalc_fixed":  # eq. 12 in blocks of rows and chunks of pairs: never C × C
         private = getattr(getattr(cfg, "privacy", None), "instance", None) is not None and "dp" in cfg.protocols
         block = min(C * C, ROW_BLOCK_ELEMENTS) * FIXED_BLOCKS + PAIR_TENSORS * PAIR_BLOCK_ELEMENTS
@@ -273,6 +281,7 @@ HINTS = {
     "row table": ": lower model.embedding_dim",
     "eq. 12 pairs": ": a smaller embedding_dim, or fedalc (eq. 12 pushes every label from every other: C² · d work a step)",
     "evaluation": ": set evaluation.max_test",
+    "neighbour index": ": lower model.embedding_dim or algorithm.k",
     "label sets": "",
     "round": ": a smaller model (a round holds several copies of θ; secure sums hold it as float64 vectors)",
 }
