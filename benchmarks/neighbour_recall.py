@@ -1,7 +1,7 @@
 """FedALC's approximate neighbour search against the exact one: recall and seconds, measured in the same run.
 
-    python benchmarks/neighbour_recall.py [--labels 50000] [--dim 512] [--k 50] [--ef 32,64,128] [--nprobe 64,256,1024]
-        [--json FILE]
+    python benchmarks/neighbour_recall.py [--labels 50000] [--dim 512] [--k 50] [--ef 32,64,128] [--hnsw-m 32]
+        [--ef-construction 80] [--nprobe 64,256,1024] [--json FILE]
 
 Two kinds of class-embedding rows W (C × d):
 
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--ef", default="32,64,128")
+    ap.add_argument("--hnsw-m", type=int, default=32, help="HNSW links a node (M)")
+    ap.add_argument("--ef-construction", type=int, default=80, help="HNSW candidates while inserting")
     ap.add_argument("--nprobe", default="64,256,1024")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = [("hnsw", int(x)) for x in args.ef.split(",") if x] + [("ivf", int(x)) for x in args.nprobe.split(",") if x]
         for index, knob in settings:
             t = time.perf_counter()
-            approx = approximate_nearest_classes(W, k, index=index, nprobe=knob, ef_search=knob)
+            approx = approximate_nearest_classes(W, k, index=index, nprobe=knob, ef_search=knob, hnsw_m=args.hnsw_m,
+                                                 ef_construction=args.ef_construction)  # fmt: skip
             dt = time.perf_counter() - t
             r = recall(approx, exact)
             label = f"{index} {'ef' if index == 'hnsw' else 'nprobe'} {knob}"

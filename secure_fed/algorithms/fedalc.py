@@ -133,7 +133,10 @@ class FedALC(_LabelSetMixin, Algorithm):
         cfg = self.cfg
         if cfg.neighbour_search == "exact":
             return nearest_classes(W, cfg.k), {}
-        nn_idx = approximate_nearest_classes(W, cfg.k, index=cfg.ann_index, nprobe=cfg.ann_nprobe, ef_search=cfg.ann_ef_search)
+        nn_idx = approximate_nearest_classes(
+            W, cfg.k, index=cfg.ann_index, nprobe=cfg.ann_nprobe, ef_search=cfg.ann_ef_search, hnsw_m=cfg.ann_hnsw_m,
+            ef_construction=cfg.ann_ef_construction,
+        )  # fmt: skip
         if not recall:
             return nn_idx, {}
         rows = torch.linspace(0, W.shape[0] - 1, min(RECALL_ROWS, W.shape[0]), device=W.device).long().unique()

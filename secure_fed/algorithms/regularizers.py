@@ -60,20 +60,21 @@ def nearest_classes(W: torch.Tensor, k: int, *, rows: torch.Tensor | None = None
         return torch.cat(out) if out else torch.zeros(0, k, dtype=torch.int64, device=W.device)
 
 
-#: HNSW graph degree and construction breadth (faiss ``IndexHNSWFlat``): 16 links a node, 40 candidates while
-#: inserting (faiss's default breadth). Measured on 50,000 512-d rows (``benchmarks/neighbour_recall.py``), 32 links
-#: and 80 candidates cost 5× the build and 3× the search for little recall on trained (clustered) rows
-HNSW_M, HNSW_EF_CONSTRUCTION = 16, 40
-
-
 def approximate_nearest_classes(
-    W: torch.Tensor, k: int, *, index: str = "hnsw", nprobe: int = 64, ef_search: int = 64
+    W: torch.Tensor,
+    k: int,
+    *,
+    index: str = "hnsw",
+    nprobe: int = 64,
+    ef_search: int = 64,
+    hnsw_m: int = 32,
+    ef_construction: int = 80,
 ) -> torch.Tensor:
     """N_k(c) for every class from an approximate index over the normalised rows (inner product = cosine), for label
     counts where the exact search (C² · d work) is too slow. ``index``:
 
-    * ``"hnsw"``: a graph index (faiss ``IndexHNSWFlat``, :data:`HNSW_M` links, efConstruction
-      :data:`HNSW_EF_CONSTRUCTION`, ``ef_search`` candidates a query): building and searching cost ~C·log C;
+    * ``"hnsw"``: a graph index (faiss ``IndexHNSWFlat``, ``hnsw_m`` links a node, ``ef_construction`` candidates
+      while inserting, ``ef_search`` a query): ~C·log C on structured rows;
     * ``"ivf"``: an inverted-file index (faiss ``IndexIVFFlat``, ⌈4·√C⌉ lists but at most C/40, trained on an evenly
       spaced sample of rows, ``nprobe`` lists searched a query): ~C^1.5.
 
@@ -86,8 +87,8 @@ def approximate_nearest_classes(
     with torch.no_grad():
         X = np.ascontiguousarray(F.normalize(W.detach().float(), dim=-1).cpu().numpy())
     if index == "hnsw":
-        graph = faiss.IndexHNSWFlat(d, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-        graph.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        graph = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        graph.hnsw.efConstruction = ef_construction
         graph.add(X)
         graph.hnsw.efSearch = max(ef_search, k + 1)
         _, found = graph.search(X, k + 1)

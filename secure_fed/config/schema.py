@@ -274,10 +274,12 @@ class AlgorithmConfig(_Strict):
     )
     ann_index: Literal["hnsw", "ivf"] = Field(
         "hnsw",
-        description="neighbour_search approximate: a graph index (faiss IndexHNSWFlat, M = 16, efConstruction 40; "
-        "cost ~C·log C) or an inverted-file index (IndexIVFFlat, ⌈4√C⌉ lists; cost ~C^1.5)",
+        description="neighbour_search approximate: a graph index (faiss IndexHNSWFlat; cost ~C·log C on structured "
+        "rows) or an inverted-file index (IndexIVFFlat, ⌈4√C⌉ lists; cost ~C^1.5)",
     )
     ann_ef_search: int = Field(64, ge=1, le=65_536, description="ann_index hnsw: candidates kept per query (efSearch)")
+    ann_hnsw_m: int = Field(32, ge=2, le=512, description="ann_index hnsw: links a node keeps (M)")
+    ann_ef_construction: int = Field(80, ge=1, le=65_536, description="ann_index hnsw: candidates while inserting")
     ann_nprobe: int = Field(256, ge=1, le=65_536, description="ann_index ivf: index lists searched per query")
     margin: float = Field(1.0, gt=0.0, le=4.0, description="ν in cosine distance (fedalc eq. 11/12, fedaws eq. 7)")
     gamma_scale: Literal["classes_minus_one"] | Annotated[float, Field(gt=0.0, le=1e9)] = "classes_minus_one"
