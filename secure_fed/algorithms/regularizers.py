@@ -276,9 +276,9 @@ def _unit_rows(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return W / norms.unsqueeze(1), norms
 
 
-def _row_blocks(C: int) -> range:
-    """Starts of the row blocks of a (block × C) matrix under :data:`NEIGHBOUR_BLOCK_ELEMENTS`."""
-    return range(0, C, max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1)))
+def _row_blocks(C: int, device) -> tuple[torch.Tensor, ...]:
+    """The row indices of each block of a (block × C) matrix under :data:`NEIGHBOUR_BLOCK_ELEMENTS`."""
+    return torch.arange(C, device=device).split(max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1)))
 
 
 def fixed_embedding_loss_grad(
@@ -301,8 +301,7 @@ def fixed_embedding_loss_grad(
         n = torch.as_tensor(np.asarray(n_u), dtype=W.dtype, device=W.device)
         g_hat = torch.zeros_like(W)  # ∂ loss / ∂ŵ
         total = 0.0
-        for s in _row_blocks(C):  # β Σ_u n_u Σ_{v≠u} h_uv; ∂/∂c_uv = β n_u m_uv with m_uv = 2 max(0, ν − d_uv)
-            r = torch.arange(s, min(C, s + max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1))), device=W.device)
+        for r in _row_blocks(C, W.device):  # β Σ_u n_u Σ_{v≠u} h_uv; ∂/∂c_uv = β n_u m_uv, m_uv = 2 max(0, ν − d_uv)
             hinge = torch.clamp(margin - (1.0 - Wn[r] @ Wn.T), min=0.0)
             hinge[torch.arange(len(r), device=W.device), r] = 0.0
             total += beta * float((n[r].unsqueeze(1) * hinge**2).sum())
@@ -421,8 +420,7 @@ def hinge_grad_row_sums(W: torch.Tensor, margin: float) -> torch.Tensor:
     with torch.no_grad():
         Wn, norms = _unit_rows(W)
         S = torch.empty_like(W)
-        for s in _row_blocks(C):
-            r = torch.arange(s, min(C, s + max(1, NEIGHBOUR_BLOCK_ELEMENTS // max(C, 1))), device=W.device)
+        for r in _row_blocks(C, W.device):
             c = Wn[r] @ Wn.T
             m = 2.0 * torch.clamp(margin - (1.0 - c), min=0.0)
             m[torch.arange(len(r), device=W.device), r] = 0.0

@@ -216,33 +216,6 @@ class RowSparseDelta:
     values: torch.Tensor
     shape: tuple[int, int]
 
-    @property
-    def device(self) -> torch.device:
-        return self.values.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.values.dtype
-
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> RowSparseDelta:
-        return RowSparseDelta(self.cols.to(device), self.values.to(device=device, dtype=dtype), self.shape)
-
-    def cpu(self) -> RowSparseDelta:
-        return self.to("cpu")
-
-    def detach(self) -> RowSparseDelta:
-        return RowSparseDelta(self.cols, self.values.detach(), self.shape)
-
-    def clone(self) -> RowSparseDelta:
-        return RowSparseDelta(self.cols.clone(), self.values.clone(), self.shape)
-
-    def scaled(self, factor: float) -> RowSparseDelta:
-        return RowSparseDelta(self.cols, self.values * factor, self.shape)
-
-    def sq_norm(self) -> float:
-        """‖Δ‖² (float64)."""
-        return float(self.values.double().pow(2).sum())
-
     def add_to(self, target: torch.Tensor, *, alpha: float = 1.0) -> torch.Tensor:
         """``target += alpha·Δ`` in place at the touched columns only; returns ``target``."""
         if tuple(target.shape) != tuple(self.shape):
