@@ -98,6 +98,9 @@ class DatasetConfig(_Strict):
         0.3, gt=0.0, lt=1.0, description="arff shipped as one file (no dataset.test, no fold files): the held-out share"
     )
     split_seed: int = Field(0, ge=0, lt=2**32, description="seeds that one-file split (fixed across run seeds)")
+    drop_attributes: list[str] = Field(
+        [], description="arff: feature attributes to leave out, by name (e.g. genbase's protein identifier)"
+    )
     feature_kind: Literal["auto", "sparse", "dense"] = "auto"
     drop_empty_labels: bool = Field(
         True, description="drop labels no training instance has (in train and test), with a one-line note"
@@ -141,6 +144,11 @@ class DatasetConfig(_Strict):
             raise ValueError("dataset.train_set / test_set name image sets of dataset.format voc or coco")
         if self.format != "coco" and (self.train_annotations or self.test_annotations):
             raise ValueError("dataset.train_annotations / test_annotations are annotation files of dataset.format coco")
+        arff_source = self.format == "arff" or (self.format is None and self.name not in ("synthetic", "digit_mosaics"))
+        if self.drop_attributes and not arff_source:
+            raise ValueError(
+                "dataset.drop_attributes names ARFF attributes: it needs dataset.format arff or a Mulan dataset.name"
+            )
         return self
 
 

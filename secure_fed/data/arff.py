@@ -10,7 +10,11 @@ Names and values follow the ARFF quoting rules: a name or value may be quoted wi
 double quotes, and inside quotes a backslash escapes the next character (``'TAG_m\\'usica'`` is the
 name ``TAG_m'usica``). Feature attributes may be numeric (``numeric``, ``real``, ``integer``),
 nominal (``{a, b, c}``: one 0/1 column per category, in the header's order; a nominal ``{0, 1}``
-stays one numeric column) or ``string``/``date`` (skipped, with a one-line note).
+stays one numeric column; a sparse row that omits a nominal attribute holds its first category, as
+in Weka) or ``string``/``date`` (skipped, with a one-line note). Attributes named in ``drop``
+(``dataset.drop_attributes``) are left out; a nominal attribute that takes a different value on
+every row (genbase's ``protein``: an identifier, one column per instance once one-hot) gets a
+one-line note saying so.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -128,13 +133,15 @@ def _parse_header(lines, path: Path) -> tuple[list[str], list[str], int]:
     raise DataError(f"{path}: no @data section")
 
 
-def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
+def read_arff(arff_path: str | Path, label_names: list[str], *, drop: Sequence[str] = ()) -> MultiLabelSplit:
     """Read one Mulan ARFF file.
 
     Args:
         arff_path: the ``.arff`` file.
         label_names: names of the label attributes (from :func:`read_label_names`);
             the label columns of the result follow this order.
+        drop: feature attributes to leave out (``dataset.drop_attributes``), e.g. an identifier; each must be a
+            feature attribute of the file.
 
     Returns:
         A :class:`MultiLabelSplit` with CSR float32 features and CSR int8 labels.
@@ -152,6 +159,12 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
     label_cols = np.array([index_of[n] for n in label_names], dtype=np.int64)
     is_label = np.zeros(len(names), dtype=bool)
     is_label[label_cols] = True
+    dropped = set(drop)
+    for name in drop:
+        if name not in index_of:
+            raise DataError(f"dataset.drop_attributes: {name!r} is not an attribute of {path}")
+        if is_label[index_of[name]]:
+            raise DataError(f"dataset.drop_attributes: {name!r} is a label (in the XML), not a feature, in {path}")
     # every attribute's role: a label column, a numeric feature column, a nominal feature (one column per category,
     # from base), or skipped (string, date)
     col_map = np.full(len(names), -1, dtype=np.int64)
@@ -160,6 +173,8 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
     skipped: list[str] = []
     width = 0
     for i in np.flatnonzero(~is_label):
+        if names[i] in dropped:
+            continue
         try:
             kind = _kind(types[i])
         except ValueError as exc:
@@ -191,7 +206,14 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
             if line.startswith("{"):
                 body = line[1 : line.rindex("}")].strip()
                 pairs = [p.strip().split(None, 1) for p in split_values(body)] if body else []
-                entries = ((int(p[0]), p[1].strip()) for p in pairs)
+                entries = [(int(p[0]), p[1].strip()) for p in pairs]
+                if nominal:
+                    # a sparse row omits zeros, and a nominal attribute's 0 is its first category (Weka's rule)
+                    listed = {attr for attr, _ in entries}
+                    for attr in nominal.keys() - listed:
+                        f_rows.append(n)
+                        f_cols.append(col_map[attr])
+                        f_vals.append(1.0)
             else:
                 entries = enumerate(v.strip() for v in split_values(line))
             for attr, sval in entries:
@@ -226,7 +248,29 @@ def read_arff(arff_path: str | Path, label_names: list[str]) -> MultiLabelSplit:
     labels = sp.csr_matrix((np.ones(len(l_rows), dtype=np.int8), (l_rows, l_cols)), shape=(n, len(label_cols)))
     features.sum_duplicates()
     labels.sum_duplicates()
+    if dropped:
+        log.warning("note: %s: %d attribute(s) left out (dataset.drop_attributes)", path, len(dropped))
+    _note_identifiers(path, features, names, nominal, col_map)
     return MultiLabelSplit(features=features, labels=labels)
+
+
+def _note_identifiers(
+    path: Path, features: sp.csr_matrix, names: list[str], nominal: dict[int, dict[str, int]], col_map: np.ndarray
+) -> None:
+    """One note per nominal attribute whose value differs on every row (at least 20 rows): an identifier, which
+    one-hot encoding turns into one column per instance."""
+    n = features.shape[0]
+    if n < 20 or not nominal:
+        return
+    per_column = np.bincount(features.indices, minlength=features.shape[1])
+    for attr, cats in nominal.items():
+        seg = per_column[col_map[attr] : col_map[attr] + len(cats)]
+        if int((seg == 1).sum()) == n:
+            log.warning(
+                "note: %s: nominal attribute %r takes a different value on each of the %d rows (an identifier?); "
+                "dataset.drop_attributes: [%s] leaves it out",
+                path, names[attr], n, names[attr],
+            )  # fmt: skip
 
 
 def _is_binary_nominal(t: str) -> bool:

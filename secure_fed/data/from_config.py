@@ -39,12 +39,13 @@ def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
             fold=d.fold,
             test_fraction=d.test_fraction,
             split_seed=d.split_seed,
+            drop_attributes=d.drop_attributes,
             feature_kind=d.feature_kind,
             name=d.name if d.name != "synthetic" else None,
         )
     if d.name == "synthetic":
         return make_synthetic(SyntheticSpec(**d.synthetic.model_dump()), seed=cfg.seed)
-    return _with_feature_kind(load_registered(d.name, data_root or d.root), d.feature_kind)
+    return _with_feature_kind(load_registered(d.name, data_root or d.root, drop_attributes=d.drop_attributes), d.feature_kind)
 
 
 def _with_feature_kind(ds: MultiLabelDataset, kind: str) -> MultiLabelDataset:

@@ -9,7 +9,9 @@ Files are laid out as ``ROOT/mulan/NAME/NAME-{train,test}.arff`` plus
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,8 +78,11 @@ def resolve_root(root: str | os.PathLike | None = None) -> Path:
     return DEFAULT_ROOT
 
 
-def load_registered(name: str, root: str | os.PathLike | None = None) -> MultiLabelDataset:
-    """Load a named dataset from the data root, with a clear error if files are missing."""
+def load_registered(
+    name: str, root: str | os.PathLike | None = None, *, drop_attributes: Sequence[str] = ()
+) -> MultiLabelDataset:
+    """Load a named dataset from the data root, with a clear error if files are missing; ``drop_attributes``: feature
+    attributes to leave out."""
     if name not in REGISTRY:
         raise DataError(f"unknown dataset '{name}'; known: {', '.join(sorted(REGISTRY))}, synthetic")
     entry = REGISTRY[name]
@@ -89,8 +94,8 @@ def load_registered(name: str, root: str | os.PathLike | None = None) -> MultiLa
             f"dataset '{name}' not found: missing {missing[0]} (fetch it with: secure-fed data download {name} --root {base})"
         )
     names = read_label_names(paths[2])
-    train = read_arff(paths[0], names)
-    test = read_arff(paths[1], names)
+    train = read_arff(paths[0], names, drop=drop_attributes)
+    test = read_arff(paths[1], names, drop=drop_attributes)
     return MultiLabelDataset(name, train, test, names, entry.feature_kind, {"root": str(base)})
 
 
@@ -107,12 +112,13 @@ def load_from_paths(
     name: str | None = None,
     test_fraction: float = 0.3,
     split_seed: int = 0,
+    drop_attributes: Sequence[str] = (),
 ) -> MultiLabelDataset:
     """Load a user's own dataset from file paths.
 
     ``format="arff"``: ``train`` and ``test`` ARFF files plus ``labels`` (Mulan XML); a data set shipped as one ARFF
     file (no ``test``) is cut by ``train_split``/``test_split`` fold files, or else by a seeded random
-    ``test_fraction`` of its rows (``split_seed``).
+    ``test_fraction`` of its rows (``split_seed``); ``drop_attributes`` leaves feature attributes out.
     ``format="xc"``: ``train`` and ``test`` XC files, or one XC file in ``train``
     cut by ``train_split``/``test_split`` fold files (``fold`` picks the column).
     """
@@ -120,15 +126,18 @@ def load_from_paths(
         if labels is None:
             raise DataError("format 'arff' needs dataset.labels (the Mulan XML label list)")
         names = read_label_names(labels)
+        read = functools.partial(read_arff, label_names=names, drop=drop_attributes)
         if test is not None:
-            tr, te = read_arff(train, names), read_arff(test, names)
+            tr, te = read(train), read(test)
         elif train_split is not None or test_split is not None:
             if train_split is None or test_split is None:
                 raise DataError("format 'arff' with fold files needs both dataset.train_split and dataset.test_split")
-            tr, te = cut_by_fold_files(read_arff(train, names), train_split, test_split, fold=fold, source=train)
+            tr, te = cut_by_fold_files(read(train), train_split, test_split, fold=fold, source=train)
         else:
-            tr, te = seeded_split(read_arff(train, names), test_fraction=test_fraction, seed=split_seed)
+            tr, te = seeded_split(read(train), test_fraction=test_fraction, seed=split_seed)
     elif format == "xc":
+        if drop_attributes:
+            raise DataError("dataset.drop_attributes applies to format 'arff' (XC files have no named attributes)")
         if train_split is not None or test_split is not None:
             if train_split is None or test_split is None:
                 raise DataError("format 'xc' with fold files needs both dataset.train_split and dataset.test_split")

@@ -181,6 +181,64 @@ def sp_vstack(a, b):
     return sp.vstack([a, b]).tocsr()
 
 
+def test_a_sparse_row_omitting_a_nominal_attribute_holds_its_first_category(tmp_path):
+    """ARFF (Weka) rule: a sparse row omits zeros, and a nominal attribute's value 0 is its first category."""
+    (tmp_path / "s.arff").write_text(
+        "@relation s\n@attribute where {north, south, west}\n@attribute x numeric\n@attribute lab {0,1}\n@data\n"
+        "{0 west,1 2,2 1}\n{1 3}\n{0 south}\n"
+    )
+    split = read_arff(tmp_path / "s.arff", ["lab"])
+    np.testing.assert_array_equal(split.features.toarray(), [[0, 0, 1, 2], [1, 0, 0, 3], [0, 1, 0, 0]])
+    np.testing.assert_array_equal(split.labels.toarray(), [[1], [0], [0]])
+
+
+def _id_file(tmp_path, rows=25):
+    body = "".join(f"p{i},{'a' if i % 2 else 'b'},{i % 2}\n" for i in range(rows))
+    (tmp_path / "ids.arff").write_text(
+        "@relation ids\n@attribute protein {" + ",".join(f"p{i}" for i in range(rows)) + "}\n"
+        "@attribute motif {a,b}\n@attribute lab {0,1}\n@data\n" + body
+    )
+    return tmp_path / "ids.arff"
+
+
+def test_an_identifier_attribute_gets_a_note_and_drop_attributes_leaves_it_out(tmp_path, caplog):
+    """genbase's quirk: a nominal 'protein' id, a different value on every row, one-hot into one column per row."""
+    path = _id_file(tmp_path)
+    with caplog.at_level("WARNING"):
+        split = read_arff(path, ["lab"])
+    notes = [r.getMessage() for r in caplog.records]
+    assert split.features.shape == (25, 25 + 2)
+    assert any("'protein' takes a different value on each of the 25 rows" in m for m in notes)
+    assert not any("'motif'" in m for m in notes)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        dropped = read_arff(path, ["lab"], drop=["protein"])
+    assert dropped.features.shape == (25, 2)
+    np.testing.assert_array_equal(dropped.features.toarray(), split.features.toarray()[:, 25:])
+    assert not any("takes a different value" in r.getMessage() for r in caplog.records)
+    with pytest.raises(DataError, match="drop_attributes: 'nope' is not an attribute"):
+        read_arff(path, ["lab"], drop=["nope"])
+    with pytest.raises(DataError, match="drop_attributes: 'lab' is a label"):
+        read_arff(path, ["lab"], drop=["lab"])
+
+
+def test_drop_attributes_is_a_config_key_checked_against_the_source(tmp_path):
+    from secure_fed.config import load_config
+    from secure_fed.data.from_config import build_dataset
+    from secure_fed.errors import ConfigError
+
+    path = _id_file(tmp_path)
+    (tmp_path / "ids.xml").write_text('<labels xmlns="http://mulan.sourceforge.net/labels"><label name="lab"/></labels>')
+    cfg = load_config(None, [
+        "dataset.name=null", "dataset.format=arff", f"dataset.train={path}", f"dataset.labels={tmp_path / 'ids.xml'}",
+        "dataset.drop_attributes=[protein]", "dataset.drop_empty_labels=false",
+    ])  # fmt: skip
+    ds = build_dataset(cfg)
+    assert ds.train.features.shape[1] == 2 and ds.train.num_instances + ds.test.num_instances == 25
+    with pytest.raises(ConfigError, match="drop_attributes names ARFF attributes"):
+        load_config(None, ["dataset.drop_attributes=[protein]"])
+
+
 def test_a_one_file_quirky_arff_runs_end_to_end(tmp_path):
     """The one-file data set with a string id, a nominal feature and an escaped label name: FedAvg trains on it."""
     from secure_fed.config import load_config
