@@ -24,31 +24,33 @@ def _metrics(run_dir):
 
 
 def test_default_run_on_flower_equals_in_process(tmp_path):
-    """The embedded default (FedALC, 40 one-label clients, 60 rounds; label-set collection as a setup query):
-    every released metric of every evaluated round and the ε agree within 1e-5."""
+    """The embedded default (FedALC, 40 one-label clients; label-set collection as a setup query), 20 of its 60
+    rounds (two evaluations): every released metric of every round and the ε agree within 1e-5. All 60 rounds:
+    ``python benchmarks/flower_parity.py`` (README)."""
     # in process at one torch thread, as each Flower node trains (Ray starts its workers with OMP_NUM_THREADS=1):
     # at another thread count the client matmuls reassociate and the metrics drift by up to ~3e-4 over 60 rounds,
     # on either back end alike (measured in process: 1 vs 2 threads)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        local_exp = Experiment(load_config(None), run_dir=tmp_path / "local")
+        local_exp = Experiment(load_config(None, ["training.rounds=20"]), run_dir=tmp_path / "local")
         local = local_exp.run(progress=False)
     finally:
         torch.set_num_threads(threads)  # the bit-exact golden runs later in the session need the default again
     # 7 messages in flight at most: each round's 40 clients go out in 6 batches, replies summed in cohort order
-    flower_exp = Experiment(load_config(None, ["backend=flower", "flower.max_in_flight=7"]), run_dir=tmp_path / "flower")
+    flower_cfg = load_config(None, ["training.rounds=20", "backend=flower", "flower.max_in_flight=7"])
+    flower_exp = Experiment(flower_cfg, run_dir=tmp_path / "flower")
     flower = flower_exp.run(progress=False)
     # the clients really ran on Flower nodes: every training job and the setup query went out as messages
     assert flower_exp.executor.name == "flower"
-    assert flower_exp.executor.sent == {"whoami": 40, "query": 40, "train": 60 * 40}
+    assert flower_exp.executor.sent == {"whoami": 40, "query": 40, "train": 20 * 40}
     for n, t in local_exp.theta.items():
         assert torch.allclose(flower_exp.theta[n], t, atol=1e-5, rtol=0), n
     assert torch.allclose(flower_exp.W, local_exp.W, atol=1e-5, rtol=0)
-    assert flower.summary["status"] == "completed" and flower.summary["rounds_completed"] == 60
+    assert flower.summary["status"] == "completed" and flower.summary["rounds_completed"] == 20
     assert flower.summary["privacy"] == local.summary["privacy"]
     a, b = _metrics(tmp_path / "local"), _metrics(tmp_path / "flower")
-    assert len(a) == len(b) == 60
+    assert len(a) == len(b) == 20
     compared = 0
     for ra, rb in zip(a, b, strict=True):
         assert ra.keys() == rb.keys()
@@ -56,7 +58,7 @@ def test_default_run_on_flower_equals_in_process(tmp_path):
             if isinstance(v, float):
                 assert rb[k] == pytest.approx(v, abs=1e-5), (ra["round"], k)
                 compared += 1
-    assert compared >= 60  # at least the training loss of every round
+    assert compared >= 20  # at least the training loss of every round
     for k, v in local.summary["final"].items():
         assert flower.summary["final"][k] == pytest.approx(v, abs=1e-5), k
 
