@@ -40,6 +40,7 @@ from secure_fed.algorithms.regularizers import (
     CorrelationWeights,
     approximate_nearest_classes,
     correlation_top_k,
+    correlation_top_k_grad,
     fixed_embedding_loss_grad,
     hinge_grad_row_sums,
     label_set_correlation_grads,
@@ -150,11 +151,16 @@ class FedALC(_LabelSetMixin, Algorithm):
         if len(blocks) == 1:  # one expression (Bibtex-sized C)
             fn = lambda V: correlation_top_k(V, self.weights, cfg.k, cfg.margin, nn_idx=nn_idx)  # noqa: E731
             return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr), **stats}
-        pairs = [(rows, nn_idx[rows]) for rows in blocks]
-        fn = lambda V, rows, nn, labels: correlation_top_k(  # noqa: E731
-            V, self.weights, cfg.k, cfg.margin, rows=rows, nn_idx=nn, labels=labels
-        )
-        return {"reg": regularizer_step(W, fn, cfg.lam * cfg.reg_lr, blocks=pairs), **stats}
+        # XC-sized C: the gradient by hand, block by block, into one table; then every row steps (each is an outer
+        # class of some block) and is renormalised, as regularizer_step does
+        with torch.no_grad():
+            grad, norms = torch.zeros_like(W), W.norm(dim=-1).clamp(min=1e-12)
+            reg = sum(
+                correlation_top_k_grad(W, self.weights, cfg.margin, rows=rows, nn_idx=nn_idx[rows], out=grad, norms=norms)
+                for rows in blocks
+            )
+            W.copy_(F.normalize(W.sub_(cfg.lam * cfg.reg_lr * grad), dim=-1))
+        return {"reg": reg, **stats}
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_sets": self.label_sets}

@@ -253,6 +253,49 @@ def correlation_top_k(
     return (g * torch.clamp(margin - pair_distances(W, rows, nn_idx), min=0.0) ** 2).sum()
 
 
+def correlation_top_k_grad(
+    W: torch.Tensor,
+    weights: CorrelationWeights | torch.Tensor,
+    margin: float,
+    *,
+    rows: torch.Tensor,
+    nn_idx: torch.Tensor,
+    out: torch.Tensor,
+    norms: torch.Tensor | None = None,
+) -> float:
+    """Eq. 11's terms of the outer classes ``rows`` (with their N_K(u) ``nn_idx``): adds their gradient in W to
+    ``out`` and returns their value. By hand, no autograd graph: with d_uv = 1 − ŵ_u·ŵ_v and
+    c_uv = 2 γ_uv max(0, ν − d_uv) = ∂/∂(ŵ_u·ŵ_v),
+
+        ∂/∂w_u = (I − ŵ_u ŵ_uᵀ) Σ_v c_uv ŵ_v / ‖w_u‖,    ∂/∂w_v += (I − ŵ_v ŵ_vᵀ) c_uv ŵ_u / ‖w_v‖,
+
+    equal to autograd of :func:`correlation_top_k` (tested in fp64). It gathers the block's neighbour rows once
+    (pairs × d) where autograd keeps several such tensors and scatters them back through ``index_select``'s
+    backward: about 2× faster on XC-sized W. ``norms``: the rows' norms (computed when not given)."""
+    d = W.shape[1]
+    b, k = nn_idx.shape
+    norms = W.norm(dim=-1).clamp(min=1e-12) if norms is None else norms
+    flat = nn_idx.reshape(-1)
+    u = W.index_select(0, rows) / norms.index_select(0, rows).unsqueeze(1)
+    v_norms = norms.index_select(0, flat).view(b, k, 1)
+    v = W.index_select(0, flat).view(b, k, d).div_(v_norms)
+    cos = torch.bmm(v, u.unsqueeze(2)).squeeze(2)
+    if isinstance(weights, CorrelationWeights):
+        g = weights.at(rows, nn_idx).to(W.dtype)
+    else:
+        g = weights.to(W.dtype)[rows.unsqueeze(1), nn_idx]
+    hinge = torch.clamp(margin - (1.0 - cos), min=0.0)
+    value = float((g * hinge**2).sum())
+    c = 2.0 * g * hinge
+    grad_u = torch.bmm(c.unsqueeze(1), v).squeeze(1)
+    grad_u = (grad_u - (grad_u * u).sum(-1, keepdim=True) * u) / norms.index_select(0, rows).unsqueeze(1)
+    # c_uv ŵ_u projected off ŵ_v: c_uv (ŵ_u − cos_uv ŵ_v), in place of v
+    grad_v = v.mul_(-cos.unsqueeze(2)).add_(u.unsqueeze(1)).mul_(c.unsqueeze(2) / v_norms)
+    out.index_add_(0, rows, grad_u)
+    out.index_add_(0, flat, grad_v.view(-1, d))
+    return value
+
+
 def fixed_embedding_reg(
     W: torch.Tensor, A: torch.Tensor, n_u: torch.Tensor, n_all: int, *, alpha: float, beta: float, margin: float
 ) -> torch.Tensor:
