@@ -233,23 +233,21 @@ def correlation_top_k(
     *,
     rows: torch.Tensor | None = None,
     nn_idx: torch.Tensor | None = None,
-    labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reg_cr^top(W) = Σ_u Σ_{u' ∈ N_K(u)} γ_uu' · max(0, ν − d(w_u, w_u'))²  (FedALC eq. 11).
 
     ``weights`` is γ (or σ), already scaled as the caller wants: a dense (C, C) tensor or a
     :class:`CorrelationWeights` (looked up at the C·K pairs only). ``rows`` restricts the outer sum to those
-    classes u (default: all; a block of :func:`outer_blocks`); ``nn_idx`` gives their N_K(u) (default: the exact
-    search; e.g. :func:`approximate_nearest_classes` for very large C). When ``W`` holds only some classes' rows
-    (:func:`~secure_fed.algorithms.fedaws.regularizer_step` in blocks), ``labels`` maps its rows to label ids.
+    classes u (default: all); ``nn_idx`` gives their N_K(u) (default: the exact search; e.g.
+    :func:`approximate_nearest_classes` for very large C). Differentiable in W (the one-expression step and the
+    tests' reference); XC-sized C steps in blocks with :func:`correlation_top_k_grad` instead.
     """
     rows = torch.arange(W.shape[0], device=W.device) if rows is None else rows
     nn_idx = nearest_classes(W, k, rows=rows) if nn_idx is None else nn_idx
-    u, v = (rows, nn_idx) if labels is None else (labels[rows], labels[nn_idx])  # label ids, for the weights
     if isinstance(weights, CorrelationWeights):
-        g = weights.at(u, v).to(W.dtype)
+        g = weights.at(rows, nn_idx).to(W.dtype)
     else:
-        g = weights.to(W.dtype)[u.unsqueeze(1), v]
+        g = weights.to(W.dtype)[rows.unsqueeze(1), nn_idx]
     return (g * torch.clamp(margin - pair_distances(W, rows, nn_idx), min=0.0) ** 2).sum()
 
 
@@ -271,7 +269,8 @@ def correlation_top_k_grad(
 
     equal to autograd of :func:`correlation_top_k` (tested in fp64). It gathers the block's neighbour rows once
     (pairs × d) where autograd keeps several such tensors and scatters them back through ``index_select``'s
-    backward: about 2× faster on XC-sized W. ``norms``: the rows' norms (computed when not given)."""
+    backward: 3× faster at 13,330 labels and 5× at 131,072 (d = 512, K = 50). ``norms``: the rows' norms (computed
+    when not given)."""
     d = W.shape[1]
     b, k = nn_idx.shape
     norms = W.norm(dim=-1).clamp(min=1e-12) if norms is None else norms

@@ -274,4 +274,6 @@ def _note_identifiers(
 
 
 def _is_binary_nominal(t: str) -> bool:
-    return set(_categories(t)) <= {"0", "1"}
+    """``{0, 1}`` (or ``{0}``): one numeric column. Declared in another order (``{1, 0}``) its first category, the
+    value a sparse row's omission means, is "1", so it is one-hot like any other nominal attribute."""
+    return _categories(t) in (["0", "1"], ["0"])

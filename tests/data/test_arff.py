@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from secure_fed.data import load_registered, read_arff, read_label_names
+from secure_fed.data.registry import load_from_paths
 from secure_fed.errors import DataError
 
 # (train rows, test rows, features, labels) from the Mulan dataset pages / FedALC Table VI
@@ -182,14 +183,21 @@ def sp_vstack(a, b):
 
 
 def test_a_sparse_row_omitting_a_nominal_attribute_holds_its_first_category(tmp_path):
-    """ARFF (Weka) rule: a sparse row omits zeros, and a nominal attribute's value 0 is its first category."""
+    """ARFF (Weka) rule: a sparse row omits zeros, and a nominal attribute's value 0 is its first category; an
+    explicit ``?`` stays missing (no category). ``{1, 0}`` declared in that order is nominal (first category "1"),
+    where ``{0, 1}`` is one numeric column."""
     (tmp_path / "s.arff").write_text(
-        "@relation s\n@attribute where {north, south, west}\n@attribute x numeric\n@attribute lab {0,1}\n@data\n"
-        "{0 west,1 2,2 1}\n{1 3}\n{0 south}\n"
+        "@relation s\n@attribute where {north, south, west}\n@attribute x numeric\n@attribute flag {1,0}\n"
+        "@attribute bit {0,1}\n@attribute lab {0,1}\n@data\n"
+        "{0 west,1 2,2 0,3 1,4 1}\n{1 3}\n{0 south}\n{0 ?,2 ?}\n"
     )
     split = read_arff(tmp_path / "s.arff", ["lab"])
-    np.testing.assert_array_equal(split.features.toarray(), [[0, 0, 1, 2], [1, 0, 0, 3], [0, 1, 0, 0]])
-    np.testing.assert_array_equal(split.labels.toarray(), [[1], [0], [0]])
+    # columns: where=north, where=south, where=west, x, flag=1, flag=0, bit
+    np.testing.assert_array_equal(
+        split.features.toarray(),
+        [[0, 0, 1, 2, 0, 1, 1], [1, 0, 0, 3, 1, 0, 0], [0, 1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0]],
+    )
+    np.testing.assert_array_equal(split.labels.toarray(), [[1], [0], [0], [0]])
 
 
 def _id_file(tmp_path, rows=25):
@@ -222,6 +230,14 @@ def test_an_identifier_attribute_gets_a_note_and_drop_attributes_leaves_it_out(t
         read_arff(path, ["lab"], drop=["lab"])
 
 
+def test_drop_attributes_on_a_registered_set(data_root):
+    full = load_registered("emotions", data_root)
+    dropped = load_registered("emotions", data_root, drop_attributes=["Mean_Acc1298_Mean_Mem40_Centroid"])
+    for a, b in ((full.train, dropped.train), (full.test, dropped.test)):
+        assert b.features.shape == (a.features.shape[0], a.features.shape[1] - 1)
+        np.testing.assert_array_equal(b.features.toarray(), a.features.toarray()[:, 1:])
+
+
 def test_drop_attributes_is_a_config_key_checked_against_the_source(tmp_path):
     from secure_fed.config import load_config
     from secure_fed.data.from_config import build_dataset
@@ -235,8 +251,11 @@ def test_drop_attributes_is_a_config_key_checked_against_the_source(tmp_path):
     ])  # fmt: skip
     ds = build_dataset(cfg)
     assert ds.train.features.shape[1] == 2 and ds.train.num_instances + ds.test.num_instances == 25
-    with pytest.raises(ConfigError, match="drop_attributes names ARFF attributes"):
-        load_config(None, ["dataset.drop_attributes=[protein]"])
+    for source in ([], ["dataset.name=digit_mosaics"]):
+        with pytest.raises(ConfigError, match="drop_attributes names ARFF attributes"):
+            load_config(None, [*source, "dataset.drop_attributes=[protein]"])
+    with pytest.raises(DataError, match="drop_attributes applies to format 'arff'"):
+        load_from_paths(format="xc", train=path, test=path, drop_attributes=["protein"])
 
 
 def test_a_one_file_quirky_arff_runs_end_to_end(tmp_path):

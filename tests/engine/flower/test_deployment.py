@@ -1,5 +1,5 @@
 """A real Flower deployment on 127.0.0.1: a TLS SuperLink, 3 SuperNodes, `flwr run` of a 2-round FedAwS run with
-4 clients (about 55 s on the 2-core machine: Flower starts one ClientApp process per message), the metrics against
+4 clients (about 60 s on the 2-core machine: Flower starts one ClientApp process per message), the metrics against
 the same run in process, and nothing left running afterwards."""
 
 from __future__ import annotations
