@@ -125,6 +125,12 @@ class DatasetConfig(_Strict):
     synthetic: SyntheticConfig = SyntheticConfig()
     mosaics: MosaicsConfig = MosaicsConfig()
 
+    def _registered_name(self) -> bool:
+        """``name`` is a registered (Mulan ARFF) data set, not a generated one."""
+        from secure_fed.data.registry import REGISTRY  # numpy and scipy only: validate stays torch-free
+
+        return self.name in REGISTRY
+
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
         if self.format in IMAGE_FORMATS:
@@ -144,8 +150,7 @@ class DatasetConfig(_Strict):
             raise ValueError("dataset.train_set / test_set name image sets of dataset.format voc or coco")
         if self.format != "coco" and (self.train_annotations or self.test_annotations):
             raise ValueError("dataset.train_annotations / test_annotations are annotation files of dataset.format coco")
-        arff_source = self.format == "arff" or (self.format is None and self.name not in ("synthetic", "digit_mosaics"))
-        if self.drop_attributes and not arff_source:
+        if self.drop_attributes and not (self.format == "arff" or (self.format is None and self._registered_name())):
             raise ValueError(
                 "dataset.drop_attributes names ARFF attributes: it needs dataset.format arff or a Mulan dataset.name"
             )
