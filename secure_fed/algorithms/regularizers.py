@@ -225,6 +225,15 @@ def correlation_gamma(sigma: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, sigma / mass.clamp(min=1e-300), torch.zeros_like(sigma))
 
 
+def _pair_weights(
+    weights: CorrelationWeights | torch.Tensor, rows: torch.Tensor, nn_idx: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """γ (or σ) at the pairs (rows[i], nn_idx[i, j]), shape of ``nn_idx``: looked up, or read from a dense (C, C)."""
+    if isinstance(weights, CorrelationWeights):
+        return weights.at(rows, nn_idx).to(dtype)
+    return weights.to(dtype)[rows.unsqueeze(1), nn_idx]
+
+
 def correlation_top_k(
     W: torch.Tensor,
     weights: torch.Tensor,
@@ -244,10 +253,7 @@ def correlation_top_k(
     """
     rows = torch.arange(W.shape[0], device=W.device) if rows is None else rows
     nn_idx = nearest_classes(W, k, rows=rows) if nn_idx is None else nn_idx
-    if isinstance(weights, CorrelationWeights):
-        g = weights.at(rows, nn_idx).to(W.dtype)
-    else:
-        g = weights.to(W.dtype)[rows.unsqueeze(1), nn_idx]
+    g = _pair_weights(weights, rows, nn_idx, W.dtype)
     return (g * torch.clamp(margin - pair_distances(W, rows, nn_idx), min=0.0) ** 2).sum()
 
 
@@ -279,10 +285,7 @@ def correlation_top_k_grad(
     v_norms = norms.index_select(0, flat).view(b, k, 1)
     v = W.index_select(0, flat).view(b, k, d).div_(v_norms)
     cos = torch.bmm(v, u.unsqueeze(2)).squeeze(2)
-    if isinstance(weights, CorrelationWeights):
-        g = weights.at(rows, nn_idx).to(W.dtype)
-    else:
-        g = weights.to(W.dtype)[rows.unsqueeze(1), nn_idx]
+    g = _pair_weights(weights, rows, nn_idx, W.dtype)
     hinge = torch.clamp(margin - (1.0 - cos), min=0.0)
     value = float((g * hinge**2).sum())
     c = 2.0 * g * hinge
