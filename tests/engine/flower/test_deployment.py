@@ -1,5 +1,5 @@
-"""A real Flower deployment on 127.0.0.1: a TLS SuperLink, 3 SuperNodes, `flwr run` of a 2-round FedAwS run with
-4 clients (about 60 s on the 2-core machine: Flower starts one ClientApp process per message), the metrics against
+"""A real Flower deployment on 127.0.0.1: a TLS SuperLink, 3 SuperNodes, `flwr run` of a 1-round FedAwS run with
+4 clients (about 50 s on the 2-core machine: Flower starts one ClientApp process per message), the metrics against
 the same run in process, and nothing left running afterwards."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from secure_fed.engine.flower.deployment import LocalDeployment, marked_processe
 from tests.config.test_bad_input import cli
 from tests.conftest import SMALL, small_config
 
-SETTINGS = ["training.rounds=2", "evaluation.every=1", "algorithm.name=fedaws", "dataset.synthetic.num_labels=4"]
+SETTINGS = ["training.rounds=1", "evaluation.every=1", "algorithm.name=fedaws", "dataset.synthetic.num_labels=4"]
 RUN = [*SMALL, *SETTINGS, "flower.num_supernodes=3"]  # later overrides win
 
 
@@ -48,7 +48,7 @@ def test_flwr_run_on_a_tls_superlink_with_three_supernodes(tmp_path):
     assert time.monotonic() - started < 600
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["rounds_completed"] == 2
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 1
     assert summary["privacy"]["epsilon"] == "inf"
     private = json.loads((tmp_path / "run" / "private" / "summary.json").read_text())
     assert private["executor"]["name"] == "flower"
@@ -57,7 +57,7 @@ def test_flwr_run_on_a_tls_superlink_with_three_supernodes(tmp_path):
     for k, v in ref["final"].items():
         assert summary["final"][k] == pytest.approx(v, abs=1e-5), k
     rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2]
+    assert [r["round"] for r in rounds] == [1]
 
 
 def test_flower_local_refuses_a_bad_config_before_starting_anything(tmp_path):
