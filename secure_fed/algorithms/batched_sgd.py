@@ -166,6 +166,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     lr, b = float(hp.lr), int(hp.batch_size)
     device = first.data.x.device
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16")
+    product_dtype = torch.bfloat16 if hp.precision == "bf16" else None  # None: each weight's own dtype
 
     clients = [_Client(r, has_rows) for r in reqs]
     # lock step: sort by number of steps (longest first), so the clients active at step s are a prefix
@@ -243,9 +244,11 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                     if not live:  # a client without examples took no step
                         delta[f"{prefix}.weight"] = torch.zeros_like(A)
                     else:  # all b rows of each step: a padded row has δ = 0, so it adds nothing
-                        X = torch.cat([hist[li_][t][0][j] for t in live]).to(A.dtype)
-                        D = torch.cat([hist[li_][t][1][j] for t in live]).to(A.dtype)
-                        delta[f"{prefix}.weight"] = -(D.T @ X)
+                        # in bf16 the product runs in bf16 (fp32 accumulation, one rounding of the sum), as autocast
+                        # forms each step's weight gradient in the reference trainer; in fp32, in fp32
+                        X = torch.cat([hist[li_][t][0][j] for t in live]).to(product_dtype or A.dtype)
+                        D = torch.cat([hist[li_][t][1][j] for t in live]).to(product_dtype or A.dtype)
+                        delta[f"{prefix}.weight"] = (D.neg().T @ X).to(A.dtype)  # −η Σ_t δ_tᵀ x_t (the sign on D: small)
                     if bias[li_] is not None:
                         delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
             out: Payload = {
