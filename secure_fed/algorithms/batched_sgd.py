@@ -205,10 +205,14 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                 if prefix is None:
                     h = torch.relu(h)
                     continue
-                inputs.append(h.detach())
-                y = (h.reshape(Gs * b, -1) @ A0[li].T).reshape(Gs, b, -1)
+                # the layer's input as its products read it (bf16 under autocast: stored so, it is cast once)
+                inputs.append(h.detach().to(product_dtype or h.dtype))
+                # x A₀ᵀ − Σ_t (x x_tᵀ) δ_t: each product in the autocast dtype, the sum in the weights' dtype (in
+                # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away)
+                acc = A0[li].dtype
+                y = (h.reshape(Gs * b, -1) @ A0[li].T).reshape(Gs, b, -1).to(acc)
                 for X_t, D_t in hist[li]:
-                    y = y - torch.bmm(torch.bmm(h, X_t[:Gs].transpose(1, 2)), D_t[:Gs])
+                    y = y - torch.bmm(torch.bmm(h, X_t[:Gs].transpose(1, 2)), D_t[:Gs]).to(acc)
                 if bias[li] is not None:
                     y = y + bias[li][:Gs, None, :]
                 if not y.requires_grad:  # the first layer: a function of the data only, its δ is all we need

@@ -23,10 +23,10 @@ from secure_fed.models.families import CosineEmbedding, LinearHead
 SIZES = [3, 9, 4, 13, 1, 8, 0]
 
 
-def _clients(dt, *, num_labels, positive_only, in_dim=20, seed=0):
+def _clients(dt, *, num_labels, positive_only, in_dim=20, seed=0, sizes=SIZES):
     g = torch.Generator().manual_seed(seed)
     out = []
-    for c, n in enumerate(SIZES):
+    for c, n in enumerate(sizes):
         x = (torch.rand(n, in_dim, generator=g, dtype=torch.float64) * (torch.rand(n, in_dim, generator=g) < 0.4)).to(dt)
         if positive_only:
             known = torch.tensor([c % num_labels])
@@ -123,16 +123,25 @@ def test_float32_is_as_close_to_the_exact_update_as_the_reference_is():
         assert err_b < 1e-5 and err_b <= 2 * err_r + 1e-7
 
 
-def test_bfloat16_is_as_close_to_the_exact_update_as_the_reference_is():
-    """Under bf16 autocast the reference trainer rounds each step's weight gradient to bf16; the batched trainer
-    rounds its one product over all steps (bf16 operands, fp32 accumulation). Its update must be no further from
-    the float64 result than the reference's, at the shapes of the Bibtex network's 1024-wide layers scaled down."""
+#: (client sizes, batch size, lr, epochs): the fixture's short ragged schedules, and Bibtex's (batch 32, lr 0.01,
+#: clients of 3 to 22 steps, where the history terms of the late steps are many)
+BF16_SCHEDULES = {"short": (SIZES, 4, 0.3, 2), "bibtex-like": ([96, 100, 104, 128, 300, 700], 32, 0.01, 1)}
+
+
+@pytest.mark.parametrize("schedule", sorted(BF16_SCHEDULES))
+def test_bfloat16_is_as_close_to_the_exact_update_as_the_reference_is(schedule):
+    """Under bf16 autocast neither trainer is exact: the reference rounds each step's products (and its weights) to
+    bf16; the batched trainer rounds its products too, sums x A₀ᵀ and the history terms in fp32, and forms each
+    update as one bf16 product over all steps. Over the clients, its updates must be no further from the float64
+    ones than the reference's (a single client's ratio scatters between about 0.7 and 3 with the seed, so the test
+    compares the sums): 1.01 and 1.19 here; with the history terms summed in bf16 the bibtex-like one was 1.64."""
+    sizes, batch, lr, epochs = BF16_SCHEDULES[schedule]
     torch.manual_seed(3)
     model64 = SparseTextEncoder(20, embed_dim=32, hidden_dims=(64, 64), out_dim=16).double()
     theta64 = {n: p.detach().clone() for n, p in model64.named_parameters()}
     rows64 = F.normalize(torch.randn(4, 16, dtype=torch.float64), dim=-1)
-    clients64 = _clients(torch.float64, num_labels=4, positive_only=True)
-    hp64 = LocalTraining(batch_size=4, lr=0.3, epochs=2)
+    clients64 = _clients(torch.float64, num_labels=4, positive_only=True, sizes=sizes)
+    hp64 = LocalTraining(batch_size=batch, lr=lr, epochs=epochs)
 
     def payload(theta, rows, d):
         return {"theta": theta, "rows": rows[d.known_labels], "row_ids": d.known_labels, "train_rows": True, "loss": "positive"}
@@ -142,20 +151,21 @@ def test_bfloat16_is_as_close_to_the_exact_update_as_the_reference_is():
              for i, d in enumerate(clients64)]  # fmt: skip
     model32 = model64.float()
     theta32 = {n: t.float() for n, t in theta64.items()}
-    hp = LocalTraining(batch_size=4, lr=0.3, epochs=2, precision="bf16")
+    hp = LocalTraining(batch_size=batch, lr=lr, epochs=epochs, precision="bf16")
     reqs = [TrainRequest(payload(theta32, rows64.float(), d), d, hp, torch.Generator().manual_seed(i))
-            for i, d in enumerate(_clients(torch.float32, num_labels=4, positive_only=True))]  # fmt: skip
+            for i, d in enumerate(_clients(torch.float32, num_labels=4, positive_only=True, sizes=sizes))]  # fmt: skip
     batched = [b() for b in train_group(model32, CosineEmbedding(), reqs)]
     ref = [LocalTrainer(model32, CosineEmbedding()).update_one(r.payload, r.data, hp, torch.Generator().manual_seed(i))
            for i, r in enumerate(reqs)]  # fmt: skip
+    err_b = err_r = 0.0
     for e, b, r in zip(exact, batched, ref, strict=True):
         if not e["num_examples"]:
             continue
-        err_b = relative_error(b["theta_delta"], e["theta_delta"])
-        err_r = relative_error(r["theta_delta"], e["theta_delta"])
-        assert err_r > 1e-4  # bf16 really ran in the reference (fp32 alone stays near 1e-7)
-        assert err_b <= 1.5 * err_r, (err_b, err_r)
         assert all(b["theta_delta"][n].dtype == torch.float32 for n in theta32)  # updates stay fp32, as θ
+        err_b += relative_error(b["theta_delta"], e["theta_delta"])
+        err_r += relative_error(r["theta_delta"], e["theta_delta"])
+    assert err_r > 1e-4 and err_b > 1e-4  # bf16 really ran in both (fp32 alone stays near 1e-7)
+    assert err_b <= 1.5 * err_r, (err_b, err_r)
 
 
 def test_what_the_batched_trainer_does_not_cover_is_named():
