@@ -9,6 +9,7 @@ CPUs each, and the ServerApp runs the rounds through them.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -58,6 +59,14 @@ def check_flower_start(exp) -> None:
         )
 
 
+def ray_cpus(nodes: int, client_cpus: float) -> int:
+    """The CPUs the simulation gives Ray: those this process may run on, and no more than ``nodes`` ClientApps of
+    ``client_cpus`` each use. Flower starts one actor per ``client_cpus`` of them up front, each loading torch and
+    a copy of the run, so a 4-node run on a 64-core machine starts 4 actors, not 64."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(usable, math.ceil(nodes * client_cpus)))
+
+
 def run_on_flower(exp, *, progress: bool | None, client_app=None):
     """Run ``exp`` with its clients on Flower's simulation engine; ``client_app`` replaces the project's ClientApp
     (tests use it to play a misbehaving client)."""
@@ -74,7 +83,7 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
             dump_config(exp.cfg), exp.data_root, threads=max(1, int(f.client_cpus)), state_dir=node_storage_dir(exp.run_dir)
         )
     server_app = make_server_app(exp, outcome, num_nodes=nodes, progress=progress)
-    cpus = os.cpu_count() or 1
+    cpus = ray_cpus(nodes, f.client_cpus)
     backend_config = {
         "client_resources": {"num_cpus": f.client_cpus, "num_gpus": 0.0},
         "init_args": {"num_cpus": cpus, "include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False},
@@ -105,4 +114,4 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     return outcome["result"]
 
 
-__all__ = ["check_flower_start", "client_side_callbacks", "run_on_flower"]
+__all__ = ["check_flower_start", "client_side_callbacks", "ray_cpus", "run_on_flower"]

@@ -166,3 +166,13 @@ def test_a_node_answers_only_for_its_own_clients_and_registered_functions(monkey
     content["meta"]["seq"] = 0
     with pytest.raises(Exception, match="os:system is not a registered client function"):
         app(Message(content, dst_node_id=7, message_type="query"), ctx)
+
+
+def test_ray_gets_no_more_cpus_than_the_nodes_use(monkeypatch):
+    """Flower starts an actor per client_cpus of Ray's CPUs up front: a 4-node run on a 64-core machine gets 4."""
+    from secure_fed.engine.flower.simulation import ray_cpus
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
+    assert ray_cpus(4, 1.0) == 4 and ray_cpus(4, 2.0) == 8 and ray_cpus(3, 0.5) == 2 and ray_cpus(100, 1.0) == 64
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert ray_cpus(40, 1.0) == 2 and ray_cpus(1, 1.0) == 1
