@@ -86,38 +86,37 @@ def test_linear_head_family_in_the_general_setting_matches_in_float64(loss):
     _compare(model, LinearHead(), clients, lambda d: {"theta": theta, "train_rows": False, "loss": loss}, hp, 1e-9)
 
 
+def _against_float64(*, seed, dims, sizes, hp):
+    """Per client with examples: (float64 reference update, batched update, reference update), the last two from an
+    fp32 copy of a float64 text network (``dims``: embed, hidden, out) trained with ``hp`` (its precision applies to
+    both fp32 trainers; the float64 one runs at full precision)."""
+    torch.manual_seed(seed)
+    embed, hidden, out = dims
+    model64 = SparseTextEncoder(20, embed_dim=embed, hidden_dims=hidden, out_dim=out).double()
+    theta64 = {n: p.detach().clone() for n, p in model64.named_parameters()}
+    rows64 = F.normalize(torch.randn(4, out, dtype=torch.float64), dim=-1)
+
+    def payload(theta, rows, d):
+        return {"theta": theta, "rows": rows[d.known_labels], "row_ids": d.known_labels, "train_rows": True, "loss": "positive"}
+
+    hp64 = LocalTraining(batch_size=hp.batch_size, lr=hp.lr, epochs=hp.epochs)
+    exact = [LocalTrainer(model64, CosineEmbedding()).update_one(payload(theta64, rows64, d), d, hp64,
+                                                                 torch.Generator().manual_seed(i))
+             for i, d in enumerate(_clients(torch.float64, num_labels=4, positive_only=True, sizes=sizes))]  # fmt: skip
+    model32 = model64.float()
+    theta32 = {n: t.float() for n, t in theta64.items()}
+    reqs = [TrainRequest(payload(theta32, rows64.float(), d), d, hp, torch.Generator().manual_seed(i))
+            for i, d in enumerate(_clients(torch.float32, num_labels=4, positive_only=True, sizes=sizes))]  # fmt: skip
+    batched = [b() for b in train_group(model32, CosineEmbedding(), reqs)]
+    ref = [LocalTrainer(model32, CosineEmbedding()).update_one(r.payload, r.data, hp, torch.Generator().manual_seed(i))
+           for i, r in enumerate(reqs)]  # fmt: skip
+    return [(e, b, r) for e, b, r in zip(exact, batched, ref, strict=True) if e["num_examples"]]
+
+
 def test_float32_is_as_close_to_the_exact_update_as_the_reference_is():
     """In fp32 neither trainer is exact; the batched one must not be further from the float64 result than the
     reference trainer (which loses bits forming θ_final − θ)."""
-    torch.manual_seed(2)
-    model64 = SparseTextEncoder(20, embed_dim=16, hidden_dims=(32,), out_dim=8).double()
-    theta64 = {n: p.detach().clone() for n, p in model64.named_parameters()}
-    rows64 = F.normalize(torch.randn(4, 8, dtype=torch.float64), dim=-1)
-    hp = LocalTraining(batch_size=4, lr=0.3)
-    exact = [
-        LocalTrainer(model64, CosineEmbedding()).update_one(
-            {"theta": theta64, "rows": rows64[d.known_labels], "row_ids": d.known_labels, "train_rows": True, "loss": "positive"},
-            d,
-            hp,
-            torch.Generator().manual_seed(i),
-        )  # fmt: skip
-        for i, d in enumerate(_clients(torch.float64, num_labels=4, positive_only=True))
-    ]
-    model32 = model64.float()
-    theta32 = {n: t.float() for n, t in theta64.items()}
-    clients32 = _clients(torch.float32, num_labels=4, positive_only=True)
-    payload = {"theta": theta32, "train_rows": True, "loss": "positive"}
-    reqs = [
-        TrainRequest({**payload, "rows": rows64.float()[d.known_labels], "row_ids": d.known_labels}, d, hp,
-                     torch.Generator().manual_seed(i))
-        for i, d in enumerate(clients32)
-    ]  # fmt: skip
-    batched = [b() for b in train_group(model32, CosineEmbedding(), reqs)]
-    ref32 = [
-        LocalTrainer(model32, CosineEmbedding()).update_one(r.payload, r.data, hp, torch.Generator().manual_seed(i))
-        for i, r in enumerate(reqs)
-    ]
-    for e, b, r in zip(exact, batched, ref32, strict=True):
+    for e, b, r in _against_float64(seed=2, dims=(16, (32,), 8), sizes=SIZES, hp=LocalTraining(batch_size=4, lr=0.3)):
         err_b = relative_error(b["theta_delta"], e["theta_delta"])
         err_r = relative_error(r["theta_delta"], e["theta_delta"])
         assert err_b < 1e-5 and err_b <= 2 * err_r + 1e-7
@@ -136,32 +135,10 @@ def test_bfloat16_is_as_close_to_the_exact_update_as_the_reference_is(schedule):
     ones than the reference's (a single client's ratio scatters between about 0.7 and 3 with the seed, so the test
     compares the sums): 1.01 and 1.19 here; with the history terms summed in bf16 the bibtex-like one was 1.64."""
     sizes, batch, lr, epochs = BF16_SCHEDULES[schedule]
-    torch.manual_seed(3)
-    model64 = SparseTextEncoder(20, embed_dim=32, hidden_dims=(64, 64), out_dim=16).double()
-    theta64 = {n: p.detach().clone() for n, p in model64.named_parameters()}
-    rows64 = F.normalize(torch.randn(4, 16, dtype=torch.float64), dim=-1)
-    clients64 = _clients(torch.float64, num_labels=4, positive_only=True, sizes=sizes)
-    hp64 = LocalTraining(batch_size=batch, lr=lr, epochs=epochs)
-
-    def payload(theta, rows, d):
-        return {"theta": theta, "rows": rows[d.known_labels], "row_ids": d.known_labels, "train_rows": True, "loss": "positive"}
-
-    exact = [LocalTrainer(model64, CosineEmbedding()).update_one(payload(theta64, rows64, d), d, hp64,
-                                                                 torch.Generator().manual_seed(i))
-             for i, d in enumerate(clients64)]  # fmt: skip
-    model32 = model64.float()
-    theta32 = {n: t.float() for n, t in theta64.items()}
     hp = LocalTraining(batch_size=batch, lr=lr, epochs=epochs, precision="bf16")
-    reqs = [TrainRequest(payload(theta32, rows64.float(), d), d, hp, torch.Generator().manual_seed(i))
-            for i, d in enumerate(_clients(torch.float32, num_labels=4, positive_only=True, sizes=sizes))]  # fmt: skip
-    batched = [b() for b in train_group(model32, CosineEmbedding(), reqs)]
-    ref = [LocalTrainer(model32, CosineEmbedding()).update_one(r.payload, r.data, hp, torch.Generator().manual_seed(i))
-           for i, r in enumerate(reqs)]  # fmt: skip
     err_b = err_r = 0.0
-    for e, b, r in zip(exact, batched, ref, strict=True):
-        if not e["num_examples"]:
-            continue
-        assert all(b["theta_delta"][n].dtype == torch.float32 for n in theta32)  # updates stay fp32, as θ
+    for e, b, r in _against_float64(seed=3, dims=(32, (64, 64), 16), sizes=sizes, hp=hp):
+        assert all(t.dtype == torch.float32 for t in b["theta_delta"].values())  # updates stay fp32, as θ
         err_b += relative_error(b["theta_delta"], e["theta_delta"])
         err_r += relative_error(r["theta_delta"], e["theta_delta"])
     assert err_r > 1e-4 and err_b > 1e-4  # bf16 really ran in both (fp32 alone stays near 1e-7)

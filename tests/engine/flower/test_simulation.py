@@ -40,7 +40,7 @@ def test_default_run_on_flower_equals_in_process_and_resumes_from_its_checkpoint
     finally:
         torch.set_num_threads(threads)  # the bit-exact golden runs later in the session need the default again
     # 7 messages in flight at most: each round's 40 clients go out in 6 batches, replies summed in cohort order
-    common = ["backend=flower", "flower.max_in_flight=7", "output.checkpoint_every=10"]
+    common = ["backend=flower", "flower.max_in_flight=7"]  # the resume reads the first run's last.pt
     first = Experiment(load_config(None, [*common, "training.rounds=10"]), run_dir=tmp_path / "flower")
     first.run(progress=False)
     # the clients really ran on Flower nodes: every training job and the setup query went out as messages
