@@ -1,19 +1,20 @@
-"""Cryptographic primitives shared by the layers (all from ``cryptography`` / ``pycryptodome``).
+"""Cryptographic primitives shared by the layers (X25519, HKDF, AES from ``cryptography``; Shamir sharing here).
 
 * X25519 key agreement + HKDF-SHA256 → symmetric keys;
 * AES-256-GCM sealing of a message from one client to another (the server
   only relays the ciphertext);
 * a cryptographic pseudo-random generator (AES-256 in CTR mode) for masks —
   never numpy's RNG;
-* Shamir secret sharing over GF(2^128) (pycryptodome) for 16- and 32-byte secrets.
+* Shamir secret sharing over the prime field GF(2^521 − 1) for secrets of up to 64 bytes.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -76,7 +77,7 @@ def prg_words(seed: bytes, n: int, *, bits: int = 64, scratch: bytearray | None 
     no plaintext buffer of the output's size and no copy. With ``scratch`` (from :func:`prg_scratch`) the words are
     written into it and the result is a view of it, valid until its next use: a loop over many masks (secure
     aggregation's pairwise masks) then touches no fresh memory."""
-    key = hkdf(seed, info=b"secure-fed mask prg", length=32) if len(seed) != 32 else seed
+    key = _prg_key(seed)
     enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
     size = 8 * n
     out = prg_scratch(n) if scratch is None else scratch
@@ -92,18 +93,124 @@ def prg_words(seed: bytes, n: int, *, bits: int = 64, scratch: bytearray | None 
     return words
 
 
+#: the masks are summed a block of words at a time, so each block's key streams and sum stay in the L2 cache
+MASK_BLOCK_WORDS = 1 << 15
+
+
+def _prg_key(seed: bytes) -> bytes:
+    return hkdf(seed, info=b"secure-fed mask prg", length=32) if len(seed) != 32 else seed
+
+
+def mask_threads() -> int:
+    """Threads that :func:`add_masks` splits a vector over: the CPUs this process may run on, at most 8."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)))
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=mask_threads(), thread_name_prefix="secure-fed-masks")
+    return _POOL
+
+
+def add_masks(
+    out: np.ndarray, terms: list[tuple[bytes, int]], *, base: np.ndarray | None = None, bits: int = 64,
+    threads: int | None = None,
+) -> np.ndarray:  # fmt: skip
+    """``out = base + Σ sign·PRG(seed) mod 2^bits`` over ``terms = [(seed, ±1)]`` (``base`` None: ``out`` itself),
+    word for word the sum of :func:`prg_words` streams, and every word of the result reduced below 2^bits.
+
+    The vector is cut into cache-sized blocks and every term's AES-CTR key stream is generated block by block (the
+    counter started at the block's offset), so no stream of the vector's size is ever written to memory; the blocks
+    are shared among ``threads`` threads (default :func:`mask_threads`; AES and numpy release the GIL)."""
+    n = len(out)
+    if out.dtype != np.uint64 or (base is not None and (base.dtype != np.uint64 or len(base) != n)):
+        raise ValueError("add_masks works on uint64 vectors of one length")
+    keys = [(_prg_key(seed), int(sign)) for seed, sign in terms]
+    if any(sign not in (1, -1) for _, sign in keys):
+        raise ValueError("a mask's sign is +1 or -1")
+    low = np.uint64((1 << bits) - 1) if bits < 64 else None
+    blocks = list(range(0, n, MASK_BLOCK_WORDS))
+    parts = max(1, min(threads or mask_threads(), len(blocks)))
+
+    def work(first: int, last: int) -> None:
+        if first >= last:
+            return
+        o0 = blocks[first]
+        # a block starts at an even word, i.e. at a 16-byte AES block: its counter is the block's index
+        encs = [(Cipher(algorithms.AES(k), modes.CTR((o0 // 2).to_bytes(16, "big"))).encryptor(), s) for k, s in keys]
+        buf = bytearray(8 * MASK_BLOCK_WORDS + 15)
+        view = memoryview(buf)
+        for o in blocks[first:last]:
+            m = min(MASK_BLOCK_WORDS, n - o)
+            blk = out[o : o + m]
+            if base is not None:
+                blk[...] = base[o : o + m]
+            words = np.frombuffer(buf, dtype="<u8", count=m)
+            for enc, sign in encs:
+                enc.update_into(_ZEROS[: 8 * m], view[: 8 * m + 15])
+                if sign > 0:
+                    blk += words
+                else:
+                    blk -= words
+            if low is not None:
+                blk &= low
+
+    cuts = [len(blocks) * i // parts for i in range(parts + 1)]
+    if parts == 1:
+        work(0, len(blocks))
+    else:
+        for f in [_pool().submit(work, a, b) for a, b in zip(cuts, cuts[1:], strict=False)]:
+            f.result()
+    return out
+
+
+#: Shamir's field: integers modulo the Mersenne prime 2^521 − 1 (a secret of up to 64 bytes is one element)
+SHAMIR_PRIME = (1 << 521) - 1
+_SHARE_BYTES = 66  # 521 bits
+
+
 def shamir_split(secret: bytes, *, threshold: int, num_shares: int) -> list[tuple[int, bytes]]:
-    """t-of-n shares of a 16- or 32-byte secret; share i is ``(i, bytes)`` with i in 1..n."""
-    if len(secret) not in (16, 32):
-        raise ValueError("Shamir sharing takes 16- or 32-byte secrets")
-    halves = [secret[i : i + 16] for i in range(0, len(secret), 16)]
-    parts = [Shamir.split(threshold, num_shares, h) for h in halves]
-    return [(parts[0][j][0], b"".join(p[j][1] for p in parts)) for j in range(num_shares)]
+    """t-of-n Shamir shares of a secret of 1–64 bytes over GF(2^521 − 1): the secret is f(0) of a polynomial f of
+    degree t − 1 whose other coefficients are drawn uniformly with :mod:`secrets`; share i is ``(i, f(i))`` for i in
+    1..n, f(i) as 66 big-endian bytes after one byte of the secret's length. Any t − 1 shares are uniformly
+    distributed whatever the secret; any t give it back (:func:`shamir_combine`)."""
+    if not 1 <= len(secret) <= 64:
+        raise ValueError("Shamir sharing takes secrets of 1 to 64 bytes")
+    if not 1 <= threshold <= num_shares < SHAMIR_PRIME:
+        raise ValueError(f"Shamir sharing needs 1 ≤ threshold ≤ num_shares, got {threshold} of {num_shares}")
+    coeffs = [int.from_bytes(secret, "big")] + [secrets.randbelow(SHAMIR_PRIME) for _ in range(threshold - 1)]
+    out = []
+    for x in range(1, num_shares + 1):
+        y = 0
+        for c in reversed(coeffs):  # Horner
+            y = (y * x + c) % SHAMIR_PRIME
+        out.append((x, bytes([len(secret)]) + y.to_bytes(_SHARE_BYTES, "big")))
+    return out
 
 
 def shamir_combine(shares: list[tuple[int, bytes]]) -> bytes:
-    size = len(shares[0][1])
-    out = b""
-    for o in range(0, size, 16):
-        out += Shamir.combine([(i, s[o : o + 16]) for i, s in shares])
-    return out
+    """The secret from ``shares`` (at least the threshold's count of distinct ones), by Lagrange interpolation at 0.
+    Raises ``ValueError`` when the shares do not interpolate to a secret of the recorded length (too few shares,
+    or shares of different secrets)."""
+    xs = [int(x) for x, _ in shares]
+    if not shares or len(set(xs)) != len(xs) or any(not 0 < x < SHAMIR_PRIME for x in xs):
+        raise ValueError("Shamir shares need distinct indices in 1..p−1")
+    size = shares[0][1][0]
+    if any(len(s) != 1 + _SHARE_BYTES or s[0] != size for _, s in shares):
+        raise ValueError("Shamir shares of different formats")
+    ys = [int.from_bytes(s[1:], "big") for _, s in shares]
+    secret = 0
+    for j, (xj, yj) in enumerate(zip(xs, ys, strict=True)):
+        num = den = 1
+        for m, xm in enumerate(xs):
+            if m != j:
+                num = num * xm % SHAMIR_PRIME
+                den = den * (xm - xj) % SHAMIR_PRIME
+        secret = (secret + yj * num * pow(den, -1, SHAMIR_PRIME)) % SHAMIR_PRIME
+    if secret >> (8 * size):
+        raise ValueError("these Shamir shares do not determine a secret (too few of them, or of different secrets)")
+    return secret.to_bytes(size, "big")

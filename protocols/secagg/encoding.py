@@ -31,8 +31,13 @@ class FixedPoint:
             )
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        q = np.rint(np.clip(x, -self.clip_range, self.clip_range) * 2.0**self.frac_bits).astype(np.int64)
-        return q.view(np.uint64) & self.mask
+        y = np.clip(x, -self.clip_range, self.clip_range)  # one float temporary, then in place
+        y *= 2.0**self.frac_bits
+        np.rint(y, out=y)
+        q = y.astype(np.int64).view(np.uint64)
+        if self.modulus_bits < 64:
+            q &= self.mask
+        return q
 
     def decode_sum(self, s: np.ndarray) -> np.ndarray:
         s = s & self.mask

@@ -22,7 +22,7 @@ sum over any connected component of the graph on U3, so a split would hand the
 server one partial sum per component. The server therefore checks, after every
 stage and before it asks for any unmasking share, that the graph on the live
 clients (on U3 from MaskedInput on) is connected. Masks come from
-AES-256-CTR (``protocols.crypto.prg_words``). With ``neighbors = n − 1`` the
+AES-256-CTR (``protocols.crypto.add_masks``). With ``neighbors = n − 1`` the
 graph is complete and this is the original SecAgg.
 
 The server object never holds a private key or a seed: only public keys,
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols.crypto import KeyPair, open_sealed, prg_scratch, prg_words, seal, shamir_combine, shamir_split
+from protocols.crypto import KeyPair, add_masks, open_sealed, seal, shamir_combine, shamir_split
 from secure_fed.errors import RoundAborted
 
 
@@ -168,20 +168,14 @@ class SecAggClient:
             self.held_shares[u] = ((plain[8], plain[9 : 9 + b_len]), (plain[9 + b_len], plain[10 + b_len :]))
 
     def masked_input(self, x: np.ndarray, alive: list[int], bits: int) -> np.ndarray:
-        """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) (mod 2^bits), over neighbours that completed step 1."""
-        y = prg_words(self.b_seed, len(x), bits=bits)  # a fresh array: the sums below go into it (mod 2^64)
-        y += x
-        scratch = prg_scratch(len(x))  # every pairwise mask is written into this one buffer
+        """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) mod 2^bits (every word below 2^bits: the words of a sum taken mod
+        2^64 would carry the count of wrap-arounds, which depends on x), over neighbours that completed step 1."""
+        terms = [(self.b_seed, 1)]
         for v in self.neighbours:
-            if v not in alive:
-                continue
-            m = prg_words(self.s_key.agree(self.peers_s[v], info=_pair_info(self.cid, v, self.round_idx) + b" mask"), len(x),
-                          bits=bits, scratch=scratch)  # fmt: skip
-            if self.cid < v:
-                y += m
-            else:
-                y -= m
-        return y
+            if v in alive:
+                s_uv = self.s_key.agree(self.peers_s[v], info=_pair_info(self.cid, v, self.round_idx) + b" mask")
+                terms.append((s_uv, 1 if self.cid < v else -1))
+        return add_masks(np.empty(len(x), dtype=np.uint64), terms, base=np.asarray(x, dtype=np.uint64), bits=bits)
 
     def unmask(self, survived: set[int], dropped: set[int]) -> dict[int, tuple[str, tuple[int, bytes]]]:
         """Step 3: per neighbour, the b-share if it survived or the s-key share if it dropped (never both)."""
@@ -251,7 +245,10 @@ class SecAggServer:
 
     def add_masked(self, u: int, y: np.ndarray) -> None:
         self.transcript.append(("masked_input", u, y))
-        self.total = y.copy() if self.total is None else self.total + y
+        if self.total is None:
+            self.total = y.astype(np.uint64, copy=True)
+        else:
+            np.add(self.total, y, out=self.total)  # mod 2^64, in place: one vector however many clients
         self.u3.add(u)
 
     def request_unmasking(self) -> tuple[set[int], set[int]]:
@@ -272,13 +269,13 @@ class SecAggServer:
             for u, (kind, share) in per.items():
                 (b_shares if kind == "b" else s_shares).setdefault(u, []).append(share)
         total = self.total if self.total is not None else np.zeros(size, dtype=np.uint64)
+        strip: list[tuple[bytes, int]] = []  # every mask left in the sum, with the sign that removes it
         for u in sorted(self.u3):
             if len(b_shares.get(u, [])) < self.t:
                 raise SecAggAbort(
                     f"secure aggregation aborted: {len(b_shares.get(u, []))} shares of client {u}'s self-mask, below threshold"
                 )
-            b_seed = shamir_combine(b_shares[u][: self.t])
-            total = total - prg_words(b_seed, size, bits=self.bits)
+            strip.append((shamir_combine(b_shares[u][: self.t]), -1))
         for u in sorted(self.u2 - self.u3):
             if len(s_shares.get(u, [])) < self.t:
                 raise SecAggAbort(
@@ -288,11 +285,9 @@ class SecAggServer:
             for v in self.graph[u]:
                 if v not in self.u3:
                     continue
-                m = prg_words(s_u.agree(self.public_keys[v]["s_pk"], info=_pair_info(u, v, self.round_idx) + b" mask"), size,
-                              bits=self.bits)  # fmt: skip
-                total = total - m if v < u else total + m  # v added +m iff v < u; strip it
-        mask = np.uint64((1 << self.bits) - 1) if self.bits < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
-        return total & mask
+                s_uv = s_u.agree(self.public_keys[v]["s_pk"], info=_pair_info(u, v, self.round_idx) + b" mask")
+                strip.append((s_uv, -1 if v < u else 1))  # v added +m iff v < u; strip it
+        return add_masks(total, strip, bits=self.bits)
 
 
 def threshold_for(group_size: int, fraction: float) -> int:

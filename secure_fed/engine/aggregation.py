@@ -110,7 +110,10 @@ class UpdateLayout:
         seg = self.segments()
         v = np.zeros(self.size, dtype=np.float64)
         for n in self.names:
-            v[seg[n]] = w * dense_delta(reply["theta_delta"][n]).detach().double().cpu().numpy().ravel()
+            dst = v[seg[n]]
+            t = dense_delta(reply["theta_delta"][n]).detach().cpu()
+            dst[...] = (t if t.dtype in (torch.float32, torch.float64) else t.double()).numpy().ravel()  # exact
+            dst *= w  # in place: the same values as w · float64(Δ), without two temporaries of θ's size
         rows = v[seg["rows"]]
         deltas = rows[: self.num_rows * self.dim].reshape(self.num_rows, self.dim)
         counts = rows[self.num_rows * self.dim :]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from cryptography.exceptions import InvalidTag
@@ -9,7 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from protocols.crypto import KeyPair, open_sealed, prg_scratch, prg_words, seal, shamir_combine, shamir_split
+from protocols.crypto import (
+    SHAMIR_PRIME,
+    KeyPair,
+    add_masks,
+    open_sealed,
+    prg_scratch,
+    prg_words,
+    seal,
+    shamir_combine,
+    shamir_split,
+)
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, neighbour_graph, secure_sum
 from secure_fed.errors import ConfigError
@@ -30,8 +42,37 @@ def test_seal_roundtrip_and_tamper():
 def test_shamir_needs_t_shares():
     secret = bytes(range(32))
     shares = shamir_split(secret, threshold=3, num_shares=5)
-    assert shamir_combine(shares[1:4]) == secret
-    assert shamir_combine(shares[:2]) != secret  # t−1 shares give garbage
+    for subset in itertools.combinations(shares, 3):
+        assert shamir_combine(list(subset)) == secret
+    assert shamir_combine(shares) == secret  # more than t: the same polynomial
+    with pytest.raises(ValueError, match="do not determine"):
+        shamir_combine(shares[:2])  # t−1 shares interpolate to a random field element, not a 32-byte secret
+
+
+@pytest.mark.parametrize("t", [1, 2, 5, 17])
+def test_shamir_shares_lie_on_a_degree_t_minus_1_polynomial_through_the_secret(t):
+    """Checked without interpolation: the shares f(1..n) of a degree t−1 polynomial have t-th finite differences 0
+    mod p, and Newton's forward differences give f(0) = Σ_k (−1)^k Δ^k f(1)."""
+    p = SHAMIR_PRIME
+    secret = bytes(range(7, 39))
+    ys = [int.from_bytes(s[1:], "big") for _, s in shamir_split(secret, threshold=t, num_shares=t + 3)]
+    diffs, table = ys, [ys]
+    for _ in range(t):
+        diffs = [(b - a) % p for a, b in itertools.pairwise(diffs)]
+        table.append(diffs)
+    assert all(d == 0 for d in table[t])
+    f0 = sum((-1) ** k * table[k][0] for k in range(t)) % p
+    assert f0 == int.from_bytes(secret, "big")
+
+
+def test_fewer_than_t_shamir_shares_are_uniform_whatever_the_secret():
+    """t = 2: the one share f(1) = s + a must be uniform in GF(p) for a zero and an all-ones secret (a fixed or
+    low-entropy coefficient would show in the top byte's distribution); shares of one secret never repeat."""
+    for secret in (bytes(32), b"\xff" * 32):
+        ys = [int.from_bytes(shamir_split(secret, threshold=2, num_shares=2)[0][1][1:], "big") for _ in range(4000)]
+        assert len(set(ys)) == len(ys)
+        top = [y >> (521 - 4) for y in ys]  # the top 4 of 521 bits: 16 equally likely cells
+        assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-4
 
 
 def test_prg_is_deterministic_and_key_dependent():
@@ -54,6 +95,27 @@ def test_prg_is_the_aes_256_ctr_key_stream(n):
     scratch = prg_scratch(n + 3)  # a reused buffer (larger than needed) holds the same words
     prg_words(b"j" * 32, n + 3, scratch=scratch)
     assert np.array_equal(prg_words(key, n, scratch=scratch), ref)
+
+
+@pytest.mark.parametrize("n", [1, 4, 32_768, 32_769, 3 * 32_768 + 6])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("bits", [64, 40])
+def test_add_masks_is_the_signed_sum_of_aes_256_ctr_key_streams(n, threads, bits):
+    """Against another library's AES-256-CTR (pycryptodome), each stream from counter 0, summed mod 2^bits in
+    Python integers: across the 32,768-word blocks and the threads' spans (each starts its counter mid-stream)."""
+    from Crypto.Cipher import AES
+
+    rng = np.random.default_rng(n)
+    base = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+    terms = [(bytes([i]) * 32, sign) for i, sign in zip(range(1, 5), (1, -1, -1, 1), strict=True)]
+    want = base.astype(object)
+    for seed, sign in terms:
+        stream = AES.new(seed, AES.MODE_CTR, nonce=b"", initial_value=bytes(16)).encrypt(bytes(8 * n))
+        want = want + sign * np.frombuffer(stream, dtype="<u8").astype(object)
+    want = np.array([int(v) % 2**bits for v in want], dtype=np.uint64)
+    out = np.empty(n, dtype=np.uint64)
+    assert np.array_equal(add_masks(out, terms, base=base, bits=bits, threads=threads), want)
+    assert np.array_equal(add_masks(base.copy(), terms, bits=bits, threads=threads), want)  # in place
 
 
 def test_fixed_point_capacity_error_names_the_keys():
@@ -114,17 +176,21 @@ def test_graph_is_symmetric():
     assert all(u in g[v] for u in g for v in g[u]) and all(len(v) == 6 for v in g.values())
 
 
-def test_masked_vector_is_uniform_whatever_the_input():
-    """A single masked vector: chi-square on its bytes, for an all-zero and an all-large input."""
+@pytest.mark.parametrize("bits", [64, 32])
+def test_masked_vector_is_uniform_whatever_the_input(bits):
+    """A single masked vector: every word in Z_{2^bits} (under 2^64 the words of an unreduced sum would carry its
+    wrap-arounds, which depend on the input), chi-square on its low bytes and its top 4 bits, for an all-zero and
+    an all-large input."""
     n, size = 5, 40_000
-    for value in (0, 2**63 - 1):
+    for value in (0, 2 ** (bits - 1) - 1):
         x = np.full(size, value, dtype=np.uint64)
         clients = {u: SecAggClient(u, 0, [v for v in range(n) if v != u], 3) for u in range(n)}
         pks = {u: c.advertise() for u, c in clients.items()}
         for c in clients.values():
             c.share_keys(pks)
-        y = clients[0].masked_input(x, list(range(n)), 64)
-        counts = np.bincount(y.view(np.uint8), minlength=256)
+        y = clients[0].masked_input(x, list(range(n)), bits)
+        assert int(y.max()) < 2**bits
+        counts = np.bincount(y.view(np.uint8).reshape(size, 8)[:, : bits // 8].ravel(), minlength=256)
         assert stats.chisquare(counts).pvalue > 1e-3
-        top = (y >> np.uint64(60)).astype(int)  # the top 4 bits, 16 cells
+        top = (y >> np.uint64(bits - 4)).astype(int)  # the top 4 bits, 16 cells
         assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-3
