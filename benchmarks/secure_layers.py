@@ -1,0 +1,173 @@
+"""Secure aggregation and CKKS rounds against the plaintext round, measured in the same run, with where the time goes.
+
+    python benchmarks/secure_layers.py [--rounds 2] [--neighbors 16] [--executor sequential] [--precision fp32]
+                                   [--ckks-coeffs 60,40,40,60] [--skip-ckks] [--json FILE]
+
+Runs whole rounds of ``experiments/configs/bibtex_fedalc.yaml`` (all 159 clients; needs ``$SECURE_FED_DATA``)
+through the engine, one warm-up round each and then the median of ``--rounds`` rounds, the variants' rounds
+interleaved, for:
+
+* **plaintext**: no protocol layer;
+* **secure_aggregation** on θ and the class rows (the whole update), SecAgg+ graph with ``--neighbors``
+  neighbours (each client masks with k + 1 AES-256-CTR streams: its self mask and one per neighbour);
+* **ckks** on the class rows (``ckks.encrypt: [rows]``; θ in plaintext), at the default parameters and at each
+  ``--ckks-coeffs`` set (``poly_modulus_degree`` 8192, scale 2^40).
+
+Prints seconds per round, each layer's ratio to the plaintext round, and the layers' own timers (SecAgg: key
+set-up with Shamir sharing, the clients' masking, the server's unmasking; CKKS: encryption with serialisation,
+the server's deserialisation and additions, decryption). For secure aggregation it also measures, in the same
+run, the AES-CTR key stream of one θ-sized mask on this process's threads and multiplies it by the round's
+number of streams: the key-stream floor, and its share of the round. In process the masked vectors are not
+serialised (they are numpy arrays), so serialisation costs nothing here; on Flower they travel as bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BIBTEX = REPO / "experiments/configs/bibtex_fedalc.yaml"
+
+
+def run_interleaved(variants: dict[str, list[str]], rounds: int) -> dict[str, dict]:
+    """Per variant (name → config overrides): seconds per round, the median of ``rounds`` rounds after one warm-up,
+    the variants' rounds interleaved (plaintext, layer, plaintext, layer, …) so that a drift in the machine's speed
+    falls on all of them alike; and the last round's statistics."""
+    from secure_fed.config import load_config
+    from secure_fed.engine import Experiment
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exps = {}
+        for name, overrides in variants.items():
+            cfg = load_config(BIBTEX, [*overrides, "output.progress=false", "device=cpu"])
+            exps[name] = Experiment(cfg, run_dir=Path(tmp) / name.replace(" ", "_"))
+            exps[name].setup()
+            exps[name].train_round()  # warm-up
+        times: dict[str, list[float]] = {n: [] for n in exps}
+        stats: dict[str, dict] = {}
+        for _ in range(rounds):
+            for name, exp in exps.items():
+                t0 = time.perf_counter()
+                stats[name] = exp.train_round()
+                times[name].append(time.perf_counter() - t0)
+        sizes = {n: (e.stack.layers[0].layout.size if e.stack.layers else None) for n, e in exps.items()}
+    return {
+        n: {"s_per_round": statistics.median(times[n]), "rounds": times[n], "stats": stats[n], "vector_size": sizes[n]}
+        for n in exps
+    }
+
+
+def keystream_seconds(size: int, terms: int, repeats: int = 3) -> dict:
+    """Per mask of ``size`` words, on one thread and on :func:`~protocols.crypto.mask_threads` threads: the AES-256-CTR
+    key stream alone (written block by block into a cache-sized buffer, as ``add_masks`` does, nothing added), and
+    ``add_masks`` with ``terms`` masks into a fresh vector (key streams, the mod-2^64 sums and the output), divided
+    by ``terms``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from protocols.crypto import MASK_BLOCK_WORDS, add_masks, mask_threads
+
+    zeros = bytes(8 * MASK_BLOCK_WORDS)
+    blocks = list(range(0, size, MASK_BLOCK_WORDS))
+
+    def stream_only(key: bytes, first: int, last: int) -> None:
+        enc = Cipher(algorithms.AES(key), modes.CTR((blocks[first] // 2).to_bytes(16, "big"))).encryptor()
+        buf = bytearray(8 * MASK_BLOCK_WORDS + 15)
+        for o in blocks[first:last]:
+            m = min(MASK_BLOCK_WORDS, size - o)
+            enc.update_into(zeros[: 8 * m], memoryview(buf)[: 8 * m + 15])
+
+    x = np.zeros(size, dtype=np.uint64)
+    res: dict = {}
+    for threads in sorted({1, mask_threads()}):
+        cuts = [len(blocks) * i // threads for i in range(threads + 1)]
+        with ThreadPoolExecutor(threads) as pool:
+            t0 = time.perf_counter()
+            for i in range(repeats * terms):
+                list(pool.map(lambda ab, i=i: stream_only(bytes([i % 256]) * 32, *ab), zip(cuts, cuts[1:], strict=False)))
+            aes = (time.perf_counter() - t0) / (repeats * terms)
+        seeds = [(bytes([i]) * 32, 1 if i % 2 else -1) for i in range(terms)]
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            add_masks(np.empty(size, dtype=np.uint64), seeds, base=x, threads=threads)
+        full = (time.perf_counter() - t0) / (repeats * terms)
+        res[threads] = {"aes_s": aes, "add_masks_s": full}
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--neighbors", type=int, default=16)
+    ap.add_argument("--executor", default="sequential", choices=["sequential", "vectorized"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--ckks-coeffs", default="", help="extra coeff_mod_bit_sizes sets to time, e.g. '60,40,60;60,60'")
+    ap.add_argument("--skip-ckks", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)
+    base = [f"training.executor={args.executor}", f"training.precision={args.precision}"]
+    out: dict = {"executor": args.executor, "precision": args.precision, "neighbors": args.neighbors}
+
+    variants = {
+        "plaintext": base,
+        "secure_aggregation": [*base, "protocols=[secure_aggregation]", f"secure_aggregation.neighbors={args.neighbors}"],
+    }
+    if not args.skip_ckks:
+        for coeffs in ["default", *[c for c in args.ckks_coeffs.split(";") if c]]:
+            ov = [*base, "protocols=[ckks]", "ckks.encrypt=[rows]"]
+            variants[f"ckks rows ({coeffs})"] = ov if coeffs == "default" else [*ov, f"ckks.coeff_mod_bit_sizes=[{coeffs}]"]
+    res = run_interleaved(variants, args.rounds)
+    out.update(res)
+    p = res["plaintext"]["s_per_round"]
+    print(
+        f"plaintext ({args.executor}, {args.precision}): {p:.2f} s/round (median of {args.rounds}, interleaved with the others)"
+    )
+
+    sa = res["secure_aggregation"]
+    s, st = sa["s_per_round"], sa["stats"]
+    k = st["secagg_neighbours"]
+    streams = st["secagg_survivors"] * (k + 1) + st["secagg_survivors"]  # clients' k + 1 masks, the server's self masks
+    ks = keystream_seconds(sa["vector_size"], k + 1)
+    threads = max(ks)
+    aes, full = streams * ks[threads]["aes_s"], streams * ks[threads]["add_masks_s"]
+    train = s - st["secagg_setup_s"] - st["secagg_mask_s"] - st["secagg_unmask_s"]
+    sa.update(ratio=s / p, keystream=ks, streams=streams, aes_s=aes, masks_s=full)
+    print(f"secure_aggregation (k = {k}, {st['secagg_survivors']} clients, {sa['vector_size']:,} words): {s:.2f} s/round "
+          f"= {s / p:.2f}× plaintext")  # fmt: skip
+    print(f"  set-up (X25519, HKDF, Shamir, AES-GCM) {st['secagg_setup_s']:.2f} s, clients' masking (flatten, encode, "
+          f"masks) {st['secagg_mask_s']:.2f} s, server's unmasking (Shamir, self masks) {st['secagg_unmask_s']:.2f} s, "
+          f"the rest (training, aggregation, server step) {train:.2f} s")  # fmt: skip
+    for n, r in ks.items():
+        print(f"  one mask of {sa['vector_size']:,} words on {n} thread(s): AES-256-CTR key stream {r['aes_s'] * 1e3:.2f} ms, "
+              f"with its share of the mod-2^64 sums (add_masks, {k + 1} masks) {r['add_masks_s'] * 1e3:.2f} ms")  # fmt: skip
+    print(f"  {streams:,} streams a round ({st['secagg_survivors']} × {k + 1} by the clients, {st['secagg_survivors']} self "
+          f"masks by the server) on {threads} thread(s): AES key stream {aes:.2f} s ({aes / s:.0%} of the round), mask "
+          f"arithmetic {full - aes:.2f} s ({(full - aes) / s:.0%})")  # fmt: skip
+
+    for name, r in res.items():
+        if not name.startswith("ckks"):
+            continue
+        s, st = r["s_per_round"], r["stats"]
+        r["ratio"] = s / p
+        print(f"{name}: {s:.2f} s/round = {s / p:.2f}× plaintext; encrypt + serialise {st['ckks_encrypt_s']:.2f} s "
+              f"({st['ckks_ciphertexts_per_client']} ciphertexts a client), server deserialise + add "
+              f"{st['ckks_aggregate_s']:.2f} s, decrypt {st['ckks_decrypt_s']:.2f} s")  # fmt: skip
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, default=float))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
