@@ -12,8 +12,10 @@ the layer's output. So the layer's output on the client's next batch is
 
 The first term is **one** matrix product for all clients together (their batches stacked: a large GEMM that runs
 near the machine's matmul rate, where one client's b = 32 rows run at a fraction of it); the history terms are
-small batched products (b × b). The backward pass is the same algebra, through autograd. No client's weight is
-formed until the end, when its update Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its own rows.
+two batched products over the client's past steps concatenated, (x [x_{i,0}; …]ᵀ)[δ_{i,0}; …], whatever the step
+(one product per past step made thousands of small calls on long schedules). The backward pass is the same
+algebra, through autograd. No client's weight is formed until the end, when its update
+Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its own rows.
 
 Each client runs **exactly its own SGD steps**: its own batches, drawn from its own generator in the same calls as
 :class:`~secure_fed.algorithms.client.LocalTrainer` makes (one ``randperm`` per epoch), its own row(s), its own
@@ -175,12 +177,18 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     G = len(order)
     layers = [(m, prefix) for m, prefix in chain if prefix is not None]
     A0 = [theta[f"{prefix}.weight"].detach() for _, prefix in layers]
+    # the weights as the products read them, cast once per group (autocast would cast A₀ again in every product:
+    # it caches casts of leaf parameters only)
+    A0c = [a.to(product_dtype) if product_dtype is not None else a for a in A0]
     bias = [theta[f"{prefix}.bias"].detach().expand(G, -1).clone() if m.bias is not None else None for m, prefix in layers]
     rows = torch.stack([clients[i].req.payload["rows"] for i in order]).detach().clone() if has_rows else None
     rows0 = rows.clone() if rows is not None else None
-    #: per layer, per step t: (inputs (G_t, b, in), η·δ (G_t, b, out)) of the G_t clients active at t (one tensor
-    #: per step: concatenating the steps would copy the whole history every step, which costs more than it saves)
-    hist: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
+    #: per layer: the active clients' history so far, steps concatenated along the rows, (inputs (G_s, s·b, in),
+    #: η·δ (G_s, s·b, out)), so that a step's history term is two products whatever s (one product per past step
+    #: made thousands of small calls on long schedules); it is rebuilt each step for the clients still active
+    hist: list[tuple[torch.Tensor, torch.Tensor] | None] = [None for _ in layers]
+    #: per layer, per client position: its whole history (inputs, η·δ) of (steps · b) rows, kept when it stops
+    done: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in layers]
     score = torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
     loss_v = torch.func.vmap(loss_fn)
 
@@ -205,14 +213,17 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                 if prefix is None:
                     h = torch.relu(h)
                     continue
-                # the layer's input as its products read it (bf16 under autocast: stored so, it is cast once)
-                inputs.append(h.detach().to(product_dtype or h.dtype))
+                # the layer's input as its products read it (bf16 under autocast), cast once for all of them and
+                # stored so (autocast would cast it again in each of the step's 1 + 2·len(history) products)
+                hc = h.to(product_dtype) if product_dtype is not None else h
+                inputs.append(hc.detach())
                 # x A₀ᵀ − Σ_t (x x_tᵀ) δ_t: each product in the autocast dtype, the sum in the weights' dtype (in
                 # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away)
                 acc = A0[li].dtype
-                y = (h.reshape(Gs * b, -1) @ A0[li].T).reshape(Gs, b, -1).to(acc)
-                for X_t, D_t in hist[li]:
-                    y = y - torch.bmm(torch.bmm(h, X_t[:Gs].transpose(1, 2)), D_t[:Gs]).to(acc)
+                y = (hc.reshape(Gs * b, -1) @ A0c[li].T).reshape(Gs, b, -1).to(acc)
+                if hist[li] is not None:  # Σ_t (x x_tᵀ) δ_t over all past steps: the sum inside one product
+                    X_h, D_h = hist[li]
+                    y = y - torch.bmm(torch.bmm(hc, X_h[:Gs].transpose(1, 2)), D_h[:Gs]).to(acc)
                 if bias[li] is not None:
                     y = y + bias[li][:Gs, None, :]
                 if not y.requires_grad:  # the first layer: a function of the data only, its δ is all we need
@@ -225,8 +236,17 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
         wrt = outs + ([r] if train_rows else [])
         grads = torch.autograd.grad(per_client.sum(), wrt)
         with torch.no_grad():
+            Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
             for li_, (x_in, delta) in enumerate(zip(inputs, grads[: len(outs)], strict=True)):
-                hist[li_].append((x_in, (lr * delta).to(x_in.dtype)))
+                d_in = (lr * delta).to(x_in.dtype)
+                if hist[li_] is None:
+                    X_h, D_h = x_in, d_in
+                else:
+                    X_h = torch.cat([hist[li_][0][:Gs], x_in], dim=1)
+                    D_h = torch.cat([hist[li_][1][:Gs], d_in], dim=1)
+                for j in range(Gn, Gs):  # their last step: keep their rows (a copy, so the group's tensor can go)
+                    done[li_][j] = (X_h[j].clone(), D_h[j].clone())
+                hist[li_] = (X_h[:Gn], D_h[:Gn]) if Gn else None
                 if bias[li_] is not None:
                     bias[li_][:Gs] -= lr * delta.to(bias[li_].dtype).sum(dim=1)
             if train_rows:
@@ -250,8 +270,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                     else:  # all b rows of each step: a padded row has δ = 0, so it adds nothing
                         # in bf16 the product runs in bf16 (fp32 accumulation, one rounding of the sum), as autocast
                         # forms each step's weight gradient in the reference trainer; in fp32, in fp32
-                        X = torch.cat([hist[li_][t][0][j] for t in live]).to(product_dtype or A.dtype)
-                        D = torch.cat([hist[li_][t][1][j] for t in live]).to(product_dtype or A.dtype)
+                        X, D = done[li_][j]
                         delta[f"{prefix}.weight"] = (D.neg().T @ X).to(A.dtype)  # −η Σ_t δ_tᵀ x_t (the sign on D: small)
                     if bias[li_] is not None:
                         delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
