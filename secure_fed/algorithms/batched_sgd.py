@@ -12,8 +12,8 @@ the layer's output. So the layer's output on the client's next batch is
 
 The first term is **one** matrix product for all clients together (their batches stacked: a large GEMM that runs
 near the machine's matmul rate, where one client's b = 32 rows run at a fraction of it); the history terms are
-two batched products over the client's past steps concatenated, (x [x_{i,0}; …]ᵀ)[δ_{i,0}; …], whatever the step
-(one product per past step made thousands of small calls on long schedules). The backward pass is the same
+two batched products over the client's past steps concatenated, (x [x_{i,0}; …]ᵀ)[δ_{i,0}; …] (joined once the
+history is small; one product per past step made thousands of small calls on long schedules). The backward pass is the same
 algebra, through autograd. No client's weight is formed until the end, when its update
 Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its own rows.
 
@@ -40,6 +40,9 @@ from torch import nn
 from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.losses import asymmetric_loss, bce_loss, positive_hinge_loss
 from secure_fed.models.sparse_rows import SparseRows
+
+#: a group's history is joined into one segment per layer once it takes at most this many bytes (see train_group)
+JOIN_HISTORY_BYTES = 64 << 20
 
 
 def _positive(scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -183,10 +186,12 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     bias = [theta[f"{prefix}.bias"].detach().expand(G, -1).clone() if m.bias is not None else None for m, prefix in layers]
     rows = torch.stack([clients[i].req.payload["rows"] for i in order]).detach().clone() if has_rows else None
     rows0 = rows.clone() if rows is not None else None
-    #: per layer: the active clients' history so far, steps concatenated along the rows, (inputs (G_s, s·b, in),
-    #: η·δ (G_s, s·b, out)), so that a step's history term is two products whatever s (one product per past step
-    #: made thousands of small calls on long schedules); it is rebuilt each step for the clients still active
-    hist: list[tuple[torch.Tensor, torch.Tensor] | None] = [None for _ in layers]
+    #: per layer: the active clients' history so far as segments of consecutive steps, (inputs (G_s, rows, in),
+    #: η·δ (G_s, rows, out)), each segment's history term two batched products. While the clients are many, each
+    #: step is a segment of its own (joining them would copy the whole history every step); once the history is
+    #: small (:data:`JOIN_HISTORY_BYTES`) the segments are joined, so a long schedule's late steps, which few clients
+    #: run, cost two products a layer instead of two per past step
+    hist: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
     #: per layer, per client position: its whole history (inputs, η·δ) of (steps · b) rows, kept when it stops
     done: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in layers]
     score = torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
@@ -221,8 +226,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                 # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away)
                 acc = A0[li].dtype
                 y = (hc.reshape(Gs * b, -1) @ A0c[li].T).reshape(Gs, b, -1).to(acc)
-                if hist[li] is not None:  # Σ_t (x x_tᵀ) δ_t over all past steps: the sum inside one product
-                    X_h, D_h = hist[li]
+                for X_h, D_h in hist[li]:  # Σ_t (x x_tᵀ) δ_t over the segment's steps, the sum inside one product
                     y = y - torch.bmm(torch.bmm(hc, X_h[:Gs].transpose(1, 2)), D_h[:Gs]).to(acc)
                 if bias[li] is not None:
                     y = y + bias[li][:Gs, None, :]
@@ -238,15 +242,13 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
         with torch.no_grad():
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
             for li_, (x_in, delta) in enumerate(zip(inputs, grads[: len(outs)], strict=True)):
-                d_in = (lr * delta).to(x_in.dtype)
-                if hist[li_] is None:
-                    X_h, D_h = x_in, d_in
-                else:
-                    X_h = torch.cat([hist[li_][0][:Gs], x_in], dim=1)
-                    D_h = torch.cat([hist[li_][1][:Gs], d_in], dim=1)
-                for j in range(Gn, Gs):  # their last step: keep their rows (a copy, so the group's tensor can go)
-                    done[li_][j] = (X_h[j].clone(), D_h[j].clone())
-                hist[li_] = (X_h[:Gn], D_h[:Gn]) if Gn else None
+                segs = [(X[:Gs], D[:Gs]) for X, D in hist[li_]] + [(x_in, (lr * delta).to(x_in.dtype))]
+                size = sum(X.numel() + D.numel() for X, D in segs) * x_in.element_size()
+                if len(segs) > 1 and size <= JOIN_HISTORY_BYTES:
+                    segs = [(torch.cat([X for X, _ in segs], dim=1), torch.cat([D for _, D in segs], dim=1))]
+                for j in range(Gn, Gs):  # their last step: keep their rows (a copy, so the group's tensors can go)
+                    done[li_][j] = (torch.cat([X[j] for X, _ in segs]), torch.cat([D[j] for _, D in segs]))
+                hist[li_] = [(X[:Gn], D[:Gn]) for X, D in segs] if Gn else []
                 if bias[li_] is not None:
                     bias[li_][:Gs] -= lr * delta.to(bias[li_].dtype).sum(dim=1)
             if train_rows:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from secure_fed.algorithms import batched_sgd
 from secure_fed.algorithms.base import ClientData
 from secure_fed.algorithms.batched_sgd import TrainRequest, linear_chain, relative_error, train_group, unbatchable
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
@@ -55,9 +56,15 @@ def _compare(model, family, clients, payload_of, hp, tol):
             assert max(float(t.abs().max()) for t in ref["theta_delta"].values()) > 0  # a real update was compared
 
 
+#: JOIN_HISTORY_BYTES: never join (a segment per step), join midway through the schedule, join from the start
+JOINS = {"per-step": -1, "midway": 8_000, "joined": 1 << 30}
+
+
+@pytest.mark.parametrize("join", sorted(JOINS))
 @pytest.mark.parametrize("train_rows", [True, False])
 @pytest.mark.parametrize("epochs", [1, 2])
-def test_embedding_family_matches_the_reference_trainer_in_float64(train_rows, epochs):
+def test_embedding_family_matches_the_reference_trainer_in_float64(train_rows, epochs, join, monkeypatch):
+    monkeypatch.setattr(batched_sgd, "JOIN_HISTORY_BYTES", JOINS[join])
     torch.manual_seed(0)
     dt = torch.float64
     model = SparseTextEncoder(20, embed_dim=16, hidden_dims=(32, 24), out_dim=8).to(dt)
