@@ -244,11 +244,15 @@ class SecAggServer:
         return inbox
 
     def add_masked(self, u: int, y: np.ndarray) -> None:
+        y = np.asarray(y)
+        if y.dtype != np.uint64 or y.ndim != 1 or (self.total is not None and y.shape != self.total.shape):
+            raise SecAggAbort(f"secure aggregation aborted: client {u}'s masked input is not a uint64 vector of the "
+                              f"round's length ({y.dtype}, shape {y.shape})")  # fmt: skip
         self.transcript.append(("masked_input", u, y))
         if self.total is None:
-            self.total = y.astype(np.uint64, copy=True)
+            self.total = y.copy()
         else:
-            np.add(self.total, y, out=self.total)  # mod 2^64, in place: one vector however many clients
+            np.add(self.total, y, out=self.total)  # mod 2^64, in place: one running sum
         self.u3.add(u)
 
     def request_unmasking(self) -> tuple[set[int], set[int]]:
@@ -275,19 +279,28 @@ class SecAggServer:
                 raise SecAggAbort(
                     f"secure aggregation aborted: {len(b_shares.get(u, []))} shares of client {u}'s self-mask, below threshold"
                 )
-            strip.append((shamir_combine(b_shares[u][: self.t]), -1))
+            strip.append((_combine(b_shares[u][: self.t], f"client {u}'s self-mask seed"), -1))
         for u in sorted(self.u2 - self.u3):
             if len(s_shares.get(u, [])) < self.t:
                 raise SecAggAbort(
                     f"secure aggregation aborted: only {len(s_shares.get(u, []))} shares of dropped client {u}'s key"
                 )
-            s_u = KeyPair.from_private_bytes(shamir_combine(s_shares[u][: self.t]))
+            s_u = KeyPair.from_private_bytes(_combine(s_shares[u][: self.t], f"dropped client {u}'s key"))
             for v in self.graph[u]:
                 if v not in self.u3:
                     continue
                 s_uv = s_u.agree(self.public_keys[v]["s_pk"], info=_pair_info(u, v, self.round_idx) + b" mask")
                 strip.append((s_uv, -1 if v < u else 1))  # v added +m iff v < u; strip it
         return add_masks(total, strip, bits=self.bits)
+
+
+def _combine(shares: list, what: str) -> bytes:
+    """Shamir reconstruction at the server; shares that do not give a secret abort the round (they are bad or
+    forged, and the sum cannot be unmasked)."""
+    try:
+        return shamir_combine(shares)
+    except ValueError as e:
+        raise SecAggAbort(f"secure aggregation aborted: the shares of {what} do not reconstruct it ({e})") from e
 
 
 def threshold_for(group_size: int, fraction: float) -> int:

@@ -246,7 +246,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                 size = sum(X.numel() + D.numel() for X, D in segs) * x_in.element_size()
                 if len(segs) > 1 and size <= JOIN_HISTORY_BYTES:
                     segs = [(torch.cat([X for X, _ in segs], dim=1), torch.cat([D for _, D in segs], dim=1))]
-                for j in range(Gn, Gs):  # their last step: keep their rows (a copy, so the group's tensors can go)
+                for j in range(Gn, Gs):  # their last step: keep their rows (a copy: it outlives the group's segments)
                     done[li_][j] = (torch.cat([X[j] for X, _ in segs]), torch.cat([D[j] for _, D in segs]))
                 hist[li_] = [(X[:Gn], D[:Gn]) for X, D in segs] if Gn else []
                 if bias[li_] is not None:

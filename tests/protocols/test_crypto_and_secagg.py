@@ -23,7 +23,7 @@ from protocols.crypto import (
     shamir_split,
 )
 from protocols.secagg.encoding import FixedPoint
-from protocols.secagg.protocol import SecAggAbort, SecAggClient, neighbour_graph, secure_sum
+from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph, secure_sum
 from secure_fed.errors import ConfigError
 
 STAGES = ("advertise", "share", "input", "unmask")
@@ -63,6 +63,56 @@ def test_shamir_shares_lie_on_a_degree_t_minus_1_polynomial_through_the_secret(t
     assert all(d == 0 for d in table[t])
     f0 = sum((-1) ** k * table[k][0] for k in range(t)) % p
     assert f0 == int.from_bytes(secret, "big")
+
+
+@pytest.mark.parametrize("t", [3, 5])
+def test_fewer_than_t_shamir_shares_have_no_fixed_relation(t):
+    """The t − 1 shares f(1..t−1) of a secret must be jointly uniform: fixed linear combinations of them take a new
+    value in every split. (Coefficients drawn once and reused, a₁ = a₂ = …, would make some combination a
+    function of the secret alone: for t = 3, f(2) − 3·f(1) = −2s.)"""
+    p = SHAMIR_PRIME
+    secret = bytes(range(32))
+    rng = np.random.default_rng(t)
+    combos = [[int(c) for c in rng.integers(1, 1000, t - 1)] for _ in range(4)]
+    if t == 3:
+        combos.append([-3, 1])  # f(2) − 3·f(1)
+    seen: list[set[int]] = [set() for _ in combos]
+    for _ in range(200):
+        ys = [int.from_bytes(sh[1:], "big") for _, sh in shamir_split(secret, threshold=t, num_shares=t)[: t - 1]]
+        for k, c in enumerate(combos):
+            seen[k].add(sum(ci * yi for ci, yi in zip(c, ys, strict=True)) % p)
+    assert all(len(v) == 200 for v in seen)
+
+
+def test_shamir_rejects_malformed_shares():
+    with pytest.raises(ValueError):
+        shamir_combine([(1, b"")])
+    with pytest.raises(ValueError):
+        shamir_combine([(1, b"\x20" + bytes(66)), (1, b"\x20" + bytes(66))])  # the same index twice
+
+
+def test_the_server_aborts_on_shares_that_do_not_reconstruct_and_on_a_malformed_masked_input():
+    n, size = 4, 50
+    clients = {u: SecAggClient(u, 0, [v for v in range(n) if v != u], 3) for u in range(n)}
+    server = SecAggServer(round_idx=0, graph={u: c.neighbours for u, c in clients.items()}, threshold=3, bits=64)
+    pks = server.collect_keys({u: c.advertise() for u, c in clients.items()})
+    inbox = server.route_shares({u: c.share_keys(pks) for u, c in clients.items()})
+    for u, c in clients.items():
+        c.receive_shares(inbox[u])
+    with pytest.raises(SecAggAbort, match="uint64 vector"):
+        server.add_masked(0, np.zeros(size, dtype=np.float64))
+    for u, c in clients.items():
+        server.add_masked(u, c.masked_input(np.zeros(size, dtype=np.uint64), list(range(n)), 64))
+    with pytest.raises(SecAggAbort, match="round's length"):
+        server.add_masked(0, np.zeros(size + 1, dtype=np.uint64))
+    survived, dropped = server.request_unmasking()
+    replies = {u: c.unmask(survived, dropped) for u, c in clients.items()}
+    rand = np.random.default_rng(1)
+    forged = {v: {u: (kind, (i, bytes([sh[0]]) + rand.bytes(66))) for u, (kind, (i, sh)) in per.items()}
+              for v, per in replies.items()}  # fmt: skip
+    with pytest.raises(SecAggAbort, match="do not reconstruct"):
+        server.unmask(forged, size)
+    assert np.array_equal(server.unmask(replies, size), np.zeros(size, dtype=np.uint64))
 
 
 def test_fewer_than_t_shamir_shares_are_uniform_whatever_the_secret():
