@@ -153,8 +153,9 @@ class SecAggClient:
             self.peers_c[v] = public_keys[v]["c_pk"]
             self.peers_s[v] = public_keys[v]["s_pk"]
             key = self.c_key.agree(self.peers_c[v], info=_pair_info(self.cid, v, self.round_idx) + b" share channel")
-            plain = b"".join([self.cid.to_bytes(4, "little"), v.to_bytes(4, "little"), bytes([share[0][0]]), share[0][1],
-                              bytes([share[1][0]]), share[1][1]])  # fmt: skip
+            # Shamir x-coordinates in 2 bytes: a complete graph of more than 255 clients has indices above 255
+            plain = b"".join([self.cid.to_bytes(4, "little"), v.to_bytes(4, "little"), share[0][0].to_bytes(2, "little"),
+                              share[0][1], share[1][0].to_bytes(2, "little"), share[1][1]])  # fmt: skip
             out[v] = seal(key, plain, aad=_pair_info(self.cid, v, self.round_idx))
         return out
 
@@ -164,8 +165,9 @@ class SecAggClient:
             plain = open_sealed(key, blob, aad=_pair_info(u, self.cid, self.round_idx))
             if int.from_bytes(plain[:4], "little") != u or int.from_bytes(plain[4:8], "little") != self.cid:
                 raise SecAggAbort(f"client {self.cid}: a share from {u} is addressed wrongly")
-            b_len = (len(plain) - 10) // 2
-            self.held_shares[u] = ((plain[8], plain[9 : 9 + b_len]), (plain[9 + b_len], plain[10 + b_len :]))
+            b_len = (len(plain) - 12) // 2
+            x_b, x_s = int.from_bytes(plain[8:10], "little"), int.from_bytes(plain[10 + b_len : 12 + b_len], "little")
+            self.held_shares[u] = ((x_b, plain[10 : 10 + b_len]), (x_s, plain[12 + b_len :]))
 
     def masked_input(self, x: np.ndarray, alive: list[int], bits: int) -> np.ndarray:
         """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) mod 2^bits (every word below 2^bits: the words of a sum taken mod

@@ -115,6 +115,20 @@ def test_the_server_aborts_on_shares_that_do_not_reconstruct_and_on_a_malformed_
     assert np.array_equal(server.unmask(replies, size), np.zeros(size, dtype=np.uint64))
 
 
+def test_a_neighbourhood_of_more_than_255_clients_shares_and_reconstructs():
+    """Shamir x-coordinates travel in 2 bytes (one byte failed for a complete graph of more than 255 clients)."""
+    n = 300
+    clients = {u: SecAggClient(u, 0, [v for v in range(n) if v != u], 2) for u in (0, 299)}
+    pks = {u: SecAggClient(u, 0, [], 2).advertise() for u in range(n)} | {u: c.advertise() for u, c in clients.items()}
+    sealed = clients[299].share_keys(pks)
+    clients[0].peers_c[299] = pks[299]["c_pk"]
+    clients[0].receive_shares({299: sealed[0]})
+    (xb, b_share), _ = clients[0].held_shares[299]
+    xb_own, b_own = clients[299].held_shares[299][0]
+    assert (xb, xb_own) == (1, 300)  # client 0 holds index 1, client 299 its own index 300
+    assert shamir_combine([(xb, b_share), (xb_own, b_own)]) == clients[299].b_seed
+
+
 def test_fewer_than_t_shamir_shares_are_uniform_whatever_the_secret():
     """t = 2: the one share f(1) = s + a must be uniform in GF(p) for a zero and an all-ones secret (a fixed or
     low-entropy coefficient would show in the top byte's distribution); shares of one secret never repeat."""
