@@ -13,8 +13,8 @@ the layer's output. So the layer's output on the client's next batch is
 The first term is **one** matrix product for all clients together (their batches stacked: a large GEMM that runs
 near the machine's matmul rate, where one client's b = 32 rows run at a fraction of it); the history terms are
 two batched products over the client's past steps concatenated, (x [x_{i,0}; …]ᵀ)[δ_{i,0}; …] (joined once the
-history is small; one product per past step made thousands of small calls on long schedules). The backward pass is the same
-algebra, through autograd. No client's weight is formed until the end, when its update
+history is small; one product per past step made thousands of small calls on long schedules). The backward pass
+is the same algebra, through autograd. No client's weight is formed until the end, when its update
 Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its own rows.
 
 Each client runs **exactly its own SGD steps**: its own batches, drawn from its own generator in the same calls as
