@@ -262,12 +262,11 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
         def build() -> Payload:
             j = pos_of[i]
             c = clients[i]
-            live = range(steps[j])  # the steps this client took (the first steps[j] of the group)
             delta: dict[str, torch.Tensor] = {}
             with torch.no_grad():
                 for li_, (_m, prefix) in enumerate(layers):
                     A = theta[f"{prefix}.weight"]
-                    if not live:  # a client without examples took no step
+                    if j not in done[li_]:  # a client without examples took no step (no history kept)
                         delta[f"{prefix}.weight"] = torch.zeros_like(A)
                     else:  # all b rows of each step: a padded row has δ = 0, so it adds nothing
                         # in bf16 the product runs in bf16 (fp32 accumulation, one rounding of the sum), as autocast
