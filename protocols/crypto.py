@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
@@ -130,11 +131,15 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def add_masks(
-    out: np.ndarray, terms: list[tuple[bytes, int]], *, base: np.ndarray | None = None, bits: int = 64,
-    threads: int | None = None,
+    out: np.ndarray, terms: list[tuple[bytes, int]], *, base: np.ndarray | None = None,
+    fill: Callable[[int, np.ndarray], None] | None = None, bits: int = 64, threads: int | None = None,
 ) -> np.ndarray:  # fmt: skip
     """``out = base + Σ sign·PRG(seed) mod 2^bits`` over ``terms = [(seed, ±1)]`` (``base`` None: ``out`` itself),
     word for word the sum of :func:`prg_words` streams, and every word of the result reduced below 2^bits.
+
+    ``fill(offset, block)``, instead of ``base``, writes the base words of ``out[offset : offset + len(block)]``
+    into ``block`` (e.g. fixed-point encoding of that slice of a real vector), on the thread that masks the block,
+    while the block is in cache.
 
     The vector is cut into cache-sized blocks and every term's AES-CTR key stream is generated block by block (the
     counter started at the block's offset), so no stream of the vector's size is ever written to memory; the blocks
@@ -142,6 +147,8 @@ def add_masks(
     n = len(out)
     if out.dtype != np.uint64 or (base is not None and (base.dtype != np.uint64 or len(base) != n)):
         raise ValueError("add_masks works on uint64 vectors of one length")
+    if base is not None and fill is not None:
+        raise ValueError("add_masks takes base or fill, not both")
     keys = [(_prg_key(seed), int(sign)) for seed, sign in terms]
     if any(sign not in (1, -1) for _, sign in keys):
         raise ValueError("a mask's sign is +1 or -1")
@@ -162,6 +169,8 @@ def add_masks(
             blk = out[o : o + m]
             if base is not None:
                 blk[...] = base[o : o + m]
+            elif fill is not None:
+                fill(o, blk)
             words = np.frombuffer(buf, dtype="<u8", count=m)
             for enc, sign in encs:
                 enc.update_into(_ZEROS[: 8 * m], view[: 8 * m + 15])

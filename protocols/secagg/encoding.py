@@ -31,13 +31,18 @@ class FixedPoint:
             )
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        y = np.clip(x, -self.clip_range, self.clip_range)  # one float temporary, then in place
+        return self.encode_into(x, np.empty(len(x), dtype=np.uint64))
+
+    def encode_into(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """:meth:`encode` written into ``out`` (uint64, ``len(x)`` words), with one float temporary of x's size;
+        secure aggregation calls it on cache-sized blocks while it adds the masks."""
+        y = np.clip(x, -self.clip_range, self.clip_range)
         y *= 2.0**self.frac_bits
         np.rint(y, out=y)
-        q = y.astype(np.int64).view(np.uint64)
+        np.copyto(out.view(np.int64), y, casting="unsafe")  # |y| ≤ R·2^f < 2^63 (check_capacity): exact
         if self.modulus_bits < 64:
-            q &= self.mask
-        return q
+            out &= self.mask
+        return out
 
     def decode_sum(self, s: np.ndarray) -> np.ndarray:
         s = s & self.mask

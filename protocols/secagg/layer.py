@@ -71,8 +71,9 @@ class SecureAggregation(ProtocolLayer):
         if len(alive) < client.threshold:
             raise ValueError(f"client {data.client_id}: only {len(alive)} shares held, below the threshold t = "
                              f"{client.threshold}; it does not send its update")  # fmt: skip
-        x = self.codec.encode(self.layout.flatten(reply, weighting))
-        return {"masked": client.masked_input(x, alive, self.cfg.secure_aggregation.modulus_bits)}
+        x = self.layout.flatten(reply, weighting)
+        bits = self.cfg.secure_aggregation.modulus_bits
+        return {"masked": client.masked_input(x, alive, bits, encode=self.codec.encode_into)}
 
     def client_state_dict(self) -> dict[str, Any]:
         return {cid: c.state() for cid, c in self._round_clients.items()}
@@ -103,7 +104,9 @@ class _SecAggRound(RoundWrapper):
             stage: {u for u in cohort if rng.random() < cfg.dropout} for stage in ("advertise", "share", "input", "unmask")
         }
         t0 = time.perf_counter()
-        self.server = SecAggServer(round_idx=round_idx, graph=self.graph, threshold=self.t, bits=self.bits)
+        self.server = SecAggServer(
+            round_idx=round_idx, graph=self.graph, threshold=self.t, bits=self.bits, keep_inputs=layer.transcripts is not None
+        )  # else only the running sum is held
         alive = [u for u in cohort if u not in self.drops["advertise"]]
         # each stage goes on with the clients that answered the one before (a remote client whose node fails drops out)
         pks = self.server.collect_keys(dict(self._call(alive, lambda u: {

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -169,15 +169,23 @@ class SecAggClient:
             x_b, x_s = int.from_bytes(plain[8:10], "little"), int.from_bytes(plain[10 + b_len : 12 + b_len], "little")
             self.held_shares[u] = ((x_b, plain[10 : 10 + b_len]), (x_s, plain[12 + b_len :]))
 
-    def masked_input(self, x: np.ndarray, alive: list[int], bits: int) -> np.ndarray:
+    def masked_input(
+        self, x: np.ndarray, alive: list[int], bits: int, *, encode: Callable[[np.ndarray, np.ndarray], None] | None = None
+    ) -> np.ndarray:
         """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) mod 2^bits (every word below 2^bits: the words of a sum taken mod
-        2^64 would carry the count of wrap-arounds, which depends on x), over neighbours that completed step 1."""
+        2^64 would carry the count of wrap-arounds, which depends on x), over neighbours that completed step 1.
+
+        ``x`` is the encoded input (uint64 words), or, with ``encode`` (e.g. :meth:`FixedPoint.encode_into`), the
+        real vector, encoded into the output a block at a time as the masks are added (no encoded copy of x)."""
         terms = [(self.b_seed, 1)]
         for v in self.neighbours:
             if v in alive:
                 s_uv = self.s_key.agree(self.peers_s[v], info=_pair_info(self.cid, v, self.round_idx) + b" mask")
                 terms.append((s_uv, 1 if self.cid < v else -1))
-        return add_masks(np.empty(len(x), dtype=np.uint64), terms, base=np.asarray(x, dtype=np.uint64), bits=bits)
+        out = np.empty(len(x), dtype=np.uint64)
+        if encode is None:
+            return add_masks(out, terms, base=np.asarray(x, dtype=np.uint64), bits=bits)
+        return add_masks(out, terms, fill=lambda o, blk: encode(x[o : o + len(blk)], blk), bits=bits)
 
     def unmask(self, survived: set[int], dropped: set[int]) -> dict[int, tuple[str, tuple[int, bytes]]]:
         """Step 3: per neighbour, the b-share if it survived or the s-key share if it dropped (never both)."""
@@ -193,8 +201,13 @@ class SecAggClient:
 class SecAggServer:
     """The server's side: routes messages, sums masked inputs, strips masks. Holds no secret."""
 
-    def __init__(self, *, round_idx: int, graph: dict[int, list[int]], threshold: int, bits: int):
+    def __init__(self, *, round_idx: int, graph: dict[int, list[int]], threshold: int, bits: int,
+                 keep_inputs: bool = True):  # fmt: skip
+        """``keep_inputs``: the transcript keeps each masked input itself (an audit's view of what the server saw);
+        otherwise it records that the input came, and the server holds only the running sum (one vector, not one
+        per client)."""
         self.round_idx = round_idx
+        self.keep_inputs = keep_inputs
         self.graph = graph
         self.t = threshold
         self.bits = bits
@@ -250,7 +263,7 @@ class SecAggServer:
         if y.dtype != np.uint64 or y.ndim != 1 or (self.total is not None and y.shape != self.total.shape):
             raise SecAggAbort(f"secure aggregation aborted: client {u}'s masked input is not a uint64 vector of the "
                               f"round's length ({y.dtype}, shape {y.shape})")  # fmt: skip
-        self.transcript.append(("masked_input", u, y))
+        self.transcript.append(("masked_input", u, y if self.keep_inputs else None))
         if self.total is None:
             self.total = y.copy()
         else:

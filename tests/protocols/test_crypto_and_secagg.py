@@ -180,6 +180,48 @@ def test_add_masks_is_the_signed_sum_of_aes_256_ctr_key_streams(n, threads, bits
     out = np.empty(n, dtype=np.uint64)
     assert np.array_equal(add_masks(out, terms, base=base, bits=bits, threads=threads), want)
     assert np.array_equal(add_masks(base.copy(), terms, bits=bits, threads=threads), want)  # in place
+    seen = []  # the base written block by block on the masking threads (``fill``), each block's words once
+
+    def fill(o, blk):
+        seen.append((o, len(blk)))
+        blk[...] = base[o : o + len(blk)]
+
+    got = add_masks(np.full(n, 7, dtype=np.uint64), terms, fill=fill, bits=bits, threads=threads)
+    assert np.array_equal(got, want)
+    assert sorted(seen) == [(o, min(32_768, n - o)) for o in range(0, n, 32_768)]
+
+
+@pytest.mark.parametrize("bits", [64, 32])
+def test_fixed_point_encoding_is_the_rounded_scaled_clipped_value_mod_2_bits(bits):
+    """Against Python integers: round(clip(x, −R, R)·2^f) mod 2^bits, into a given vector and into a new one."""
+    fp = FixedPoint(3.0, 20, bits)
+    x = np.array([0.0, 1e-7, -1e-7, 0.3, -0.3, 2.9999, -2.9999, 3.5, -7.0, 0.5 / 2**20, -1.5 / 2**20])
+    want = np.array([round(min(max(v, -3.0), 3.0) * 2**20) % 2**bits for v in x.tolist()], dtype=np.uint64)
+    out = np.full(len(x), 2**63 + 5, dtype=np.uint64)
+    assert fp.encode_into(x, out) is out and np.array_equal(out, want)
+    assert np.array_equal(fp.encode(x), want)
+    assert np.allclose(fp.decode_sum(fp.encode(x) + fp.encode(x)), 2 * np.clip(x, -3, 3), atol=2**-20)
+
+
+def test_the_server_can_hold_the_running_sum_only():
+    """``keep_inputs=False`` (the layer's setting unless messages are logged): the transcript notes each masked
+    input without keeping it, and the sum is still exact."""
+    n, size = 4, 1000
+    xs = {u: np.random.default_rng(u).integers(0, 2**20, size=size, dtype=np.uint64) for u in range(n)}
+    for keep in (True, False):
+        graph = neighbour_graph(list(range(n)), None, seed=0)
+        server = SecAggServer(round_idx=0, graph=graph, threshold=3, bits=64, keep_inputs=keep)
+        clients = {u: SecAggClient(u, 0, graph[u], 3) for u in range(n)}
+        pks = server.collect_keys({u: c.advertise() for u, c in clients.items()})
+        inbox = server.route_shares({u: c.share_keys(pks) for u, c in clients.items()})
+        for u, c in clients.items():
+            c.receive_shares(inbox[u])
+        for u, c in clients.items():
+            server.add_masked(u, c.masked_input(xs[u], list(range(n)), 64))
+        kept = [y for kind, _, y in server.transcript if kind == "masked_input"]
+        assert len(kept) == n and all((y is not None) == keep for y in kept)
+        replies = {u: c.unmask(server.u3, set()) for u, c in clients.items()}
+        assert np.array_equal(server.unmask(replies, size), sum(xs.values()))
 
 
 def test_fixed_point_capacity_error_names_the_keys():
