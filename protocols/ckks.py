@@ -13,6 +13,16 @@ the small ``meta`` group — weight, loss, count — is always encrypted) and
 sends the rest in plaintext. The server sums ciphertexts homomorphically and
 asks the first live key holder to decrypt *the sum only*.
 
+Row blocks (``ckks.row_blocks: own``, the default): the rows of W lie in the
+encrypted vector one after another, several to a ciphertext, and a client's
+update is zero outside the rows the server sent it. It encrypts only the
+ciphertexts that hold those rows (and every ciphertext of a dense group: θ,
+the meta slots) and says which (``ciphertext_blocks``); the server adds each
+into that block's sum, so one summed ciphertext holds several clients' rows.
+The server learns which blocks a client sent: a function of the row ids it
+chose for that client's downlink. A reply with a value on every row (a DP
+noise share, ``UpdateLayout.full_table_keys``) sends every block.
+
 What still needs plaintext on the server: the aggregated update itself (the
 server optimiser, the row normalisation and any regulariser on W — FedAwS's
 spreadout, FedALC's eq. 11 — run on the decrypted sum, not on ciphertexts).
@@ -25,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import tenseal as ts
+import torch
 
 from protocols.base import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
@@ -60,6 +71,8 @@ class CKKSAggregation(ProtocolLayer):
         self.layout = env.update_layout()
         self.slots = cfg.ckks.poly_modulus_degree // 2
         self.encrypted = self._select(cfg.ckks.encrypt)
+        self.encrypted_size = sum(self._segment_lengths()[g] for g in self.encrypted)
+        self.num_blocks = -(-self.encrypted_size // self.slots)
         self.server_context: ts.Context | None = None  # server side: public only
         self.server_context_bytes: bytes | None = None
         self._holders: dict[int, dict] = {}  # client side: key holders' key pairs and secret contexts
@@ -89,7 +102,30 @@ class CKKSAggregation(ProtocolLayer):
                 out |= hit
         return [s for s in segs if s in out]
 
-    # ------------------------------------------------------------------ setup
+    def _segment_lengths(self) -> dict[str, int]:
+        return {g: sl.stop - sl.start for g, sl in self.layout.segments().items()}
+
+    def blocks_for(self, reply: Payload) -> np.ndarray:
+        """The ciphertexts (blocks of ``slots`` values of the encrypted vector) that ``reply`` fills: all of them
+        with ``ckks.row_blocks: all`` or when the reply has a value on every row; otherwise every block of a dense
+        group and, in the rows group, the blocks of the rows listed in ``row_ids`` (the rows the server sent this
+        client) and of their counts. A function of public settings and of ids the server chose, never of values."""
+        if self.cfg.ckks.row_blocks == "all" or any(k in reply for k in self.layout.full_table_keys):
+            return np.arange(self.num_blocks, dtype=np.int64)
+        lengths = self._segment_lengths()
+        R, d = self.layout.num_rows, self.layout.dim
+        spans: list[tuple[int, int]] = []  # [start, stop) in the encrypted vector
+        start = 0
+        for g in self.encrypted:
+            if g != "rows":
+                spans.append((start, start + lengths[g]))
+            elif "rows_delta" in reply:  # the flattened rows group: R·d deltas, then R counts
+                for r in np.unique(np.asarray(torch.as_tensor(reply["row_ids"]).cpu()).reshape(-1)).tolist():
+                    spans += [(start + r * d, start + (r + 1) * d), (start + R * d + r, start + R * d + r + 1)]
+            start += lengths[g]
+        blocks = {b for a, e in spans if e > a for b in range(a // self.slots, (e - 1) // self.slots + 1)}
+        return np.array(sorted(blocks), dtype=np.int64)
+
     # ------------------------------------------------------------------ client side
     @client_side
     def client_setup(self, payload: Payload, data: ClientData) -> Payload:
@@ -126,19 +162,44 @@ class CKKSAggregation(ProtocolLayer):
     def encrypt_step(self, reply: Payload, data: ClientData, *, weighting: str) -> Payload:
         """Client side, after training (the last step of the round's plan): the update flattened, its selected
         groups encrypted under the public context in vectors of ``slots`` values, the rest in plaintext."""
-        v = self.layout.flatten(reply, weighting)
-        mask = self.encrypted_mask()
-        secret_part = v[mask]
-        blobs = [ts.ckks_vector(self._client_public, secret_part[o : o + self.slots]).serialize()
-                 for o in range(0, len(secret_part), self.slots)]  # fmt: skip
-        return {"ciphertexts": blobs, "plain": v[~mask]}
+        return self.encrypt_vector(self.layout.flatten(reply, weighting), self.blocks_for(reply))
 
-    def encrypted_mask(self) -> np.ndarray:
-        seg = self.layout.segments()
-        m = np.zeros(self.layout.size, dtype=bool)
-        for s in self.encrypted:
-            m[seg[s]] = True
-        return m
+    def encrypt_vector(self, v: np.ndarray, blocks: np.ndarray) -> Payload:
+        """Client side: the flattened update ``v`` as the message: the ciphertexts of the encrypted vector's
+        ``blocks`` (from :meth:`blocks_for`), their indices, and the groups left in plaintext."""
+        secret_part = self._gather(v, encrypted=True)
+        if len(blocks) < self.num_blocks:  # a value outside the sent blocks would be lost from the sum: a bug
+            left = np.ones(self.num_blocks, dtype=bool)
+            left[blocks] = False
+            if np.any(secret_part[np.repeat(left, self.slots)[: len(secret_part)]]):
+                raise RuntimeError("ckks: the update has values outside the ciphertexts chosen by its row ids")
+        s = self.slots
+        blobs = [ts.ckks_vector(self._client_public, secret_part[b * s : (b + 1) * s]).serialize() for b in blocks.tolist()]
+        return {"ciphertexts": blobs, "ciphertext_blocks": blocks, "plain": self._gather(v, encrypted=False)}
+
+    def _runs(self, encrypted: bool) -> list[slice]:
+        """The layout's slices of the encrypted (or the plaintext) groups, in layout order, adjacent ones merged."""
+        out: list[slice] = []
+        for g, sl in self.layout.segments().items():
+            if (g in self.encrypted) == encrypted and sl.stop > sl.start:
+                if out and out[-1].stop == sl.start:
+                    out[-1] = slice(out[-1].start, sl.stop)
+                else:
+                    out.append(sl)
+        return out
+
+    def _gather(self, v: np.ndarray, *, encrypted: bool) -> np.ndarray:
+        runs = self._runs(encrypted)
+        if len(runs) == 1:
+            return v[runs[0]]  # a view: the groups lie together (e.g. encrypt: [rows], with meta after them)
+        return np.concatenate([v[sl] for sl in runs]) if runs else v[:0]
+
+    def _scatter(self, total: np.ndarray, values: np.ndarray, *, encrypted: bool) -> None:
+        o = 0
+        for sl in self._runs(encrypted):
+            n = sl.stop - sl.start
+            total[sl] = values[o : o + n]
+            o += n
 
     # ------------------------------------------------------------------ setup (server side)
     def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
@@ -212,12 +273,13 @@ class _CKKSRound(RoundWrapper):
         super().__init__(inner)
         self.layer = layer
         self._set_min_summands(len(self.cohort))  # no dropout in this simulation: the sum holds the whole cohort
-        self.sums: list | None = None
+        self.sums: dict[int, Any] = {}  # block index → the sum of the ciphertexts sent for it
         self.plain_sum: np.ndarray | None = None
         #: simulator only (no party holds it in a deployment): the exact sum, to measure CKKS's error
         self.exact_sum: np.ndarray | None = None
         self.t_enc = self.t_agg = 0.0
         self.bytes_up = 0
+        self.cts_up = 0
         self.n = 0
 
     def client_mod(self, fn: ClientFn) -> ClientFn:
@@ -226,11 +288,16 @@ class _CKKSRound(RoundWrapper):
 
         def encrypted(payload: Payload, data: ClientData) -> Payload:
             reply = inner_fn(payload, data)
-            v = layer.layout.flatten(reply, self.weighting)
-            self.exact_sum = v.copy() if self.exact_sum is None else self.exact_sum + v  # simulator only
             t0 = time.perf_counter()
-            out = layer.encrypt_step(reply, data, weighting=self.weighting)
-            self.t_enc += time.perf_counter() - t0
+            v = layer.layout.flatten(reply, self.weighting)  # what encrypt_step does, with v kept for the line below
+            t_flat = time.perf_counter() - t0
+            if self.exact_sum is None:  # simulator only, not timed
+                self.exact_sum = v.copy()
+            else:
+                self.exact_sum += v
+            t0 = time.perf_counter()
+            out = layer.encrypt_vector(v, layer.blocks_for(reply))
+            self.t_enc += t_flat + time.perf_counter() - t0
             return out
 
         return encrypted
@@ -241,30 +308,44 @@ class _CKKSRound(RoundWrapper):
     def submit(self, cid: int, reply: Payload) -> None:
         t0 = time.perf_counter()
         ctx = self.layer.server_context
-        cts = [ts.ckks_vector_from(ctx, b) for b in reply["ciphertexts"]]
-        if self.sums is None:
-            self.sums, self.plain_sum = cts, reply["plain"].copy()
+        blocks = np.asarray(reply["ciphertext_blocks"]).reshape(-1).tolist()
+        if len(blocks) != len(reply["ciphertexts"]) or any(not 0 <= b < self.layer.num_blocks for b in blocks):
+            raise ValueError(f"ckks: client {cid} sent {len(reply['ciphertexts'])} ciphertexts for blocks {blocks[:8]}…")
+        for b, blob in zip(blocks, reply["ciphertexts"], strict=True):
+            ct = ts.ckks_vector_from(ctx, blob)
+            self.sums[b] = ct if b not in self.sums else self.sums[b] + ct
+        if self.plain_sum is None:
+            self.plain_sum = np.array(reply["plain"], dtype=np.float64)  # a copy: the sum is the server's own
         else:
-            self.sums = [a + b for a, b in zip(self.sums, cts, strict=True)]
             self.plain_sum += reply["plain"]
         self.t_agg += time.perf_counter() - t0
         self.bytes_up = max(self.bytes_up, sum(len(b) for b in reply["ciphertexts"]) + reply["plain"].nbytes)
+        self.cts_up = max(self.cts_up, len(blocks))
         self.n += 1
 
     def finish(self) -> Aggregate:
-        if self.sums is None:  # nobody took part this round
+        if self.plain_sum is None:  # nobody took part this round
             return self.inner.post(self.layer.layout.unflatten_sum(np.zeros(self.layer.layout.size), self.device))
         holder = self.layer.holders[0]  # the first key holder decrypts the sum (a message to it)
         t0 = time.perf_counter()
-        blobs = [c.serialize() for c in self.sums]
+        present = sorted(self.sums)  # blocks no client sent sum to zero
+        blobs = [self.sums[b].serialize() for b in present]
         answer = self.layer.env.call_clients([holder], lambda _: {"ckks": "decrypt", "ckks_sums": blobs},
                                              self.layer.client_setup)  # fmt: skip
         dec = np.asarray(answer[0][1]["ckks_sum"], dtype=np.float64)
         t_dec = time.perf_counter() - t0
-        mask = self.layer.encrypted_mask()
+        size, s = self.layer.encrypted_size, self.layer.slots
+        secret = np.zeros(size)
+        o = 0
+        for b in present:
+            n = min(s, size - b * s)
+            secret[b * s : b * s + n] = dec[o : o + n]
+            o += n
+        if o != len(dec):
+            raise ValueError(f"ckks: the key holder returned {len(dec)} values for {o} encrypted slots")
         total = np.zeros(self.layer.layout.size)
-        total[mask] = dec[: int(mask.sum())]
-        total[~mask] = self.plain_sum
+        self.layer._scatter(total, secret, encrypted=True)
+        self.layer._scatter(total, self.plain_sum, encrypted=False)
         # the simulator's measurement of CKKS's error (in process only: on Flower no party holds the exact sum)
         err = float(np.max(np.abs(total - self.exact_sum))) if self.exact_sum is not None else float("nan")
         if self.exact_sum is not None:
@@ -277,6 +358,7 @@ class _CKKSRound(RoundWrapper):
             "ckks_aggregate_s": round(self.t_agg, 4),
             "ckks_decrypt_s": round(t_dec, 4),
             "ckks_bytes_per_client": int(self.bytes_up),
-            "ckks_ciphertexts_per_client": len(blobs),
+            "ckks_ciphertexts_per_client": int(self.cts_up),  # the most any client sent
+            "ckks_ciphertexts_summed": len(blobs),
         }
         return self.inner.post(self.layer.layout.unflatten_sum(total, self.device))

@@ -124,6 +124,11 @@ class CKKSConfig(_Strict):
         default_factory=lambda: ["all"],
         description="parameter groups to encrypt: 'all', 'theta', 'rows', or θ parameter-name prefixes; the rest is plaintext",
     )
+    row_blocks: Literal["own", "all"] = Field(
+        "own",
+        description="own: a client encrypts only the ciphertexts that hold the rows the server sent it (and every "
+        "dense group); all: every ciphertext. A reply with a value on every row (a DP noise share) sends all",
+    )
 
     @model_validator(mode="after")
     def _power_of_two(self) -> CKKSConfig:

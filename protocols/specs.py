@@ -7,7 +7,7 @@ config cannot run, as one line.
 
 from __future__ import annotations
 
-from secure_fed.messages import ByteList, FullTable, Number, Opaque, Setting, ShortBytes
+from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
 from secure_fed.specs import LayerSpec
 
 LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
@@ -231,7 +231,9 @@ CKKS = LayerSpec(
     threat_model=(
         "The server holds only a public CKKS context and adds encrypted client updates, so it sees no individual update "
         "of the encrypted groups; only the sum is decrypted, by key-holding clients. One secret key, not a threshold "
-        "scheme: a key holder colluding with the server decrypts every update."
+        "scheme: a key holder colluding with the server decrypts every update. The server also learns which ciphertexts "
+        "a client sent: with ckks.row_blocks own (the default), those holding the rows it sent that client, which it "
+        "chose itself."
     ),
     implementation="protocols.ckks:CKKSAggregation",
     replaces_aggregation=True,
@@ -242,5 +244,5 @@ CKKS = LayerSpec(
     # the key exchange; the decrypted sum (what the server learns by design); an update as ciphertexts and the
     # groups ckks.encrypt leaves in plaintext (the config's choice, reported in the summary)
     uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "public_context": Opaque(), "ckks_sum": Opaque(),
-                  "ciphertexts": Opaque(), "plain": Opaque()},
+                  "ciphertexts": Opaque(), "ciphertext_blocks": Indices(), "plain": Opaque()},
 )  # fmt: skip

@@ -186,6 +186,20 @@ class ShortBytes(Rule):
 
 
 @dataclass(frozen=True)
+class Indices(Rule):
+    """Distinct non-negative integers in increasing order (a 1-D integer array): which pieces of a split message a
+    client sent. Declare it only where the choice is a function of what the receiver already knows (e.g. CKKS
+    ciphertexts chosen by the row ids the server sent the client)."""
+
+    def check(self, key, value, msg, ctx):
+        import numpy as np
+
+        a = np.asarray(value)
+        ok = a.ndim == 1 and (a.size == 0 or (a.dtype.kind in "iu" and a[0] >= 0 and bool(np.all(np.diff(a) > 0))))
+        return None if ok else f"'{key}' must be increasing non-negative integers"
+
+
+@dataclass(frozen=True)
 class ByteList(Rule):
     """A list of byte strings of at most ``max_bytes`` each (instance tokens, label pseudonyms)."""
 

@@ -143,6 +143,79 @@ def test_the_secagg_layer_keeps_masked_inputs_only_when_messages_are_logged(tmp_
     assert servers and kept and all((y is not None) == log_messages for y in kept)
 
 
+CKKS_ROWS = ["algorithm.name=fedaws", 'protocols=["ckks"]', "training.rounds=1", "output.log_messages=true",
+             "dataset.synthetic.num_labels=40", "model.embedding_dim=307", "ckks.encrypt=[rows]"]  # fmt: skip
+
+
+def test_ckks_clients_send_the_ciphertexts_of_the_rows_the_server_sent_them(tmp_path):
+    """40 rows of 307 values (12,280 slots), then 40 counts and 3 meta slots, 4,096 slots a ciphertext (block b holds
+    slots [4096·b, 4096·(b+1))): row 13 lies across blocks 0 and 1, the counts of rows 0–7 in block 2 and the others'
+    with the meta slots in block 3. Each client sends the blocks of the rows its downlink
+    named, of their counts, and the meta block; the sums equal those of every client sending every block."""
+    runs = {}
+    for mode in ("own", "all"):
+        e = Experiment(small_config(*CKKS_ROWS, f"ckks.row_blocks={mode}"), run_dir=tmp_path / mode)
+        e.run(progress=False)
+        runs[mode] = e
+    e = runs["own"]
+    sent = {m["client"]: [int(i) for i in m["message"]["row_ids"]] for m in e.messages if m["direction"] == "down"
+            and "row_ids" in m["message"]}  # fmt: skip
+    ups = {m["client"]: m["message"] for m in e.messages if m["direction"] == "up" and "ciphertexts" in m["message"]}
+    assert len(ups) == 40 and set(ups) <= set(sent)
+    for cid, msg in ups.items():
+        rows = {b for r in sent[cid] for b in range(r * 307 // 4096, (r * 307 + 306) // 4096 + 1)}
+        want = sorted(rows | {(40 * 307 + r) // 4096 for r in sent[cid]} | {3})
+        assert msg["ciphertext_blocks"].tolist() == want and len(msg["ciphertexts"]) == len(want), cid
+    every = [m["message"] for m in runs["all"].messages if m["direction"] == "up" and "ciphertexts" in m["message"]]
+    assert all(m["ciphertext_blocks"].tolist() == [0, 1, 2, 3] for m in every)
+    for run in runs.values():  # the decrypted sum against the exact one (the simulator's measurement)
+        assert 0 < run.stack.by_name()["ckks"].max_abs_error < 1e-5
+    assert (e.W - runs["all"].W).abs().max() < 1e-5
+    for n in e.theta:
+        assert torch.equal(e.theta[n], runs["all"].theta[n]), n  # θ is in plaintext here: the same bits
+    assert ups[13]["ciphertext_blocks"].tolist() == [0, 1, 3] and ups[20]["ciphertext_blocks"].tolist() == [1, 3]
+    assert ups[3]["ciphertext_blocks"].tolist() == [0, 2, 3]
+    assert e.diagnostics[-1]["ckks_ciphertexts_per_client"] == 3 and e.diagnostics[-1]["ckks_ciphertexts_summed"] == 4
+
+
+def test_ckks_blocks_that_no_client_sent_decrypt_as_zeros_in_their_place(tmp_path):
+    """One client a round: the summed blocks miss the other rows' blocks, and the decrypted sum still lands in the
+    right slots (against the exact sum)."""
+    e = Experiment(small_config(*CKKS_ROWS, "training.rounds=3", "training.clients_per_round=1"), run_dir=tmp_path)
+    e.run(progress=False)
+    summed = [d["ckks_ciphertexts_summed"] for d in e.diagnostics if "ckks_ciphertexts_summed" in d]
+    assert len(summed) == 3 and max(summed) < 4
+    assert 0 < e.stack.by_name()["ckks"].max_abs_error < 1e-5
+
+
+@pytest.mark.parametrize("groups", ["[theta]", "[body.2]", "[body.0.bias, rows]"])
+def test_ckks_groups_apart_in_the_layout_decrypt_into_their_places(tmp_path, groups):
+    """Encrypted and plaintext groups interleaved in the layout (θ and meta encrypted around plaintext rows; one θ
+    layer between plaintext ones): the decrypted and plaintext parts go back to their slots (against the exact
+    sum), and the model matches the plaintext run's."""
+    ov = ["algorithm.name=fedaws", "training.rounds=1"]
+    plain = Experiment(small_config(*ov), run_dir=tmp_path / "p")
+    plain.run(progress=False)
+    e = Experiment(small_config(*ov, 'protocols=["ckks"]', f"ckks.encrypt={groups}"), run_dir=tmp_path / "c")
+    e.run(progress=False)
+    assert 0 < e.stack.by_name()["ckks"].max_abs_error < 1e-5
+    for n in plain.theta:
+        assert (plain.theta[n] - e.theta[n]).norm() <= 1e-4 * plain.theta[n].norm(), n
+
+
+def test_ckks_sends_every_block_for_a_reply_with_a_value_on_every_row(tmp_path):
+    """A client's DP noise share covers every row: its update is dense, so every ciphertext goes."""
+    cfg = small_config("algorithm.name=fedaws", 'protocols=["dp", "ckks"]', "dataset.synthetic.num_labels=40",
+                       "model.embedding_dim=256", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2, '
+                       '"noise": "clients"}')  # fmt: skip
+    layer = Experiment(cfg, run_dir=tmp_path).stack.by_name()["ckks"]
+    (key,) = layer.layout.full_table_keys
+    n = layer.num_blocks
+    reply = {"rows_delta": torch.ones(1, 256), "row_ids": torch.tensor([3])}
+    assert len(layer.blocks_for(reply)) < n  # θ's blocks, row 3's and the last (counts, meta)
+    assert layer.blocks_for({**reply, key: torch.zeros(40, 256)}).tolist() == list(range(n))
+
+
 def test_ckks_decrypted_sum_within_1e4_relative():
     ctx = make_context(8192, [60, 40, 40, 60], 40)
     pub = ts.context_from(public_bytes(ctx))
@@ -205,11 +278,13 @@ def test_server_sees_no_individual_update(tmp_path, layer):
                                 "output.log_messages=true"), run_dir=tmp_path)  # fmt: skip
     e.run(progress=False)
     # public keys, sealed shares, contexts: the layers' setup and stage messages (not the masked update itself)
-    setup_keys = set().union(*(set(spec.uplink_rules) for spec in layer_specs().values())) - {"masked", "ciphertexts", "plain"}
+    update_keys = {"masked", "ciphertexts", "ciphertext_blocks", "plain"}
+    setup_keys = set().union(*(set(spec.uplink_rules) for spec in layer_specs().values())) - update_keys
     ups = [m["message"] for m in e.messages if m["direction"] == "up" and m["message"] and not (set(m["message"]) & setup_keys)]
     plaintext = {"theta_delta", "rows_delta", "num_examples", "loss"}
     assert len(ups) == len(e.fed.clients) and all(not (plaintext & set(m)) for m in ups)
-    assert all(set(m) == ({"masked"} if layer == "secure_aggregation" else {"ciphertexts", "plain"}) for m in ups)
+    want = {"masked"} if layer == "secure_aggregation" else {"ciphertexts", "ciphertext_blocks", "plain"}
+    assert all(set(m) == want for m in ups)
 
 
 def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path):

@@ -48,8 +48,11 @@ def test_one_ckks_key_holder_colluding_with_the_server_decrypts_individual_updat
     meta = layer.layout.segments()["meta"]
     plain = {}
     for cid, w in wires.items():
-        dec = np.concatenate([np.asarray(ts.ckks_vector_from(secret, b).decrypt()) for b in w["ciphertexts"]])
-        plain[cid] = dec[: meta.stop]  # with encrypt: [all] the whole update is in the ciphertexts, in layout order
+        dec = np.zeros(layer.num_blocks * layer.slots)  # with encrypt: [all] the update in layout order
+        for b, blob in zip(w["ciphertext_blocks"].tolist(), w["ciphertexts"], strict=True):
+            part = np.asarray(ts.ckks_vector_from(secret, blob).decrypt())
+            dec[b * layer.slots : b * layer.slots + len(part)] = part
+        plain[cid] = dec[: meta.stop]
     # each decrypted vector is one client's update: weight and count slots are 1 (a sum would hold the cohort size),
     # its loss slot is that client's training loss, and its θ part is a real, non-zero update
     theta = slice(0, layer.layout.segments()["rows"].start)
