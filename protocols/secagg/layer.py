@@ -71,7 +71,7 @@ class SecureAggregation(ProtocolLayer):
         if len(alive) < client.threshold:
             raise ValueError(f"client {data.client_id}: only {len(alive)} shares held, below the threshold t = "
                              f"{client.threshold}; it does not send its update")  # fmt: skip
-        x = self.layout.flatten(reply, weighting)
+        x = self.layout.flat_view(reply, weighting)  # read a block at a time inside the masking: no θ-sized copy
         bits = self.cfg.secure_aggregation.modulus_bits
         return {"masked": client.masked_input(x, alive, bits, encode=self.codec.encode_into)}
 

@@ -176,7 +176,9 @@ class SecAggClient:
         2^64 would carry the count of wrap-arounds, which depends on x), over neighbours that completed step 1.
 
         ``x`` is the encoded input (uint64 words), or, with ``encode`` (e.g. :meth:`FixedPoint.encode_into`), the
-        real vector, encoded into the output a block at a time as the masks are added (no encoded copy of x)."""
+        real vector — an array, or anything sliced as ``x[a:b]`` with a length, such as the layout's
+        :class:`~secure_fed.engine.aggregation.FlatUpdate` — encoded into the output a block at a time as the masks
+        are added (no encoded copy of x, and no flat copy of a ``FlatUpdate``)."""
         terms = [(self.b_seed, 1)]
         for v in self.neighbours:
             if v in alive:

@@ -69,6 +69,32 @@ def client_weight(reply: Payload, weighting: str) -> float:
     return float(reply["num_examples"]) if weighting == "num_examples" else 1.0
 
 
+class FlatUpdate:
+    """A client's flattened update (:meth:`UpdateLayout.flat_view`) as pieces ``(offset, values, weight)``: slicing
+    it, ``u[a:b]``, gives the float64 vector ``weight · float64(values)`` over ``[a, b)``, and nothing of the whole
+    vector's size is built unless the whole is asked for."""
+
+    def __init__(self, pieces: list[tuple[int, np.ndarray, float]], size: int):
+        self.pieces, self.size = pieces, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        a, b, step = sl.indices(self.size)
+        if step != 1:
+            raise IndexError("a flat update is read in contiguous slices")
+        out = np.zeros(max(0, b - a), dtype=np.float64)
+        for start, values, w in self.pieces:
+            lo, hi = max(a, start), min(b, start + len(values))
+            if lo < hi:
+                dst = out[lo - a : hi - a]
+                dst[...] = values[lo - start : hi - start]  # exact: float32 or float64 into float64
+                if w != 1.0:
+                    dst *= w  # in place: the same values as w · float64(Δ)
+        return out
+
+
 @dataclass(frozen=True)
 class UpdateLayout:
     """Where each part of a client's update sits in its flat vector."""
@@ -106,17 +132,21 @@ class UpdateLayout:
 
     def flatten(self, reply: Payload, weighting: str) -> np.ndarray:
         """Client side: the reply as one float64 vector (weights applied)."""
+        return self.flat_view(reply, weighting)[: self.size]
+
+    def flat_view(self, reply: Payload, weighting: str) -> FlatUpdate:
+        """Client side: :meth:`flatten`'s vector, read a slice at a time (``view[a:b]``) without building it: each
+        θ parameter stays the reply's own tensor until a slice of it is read; the rows and meta are built whole
+        (they are small)."""
         w = client_weight(reply, weighting)
         seg = self.segments()
-        v = np.zeros(self.size, dtype=np.float64)
+        pieces: list[tuple[int, np.ndarray, float]] = []
         for n in self.names:
-            dst = v[seg[n]]
             t = dense_delta(reply["theta_delta"][n]).detach().cpu()
-            dst[...] = (t if t.dtype in (torch.float32, torch.float64) else t.double()).numpy().ravel()  # exact
-            dst *= w  # in place: the same values as w · float64(Δ), without two temporaries of θ's size
-        rows = v[seg["rows"]]
-        deltas = rows[: self.num_rows * self.dim].reshape(self.num_rows, self.dim)
-        counts = rows[self.num_rows * self.dim :]
+            pieces.append((seg[n].start, (t if t.dtype in (torch.float32, torch.float64) else t.double()).numpy().ravel(), w))
+        tail = np.zeros(seg["meta"].stop - seg["rows"].start, dtype=np.float64)  # rows (deltas, counts), then meta
+        deltas = tail[: self.num_rows * self.dim].reshape(self.num_rows, self.dim)
+        counts = tail[self.num_rows * self.dim : self.num_rows * (self.dim + 1)]
         if "rows_delta" in reply:
             ids = np.asarray(torch.as_tensor(reply["row_ids"]).cpu()).reshape(-1)
             deltas[ids] += reply["rows_delta"].detach().double().cpu().numpy()
@@ -124,8 +154,9 @@ class UpdateLayout:
         for key in self.full_table_keys:  # e.g. a client's DP noise share on every row (distributed noise)
             if key in reply:
                 deltas += reply[key].detach().double().cpu().numpy()
-        v[seg["meta"]] = (w, float(reply["loss"]), 1.0)
-        return v
+        tail[-3:] = (w, float(reply["loss"]), 1.0)
+        pieces.append((seg["rows"].start, tail, 1.0))
+        return FlatUpdate(pieces, self.size)
 
     def unflatten_sum(self, v: np.ndarray, device: torch.device) -> Aggregate:
         """Server side: a summed vector back into an :class:`Aggregate`."""
