@@ -109,7 +109,8 @@ class CKKSAggregation(ProtocolLayer):
         """The ciphertexts (blocks of ``slots`` values of the encrypted vector) that ``reply`` fills: all of them
         with ``ckks.row_blocks: all`` or when the reply has a value on every row; otherwise every block of a dense
         group and, in the rows group, the blocks of the rows listed in ``row_ids`` (the rows the server sent this
-        client) and of their counts. A function of public settings and of ids the server chose, never of values."""
+        client) and of their counts. A function of public settings and of ids the server chose, never of values: the
+        reply's ``row_ids`` must be the downlink's (every trainer copies them; checked in process)."""
         if self.cfg.ckks.row_blocks == "all" or any(k in reply for k in self.layout.full_table_keys):
             return np.arange(self.num_blocks, dtype=np.int64)
         lengths = self._segment_lengths()
@@ -120,7 +121,7 @@ class CKKSAggregation(ProtocolLayer):
             if g != "rows":
                 spans.append((start, start + lengths[g]))
             elif "rows_delta" in reply:  # the flattened rows group: R·d deltas, then R counts
-                for r in np.unique(np.asarray(torch.as_tensor(reply["row_ids"]).cpu()).reshape(-1)).tolist():
+                for r in _ids(reply["row_ids"]).tolist():
                     spans += [(start + r * d, start + (r + 1) * d), (start + R * d + r, start + R * d + r + 1)]
             start += lengths[g]
         blocks = {b for a, e in spans if e > a for b in range(a // self.slots, (e - 1) // self.slots + 1)}
@@ -175,7 +176,10 @@ class CKKSAggregation(ProtocolLayer):
                 raise RuntimeError("ckks: the update has values outside the ciphertexts chosen by its row ids")
         s = self.slots
         blobs = [ts.ckks_vector(self._client_public, secret_part[b * s : (b + 1) * s]).serialize() for b in blocks.tolist()]
-        return {"ciphertexts": blobs, "ciphertext_blocks": blocks, "plain": self._gather(v, encrypted=False)}
+        plain = self._gather(v, encrypted=False)
+        if plain.base is not None:  # a view would keep the whole flat update alive wherever the message is kept
+            plain = plain.copy()
+        return {"ciphertexts": blobs, "ciphertext_blocks": blocks, "plain": plain}
 
     def _runs(self, encrypted: bool) -> list[slice]:
         """The layout's slices of the encrypted (or the plaintext) groups, in layout order, adjacent ones merged."""
@@ -268,6 +272,10 @@ class CKKSAggregation(ProtocolLayer):
         self._client_public_of = self._public_bytes
 
 
+def _ids(ids: Any) -> np.ndarray:
+    return np.unique(np.asarray(torch.as_tensor(ids).cpu()).reshape(-1))
+
+
 class _CKKSRound(RoundWrapper):
     def __init__(self, layer: CKKSAggregation, inner: RoundSession):
         super().__init__(inner)
@@ -288,6 +296,9 @@ class _CKKSRound(RoundWrapper):
 
         def encrypted(payload: Payload, data: ClientData) -> Payload:
             reply = inner_fn(payload, data)
+            if "rows_delta" in reply and not np.array_equal(_ids(reply["row_ids"]), _ids(payload["row_ids"])):
+                # blocks_for relies on it: other row ids could make the blocks sent depend on the client's data
+                raise RuntimeError(f"ckks: client {data.client_id}'s reply names rows other than those it was sent")
             t0 = time.perf_counter()
             v = layer.layout.flatten(reply, self.weighting)  # what encrypt_step does, with v kept for the line below
             t_flat = time.perf_counter() - t0

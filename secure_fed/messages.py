@@ -195,7 +195,7 @@ class Indices(Rule):
         import numpy as np
 
         a = np.asarray(value)
-        ok = a.ndim == 1 and (a.size == 0 or (a.dtype.kind in "iu" and a[0] >= 0 and bool(np.all(np.diff(a) > 0))))
+        ok = a.ndim == 1 and a.dtype.kind in "iu" and (a.size == 0 or (a[0] >= 0 and bool(np.all(a[1:] > a[:-1]))))
         return None if ok else f"'{key}' must be increasing non-negative integers"
 
 

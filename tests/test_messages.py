@@ -4,6 +4,7 @@ may receive. Expected outcomes are written out by hand, not recomputed with the 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from secure_fed.messages import (
     ByteList,
     CheckContext,
     FullTable,
+    Indices,
     Number,
     OwnLabel,
     Params,
@@ -60,6 +62,14 @@ def theta():
         (OwnLabel(), True, False),
         (FullTable("W"), torch.zeros(5, 4), True),
         (FullTable("W"), torch.zeros(1, 4), False),
+        (Indices(), np.array([0, 2, 7]), True),
+        (Indices(), np.array([], dtype=np.int64), True),
+        (Indices(), np.array([2, 2]), False),  # repeated
+        (Indices(), np.array([5, 3], dtype=np.uint64), False),  # decreasing (np.diff would wrap for unsigned)
+        (Indices(), np.array([-1, 2]), False),
+        (Indices(), np.array([0.0, 1.0]), False),
+        (Indices(), np.array([], dtype=np.float64), False),
+        (Indices(), np.zeros((1, 2), dtype=np.int64), False),
     ],
 )
 def test_rules_accept_and_refuse(rule, value, ok):

@@ -36,6 +36,8 @@ class FixedPoint:
     def encode_into(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """:meth:`encode` written into ``out`` (uint64, ``len(x)`` words), with one float temporary of x's size;
         secure aggregation calls it on cache-sized blocks while it adds the masks."""
+        if len(x) != len(out):
+            raise ValueError(f"encode_into: {len(x)} values into {len(out)} words")
         y = np.clip(x, -self.clip_range, self.clip_range)
         y *= 2.0**self.frac_bits
         np.rint(y, out=y)

@@ -136,8 +136,8 @@ class UpdateLayout:
 
     def flat_view(self, reply: Payload, weighting: str) -> FlatUpdate:
         """Client side: :meth:`flatten`'s vector, read a slice at a time (``view[a:b]``) without building it: each
-        θ parameter stays the reply's own tensor until a slice of it is read; the rows and meta are built whole
-        (they are small)."""
+        θ parameter stays the reply's own tensor until a slice of it is read; the rows (C·(d + 1) values) and the
+        meta slots are built whole."""
         w = client_weight(reply, weighting)
         seg = self.segments()
         pieces: list[tuple[int, np.ndarray, float]] = []

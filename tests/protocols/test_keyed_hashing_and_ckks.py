@@ -203,6 +203,47 @@ def test_ckks_groups_apart_in_the_layout_decrypt_into_their_places(tmp_path, gro
         assert (plain.theta[n] - e.theta[n]).norm() <= 1e-4 * plain.theta[n].norm(), n
 
 
+def test_ckks_blocks_do_not_depend_on_the_update_values_and_values_outside_them_are_refused(tmp_path):
+    """The blocks of a reply are those of its rows' ids whatever the values (a zero row delta, a zero θ: the same
+    blocks; choosing them by non-zero values would leak); an update with a value outside its blocks raises."""
+    e = Experiment(small_config(*CKKS_ROWS), run_dir=tmp_path)
+    e.setup()
+    layer = e.stack.by_name()["ckks"]
+    theta = {n: torch.randn_like(t) for n, t in e.theta.items()}
+    zero_theta = {n: torch.zeros_like(t) for n, t in e.theta.items()}
+    base = {"num_examples": 3, "loss": 0.5, "row_ids": torch.tensor([13])}
+    got = [layer.blocks_for({**base, "theta_delta": th, "rows_delta": rd}).tolist()
+           for th in (theta, zero_theta) for rd in (torch.randn(1, 307), torch.zeros(1, 307))]  # fmt: skip
+    assert got == [[0, 1, 3]] * 4
+    assert layer.blocks_for({**base, "theta_delta": theta}).tolist() == [3]  # rows not trained: meta only
+    r13 = {**base, "theta_delta": theta, "rows_delta": torch.randn(1, 307)}
+    r35 = {**r13, "row_ids": torch.tensor([35])}
+    v = layer.layout.flatten(r13, "uniform")
+    assert len(layer.encrypt_vector(v, layer.blocks_for(r13))["ciphertexts"]) == 3
+    with pytest.raises(RuntimeError, match="outside the ciphertexts"):
+        layer.encrypt_vector(v, layer.blocks_for(r35))
+
+
+def test_ckks_refuses_a_reply_naming_rows_it_was_not_sent(tmp_path, monkeypatch):
+    """The blocks follow the reply's row ids, so they must be the downlink's: a client function that changes them
+    (e.g. to the rows it has positives for) stops the run instead of sending blocks chosen by its data."""
+    real = Experiment.client_fn
+
+    def shifted(self, cid):
+        fn = real(self, cid)
+
+        def run(payload, data):
+            reply = fn(payload, data)
+            return {**reply, "row_ids": (reply["row_ids"] + 1) % 40} if "row_ids" in reply else reply
+
+        return run
+
+    monkeypatch.setattr(Experiment, "client_fn", shifted)
+    e = Experiment(small_config(*CKKS_ROWS), run_dir=tmp_path)
+    with pytest.raises(Exception, match="names rows other than those it was sent"):
+        e.run(progress=False)
+
+
 def test_ckks_sends_every_block_for_a_reply_with_a_value_on_every_row(tmp_path):
     """A client's DP noise share covers every row: its update is dense, so every ciphertext goes."""
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp", "ckks"]', "dataset.synthetic.num_labels=40",

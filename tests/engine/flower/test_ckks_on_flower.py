@@ -36,3 +36,20 @@ def test_ckks_on_flower(tmp_path):
     local, local_result = run_in_process(RUN, tmp_path / "local")
     # CKKS adds its own approximation error (about 1e-6 here) on either side
     assert_same_run(fl, result, local, local_result, atol=1e-4, metric_atol=1e-3)
+
+
+def test_ckks_row_blocks_on_flower_are_those_in_process(tmp_path):
+    """8 rows of 1,024 values, 4 to a ciphertext, then counts and meta in a third: each client sends its row's block
+    and the last one, through the Flower codec and the guard, the same blocks as in process."""
+    run = [*RUN, "ckks.encrypt=[rows]", "model.embedding_dim=1024", "training.rounds=1"]
+    fl, result, _ = run_recorded(run, tmp_path)
+    local, local_result = run_in_process(run, tmp_path / "local")
+
+    def blocks(exp):
+        return sorted((m["client"], m["message"]["ciphertext_blocks"].tolist()) for m in exp.messages
+                      if m["direction"] == "up" and "ciphertexts" in m["message"])  # fmt: skip
+
+    on_flower = blocks(fl)
+    assert on_flower == blocks(local) and len(on_flower) == len(fl.fed.clients)
+    assert {tuple(b) for _, b in on_flower} == {(0, 2), (1, 2)}
+    assert_same_run(fl, result, local, local_result, atol=1e-4, metric_atol=1e-3)
