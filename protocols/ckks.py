@@ -177,7 +177,7 @@ class CKKSAggregation(ProtocolLayer):
         s = self.slots
         blobs = [ts.ckks_vector(self._client_public, secret_part[b * s : (b + 1) * s]).serialize() for b in blocks.tolist()]
         plain = self._gather(v, encrypted=False)
-        if plain.base is not None:  # a view would keep the whole flat update alive wherever the message is kept
+        if plain.base is not None and 2 * plain.size < v.size:  # a small view would keep the whole update alive
             plain = plain.copy()
         return {"ciphertexts": blobs, "ciphertext_blocks": blocks, "plain": plain}
 
