@@ -71,7 +71,9 @@ class CKKSAggregation(ProtocolLayer):
         self.layout = env.update_layout()
         self.slots = cfg.ckks.poly_modulus_degree // 2
         self.encrypted = self._select(cfg.ckks.encrypt)
-        self.encrypted_size = sum(self._segment_lengths()[g] for g in self.encrypted)
+        #: the layout's slices of the encrypted and of the plaintext groups, in layout order, adjacent ones merged
+        self._runs = {enc: self._merged_runs(enc) for enc in (True, False)}
+        self.encrypted_size = sum(sl.stop - sl.start for sl in self._runs[True])
         self.num_blocks = -(-self.encrypted_size // self.slots)
         self.server_context: ts.Context | None = None  # server side: public only
         self.server_context_bytes: bytes | None = None
@@ -181,8 +183,7 @@ class CKKSAggregation(ProtocolLayer):
             plain = plain.copy()
         return {"ciphertexts": blobs, "ciphertext_blocks": blocks, "plain": plain}
 
-    def _runs(self, encrypted: bool) -> list[slice]:
-        """The layout's slices of the encrypted (or the plaintext) groups, in layout order, adjacent ones merged."""
+    def _merged_runs(self, encrypted: bool) -> list[slice]:
         out: list[slice] = []
         for g, sl in self.layout.segments().items():
             if (g in self.encrypted) == encrypted and sl.stop > sl.start:
@@ -193,14 +194,14 @@ class CKKSAggregation(ProtocolLayer):
         return out
 
     def _gather(self, v: np.ndarray, *, encrypted: bool) -> np.ndarray:
-        runs = self._runs(encrypted)
+        runs = self._runs[encrypted]
         if len(runs) == 1:
             return v[runs[0]]  # a view: the groups lie together (e.g. encrypt: [rows], with meta after them)
         return np.concatenate([v[sl] for sl in runs]) if runs else v[:0]
 
     def _scatter(self, total: np.ndarray, values: np.ndarray, *, encrypted: bool) -> None:
         o = 0
-        for sl in self._runs(encrypted):
+        for sl in self._runs[encrypted]:
             n = sl.stop - sl.start
             total[sl] = values[o : o + n]
             o += n
