@@ -104,9 +104,6 @@ class CKKSAggregation(ProtocolLayer):
                 out |= hit
         return [s for s in segs if s in out]
 
-    def _segment_lengths(self) -> dict[str, int]:
-        return {g: sl.stop - sl.start for g, sl in self.layout.segments().items()}
-
     def blocks_for(self, reply: Payload) -> np.ndarray:
         """The ciphertexts (blocks of ``slots`` values of the encrypted vector) that ``reply`` fills: all of them
         with ``ckks.row_blocks: all`` or when the reply has a value on every row; otherwise every block of a dense
@@ -115,17 +112,18 @@ class CKKSAggregation(ProtocolLayer):
         reply's ``row_ids`` must be the downlink's (every trainer copies them; checked in process)."""
         if self.cfg.ckks.row_blocks == "all" or any(k in reply for k in self.layout.full_table_keys):
             return np.arange(self.num_blocks, dtype=np.int64)
-        lengths = self._segment_lengths()
+        seg = self.layout.segments()
         R, d = self.layout.num_rows, self.layout.dim
         spans: list[tuple[int, int]] = []  # [start, stop) in the encrypted vector
         start = 0
         for g in self.encrypted:
+            length = seg[g].stop - seg[g].start
             if g != "rows":
-                spans.append((start, start + lengths[g]))
+                spans.append((start, start + length))
             elif "rows_delta" in reply:  # the flattened rows group: R·d deltas, then R counts
                 for r in _ids(reply["row_ids"]).tolist():
                     spans += [(start + r * d, start + (r + 1) * d), (start + R * d + r, start + R * d + r + 1)]
-            start += lengths[g]
+            start += length
         blocks = {b for a, e in spans if e > a for b in range(a // self.slots, (e - 1) // self.slots + 1)}
         return np.array(sorted(blocks), dtype=np.int64)
 
