@@ -1,7 +1,8 @@
 """Secure aggregation and CKKS rounds against the plaintext round, measured in the same run, with where the time goes.
 
     python benchmarks/secure_layers.py [--rounds 2] [--neighbors 16] [--executor sequential] [--precision fp32]
-                                   [--ckks-coeffs 60,40,40,60] [--ckks-all-blocks] [--skip-ckks] [--json FILE]
+                                   [--secagg-32] [--ckks-coeffs 60,40,40,60] [--ckks-all-blocks] [--skip-ckks]
+                                   [--json FILE]
 
 Runs whole rounds of ``experiments/configs/bibtex_fedalc.yaml`` (all 159 clients; needs ``$SECURE_FED_DATA``)
 through the engine, one warm-up round each and then the median of ``--rounds`` rounds, the variants' rounds
@@ -9,7 +10,9 @@ interleaved, for:
 
 * **plaintext**: no protocol layer;
 * **secure_aggregation** on θ and the class rows (the whole update), SecAgg+ graph with ``--neighbors``
-  neighbours (each client masks with k + 1 AES-256-CTR streams: its self mask and one per neighbour);
+  neighbours (each client masks with k + 1 AES-256-CTR streams: its self mask and one per neighbour), mod 2^64
+  (the default: 8-byte words); with ``--secagg-32`` also mod 2^32 (4-byte words, half the key stream), values
+  clipped to ±1 (this run's updates stay within it) with the most fractional bits that 159 clients' sum allows (23);
 * **ckks** on the class rows (``ckks.encrypt: [rows]``; θ in plaintext), at the default parameters and at each
   ``--ckks-coeffs`` set (``poly_modulus_degree`` 8192, scale 2^40), each client encrypting the ciphertexts of its
   own rows (``ckks.row_blocks: own``, the default); with ``--ckks-all-blocks`` also every ciphertext (``all``).
@@ -66,28 +69,29 @@ def run_interleaved(variants: dict[str, list[str]], rounds: int) -> dict[str, di
     }
 
 
-def keystream_seconds(size: int, terms: int, repeats: int = 3) -> dict:
-    """Per mask of ``size`` words, on one thread and on :func:`~protocols.crypto.mask_threads` threads: the AES-256-CTR
-    key stream alone (written block by block into a cache-sized buffer, as ``add_masks`` does, nothing added), and
-    ``add_masks`` with ``terms`` masks into a fresh vector (key streams, the mod-2^64 sums and the output), divided
-    by ``terms``."""
+def keystream_seconds(size: int, terms: int, bits: int = 64, repeats: int = 3) -> dict:
+    """Per mask of ``size`` words (mod 2^``bits``: 4-byte words up to 2^32, else 8), on one thread and on
+    :func:`~protocols.crypto.mask_threads` threads: the AES-256-CTR key stream alone (written block by block into a
+    cache-sized buffer, as ``add_masks`` does, nothing added), and ``add_masks`` with ``terms`` masks into a fresh
+    vector (key streams, the modular sums and the output), divided by ``terms``."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-    from protocols.crypto import MASK_BLOCK_WORDS, add_masks, mask_threads
+    from protocols.crypto import MASK_BLOCK_WORDS, add_masks, mask_threads, word_dtype
 
-    zeros = bytes(8 * MASK_BLOCK_WORDS)
+    w = word_dtype(bits).itemsize
+    zeros = bytes(w * MASK_BLOCK_WORDS)
     blocks = list(range(0, size, MASK_BLOCK_WORDS))
 
     def stream_only(key: bytes, first: int, last: int) -> None:
-        enc = Cipher(algorithms.AES(key), modes.CTR((blocks[first] // 2).to_bytes(16, "big"))).encryptor()
-        buf = bytearray(8 * MASK_BLOCK_WORDS + 15)
+        enc = Cipher(algorithms.AES(key), modes.CTR((blocks[first] * w // 16).to_bytes(16, "big"))).encryptor()
+        buf = bytearray(w * MASK_BLOCK_WORDS + 15)
         for o in blocks[first:last]:
             m = min(MASK_BLOCK_WORDS, size - o)
-            enc.update_into(zeros[: 8 * m], memoryview(buf)[: 8 * m + 15])
+            enc.update_into(zeros[: w * m], memoryview(buf)[: w * m + 15])
 
-    x = np.zeros(size, dtype=np.uint64)
+    x = np.zeros(size, dtype=word_dtype(bits))
     res: dict = {}
     for threads in sorted({1, mask_threads()}):
         cuts = [len(blocks) * i // threads for i in range(threads + 1)]
@@ -99,10 +103,35 @@ def keystream_seconds(size: int, terms: int, repeats: int = 3) -> dict:
         seeds = [(bytes([i]) * 32, 1 if i % 2 else -1) for i in range(terms)]
         t0 = time.perf_counter()
         for _ in range(repeats):
-            add_masks(np.empty(size, dtype=np.uint64), seeds, base=x, threads=threads)
+            add_masks(np.empty(size, dtype=x.dtype), seeds, base=x, bits=bits, threads=threads)
         full = (time.perf_counter() - t0) / (repeats * terms)
         res[threads] = {"aes_s": aes, "add_masks_s": full}
     return res
+
+
+def report_secagg(name: str, sa: dict, bits: int, plaintext_s: float) -> None:
+    """Print one secure aggregation variant's round against the plaintext round, its timers, and the key-stream
+    floor measured now for its vector size and word width."""
+    s, st = sa["s_per_round"], sa["stats"]
+    k = st["secagg_neighbours"]
+    streams = st["secagg_survivors"] * (k + 1) + st["secagg_survivors"]  # clients' k + 1 masks, the server's self masks
+    ks = keystream_seconds(sa["vector_size"], k + 1, bits)
+    threads = max(ks)
+    aes, full = streams * ks[threads]["aes_s"], streams * ks[threads]["add_masks_s"]
+    train = s - st["secagg_setup_s"] - st["secagg_mask_s"] - st["secagg_unmask_s"]
+    sa.update(ratio=s / plaintext_s, keystream=ks, streams=streams, aes_s=aes, masks_s=full, modulus_bits=bits)
+    width = 4 if bits <= 32 else 8
+    print(f"{name} (k = {k}, {st['secagg_survivors']} clients, {sa['vector_size']:,} words of {width} bytes, mod 2^{bits}): "
+          f"{s:.2f} s/round = {s / plaintext_s:.2f}× plaintext")  # fmt: skip
+    print(f"  set-up (X25519, HKDF, Shamir, AES-GCM) {st['secagg_setup_s']:.2f} s, clients' masking (flatten, encode, "
+          f"masks) {st['secagg_mask_s']:.2f} s, server's unmasking (Shamir, self masks) {st['secagg_unmask_s']:.2f} s, "
+          f"the rest (training, aggregation, server step) {train:.2f} s")  # fmt: skip
+    for n, r in ks.items():
+        print(f"  one mask of {sa['vector_size']:,} words on {n} thread(s): AES-256-CTR key stream {r['aes_s'] * 1e3:.2f} ms, "
+              f"with its share of the mod-2^{bits} sums (add_masks, {k + 1} masks) {r['add_masks_s'] * 1e3:.2f} ms")  # fmt: skip
+    print(f"  {streams:,} streams a round ({st['secagg_survivors']} × {k + 1} by the clients, {st['secagg_survivors']} self "
+          f"masks by the server) on {threads} thread(s): AES key stream {aes:.2f} s ({aes / s:.0%} of the round), mask "
+          f"arithmetic {full - aes:.2f} s ({(full - aes) / s:.0%})")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time CKKS rows with ckks.row_blocks: all (every client encrypts every ciphertext)",
     )
+    ap.add_argument(
+        "--secagg-32",
+        action="store_true",
+        help="also time secure aggregation mod 2^32 (4-byte words: half the key stream), clip_range 1 and the most "
+        "frac_bits that fit the round's clients",
+    )
     ap.add_argument("--skip-ckks", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -128,6 +163,16 @@ def main(argv: list[str] | None = None) -> int:
         "plaintext": base,
         "secure_aggregation": [*base, "protocols=[secure_aggregation]", f"secure_aggregation.neighbors={args.neighbors}"],
     }
+    if args.secagg_32:
+        from protocols.secagg.encoding import FixedPoint
+
+        f32 = FixedPoint.max_frac_bits(1.0, 32, 159)
+        variants["secure_aggregation (32-bit)"] = [
+            *variants["secure_aggregation"],
+            "secure_aggregation.modulus_bits=32",
+            "secure_aggregation.clip_range=1",
+            f"secure_aggregation.frac_bits={f32}",
+        ]
     if not args.skip_ckks:
         for coeffs in ["default", *[c for c in args.ckks_coeffs.split(";") if c]]:
             ov = [*base, "protocols=[ckks]", "ckks.encrypt=[rows]"]
@@ -142,26 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         f"plaintext ({args.executor}, {args.precision}): {p:.2f} s/round (median of {args.rounds}, interleaved with the others)"
     )
 
-    sa = res["secure_aggregation"]
-    s, st = sa["s_per_round"], sa["stats"]
-    k = st["secagg_neighbours"]
-    streams = st["secagg_survivors"] * (k + 1) + st["secagg_survivors"]  # clients' k + 1 masks, the server's self masks
-    ks = keystream_seconds(sa["vector_size"], k + 1)
-    threads = max(ks)
-    aes, full = streams * ks[threads]["aes_s"], streams * ks[threads]["add_masks_s"]
-    train = s - st["secagg_setup_s"] - st["secagg_mask_s"] - st["secagg_unmask_s"]
-    sa.update(ratio=s / p, keystream=ks, streams=streams, aes_s=aes, masks_s=full)
-    print(f"secure_aggregation (k = {k}, {st['secagg_survivors']} clients, {sa['vector_size']:,} words): {s:.2f} s/round "
-          f"= {s / p:.2f}× plaintext")  # fmt: skip
-    print(f"  set-up (X25519, HKDF, Shamir, AES-GCM) {st['secagg_setup_s']:.2f} s, clients' masking (flatten, encode, "
-          f"masks) {st['secagg_mask_s']:.2f} s, server's unmasking (Shamir, self masks) {st['secagg_unmask_s']:.2f} s, "
-          f"the rest (training, aggregation, server step) {train:.2f} s")  # fmt: skip
-    for n, r in ks.items():
-        print(f"  one mask of {sa['vector_size']:,} words on {n} thread(s): AES-256-CTR key stream {r['aes_s'] * 1e3:.2f} ms, "
-              f"with its share of the mod-2^64 sums (add_masks, {k + 1} masks) {r['add_masks_s'] * 1e3:.2f} ms")  # fmt: skip
-    print(f"  {streams:,} streams a round ({st['secagg_survivors']} × {k + 1} by the clients, {st['secagg_survivors']} self "
-          f"masks by the server) on {threads} thread(s): AES key stream {aes:.2f} s ({aes / s:.0%} of the round), mask "
-          f"arithmetic {full - aes:.2f} s ({(full - aes) / s:.0%})")  # fmt: skip
+    for name, bits in (("secure_aggregation", 64), ("secure_aggregation (32-bit)", 32)):
+        if name in res:
+            report_secagg(name, res[name], bits, p)
 
     for name, r in res.items():
         if not name.startswith("ckks"):

@@ -111,7 +111,9 @@ class SecureAggregationConfig(_Strict):
     neighbors: int | None = Field(None, ge=2, description="SecAgg+ neighbours per client; null = complete graph (SecAgg)")
     clip_range: float = Field(1.0e4, gt=0.0, le=1e12, description="values are clipped to [-R, R] before fixed-point encoding")
     frac_bits: int = Field(24, ge=4, le=40, description="fixed-point fractional bits")
-    modulus_bits: int = Field(64, ge=16, le=64, description="arithmetic modulo 2^bits")
+    modulus_bits: int = Field(
+        64, ge=16, le=64, description="arithmetic modulo 2^bits; ≤ 32 uses 4-byte words (half the key stream and upload)"
+    )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated probability that a client drops at each stage")
 
 

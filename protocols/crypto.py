@@ -67,13 +67,23 @@ _PRG_CHUNK = 1 << 20
 _ZEROS = memoryview(bytes(_PRG_CHUNK))
 
 
-def prg_scratch(n: int) -> bytearray:
-    """A buffer that :func:`prg_words` can write ``n`` words into again and again (``scratch=``)."""
-    return bytearray(8 * n + 15)  # update_into wants a block's slack past what it writes
+def word_dtype(bits: int) -> np.dtype:
+    """The unsigned words that hold values mod 2^bits: 32-bit when ``bits`` ≤ 32, else 64-bit. A mask word is
+    that many bytes of key stream, so 32-bit words halve the AES work (and the bytes sent) per value."""
+    if not 1 <= bits <= 64:
+        raise ValueError(f"a modulus of 2^{bits}: bits must be between 1 and 64")
+    return np.dtype(np.uint32) if bits <= 32 else np.dtype(np.uint64)
+
+
+def prg_scratch(n: int, *, bits: int = 64) -> bytearray:
+    """A buffer that :func:`prg_words` can write ``n`` words (of :func:`word_dtype` ``(bits)``) into again and
+    again (``scratch=``)."""
+    return bytearray(word_dtype(bits).itemsize * n + 15)  # update_into wants a block's slack past what it writes
 
 
 def prg_words(seed: bytes, n: int, *, bits: int = 64, scratch: bytearray | None = None) -> np.ndarray:
-    """``n`` pseudo-random words uniform in [0, 2^bits), from AES-256-CTR keyed by ``seed`` (counter from 0).
+    """``n`` pseudo-random words uniform in [0, 2^bits), from AES-256-CTR keyed by ``seed`` (counter from 0): the
+    key stream read as little-endian words of :func:`word_dtype` ``(bits)`` (4 or 8 bytes), each reduced mod 2^bits.
 
     The key stream is written straight into the returned array (``update_into``, 1 MiB of zeros at a time), with
     no plaintext buffer of the output's size and no copy. With ``scratch`` (from :func:`prg_scratch`) the words are
@@ -81,17 +91,18 @@ def prg_words(seed: bytes, n: int, *, bits: int = 64, scratch: bytearray | None 
     aggregation's pairwise masks) then touches no fresh memory."""
     key = _prg_key(seed)
     enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
-    size = 8 * n
-    out = prg_scratch(n) if scratch is None else scratch
+    dtype = word_dtype(bits)
+    size = dtype.itemsize * n
+    out = prg_scratch(n, bits=bits) if scratch is None else scratch
     if len(out) < size + 15:
         raise ValueError(f"a PRG scratch buffer of {len(out)} bytes is too small for {n} words")
     view = memoryview(out)
     for o in range(0, size, _PRG_CHUNK):
         m = min(_PRG_CHUNK, size - o)
         enc.update_into(_ZEROS[:m], view[o : o + m + 15])
-    words = np.frombuffer(out, dtype="<u8", count=n)
-    if bits < 64:
-        words &= np.uint64((1 << bits) - 1)
+    words = np.frombuffer(out, dtype=dtype.newbyteorder("<"), count=n)
+    if bits < 8 * dtype.itemsize:
+        words &= dtype.type((1 << bits) - 1)
     return words
 
 
@@ -135,7 +146,8 @@ def add_masks(
     fill: Callable[[int, np.ndarray], None] | None = None, bits: int = 64, threads: int | None = None,
 ) -> np.ndarray:  # fmt: skip
     """``out = base + Σ sign·PRG(seed) mod 2^bits`` over ``terms = [(seed, ±1)]`` (``base`` None: ``out`` itself),
-    word for word the sum of :func:`prg_words` streams, and every word of the result reduced below 2^bits.
+    word for word the sum of :func:`prg_words` streams, and every word of the result reduced below 2^bits. ``out``
+    (and ``base``) hold words of :func:`word_dtype` ``(bits)``.
 
     ``fill(offset, block)``, instead of ``base``, writes the base words of ``out[offset : offset + len(block)]``
     into ``block`` (e.g. fixed-point encoding of that slice of a real vector), on the thread that masks the block,
@@ -145,14 +157,16 @@ def add_masks(
     counter started at the block's offset), so no stream of the vector's size is ever written to memory; the blocks
     are shared among ``threads`` threads (default :func:`mask_threads`; AES and numpy release the GIL)."""
     n = len(out)
-    if out.dtype != np.uint64 or (base is not None and (base.dtype != np.uint64 or len(base) != n)):
-        raise ValueError("add_masks works on uint64 vectors of one length")
+    dtype = word_dtype(bits)
+    if out.dtype != dtype or (base is not None and (base.dtype != dtype or len(base) != n)):
+        raise ValueError(f"add_masks works mod 2^{bits} on {dtype} vectors of one length")
     if base is not None and fill is not None:
         raise ValueError("add_masks takes base or fill, not both")
     keys = [(_prg_key(seed), int(sign)) for seed, sign in terms]
     if any(sign not in (1, -1) for _, sign in keys):
         raise ValueError("a mask's sign is +1 or -1")
-    low = np.uint64((1 << bits) - 1) if bits < 64 else None
+    w = dtype.itemsize
+    low = dtype.type((1 << bits) - 1) if bits < 8 * w else None
     blocks = list(range(0, n, MASK_BLOCK_WORDS))
     parts = max(1, min(threads or mask_threads(), len(blocks)))
 
@@ -160,9 +174,10 @@ def add_masks(
         if first >= last:
             return
         o0 = blocks[first]
-        # a block starts at an even word, i.e. at a 16-byte AES block: its counter is the block's index
-        encs = [(Cipher(algorithms.AES(k), modes.CTR((o0 // 2).to_bytes(16, "big"))).encryptor(), s) for k, s in keys]
-        buf = bytearray(8 * MASK_BLOCK_WORDS + 15)
+        # a block starts at a multiple of 16 bytes, i.e. at an AES block: its counter is that block's index
+        ctr = (o0 * w // 16).to_bytes(16, "big")
+        encs = [(Cipher(algorithms.AES(k), modes.CTR(ctr)).encryptor(), s) for k, s in keys]
+        buf = bytearray(w * MASK_BLOCK_WORDS + 15)
         view = memoryview(buf)
         for o in blocks[first:last]:
             m = min(MASK_BLOCK_WORDS, n - o)
@@ -171,9 +186,9 @@ def add_masks(
                 blk[...] = base[o : o + m]
             elif fill is not None:
                 fill(o, blk)
-            words = np.frombuffer(buf, dtype="<u8", count=m)
+            words = np.frombuffer(buf, dtype=dtype.newbyteorder("<"), count=m)
             for enc, sign in encs:
-                enc.update_into(_ZEROS[: 8 * m], view[: 8 * m + 15])
+                enc.update_into(_ZEROS[: w * m], view[: w * m + 15])
                 if sign > 0:
                     blk += words
                 else:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from protocols.crypto import word_dtype
 from secure_fed.errors import ConfigError
 
 
@@ -18,37 +20,57 @@ class FixedPoint:
     modulus_bits: int
 
     @property
-    def mask(self) -> np.uint64:
-        return np.uint64((1 << self.modulus_bits) - 1) if self.modulus_bits < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
+    def word_dtype(self) -> np.dtype:
+        """uint32 for a modulus of at most 2^32, else uint64 (:func:`protocols.crypto.word_dtype`)."""
+        return word_dtype(self.modulus_bits)
+
+    @property
+    def mask(self) -> np.unsignedinteger:
+        return self.word_dtype.type((1 << self.modulus_bits) - 1)
+
+    @staticmethod
+    def max_frac_bits(clip_range: float, modulus_bits: int, num_clients: int) -> int:
+        """The most fractional bits with which the sum of ``num_clients`` values clipped to ±``clip_range`` cannot
+        wrap around mod 2^``modulus_bits`` (may be < 0: no precision fits)."""
+        return math.ceil(math.log2(2.0 ** (modulus_bits - 1) / (num_clients * clip_range))) - 1
 
     def check_capacity(self, num_clients: int) -> None:
         """Refuse settings where the sum of ``num_clients`` clipped values could wrap around."""
         worst = num_clients * self.clip_range * 2.0**self.frac_bits
         if worst >= 2.0 ** (self.modulus_bits - 1):
+            fits = self.max_frac_bits(self.clip_range, self.modulus_bits, num_clients)
             raise ConfigError(
                 f"secure_aggregation: {num_clients} clients × clip_range {self.clip_range} × 2^{self.frac_bits} "
-                f"overflows modulus 2^{self.modulus_bits}; lower clip_range or frac_bits, or raise modulus_bits"
+                f"overflows modulus 2^{self.modulus_bits}; lower clip_range or frac_bits (at most {fits} fits), or "
+                "raise modulus_bits"
             )
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        return self.encode_into(x, np.empty(len(x), dtype=np.uint64))
+        return self.encode_into(x, np.empty(len(x), dtype=self.word_dtype))
 
     def encode_into(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """:meth:`encode` written into ``out`` (uint64, ``len(x)`` words), with one float temporary of x's size;
-        secure aggregation calls it on cache-sized blocks while it adds the masks."""
+        """:meth:`encode` written into ``out`` (``len(x)`` words of :attr:`word_dtype`), with one float temporary of
+        x's size; secure aggregation calls it on cache-sized blocks while it adds the masks."""
         if len(x) != len(out):
             raise ValueError(f"encode_into: {len(x)} values into {len(out)} words")
+        if out.dtype != self.word_dtype:
+            raise ValueError(
+                f"encode_into: a modulus of 2^{self.modulus_bits} is held in {self.word_dtype} words, not {out.dtype}"
+            )
         y = np.clip(x, -self.clip_range, self.clip_range)
         y *= 2.0**self.frac_bits
         np.rint(y, out=y)
-        np.copyto(out.view(np.int64), y, casting="unsafe")  # |y| ≤ R·2^f < 2^63 (check_capacity): exact
-        if self.modulus_bits < 64:
+        # |y| ≤ R·2^f < 2^(bits−1) (check_capacity): exact in the signed type of the word's width, whose two's
+        # complement is y mod 2^(word width)
+        signed = np.int32 if self.word_dtype == np.uint32 else np.int64
+        np.copyto(out.view(signed), y, casting="unsafe")
+        if self.modulus_bits < 8 * self.word_dtype.itemsize:
             out &= self.mask
         return out
 
     def decode_sum(self, s: np.ndarray) -> np.ndarray:
         s = s & self.mask
-        half = np.uint64(1 << (self.modulus_bits - 1))
+        half = self.word_dtype.type(1 << (self.modulus_bits - 1))
         signed = (
             s.astype(np.int64)
             if self.modulus_bits == 64

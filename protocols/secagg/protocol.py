@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols.crypto import KeyPair, add_masks, open_sealed, seal, shamir_combine, shamir_split
+from protocols.crypto import KeyPair, add_masks, open_sealed, seal, shamir_combine, shamir_split, word_dtype
 from secure_fed.errors import RoundAborted
 
 
@@ -173,20 +173,22 @@ class SecAggClient:
         self, x: np.ndarray, alive: list[int], bits: int, *, encode: Callable[[np.ndarray, np.ndarray], None] | None = None
     ) -> np.ndarray:
         """y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv) mod 2^bits (every word below 2^bits: the words of a sum taken mod
-        2^64 would carry the count of wrap-arounds, which depends on x), over neighbours that completed step 1.
+        2^(word width) would carry the count of wrap-arounds, which depends on x), over neighbours that completed
+        step 1.
 
-        ``x`` is the encoded input (uint64 words), or, with ``encode`` (e.g. :meth:`FixedPoint.encode_into`), the
-        real vector — an array, or anything sliced as ``x[a:b]`` with a length, such as the layout's
-        :class:`~secure_fed.engine.aggregation.FlatUpdate` — encoded into the output a block at a time as the masks
-        are added (no encoded copy of x, and no flat copy of a ``FlatUpdate``)."""
+        ``x`` is the encoded input (words of ``word_dtype(bits)``: uint32 for bits ≤ 32, else uint64), or, with
+        ``encode`` (e.g. :meth:`FixedPoint.encode_into`), the real vector — an array, or anything sliced as
+        ``x[a:b]`` with a length, such as the layout's :class:`~secure_fed.engine.aggregation.FlatUpdate` — encoded
+        into the output a block at a time as the masks are added (no encoded copy of x, and no flat copy of a
+        ``FlatUpdate``)."""
         terms = [(self.b_seed, 1)]
         for v in self.neighbours:
             if v in alive:
                 s_uv = self.s_key.agree(self.peers_s[v], info=_pair_info(self.cid, v, self.round_idx) + b" mask")
                 terms.append((s_uv, 1 if self.cid < v else -1))
-        out = np.empty(len(x), dtype=np.uint64)
+        out = np.empty(len(x), dtype=word_dtype(bits))
         if encode is None:
-            return add_masks(out, terms, base=np.asarray(x, dtype=np.uint64), bits=bits)
+            return add_masks(out, terms, base=np.asarray(x, dtype=out.dtype), bits=bits)
         return add_masks(out, terms, fill=lambda o, blk: encode(x[o : o + len(blk)], blk), bits=bits)
 
     def unmask(self, survived: set[int], dropped: set[int]) -> dict[int, tuple[str, tuple[int, bytes]]]:
@@ -262,14 +264,15 @@ class SecAggServer:
 
     def add_masked(self, u: int, y: np.ndarray) -> None:
         y = np.asarray(y)
-        if y.dtype != np.uint64 or y.ndim != 1 or (self.total is not None and y.shape != self.total.shape):
-            raise SecAggAbort(f"secure aggregation aborted: client {u}'s masked input is not a uint64 vector of the "
+        want = word_dtype(self.bits)
+        if y.dtype != want or y.ndim != 1 or (self.total is not None and y.shape != self.total.shape):
+            raise SecAggAbort(f"secure aggregation aborted: client {u}'s masked input is not a {want} vector of the "
                               f"round's length ({y.dtype}, shape {y.shape})")  # fmt: skip
         self.transcript.append(("masked_input", u, y if self.keep_inputs else None))
         if self.total is None:
             self.total = y.copy()
         else:
-            np.add(self.total, y, out=self.total)  # mod 2^64, in place: one running sum
+            np.add(self.total, y, out=self.total)  # mod 2^(word width), in place: one running sum
         self.u3.add(u)
 
     def request_unmasking(self) -> tuple[set[int], set[int]]:
@@ -289,7 +292,7 @@ class SecAggServer:
             self.transcript.append(("unmask", v, per))
             for u, (kind, share) in per.items():
                 (b_shares if kind == "b" else s_shares).setdefault(u, []).append(share)
-        total = self.total if self.total is not None else np.zeros(size, dtype=np.uint64)
+        total = self.total if self.total is not None else np.zeros(size, dtype=word_dtype(self.bits))
         strip: list[tuple[bytes, int]] = []  # every mask left in the sum, with the sign that removes it
         for u in sorted(self.u3):
             if len(b_shares.get(u, [])) < self.t:
@@ -334,7 +337,7 @@ def secure_sum(
     drop: dict[str, set[int]] | None = None,
     graph_seed: int = 0,
 ) -> tuple[np.ndarray, set[int], SecAggServer]:
-    """Run the whole protocol on already-encoded inputs (uint64 vectors); a test and benchmark harness.
+    """Run the whole protocol on already-encoded inputs (vectors of ``word_dtype(bits)``); a test and benchmark harness.
 
     ``drop`` maps a stage (``advertise``, ``share``, ``input``, ``unmask``) to clients that drop before
     sending that stage's message. Returns (sum over U3 mod 2^bits, U3, server).

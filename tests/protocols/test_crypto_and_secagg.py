@@ -156,6 +156,10 @@ def test_prg_is_the_aes_256_ctr_key_stream(n):
     ref = np.frombuffer(AES.new(key, AES.MODE_CTR, nonce=b"", initial_value=bytes(16)).encrypt(bytes(8 * n)), dtype="<u8")
     assert np.array_equal(prg_words(key, n), ref)
     assert np.array_equal(prg_words(key, n, bits=40), ref & np.uint64(2**40 - 1))
+    # a modulus of at most 2^32: the same stream read as 4-byte words (half the key stream per word)
+    ref32 = np.frombuffer(AES.new(key, AES.MODE_CTR, nonce=b"", initial_value=bytes(16)).encrypt(bytes(4 * n)), dtype="<u4")
+    assert prg_words(key, n, bits=32).dtype == np.uint32 and np.array_equal(prg_words(key, n, bits=32), ref32)
+    assert np.array_equal(prg_words(key, n, bits=20), ref32 & np.uint32(2**20 - 1))
     scratch = prg_scratch(n + 3)  # a reused buffer (larger than needed) holds the same words
     prg_words(b"j" * 32, n + 3, scratch=scratch)
     assert np.array_equal(prg_words(key, n, scratch=scratch), ref)
@@ -163,21 +167,26 @@ def test_prg_is_the_aes_256_ctr_key_stream(n):
 
 @pytest.mark.parametrize("n", [1, 4, 32_768, 32_769, 3 * 32_768 + 6])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("bits", [64, 40])
+@pytest.mark.parametrize("bits", [64, 40, 32, 20])
 def test_add_masks_is_the_signed_sum_of_aes_256_ctr_key_streams(n, threads, bits):
     """Against another library's AES-256-CTR (pycryptodome), each stream from counter 0, summed mod 2^bits in
-    Python integers: across the 32,768-word blocks and the threads' spans (each starts its counter mid-stream)."""
+    Python integers: across the 32,768-word blocks and the threads' spans (each starts its counter mid-stream).
+    Up to 2^32 the words are 4 bytes of key stream each (uint32), above it 8 (uint64)."""
     from Crypto.Cipher import AES
 
+    width = 4 if bits <= 32 else 8
+    dtype = np.dtype(f"<u{width}")
     rng = np.random.default_rng(n)
-    base = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+    base = rng.integers(0, 2 ** (8 * width - 1), size=n, dtype=dtype)
     terms = [(bytes([i]) * 32, sign) for i, sign in zip(range(1, 5), (1, -1, -1, 1), strict=True)]
     want = base.astype(object)
     for seed, sign in terms:
-        stream = AES.new(seed, AES.MODE_CTR, nonce=b"", initial_value=bytes(16)).encrypt(bytes(8 * n))
-        want = want + sign * np.frombuffer(stream, dtype="<u8").astype(object)
-    want = np.array([int(v) % 2**bits for v in want], dtype=np.uint64)
-    out = np.empty(n, dtype=np.uint64)
+        stream = AES.new(seed, AES.MODE_CTR, nonce=b"", initial_value=bytes(16)).encrypt(bytes(width * n))
+        want = want + sign * np.frombuffer(stream, dtype=dtype).astype(object)
+    want = np.array([int(v) % 2**bits for v in want], dtype=dtype)
+    with pytest.raises(ValueError, match="vectors of one length"):  # words of the other width are refused
+        add_masks(np.empty(n, dtype=np.uint64 if width == 4 else np.uint32), terms, bits=bits)
+    out = np.empty(n, dtype=dtype)
     assert np.array_equal(add_masks(out, terms, base=base, bits=bits, threads=threads), want)
     assert np.array_equal(add_masks(base.copy(), terms, bits=bits, threads=threads), want)  # in place
     seen = []  # the base written block by block on the masking threads (``fill``), each block's words once
@@ -186,18 +195,21 @@ def test_add_masks_is_the_signed_sum_of_aes_256_ctr_key_streams(n, threads, bits
         seen.append((o, len(blk)))
         blk[...] = base[o : o + len(blk)]
 
-    got = add_masks(np.full(n, 7, dtype=np.uint64), terms, fill=fill, bits=bits, threads=threads)
+    got = add_masks(np.full(n, 7, dtype=dtype), terms, fill=fill, bits=bits, threads=threads)
     assert np.array_equal(got, want)
     assert sorted(seen) == [(o, min(32_768, n - o)) for o in range(0, n, 32_768)]
 
 
-@pytest.mark.parametrize("bits", [64, 32])
+@pytest.mark.parametrize("bits", [64, 48, 32, 24])
 def test_fixed_point_encoding_is_the_rounded_scaled_clipped_value_mod_2_bits(bits):
-    """Against Python integers: round(clip(x, −R, R)·2^f) mod 2^bits, into a given vector and into a new one."""
+    """Against Python integers: round(clip(x, −R, R)·2^f) mod 2^bits, into a given vector and into a new one, in
+    uint32 words up to 2^32 and uint64 words above."""
     fp = FixedPoint(3.0, 20, bits)
+    dtype = np.uint32 if bits <= 32 else np.uint64
+    assert fp.word_dtype == dtype
     x = np.array([0.0, 1e-7, -1e-7, 0.3, -0.3, 2.9999, -2.9999, 3.5, -7.0, 0.5 / 2**20, -1.5 / 2**20])
-    want = np.array([round(min(max(v, -3.0), 3.0) * 2**20) % 2**bits for v in x.tolist()], dtype=np.uint64)
-    out = np.full(len(x), 2**63 + 5, dtype=np.uint64)
+    want = np.array([round(min(max(v, -3.0), 3.0) * 2**20) % 2**bits for v in x.tolist()], dtype=dtype)
+    out = np.full(len(x), np.iinfo(dtype).max - 5, dtype=dtype)
     assert fp.encode_into(x, out) is out and np.array_equal(out, want)
     assert np.array_equal(fp.encode(x), want)
     assert np.allclose(fp.decode_sum(fp.encode(x) + fp.encode(x)), 2 * np.clip(x, -3, 3), atol=2**-20)
@@ -227,6 +239,12 @@ def test_the_server_can_hold_the_running_sum_only():
 def test_fixed_point_capacity_error_names_the_keys():
     with pytest.raises(ConfigError, match="clip_range"):
         FixedPoint(1e6, 30, 32).check_capacity(100)
+    # the largest frac_bits it names fits, and one more does not: 159 × 1 × 2^23 < 2^31 ≤ 159 × 2^24
+    with pytest.raises(ConfigError, match=r"frac_bits \(at most 23 fits\)"):
+        FixedPoint(1.0, 24, 32).check_capacity(159)
+    FixedPoint(1.0, 23, 32).check_capacity(159)
+    assert FixedPoint.max_frac_bits(1.0, 32, 159) == 23 and FixedPoint.max_frac_bits(8.0, 32, 128) == 20
+    assert FixedPoint.max_frac_bits(1.0, 32, 128) == 23  # 128 × 2^23 = 2^30 < 2^31, and 2^24 would reach it
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,17 +282,17 @@ def test_sum_is_exact_under_random_dropouts(n, t_frac, data):
 
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 2**31), k=st.sampled_from([4, 6]))
-def test_sparse_graph_sum_is_exact_with_dropouts(seed, k):
+@given(seed=st.integers(0, 2**31), k=st.sampled_from([4, 6]), bits=st.sampled_from([64, 40, 32, 20]))
+def test_sparse_graph_sum_is_exact_with_dropouts(seed, k, bits):
+    """The unmasked sum equals the inputs' sum mod 2^bits, computed in Python integers."""
     rng = np.random.default_rng(seed)
     n = 20
-    enc = {u: rng.integers(0, 2**63, size=9, dtype=np.uint64) for u in range(n)}
+    dtype = np.uint32 if bits <= 32 else np.uint64
+    enc = {u: rng.integers(0, 2**bits, size=9, dtype=np.uint64).astype(dtype) for u in range(n)}
     drop = {"input": {int(rng.integers(n))}}
-    total, u3, _ = secure_sum(enc, threshold=0.6, neighbors=k, drop=drop, graph_seed=seed)
-    expect = np.zeros(9, dtype=np.uint64)
-    for u in u3:
-        expect = expect + enc[u]
-    assert np.array_equal(total, expect) and len(u3) == n - 1
+    total, u3, _ = secure_sum(enc, threshold=0.6, neighbors=k, drop=drop, graph_seed=seed, bits=bits)
+    expect = [sum(int(enc[u][i]) for u in u3) % 2**bits for i in range(9)]
+    assert total.dtype == dtype and total.tolist() == expect and len(u3) == n - 1
 
 
 def test_graph_is_symmetric():
@@ -282,21 +300,22 @@ def test_graph_is_symmetric():
     assert all(u in g[v] for u in g for v in g[u]) and all(len(v) == 6 for v in g.values())
 
 
-@pytest.mark.parametrize("bits", [64, 32])
+@pytest.mark.parametrize("bits", [64, 40, 32, 24])
 def test_masked_vector_is_uniform_whatever_the_input(bits):
     """A single masked vector: every word in Z_{2^bits} (under 2^64 the words of an unreduced sum would carry its
     wrap-arounds, which depend on the input), chi-square on its low bytes and its top 4 bits, for an all-zero and
     an all-large input."""
     n, size = 5, 40_000
     for value in (0, 2 ** (bits - 1) - 1):
-        x = np.full(size, value, dtype=np.uint64)
+        x = np.full(size, value, dtype=np.uint64 if bits > 32 else np.uint32)
         clients = {u: SecAggClient(u, 0, [v for v in range(n) if v != u], 3) for u in range(n)}
         pks = {u: c.advertise() for u, c in clients.items()}
         for c in clients.values():
             c.share_keys(pks)
         y = clients[0].masked_input(x, list(range(n)), bits)
         assert int(y.max()) < 2**bits
-        counts = np.bincount(y.view(np.uint8).reshape(size, 8)[:, : bits // 8].ravel(), minlength=256)
+        assert y.dtype == x.dtype
+        counts = np.bincount(y.view(np.uint8).reshape(size, y.itemsize)[:, : bits // 8].ravel(), minlength=256)
         assert stats.chisquare(counts).pvalue > 1e-3
-        top = (y >> np.uint64(bits - 4)).astype(int)  # the top 4 bits, 16 cells
+        top = (y >> y.dtype.type(bits - 4)).astype(int)  # the top 4 bits, 16 cells
         assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-3

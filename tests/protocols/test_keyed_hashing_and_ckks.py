@@ -328,14 +328,18 @@ def test_server_sees_no_individual_update(tmp_path, layer):
     assert all(set(m) == want for m in ups)
 
 
-def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path):
-    """Clip on the client, mask, unmask, then noise: the same model as DP without secure aggregation."""
+@pytest.mark.parametrize("modulus", [[], ["secure_aggregation.modulus_bits=32", "secure_aggregation.clip_range=8",
+                                            "secure_aggregation.frac_bits=20"]], ids=["64-bit", "32-bit"])  # fmt: skip
+def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path, modulus):
+    """Clip on the client, mask, unmask, then noise: the same model as DP without secure aggregation (in the default
+    64-bit words and in 32-bit ones)."""
     ov = ["algorithm.name=fedaws", "training.rounds=2", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2}',
           "privacy.noise_seed=3"]  # the same noise in both runs  # fmt: skip
     a = Experiment(small_config(*ov, 'protocols=["dp"]'), run_dir=tmp_path / "a")
     a.run(progress=False)
-    b = Experiment(small_config(*ov, 'protocols=["dp", "secure_aggregation"]'), run_dir=tmp_path / "b")
+    b = Experiment(small_config(*ov, 'protocols=["dp", "secure_aggregation"]', *modulus), run_dir=tmp_path / "b")
     b.run(progress=False)
+    assert b.stack.by_name()["secure_aggregation"].codec.word_dtype == (np.uint32 if modulus else np.uint64)
     for n in a.theta:
         assert (a.theta[n] - b.theta[n]).norm() <= 1e-4 * a.theta[n].norm(), n
     assert a.summary("x")["privacy"] == b.summary("x")["privacy"]

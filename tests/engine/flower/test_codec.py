@@ -90,8 +90,12 @@ def test_anything_beside_the_layout_is_refused():
 def test_engine_payload_shapes_round_trip():
     theta = {"fc.weight": torch.randn(5, 3), "fc.bias": torch.randn(5)}
     payload = {"theta": theta, "rows": torch.randn(1, 4), "row_ids": [3], "loss": math.nan, "tokens": [b"\x00a", b"b"],
-               "pair": (1, "x"), "n": np.int64(7), "mask": np.arange(4, dtype=np.uint8)}  # fmt: skip
+               "pair": (1, "x"), "n": np.int64(7), "mask": np.arange(4, dtype=np.uint8),
+               "masked": np.array([0, 2**32 - 1, 2**31], dtype=np.uint32),  # secure aggregation's 32-bit words
+               "masked64": np.array([0, 2**64 - 1], dtype=np.uint64)}  # fmt: skip
     back = decode(encode(payload))
+    for k in ("masked", "masked64"):
+        assert back[k].dtype == payload[k].dtype and np.array_equal(back[k], payload[k])
     assert torch.equal(back["theta"]["fc.weight"], theta["fc.weight"]) and back["row_ids"] == [3]
     assert math.isnan(back["loss"]) and back["tokens"] == [b"\x00a", b"b"] and back["pair"] == (1, "x")
     assert back["n"] == 7 and type(back["n"]) is int and np.array_equal(back["mask"], payload["mask"])
