@@ -102,6 +102,16 @@ def test_invalid_protocol_stack_is_one_line_with_the_reason(tmp_path):
     assert "'dp' must come before 'ckks'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_secure_sum_range_that_would_clip_noise_shares_is_one_line_and_writes_nothing(tmp_path):
+    sets = [x for s in [*SMALL, "algorithm.name=fedavg", "protocols=[dp, secure_aggregation]",
+                        "privacy.client={noise_multiplier: 1.0, clip_norm: 1.0, noise: clients}",
+                        "secure_aggregation.clip_range=5"] for x in ("--set", s)]  # fmt: skip
+    r = cli("run", *sets, "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "error: secure_aggregation.clip_range 5 would clip the clients' noise shares" in r.stderr
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.*"))
+
+
 def test_sweep_and_report(tmp_path):
     sets = [x for s in SMALL for x in ("--set", s)]
     r = cli("sweep", "--grid", "algorithm.lam=1,100", *sets, "--set", "training.rounds=2", "--out", str(tmp_path))

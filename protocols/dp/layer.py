@@ -39,6 +39,10 @@ def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
     return eps_k, delta_k
 
 
+#: secure aggregation's clip range must hold a clipped update plus this many standard deviations of a noise share
+SHARE_RANGE_SIGMAS = 10.0
+
+
 class DifferentialPrivacy(ProtocolLayer):
     name = "dp"
 
@@ -73,6 +77,25 @@ class DifferentialPrivacy(ProtocolLayer):
                 cfg.training.rounds,
                 scope="each client's whole update of θ and its class rows",
                 not_covered=not_cov,
+            )
+            self._check_share_range()
+
+    def _check_share_range(self) -> None:
+        """Under ``privacy.client.noise: clients`` each client's noise share travels inside secure aggregation's
+        fixed-point encoding, which clips every value to ±``clip_range``: a clipped share is no longer the Gaussian
+        the accountant assumes. Refuse a range below a clipped update's largest coordinate (S) plus
+        :data:`SHARE_RANGE_SIGMAS` standard deviations of the largest share a client can draw (σS, for a sum known
+        to hold only one update; a value beyond that has probability below 1e-23)."""
+        unit = self.units["client"]
+        if self.cfg.privacy.client.noise != "clients" or "secure_aggregation" not in self.cfg.protocols:
+            return
+        R = self.cfg.secure_aggregation.clip_range
+        need = unit.clip_norm * (1.0 + SHARE_RANGE_SIGMAS * unit.sigma)
+        if R < need:
+            raise ConfigError(
+                f"secure_aggregation.clip_range {R:g} would clip the clients' noise shares: under privacy.client.noise: "
+                f"clients a value can reach clip_norm × (1 + {SHARE_RANGE_SIGMAS:g}σ) = {need:.6g} (clip_norm "
+                f"{unit.clip_norm:g}, σ {unit.sigma:.4g}); raise clip_range to at least that (lowering frac_bits to fit)"
             )
 
     # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters

@@ -204,6 +204,23 @@ def test_client_side_noise_runs_under_secure_aggregation_and_ckks(tmp_path):
         assert s["status"] == "completed" and s["privacy"]["units"]["client"]["steps"] == 2
 
 
+def test_a_secure_sum_range_that_would_clip_noise_shares_is_refused(tmp_path):
+    """Noise shares travel inside secure aggregation's encoding, which clips to ±clip_range: a range below
+    S·(1 + 10σ) (here 0.5 · 21 = 10.5) is refused before anything runs; at that bound the run goes on."""
+    base = ["algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE, "training.rounds=1"]
+    with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 10.4 would clip .* = 10.5 "):
+        Experiment(small_config(*base, "secure_aggregation.clip_range=10.4"), run_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match="secure_aggregation.clip_range"):  # 32-bit words with a small range too
+        Experiment(small_config(*base, "secure_aggregation.clip_range=1", "secure_aggregation.modulus_bits=32",
+                                "secure_aggregation.frac_bits=16"), run_dir=tmp_path / "b")  # fmt: skip
+    s = Experiment(small_config(*base, "secure_aggregation.clip_range=10.5"), run_dir=tmp_path / "c").run(progress=False)
+    assert s.summary["status"] == "completed"
+    # the server draws the noise itself (noise: server): the encoded values are clipped updates, no range needed
+    ok = small_config(*base[:2], CLIENT_NOISE.replace("clients", "server"), "training.rounds=1",
+                      "secure_aggregation.clip_range=1")  # fmt: skip
+    assert Experiment(ok, run_dir=tmp_path / "d").run(progress=False).summary["status"] == "completed"
+
+
 def test_merged_duplicates_change_a_set_so_the_sensitivity_is_two_clip_norms():
     """Identical instances A (labels {0, 1}) and B (labels {0, 2}) share a token, so collection merges them into
     {0, 1, 2}; removing A turns that set into {0, 2}: a change, not a removal, of up to 2C after clipping."""
