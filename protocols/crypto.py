@@ -108,6 +108,7 @@ def prg_words(seed: bytes, n: int, *, bits: int = 64, scratch: bytearray | None 
 
 #: the masks are summed a block of words at a time, so each block's key streams and sum stay in the L2 cache
 MASK_BLOCK_WORDS = 1 << 15
+assert MASK_BLOCK_WORDS * 4 % 16 == 0, "a mask block must start at an AES block for 4- and 8-byte words"
 
 
 def _prg_key(seed: bytes) -> bytes:

@@ -16,6 +16,32 @@ WEIGHT_REPORTING_ALGORITHMS = ("flag",)
 SECURE_SUMS = ("secure_aggregation", "ckks")
 
 
+#: secure aggregation's clip range must hold a clipped update plus this many standard deviations of a noise share
+SHARE_RANGE_SIGMAS = 10.0
+
+
+def noise_share_range_error(cfg, sigma: float) -> str | None:
+    """Why secure aggregation's fixed-point encoding would clip the clients' noise shares, or None.
+
+    Under ``privacy.client.noise: clients`` each client's noise share travels inside the encoding, which clips every
+    value to ±``clip_range``: a clipped share is no longer the Gaussian the accountant assumes. The range must hold
+    a clipped update's largest coordinate (S) plus :data:`SHARE_RANGE_SIGMAS` standard deviations of the largest
+    share a client can draw (σS, for a sum known to hold only one update): a share beyond that has probability
+    below 1e-23 a value. ``sigma`` is the client unit's noise multiplier (given, or calibrated at setup)."""
+    p = cfg.privacy.client
+    if p is None or p.noise != "clients" or "secure_aggregation" not in cfg.protocols:
+        return None
+    R = cfg.secure_aggregation.clip_range
+    need = p.clip_norm * (1.0 + SHARE_RANGE_SIGMAS * sigma)
+    if R >= need:
+        return None
+    return (
+        f"secure_aggregation.clip_range {R:g} would clip the clients' noise shares: under privacy.client.noise: "
+        f"clients a value can reach clip_norm × (1 + {SHARE_RANGE_SIGMAS:g}σ) = {need:.6g} (clip_norm {p.clip_norm:g}, "
+        f"σ {sigma:.4g}); raise clip_range to at least that (lowering frac_bits to fit)"
+    )
+
+
 def _validate_keyed_hashing(cfg, stack: list[str]) -> None:
     if "keyed_hashing" in stack and cfg.algorithm.name not in LABEL_SET_ALGORITHMS:
         raise ValueError(
@@ -74,6 +100,8 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 f"privacy.client.noise: clients with ckks.encrypt {cfg.ckks.encrypt} would send the unencrypted groups "
                 "in plaintext with only a 1/√n share of the noise; set ckks.encrypt: [all] (or [theta, rows])"
             )
+        if p.client.noise_multiplier is not None and (why := noise_share_range_error(cfg, p.client.noise_multiplier)):
+            raise ValueError(why)  # a calibrated σ is checked when the dp layer is built
         if (t.client_fraction < 1.0 or t.clients_per_round is not None) and t.sampling != "poisson":
             raise ValueError(
                 "privacy.client with training.client_fraction < 1 (or training.clients_per_round) needs "
@@ -144,6 +172,11 @@ def _validate_secure_aggregation(cfg, stack: list[str]) -> None:
         raise ValueError(
             "secure_aggregation.threshold must exceed 0.5: with t ≤ half a neighbourhood the server can collect both "
             "a client's self-mask shares and its key shares and unmask its input"
+        )
+    if "secure_aggregation" in stack and cfg.secure_aggregation.clip_range < 1.0:
+        raise ValueError(
+            f"secure_aggregation.clip_range {cfg.secure_aggregation.clip_range:g} is below 1: each client's row counts "
+            "and the 1 that counts the round's clients travel in the encoded sum and would be clipped"
         )
 
 

@@ -106,9 +106,11 @@ def test_a_secure_sum_range_that_would_clip_noise_shares_is_one_line_and_writes_
     sets = [x for s in [*SMALL, "algorithm.name=fedavg", "protocols=[dp, secure_aggregation]",
                         "privacy.client={noise_multiplier: 1.0, clip_norm: 1.0, noise: clients}",
                         "secure_aggregation.clip_range=5"] for x in ("--set", s)]  # fmt: skip
-    r = cli("run", *sets, "--out", str(tmp_path / "run"))
-    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert "error: secure_aggregation.clip_range 5 would clip the clients' noise shares" in r.stderr
+    (tmp_path / "c.yaml").write_text("seed: 0\n")
+    for cmd in (["validate", str(tmp_path / "c.yaml")], ["run", "--out", str(tmp_path / "run")]):
+        r = cli(*cmd, *sets)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert "secure_aggregation.clip_range 5 would clip the clients' noise shares" in r.stderr
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.*"))
 
 

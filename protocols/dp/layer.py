@@ -14,7 +14,7 @@ from protocols.dp.client_dp import add_client_noise, clip_step, noise_aggregate,
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.randomness import SecretStream
-from protocols.specs import LABEL_SET_ALGORITHMS
+from protocols.specs import LABEL_SET_ALGORITHMS, noise_share_range_error
 from secure_fed.algorithms.base import Algorithm, ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
@@ -37,10 +37,6 @@ def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
     eps_k = k * epsilon
     delta_k = min(1.0, k * math.exp((k - 1) * epsilon) * delta) if (k - 1) * epsilon < 700 else 1.0
     return eps_k, delta_k
-
-
-#: secure aggregation's clip range must hold a clipped update plus this many standard deviations of a noise share
-SHARE_RANGE_SIGMAS = 10.0
 
 
 class DifferentialPrivacy(ProtocolLayer):
@@ -81,22 +77,10 @@ class DifferentialPrivacy(ProtocolLayer):
             self._check_share_range()
 
     def _check_share_range(self) -> None:
-        """Under ``privacy.client.noise: clients`` each client's noise share travels inside secure aggregation's
-        fixed-point encoding, which clips every value to ±``clip_range``: a clipped share is no longer the Gaussian
-        the accountant assumes. Refuse a range below a clipped update's largest coordinate (S) plus
-        :data:`SHARE_RANGE_SIGMAS` standard deviations of the largest share a client can draw (σS, for a sum known
-        to hold only one update; a value beyond that has probability below 1e-23)."""
-        unit = self.units["client"]
-        if self.cfg.privacy.client.noise != "clients" or "secure_aggregation" not in self.cfg.protocols:
-            return
-        R = self.cfg.secure_aggregation.clip_range
-        need = unit.clip_norm * (1.0 + SHARE_RANGE_SIGMAS * unit.sigma)
-        if R < need:
-            raise ConfigError(
-                f"secure_aggregation.clip_range {R:g} would clip the clients' noise shares: under privacy.client.noise: "
-                f"clients a value can reach clip_norm × (1 + {SHARE_RANGE_SIGMAS:g}σ) = {need:.6g} (clip_norm "
-                f"{unit.clip_norm:g}, σ {unit.sigma:.4g}); raise clip_range to at least that (lowering frac_bits to fit)"
-            )
+        """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.specs.noise_share_range_error`);
+        checked here, with σ as calibrated (``validate`` checks a given σ before the run)."""
+        if why := noise_share_range_error(self.cfg, self.units["client"].sigma):
+            raise ConfigError(why)
 
     # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters
     @property

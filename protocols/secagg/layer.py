@@ -13,6 +13,7 @@ from protocols.secagg.protocol import SecAggClient, SecAggServer, neighbour_grap
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.errors import ConfigError
 
 
 class SecureAggregation(ProtocolLayer):
@@ -24,6 +25,7 @@ class SecureAggregation(ProtocolLayer):
         self.codec = FixedPoint(s.clip_range, s.frac_bits, s.modulus_bits)
         self.codec.check_capacity(env.num_clients)
         self.layout = env.update_layout()
+        self._meta = self.layout.segments()["meta"]  # (weight, loss, 1): bookkeeping that must reach the sum exactly
         self.last_stats: dict[str, Any] = {}
         self.transcripts: list | None = [] if cfg.output.log_messages else None
         self._round_clients: dict[int, SecAggClient] = {}  # client side: each client's secrets of the current round
@@ -72,6 +74,15 @@ class SecureAggregation(ProtocolLayer):
             raise ValueError(f"client {data.client_id}: only {len(alive)} shares held, below the threshold t = "
                              f"{client.threshold}; it does not send its update")  # fmt: skip
         x = self.layout.flat_view(reply, weighting)  # read a block at a time inside the masking: no θ-sized copy
+        # the encoding clips to ±R; a clipped update value is the range's design, a clipped weight or loss would
+        # silently skew the round's mean and its reported loss: refused, naming the value's kind (not the value)
+        R = self.codec.clip_range
+        meta = dict(zip(("weight", "training loss"), x[self._meta][:2].tolist(), strict=True))
+        if over := [name for name, v in meta.items() if abs(v) > R]:
+            raise ConfigError(
+                f"secure_aggregation.clip_range {R:g} would clip client {data.client_id}'s {' and '.join(over)} (they "
+                "travel in the encoded sum): raise clip_range (lowering frac_bits to fit)"
+            )
         bits = self.cfg.secure_aggregation.modulus_bits
         return {"masked": client.masked_input(x, alive, bits, encode=self.codec.encode_into)}
 

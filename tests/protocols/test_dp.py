@@ -206,19 +206,39 @@ def test_client_side_noise_runs_under_secure_aggregation_and_ckks(tmp_path):
 
 def test_a_secure_sum_range_that_would_clip_noise_shares_is_refused(tmp_path):
     """Noise shares travel inside secure aggregation's encoding, which clips to ±clip_range: a range below
-    S·(1 + 10σ) (here 0.5 · 21 = 10.5) is refused before anything runs; at that bound the run goes on."""
-    base = ["algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE, "training.rounds=1"]
+    S·(1 + 10σ) (here 0.5 · 21 = 10.5) is refused before anything runs — when the config is read for a given σ,
+    when the dp layer calibrates σ otherwise; at that bound the run goes on, in 64- and in 32-bit words."""
+    base = ["algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', "training.rounds=1"]
     with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 10.4 would clip .* = 10.5 "):
-        Experiment(small_config(*base, "secure_aggregation.clip_range=10.4"), run_dir=tmp_path / "a")
-    with pytest.raises(ConfigError, match="secure_aggregation.clip_range"):  # 32-bit words with a small range too
-        Experiment(small_config(*base, "secure_aggregation.clip_range=1", "secure_aggregation.modulus_bits=32",
-                                "secure_aggregation.frac_bits=16"), run_dir=tmp_path / "b")  # fmt: skip
-    s = Experiment(small_config(*base, "secure_aggregation.clip_range=10.5"), run_dir=tmp_path / "c").run(progress=False)
-    assert s.summary["status"] == "completed"
+        small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.4")
+    calibrated = 'privacy.client={"target_epsilon": 5.0, "clip_norm": 0.5, "noise": "clients"}'
+    cfg = small_config(*base, calibrated, "secure_aggregation.clip_range=1.5")  # σ unknown until calibrated
+    with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 1.5 would clip the clients' noise shares"):
+        Experiment(cfg, run_dir=tmp_path / "a")
+    for name, words in (("64", []), ("32", ["secure_aggregation.modulus_bits=32", "secure_aggregation.frac_bits=16"])):
+        cfg = small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.5", *words)
+        e = Experiment(cfg, run_dir=tmp_path / name)
+        assert e.run(progress=False).summary["status"] == "completed"
+        assert e.stack.by_name()["secure_aggregation"].codec.word_dtype.itemsize * 8 == int(name)
     # the server draws the noise itself (noise: server): the encoded values are clipped updates, no range needed
-    ok = small_config(*base[:2], CLIENT_NOISE.replace("clients", "server"), "training.rounds=1",
-                      "secure_aggregation.clip_range=1")  # fmt: skip
+    ok = small_config(*base, CLIENT_NOISE.replace("clients", "server"), "secure_aggregation.clip_range=5")
     assert Experiment(ok, run_dir=tmp_path / "d").run(progress=False).summary["status"] == "completed"
+
+
+def test_secure_aggregation_refuses_a_range_that_would_clip_its_bookkeeping(tmp_path):
+    """Row counts and the client count (1 each) need clip_range ≥ 1 (refused when the config is read); a weight
+    or loss beyond ±R would silently skew the mean: the client refuses to encode it, naming the key."""
+    with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 0.5 is below 1"):
+        small_config('protocols=["secure_aggregation"]', "secure_aggregation.clip_range=0.5")
+    cfg = small_config("algorithm.name=fedavg", 'protocols=["secure_aggregation"]', "secure_aggregation.clip_range=1",
+                       "training.aggregation=num_examples", "training.rounds=1")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 1 would clip client 0's weight \(they"):
+        Experiment(cfg, run_dir=tmp_path / "w").run(progress=False)  # client 0 holds 58 examples
+    uniform = ["algorithm.name=fedavg", 'protocols=["secure_aggregation"]', "training.rounds=1"]
+    with pytest.raises(ConfigError, match=r"clip_range 1 would clip client \d+'s training loss \(they"):
+        Experiment(small_config(*uniform, "secure_aggregation.clip_range=1"), run_dir=tmp_path / "l").run(progress=False)
+    ok = Experiment(small_config(*uniform, "secure_aggregation.clip_range=5"), run_dir=tmp_path / "ok")
+    assert ok.run(progress=False).summary["status"] == "completed"
 
 
 def test_merged_duplicates_change_a_set_so_the_sensitivity_is_two_clip_norms():
