@@ -265,9 +265,9 @@ CKKS = LayerSpec(
         "The server holds only a public CKKS context and adds encrypted client updates, so it sees no individual update "
         "of the encrypted groups; only the sum is decrypted, by key-holding clients. One secret key, not a threshold "
         "scheme: a key holder colluding with the server decrypts every update. The key holders return each sum's "
-        "decryption at full precision, without noise flooding: by Li and Micciancio (2021) such decryptions, with the "
-        "ciphertexts the server holds, can reveal the secret key, so a server that mounts that attack reads every "
-        "update as a colluding key holder would. The server also learns which ciphertexts a client sent: with "
+        "decryption at full precision without noise flooding, real parts only: Li and Micciancio's direct key "
+        "recovery from such decryptions and the ciphertexts the server holds needs the complex slots and fails on "
+        "these (tested), but no IND-CPA-D security is claimed. The server also learns which ciphertexts a client sent: with "
         "ckks.row_blocks own (the default), those holding the rows it sent that client, which it chose itself."
     ),
     implementation="protocols.ckks:CKKSAggregation",
