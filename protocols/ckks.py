@@ -11,7 +11,11 @@ Each round a client packs its update (``UpdateLayout``) into CKKS vectors of
 ``poly_modulus_degree / 2`` slots for the selected groups (``ckks.encrypt``;
 the small ``meta`` group — weight, loss, count — is always encrypted) and
 sends the rest in plaintext. The server sums ciphertexts homomorphically and
-asks the first live key holder to decrypt *the sum only*.
+asks the first live key holder to decrypt *the sum only*. The key holder adds
+Gaussian noise of std ``ckks.decryption_noise``, from its own secret, to every
+value it returns: the server holds each summed ciphertext, and exact
+decryptions of two of them give it the secret key (Li and Micciancio 2021;
+:mod:`threat_models.ckks_key_recovery` and its test run that attack).
 
 Row blocks (``ckks.row_blocks: own``, the default): the rows of W lie in the
 encrypted vector one after another, several to a ciphertext, and a client's
@@ -30,6 +34,8 @@ spreadout, FedALC's eq. 11 — run on the decrypted sum, not on ciphertexts).
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import Any
 
@@ -39,10 +45,18 @@ import torch
 
 from protocols.base import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
+from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 from secure_fed.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+NOISE_SEED_WARNING = (
+    "privacy.noise_seed is set: the CKKS key holders' decryption noise follows from that number, so a server that "
+    "knows it strips the noise and recovers the secret key from two rounds' decryptions (debugging only)"
+)
 
 
 def make_context(poly_modulus_degree: int, coeff_mod_bit_sizes: list[int], global_scale_bits: int) -> ts.Context:
@@ -135,8 +149,9 @@ class CKKSAggregation(ProtocolLayer):
         stores the public context; a key holder decrypts a round's summed ciphertexts (the sum only)."""
         c = self.cfg.ckks
         me, step = data.client_id, payload["ckks"]
-        if step == "advertise":
-            self._holders[me] = {"pair": KeyPair()}
+        if step == "advertise":  # a key pair for the key dealing, and the secret its decryption noise comes from
+            noise = SecretStream.for_party(self.cfg.privacy.noise_seed, f"ckks holder {me}")  # os.urandom unless debugging
+            self._holders[me] = {"pair": KeyPair(), "noise": noise.state_dict()["key"]}
             return {"public_key": self._holders[me]["pair"].public}
         if step == "keygen":
             sk_ctx = make_context(c.poly_modulus_degree, c.coeff_mod_bit_sizes, c.global_scale_bits)
@@ -156,7 +171,7 @@ class CKKSAggregation(ProtocolLayer):
             self._client_public = ts.context_from(self._public_bytes)
             return {}
         if step == "decrypt":
-            return {"ckks_sum": self._decrypt(me, payload["ckks_sums"])}
+            return {"ckks_sum": self._decrypt(me, payload["ckks_sums"], label=f"decrypt r{int(payload['ckks_round'])}")}
         raise ValueError(f"unknown ckks step {step!r}")
 
     @client_side
@@ -207,6 +222,8 @@ class CKKSAggregation(ProtocolLayer):
     # ------------------------------------------------------------------ setup (server side)
     def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
         c = self.cfg.ckks
+        if self.cfg.privacy.noise_seed is not None:
+            log.warning("warning: %s", NOISE_SEED_WARNING)
         holders = sorted(cl.client_id for cl in ctx.clients)[: max(1, c.key_holders)]
         self.holders = holders
         client_fn = self.client_setup
@@ -224,20 +241,30 @@ class CKKSAggregation(ProtocolLayer):
         return {"ckks": {"key_holders": holders, "public_context_bytes": len(self.server_context_bytes),
                          "encrypted_groups": self.encrypted}}  # fmt: skip
 
-    def _decrypt(self, holder: int, blobs: list[bytes]) -> np.ndarray:
-        """Client side (a key holder): decrypt summed ciphertexts."""
+    def _decrypt(self, holder: int, blobs: list[bytes], *, label: str) -> np.ndarray:
+        """Client side (a key holder): decrypt summed ciphertexts and add Gaussian noise of std
+        ``ckks.decryption_noise`` to every value, drawn from the holder's own secret (addressed by ``label``, so a
+        resumed run redraws it). The server holds each summed ciphertext; with exact decryptions of two of them it
+        solves for the secret key (Li and Micciancio 2021; :mod:`threat_models.ckks_key_recovery`). The noise, small
+        beside the updates but about 2^14 in the decryption polynomial's coefficients at the default scale, leaves
+        it a noisy ring-LWE-like system instead of a linear one."""
         sk = ts.context_from(self._holders[holder]["secret"])
-        return np.concatenate([np.asarray(ts.ckks_vector_from(sk, b).decrypt(), dtype=np.float64) for b in blobs])
+        exact = np.concatenate([np.asarray(ts.ckks_vector_from(sk, b).decrypt(), dtype=np.float64) for b in blobs])
+        noise = SecretStream(self._holders[holder]["noise"]).gaussian((len(exact),), label).numpy()
+        return exact + self.cfg.ckks.decryption_noise * noise
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
-        return _CKKSRound(self, inner)
+        return _CKKSRound(self, inner, round_idx)
 
     def round_stats(self) -> dict[str, Any]:
         return self.last_stats
 
     def private_report(self) -> dict[str, Any]:
         # None where no party held the exact sum to measure against (backend: flower)
-        return {"ckks_max_abs_decryption_error": self.max_abs_error if self.error_measured else None}
+        out = {"ckks_max_abs_decryption_error": self.max_abs_error if self.error_measured else None}
+        if self.cfg.privacy.noise_seed is not None:
+            out["ckks_warning"] = NOISE_SEED_WARNING
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"server_context": self.server_context_bytes, "max_abs_error": self.max_abs_error, "holders": self.holders,
@@ -255,14 +282,19 @@ class CKKSAggregation(ProtocolLayer):
 
     def client_state_dict(self) -> dict[str, Any]:
         return {
-            "holders": {h: {"sk": v["pair"].private_bytes(), "secret": v.get("secret")} for h, v in self._holders.items()},
+            "holders": {
+                h: {"sk": v["pair"].private_bytes(), "secret": v.get("secret"), "noise": v["noise"]}
+                for h, v in self._holders.items()
+            },
             "public_context": self._public_bytes,
         }
 
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
         self._legacy_client_state = bool(state) and "holders" not in state  # {holder id: keys}, before the public copy
         holders = state if self._legacy_client_state else state.get("holders", {})
-        self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"]} for h, v in holders.items()}
+        # a checkpoint from before the decryption noise holds no noise secret: the holder draws a fresh one
+        self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"],
+                             "noise": v.get("noise") or os.urandom(32)} for h, v in holders.items()}  # fmt: skip
         self._public_bytes = state.get("public_context")
         if self._public_bytes is None:
             self._client_public = None
@@ -276,9 +308,10 @@ def _ids(ids: Any) -> np.ndarray:
 
 
 class _CKKSRound(RoundWrapper):
-    def __init__(self, layer: CKKSAggregation, inner: RoundSession):
+    def __init__(self, layer: CKKSAggregation, inner: RoundSession, round_idx: int):
         super().__init__(inner)
         self.layer = layer
+        self.round_idx = round_idx
         self._set_min_summands(len(self.cohort))  # no dropout in this simulation: the sum holds the whole cohort
         self.sums: dict[int, Any] = {}  # block index → the sum of the ciphertexts sent for it
         self.plain_sum: np.ndarray | None = None
@@ -340,7 +373,8 @@ class _CKKSRound(RoundWrapper):
         t0 = time.perf_counter()
         present = sorted(self.sums)  # blocks no client sent sum to zero
         blobs = [self.sums[b].serialize() for b in present]
-        answer = self.layer.env.call_clients([holder], lambda _: {"ckks": "decrypt", "ckks_sums": blobs},
+        answer = self.layer.env.call_clients([holder], lambda _: {"ckks": "decrypt", "ckks_sums": blobs,
+                                                                  "ckks_round": self.round_idx},
                                              self.layer.client_setup)  # fmt: skip
         dec = np.asarray(answer[0][1]["ckks_sum"], dtype=np.float64)
         t_dec = time.perf_counter() - t0

@@ -69,8 +69,9 @@ class PrivacyConfig(_Strict):
     )
     noise_seed: int | None = Field(
         None,
-        description="debugging only: derive every DP noise and sampling draw from this number, so runs repeat; the ε then "
-        "does not hold against anyone who knows it. Default: fresh secrets from os.urandom, kept in private checkpoints",
+        description="debugging only: derive every DP noise and sampling draw, and the CKKS key holders' decryption "
+        "noise, from this number, so runs repeat; the ε (and CKKS's protection of the key) then does not hold against "
+        "anyone who knows it. Default: fresh secrets from os.urandom, kept in private checkpoints",
     )
     instance: InstanceDPConfig | None = Field(
         None, description="instance unit: DP-SGD on the server's class-embedding update over label sets (fedalc)"
@@ -130,6 +131,13 @@ class CKKSConfig(_Strict):
         "own",
         description="own: a client encrypts only the ciphertexts that hold the rows the server sent it (and every "
         "dense group); all: every ciphertext. A reply with a value on every row (a DP noise share) sends all",
+    )
+    decryption_noise: float = Field(
+        2.0**-20,
+        gt=0.0,
+        le=1.0,
+        description="std of the Gaussian noise a key holder adds, from its own secret, to every decrypted value it "
+        "returns: exact decryptions of two rounds give the server the secret key (threat_models/ckks_key_recovery.py)",
     )
 
     @model_validator(mode="after")

@@ -264,10 +264,10 @@ CKKS = LayerSpec(
     threat_model=(
         "The server holds only a public CKKS context and adds encrypted client updates, so it sees no individual update "
         "of the encrypted groups; only the sum is decrypted, by key-holding clients. One secret key, not a threshold "
-        "scheme: a key holder colluding with the server decrypts every update. The key holders return each sum's "
-        "decryption at full precision without noise flooding, real parts only: Li and Micciancio's direct key "
-        "recovery from such decryptions and the ciphertexts the server holds needs the complex slots and fails on "
-        "these (tested), but no IND-CPA-D security is claimed. The server also learns which ciphertexts a client sent: with "
+        "scheme: a key holder colluding with the server decrypts every update. Exact decryptions of two rounds' sums "
+        "would give the server the key (Li and Micciancio 2021; tested), so the key holders add Gaussian noise from "
+        "their own secret to every value they return (ckks.decryption_noise); that stops the tested recoveries but is "
+        "not the flooding an IND-CPA-D proof needs. The server also learns which ciphertexts a client sent: with "
         "ckks.row_blocks own (the default), those holding the rows it sent that client, which it chose itself."
     ),
     implementation="protocols.ckks:CKKSAggregation",
@@ -275,7 +275,8 @@ CKKS = LayerSpec(
     validate=_validate_ckks,
     runs_on_flower=True,  # setup and decryption are messages to its client side; encryption is the plan's last step
     # the public context to every client, summed ciphertexts to the key holder (the sum only)
-    downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN, "ckks_public": Opaque(), "ckks_sums": Opaque()},
+    downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN, "ckks_public": Opaque(), "ckks_sums": Opaque(),
+                    "ckks_round": Number()},
     # the key exchange; the decrypted sum (what the server learns by design); an update as ciphertexts and the
     # groups ckks.encrypt leaves in plaintext (the config's choice, reported in the summary)
     uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "public_context": Opaque(), "ckks_sum": Opaque(),

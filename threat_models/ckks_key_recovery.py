@@ -11,12 +11,14 @@ and decodes p's canonical embedding into slot values. If the values it releases 
 one decryption suffices, and with s the server decrypts every client's individual ciphertext. No ground truth is
 needed to know that it worked: two ciphertexts give the same candidate only if it is the key.
 
-TenSEAL's ``decrypt`` (what the layer's key holders return) gives only the real parts of the slots: half of what
-fixes p, so the re-encoded polynomial differs from p and this linear solve gives no key. (It also returns only the
-vector's own slots: in a part-filled ciphertext the others, which hold decryption error, stay with the key holder.)
-Whether the real parts of many decryptions leak the key by a slower route (each fixes p + p(X⁻¹) up to the rounding
-of halves, an equation in s with small errors) is not measured here; no countermeasure (noise flooding) is applied
-either.
+TenSEAL's ``decrypt`` returns only the real parts of the slots, half of what fixes p: the one-decryption solve
+then gives no key. But the real parts fix p + σ(p) (σ: X ↦ X⁻¹), one linear equation in s and σ(s), and two
+decryptions solve it (:func:`key_from_real_parts`). Measured on a real round of the layer
+(``tests/threat_models/test_ckks_key_recovery.py``): from exact decryptions, the complex slots of one or the real
+parts of two give the key. So the layer's key holders add Gaussian noise from their own secret to every value they
+return (``ckks.decryption_noise``), and on what they return both attacks fail. That noise turns the linear system
+into a noisy one (ring-LWE-like, with errors of about 2^14 in the polynomial's coefficients at the default scale); it
+is not the statistical noise flooding that IND-CPA-D security proofs need, and no such security is claimed.
 
 :func:`key_candidates` runs the attack on what the server holds; ``tests/threat_models/test_ckks_key_recovery.py``
 runs it on a real round of the layer, and, as a control, on the complex slots of the same decryptions (taken with
@@ -101,6 +103,51 @@ def key_candidate(public: ts.Context, summed: bytes, released: np.ndarray) -> Ca
     return Candidate(primes, words)
 
 
+def _ntt_words(public: ts.Context, summed: bytes, released: np.ndarray):
+    """The summed ciphertext's (c0, c1) and Encode(2 · released) — for real released values, p + σ(p) — in NTT form,
+    per prime; with the primes and the ring degree."""
+    vec = ts.ckks_vector_from(public, summed)
+    ct = vec.ciphertext()[0]
+    n, levels = ct.poly_modulus_degree(), ct.coeff_modulus_size()
+    if len(released) != n // 2:
+        raise ValueError(f"needs every slot of a full ciphertext ({n // 2}), got {len(released)} values")
+    c = seal_words(ct, 2 * levels * n).reshape(2, levels, n)
+    sctx = public.seal_context().data
+    primes = tuple(q.value() for q in sctx.get_context_data(ct.parms_id()).parms().coeff_modulus())
+    pt = sealapi.Plaintext()
+    sealapi.CKKSEncoder(sctx).encode((2.0 * np.asarray(released, dtype=np.float64)).tolist(), ct.parms_id(), ct.scale, pt)
+    return c, seal_words(pt, levels * n).reshape(levels, n), primes, n
+
+
+def key_from_real_parts(public_context: bytes, first: tuple[bytes, np.ndarray], second: tuple[bytes, np.ndarray]) -> Candidate:
+    """The key from the real parts of two decryptions of full ciphertexts (two rounds' sums, say).
+
+    The real parts of the slots fix the polynomial p + σ(p), σ: X ↦ X⁻¹ (complex conjugation of the slots): the
+    server re-encodes twice the released values and gets it exactly. So each decryption gives, in NTT form,
+
+        c1·s + σ(c1)·σ(s) = (p + σ(p)) − c0 − σ(c0),
+
+    where σ of a polynomial in SEAL's NTT form (bit-reversed evaluation points ψ^(2·brv(i)+1)) is the array
+    reversed: slot i and slot N − 1 − i are evaluations at inverse points. At each pair of slots (i, N − 1 − i)
+    that is one linear equation in s_i and s_(N−1−i); two decryptions give two, solved here by Cramer's rule.
+    Exact decryptions give the key; noisy ones (``ckks.decryption_noise``) give garbage."""
+    public = ts.context_from(public_context)
+    (c, P, primes, n), (c2, P2, primes2, _) = (_ntt_words(public, *first), _ntt_words(public, *second))
+    if primes != primes2:
+        raise ValueError("the two ciphertexts are at different levels")
+    rev = np.arange(n)[::-1]
+    words = np.empty((len(primes), n), dtype=np.uint64)
+    for j, q in enumerate(primes):
+        t1 = [(int(a) - int(b) - int(d)) % q for a, b, d in zip(P[j], c[0, j], c[0, j][rev], strict=True)]
+        t2 = [(int(a) - int(b) - int(d)) % q for a, b, d in zip(P2[j], c2[0, j], c2[0, j][rev], strict=True)]
+        a1, a2 = [int(x) for x in c[1, j]], [int(x) for x in c2[1, j]]
+        for i in range(n):
+            k = n - 1 - i
+            det = (a1[i] * a2[k] - a1[k] * a2[i]) % q
+            words[j, i] = (t1[i] * a2[k] - a1[k] * t2[i]) * pow(det, -1, q) % q if det else 0
+    return Candidate(primes, words)
+
+
 def key_candidates(public_context: bytes, summed: list[bytes], released: np.ndarray, *, limit: int = 2) -> list[Candidate]:
     """The candidates of the first ``limit`` summed ciphertexts of a round, from what the server holds: the public
     context, the summed ciphertexts it sent the key holder and the concatenated values the key holder returned
@@ -125,4 +172,4 @@ def secret_key_words(secret_context: bytes, primes: tuple[int, ...], n: int) -> 
     return seal_words(ctx.secret_key().data, total * n).reshape(total, n)[: len(primes)]
 
 
-__all__ = ["Candidate", "key_candidate", "key_candidates", "seal_words", "secret_key_words"]
+__all__ = ["Candidate", "key_candidate", "key_candidates", "key_from_real_parts", "seal_words", "secret_key_words"]

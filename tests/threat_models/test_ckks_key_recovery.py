@@ -1,10 +1,10 @@
-"""Li–Micciancio key recovery against the ``ckks`` layer's released decryptions, on a real round.
+"""Li–Micciancio key recovery against the ``ckks`` layer's released decryptions, on real rounds.
 
-The server holds the summed ciphertexts and gets their decryptions from a key holder. The control proves the attack
-code right: from the complex slots of the same decryptions (taken here with the secret key) it recovers the key
-exactly, and two rounds' ciphertexts agree. What the layer's key holder actually returns (the real parts, TenSEAL's
-``decrypt``) gives candidates that are not the key and do not agree: the direct attack fails. If the key holders
-ever released complex slots, the first assertion would fail."""
+The server holds the summed ciphertexts and gets their decryptions from a key holder. The controls prove the attack
+code right: from *exact* decryptions of the same sums (taken here with the secret key) the complex slots of one, or
+the real parts of two rounds, give the key exactly. What the layer's key holder returns carries Gaussian noise from
+its own secret (``ckks.decryption_noise``): on it both attacks fail. Without that noise the layer would hand the
+server its key after two rounds (the second control is that case)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ import tenseal.sealapi as sealapi
 
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
-from threat_models.ckks_key_recovery import key_candidates, secret_key_words
+from threat_models.ckks_key_recovery import key_candidates, key_from_real_parts, secret_key_words
+
+SLOTS = 4096  # poly_modulus_degree 8192
 
 
-def _server_holdings(tmp_path):
+def _server_holdings(run_dir):
     """Two rounds of the ckks layer with the message log: per round, the summed ciphertexts the server sent the key
-    holder and the values it got back; and the holder's secret context (ground truth, for scoring only)."""
+    holder and the values it got back; the layer; and the holder's secret context (ground truth, for scoring)."""
     cfg = small_config("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=2", "output.log_messages=true",
                        "model.hidden_dims=[128]")  # an update over 4,096 values: its first ciphertext is full  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path)
+    e = Experiment(cfg, run_dir=run_dir)
     e.run(progress=False)
     layer = e.stack.by_name()["ckks"]
     sent = [m for m in e.messages if m["direction"] == "down" and "ckks_sums" in (m["message"] or {})]
@@ -32,37 +34,50 @@ def _server_holdings(tmp_path):
     return layer, rounds, layer._holders[sent[0]["client"]]["secret"]
 
 
-def test_the_released_real_parts_do_not_give_the_key_where_complex_slots_would(tmp_path):
-    layer, rounds, secret = _server_holdings(tmp_path)
+def _exact_slots(public, secret: bytes, blob: bytes) -> np.ndarray:
+    """Every complex slot of a summed ciphertext, decrypted exactly with the secret key (the controls only)."""
+    sk_ctx = ts.context_from(secret)
+    pt = sealapi.Plaintext()
+    sealapi.Decryptor(sk_ctx.seal_context().data, sk_ctx.secret_key().data).decrypt(
+        ts.ckks_vector_from(public, blob).ciphertext()[0], pt
+    )
+    return np.asarray(sealapi.CKKSEncoder(sk_ctx.seal_context().data).decode_complex(pt))
+
+
+def test_exact_decryptions_give_the_key_and_the_layers_noisy_ones_do_not(tmp_path):
+    layer, rounds, secret = _server_holdings(tmp_path / "a")
     public = ts.context_from(layer.server_context_bytes)
     assert not public.is_private()
-    assert all(released.dtype == np.float64 for _, released in rounds)  # real values, as TenSEAL's decrypt returns
+    assert all(ts.ckks_vector_from(public, summed[0]).size() == SLOTS for summed, _ in rounds)  # full ciphertexts
+    exact = [_exact_slots(public, secret, summed[0]) for summed, _ in rounds]
 
-    # every slot of the first ciphertext released (TenSEAL releases a vector's own slots; the others of a part-filled
-    # ciphertext hold decryption error that the server never gets, which would block the attack by itself)
-    assert all(ts.ckks_vector_from(public, summed[0]).size() == 4096 for summed, _ in rounds)
+    # control 1: the complex slots of one exact decryption give the key (and two rounds agree on it)
+    firsts = [summed[0] for summed, _ in rounds]
+    one = [key_candidates(layer.server_context_bytes, [f], z, limit=1)[0] for f, z in zip(firsts, exact, strict=True)]
+    truth = secret_key_words(secret, one[0].primes, 2 * SLOTS)
+    assert np.array_equal(one[0].words, truth) and one[0].agrees_with(one[1])
+    # control 2: the real parts of two exact decryptions give the key (what the layer would release without noise)
+    two = key_from_real_parts(layer.server_context_bytes, *[(f, z.real) for f, z in zip(firsts, exact, strict=True)])
+    assert np.array_equal(two.words, truth)
 
-    # control: the complex slots of the same decryptions give the key, and the two rounds' ciphertexts agree on it
-    sk_ctx = ts.context_from(secret)
-    decryptor = sealapi.Decryptor(sk_ctx.seal_context().data, sk_ctx.secret_key().data)
-    encoder = sealapi.CKKSEncoder(sk_ctx.seal_context().data)
-    control = []
-    for summed, released in rounds:  # every ciphertext's complex slots, cut to the vector's length as released
-        slots = []
-        for blob in summed:
-            vec = ts.ckks_vector_from(public, blob)
-            pt = sealapi.Plaintext()
-            decryptor.decrypt(vec.ciphertext()[0], pt)
-            slots.append(np.asarray(encoder.decode_complex(pt))[: vec.size()])
-        complex_release = np.concatenate(slots)
-        assert np.allclose(complex_release.real, released, atol=1e-6)  # the same decryptions, imaginary parts kept
-        control.append(key_candidates(layer.server_context_bytes, summed, complex_release, limit=1)[0])
-    truth = secret_key_words(secret, control[0].primes, control[0].words.shape[1])
-    assert np.array_equal(control[0].words, truth) and control[0].agrees_with(control[1])
+    # the layer's release: the exact values plus the holder's noise of the configured std ...
+    released = [r[:SLOTS] for _, r in rounds]
+    std = layer.cfg.ckks.decryption_noise
+    for r, z in zip(released, exact, strict=True):
+        assert r.dtype == np.float64 and 0.9 * std < float(np.std(r - z.real)) < 1.1 * std
+        assert abs(float(np.mean(r - z.real))) < 5 * std / SLOTS**0.5
+    # ... on which neither attack finds the key
+    noisy_one = key_candidates(layer.server_context_bytes, [firsts[0]], released[0], limit=1)[0]
+    noisy_two = key_from_real_parts(layer.server_context_bytes, *zip(firsts, released, strict=True))
+    for cand in (noisy_one, noisy_two):
+        assert float(np.mean(cand.words == truth)) < 1e-3  # a word matches with chance about 1/q
 
-    # what the server really gets: the real parts; the same attack gives neither the key nor agreeing candidates
-    got = [key_candidates(layer.server_context_bytes, summed, released, limit=1)[0] for summed, released in rounds]
-    assert got[0].primes == control[0].primes
-    assert not any(np.array_equal(c.words, truth) for c in got)
-    assert not got[0].agrees_with(got[1])
-    assert float(np.mean(got[0].words == truth)) < 1e-3  # not even close: a word matches with chance about 1/q
+
+def test_the_decryption_noise_is_the_key_holders_secret(tmp_path):
+    """The same configuration and seed twice: the sums are equal up to CKKS's own error, the released noise is not,
+    so nothing the server knows (config, seed, messages) regenerates it."""
+    _, rounds_a, _ = _server_holdings(tmp_path / "a")
+    _, rounds_b, _ = _server_holdings(tmp_path / "b")
+    a, b = rounds_a[0][1], rounds_b[0][1]
+    assert np.allclose(a, b, atol=1e-4)  # the same round, up to noise of 2^-20 and CKKS's own error
+    assert float(np.std(a - b)) > 2.0**-20  # independent draws: about √2 · 2^-20

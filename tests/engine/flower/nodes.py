@@ -40,8 +40,8 @@ def recording_app(cfg, out_dir) -> ClientApp:
             (out_dir / f"secagg-r{client['round_idx']}-c{cid}.json").write_text(json.dumps(secrets))
         for cid, stream in state.get("dp", {}).items():  # the client's own DP secret (DP-SGD, its noise share)
             (out_dir / f"dp-stream-{cid}.json").write_text(json.dumps([stream["key"].hex()]))
-        for cid, holder in state.get("ckks", {}).get("holders", {}).items():  # a key holder's key pair and secret
-            secrets = [holder["sk"].hex(), holder["secret"].hex() if holder.get("secret") else None]
+        for cid, holder in state.get("ckks", {}).get("holders", {}).items():  # key pair, secret, decryption noise key
+            secrets = [holder["sk"].hex(), holder["secret"].hex() if holder.get("secret") else None, holder["noise"].hex()]
             (out_dir / f"ckks-holder-{cid}.json").write_text(json.dumps(secrets))
 
     @app.query()

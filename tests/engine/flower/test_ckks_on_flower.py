@@ -10,8 +10,9 @@ import tenseal as ts
 
 from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded, server_side_bytes
 
+# privacy.noise_seed: the key holders' decryption noise is then the same on Flower and in process (debugging only)
 RUN = ["protocols=[ckks]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "ckks.key_holders=2",
-       "flower.num_supernodes=4", "output.log_messages=true"]  # fmt: skip
+       "flower.num_supernodes=4", "output.log_messages=true", "privacy.noise_seed=7"]  # fmt: skip
 
 
 def test_ckks_on_flower(tmp_path):
@@ -29,12 +30,12 @@ def test_ckks_on_flower(tmp_path):
     # of it (X25519 keys, the secret key at the serialised context's tail) in anything the server has
     held = [json.loads(p.read_text()) for p in nodes.glob("ckks-holder-*.json")]
     assert len(held) == 2 and len({h[1] for h in held}) == 1 and ts.context_from(bytes.fromhex(held[0][1])).is_private()
-    secrets = [bytes.fromhex(h[0]) for h in held] + [bytes.fromhex(held[0][1])[-4096:]]
+    secrets = [bytes.fromhex(h[0]) for h in held] + [bytes.fromhex(held[0][1])[-4096:]] + [bytes.fromhex(h[2]) for h in held]
     server_side = server_side_bytes(fl)
     assert not [s for s in secrets if s in server_side]
 
     local, local_result = run_in_process(RUN, tmp_path / "local")
-    # CKKS adds its own approximation error (about 1e-6 here) on either side
+    # CKKS adds its own approximation error (about 1e-6 here) on either side; the decryption noise is the same draw
     assert_same_run(fl, result, local, local_result, atol=1e-4, metric_atol=1e-3)
 
 
