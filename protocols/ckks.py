@@ -34,6 +34,7 @@ spreadout, FedALC's eq. 11 — run on the decrypted sum, not on ciphertexts).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -171,7 +172,7 @@ class CKKSAggregation(ProtocolLayer):
             self._client_public = ts.context_from(self._public_bytes)
             return {}
         if step == "decrypt":
-            return {"ckks_sum": self._decrypt(me, payload["ckks_sums"], label=f"decrypt r{int(payload['ckks_round'])}")}
+            return {"ckks_sum": self._decrypt(me, payload["ckks_sums"])}
         raise ValueError(f"unknown ckks step {step!r}")
 
     @client_side
@@ -241,20 +242,29 @@ class CKKSAggregation(ProtocolLayer):
         return {"ckks": {"key_holders": holders, "public_context_bytes": len(self.server_context_bytes),
                          "encrypted_groups": self.encrypted}}  # fmt: skip
 
-    def _decrypt(self, holder: int, blobs: list[bytes], *, label: str) -> np.ndarray:
+    def _decrypt(self, holder: int, blobs: list[bytes]) -> np.ndarray:
         """Client side (a key holder): decrypt summed ciphertexts and add Gaussian noise of std
-        ``ckks.decryption_noise`` to every value, drawn from the holder's own secret (addressed by ``label``, so a
-        resumed run redraws it). The server holds each summed ciphertext; with exact decryptions of two of them it
-        solves for the secret key (Li and Micciancio 2021; :mod:`threat_models.ckks_key_recovery`). The noise, small
-        beside the updates but about 2^14 in the decryption polynomial's coefficients at the default scale, leaves
-        it a noisy ring-LWE-like system instead of a linear one."""
+        ``ckks.decryption_noise`` to every value, drawn from the holder's own secret. The server holds each summed
+        ciphertext; with exact decryptions of two of them it solves for the secret key (Li and Micciancio 2021;
+        :mod:`threat_models.ckks_key_recovery`). The noise (about Δσ/√N ≈ 2^13.5 in the decryption polynomial's
+        coefficients at the default scale) leaves it a noisy, ring-LWE-like system instead of a linear one.
+
+        Each ciphertext's draw is addressed by the SHA-256 of its bytes: the same ciphertext always gets the same
+        noise (asking again averages nothing away), and any other ciphertext independent noise. A draw addressed by
+        the round instead would repeat when a resumed run replays that round with fresh encryptions, and the
+        difference of the two releases would be an exact decryption of the difference of the two ciphertexts."""
         sk = ts.context_from(self._holders[holder]["secret"])
-        exact = np.concatenate([np.asarray(ts.ckks_vector_from(sk, b).decrypt(), dtype=np.float64) for b in blobs])
-        noise = SecretStream(self._holders[holder]["noise"]).gaussian((len(exact),), label).numpy()
-        return exact + self.cfg.ckks.decryption_noise * noise
+        stream = SecretStream(self._holders[holder]["noise"])
+        out = []
+        for b in blobs:
+            exact = np.asarray(ts.ckks_vector_from(sk, b).decrypt(), dtype=np.float64)
+            # float64 noise from 53-bit uniforms: the released values' low bits carry no exact decryption
+            noise = stream.gaussian((len(exact),), "decrypt " + hashlib.sha256(b).hexdigest()).numpy()
+            out.append(exact + self.cfg.ckks.decryption_noise * noise)
+        return np.concatenate(out)
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
-        return _CKKSRound(self, inner, round_idx)
+        return _CKKSRound(self, inner)
 
     def round_stats(self) -> dict[str, Any]:
         return self.last_stats
@@ -292,7 +302,11 @@ class CKKSAggregation(ProtocolLayer):
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
         self._legacy_client_state = bool(state) and "holders" not in state  # {holder id: keys}, before the public copy
         holders = state if self._legacy_client_state else state.get("holders", {})
-        # a checkpoint from before the decryption noise holds no noise secret: the holder draws a fresh one
+        if any(v.get("secret") and not v.get("noise") for v in holders.values()):
+            raise ConfigError(
+                "this checkpoint's CKKS key holders have no decryption-noise secret: it predates 2026-11-26, when its "
+                "exact decryptions could give the server the secret key (two rounds suffice); start a new run"
+            )
         self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"],
                              "noise": v.get("noise") or os.urandom(32)} for h, v in holders.items()}  # fmt: skip
         self._public_bytes = state.get("public_context")
@@ -308,10 +322,9 @@ def _ids(ids: Any) -> np.ndarray:
 
 
 class _CKKSRound(RoundWrapper):
-    def __init__(self, layer: CKKSAggregation, inner: RoundSession, round_idx: int):
+    def __init__(self, layer: CKKSAggregation, inner: RoundSession):
         super().__init__(inner)
         self.layer = layer
-        self.round_idx = round_idx
         self._set_min_summands(len(self.cohort))  # no dropout in this simulation: the sum holds the whole cohort
         self.sums: dict[int, Any] = {}  # block index → the sum of the ciphertexts sent for it
         self.plain_sum: np.ndarray | None = None
@@ -373,8 +386,7 @@ class _CKKSRound(RoundWrapper):
         t0 = time.perf_counter()
         present = sorted(self.sums)  # blocks no client sent sum to zero
         blobs = [self.sums[b].serialize() for b in present]
-        answer = self.layer.env.call_clients([holder], lambda _: {"ckks": "decrypt", "ckks_sums": blobs,
-                                                                  "ckks_round": self.round_idx},
+        answer = self.layer.env.call_clients([holder], lambda _: {"ckks": "decrypt", "ckks_sums": blobs},
                                              self.layer.client_setup)  # fmt: skip
         dec = np.asarray(answer[0][1]["ckks_sum"], dtype=np.float64)
         t_dec = time.perf_counter() - t0

@@ -275,8 +275,7 @@ CKKS = LayerSpec(
     validate=_validate_ckks,
     runs_on_flower=True,  # setup and decryption are messages to its client side; encryption is the plan's last step
     # the public context to every client, summed ciphertexts to the key holder (the sum only)
-    downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN, "ckks_public": Opaque(), "ckks_sums": Opaque(),
-                    "ckks_round": Number()},
+    downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN, "ckks_public": Opaque(), "ckks_sums": Opaque()},
     # the key exchange; the decrypted sum (what the server learns by design); an update as ciphertexts and the
     # groups ckks.encrypt leaves in plaintext (the config's choice, reported in the summary)
     uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "public_context": Opaque(), "ckks_sum": Opaque(),

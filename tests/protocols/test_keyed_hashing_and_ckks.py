@@ -16,6 +16,7 @@ from protocols.keyed_hashing import keyed_token, quantized_embedding_bytes
 from secure_fed.algorithms.label_sets import Sha256Tokenizer, canonical_instance_bytes
 from secure_fed.algorithms.regularizers import correlation_gamma, correlation_sigma
 from secure_fed.engine import Experiment
+from secure_fed.errors import ConfigError
 from secure_fed.specs import layer_specs
 from tests.conftest import small_config
 
@@ -281,6 +282,20 @@ def test_server_context_is_public_only(tmp_path):
         ctx.secret_key()
 
 
+def test_a_ckks_checkpoint_without_decryption_noise_secrets_is_refused(tmp_path):
+    """Key holders' state saved before 2026-11-26 has no noise secret: those runs released exact decryptions, from
+    which two rounds give the server the key (threat_models.ckks_key_recovery), so resuming one is refused."""
+    e = Experiment(small_config('protocols=["ckks"]', "algorithm.name=fedavg", "training.rounds=1"), run_dir=tmp_path)
+    e.run(progress=False)
+    ck = e.stack.by_name()["ckks"]
+    state = ck.client_state_dict()
+    ck.load_client_state_dict(state)  # today's state loads
+    for holder in state["holders"].values():
+        holder.pop("noise")
+    with pytest.raises(ConfigError, match="predates 2026-11-26.*start a new run"):
+        ck.load_client_state_dict(state)
+
+
 def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
     cfg = small_config('protocols=["keyed_hashing", "dp", "ckks"]', "algorithm.normalize_gamma=false",
                        'privacy.instance={"target_epsilon": 4}', "training.rounds=2", "output.log_messages=true")  # fmt: skip
@@ -292,6 +307,9 @@ def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
     secret_ctx = next(v["secret"] for v in ck._holders.values())
     assert ts.context_from(secret_ctx).is_private()
     secrets = [*run_keys, secret_ctx[-4096:]]  # the tail of the serialised secret context holds the secret key
+    noise_keys = [v["noise"] for v in ck._holders.values()]  # the key holders' decryption-noise secrets
+    assert len(noise_keys) == cfg.ckks.key_holders and all(len(k) == 32 for k in noise_keys)
+    secrets += noise_keys
     for ring in kh._clients.values():
         secrets.append(ring.pair.private_bytes())
     server_side = {
@@ -310,7 +328,7 @@ def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
         for s in secrets:
             assert not _file_holds(tmp_path / "checkpoints" / name, s), f"a client secret is in checkpoint {name}"
     # the clients' own storage does hold them (so resume works): the same check finds them there
-    assert all(_file_holds(tmp_path / "checkpoints" / "clients.pt", k) for k in run_keys)
+    assert all(_file_holds(tmp_path / "checkpoints" / "clients.pt", k) for k in [*run_keys, *noise_keys])
 
 
 @pytest.mark.parametrize("layer", ["secure_aggregation", "ckks"])

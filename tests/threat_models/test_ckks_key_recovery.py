@@ -81,3 +81,25 @@ def test_the_decryption_noise_is_the_key_holders_secret(tmp_path):
     a, b = rounds_a[0][1], rounds_b[0][1]
     assert np.allclose(a, b, atol=1e-4)  # the same round, up to noise of 2^-20 and CKKS's own error
     assert float(np.std(a - b)) > 2.0**-20  # independent draws: about √2 · 2^-20
+
+
+def test_a_replayed_round_gets_fresh_noise_and_the_same_ciphertext_the_same(tmp_path):
+    """A resumed run replays the rounds after its checkpoint with fresh encryptions of the same sums. Were the
+    noise addressed by something that repeats (the round), the server would subtract the two releases and get an
+    exact decryption of the difference of the two ciphertexts: two such pairs give the key. The key holder of a
+    real run decrypts two encryptions of each of two vectors here, and the recovery from the differences fails;
+    asking again for the same ciphertext gives the same values (nothing to average away)."""
+    layer, _, secret = _server_holdings(tmp_path)
+    holder = layer.holders[0]  # in process the layer object also holds the key holders' client-side state
+    public = ts.context_from(layer.server_context_bytes)
+    rng = np.random.default_rng(0)
+    pairs = []
+    for _ in range(2):
+        x = rng.normal(0.0, 1e-3, SLOTS)
+        a, b = ts.ckks_vector(public, x), ts.ckks_vector(public, x)  # the same sum, encrypted again on replay
+        pairs.append(((a - b).serialize(), layer._decrypt(holder, [a.serialize()]) - layer._decrypt(holder, [b.serialize()])))
+    cand = key_from_real_parts(layer.server_context_bytes, *pairs)
+    truth = secret_key_words(secret, cand.primes, 2 * SLOTS)
+    assert float(np.mean(cand.words == truth)) < 1e-3
+    blob = a.serialize()
+    assert np.array_equal(layer._decrypt(holder, [blob]), layer._decrypt(holder, [blob]))
