@@ -307,6 +307,7 @@ class CKKSAggregation(ProtocolLayer):
                 "this checkpoint's CKKS key holders have no decryption-noise secret: it predates 2026-11-26, when its "
                 "exact decryptions could give the server the secret key (two rounds suffice); start a new run"
             )
+        # (a holder saved before it received the secret context has decrypted nothing: a fresh noise secret is safe)
         self._holders = {h: {"pair": KeyPair.from_private_bytes(v["sk"]), "secret": v["secret"],
                              "noise": v.get("noise") or os.urandom(32)} for h, v in holders.items()}  # fmt: skip
         self._public_bytes = state.get("public_context")

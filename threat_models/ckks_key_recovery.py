@@ -77,46 +77,33 @@ class Candidate:
         return self.primes == other.primes and bool(np.array_equal(self.words, other.words))
 
 
-def key_candidate(public: ts.Context, summed: bytes, released: np.ndarray) -> Candidate:
-    """Solve c0 + c1·s = Encode(released) for s in each prime's NTT domain: ``summed`` a serialised CKKS vector
-    (the server's sum), ``released`` its decryption as the key holder sent it (real values, or complex slots)."""
-    vec = ts.ckks_vector_from(public, summed)
-    ct = vec.ciphertext()[0]
+def _ntt_words(public: ts.Context, summed: bytes, values: np.ndarray):
+    """The summed ciphertext's (c0, c1) and Encode(values) at its level and scale, in NTT form per prime (arrays of
+    shape (2, L, N) and (L, N)); with the primes. ``values`` fills the first slots, zeros the rest."""
+    ct = ts.ckks_vector_from(public, summed).ciphertext()[0]
     if not ct.is_ntt_form() or ct.size() != 2:
         raise ValueError("expects a two-polynomial CKKS ciphertext in NTT form")
     n, levels = ct.poly_modulus_degree(), ct.coeff_modulus_size()
     c = seal_words(ct, 2 * levels * n).reshape(2, levels, n)
     sctx = public.seal_context().data
     primes = tuple(q.value() for q in sctx.get_context_data(ct.parms_id()).parms().coeff_modulus())
-    encoder = sealapi.CKKSEncoder(sctx)
+    slots = np.zeros(n // 2, dtype=np.complex128 if np.iscomplexobj(values) else np.float64)
+    slots[: len(values)] = values
     pt = sealapi.Plaintext()
-    values = np.zeros(n // 2, dtype=np.complex128 if np.iscomplexobj(released) else np.float64)
-    # the slots past the vector's length are not released: zero is the server's best guess, but they hold decryption
-    # error, so the re-encoding is exact (and the attack works) only for a ciphertext the vector fills
-    values[: len(released)] = released
-    encoder.encode(values.tolist(), ct.parms_id(), ct.scale, pt)
-    p = seal_words(pt, levels * n).reshape(levels, n)
-    words = np.empty((levels, n), dtype=np.uint64)
+    sealapi.CKKSEncoder(sctx).encode(slots.tolist(), ct.parms_id(), ct.scale, pt)
+    return c, seal_words(pt, levels * n).reshape(levels, n), primes
+
+
+def key_candidate(public: ts.Context, summed: bytes, released: np.ndarray) -> Candidate:
+    """Solve c0 + c1·s = Encode(released) for s in each prime's NTT domain: ``summed`` a serialised CKKS vector
+    (the server's sum), ``released`` its decryption as the key holder sent it (real values, or complex slots).
+    The slots past the vector's length are not released: zero is the server's best guess, but they hold decryption
+    error, so the re-encoding is exact (and the attack works) only for a ciphertext the vector fills."""
+    c, p, primes = _ntt_words(public, summed, np.asarray(released))
+    words = np.empty(p.shape, dtype=np.uint64)
     for j, q in enumerate(primes):
-        c0, c1, pj = (a.astype(object) for a in (c[0, j], c[1, j], p[j]))
-        words[j] = [((int(x) - int(y)) * pow(int(z), -1, q)) % q for x, y, z in zip(pj, c0, c1, strict=True)]
+        words[j] = [((int(x) - int(y)) * pow(int(z), -1, q)) % q for x, y, z in zip(p[j], c[0, j], c[1, j], strict=True)]
     return Candidate(primes, words)
-
-
-def _ntt_words(public: ts.Context, summed: bytes, released: np.ndarray):
-    """The summed ciphertext's (c0, c1) and Encode(2 · released) — for real released values, p + σ(p) — in NTT form,
-    per prime; with the primes and the ring degree."""
-    vec = ts.ckks_vector_from(public, summed)
-    ct = vec.ciphertext()[0]
-    n, levels = ct.poly_modulus_degree(), ct.coeff_modulus_size()
-    if len(released) != n // 2:
-        raise ValueError(f"needs every slot of a full ciphertext ({n // 2}), got {len(released)} values")
-    c = seal_words(ct, 2 * levels * n).reshape(2, levels, n)
-    sctx = public.seal_context().data
-    primes = tuple(q.value() for q in sctx.get_context_data(ct.parms_id()).parms().coeff_modulus())
-    pt = sealapi.Plaintext()
-    sealapi.CKKSEncoder(sctx).encode((2.0 * np.asarray(released, dtype=np.float64)).tolist(), ct.parms_id(), ct.scale, pt)
-    return c, seal_words(pt, levels * n).reshape(levels, n), primes, n
 
 
 def key_from_real_parts(public_context: bytes, first: tuple[bytes, np.ndarray], second: tuple[bytes, np.ndarray]) -> Candidate:
@@ -132,9 +119,12 @@ def key_from_real_parts(public_context: bytes, first: tuple[bytes, np.ndarray], 
     that is one linear equation in s_i and s_(N−1−i); two decryptions give two, solved here by Cramer's rule.
     Exact decryptions give the key; noisy ones (``ckks.decryption_noise``) give garbage."""
     public = ts.context_from(public_context)
-    (c, P, primes, n), (c2, P2, primes2, _) = (_ntt_words(public, *first), _ntt_words(public, *second))
+    (c, P, primes), (c2, P2, primes2) = (_ntt_words(public, b, 2.0 * np.asarray(r, dtype=np.float64)) for b, r in (first, second))
     if primes != primes2:
         raise ValueError("the two ciphertexts are at different levels")
+    n = P.shape[1]
+    if any(len(r) != n // 2 for _, r in (first, second)):
+        raise ValueError(f"needs every slot of full ciphertexts ({n // 2} values each)")
     rev = np.arange(n)[::-1]
     words = np.empty((len(primes), n), dtype=np.uint64)
     for j, q in enumerate(primes):
