@@ -246,8 +246,9 @@ class CKKSAggregation(ProtocolLayer):
         """Client side (a key holder): decrypt summed ciphertexts and add Gaussian noise of std
         ``ckks.decryption_noise`` to every value, drawn from the holder's own secret. The server holds each summed
         ciphertext; with exact decryptions of two of them it solves for the secret key (Li and Micciancio 2021;
-        :mod:`threat_models.ckks_key_recovery`). The noise (about Δσ/√N ≈ 2^13.5 in the decryption polynomial's
-        coefficients at the default scale) leaves it a noisy, ring-LWE-like system instead of a linear one.
+        :mod:`threat_models.ckks_key_recovery`). The noise (Δσ/√N ≈ 181 in the decryption polynomial's coefficients
+        at the defaults, at least 64 by the config's check) leaves it a noisy, ring-LWE-like system instead of a
+        linear one, with errors larger than those of the public key it already holds.
 
         Each ciphertext's draw is addressed by the SHA-256 of its bytes: the same ciphertext always gets the same
         noise (asking again averages nothing away), and any other ciphertext independent noise. A draw addressed by

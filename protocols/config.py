@@ -118,6 +118,11 @@ class SecureAggregationConfig(_Strict):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated probability that a client drops at each stage")
 
 
+#: the least std of the key holders' decryption noise in the decryption polynomial's coefficients: 20 × the std
+#: (3.19) of the ring-LWE error in the public key, which the server already holds
+DECRYPTION_NOISE_FLOOR = 64.0
+
+
 class CKKSConfig(_Strict):
     poly_modulus_degree: int = Field(8192, description="power of two, ≥ 4096")
     coeff_mod_bit_sizes: list[int] = Field(default_factory=lambda: [60, 40, 40, 60])
@@ -133,11 +138,12 @@ class CKKSConfig(_Strict):
         "dense group); all: every ciphertext. A reply with a value on every row (a DP noise share) sends all",
     )
     decryption_noise: float = Field(
-        2.0**-20,
+        2.0**-26,
         gt=0.0,
         le=1.0,
-        description="std of the Gaussian noise a key holder adds, from its own secret, to every decrypted value it "
-        "returns: exact decryptions of two rounds give the server the secret key (threat_models/ckks_key_recovery.py)",
+        description="std σ of the Gaussian noise a key holder adds, from its own secret, to every decrypted value it "
+        "returns (exact decryptions of two rounds give the server the secret key: threat_models/ckks_key_recovery.py); "
+        f"at least {DECRYPTION_NOISE_FLOOR:g} in the decryption polynomial's coefficients (2^global_scale_bits·σ/√N)",
     )
 
     @model_validator(mode="after")
@@ -145,4 +151,17 @@ class CKKSConfig(_Strict):
         n = self.poly_modulus_degree
         if n < 4096 or n & (n - 1):
             raise ValueError(f"ckks.poly_modulus_degree must be a power of two ≥ 4096, got {n}")
+        return self
+
+    @model_validator(mode="after")
+    def _noise_floor(self) -> CKKSConfig:
+        # slot noise of std σ is noise of std Δσ/√N in each coefficient of the polynomial the server would solve for
+        coeff = 2.0**self.global_scale_bits * self.decryption_noise / self.poly_modulus_degree**0.5
+        if coeff < DECRYPTION_NOISE_FLOOR:
+            need = DECRYPTION_NOISE_FLOOR * self.poly_modulus_degree**0.5 / 2.0**self.global_scale_bits
+            raise ValueError(
+                f"ckks.decryption_noise {self.decryption_noise:g} is {coeff:.3g} in the decryption polynomial's "
+                f"coefficients at global_scale_bits {self.global_scale_bits}, below {DECRYPTION_NOISE_FLOOR:g} (20 × the "
+                f"public key's own error): raise it to at least {need:.3g}"
+            )
         return self

@@ -17,7 +17,7 @@ decryptions solve it (:func:`key_from_real_parts`). Measured on a real round of 
 (``tests/threat_models/test_ckks_key_recovery.py``): from exact decryptions, the complex slots of one or the real
 parts of two give the key. So the layer's key holders add Gaussian noise from their own secret to every value they
 return (``ckks.decryption_noise``), and on what they return both attacks fail. That noise turns the linear system
-into a noisy one (ring-LWE-like, with errors of about 2^14 in the polynomial's coefficients at the default scale); it
+into a noisy one (ring-LWE-like, with errors of about 2 × 181 in p + σ(p)'s coefficients at the defaults); it
 is not the statistical noise flooding that IND-CPA-D security proofs need, and no such security is claimed.
 
 :func:`key_candidates` runs the attack on what the server holds; ``tests/threat_models/test_ckks_key_recovery.py``
