@@ -282,6 +282,13 @@ def test_server_context_is_public_only(tmp_path):
         ctx.secret_key()
 
 
+def test_a_ckks_decryption_noise_below_its_floor_is_refused():
+    """σ must be at least 64 in the decryption polynomial's coefficients (2^scale_bits · σ / √N)."""
+    with pytest.raises(ConfigError, match=r"ckks.decryption_noise 1e-09 is 12.1 .* below 64 .* at least 5.27e-09"):
+        small_config('protocols=["ckks"]', "ckks.decryption_noise=1e-9")  # 2^40 · 1e-9 / √8192 = 12.1
+    small_config('protocols=["ckks"]', "ckks.decryption_noise=1e-9", "ckks.global_scale_bits=50")  # 12,400: fine
+
+
 def test_a_ckks_checkpoint_without_decryption_noise_secrets_is_refused(tmp_path):
     """Key holders' state saved before 2026-11-26 has no noise secret: those runs released exact decryptions, from
     which two rounds give the server the key (threat_models.ckks_key_recovery), so resuming one is refused."""
