@@ -121,7 +121,9 @@ def report_secagg(name: str, sa: dict, bits: int, plaintext_s: float) -> None:
     aes, full = streams * ks[threads]["aes_s"], streams * ks[threads]["add_masks_s"]
     train = s - st["secagg_setup_s"] - st["secagg_mask_s"] - st["secagg_unmask_s"]
     sa.update(ratio=s / plaintext_s, keystream=ks, streams=streams, aes_s=aes, masks_s=full, modulus_bits=bits)
-    width = 4 if bits <= 32 else 8
+    from protocols.crypto import word_dtype
+
+    width = word_dtype(bits).itemsize
     print(f"{name} (k = {k}, {st['secagg_survivors']} clients, {sa['vector_size']:,} words of {width} bytes, mod 2^{bits}): "
           f"{s:.2f} s/round = {s / plaintext_s:.2f}× plaintext")  # fmt: skip
     print(f"  set-up (X25519, HKDF, Shamir, AES-GCM) {st['secagg_setup_s']:.2f} s, clients' masking (flatten, encode, "

@@ -289,6 +289,25 @@ def test_a_ckks_decryption_noise_below_its_floor_is_refused():
     small_config('protocols=["ckks"]', "ckks.decryption_noise=1e-9", "ckks.global_scale_bits=50")  # 12,400: fine
 
 
+def test_a_ckks_run_with_a_noise_seed_says_its_decryption_noise_is_derivable(tmp_path, caplog):
+    """privacy.noise_seed derives the key holders' noise secrets: the log and private/summary.json say so (and the
+    holders' keys are the seed's); without it there is no such warning."""
+    from protocols.dp.randomness import SecretStream
+
+    runs = {}
+    for name, extra in (("seeded", ["privacy.noise_seed=4"]), ("fresh", [])):
+        e = Experiment(small_config('protocols=["ckks"]', "algorithm.name=fedavg", "training.rounds=1", *extra),
+                       run_dir=tmp_path / name)  # fmt: skip
+        with caplog.at_level("WARNING"):
+            e.run(progress=False)
+        runs[name] = e
+    seeded = runs["seeded"].stack.by_name()["ckks"]
+    assert "noise_seed" in seeded.private_report()["ckks_warning"] and "decryption noise follows from" in caplog.text
+    assert all(v["noise"] == SecretStream.from_noise_seed(4, f"ckks holder {h}").state_dict()["key"]
+               for h, v in seeded._holders.items())  # fmt: skip
+    assert "ckks_warning" not in runs["fresh"].stack.by_name()["ckks"].private_report()
+
+
 def test_a_ckks_checkpoint_without_decryption_noise_secrets_is_refused(tmp_path):
     """Key holders' state saved before 2026-11-26 has no noise secret: those runs released exact decryptions, from
     which two rounds give the server the key (threat_models.ckks_key_recovery), so resuming one is refused."""
