@@ -175,6 +175,10 @@ class CKKSAggregation(ProtocolLayer):
             return {"ckks_sum": self._decrypt(me, payload["ckks_sums"])}
         raise ValueError(f"unknown ckks step {step!r}")
 
+    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+        """Remote clients: the inner sessions' steps, then the encryption (the last step before the wire)."""
+        return [*inner, {"op": "layer:ckks.encrypt_step", "weighting": self.cfg.training.aggregation}]
+
     @client_side
     def encrypt_step(self, reply: Payload, data: ClientData, *, weighting: str) -> Payload:
         """Client side, after training (the last step of the round's plan): the update flattened, its selected
@@ -265,7 +269,7 @@ class CKKSAggregation(ProtocolLayer):
         return np.concatenate(out)
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
-        return _CKKSRound(self, inner)
+        return _CKKSRound(self, round_idx, inner)
 
     def round_stats(self) -> dict[str, Any]:
         return self.last_stats
@@ -324,9 +328,10 @@ def _ids(ids: Any) -> np.ndarray:
 
 
 class _CKKSRound(RoundWrapper):
-    def __init__(self, layer: CKKSAggregation, inner: RoundSession):
+    def __init__(self, layer: CKKSAggregation, round_idx: int, inner: RoundSession):
         super().__init__(inner)
         self.layer = layer
+        self.round_idx = round_idx
         self._set_min_summands(len(self.cohort))  # no dropout in this simulation: the sum holds the whole cohort
         self.sums: dict[int, Any] = {}  # block index → the sum of the ciphertexts sent for it
         self.plain_sum: np.ndarray | None = None
@@ -361,7 +366,7 @@ class _CKKSRound(RoundWrapper):
         return encrypted
 
     def client_plan(self) -> list[dict]:
-        return [*self.inner.client_plan(), {"op": "layer:ckks.encrypt_step", "weighting": self.weighting}]
+        return self.layer.client_plan_steps(self.inner.client_plan(), round_idx=self.round_idx)
 
     def submit(self, cid: int, reply: Payload) -> None:
         t0 = time.perf_counter()

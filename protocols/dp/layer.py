@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
+from protocols.base import AtLeast, ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
 from protocols.dp.client_dp import add_client_noise, clip_step, noise_aggregate, update_norm
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
@@ -248,7 +248,7 @@ class DifferentialPrivacy(ProtocolLayer):
         layer = self
 
         on_clients = self.cfg.privacy.client.noise == "clients"
-        noise_rows = layer.env.has_rows and layer.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed")
+        noise_rows = self.noise_rows
 
         class _Noise(RoundWrapper):
             def client_mod(self, fn: ClientFn) -> ClientFn:
@@ -271,23 +271,9 @@ class DifferentialPrivacy(ProtocolLayer):
                 return self.inner.client_mod(clipped)
 
             def client_plan(self) -> list[dict]:
-                """Remote clients: the clip (and weight cap) as a registered step; with ``noise: clients`` then the
-                noise share, drawn by the client's own copy of this layer from the client's own secret stream. The
-                plan holds public values only (the share's standard deviation, the label that addresses the draw)."""
-                step = {"op": "dp.clip", "clip_norm": float(unit.clip_norm)}
-                if layer.cfg.privacy.client.weight_cap is not None:
-                    step["weight_cap"] = float(layer.cfg.privacy.client.weight_cap)
-                steps = [step]
-                if on_clients:
-                    if self.min_summands is None:
-                        raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
-                    steps.append({
-                        "op": "layer:dp.noise_share_step",
-                        "std": float(unit.sigma * unit.clip_norm / math.sqrt(self.min_summands)),
-                        "rows": [layer.env.num_labels, layer.env.embedding_dim] if noise_rows else None,
-                        "label": f"noise share r{round_idx}",
-                    })  # fmt: skip
-                return [*steps, *self.inner.client_plan()]
+                if on_clients and self.min_summands is None:
+                    raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
+                return layer.client_plan_steps(self.inner.client_plan(), round_idx=round_idx, min_summands=self.min_summands)
 
             def submit(self, cid: int, reply) -> None:
                 """Server side: a plaintext update must arrive clipped (a client that skipped the clip would break
@@ -319,6 +305,34 @@ class DifferentialPrivacy(ProtocolLayer):
                 return out
 
         return _Noise(inner)
+
+    @property
+    def noise_rows(self) -> bool:
+        """Client-level noise covers W's rows too (a model with a row table that the clients update)."""
+        return self.env.has_rows and self.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed")
+
+    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+        """Remote clients, under ``privacy.client``: the clip (and weight cap) as a registered step; with ``noise:
+        clients`` then the noise share, drawn by the client's own copy of this layer from the client's own secret
+        stream; then the inner sessions' steps. The plan holds public values only (the share's standard deviation,
+        the label that addresses the draw). Without ``min_summands`` (a node checking the server's plan) the share's
+        standard deviation is bounded below by σ·S/√N, N the federation's clients: a sum holds at most N updates."""
+        unit = self.units.get("client")
+        if unit is None:
+            return inner
+        step: dict[str, Any] = {"op": "dp.clip", "clip_norm": float(unit.clip_norm)}
+        if self.cfg.privacy.client.weight_cap is not None:
+            step["weight_cap"] = float(self.cfg.privacy.client.weight_cap)
+        steps = [step]
+        if self.cfg.privacy.client.noise == "clients":
+            full = unit.sigma * unit.clip_norm
+            steps.append({
+                "op": "layer:dp.noise_share_step",
+                "std": float(full / math.sqrt(min_summands)) if min_summands else AtLeast(full / math.sqrt(self.env.num_clients)),
+                "rows": [self.env.num_labels, self.env.embedding_dim] if self.noise_rows else None,
+                "label": f"noise share r{round_idx}",
+            })  # fmt: skip
+        return [*steps, *inner]
 
     @client_side
     def noise_share_step(self, reply: Payload, data: ClientData, *, std: float, rows: list[int] | None, label: str) -> Payload:

@@ -86,6 +86,11 @@ class SecureAggregation(ProtocolLayer):
         bits = self.cfg.secure_aggregation.modulus_bits
         return {"masked": client.masked_input(x, alive, bits, encode=self.codec.encode_into)}
 
+    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+        """Remote clients: the inner sessions' steps, then this round's mask (the last step before the wire)."""
+        mask = {"op": "layer:secure_aggregation.mask_step", "secagg_round": round_idx, "weighting": self.cfg.training.aggregation}
+        return [*inner, mask]
+
     def client_state_dict(self) -> dict[str, Any]:
         return {cid: c.state() for cid, c in self._round_clients.items()}
 
@@ -154,7 +159,7 @@ class _SecAggRound(RoundWrapper):
         return masked
 
     def client_plan(self) -> list[dict]:
-        return [*self.inner.client_plan(), {"op": "layer:secure_aggregation.mask_step", **self._mask_args()}]
+        return self.layer.client_plan_steps(self.inner.client_plan(), round_idx=self.round_idx)
 
     def submit(self, cid: int, reply: Payload) -> None:
         if cid in self.drops["input"]:

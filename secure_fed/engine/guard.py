@@ -62,10 +62,13 @@ class MessageGuard:
             if (why := rules[key].check(key, value, msg, ctx)) is not None:
                 raise PrivacyViolation(f"{direction} message for client {cid}: {why}")
 
-    def check_down(self, cid: int, payload: dict[str, Any]) -> None:
+    def check_down(self, cid: int, payload: dict[str, Any], *, plan: list[dict] | tuple = ()) -> None:
+        """Check a payload before it leaves the server; the log records it with the round's client plan (the
+        steps a remote client is asked to run, public values only), when there is one."""
         self._check("downlink", cid, payload, self.down_rules)
         if self.log is not None:
-            self.log.append({"direction": "down", "client": cid, "message": payload})
+            entry = {"direction": "down", "client": cid, "message": payload}
+            self.log.append({**entry, "plan": list(plan)} if plan else entry)
 
     def record(self, direction: str, cid: int, message: dict[str, Any]) -> None:
         """Log a message as the server sees it (e.g. a masked or encrypted update)."""

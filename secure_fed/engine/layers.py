@@ -84,6 +84,35 @@ class StackEnv:
         return UpdateLayout.for_model(self.theta, rows, self.embedding_dim, full_table_keys=self.full_table_keys)
 
 
+@dataclass(frozen=True)
+class AtLeast:
+    """A plan argument that a remote node checks as a lower bound, because it cannot know the exact value (e.g. a
+    noise share's standard deviation, which depends on how many updates the round's secure sum holds)."""
+
+    value: float
+
+
+def plan_mismatch(plan: list[dict], expected: list[dict]) -> str | None:
+    """Why ``plan`` (as a node received it) is not ``expected`` (as the node's own config gives it), or None. Every
+    step, its order, its keys and its values must match; an :class:`AtLeast` value is a floor."""
+    ops = [str(s.get("op")) for s in plan]
+    want = [str(s.get("op")) for s in expected]
+    if ops != want:
+        return f"names the steps {ops}, where this run's layers ask for {want}"
+    for got, exp in zip(plan, expected, strict=True):
+        if set(got) != set(exp):
+            return f"gives step {exp['op']!r} the arguments {sorted(got)}, where it takes {sorted(exp)}"
+        for key, want_v in exp.items():
+            v = got[key]
+            if isinstance(want_v, AtLeast):
+                ok = isinstance(v, int | float) and not isinstance(v, bool) and v >= want_v.value
+                if not ok:
+                    return f"gives step {exp['op']!r} {key}={v!r}, below the {want_v.value:.6g} this run's config allows"
+            elif type(v) is not type(want_v) or v != want_v:  # the plan travels as JSON: types survive it
+                return f"gives step {exp['op']!r} {key}={v!r}, where this run's config gives {want_v!r}"
+    return None
+
+
 class RoundWrapper(RoundSession):
     """A round session that wraps another; by default it forwards everything."""
 
@@ -99,7 +128,8 @@ class RoundWrapper(RoundSession):
 
     def client_plan(self) -> list[dict]:
         """A wrapper whose ``client_mod`` adds a client-side step must describe it here too (a registered step,
-        :func:`~secure_fed.client_functions.client_step`), or refuse: by default it adds none."""
+        :func:`~secure_fed.client_functions.client_step`), or refuse: by default it adds none. Build it with the
+        layer's :meth:`ProtocolLayer.client_plan_steps`, which a remote node uses to check the plan it receives."""
         return self.inner.client_plan()
 
     def _set_min_summands(self, n: int) -> None:
@@ -174,6 +204,14 @@ class ProtocolLayer:
         return None
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
+        return inner
+
+    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+        """The round's client plan (:meth:`RoundSession.client_plan`) as this layer's session builds it around the
+        plan of the sessions inside it (``inner``), from this copy of the run's config. The server's session calls
+        it with the round's ``min_summands``; a remote node calls it with None, through
+        :meth:`ProtocolStack.check_client_plan`, to check the plan the server sent: a value the node cannot know
+        is then an :class:`AtLeast` bound. The default: the layer adds no client step."""
         return inner
 
     def budget_stop(self, round_idx: int) -> str | None:
@@ -286,6 +324,17 @@ class ProtocolStack:
         for layer in self.layers:
             session = layer.open_round(round_idx, session)
         return session
+
+    def check_client_plan(self, plan: list[dict], *, round_idx: int) -> None:
+        """Client side, on a remote node: refuse (PermissionError) a round plan that is not the one this node's copy
+        of the run's config gives, i.e. every layer's :meth:`~ProtocolLayer.client_plan_steps` composed as the
+        server's sessions compose them. A server cannot drop a step (the clip, the mask), weaken one (a larger clip
+        norm, a smaller noise share than any cohort allows), reorder them, or point one at another round."""
+        expected: list[dict] = []
+        for layer in self.layers:
+            expected = layer.client_plan_steps(expected, round_idx=round_idx)
+        if (why := plan_mismatch(list(plan), expected)) is not None:
+            raise PermissionError(f"the server's plan for round {round_idx} {why}: refused")
 
     def after_round(self, round_idx: int) -> None:
         for layer in self.layers:

@@ -262,7 +262,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             session.drop(cid, reason)
 
         return Channel(
-            down=lambda job: self.guard.check_down(job.cid, job.payload), up=up,
+            down=lambda job: self.guard.check_down(job.cid, job.payload, plan=job.plan), up=up,
             client=lambda cid: self.fed.clients[cid], drop=drop,
         )  # fmt: skip
 

@@ -54,6 +54,9 @@ def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
 
     @skipping.train()
     def train(msg, context):
+        from secure_fed.engine.layers import ProtocolStack
+
+        ProtocolStack.check_client_plan = lambda self, plan, round_idx: None  # this node's code does not check its plan
         meta = dict(msg.content["meta"])
         assert json.loads(meta.pop("plan")) == [{"op": "dp.clip", "clip_norm": 0.001}]  # what the server asked for
         msg.content["meta"] = ConfigRecord(meta)
@@ -61,6 +64,34 @@ def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
 
     with pytest.raises(PrivacyViolation, match="was not clipped"):
         run_on_flower(exp, progress=False, client_app=skipping)
+
+
+def test_a_node_refuses_a_plan_that_weakens_the_clip(tmp_path):
+    """The server chooses the round's plan: one that asks for a clip norm larger than the run's config gives is
+    refused by the honest node (it checks the plan against its own copy of the config): the client drops out of the
+    round, or with ``on_client_failure: stop`` the run stops with the node's reason."""
+    from secure_fed.engine.flower.executor import FlowerError
+
+    cfg = small_config(*DP, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
+    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    honest = make_client_app(dump_config(cfg), None)
+    weakening = ClientApp()
+
+    @weakening.query()
+    def query(msg, context):
+        return honest(msg, context)
+
+    @weakening.train()
+    def train(msg, context):  # what a server asking for a weaker clip would send
+        meta = dict(msg.content["meta"])
+        plan = json.loads(meta["plan"])
+        assert plan == [{"op": "dp.clip", "clip_norm": 0.5}]
+        meta["plan"] = json.dumps([{"op": "dp.clip", "clip_norm": 50.0}])
+        msg.content["meta"] = ConfigRecord(meta)
+        return honest(msg, context)
+
+    with pytest.raises(FlowerError, match="plan for round 0 gives step 'dp.clip' clip_norm=50.0"):
+        run_on_flower(exp, progress=False, client_app=weakening)
 
 
 def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
@@ -112,6 +143,15 @@ def test_client_secret_streams_on_flower(overrides, tmp_path):
     assert flower.summary["privacy"] == local.summary["privacy"]
     assert flower.summary["privacy"]["epsilon"] < float("inf")
     assert_same_run(flower_exp, flower, local_exp, local)
+    # the message log keeps each round's plan beside the payload it went with (public values only)
+    # (DP-SGD in client training needs no plan: the node's own layer turns its training into DP-SGD)
+    plans = [m["plan"] for m in flower_exp.messages if m["direction"] == "down" and "plan" in m]
+    if overrides is SHARES:
+        assert len(plans) == flower_exp.executor.sent["train"] > 0
+    else:
+        assert plans == []
+    assert all([s["op"] for s in p] == ["dp.clip", "layer:dp.noise_share_step", "layer:secure_aggregation.mask_step"]
+               for p in plans)  # fmt: skip
 
     keys = [bytes.fromhex(json.loads(p.read_text())[0]) for p in nodes.glob("dp-stream-*.json")]
     cids = {int(p.stem.rsplit("-", 1)[1]) for p in nodes.glob("dp-stream-*.json")}
