@@ -175,7 +175,9 @@ class CKKSAggregation(ProtocolLayer):
             return {"ckks_sum": self._decrypt(me, payload["ckks_sums"])}
         raise ValueError(f"unknown ckks step {step!r}")
 
-    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+    def client_plan_steps(
+        self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
+    ) -> list[dict]:
         """Remote clients: the inner sessions' steps, then the encryption (the last step before the wire)."""
         return [*inner, {"op": "layer:ckks.encrypt_step", "weighting": self.cfg.training.aggregation}]
 

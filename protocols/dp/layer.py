@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocols.base import AtLeast, ProtocolLayer, RoundWrapper, StackEnv
+from protocols.base import Bounds, ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
 from protocols.dp.client_dp import add_client_noise, clip_step, noise_aggregate, update_norm
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
@@ -311,12 +311,16 @@ class DifferentialPrivacy(ProtocolLayer):
         """Client-level noise covers W's rows too (a model with a row table that the clients update)."""
         return self.env.has_rows and self.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed")
 
-    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+    def client_plan_steps(
+        self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
+    ) -> list[dict]:
         """Remote clients, under ``privacy.client``: the clip (and weight cap) as a registered step; with ``noise:
         clients`` then the noise share, drawn by the client's own copy of this layer from the client's own secret
-        stream; then the inner sessions' steps. The plan holds public values only (the share's standard deviation,
-        the label that addresses the draw). Without ``min_summands`` (a node checking the server's plan) the share's
-        standard deviation is bounded below by σ·S/√N, N the federation's clients: a sum holds at most N updates."""
+        stream; then the inner sessions' steps. The plan holds public values only (the share's standard deviation
+        σ·S/√t, t = ``min_summands``, and the label that addresses the draw). ``on_node`` (a node checking the
+        server's plan) the standard deviation is a range: at most σ·S (t ≥ 1) and at least σ·S/√t with the t the
+        node's own state knows (its SecAgg threshold), else σ·S/√N, N the federation's clients (no sum holds more);
+        a relative 1e-9 of slack on both ends (the node calibrates σ itself)."""
         unit = self.units.get("client")
         if unit is None:
             return inner
@@ -326,9 +330,14 @@ class DifferentialPrivacy(ProtocolLayer):
         steps = [step]
         if self.cfg.privacy.client.noise == "clients":
             full = unit.sigma * unit.clip_norm
+            if on_node:
+                n = min_summands or self.env.num_clients
+                std: float | Bounds = Bounds(full / math.sqrt(n) * (1 - 1e-9), full * (1 + 1e-9))
+            else:  # an empty cohort (no client trains, no share is drawn) has a sum of no updates
+                std = float(full / math.sqrt(max(1, int(min_summands or 0))))
             steps.append({
                 "op": "layer:dp.noise_share_step",
-                "std": float(full / math.sqrt(min_summands)) if min_summands else AtLeast(full / math.sqrt(self.env.num_clients)),
+                "std": std,
                 "rows": [self.env.num_labels, self.env.embedding_dim] if self.noise_rows else None,
                 "label": f"noise share r{round_idx}",
             })  # fmt: skip

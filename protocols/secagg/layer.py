@@ -44,7 +44,16 @@ class SecureAggregation(ProtocolLayer):
         cid, stage = data.client_id, payload["secagg"]
         if stage == "advertise":  # a new round: fresh keys and self-mask seed
             nbrs = [int(v) for v in payload["secagg_neighbours"]]
-            client = SecAggClient(cid, int(payload["secagg_round"]), nbrs, int(payload["secagg_threshold"]))
+            t = int(payload["secagg_threshold"])
+            # the threshold follows from the client's neighbourhood and the run's config, which the client has: a
+            # server cannot set it (a lower t lets fewer clients' shares unmask; it also sets the noise shares' size)
+            if t != (want := threshold_for(len(nbrs) + 1, self.cfg.secure_aggregation.threshold)):
+                raise PermissionError(
+                    f"client {cid}: the server's secure aggregation threshold {t} is not the {want} that "
+                    f"secure_aggregation.threshold {self.cfg.secure_aggregation.threshold:g} gives for {len(nbrs) + 1} "
+                    "clients: refused"
+                )
+            client = SecAggClient(cid, int(payload["secagg_round"]), nbrs, t)
             self._round_clients[cid] = client
             return client.advertise()
         client = self._round_clients.get(cid)
@@ -86,10 +95,17 @@ class SecureAggregation(ProtocolLayer):
         bits = self.cfg.secure_aggregation.modulus_bits
         return {"masked": client.masked_input(x, alive, bits, encode=self.codec.encode_into)}
 
-    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+    def client_plan_steps(
+        self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
+    ) -> list[dict]:
         """Remote clients: the inner sessions' steps, then this round's mask (the last step before the wire)."""
         mask = {"op": "layer:secure_aggregation.mask_step", "secagg_round": round_idx, "weighting": self.cfg.training.aggregation}
         return [*inner, mask]
+
+    def client_min_summands(self, cid: int, round_idx: int) -> int | None:
+        """Client side: this round's threshold t, as the client checked it at advertise (a completed sum holds ≥ t)."""
+        client = self._round_clients.get(cid)
+        return client.threshold if client is not None and client.round_idx == round_idx else None
 
     def client_state_dict(self) -> dict[str, Any]:
         return {cid: c.state() for cid, c in self._round_clients.items()}

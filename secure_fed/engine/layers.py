@@ -24,6 +24,7 @@ This module is the interface only; the layers themselves live above the core
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -85,17 +86,31 @@ class StackEnv:
 
 
 @dataclass(frozen=True)
-class AtLeast:
-    """A plan argument that a remote node checks as a lower bound, because it cannot know the exact value (e.g. a
-    noise share's standard deviation, which depends on how many updates the round's secure sum holds)."""
+class Bounds:
+    """A plan argument that a remote node checks as a range, because it cannot know the exact value (e.g. a noise
+    share's standard deviation, which depends on how many updates the round's secure sum holds): a finite number
+    in ``[low, high]`` passes."""
 
-    value: float
+    low: float
+    high: float
 
 
-def plan_mismatch(plan: list[dict], expected: list[dict]) -> str | None:
+def _finite_number(v: Any) -> bool:
+    """An int or float (not a bool) that is a finite float (JSON can carry 1e999 as inf, and ints of any size)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def plan_mismatch(plan: Any, expected: list[dict]) -> str | None:
     """Why ``plan`` (as a node received it) is not ``expected`` (as the node's own config gives it), or None. Every
-    step, its order, its keys and its values must match; an :class:`AtLeast` value is a floor."""
-    ops = [str(s.get("op")) for s in plan]
+    step, its order, its keys and its values must match; a :class:`Bounds` value is a range."""
+    if not isinstance(plan, list) or not all(isinstance(s, dict) and isinstance(s.get("op"), str) for s in plan):
+        return "is not a list of steps, each a mapping with an 'op' name"
+    ops = [s["op"] for s in plan]
     want = [str(s.get("op")) for s in expected]
     if ops != want:
         return f"names the steps {ops}, where this run's layers ask for {want}"
@@ -104,10 +119,12 @@ def plan_mismatch(plan: list[dict], expected: list[dict]) -> str | None:
             return f"gives step {exp['op']!r} the arguments {sorted(got)}, where it takes {sorted(exp)}"
         for key, want_v in exp.items():
             v = got[key]
-            if isinstance(want_v, AtLeast):
-                ok = isinstance(v, int | float) and not isinstance(v, bool) and v >= want_v.value
-                if not ok:
-                    return f"gives step {exp['op']!r} {key}={v!r}, below the {want_v.value:.6g} this run's config allows"
+            if isinstance(want_v, Bounds):
+                if not (_finite_number(v) and want_v.low <= v <= want_v.high):
+                    return (
+                        f"gives step {exp['op']!r} {key}={v!r}, outside the [{want_v.low:.6g}, {want_v.high:.6g}] this "
+                        "run's config allows"
+                    )
             elif type(v) is not type(want_v) or v != want_v:  # the plan travels as JSON: types survive it
                 return f"gives step {exp['op']!r} {key}={v!r}, where this run's config gives {want_v!r}"
     return None
@@ -206,13 +223,21 @@ class ProtocolLayer:
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         return inner
 
-    def client_plan_steps(self, inner: list[dict], *, round_idx: int, min_summands: int | None = None) -> list[dict]:
+    def client_plan_steps(
+        self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
+    ) -> list[dict]:
         """The round's client plan (:meth:`RoundSession.client_plan`) as this layer's session builds it around the
         plan of the sessions inside it (``inner``), from this copy of the run's config. The server's session calls
-        it with the round's ``min_summands``; a remote node calls it with None, through
-        :meth:`ProtocolStack.check_client_plan`, to check the plan the server sent: a value the node cannot know
-        is then an :class:`AtLeast` bound. The default: the layer adds no client step."""
+        it with the round's ``min_summands`` (the fewest updates a completed sum holds); a remote node calls it
+        ``on_node``, through :meth:`ProtocolStack.check_client_plan`, to check the plan the server sent, with the
+        count its own protocol state knows (:meth:`client_min_summands`) or None: a value the node cannot know
+        exactly is then a :class:`Bounds` range. The default: the layer adds no client step."""
         return inner
+
+    def client_min_summands(self, cid: int, round_idx: int) -> int | None:
+        """Client side: the fewest updates round ``round_idx``'s secure sum holds, as client ``cid``'s own state for
+        this layer knows it (e.g. the SecAgg threshold it checked against its config), or None."""
+        return None
 
     def budget_stop(self, round_idx: int) -> str | None:
         """A reason to stop *before* this round, or None."""
@@ -325,15 +350,19 @@ class ProtocolStack:
             session = layer.open_round(round_idx, session)
         return session
 
-    def check_client_plan(self, plan: list[dict], *, round_idx: int) -> None:
-        """Client side, on a remote node: refuse (PermissionError) a round plan that is not the one this node's copy
-        of the run's config gives, i.e. every layer's :meth:`~ProtocolLayer.client_plan_steps` composed as the
-        server's sessions compose them. A server cannot drop a step (the clip, the mask), weaken one (a larger clip
-        norm, a smaller noise share than any cohort allows), reorder them, or point one at another round."""
+    def check_client_plan(self, plan: Any, *, round_idx: int, cid: int | None = None) -> None:
+        """Client side, on a remote node (client ``cid``): refuse (PermissionError, one line) a round plan that is
+        not the one this node's copy of the run's config gives, i.e. every layer's
+        :meth:`~ProtocolLayer.client_plan_steps` composed as the server's sessions compose them. A server cannot
+        drop a step (the clip, the mask), add one, reorder them, weaken one (a larger clip norm, a smaller noise
+        share than the round's secure sum allows) or point one at another round."""
+        known = [n for layer in self.layers if cid is not None and (n := layer.client_min_summands(cid, round_idx))]
         expected: list[dict] = []
         for layer in self.layers:
-            expected = layer.client_plan_steps(expected, round_idx=round_idx)
-        if (why := plan_mismatch(list(plan), expected)) is not None:
+            expected = layer.client_plan_steps(
+                expected, round_idx=round_idx, min_summands=known[0] if known else None, on_node=True
+            )
+        if (why := plan_mismatch(plan, expected)) is not None:
             raise PermissionError(f"the server's plan for round {round_idx} {why}: refused")
 
     def after_round(self, round_idx: int) -> None:

@@ -333,6 +333,14 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         """The round's client jobs, built lazily: payload, and the client function wrapped innermost-first by the
         callbacks (canaries), the layers (clip, noise share) and the session (mask, encrypt)."""
         plan = tuple(session.client_plan()) if self.executor.remote else ()
+        if plan:  # what every honest node will check: a layer whose session builds its plan another way is a bug here
+            try:
+                self.stack.check_client_plan(list(plan), round_idx=self.round)
+            except PermissionError as e:
+                raise RuntimeError(
+                    f"this run's own client plan would be refused by its nodes ({e}); a layer's session must build its "
+                    "steps with the layer's client_plan_steps"
+                ) from None
         for cid in session.cohort:
             client = self.fed.clients[cid]
             payload = self.algorithm.downlink(self.theta, self.W, client.known_labels.to(self.device))

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from protocols.base import AtLeast
+from protocols.base import Bounds
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.layers import plan_mismatch
@@ -85,21 +85,76 @@ def test_the_plan_is_checked_against_the_round_the_node_is_asked_to_train(shares
         node.stack.check_client_plan(plan, round_idx=3)
 
 
-def test_a_larger_noise_share_passes_and_the_floor_is_all_clients(shares):
-    """A node cannot know how many updates the round's sum holds: it bounds the share below by σ·S/√N (N clients)."""
+def test_the_noise_share_range_without_a_threshold_is_all_clients_to_one(shares):
+    """A node that knows no threshold for the round bounds the share between σ·S/√N (no sum holds more than the
+    federation's N clients) and σ·S (a sum holds at least one update); ±1e-9 relative."""
     exp, node, plan = shares
     unit = node.stack.by_name()["dp"].units["client"]
-    floor = unit.sigma * 0.5 / math.sqrt(len(exp.fed.clients))
-    for std, ok in ((plan[1]["std"] * 3, True), (floor, True), (floor * (1 - 1e-9), False)):
+    floor, top = unit.sigma * 0.5 / math.sqrt(len(exp.fed.clients)), unit.sigma * 0.5
+    for std, ok in ((plan[1]["std"] * 1.5, True), (floor, True), (top, True), (floor * (1 - 1e-8), False),
+                    (top * (1 + 1e-8), False), (float("inf"), False), (1e300, False), (10**400, False)):  # fmt: skip
         p = copy.deepcopy(plan)
         p[1]["std"] = std
         assert (plan_mismatch(p, _expected(node, 2)) is None) is ok, std
 
 
+def test_a_node_holding_the_secagg_threshold_bounds_the_share_by_it(shares):
+    """Under secure aggregation the node learned the round's threshold t at advertise (checked against its config
+    there): the share must be at least σ·S/√t, the server's own value (σ·S/√N would let a server that told it a
+    larger sum lower the noise)."""
+    exp, node, plan = shares
+    layer = node.stack.by_name()["secure_aggregation"]
+    cid = 0
+    n = len(exp.fed.clients)
+    t = math.ceil(node.cfg.secure_aggregation.threshold * n)  # the complete graph at this size: n − 1 neighbours
+    layer.client_stage({"secagg": "advertise", "secagg_round": 2, "secagg_neighbours": [c for c in range(n) if c != cid],
+                        "secagg_threshold": t}, node.fed.clients[cid])  # fmt: skip
+    try:
+        node.stack.check_client_plan(plan, round_idx=2, cid=cid)
+        unit = node.stack.by_name()["dp"].units["client"]
+        assert plan[1]["std"] == pytest.approx(unit.sigma * 0.5 / math.sqrt(t), rel=1e-12)
+        weaker = copy.deepcopy(plan)
+        weaker[1]["std"] = plan[1]["std"] * 0.999
+        assert plan_mismatch(weaker, _expected(node, 2)) is None  # above σS/√N: a node without t would take it
+        with pytest.raises(PermissionError, match="outside the"):
+            node.stack.check_client_plan(weaker, round_idx=2, cid=cid)
+        node.stack.check_client_plan(weaker, round_idx=2, cid=cid + 1)  # another client of the node holds no t
+    finally:
+        layer._round_clients.clear()
+
+
+def test_a_node_refuses_a_secagg_threshold_its_config_does_not_give(shares):
+    exp, node, _ = shares
+    layer = node.stack.by_name()["secure_aggregation"]
+    n = len(exp.fed.clients)
+    t = math.ceil(node.cfg.secure_aggregation.threshold * n)
+    for bad in (t - 1, t + 1):
+        with pytest.raises(PermissionError, match=f"threshold {bad} is not the {t}"):
+            layer.client_stage({"secagg": "advertise", "secagg_round": 2, "secagg_neighbours": list(range(1, n)),
+                                "secagg_threshold": bad}, node.fed.clients[0])  # fmt: skip
+    assert layer._round_clients == {}
+
+
+@pytest.mark.parametrize("plan", [None, {}, "", [1], {"op": "dp.clip"}, [{"op": 3}], [{"clip_norm": 0.5}], [[]]])
+def test_a_malformed_plan_is_one_clear_refusal(shares, plan):
+    _, node, _ = shares
+    with pytest.raises(PermissionError, match="is not a list of steps|names the steps"):
+        node.stack.check_client_plan(plan, round_idx=2)
+
+
+def test_an_empty_cohort_plan_is_plain_json(tmp_path):
+    """A Poisson cohort may be empty: under CKKS the sum then holds no update, and the plan is still plain values."""
+    exp = Experiment(small_config("protocols=[dp, ckks]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, "
+                                  "noise: clients}", "ckks.encrypt=[all]"), run_dir=tmp_path)  # fmt: skip
+    base = RoundSession(cohort=[], theta=exp.theta, W=exp.W, weighting="uniform")
+    plan = json.loads(json.dumps(exp.stack.open_round(0, base).client_plan()))
+    exp.stack.check_client_plan(plan, round_idx=0)
+
+
 def _expected(exp: Experiment, round_idx: int) -> list[dict]:
     expected: list[dict] = []
     for layer in exp.stack.layers:
-        expected = layer.client_plan_steps(expected, round_idx=round_idx)
+        expected = layer.client_plan_steps(expected, round_idx=round_idx, on_node=True)  # a node holding no t
     return expected
 
 
@@ -130,9 +185,30 @@ def test_other_stacks_plans_pass_and_an_added_step_is_refused(overrides, ops, tm
         node.stack.check_client_plan([*plan, {"op": "dp.clip", "clip_norm": 9.0}], round_idx=0)
 
 
-def test_at_least_is_a_floor_and_types_must_match():
-    expected = [{"op": "x", "std": AtLeast(1.0), "n": 3, "w": "uniform"}]
+def test_bounds_are_a_finite_range_and_types_must_match():
+    expected = [{"op": "x", "std": Bounds(1.0, 4.0), "n": 3, "w": "uniform"}]
     assert plan_mismatch([{"op": "x", "std": 1.0, "n": 3, "w": "uniform"}], expected) is None
-    assert plan_mismatch([{"op": "x", "std": 2, "n": 3, "w": "uniform"}], expected) is None
-    for bad in ({"std": 0.5}, {"std": True}, {"std": "2"}, {"std": float("nan")}, {"n": 3.0}, {"n": True}, {"w": "x"}):
+    assert plan_mismatch([{"op": "x", "std": 4, "n": 3, "w": "uniform"}], expected) is None
+    bads = ({"std": 0.5}, {"std": 4.5}, {"std": True}, {"std": "2"}, {"std": float("nan")}, {"std": float("inf")},
+            {"n": 3.0}, {"n": True}, {"w": "x"})  # fmt: skip
+    for bad in bads:
         assert plan_mismatch([{"op": "x", "std": 1.0, "n": 3, "w": "uniform", **bad}], expected) is not None, bad
+
+
+def test_the_server_refuses_to_send_a_plan_its_nodes_would_refuse(tmp_path, monkeypatch):
+    """A layer whose session builds its client steps another way than its ``client_plan_steps`` (a plugin bug) would
+    have every client refuse every round: the server checks its own plan first and stops with one clear error."""
+    from protocols.dp.layer import DifferentialPrivacy
+
+    exp = Experiment(small_config("protocols=[dp]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5}"),
+                     run_dir=tmp_path)  # fmt: skip
+    honest = DifferentialPrivacy.client_plan_steps
+
+    def server_side_differs(self, inner, *, round_idx, min_summands=None, on_node=False):
+        steps = honest(self, inner, round_idx=round_idx, min_summands=min_summands, on_node=on_node)
+        return steps if on_node else [{**steps[0], "clip_norm": 1.0}, *steps[1:]]
+
+    monkeypatch.setattr(DifferentialPrivacy, "client_plan_steps", server_side_differs)
+    monkeypatch.setattr(exp.executor, "remote", True, raising=False)  # plans are built for remote clients only
+    with pytest.raises(RuntimeError, match="own client plan would be refused by its nodes .*clip_norm=1.0"):
+        exp.train_round()

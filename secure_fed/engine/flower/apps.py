@@ -236,7 +236,7 @@ def client_app_of(
         plan = json.loads(str(meta["plan"])) if "plan" in meta else []
         # the server chooses the round's plan; the node runs it only if it is the plan its own copy of the run's
         # config gives (no step dropped, weakened, reordered or pointed at another round)
-        exp.stack.check_client_plan(plan, round_idx=round_idx)
+        exp.stack.check_client_plan(plan, round_idx=round_idx, cid=cid)
         reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan, data=client, layers=exp.stack.by_name())
         save_node_state(context, exp, file)
         # what the node's callbacks measured inside the client's function that the server may learn (e.g. the

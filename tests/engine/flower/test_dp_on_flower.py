@@ -56,11 +56,15 @@ def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
     def train(msg, context):
         from secure_fed.engine.layers import ProtocolStack
 
-        ProtocolStack.check_client_plan = lambda self, plan, round_idx: None  # this node's code does not check its plan
         meta = dict(msg.content["meta"])
         assert json.loads(meta.pop("plan")) == [{"op": "dp.clip", "clip_norm": 0.001}]  # what the server asked for
         msg.content["meta"] = ConfigRecord(meta)
-        return honest(msg, context)
+        check = ProtocolStack.check_client_plan
+        ProtocolStack.check_client_plan = lambda self, plan, **kw: None  # this node's code does not check its plan
+        try:
+            return honest(msg, context)
+        finally:
+            ProtocolStack.check_client_plan = check
 
     with pytest.raises(PrivacyViolation, match="was not clipped"):
         run_on_flower(exp, progress=False, client_app=skipping)
