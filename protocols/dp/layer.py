@@ -50,6 +50,8 @@ class DifferentialPrivacy(ProtocolLayer):
         #: client side: each client's own secret behind its DP-SGD (``privacy.local``) and its noise share
         #: (``noise: clients``)
         self._client_streams: dict[int, SecretStream] = {}
+        #: client side: each client's trained rounds → the SHA-256 of the payload it trained that round on
+        self._trained: dict[int, dict[int, bytes]] = {}
         if self.client_state_on_nodes and cfg.backend != "flower":
             # in process, every client's key now, so the first checkpoint holds them all (exact resume); on Flower
             # each node draws its own clients' keys when they first train and keeps them in its state
@@ -460,8 +462,25 @@ class DifferentialPrivacy(ProtocolLayer):
         if "server" in state:
             self.server_stream = SecretStream.from_state_dict(state["server"])
 
+    def check_round_payload(self, cid: int, round_idx: int, digest: bytes) -> None:
+        """Client side, on a remote node: a client's DP randomness (its noise share, its DP-SGD batches and noise)
+        is addressed by the round, so training one round twice on different payloads would release two updates
+        with the same noise, whose difference is noise-free. A client trains a round again only on the same payload
+        (an honest server's resumed run replays a round with the same model, hence the same update)."""
+        if not self.client_state_on_nodes:
+            return
+        self.client_stream(int(cid))  # its state holds the record below
+        seen = self._trained.setdefault(int(cid), {})
+        if seen.get(int(round_idx), digest) != digest:
+            raise PermissionError(
+                f"client {cid}: the server sent round {round_idx} again with a different model; its DP noise, "
+                "addressed by the round, would repeat: refused"
+            )
+        seen[int(round_idx)] = digest
+
     def client_state_dict(self) -> dict[str, Any]:
-        return {cid: s.state_dict() for cid, s in self._client_streams.items()}
+        return {cid: {**s.state_dict(), "trained": dict(self._trained.get(cid, {}))} for cid, s in self._client_streams.items()}
 
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
         self._client_streams = {int(cid): SecretStream.from_state_dict(st) for cid, st in state.items()}
+        self._trained = {int(cid): {int(r): bytes(d) for r, d in st.get("trained", {}).items()} for cid, st in state.items()}

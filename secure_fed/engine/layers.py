@@ -234,6 +234,12 @@ class ProtocolLayer:
         exactly is then a :class:`Bounds` range. The default: the layer adds no client step."""
         return inner
 
+    def check_round_payload(self, cid: int, round_idx: int, digest: bytes) -> None:
+        """Client side, on a remote node, before client ``cid`` trains round ``round_idx`` on a payload with this
+        SHA-256 ``digest``: refuse (PermissionError) what this layer's client-side randomness cannot take, e.g. a
+        round trained before on another payload (randomness addressed by the round would repeat); remember it in
+        the client's state. The default: nothing to check."""
+
     def client_min_summands(self, cid: int, round_idx: int) -> int | None:
         """Client side: the fewest updates round ``round_idx``'s secure sum holds, as client ``cid``'s own state for
         this layer knows it (e.g. the SecAgg threshold it checked against its config), or None."""
@@ -364,6 +370,11 @@ class ProtocolStack:
             )
         if (why := plan_mismatch(plan, expected)) is not None:
             raise PermissionError(f"the server's plan for round {round_idx} {why}: refused")
+
+    def check_round_payload(self, cid: int, round_idx: int, digest: bytes) -> None:
+        """Client side, on a remote node: every layer's :meth:`~ProtocolLayer.check_round_payload`."""
+        for layer in self.layers:
+            layer.check_round_payload(cid, round_idx, digest)
 
     def after_round(self, round_idx: int) -> None:
         for layer in self.layers:

@@ -10,6 +10,7 @@ make its receiver run code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -117,4 +118,26 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
     return payload
 
 
-__all__ = ["CodecError", "decode", "encode"]
+def payload_digest(payload: dict[str, Any]) -> bytes:
+    """SHA-256 of a decoded payload: each key in sorted order with its value (a tensor by dtype, shape and bytes;
+    a mapping recursively; anything else by its repr). Equal payloads give equal digests."""
+    h = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"tensor {t.dtype} {tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            h.update(f"dict {len(value)};".encode())
+            for k in sorted(value, key=str):
+                h.update(f"key {k!r};".encode())
+                feed(value[k])
+        else:
+            h.update(f"value {value!r};".encode())
+
+    feed(payload)
+    return h.digest()
+
+
+__all__ = ["CodecError", "decode", "encode", "payload_digest"]

@@ -98,6 +98,43 @@ def test_a_node_refuses_a_plan_that_weakens_the_clip(tmp_path):
         run_on_flower(exp, progress=False, client_app=weakening)
 
 
+def test_a_node_trains_a_round_again_only_on_the_same_model(tmp_path):
+    """A client's DP randomness is addressed by the round: a node that got round r again with another model would
+    release the same noise twice (the difference of the two updates noise-free), so it refuses; the same message
+    again (an honest resumed run replays a round with the same model) trains as before."""
+    from secure_fed.engine.flower.apps import REQUEST_META
+    from secure_fed.engine.flower.codec import decode, encode
+
+    cfg = small_config(*LOCAL, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
+    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    honest = make_client_app(dump_config(cfg), None)
+    replaying = ClientApp()
+
+    @replaying.query()
+    def query(msg, context):
+        return honest(msg, context)
+
+    @replaying.train()
+    def train(msg, context):
+        reply = honest(msg, context)
+        honest(msg, context)  # the same message again (an honest resume's replay): it trains, no refusal
+        payload = decode(msg.content, meta_keys=REQUEST_META)
+        name = sorted(payload["theta"])[0]
+        payload["theta"][name] = payload["theta"][name] + 1e-3  # what a server replaying the round would send
+        changed = encode(payload)
+        msg.content["arrays"], msg.content["values"] = changed["arrays"], changed["values"]
+        try:
+            honest(msg, context)
+        except PermissionError as e:
+            assert "again with a different model" in str(e), e
+        else:
+            raise AssertionError("the node trained a round again on another model")
+        return reply
+
+    result = run_on_flower(exp, progress=False, client_app=replaying)
+    assert result.summary["status"] == "completed" and exp.executor.sent["train"] > 0
+
+
 def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
     """In process too: the DP session's submit checks the norm of every plaintext update against S."""
     from protocols.dp.client_dp import update_norm
