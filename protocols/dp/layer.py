@@ -464,17 +464,20 @@ class DifferentialPrivacy(ProtocolLayer):
 
     def check_round_payload(self, cid: int, round_idx: int, digest: bytes) -> None:
         """Client side, on a remote node: a client's DP randomness (its noise share, its DP-SGD batches and noise)
-        is addressed by the round, so training one round twice on different payloads would release two updates
-        with the same noise, whose difference is noise-free. A client trains a round again only on the same payload
-        (an honest server's resumed run replays a round with the same model, hence the same update)."""
+        is addressed by the round, so training one round twice on different payloads, or under plans with different
+        noise shares (the same draws scaled), would release two updates with the same noise, whose difference (or
+        weighted difference) is noise-free. ``digest`` covers the payload and the plan; a client trains a round
+        again only on the same ones (the round a resumed run replays first is byte-identical to the original)."""
         if not self.client_state_on_nodes:
             return
         self.client_stream(int(cid))  # its state holds the record below
         seen = self._trained.setdefault(int(cid), {})
         if seen.get(int(round_idx), digest) != digest:
             raise PermissionError(
-                f"client {cid}: the server sent round {round_idx} again with a different model; its DP noise, "
-                "addressed by the round, would repeat: refused"
+                f"client {cid}: round {round_idx} arrived again with another payload or plan; its DP noise, addressed "
+                "by the round, would repeat: refused (a server that deviates from the protocol, or a resumed run whose "
+                "replayed rounds differ from the first run's, e.g. by other real dropouts; output.checkpoint_every: 1 "
+                "replays no round but the interrupted one)"
             )
         seen[int(round_idx)] = digest
 

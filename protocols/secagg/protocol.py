@@ -115,6 +115,9 @@ class SecAggClient:
     peers_c: dict[int, bytes] = field(default_factory=dict)
     peers_s: dict[int, bytes] = field(default_factory=dict)
     held_shares: dict[int, tuple[tuple[int, bytes], tuple[int, bytes]]] = field(default_factory=dict)
+    #: it sent its masked input: the round's masks hide one input only (two inputs masked alike would give the
+    #: server their difference in the clear)
+    masked: bool = False
 
     def advertise(self) -> dict:
         return {"c_pk": self.c_key.public, "s_pk": self.s_key.public}
@@ -124,7 +127,8 @@ class SecAggClient:
         return {"cid": self.cid, "round_idx": self.round_idx, "neighbours": list(self.neighbours),
                 "threshold": self.threshold, "c_sk": self.c_key.private_bytes(), "s_sk": self.s_key.private_bytes(),
                 "b_seed": self.b_seed, "peers_c": dict(self.peers_c), "peers_s": dict(self.peers_s),
-                "held_shares": {u: [list(b), list(s)] for u, (b, s) in self.held_shares.items()}}  # fmt: skip
+                "held_shares": {u: [list(b), list(s)] for u, (b, s) in self.held_shares.items()},
+                "masked": self.masked}  # fmt: skip
 
     @classmethod
     def from_state(cls, st: dict) -> SecAggClient:
@@ -134,6 +138,7 @@ class SecAggClient:
             s_key=KeyPair.from_private_bytes(st["s_sk"]), b_seed=st["b_seed"],
             peers_c={int(k): v for k, v in st["peers_c"].items()}, peers_s={int(k): v for k, v in st["peers_s"].items()},
             held_shares={int(u): ((int(b[0]), b[1]), (int(s[0]), s[1])) for u, (b, s) in st["held_shares"].items()},
+            masked=bool(st.get("masked", False)),
         )  # fmt: skip
 
     def share_keys(self, public_keys: dict[int, dict]) -> dict[int, bytes]:
@@ -181,6 +186,12 @@ class SecAggClient:
         ``x[a:b]`` with a length, such as the layout's :class:`~secure_fed.engine.aggregation.FlatUpdate` — encoded
         into the output a block at a time as the masks are added (no encoded copy of x, and no flat copy of a
         ``FlatUpdate``)."""
+        if self.masked:
+            raise PermissionError(
+                f"client {self.cid}: asked for a second masked input in round {self.round_idx}; the same masks on two "
+                "inputs would give their difference in the clear: refused"
+            )
+        self.masked = True
         terms = [(self.b_seed, 1)]
         for v in self.neighbours:
             if v in alive:

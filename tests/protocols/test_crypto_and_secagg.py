@@ -341,3 +341,23 @@ def test_masked_vector_is_uniform_whatever_the_input(bits):
         assert stats.chisquare(counts).pvalue > 1e-3
         top = (y >> y.dtype.type(bits - 4)).astype(int)  # the top 4 bits, 16 cells
         assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-3
+
+
+def test_a_client_masks_one_input_a_round():
+    """The round's masks hide one input: a second masked input (the same masks on another x) would give the
+    server the difference of the two in the clear, so it is refused, also after the client's state round trip."""
+    n, size = 3, 64
+    clients = {u: SecAggClient(u, 5, [v for v in range(n) if v != u], 2) for u in range(n)}
+    pks = {u: c.advertise() for u, c in clients.items()}
+    for c in clients.values():
+        c.share_keys(pks)
+    c0 = clients[0]
+    y1 = c0.masked_input(np.zeros(size, dtype=np.uint64), list(range(n)), 64)
+    with pytest.raises(PermissionError, match="second masked input in round 5"):
+        c0.masked_input(np.ones(size, dtype=np.uint64), list(range(n)), 64)
+    again = SecAggClient.from_state(c0.state())
+    with pytest.raises(PermissionError, match="second masked input"):
+        again.masked_input(np.ones(size, dtype=np.uint64), list(range(n)), 64)
+    old = {k: v for k, v in c0.state().items() if k != "masked"}  # state saved before the flag existed
+    assert SecAggClient.from_state(old).masked is False
+    assert y1.shape == (size,)

@@ -309,12 +309,12 @@ def test_a_client_trains_a_round_again_only_on_the_same_payload(tmp_path):
     dp.check_round_payload(3, 0, a)  # the same payload again
     dp.check_round_payload(3, 1, b)  # another round
     dp.check_round_payload(4, 0, b)  # another client
-    with pytest.raises(PermissionError, match="client 3: the server sent round 0 again with a different model"):
+    with pytest.raises(PermissionError, match="client 3: round 0 arrived again with another payload or plan"):
         dp.check_round_payload(3, 0, b)
     state = dp.client_state_dict()
     fresh = Experiment(exp.cfg, run_dir=tmp_path / "b").stack.by_name()["dp"]
     fresh.load_client_state_dict(state)  # a node's next message (or a resumed run) takes the record up
-    with pytest.raises(PermissionError, match="round 1 again"):
+    with pytest.raises(PermissionError, match="round 1 arrived again"):
         fresh.check_round_payload(3, 1, a)
     fresh.load_client_state_dict({cid: {k: v for k, v in st.items() if k != "trained"} for cid, st in state.items()})
     fresh.check_round_payload(3, 1, a)  # state from before the record existed: nothing remembered

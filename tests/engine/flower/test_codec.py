@@ -146,5 +146,16 @@ def test_payload_digest_is_equal_for_equal_payloads_only():
     ]
     assert len({payload_digest(p) for p in [base, *changed]}) == len(changed) + 1
     t = torch.tensor([1.5, -2.0])
-    want = hashlib.sha256(b"dict 1;key 'x';tensor torch.float32 (2,);" + t.numpy().tobytes()).digest()
-    assert payload_digest({"x": t}) == want
+
+    def put(tag: bytes, data: bytes) -> bytes:  # the documented framing: tag, 8-byte little-endian length, data
+        return tag + len(data).to_bytes(8, "little") + data
+
+    want = put(b"D", b"1") + put(b"S", b"x") + put(b"T", b"torch.float32(2,)") + put(b"t", t.numpy().tobytes())
+    assert payload_digest({"x": t}) == hashlib.sha256(want).digest()
+    # lossless where repr is not: close floats in 0-d arrays, one element of a long array in a list, kinds
+    close = [(np.array(0.123456789012), np.array(0.123456789013)), ([np.zeros(2000)], [np.r_[np.zeros(1999), 1.0]]),
+             ((1,), [1]), (1, 1.0), (True, 1), (0.1, math.nextafter(0.1, 1.0)), (b"ab", "ab"), (None, "None")]  # fmt: skip
+    for a, b in close:
+        assert payload_digest(a) != payload_digest(b), (a, b)
+    with pytest.raises(TypeError, match="has no digest"):
+        payload_digest({"x": object()})

@@ -126,9 +126,43 @@ def test_a_node_trains_a_round_again_only_on_the_same_model(tmp_path):
         try:
             honest(msg, context)
         except PermissionError as e:
-            assert "again with a different model" in str(e), e
+            assert "arrived again with another payload or plan" in str(e), e
         else:
             raise AssertionError("the node trained a round again on another model")
+        return reply
+
+    result = run_on_flower(exp, progress=False, client_app=replaying)
+    assert result.summary["status"] == "completed" and exp.executor.sent["train"] > 0
+
+
+def test_under_noise_shares_and_secagg_a_replayed_round_is_refused_twice_over(tmp_path):
+    """Noise shares inside secure aggregation: the same model under a plan with a larger share (the same draws,
+    scaled: two releases would give the update) is refused by the round's digest, and the very same message again
+    by the round's masks, which hide one input only (two inputs masked alike give their difference)."""
+    cfg = small_config(*SHARES, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
+    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    honest = make_client_app(dump_config(cfg), None)
+    replaying = ClientApp()
+
+    @replaying.query()
+    def query(msg, context):
+        return honest(msg, context)
+
+    @replaying.train()
+    def train(msg, context):
+        reply = honest(msg, context)
+        meta = dict(msg.content["meta"])
+        plan = json.loads(meta["plan"])
+        larger = [dict(s) for s in plan]
+        larger[1]["std"] = plan[1]["std"] * 1.5  # within [σS/√t, σS]: the plan check alone would take it
+        for sent, why in ((larger, "arrived again with another payload or plan"), (plan, "second masked input")):
+            msg.content["meta"] = ConfigRecord({**meta, "plan": json.dumps(sent)})
+            try:
+                honest(msg, context)
+            except PermissionError as e:
+                assert why in str(e), e
+            else:
+                raise AssertionError(f"the node answered a replayed round ({why})")
         return reply
 
     result = run_on_flower(exp, progress=False, client_app=replaying)
