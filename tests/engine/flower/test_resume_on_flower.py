@@ -70,3 +70,31 @@ def test_local_models_resume_on_flower_and_a_node_without_its_state_refuses(tmp_
     for f, h in zip(result.history, local_result.history, strict=True):
         for k in ("AmAP", "AmAP_std", "WmAP"):
             assert f[k] == pytest.approx(h[k], abs=1e-5), (h["round"], k)
+
+
+# DP-SGD in client training: each client's randomness lives on its node and is addressed by the round, and a node
+# refuses a round it trained before unless the payload and plan are the same (test_dp_on_flower.py)
+DP_LOCAL = [*COMMON, "protocols=[dp]", "algorithm.name=fedaws", "privacy.noise_seed=3", "flower.on_client_failure=stop",
+            "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+
+
+def test_a_resumed_run_replays_a_round_its_nodes_trained_and_they_take_it(tmp_path):
+    """The server stops after its nodes trained round 2 but before it checkpointed it: the resumed run replays round
+    2 from the round-2 checkpoint, on the same model, so the nodes (which remember round 2's payload and plan) train
+    it again instead of refusing it, and the run ends as an uninterrupted one."""
+    first = _first_half(DP_LOCAL, tmp_path / "f")
+    shutil.copytree(tmp_path / "f", tmp_path / "server-at-2")  # the server's side as checkpointed after 2 rounds
+    ahead = Experiment(small_config(*DP_LOCAL, "backend=flower", "training.rounds=3"), run_dir=tmp_path / "f")
+    assert ahead.resume() and ahead.run(progress=False).summary["rounds_completed"] == 3  # the nodes train round 2
+    trained = {}
+    for f in (node_storage_dir(tmp_path / "f") / first.flower_session).glob("node-*.pt"):
+        for cid, st in torch.load(f, weights_only=False)["protocols"]["dp"].items():
+            trained[cid] = st["trained"]
+    assert trained and all(2 in rounds for rounds in trained.values() if rounds)  # round 2 remembered on the nodes
+    shutil.rmtree(tmp_path / "f")
+    shutil.copytree(tmp_path / "server-at-2", tmp_path / "f")  # the server lost round 2: it resumes from round 2
+
+    resumed, result = _resumed(DP_LOCAL, tmp_path / "f")
+    assert result.summary["status"] == "completed" and result.summary["rounds_completed"] == 4
+    local, local_result = run_in_process(DP_LOCAL, tmp_path / "local")
+    assert_same_run(resumed, result, local, local_result)
