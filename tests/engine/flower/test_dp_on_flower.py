@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from secure_fed.config import dump_config
@@ -28,6 +28,17 @@ DP = ["protocols=[dp]", "algorithm.normalize_gamma=false", "privacy.noise_seed=7
       "privacy.instance={noise_multiplier: 1.0, clip_norm: 1.0, sample_rate: 0.5}"]  # fmt: skip
 
 
+# DP-SGD in client training (privacy.local): each client's Poisson batches and noise come from its own secret
+# stream, which lives in its node's context.state; FedAwS (no label sets), a fixed noise seed so that the in-process
+# run's clients draw the same
+LOCAL = ["protocols=[dp]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
+         "flower.num_supernodes=4", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+# distributed noise (noise: clients): each client adds its share from its own stream, inside the secure sum
+SHARES = ["protocols=[dp, secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
+          "flower.num_supernodes=4", "output.log_messages=true",
+          "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, noise: clients}"]  # fmt: skip
+
+
 def test_dp_on_flower_equals_in_process(tmp_path):
     local_exp, local = run_in_process(DP, tmp_path / "local")
     flower_exp = Experiment(small_config(*DP, "backend=flower"), run_dir=tmp_path / "flower")
@@ -39,21 +50,42 @@ def test_dp_on_flower_equals_in_process(tmp_path):
     assert_same_run(flower_exp, flower, local_exp, local)
 
 
+def _run_with_nodes(cfg, tmp_path, train):
+    """Run ``cfg`` on Flower with every node's training messages going through ``train(honest, msg, context)``,
+    where ``honest`` is the project's ClientApp (a test plays a server's altered message, or a node's altered code,
+    around it); setup queries reach the honest app unchanged. Returns (experiment, result)."""
+    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    honest = make_client_app(dump_config(cfg), None)
+    app = ClientApp()
+
+    @app.query()
+    def query(msg, context):
+        return honest(msg, context)
+
+    @app.train()
+    def train_(msg, context):
+        return train(honest, msg, context)
+
+    return exp, run_on_flower(exp, progress=False, client_app=app)
+
+
+def _refused(call, why: str) -> None:
+    """Inside a node: ``call()`` must raise the node's PermissionError saying ``why``."""
+    try:
+        call()
+    except PermissionError as e:
+        assert why in str(e), e
+    else:
+        raise AssertionError(f"the node did not refuse ({why})")
+
+
 def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
     """A ClientApp that drops the round's plan (so it never clips): the server's DP session refuses the first
     update above the clip norm, and the run stops with that error."""
     # a clip far below any update's norm: every unclipped update is over it
     cfg = small_config(*DP, "backend=flower", "training.rounds=1", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.001}")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
-    honest = make_client_app(dump_config(cfg), None)
-    skipping = ClientApp()
 
-    @skipping.query()
-    def query(msg, context):
-        return honest(msg, context)
-
-    @skipping.train()
-    def train(msg, context):
+    def skipping(honest, msg, context):
         from secure_fed.engine.layers import ProtocolStack
 
         meta = dict(msg.content["meta"])
@@ -67,7 +99,7 @@ def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
             ProtocolStack.check_client_plan = check
 
     with pytest.raises(PrivacyViolation, match="was not clipped"):
-        run_on_flower(exp, progress=False, client_app=skipping)
+        _run_with_nodes(cfg, tmp_path, skipping)
 
 
 def test_a_node_refuses_a_plan_that_weakens_the_clip(tmp_path):
@@ -77,95 +109,48 @@ def test_a_node_refuses_a_plan_that_weakens_the_clip(tmp_path):
     from secure_fed.engine.flower.executor import FlowerError
 
     cfg = small_config(*DP, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
-    honest = make_client_app(dump_config(cfg), None)
-    weakening = ClientApp()
 
-    @weakening.query()
-    def query(msg, context):
-        return honest(msg, context)
-
-    @weakening.train()
-    def train(msg, context):  # what a server asking for a weaker clip would send
+    def weakening(honest, msg, context):  # what a server asking for a weaker clip would send
         meta = dict(msg.content["meta"])
-        plan = json.loads(meta["plan"])
-        assert plan == [{"op": "dp.clip", "clip_norm": 0.5}]
-        meta["plan"] = json.dumps([{"op": "dp.clip", "clip_norm": 50.0}])
-        msg.content["meta"] = ConfigRecord(meta)
+        assert json.loads(meta["plan"]) == [{"op": "dp.clip", "clip_norm": 0.5}]
+        msg.content["meta"] = ConfigRecord({**meta, "plan": json.dumps([{"op": "dp.clip", "clip_norm": 50.0}])})
         return honest(msg, context)
 
     with pytest.raises(FlowerError, match="plan for round 0 gives step 'dp.clip' clip_norm=50.0"):
-        run_on_flower(exp, progress=False, client_app=weakening)
+        _run_with_nodes(cfg, tmp_path, weakening)
 
 
-def test_a_node_trains_a_round_again_only_on_the_same_model(tmp_path):
-    """A client's DP randomness is addressed by the round: a node that got round r again with another model would
-    release the same noise twice (the difference of the two updates noise-free), so it refuses; the same message
-    again (an honest resumed run replays a round with the same model) trains as before."""
+def test_a_node_refuses_to_train_a_round_again_on_another_model_plan_or_mask(tmp_path):
+    """A client's DP randomness is addressed by the round (here its noise share inside secure aggregation): round r
+    again on another model, or on the same model under a plan with a larger share (the same draws, scaled), would
+    release the same noise twice, so the round's digest refuses both; the very same message again is refused by the
+    round's masks, which hide one input only (two inputs masked alike give their difference). That a resumed run's
+    replay of a round is taken: ``test_resume_on_flower.py``."""
     from secure_fed.engine.flower.apps import REQUEST_META
     from secure_fed.engine.flower.codec import decode, encode
 
-    cfg = small_config(*LOCAL, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
-    honest = make_client_app(dump_config(cfg), None)
-    replaying = ClientApp()
-
-    @replaying.query()
-    def query(msg, context):
-        return honest(msg, context)
-
-    @replaying.train()
-    def train(msg, context):
+    def replaying(honest, msg, context):
+        original = msg.content
         reply = honest(msg, context)
-        honest(msg, context)  # the same message again (an honest resume's replay): it trains, no refusal
-        payload = decode(msg.content, meta_keys=REQUEST_META)
+        payload = decode(original, meta_keys=REQUEST_META)
         name = sorted(payload["theta"])[0]
-        payload["theta"][name] = payload["theta"][name] + 1e-3  # what a server replaying the round would send
-        changed = encode(payload)
-        msg.content["arrays"], msg.content["values"] = changed["arrays"], changed["values"]
-        try:
-            honest(msg, context)
-        except PermissionError as e:
-            assert "arrived again with another payload or plan" in str(e), e
-        else:
-            raise AssertionError("the node trained a round again on another model")
-        return reply
-
-    result = run_on_flower(exp, progress=False, client_app=replaying)
-    assert result.summary["status"] == "completed" and exp.executor.sent["train"] > 0
-
-
-def test_under_noise_shares_and_secagg_a_replayed_round_is_refused_twice_over(tmp_path):
-    """Noise shares inside secure aggregation: the same model under a plan with a larger share (the same draws,
-    scaled: two releases would give the update) is refused by the round's digest, and the very same message again
-    by the round's masks, which hide one input only (two inputs masked alike give their difference)."""
-    cfg = small_config(*SHARES, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
-    honest = make_client_app(dump_config(cfg), None)
-    replaying = ClientApp()
-
-    @replaying.query()
-    def query(msg, context):
-        return honest(msg, context)
-
-    @replaying.train()
-    def train(msg, context):
-        reply = honest(msg, context)
-        meta = dict(msg.content["meta"])
+        payload["theta"][name] = payload["theta"][name] + 1e-3  # another model for the same round
+        other = encode(payload)
+        other["meta"] = original["meta"]
+        meta = dict(original["meta"])
         plan = json.loads(meta["plan"])
         larger = [dict(s) for s in plan]
         larger[1]["std"] = plan[1]["std"] * 1.5  # within [σS/√t, σS]: the plan check alone would take it
-        for sent, why in ((larger, "arrived again with another payload or plan"), (plan, "second masked input")):
-            msg.content["meta"] = ConfigRecord({**meta, "plan": json.dumps(sent)})
-            try:
-                honest(msg, context)
-            except PermissionError as e:
-                assert why in str(e), e
-            else:
-                raise AssertionError(f"the node answered a replayed round ({why})")
+        with_larger = RecordDict({**dict(original.items()), "meta": ConfigRecord({**meta, "plan": json.dumps(larger)})})
+        for content, why in ((other, "arrived again with another payload or plan"),
+                             (with_larger, "arrived again with another payload or plan"),
+                             (original, "second masked input")):  # fmt: skip
+            msg.content = content
+            _refused(lambda: honest(msg, context), why)
         return reply
 
-    result = run_on_flower(exp, progress=False, client_app=replaying)
+    cfg = small_config(*SHARES, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
+    exp, result = _run_with_nodes(cfg, tmp_path, replaying)
     assert result.summary["status"] == "completed" and exp.executor.sent["train"] > 0
 
 
@@ -190,17 +175,6 @@ def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
         session.submit(0, {**at_s, "weight": 3.0})
     session.submit(0, {**at_s, "weight": 1.0})  # at S, weight 1: taken
     session.submit(0, at_s)
-
-
-# DP-SGD in client training (privacy.local): each client's Poisson batches and noise come from its own secret
-# stream, which lives in its node's context.state; FedAwS (no label sets), a fixed noise seed so that the in-process
-# run's clients draw the same
-LOCAL = ["protocols=[dp]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
-         "flower.num_supernodes=4", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
-# distributed noise (noise: clients): each client adds its share from its own stream, inside the secure sum
-SHARES = ["protocols=[dp, secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
-          "flower.num_supernodes=4", "output.log_messages=true",
-          "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, noise: clients}"]  # fmt: skip
 
 
 @pytest.mark.parametrize("overrides", [LOCAL, SHARES], ids=["privacy.local", "noise-clients"])
