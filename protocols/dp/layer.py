@@ -50,7 +50,7 @@ class DifferentialPrivacy(ProtocolLayer):
         #: client side: each client's own secret behind its DP-SGD (``privacy.local``) and its noise share
         #: (``noise: clients``)
         self._client_streams: dict[int, SecretStream] = {}
-        #: client side: each client's trained rounds → the SHA-256 of the payload it trained that round on
+        #: client side: each client's trained rounds → the SHA-256 of the payload and plan it trained that round on
         self._trained: dict[int, dict[int, bytes]] = {}
         if self.client_state_on_nodes and cfg.backend != "flower":
             # in process, every client's key now, so the first checkpoint holds them all (exact resume); on Flower
