@@ -79,45 +79,32 @@ def _refused(call, why: str) -> None:
         raise AssertionError(f"the node did not refuse ({why})")
 
 
-def test_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
-    """A ClientApp that drops the round's plan (so it never clips): the server's DP session refuses the first
-    update above the clip norm, and the run stops with that error."""
+def test_a_node_refuses_a_weaker_clip_and_a_node_that_skips_the_clip_is_refused_by_the_server(tmp_path):
+    """The server chooses the round's plan: one that asks for a clip norm larger than the run's config gives is
+    refused by the honest node (it checks the plan against its own copy of the config; the client then drops out,
+    or with ``on_client_failure: stop`` the run stops with the node's reason). A node whose code drops the plan (so
+    it never clips) is refused by the server: its DP session refuses the first update above the clip norm, and the
+    run stops with that error."""
     # a clip far below any update's norm: every unclipped update is over it
     cfg = small_config(*DP, "backend=flower", "training.rounds=1", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.001}")
 
-    def skipping(honest, msg, context):
+    def weakened_then_skipping(honest, msg, context):
         from secure_fed.engine.layers import ProtocolStack
 
         meta = dict(msg.content["meta"])
         assert json.loads(meta.pop("plan")) == [{"op": "dp.clip", "clip_norm": 0.001}]  # what the server asked for
-        msg.content["meta"] = ConfigRecord(meta)
+        msg.content["meta"] = ConfigRecord({**meta, "plan": json.dumps([{"op": "dp.clip", "clip_norm": 50.0}])})
+        _refused(lambda: honest(msg, context), "plan for round 0 gives step 'dp.clip' clip_norm=50.0, where this run's")
+        msg.content["meta"] = ConfigRecord(meta)  # no plan at all, and this node's code does not check its plan
         check = ProtocolStack.check_client_plan
-        ProtocolStack.check_client_plan = lambda self, plan, **kw: None  # this node's code does not check its plan
+        ProtocolStack.check_client_plan = lambda self, plan, **kw: None
         try:
             return honest(msg, context)
         finally:
             ProtocolStack.check_client_plan = check
 
     with pytest.raises(PrivacyViolation, match="was not clipped"):
-        _run_with_nodes(cfg, tmp_path, skipping)
-
-
-def test_a_node_refuses_a_plan_that_weakens_the_clip(tmp_path):
-    """The server chooses the round's plan: one that asks for a clip norm larger than the run's config gives is
-    refused by the honest node (it checks the plan against its own copy of the config): the client drops out of the
-    round, or with ``on_client_failure: stop`` the run stops with the node's reason."""
-    from secure_fed.engine.flower.executor import FlowerError
-
-    cfg = small_config(*DP, "backend=flower", "training.rounds=1", "flower.on_client_failure=stop")
-
-    def weakening(honest, msg, context):  # what a server asking for a weaker clip would send
-        meta = dict(msg.content["meta"])
-        assert json.loads(meta["plan"]) == [{"op": "dp.clip", "clip_norm": 0.5}]
-        msg.content["meta"] = ConfigRecord({**meta, "plan": json.dumps([{"op": "dp.clip", "clip_norm": 50.0}])})
-        return honest(msg, context)
-
-    with pytest.raises(FlowerError, match="plan for round 0 gives step 'dp.clip' clip_norm=50.0"):
-        _run_with_nodes(cfg, tmp_path, weakening)
+        _run_with_nodes(cfg, tmp_path, weakened_then_skipping)
 
 
 def test_a_node_refuses_to_train_a_round_again_on_another_model_plan_or_mask(tmp_path):
