@@ -40,9 +40,9 @@ def test_the_server_plan_is_what_the_node_expects(shares):
     assert plan[0] == {"op": "dp.clip", "clip_norm": 0.5}
     assert plan[1]["label"] == "noise share r2" and plan[2]["secagg_round"] == 2
     unit = exp.stack.by_name()["dp"].units["client"]
-    t = exp.stack.open_round(3, RoundSession(cohort=list(range(len(exp.fed.clients))), theta=exp.theta, W=exp.W,
-                                             weighting="uniform")).min_summands  # fmt: skip
-    assert plan[1]["std"] == pytest.approx(unit.sigma * 0.5 / math.sqrt(t))  # σ·S/√t, an independent computation
+    # the SecAgg threshold of a complete graph over the whole cohort at this size: ⌈threshold · n⌉
+    t = math.ceil(exp.cfg.secure_aggregation.threshold * len(exp.fed.clients))
+    assert plan[1]["std"] == pytest.approx(unit.sigma * 0.5 / math.sqrt(t), rel=1e-12)  # σ·S/√t
     node.stack.check_client_plan(plan, round_idx=2)  # passes
 
 
