@@ -18,6 +18,7 @@ from protocols.specs import LABEL_SET_ALGORITHMS, noise_share_range_error
 from secure_fed.algorithms.base import Algorithm, ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.engine.message_digest import payload_digest
 from secure_fed.engine.sampling import cohort_size
 from secure_fed.errors import ConfigError, PrivacyViolation
 
@@ -462,14 +463,16 @@ class DifferentialPrivacy(ProtocolLayer):
         if "server" in state:
             self.server_stream = SecretStream.from_state_dict(state["server"])
 
-    def check_round_payload(self, cid: int, round_idx: int, digest: bytes) -> None:
+    def check_round_payload(self, cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:
         """Client side, on a remote node: a client's DP randomness (its noise share, its DP-SGD batches and noise)
         is addressed by the round, so training one round twice on different payloads, or under plans with different
         noise shares (the same draws scaled), would release two updates with the same noise, whose difference (or
-        weighted difference) is noise-free. ``digest`` covers the payload and the plan; a client trains a round
-        again only on the same ones (the round a resumed run replays first is byte-identical to the original)."""
+        weighted difference) is noise-free. The client keeps a SHA-256 of each round's payload and plan
+        (:func:`~secure_fed.engine.message_digest.payload_digest`) and trains a round again only on the same ones
+        (the round a resumed run replays first is byte-identical to the original)."""
         if not self.client_state_on_nodes:
             return
+        digest = payload_digest({"payload": payload, "plan": plan})
         self.client_stream(int(cid))  # its state holds the record below
         seen = self._trained.setdefault(int(cid), {})
         if seen.get(int(round_idx), digest) != digest:

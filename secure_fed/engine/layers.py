@@ -234,11 +234,11 @@ class ProtocolLayer:
         exactly is then a :class:`Bounds` range. The default: the layer adds no client step."""
         return inner
 
-    def check_round_payload(self, cid: int, round_idx: int, digest: bytes) -> None:
-        """Client side, on a remote node, before client ``cid`` trains round ``round_idx`` on a payload with this
-        SHA-256 ``digest``: refuse (PermissionError) what this layer's client-side randomness cannot take, e.g. a
-        round trained before on another payload (randomness addressed by the round would repeat); remember it in
-        the client's state. The default: nothing to check."""
+    def check_round_payload(self, cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:
+        """Client side, on a remote node, before client ``cid`` trains round ``round_idx`` on ``payload`` under
+        ``plan``: refuse (PermissionError) what this layer's client-side randomness cannot take, e.g. a round
+        trained before on another payload or plan (randomness addressed by the round would repeat); remember what
+        it needs in the client's state. The default: nothing to check."""
 
     def client_min_summands(self, cid: int, round_idx: int) -> int | None:
         """Client side: the fewest updates round ``round_idx``'s secure sum holds, as client ``cid``'s own state for
@@ -371,10 +371,10 @@ class ProtocolStack:
         if (why := plan_mismatch(plan, expected)) is not None:
             raise PermissionError(f"the server's plan for round {round_idx} {why}: refused")
 
-    def check_round_payload(self, cid: int, round_idx: int, digest: bytes) -> None:
+    def check_round_payload(self, cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:
         """Client side, on a remote node: every layer's :meth:`~ProtocolLayer.check_round_payload`."""
         for layer in self.layers:
-            layer.check_round_payload(cid, round_idx, digest)
+            layer.check_round_payload(cid, round_idx, payload, plan)
 
     def after_round(self, round_idx: int) -> None:
         for layer in self.layers:

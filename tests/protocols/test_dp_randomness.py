@@ -298,28 +298,31 @@ def test_a_round_re_run_after_an_interrupt_is_charged_once(tmp_path):
 
 
 def test_a_client_trains_a_round_again_only_on_the_same_payload(tmp_path):
-    """The DP layer's client side remembers, per client, the digest of the payload it trained each round on (in its
-    client state, so a node keeps it across messages and a resumed run); another payload for a trained round is
-    refused, the same one is not; without round-addressed client randomness nothing is checked."""
+    """The DP layer's client side remembers, per client, a digest of the payload and plan it trained each round on
+    (in its client state, so a node keeps it across messages and a resumed run); another payload or plan for a
+    trained round is refused, the same ones are not; without round-addressed client randomness nothing is checked."""
     exp = Experiment(small_config("protocols=[dp]", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, "
                                   "batch_sample_rate: 0.5}", "algorithm.name=fedaws"), run_dir=tmp_path / "a")  # fmt: skip
     dp = exp.stack.by_name()["dp"]
-    a, b = b"a" * 32, b"b" * 32
-    dp.check_round_payload(3, 0, a)
-    dp.check_round_payload(3, 0, a)  # the same payload again
-    dp.check_round_payload(3, 1, b)  # another round
-    dp.check_round_payload(4, 0, b)  # another client
+    a, b = {"theta": {"w": torch.zeros(3)}}, {"theta": {"w": torch.tensor([0.0, 0.0, 1e-7])}}
+    plan, other_plan = [{"op": "x", "std": 1.0}], [{"op": "x", "std": 1.5}]
+    dp.check_round_payload(3, 0, a, plan)
+    dp.check_round_payload(3, 0, {"theta": {"w": torch.zeros(3)}}, [{"op": "x", "std": 1.0}])  # the same again
+    dp.check_round_payload(3, 1, b, plan)  # another round
+    dp.check_round_payload(4, 0, b, plan)  # another client
     with pytest.raises(PermissionError, match="client 3: round 0 arrived again with another payload or plan"):
-        dp.check_round_payload(3, 0, b)
+        dp.check_round_payload(3, 0, b, plan)
+    with pytest.raises(PermissionError, match="client 3: round 0 arrived again"):
+        dp.check_round_payload(3, 0, a, other_plan)
     state = dp.client_state_dict()
     fresh = Experiment(exp.cfg, run_dir=tmp_path / "b").stack.by_name()["dp"]
     fresh.load_client_state_dict(state)  # a node's next message (or a resumed run) takes the record up
     with pytest.raises(PermissionError, match="round 1 arrived again"):
-        fresh.check_round_payload(3, 1, a)
+        fresh.check_round_payload(3, 1, a, plan)
     fresh.load_client_state_dict({cid: {k: v for k, v in st.items() if k != "trained"} for cid, st in state.items()})
-    fresh.check_round_payload(3, 1, a)  # state from before the record existed: nothing remembered
+    fresh.check_round_payload(3, 1, a, plan)  # state from before the record existed: nothing remembered
 
     server_noise = Experiment(small_config("protocols=[dp]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5}"),
                               run_dir=tmp_path / "c").stack.by_name()["dp"]  # fmt: skip
-    server_noise.check_round_payload(3, 0, a)
-    server_noise.check_round_payload(3, 0, b)  # no client randomness: nothing to protect
+    server_noise.check_round_payload(3, 0, a, plan)
+    server_noise.check_round_payload(3, 0, b, plan)  # no client randomness: nothing to protect

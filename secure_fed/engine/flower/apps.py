@@ -32,7 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.client_functions import apply_client_plan, resolve_client_function
 from secure_fed.engine.checkpoints import to_device
-from secure_fed.engine.flower.codec import decode, encode, payload_digest
+from secure_fed.engine.flower.codec import decode, encode
 
 #: what a request's ``meta`` record may hold
 REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan", "session", "since"})
@@ -238,7 +238,7 @@ def client_app_of(
         # config gives (no step dropped, weakened, reordered or pointed at another round)
         exp.stack.check_client_plan(plan, round_idx=round_idx, cid=cid)
         if exp.stack:  # DP randomness addressed by the round: a round trains again only on the same payload and plan
-            exp.stack.check_round_payload(cid, round_idx, payload_digest({"payload": payload, "plan": plan}))
+            exp.stack.check_round_payload(cid, round_idx, payload, plan)
         reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan, data=client, layers=exp.stack.by_name())
         save_node_state(context, exp, file)
         # what the node's callbacks measured inside the client's function that the server may learn (e.g. the
