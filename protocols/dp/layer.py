@@ -10,13 +10,13 @@ import torch
 
 from protocols.base import Bounds, ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
-from protocols.dp.client_dp import add_client_noise, clip_step, noise_aggregate, update_norm
+from protocols.dp.client_dp import add_client_noise, noise_aggregate, update_norm
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.randomness import SecretStream
 from protocols.specs import LABEL_SET_ALGORITHMS, noise_share_range_error
 from secure_fed.algorithms.base import Algorithm, ClientData, ClientFn, Payload
-from secure_fed.client_functions import client_side
+from secure_fed.client_functions import apply_client_plan, client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
 from secure_fed.engine.message_digest import payload_digest
 from secure_fed.engine.sampling import cohort_size
@@ -255,21 +255,16 @@ class DifferentialPrivacy(ProtocolLayer):
 
         class _Noise(RoundWrapper):
             def client_mod(self, fn: ClientFn) -> ClientFn:
-                """Client side: clip the whole update to S; with ``noise: clients`` also add this client's noise share."""
-
-                weight_cap = layer.cfg.privacy.client.weight_cap
+                """Client side: clip the whole update to S (FLAG: its eq. 2 weight bounded inside, ``weight_cap``);
+                with ``noise: clients`` also add this client's noise share, from its own secret stream. The steps
+                and their arguments are the round's plan (:meth:`client_plan_steps`), run here as a remote node
+                runs them."""
+                if on_clients and self.min_summands is None:
+                    raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
+                steps = layer.client_plan_steps([], round_idx=round_idx, min_summands=self.min_summands)
 
                 def clipped(payload, data):
-                    # flag: the client's eq. 2 weight, bounded inside the clipped update (weight_cap)
-                    reply = clip_step(fn(payload, data), clip_norm=unit.clip_norm, weight_cap=weight_cap)
-                    if not on_clients:
-                        return reply
-                    if self.min_summands is None:
-                        raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
-                    std = unit.sigma * unit.clip_norm / math.sqrt(self.min_summands)
-                    rows = (layer.env.num_labels, layer.env.embedding_dim) if noise_rows else None
-                    stream = layer.client_stream(data.client_id)  # the client's own secret
-                    return add_client_noise(reply, std=std, rows_shape=rows, stream=stream, label=f"noise share r{round_idx}")
+                    return apply_client_plan(fn(payload, data), steps, data=data, layers={layer.name: layer})
 
                 return self.inner.client_mod(clipped)
 

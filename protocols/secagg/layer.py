@@ -158,12 +158,10 @@ class _SecAggRound(RoundWrapper):
         return self.layer.env.call_clients(cids, lambda u: {**payload_fn(u), "secagg_round": self.round_idx},
                                            self.layer.client_stage, partial=True)  # fmt: skip
 
-    def _mask_args(self) -> dict[str, Any]:
-        return {"secagg_round": self.round_idx, "weighting": self.weighting}
-
     def client_mod(self, fn: ClientFn) -> ClientFn:
         inner_fn = self.inner.client_mod(fn)
-        args = self._mask_args()
+        # the mask step's arguments as the round's plan gives them to a remote node
+        args = {k: v for k, v in self.layer.client_plan_steps([], round_idx=self.round_idx)[-1].items() if k != "op"}
 
         def masked(payload: Payload, data: ClientData) -> Payload:
             reply = inner_fn(payload, data)
