@@ -125,8 +125,12 @@ def test_canaries_ride_on_their_owners_update_before_any_protocol():
     assert np.allclose(sc[mine], 0.5) and np.allclose(np.delete(sc, mine), 0.0)
 
 
+# The server applies the plain average (FedAvg, lr 1): the default FedAdam moves every coordinate by at most about
+# its lr a round, so a steadily drifting coordinate looks like a canary and the audit is weaker (without DP its
+# bound spread over 0.90-1.91 in 37 runs; with FedAvg 3.24-3.80 in 20, every guess right).
 AUDIT = ["training.rounds=12", "training.client_fraction=0.5", "training.sampling=poisson",
-         "attacks.one_run_audit.canaries=300"]  # fmt: skip
+         "attacks.one_run_audit.canaries=300", "training.server_optimizer.name=fedavg",
+         "training.server_optimizer.lr=1.0"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -191,7 +195,8 @@ def test_instance_canaries_enter_their_owners_dp_sgd_sum_as_clipped_gradients():
 def test_audit_lower_bound_is_positive_without_dp(tmp_path):
     _, res = _audited(tmp_path, *AUDIT, "attacks.one_run_audit.canary_norm=0.5", attacks="one_run_audit")
     r = res["one_run_audit"]["metrics"]
-    assert r["accountant_epsilon"] == "inf" and r["epsilon_lower_bound"] > 1.0
+    # the canaries are drawn from OS entropy: over 20 runs the bound was 3.24-3.80
+    assert r["accountant_epsilon"] == "inf" and r["epsilon_lower_bound"] > 2.5
 
 
 # ------------------------------------------------------------------------------------------ (f)
