@@ -127,7 +127,7 @@ def test_canaries_ride_on_their_owners_update_before_any_protocol():
 
 # The server applies the plain average (FedAvg, lr 1): the default FedAdam moves every coordinate by at most about
 # its lr a round, so a steadily drifting coordinate looks like a canary and the audit is weaker (without DP its
-# bound spread over 0.90-1.91 in 37 runs; with FedAvg 3.24-3.80 in 20, every guess right).
+# bound spread over 0.90-1.91 in 62 runs at canary norms 0.5-2; with FedAvg 3.24-3.80 in 20 at 0.5, every guess right).
 AUDIT = ["training.rounds=12", "training.client_fraction=0.5", "training.sampling=poisson",
          "attacks.one_run_audit.canaries=300", "training.server_optimizer.name=fedavg",
          "training.server_optimizer.lr=1.0"]  # fmt: skip
