@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from secure_fed.config import load_config
 from tests.engine.golden import CASES, GOLDEN, close, run_case
 
 
@@ -25,9 +26,16 @@ def test_golden_run_is_reproduced(tmp_path, name, request):
     _changed_on_purpose(now, recorded)
     if exact:
         assert now == recorded
-    else:  # CKKS: metrics and ε to its precision; the exact hashes necessarily differ
-        for key in ("final", "privacy", "metrics", "theta_norms", "W_norm_of_difference_from_init"):
+    else:  # CKKS: θ, W and ε to its precision; the exact hashes necessarily differ
+        for key in ("privacy", "theta_norms", "W_norm_of_difference_from_init"):
             assert close(now[key], recorded[key], rel=1e-3, abs_=1e-4), key
+        # fresh encryption error (about 1e-8 on the scores) can swap two near-tied scores, which moves a ranking
+        # metric by one test instance (100/1,000 points); ε in each line stays to CKKS precision
+        assert len(now["metrics"]) == len(recorded["metrics"])
+        one = 100 / load_config(None, CASES[name][1]).dataset.synthetic.num_test
+        for now_m, rec_m in zip([now["final"], *now["metrics"]], [recorded["final"], *recorded["metrics"]], strict=True):
+            assert close(now_m.pop("privacy", None), rec_m.pop("privacy", None), rel=1e-3, abs_=1e-4)
+            assert close(now_m, rec_m, rel=1e-3, abs_=one + 1e-9), now_m
 
 
 def _changed_on_purpose(now: dict, recorded: dict) -> None:

@@ -137,7 +137,7 @@ def test_fewer_than_t_shamir_shares_are_uniform_whatever_the_secret():
         ys = [int.from_bytes(shamir_split(secret, threshold=2, num_shares=2)[0][1][1:], "big") for _ in range(4000)]
         assert len(set(ys)) == len(ys)
         top = [y >> (521 - 4) for y in ys]  # the top 4 of 521 bits: 16 equally likely cells
-        assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-4
+        assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-7
 
 
 def test_prg_is_deterministic_and_key_dependent():
@@ -338,9 +338,10 @@ def test_masked_vector_is_uniform_whatever_the_input(bits):
         assert int(y.max()) < 2**bits
         assert y.dtype == x.dtype
         counts = np.bincount(y.view(np.uint8).reshape(size, y.itemsize)[:, : bits // 8].ravel(), minlength=256)
-        assert stats.chisquare(counts).pvalue > 1e-3
+        # 16 tests in all at p > 1e-7 (at 1e-3 an honest mask failed one run in about 60); a biased mask gives p ≈ 0
+        assert stats.chisquare(counts).pvalue > 1e-7
         top = (y >> y.dtype.type(bits - 4)).astype(int)  # the top 4 bits, 16 cells
-        assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-3
+        assert stats.chisquare(np.bincount(top, minlength=16)).pvalue > 1e-7
 
 
 def test_a_client_masks_one_input_a_round():

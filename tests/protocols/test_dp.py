@@ -188,8 +188,8 @@ def test_client_side_noise_shares_add_up_to_sigma_and_the_server_adds_none(tmp_p
     noisy = fn({}, e.fed.clients[0])
     flat = torch.cat([t.flatten() for t in noisy["theta_delta"].values()])
     rows = noisy["row_noise"].flatten()
-    for x in (flat, rows):  # σ·S/√t with t = 4, to 4 standard errors of a sample std
-        assert x.std().item() == pytest.approx(2.0 * 0.5 / 2.0, rel=4 / (2 * x.numel()) ** 0.5)
+    for x in (flat, rows):  # σ·S/√t with t = 4, to 6 standard errors of a sample std (the draws are secret)
+        assert x.std().item() == pytest.approx(2.0 * 0.5 / 2.0, rel=6 / (2 * x.numel()) ** 0.5)
     session.submit(0, noisy)  # one share in: the sums are that share, unless the server adds noise of its own
     agg = session.finish()
     assert torch.equal(torch.cat([t.flatten() for t in agg.theta_sum.values()]), flat)

@@ -66,7 +66,7 @@ def test_server_noise_cannot_be_regenerated_from_the_public_config(tmp_path, see
     if seeded:  # control: whoever knows privacy.noise_seed recovers the update, so the test has power
         assert ratio < 1e-4
     else:  # an independent draw: the residual is the difference of two noises, √2 times one noise's norm
-        assert 1.3 < ratio < 1.55
+        assert 1.2 < ratio < 1.65  # about 7σ either side of √2 (the draws vary between runs; 1.34-1.49 in 60)
 
 
 def _client_share_sum(exp: Experiment, round_idx: int = 0) -> torch.Tensor:
@@ -99,7 +99,7 @@ def test_client_noise_shares_cannot_be_regenerated_by_the_server(tmp_path, seede
     if seeded:
         assert ratio < 1e-3  # fixed-point rounding of the secure sum only
     else:
-        assert 1.3 < ratio < 1.55
+        assert 1.2 < ratio < 1.65  # about 7σ either side of √2 (the draws vary between runs; 1.34-1.49 in 60)
 
 
 def test_two_runs_of_one_dp_config_draw_different_noise_unless_seeded(tmp_path):
@@ -152,10 +152,11 @@ def test_resume_without_noise_seed_continues_the_same_secret(tmp_path):
 def test_secret_stream_draws_are_standard_normal_and_uniform():
     s = SecretStream.fresh()
     z = s.gaussian((200_000,), "z").numpy()
-    assert stats.kstest(z, "norm").pvalue > 1e-3
-    assert abs(z.mean()) < 0.01 and abs(z.std() - 1.0) < 0.01
+    # the draws are secret (fresh key), so the statistics vary between runs: p > 1e-7 and 6.7σ on the mean
+    assert stats.kstest(z, "norm").pvalue > 1e-7
+    assert abs(z.mean()) < 0.015 and abs(z.std() - 1.0) < 0.01
     u = s.uniform(100_000, "u")
-    assert 0.0 < u.min() and u.max() < 1.0 and stats.kstest(u, "uniform").pvalue > 1e-3
+    assert 0.0 < u.min() and u.max() < 1.0 and stats.kstest(u, "uniform").pvalue > 1e-7
     # the same label redraws the same values; another label, or another key, draws independent ones
     assert np.array_equal(s.uniform(1000, "u"), u[:1000])
     assert abs(np.corrcoef(s.uniform(10_000, "v"), u[:10_000])[0, 1]) < 0.05
@@ -174,10 +175,10 @@ def test_secret_gaussian_pairs_have_exponential_radius_and_uniform_angle(dtype):
     pairs = (n + 1) // 2
     a, b = z[:pairs].astype(np.float64), np.append(z[pairs:], np.nan)[:pairs].astype(np.float64)
     a, b = a[:-1], b[:-1]  # the last pair lost its sine to the odd length
-    assert stats.kstest(z, "norm").pvalue > 1e-3
-    assert stats.kstest((a**2 + b**2) / 2, "expon").pvalue > 1e-3
+    assert stats.kstest(z, "norm").pvalue > 1e-7  # fresh key: p-values vary between runs
+    assert stats.kstest((a**2 + b**2) / 2, "expon").pvalue > 1e-7
     angle = np.mod(np.arctan2(b, a), 2 * np.pi)
-    assert stats.kstest(angle / (2 * np.pi), "uniform").pvalue > 1e-3
+    assert stats.kstest(angle / (2 * np.pi), "uniform").pvalue > 1e-7
     assert abs(stats.spearmanr(angle, a**2 + b**2).statistic) < 0.01
     # the same label redraws the same values, in either precision
     assert np.array_equal(s.gaussian((n,), "pairs", dtype=dtype).numpy(), z)

@@ -47,7 +47,7 @@ def test_finish_adds_noise_of_std_sigma_c_over_the_public_divisor_from_the_strea
     s = SecretStream.fresh()
     out = _priv(sigma=sigma, clip=clip, stream=s, divisor=B).finish(sums, "e0 s0")
     z = torch.cat([o.flatten() for o in out.values()]) * B
-    assert abs(float(z.std()) - sigma * clip) < 0.02 * sigma * clip
+    assert abs(float(z.std()) - sigma * clip) < 0.03 * sigma * clip  # 6σ of the std over 20,500 draws
     # the noise is the stream's draw for this step's label: the same key and label redraw it, another key does not
     again = _priv(sigma=sigma, clip=clip, divisor=B, stream=SecretStream.from_state_dict(s.state_dict())).finish(sums, "e0 s0")
     for n in sums:
