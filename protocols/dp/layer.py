@@ -259,9 +259,7 @@ class DifferentialPrivacy(ProtocolLayer):
                 with ``noise: clients`` also add this client's noise share, from its own secret stream. The steps
                 and their arguments are the round's plan (:meth:`client_plan_steps`), run here as a remote node
                 runs them."""
-                if on_clients and self.min_summands is None:
-                    raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
-                steps = layer.client_plan_steps([], round_idx=round_idx, min_summands=self.min_summands)
+                steps = self._plan_steps([])
 
                 def clipped(payload, data):
                     return apply_client_plan(fn(payload, data), steps, data=data, layers={layer.name: layer})
@@ -269,9 +267,12 @@ class DifferentialPrivacy(ProtocolLayer):
                 return self.inner.client_mod(clipped)
 
             def client_plan(self) -> list[dict]:
+                return self._plan_steps(self.inner.client_plan())
+
+            def _plan_steps(self, inner_steps: list[dict]) -> list[dict]:
                 if on_clients and self.min_summands is None:
                     raise RuntimeError("privacy.client.noise: clients needs a secure-sum layer outside dp")
-                return layer.client_plan_steps(self.inner.client_plan(), round_idx=round_idx, min_summands=self.min_summands)
+                return layer.client_plan_steps(inner_steps, round_idx=round_idx, min_summands=self.min_summands)
 
             def submit(self, cid: int, reply) -> None:
                 """Server side: a plaintext update must arrive clipped (a client that skipped the clip would break

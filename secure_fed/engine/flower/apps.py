@@ -237,8 +237,8 @@ def client_app_of(
         # the server chooses the round's plan; the node runs it only if it is the plan its own copy of the run's
         # config gives (no step dropped, weakened, reordered or pointed at another round)
         exp.stack.check_client_plan(plan, round_idx=round_idx, cid=cid)
-        if exp.stack:  # DP randomness addressed by the round: a round trains again only on the same payload and plan
-            exp.stack.check_round_payload(cid, round_idx, payload, plan)
+        # randomness addressed by the round (DP): a round trains again only on the same payload and plan
+        exp.stack.check_round_payload(cid, round_idx, payload, plan)
         reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan, data=client, layers=exp.stack.by_name())
         save_node_state(context, exp, file)
         # what the node's callbacks measured inside the client's function that the server may learn (e.g. the
