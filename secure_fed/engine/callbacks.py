@@ -301,7 +301,7 @@ class ProgressBar(Callback):
             post[head] = f"{record[head]:.2f}"
             if record.get("W_mean_cos") is not None:
                 post["cos(W)"] = f"{record['W_mean_cos']:.3f}"
-        self.bar.set_postfix(post)
+        self.bar.set_postfix(post, refresh=False)  # drawn by update(), at most once a mininterval
         self.bar.update(1)
 
     def on_run_end(self, exp, status) -> None:
