@@ -5,7 +5,7 @@
                                            [--precision fp32|bf16] [--data-root DIR]
 
 ``NAME:λ`` picks λ; ``fedaws:grid`` / ``fedalc:grid`` expand to the λ grid of
-``configs/bibtex_lambda_grid.yaml``. Every run lives in ``DIR/runs/LABEL-seedS``
+``grids/bibtex_lambda.yaml``. Every run lives in ``DIR/runs/LABEL-seedS``
 and is skipped when already complete (or resumed from its checkpoint), so the
 script can be stopped and restarted; ``--report-only`` rebuilds the outputs from
 the runs already in ``DIR/runs`` without training. It writes
@@ -54,7 +54,7 @@ def fmt_lam(x: float) -> str:
 
 
 def expand(methods: str) -> list[tuple[str, str, float | None]]:
-    grid = yaml.safe_load((CONFIGS / "bibtex_lambda_grid.yaml").read_text())["lam"]
+    grid = yaml.safe_load((CONFIGS.parent / "grids" / "bibtex_lambda.yaml").read_text())["lam"]
     out = []
     for item in filter(None, (m.strip() for m in methods.split(","))):
         name, _, lam = item.partition(":")

@@ -14,7 +14,7 @@ def test_embedded_default_is_fedalc_on_synthetic():
     assert cfg.protocols == []
 
 
-EXPERIMENT_CONFIGS = [p for p in sorted((REPO / "experiments" / "configs").glob("*.yaml")) if "grid" not in p.name]
+EXPERIMENT_CONFIGS = [p for p in sorted((REPO / "experiments" / "configs").glob("*.yaml"))]
 
 
 @pytest.mark.parametrize("path", EXPERIMENT_CONFIGS, ids=lambda p: p.name)
