@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import re
 import sys
 import time
@@ -361,38 +362,39 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run an experiment (the embedded default when CONFIG is omitted)")
-    p.add_argument("config", nargs="?", default=None)
+    p.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default)")
     _add_run_args(p)
     p.add_argument("--out", default=None, help="run directory (default: output.dir/ALGO-DATASET-TIMESTAMP)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("resume", help="continue a run from its last checkpoint")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run directory (its config.yaml and checkpoints/last.pt)")
     _add_run_args(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("sweep", help="run a grid of overrides over seeds")
     p.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default)")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="a swept key (repeatable)")
-    p.add_argument("--seeds", default="0")
-    p.add_argument("--out", default=None)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, each a run of every grid point (default 0)")
+    p.add_argument("--out", default=None, help="sweep directory (default: output.dir/sweep-ALGO-TIMESTAMP)")
     _add_run_args(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="plot metrics of one or more runs (report.png) and compare them (report.html)")
-    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("run_dirs", nargs="+", help="one or more run directories")
     p.add_argument("--out", default=None, help="PNG path (default: report.png in the first run directory)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("validate", help="check a config without running it")
-    p.add_argument("config")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("config", help="config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set training.rounds=10 (repeatable)")  # fmt: skip
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("partition", help="partition the training set and report its heterogeneity (sizes, KL)")
-    p.add_argument("config")
+    p.add_argument("config", help="config file")
     _add_run_args(p)
     p.add_argument("--out", default=None, help="report directory (default: output.dir/partition-DATASET-PARTITIONER)")
     p.set_defaults(func=cmd_partition)
@@ -403,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_command", required=True)
     d = dsub.add_parser("download", help="fetch a Mulan dataset and verify its SHA-256")
-    d.add_argument("name")
+    d.add_argument("name", help="a Mulan data set (secure-fed list shows them)")
     d.add_argument("--root", default=None, help="data root (default: $SECURE_FED_DATA or ~/.cache/secure-fed/data)")
     d.add_argument("--mirror", default=None, help="base URL replacing the Mulan GitHub raw URL (file:// works)")
     d.add_argument("--force", action="store_true", help="download even if a verified copy exists")
@@ -412,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--like", required=True, help="eurlex-4k | amazoncat-13k | wiki-325k | amazon-670k")
     d.add_argument("--scale", type=float, default=1.0, help="instances and labels scaled by F in (0, 1] (default 1)")
     d.add_argument("--out", required=True, help="output folder (use it as dataset.train/test with format: xc)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="seed of the generated data (default 0)")
     d.add_argument("--force", action="store_true", help="overwrite existing files")
     d.set_defaults(func=cmd_data_synth_xc)
 
@@ -425,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     f.set_defaults(func=cmd_flower_certificates)
     f = fsub.add_parser("local", help="run CONFIG through `flwr run` on a TLS SuperLink and N SuperNodes on 127.0.0.1")
-    f.add_argument("config", nargs="?", default=None)
+    f.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default)")
     f.add_argument("--nodes", type=int, default=3, help="SuperNodes (client c on node c mod N; default 3)")
     f.add_argument("--out", default=None, help="run directory (default: output.dir/NAME)")
     f.add_argument("--workdir", default=None, help="certificates, Flower home and logs (default: next to the run)")
@@ -449,10 +451,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "backend", None):
         args.overrides.append(f"backend={args.backend}")
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, so that a closed pipe is met inside the handler below and not at exit
+        return status
     except SecureFedError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`secure-fed list | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 141  # 128 + SIGPIPE, the status a shell reports for a tool killed by it
 
 
 if __name__ == "__main__":

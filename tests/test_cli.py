@@ -94,6 +94,19 @@ def test_list_shows_every_registry():
         assert f"{name}" in r.stdout and f"[{atk.role.value}]" in r.stdout and atk.needs in r.stdout
 
 
+def test_output_piped_into_a_reader_that_went_away_ends_quietly():
+    """`secure-fed list | head -1`: the reader has closed the pipe; no BrokenPipeError traceback, exit 141."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written: every write fails with EPIPE
+    try:
+        r = subprocess.run([sys.executable, "-m", "secure_fed.cli", "list"], stdout=write_end, stderr=subprocess.PIPE,
+                           text=True, timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert r.returncode == 141, r.stderr
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
 def test_invalid_protocol_stack_is_one_line_with_the_reason(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("protocols: [ckks, dp]\nprivacy: {client: {noise_multiplier: 1}}\n")

@@ -32,7 +32,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("audit", help="run attacks (threat_models) on a finished run; writes RUN_DIR/attacks.json")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a finished run directory")
     p.add_argument(
         "--attacks", default=None, help="comma-separated attack names or 'all' (default: the run's attacks.run, else all)"
     )

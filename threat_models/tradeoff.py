@@ -200,11 +200,12 @@ def register(sub) -> None:
     p = sub.add_parser("tradeoff", help="privacy/utility study: methods × ε × seeds, attacks, results.csv, report.html")
     p.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default)")
     p.add_argument("--epsilons", default="1,2,4,8,inf", help="target ε values; inf = the run without the dp layer")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--methods", default=None, help="comma-separated algorithm names (default: the config's)")
     p.add_argument("--attacks", default="", help="comma-separated attacks to run on every run (e.g. membership_inference)")
     p.add_argument("--unit", choices=["instance", "client"], default="instance", help="the privacy unit whose ε is swept")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value in every run (repeatable)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="processes (default: the cores, at most one per run)")
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
     p.add_argument("--out", required=True, help="study directory (runs/, results.csv, plots, report.html)")
