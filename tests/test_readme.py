@@ -60,3 +60,34 @@ def test_the_command_table_lists_every_sub_command_and_flag():
         assert command in rows, f"README's command table has no row for `{command}`"
         flags = set(re.findall(r"--[a-z-]+", rows[command]))
         assert flags == {n for n in names if n.startswith("--")}, command
+
+
+def _config_fields(model, prefix=""):
+    """(dotted path, leaf name) of every field of a config model and of the models it nests."""
+    import typing
+
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        yield prefix + name, name
+        args = typing.get_args(field.annotation) or (field.annotation,)
+        for arg in (*args, *(b for a in args for b in typing.get_args(a))):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                yield from _config_fields(arg, f"{prefix}{name}.")
+
+
+def test_every_config_key_is_named_in_the_readme():
+    """Each key a user can set (the core's and the plugins' sections) appears in the README as a key: `name`,
+    `.name` or inside a `{…}` mapping, so a new setting cannot land undocumented."""
+    from secure_fed.config import ExperimentConfig
+    from secure_fed.plugins import registry
+
+    text = (REPO / "README.md").read_text()
+    roots = [(ExperimentConfig, ""), *((model, f"{name}.") for name, model in registry("config_sections").items())]
+    missing = [
+        path
+        for model, prefix in roots
+        for path, name in _config_fields(model, prefix)
+        if not re.search(rf"[`.]{re.escape(name)}\b|\{{[^}}\n]*\b{re.escape(name)}\b", text)
+    ]
+    assert missing == []
