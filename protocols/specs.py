@@ -7,6 +7,8 @@ config cannot run, as one line.
 
 from __future__ import annotations
 
+import warnings
+
 from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
 from secure_fed.specs import LayerSpec
 
@@ -143,7 +145,18 @@ def _validate_dp(cfg, stack: list[str]) -> None:
     for name, unit, q in (("instance", p.instance, getattr(p.instance, "sample_rate", None)),
                           ("local", p.local, getattr(p.local, "batch_sample_rate", None)),
                           ("client", p.client, cfg.training.client_fraction)):  # fmt: skip
-        if unit is None or unit.noise_multiplier is None or unit.target_epsilon is None:
+        if unit is None or unit.target_epsilon is None:
+            continue
+        if unit.noise_multiplier is None:  # σ is calibrated when the run starts; a target below RDP's floor never is
+            with warnings.catch_warnings():  # "optimal order is the largest alpha": true of this probe, and its point
+                warnings.simplefilter("ignore")
+                floor = _first_step_epsilon(1e6, q, p.delta, "rdp")
+            if floor > unit.target_epsilon:
+                raise ValueError(
+                    f"privacy.{name}.target_epsilon {unit.target_epsilon:g} cannot be met at any noise_multiplier ≤ 1e6: "
+                    f"σ is calibrated by RDP and PRV together, and the RDP accountant certifies no ε below "
+                    f"{floor:.3g} for even one step at δ = {p.delta:g}; raise the target (or δ)"
+                )
             continue
         eps1 = _first_step_epsilon(unit.noise_multiplier, q, p.delta, p.accountant)
         if eps1 > unit.target_epsilon:

@@ -40,6 +40,11 @@ _PRV_Q1_LOG_WARNING = {
 #: the step by which :func:`calibrate_sigma` raises σ when an accountant still exceeds the target, and how often
 _SIGMA_STEP, _MAX_SIGMA_STEPS = 1.005, 2000
 
+#: the largest RDP ε of a history whose PRV ε is computed: Opacus's PRV accountant (its default ε error 0.01)
+#: returned inf at RDP ε 937 (σ 0.2, q 1, 60 steps, δ 1e-5) and ran out of memory at 3,412 (σ 0.1); at RDP ε 455
+#: (σ 0.3) it gave 442.5
+PRV_MAX_RDP_EPSILON = 300.0
+
 
 def reported(epsilon: float) -> float | str:
     """ε as the reports write it: a number, or ``"inf"`` (JSON has no infinity)."""
@@ -62,17 +67,29 @@ def _rdp_curve(sigma: float, q: float) -> np.ndarray:
     return curve
 
 
+def _rdp_epsilon(history, delta: float) -> float:
+    """The RDP accountant's ε of a (σ, q, steps) history: the same computation as Opacus's
+    ``RDPAccountant.get_privacy_spent`` (the sum of each entry's RDP curve times its steps, in history order, then
+    ``get_privacy_spent``), with each one-step curve cached."""
+    if not history:
+        return 0.0
+    rdp = sum([_rdp_curve(float(s), float(q)) * n for s, q, n in history])
+    eps, _ = privacy_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+    return float(eps)
+
+
 def _get_epsilon(acc, delta: float) -> float:
     """``acc.get_epsilon(delta)``; every warning passes except PRV's cosmetic log(1 - q) at q = 1 (named above).
 
-    For RDP the same computation as Opacus's ``RDPAccountant.get_privacy_spent`` (the sum of each entry's RDP
-    curve times its steps, in history order, then ``get_privacy_spent``), with each one-step curve cached."""
+    RDP by :func:`_rdp_epsilon`. PRV only for histories whose RDP ε is at most :data:`PRV_MAX_RDP_EPSILON`; above it
+    Opacus's PRV accountant returns inf or exhausts memory, so a ValueError says so instead."""
     if acc.mechanism() == "rdp":
-        if not acc.history:
-            return 0.0
-        rdp = sum([_rdp_curve(float(s), float(q)) * n for s, q, n in acc.history])
-        eps, _ = privacy_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
-        return float(eps)
+        return _rdp_epsilon(acc.history, delta)
+    if acc.mechanism() == "prv" and (rdp := _rdp_epsilon(acc.history, delta)) > PRV_MAX_RDP_EPSILON:
+        raise ValueError(
+            f"ε = {rdp:.4g} by RDP is beyond what the PRV accountant computes (RDP ε ≤ {PRV_MAX_RDP_EPSILON:g}): "
+            "add noise (a larger noise_multiplier or a smaller target_epsilon), or use privacy.accountant: rdp"
+        )
     with warnings.catch_warnings():
         if acc.mechanism() == "prv" and any(float(q) >= 1.0 for _, q, _ in acc.history):
             warnings.filterwarnings("ignore", **_PRV_Q1_LOG_WARNING)
@@ -121,7 +138,13 @@ def calibrate_sigma(*, target_epsilon: float, delta: float, sample_rate: float, 
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"unknown accountant {accountant!r}; choose one of {sorted(ACCOUNTANTS)}")
     kw = {"target_epsilon": target_epsilon, "delta": delta, "sample_rate": sample_rate, "steps": steps}
-    sigma = _solve_sigma(**kw, accountant="rdp")
+    try:
+        sigma = _solve_sigma(**kw, accountant="rdp")
+    except ValueError:  # Opacus: "The privacy budget is too low." (no σ up to its ceiling of 1e6 reaches the target)
+        raise ValueError(
+            f"target ε {target_epsilon:g} cannot be met with σ ≤ 1e6 (δ = {delta:g}, q = {sample_rate:g}, {steps} steps; "
+            f"the RDP accountant certifies no ε below about {_rdp_epsilon([(1e6, sample_rate, 1)], delta):.3g} at this δ)"
+        ) from None
     solved = {"rdp"}
     for _ in range(_MAX_SIGMA_STEPS):
         over = [name for name in ACCOUNTANTS if epsilon_of([(sigma, sample_rate, steps)], delta, name) > target_epsilon]
@@ -333,6 +356,20 @@ class PrivacyUnit:
             else:
                 hist.append((m.sigma, m.sample_rate, n))
         return hist
+
+    def plan_error(self) -> str | None:
+        """Why the ledger could not account for the whole planned run (every mechanism's planned steps), or None:
+        the PRV accountant is not asked beyond :data:`PRV_MAX_RDP_EPSILON`. Checked before the run starts."""
+        if self.accountant_name != "prv":
+            return None
+        planned = self._history_after({n: m.planned_steps for n, m in self.mechanisms.items()})
+        if (rdp := _rdp_epsilon(planned, self.delta)) <= PRV_MAX_RDP_EPSILON:
+            return None
+        return (
+            f"privacy: the {self.name} unit's planned run spends ε = {rdp:.4g} by RDP, beyond what the PRV accountant "
+            f"computes (RDP ε ≤ {PRV_MAX_RDP_EPSILON:g}); add noise (a larger noise_multiplier), or use "
+            "privacy.accountant: rdp"
+        )
 
     def epsilon_after(self, steps: int = 1, mechanism: str | None = None) -> float:
         """ε once ``steps`` more steps of ``mechanism`` (default: the first) have run."""

@@ -78,6 +78,9 @@ class DifferentialPrivacy(ProtocolLayer):
                 not_covered=not_cov,
             )
             self._check_share_range()
+        for unit in self.units.values():
+            if why := unit.plan_error():
+                raise ConfigError(why)
 
     def _check_share_range(self) -> None:
         """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.specs.noise_share_range_error`);
@@ -136,10 +139,14 @@ class DifferentialPrivacy(ProtocolLayer):
             )
         shared = None
         if free:
-            shared = calibrate_shared_sigma(
-                target_epsilon=target, delta=p.delta, accountant=p.accountant,
-                parts=[(m["sample_rate"], m["planned_steps"], m["cfg"].noise_multiplier) for m in mechs],
-            )  # fmt: skip
+            block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
+            try:
+                shared = calibrate_shared_sigma(
+                    target_epsilon=target, delta=p.delta, accountant=p.accountant,
+                    parts=[(m["sample_rate"], m["planned_steps"], m["cfg"].noise_multiplier) for m in mechs],
+                )  # fmt: skip
+            except (ValueError, RuntimeError) as exc:
+                raise ConfigError(f"privacy.{block}.target_epsilon: {exc}") from None
         not_covered = ["which labels have a training instance (the label space, and in the positive-only setting the set "
                        "of clients): public, it decides W's shape"]  # fmt: skip
         if p.local is None:
@@ -183,9 +190,12 @@ class DifferentialPrivacy(ProtocolLayer):
         if calibrated:
             if ucfg.target_epsilon is None:
                 raise ValueError(f"privacy.{name}: give noise_multiplier or target_epsilon")
-            sigma = calibrate_sigma(
-                target_epsilon=ucfg.target_epsilon, delta=p.delta, sample_rate=q, steps=steps, accountant=p.accountant
-            )
+            try:
+                sigma = calibrate_sigma(
+                    target_epsilon=ucfg.target_epsilon, delta=p.delta, sample_rate=q, steps=steps, accountant=p.accountant
+                )
+            except (ValueError, RuntimeError) as exc:
+                raise ConfigError(f"privacy.{name}.target_epsilon: {exc}") from None
         else:
             sigma = ucfg.noise_multiplier
         return PrivacyUnit(

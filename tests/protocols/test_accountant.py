@@ -197,3 +197,18 @@ def test_report_has_the_approximate_gdp_entry_only_when_asked():
 def test_config_refuses_gdp_and_points_to_report_gdp():
     with pytest.raises(ConfigError, match="report_gdp"):
         load_config(overrides=["privacy.accountant=gdp"])
+
+
+def test_a_target_below_what_rdp_certifies_is_a_clear_value_error():
+    """Opacus's bisection stops at σ = 1e6 with "The privacy budget is too low."; the message says what is wrong."""
+    with pytest.raises(ValueError, match=r"target ε 0.0001 cannot be met with σ ≤ 1e6 .*no ε below about 0.1"):
+        calibrate_sigma(target_epsilon=1e-4, delta=1e-5, sample_rate=1.0, steps=1, accountant="rdp")
+
+
+def test_the_prv_accountant_is_not_asked_beyond_its_range():
+    """At RDP ε ≈ 3,412 (σ 0.1, q 1, 60 steps) Opacus's PRV accountant runs out of memory: refused up front, while
+    RDP still answers; a history inside the range is computed by PRV as before."""
+    with pytest.raises(ValueError, match="beyond what the PRV accountant computes"):
+        epsilon_of([(0.1, 1.0, 60)], 1e-5, "prv")
+    assert epsilon_of([(0.1, 1.0, 60)], 1e-5, "rdp") > 3000
+    assert 0 < epsilon_of([(1.0, 0.1, 60)], 1e-5, "prv") < epsilon_of([(1.0, 0.1, 60)], 1e-5, "rdp")
