@@ -21,18 +21,12 @@ import argparse
 import itertools
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
-from secure_fed.errors import SecureFedError
+from secure_fed.errors import SecureFedError, one_line
 from secure_fed.io import check_writable_dir
-
-
-def one_line(message: str) -> str:
-    """The message with control characters and Unicode line breaks written as escapes: one line, always."""
-    return re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -78,13 +72,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
 
+    if args.out is not None and not args.out.strip():
+        raise SecureFedError("--out: empty path")
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise SecureFedError(f"cannot resume: {run_dir / 'config.yaml'} not found")
         if args.config:
             raise SecureFedError("give either CONFIG or --resume RUN_DIR, not both")
+        if args.out is not None:
+            raise SecureFedError("--out cannot be combined with --resume: the run continues in RUN_DIR")
+        from secure_fed.sweep import resume_change
+
         cfg = load_config(run_dir / "config.yaml", args.overrides)
+        if change := resume_change(load_config(run_dir / "config.yaml"), cfg):
+            raise SecureFedError(
+                f"cannot resume {run_dir} with {change}: the data, partition, model, algorithm, seed, protocol "
+                "layers and privacy settings stay as recorded (start a new run to change them)"
+            )
     else:
         cfg = load_config(args.config, args.overrides)
         run_dir = _run_dir_for(cfg, args.out)
@@ -123,19 +128,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.config}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
     from secure_fed.config.schema import IMAGE_FORMATS
     from secure_fed.data.from_config import build_dataset  # torch-free: validate stays fast
-    from secure_fed.errors import DataError
     from secure_fed.memory import check_memory, needs_torch, plan_memory
 
     later = "`secure-fed run` makes it before training and refuses a run that cannot fit"
     if d.name == "digit_mosaics" or d.format in IMAGE_FORMATS:
         print(f"memory estimate: not made here (image data are decoded with torch); {later}")
         return 0
-    try:
-        ds = build_dataset(cfg, args.data_root)
-    except DataError as exc:
-        print(f"memory estimate: skipped, the data cannot be read ({one_line(str(exc))})")
-        return 0
+    ds = build_dataset(cfg, args.data_root)  # data that cannot be read: the run's own error line, exit 2
     print(ds.describe())
+    import numpy as np
+
+    from secure_fed.data import partitioner_from_config
+
+    # the partition the run makes (e.g. a natural partition's client-id file is read and checked against the data)
+    partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
     if needs_torch(cfg, ds):
         print(f"memory estimate: not made here (counting this model's parameters needs torch); {later}")
         return 0
@@ -221,7 +227,7 @@ def cmd_data_synth_xc(args: argparse.Namespace) -> int:
     from secure_fed.data.synth_xc import scaled_shape, synth_xc
 
     shape = scaled_shape(args.like, args.scale)  # bad --like/--scale: an error before anything is written
-    out = Path(args.out)
+    out = check_writable_dir(args.out, what="--out")
     if not args.force and any((out / f).exists() for f in ("train.txt", "test.txt")):
         raise SecureFedError(f"--out {out}: train.txt or test.txt already exists (use --force to overwrite)")
     print(
@@ -246,8 +252,15 @@ def _parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
             raise SecureFedError(f"--grid {item!r}: expected key.path=v1,v2,...")
         key, vals = item.split("=", 1)
         values = [v for v in vals.split(",") if v != ""]
-        if not key.strip() or not values:
+        key = key.strip()
+        if not key or not values:
             raise SecureFedError(f"--grid {item!r}: expected key.path=v1,v2,... with at least one value")
+        if key == "seed":
+            raise SecureFedError("--grid seed: the seeds are swept by --seeds")
+        if key in (k for k, _ in grid):
+            raise SecureFedError(f"--grid {key}: given twice; list all its values in one --grid {key}=v1,v2,...")
+        if (dup := next((v for i, v in enumerate(values) if v in values[:i]), None)) is not None:
+            raise SecureFedError(f"--grid {item!r}: value {dup!r} listed twice")
         grid.append((key, values))
     return grid
 
@@ -259,6 +272,8 @@ def _parse_seeds(text: str) -> list[int]:
         raise SecureFedError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
     if not seeds:
         raise SecureFedError(f"--seeds {text!r}: give at least one seed")
+    if (dup := next((s for i, s in enumerate(seeds) if s in seeds[:i]), None)) is not None:
+        raise SecureFedError(f"--seeds {text!r}: seed {dup} listed twice")
     return seeds
 
 
@@ -299,7 +314,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from secure_fed.report import report
+    from secure_fed.report import load_run, report
 
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -310,6 +325,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     runs = [Path(d) for d in args.run_dirs]
     rows = [run_row(d) for d in runs]  # every run loads before anything is written
+    if not any(load_run(d)[0] for d in runs):
+        raise SecureFedError(f"nothing to report: no evaluated round in {', '.join(map(str, runs))} (metrics.jsonl)")
+    if out is None:
+        check_writable_dir(runs[0], what="run directory")  # report.png and report.html go there
     path = report(runs, out=out)
     print(f"wrote {path}")
     page = html_report(runs, path.with_suffix(".html"), title=f"secure-fed report: {len(runs)} run(s)", rows=rows)
@@ -320,6 +339,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_flower_certificates(args: argparse.Namespace) -> int:
     from secure_fed.engine.flower.certificates import generate_certificates
 
+    if args.days < 1:
+        raise SecureFedError(f"--days {args.days}: the certificates must be valid for at least 1 day")
+    if bad := [h for h in args.hosts if not h.strip() or len(h) > 253]:
+        raise SecureFedError(f"--host {bad[0]!r}: not an IP address or DNS name")
     out = Path(args.out)
     check_writable_dir(out, what="--out")
     paths = generate_certificates(out, args.hosts or ["127.0.0.1", "localhost"], days=args.days)
@@ -332,6 +355,12 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     """A TLS SuperLink and N SuperNodes on this machine, one `flwr run` of the experiment, then shut down."""
     from secure_fed.config import load_config
 
+    if not args.timeout > 0:
+        raise SecureFedError(f"--timeout {args.timeout:g}: the run needs a positive number of seconds")
+    if args.nodes < 1:
+        raise SecureFedError(f"--nodes {args.nodes}: at least 1 SuperNode")
+    if args.resume and args.out is None:
+        raise SecureFedError("--resume needs --out RUN_DIR: the run directory to continue")
     overrides = [o for o in args.overrides if not o.startswith("backend=")]
     overrides.append(f"flower.num_supernodes={args.nodes}")
     cfg = load_config(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started

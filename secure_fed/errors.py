@@ -5,6 +5,13 @@ missing file, ...). The CLI prints its message on one line and exits with
 status 2, without a traceback.
 """
 
+import re
+
+
+def one_line(message: str) -> str:
+    """The message with control characters and Unicode line breaks written as escapes: one line, always."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
+
 
 class SecureFedError(Exception):
     """Base class for errors caused by user input."""

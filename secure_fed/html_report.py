@@ -68,8 +68,11 @@ def run_row(run_dir: Path, *, method: str | None = None) -> dict[str, Any]:
         raise SecureFedError(f"{cfg_path}: not valid YAML") from None
     priv = summary.get("privacy")
     if priv is None:  # a run still in progress (or stopped before its summary): its last metrics line's ledger
-        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()[-1:] if x.strip()]
-        priv = lines[0].get("privacy", {}) if lines else {}
+        lines = [x for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        try:
+            priv = json.loads(lines[-1]).get("privacy", {}) if lines else {}
+        except json.JSONDecodeError:  # the line a running run is writing: the ledger as of the line before
+            priv = json.loads(lines[-2]).get("privacy", {}) if len(lines) > 1 else {}
     dp = "dp" in (cfg.get("protocols") or [])
     unit = priv.get("units", {}).get(priv.get("unit", ""), {})
     sigmas = unit.get("mechanisms", {})

@@ -167,6 +167,14 @@ def test_audit_errors_are_one_line(tmp_path):
     assert cli("run", *sets, "--out", str(tmp_path / "r")).returncode == 0
     u = cli("audit", str(tmp_path / "r"), "--attacks", "foo")
     assert u.returncode == 2 and "unknown attack 'foo'" in u.stderr
+    e = cli("audit", str(tmp_path / "r"), "--attacks", "")  # was read as "every attack" (16 shadow models)
+    assert e.returncode == 2 and "name at least one attack" in e.stderr and not (tmp_path / "r" / "attacks.json").exists()
+    final = tmp_path / "r" / "checkpoints" / "final.pt"
+    kept = final.read_bytes()
+    final.write_bytes(b"x")  # a damaged released model: one line naming the file (was an UnpicklingError traceback)
+    d = cli("audit", str(tmp_path / "r"), "--attacks", "embedding_identification")
+    assert d.returncode == 2 and "final.pt: not a readable checkpoint" in d.stderr and "Traceback" not in d.stderr
+    final.write_bytes(kept)
     # a run trained without attacks configured: server-view attacks say why they are skipped
     s = cli("audit", str(tmp_path / "r"), "--attacks", "token_linkage")
     assert s.returncode == 0 and "skipped (the run recorded no server view" in s.stdout

@@ -6,19 +6,25 @@ import argparse
 from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
+from secure_fed.io import check_writable_dir
 from secure_fed.specs import attack_specs
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     specs = attack_specs()
     names = None
-    if args.attacks:
-        names = [a for a in args.attacks.split(",") if a]
+    if args.attacks is not None:
+        names = [a.strip() for a in args.attacks.split(",") if a.strip()]
+        if not names:
+            raise SecureFedError(f"--attacks {args.attacks!r}: name at least one attack, or all")
         names = list(specs) if names == ["all"] else names
         bad = [a for a in names if a not in specs]
         if bad:
             raise SecureFedError("--attacks: " + unknown_name("attack", bad[0], specs))
     run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
+    check_writable_dir(run_dir, what="run directory")  # attacks.json goes there: refused before any attack runs
     from threat_models.audit import audit_run_dir
 
     print(f"auditing {run_dir}")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from secure_fed.engine.checkpoints import load_checkpoint_file
 from secure_fed.errors import SecureFedError
 from threat_models.base import Role
 from threat_models.views import ClientView, ObserverView, RoundCapture, ServerView
@@ -51,7 +52,7 @@ class AuditContext:
             raise SecureFedError(f"{run_dir} has not finished (no summary.json); finish it with: secure-fed resume {run_dir}")
         final = run_dir / "checkpoints" / "final.pt"
         if final.is_file():  # the released model (a centralised baseline's is the epoch it selected, not the last)
-            sd = torch.load(final, map_location="cpu", weights_only=False)
+            sd = load_checkpoint_file(final)
             exp.theta = {n: t.to(exp.device) for n, t in sd["theta"].items()}
             exp.W = None if sd["W"] is None else sd["W"].to(exp.device)
         ctx = cls(exp)

@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from secure_fed.engine.callbacks import Callback
+from secure_fed.engine.checkpoints import load_checkpoint_file
 from threat_models.canaries import DiracCanaries
 from threat_models.views import ServerTap
 
@@ -72,9 +71,9 @@ class AttackTaps(Callback):
     def load_state_files(self, checkpoint_dir: Path) -> None:
         view, auditor = checkpoint_dir / "server_view.pt", checkpoint_dir / "auditor.pt"
         if view.is_file():
-            self.tap.load_state_dict(torch.load(view, map_location="cpu", weights_only=False))
+            self.tap.load_state_dict(load_checkpoint_file(view))
         if self.canaries is not None and auditor.is_file():
-            st = torch.load(auditor, map_location="cpu", weights_only=False)["canaries"]
+            st = load_checkpoint_file(auditor)["canaries"]
             self.canaries = DiracCanaries.from_state_dict(st)
 
     def on_cli_run_end(self, exp, result) -> None:

@@ -9,14 +9,17 @@ which is how the tests exercise this offline.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import tempfile
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from secure_fed.data.registry import REGISTRY, resolve_root
 from secure_fed.errors import DataError
+from secure_fed.io import check_writable_dir
 
 MULAN_BASE_URL = "https://raw.githubusercontent.com/tsoumakas/mulan/master/data/multi-label"
 
@@ -53,7 +56,22 @@ def download(name: str, root: str | Path | None = None, *, mirror: str | None = 
     if name not in REGISTRY:
         raise DataError(f"unknown dataset '{name}'; downloadable: {', '.join(sorted(REGISTRY))}")
     base_url = (mirror or MULAN_BASE_URL).rstrip("/")
+    if urllib.parse.urlsplit(base_url).scheme not in ("http", "https", "file"):
+        raise DataError(f"--mirror {mirror!r}: not a URL (http://, https:// or file://)")
     dest_root = resolve_root(root)
+    check_writable_dir(dest_root, what="data root")
+    created = [p for p in (dest_root / rel for rel in REGISTRY[name].files) for p in [p.parent, *p.parent.parents]
+               if not p.exists()]  # fmt: skip
+    try:
+        return _fetch_all(name, base_url, dest_root, force)
+    except DataError:
+        for d in sorted(set(created), key=lambda p: len(p.parts), reverse=True):  # the folders made for the failed fetch
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only if empty
+        raise
+
+
+def _fetch_all(name: str, base_url: str, dest_root: Path, force: bool) -> list[Path]:
     written = []
     for rel in REGISTRY[name].files:
         dest = dest_root / rel
@@ -68,7 +86,7 @@ def download(name: str, root: str | Path | None = None, *, mirror: str | None = 
             try:
                 with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 (user-chosen URL)
                     shutil.copyfileobj(resp, tmp)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: a URL urllib cannot open
                 tmp_path.unlink(missing_ok=True)
                 raise DataError(f"could not fetch {url}: {exc}") from None
         got = sha256_of(tmp_path)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from secure_fed.errors import SecureFedError
+from secure_fed.errors import SecureFedError, one_line
 
 CHECKPOINT_VERSION = 3
 
@@ -41,6 +41,14 @@ def to_device(obj: Any, device) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(v, device) for v in obj)
     return obj
+
+
+def load_checkpoint_file(path: Path) -> Any:
+    """``torch.load`` of one of a run's checkpoint files; a file that does not read is one error naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - unpickling a damaged file raises anything from EOFError to RuntimeError
+        raise SecureFedError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {one_line(str(exc))[:120]})") from None
 
 
 class CheckpointMixin:
@@ -111,18 +119,31 @@ class CheckpointMixin:
         return ckpt_dir / name
 
     def resume(self) -> bool:
-        """Load ``checkpoints/last.pt`` if present; returns whether it did."""
-        path = self.run_dir / "checkpoints" / "last.pt"
+        """Load ``checkpoints/last.pt`` if present; returns whether it did. A run that has no ``last.pt`` yet (stopped
+        before its first checkpoint, or diverged in it) starts afresh; one whose ``last.pt`` is gone although the
+        run wrote it (its ``final.pt`` or ``summary.json`` is there), or whose checkpoint files are missing or do not
+        read, is an error: never a silent restart, never a new secret in place of a lost one."""
+        ckpt = self.run_dir / "checkpoints"
+        path = ckpt / "last.pt"
         if not path.is_file():
+            summary = self.run_dir / "summary.json"
+            wrote = (ckpt / "final.pt").is_file() or (
+                summary.is_file() and '"diverged"' not in summary.read_text()  # every other ending saves last.pt
+            )
+            if wrote:
+                raise SecureFedError(f"cannot resume {self.run_dir}: {path} is missing (the run wrote it); restore it, "
+                                     "or start a new run")  # fmt: skip
             return False
-        clients = self.run_dir / "checkpoints" / "clients.pt"
-        if clients.is_file():
-            cs = torch.load(clients, map_location="cpu", weights_only=False)
-            self.stack.load_client_state_dict(cs["protocols"])
-            if cs["label_perm"] is not None:
-                self.apply_row_order(cs["label_perm"])
-            for cid, state in cs.get("client_state", {}).items():
-                self.fed.clients[cid].state = to_device(state, self.device)
+        missing = [f for f in ("clients.pt", "server_secrets.pt") if not (ckpt / f).is_file()]
+        if missing:  # saved with every last.pt: the clients' keys and the server's secrets (e.g. its DP noise key)
+            raise SecureFedError(f"cannot resume {self.run_dir}: {', '.join(str(ckpt / f) for f in missing)} missing "
+                                 "(written with every last.pt; a fresh secret would not continue the run)")  # fmt: skip
+        cs = load_checkpoint_file(ckpt / "clients.pt")
+        self.stack.load_client_state_dict(cs["protocols"])
+        if cs["label_perm"] is not None:
+            self.apply_row_order(cs["label_perm"])
+        for cid, state in cs.get("client_state", {}).items():
+            self.fed.clients[cid].state = to_device(state, self.device)
         lost = [layer.name for layer in self.stack.layers
                 if layer.client_state_on_nodes and not any(layer.client_state_dict().values())]  # fmt: skip
         if self.algorithm.keeps_client_state and not any(c.state for c in self.fed.clients):
@@ -132,10 +153,8 @@ class CheckpointMixin:
                 f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (keys, secret "
                 "streams or models) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
             )
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
-        secrets = self.run_dir / "checkpoints" / "server_secrets.pt"
-        if secrets.is_file():
-            self.stack.load_secret_state_dict(torch.load(secrets, map_location="cpu", weights_only=False)["protocols"])
+        self.load_state_dict(load_checkpoint_file(path))
+        self.stack.load_secret_state_dict(load_checkpoint_file(ckpt / "server_secrets.pt")["protocols"])
         for cb in self.callbacks:
             cb.load_state_files(self.run_dir / "checkpoints")
         return True

@@ -188,6 +188,11 @@ def test_output_path_that_is_a_file(tmp_path):
         (["sweep", "--seeds", ",", "--grid", "training.rounds=1"], "at least one seed"),
         (["sweep", "--grid", "training.rounds"], "--grid"),
         (["sweep", "--grid", "training.rounds=0"], "training.rounds"),
+        # a point listed twice would share one run directory; a grid over seed would be overridden by --seeds
+        (["sweep", "--seeds", "0,0", "--grid", "training.rounds=1"], "seed 0 listed twice"),
+        (["sweep", "--grid", "algorithm.lam=1,1"], "value '1' listed twice"),
+        (["sweep", "--grid", "algorithm.lam=1", "--grid", "algorithm.lam=2"], "given twice"),
+        (["sweep", "--grid", "seed=1,2"], "--seeds"),
     ],
 )
 def test_sweep_argument_mistakes(tmp_path, args, needle):
@@ -205,6 +210,41 @@ def test_report_argument_mistakes(tmp_path):
     assert_one_error_line(*cli("report", str(run), "--out", str(blocker / "r.png"))[::2], "not a directory")
     assert cli("report", str(run), "--out", str(tmp_path / "new" / "r.png"))[0] == 0  # a new folder is made
     assert (tmp_path / "new" / "r.png").is_file()
+
+
+def test_report_of_runs_with_no_evaluated_round_writes_nothing(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write(run, "metrics.jsonl", "{bad\n")  # a run's one half-written line: nothing evaluated yet
+    assert_one_error_line(*cli("report", str(run))[::2], "nothing to report")
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["data", "download", "scene", "--mirror", "notaurl"], "--mirror 'notaurl': not a URL"),
+        (["data", "download", "scene", "--mirror", "file:///nonexistent/mulan"], "could not fetch"),
+        (["data", "download", "scene", "--root", "{file}"], "is not a directory"),
+        (["data", "synth-xc", "--like", "eurlex-4k", "--scale", "0.01", "--out", "{file}/xc"], "cannot be created"),
+        (["flower", "certificates", "--out", "{tmp}/certs", "--days", "0"], "--days 0"),
+        (["flower", "certificates", "--out", "{tmp}/certs", "--host", ""], "--host ''"),
+        (["flower", "local", "--out", "{tmp}/fl", "--timeout", "-1"], "--timeout -1"),
+        (["flower", "local", "--resume"], "--resume needs --out"),
+        (["validate", "{default}", "--set", "dataset.name=yeast", "--data-root", "{tmp}/nowhere"], "not found"),
+        (["validate", "{default}", "--set", "algorithm.name=flag", "--set", "partition.name=natural",
+          "--set", "partition.client_ids_file={tmp}/ids.txt"], "client_ids_file"),
+    ],
+)  # fmt: skip
+def test_command_argument_mistakes_are_one_line_and_write_nothing(tmp_path, monkeypatch, args, needle):
+    """Each was a traceback, exit 0, or left files behind (a CLI audit): now one line, exit 2, nothing new on disk."""
+    monkeypatch.setenv("SECURE_FED_DATA", str(tmp_path / "data"))
+    blocker = write(tmp_path, "a_file", "x")
+    default = _default(tmp_path)[0]
+    args = [a.format(file=blocker, tmp=tmp_path, default=default) for a in args]
+    before = sorted(tmp_path.rglob("*"))
+    assert_one_error_line(*cli(*args)[::2], needle)
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_a_sweep_never_reuses_a_run_of_another_config(tmp_path):
