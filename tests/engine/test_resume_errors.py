@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from tests.conftest import SMALL
 from tests.config.test_bad_input import assert_one_error_line, cli
+from tests.conftest import SMALL
 
 DP = ["protocols=[dp]", 'privacy.client={"clip_norm": 1.0, "noise_multiplier": 1.0}', "algorithm.name=fedaws"]
 
