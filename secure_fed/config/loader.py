@@ -138,7 +138,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        raise ConfigError(format_validation_error(exc, _source_of(exc, source, overrides or []))) from None
+
+
+def _source_of(exc: ValidationError, source: str, overrides: list[str]) -> str:
+    """Where the first error's key was set: the last ``--set`` that wrote it (or a mapping holding it), else the file."""
+    loc = ".".join(str(p) for p in exc.errors()[0].get("loc", ()) if not isinstance(p, int))
+    for item in reversed(overrides):
+        key = item.split("=", 1)[0].strip()
+        if loc and (loc == key or loc.startswith(key + ".")):
+            return f"--set {item}"
+    return source
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

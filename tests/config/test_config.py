@@ -65,3 +65,19 @@ def test_overrides_parse_yaml_values():
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("/nonexistent/x.yaml")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["training.roundz=1"], "--set training.roundz=1: training.roundz: unknown key (did you mean 'rounds'?)"),
+        (["protocols=[dp]", "privacy.client={clip_norm: -1}"], "--set privacy.client={clip_norm: -1}: privacy.client.clip_norm"),
+        (["training.rounds=3", "training.rounds=x"], "--set training.rounds=x: training.rounds"),  # the last one wins
+    ],
+)
+def test_an_error_in_an_override_names_the_override_not_the_file(tmp_path, overrides, expected):
+    path = tmp_path / "c.yaml"
+    path.write_text("training: {rounds: 2}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, overrides)
+    assert str(exc.value).startswith(expected), str(exc.value)
