@@ -58,8 +58,10 @@ def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
     metrics = "  ".join(f"{k} {v:.2f}" for k, v in final.items() if k.startswith("P@") or k in shown) or "(no evaluation)"
     cos = summary.get("W_mean_cos")
     eps = summary["privacy"]["epsilon"]
+    eps = f"{eps:.4g}" if isinstance(eps, float) else eps
+    n = summary["rounds_completed"]
     print(
-        f"{summary['algorithm']} on {summary['dataset']}: {summary['rounds_completed']} rounds "
+        f"{summary['algorithm']} on {summary['dataset']}: {n} round{'' if n == 1 else 's'} "
         f"in {private['wall_seconds']:.1f}s ({private['seconds_per_round']:.2f}s/round) [{summary['status']}]"
     )
     print(f"  {metrics}" + (f"  mean cos(W) {cos:.3f}" if cos is not None else "") + f"  privacy: ε = {eps}")
@@ -101,6 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if exp.resume():
             print(f"resuming {run_dir} from round {exp.round}")
+            if exp.round >= cfg.training.rounds:
+                print(f"  it has run all {cfg.training.rounds} planned rounds: nothing to train (to extend it, "
+                      f"--set training.rounds={exp.round + 10}, say)")  # fmt: skip
         else:
             print(f"no checkpoint in {run_dir}; starting from round 0")
     result = exp.run()

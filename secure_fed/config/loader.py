@@ -54,6 +54,9 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        hint = " (to continue a run: secure-fed resume RUN_DIR)" if (path / "config.yaml").is_file() else ""
+        raise ConfigError(f"{path} is a directory, not a config file{hint}")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

@@ -81,3 +81,9 @@ def test_an_error_in_an_override_names_the_override_not_the_file(tmp_path, overr
     with pytest.raises(ConfigError) as exc:
         load_config(path, overrides)
     assert str(exc.value).startswith(expected), str(exc.value)
+
+
+def test_a_directory_given_as_the_config_says_so(tmp_path):
+    (tmp_path / "config.yaml").write_text("training: {rounds: 2}\n")  # a run directory
+    with pytest.raises(ConfigError, match=r"is a directory, not a config file \(to continue a run: secure-fed resume"):
+        load_config(tmp_path)
