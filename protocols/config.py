@@ -11,10 +11,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-#: the largest ε a unit's target may be: ε = 100 already allows a factor e^100 between neighbouring data sets, and
-#: Opacus's PRV accountant overflows or exhausts memory a little above it (:data:`protocols.dp.accountant.PRV_MAX_RDP_EPSILON`)
-MAX_TARGET_EPSILON = 100.0
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -26,10 +22,8 @@ class _DPUnitConfig(_Strict):
         None, gt=0.0, le=1e6, description="σ; noise std is σ·C. Omit to calibrate from target_epsilon"
     )
     target_epsilon: float | None = Field(
-        None, gt=0.0, le=MAX_TARGET_EPSILON,
-        description=f"budget: calibrates σ if noise_multiplier is unset; enforced; at most {MAX_TARGET_EPSILON:g} (a "
-        "larger ε bounds nothing useful, and Opacus's PRV accountant overflows there)",
-    )  # fmt: skip
+        None, gt=0.0, le=1e6, description="budget: calibrates σ if noise_multiplier is unset; enforced"
+    )
 
 
 class InstanceDPConfig(_DPUnitConfig):

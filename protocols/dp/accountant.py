@@ -40,7 +40,8 @@ _PRV_Q1_LOG_WARNING = {
 #: the step by which :func:`calibrate_sigma` raises σ when an accountant still exceeds the target, and how often
 _SIGMA_STEP, _MAX_SIGMA_STEPS = 1.005, 2000
 
-#: the largest RDP ε of a history whose PRV ε is computed: Opacus's PRV accountant (its default ε error 0.01)
+#: the largest RDP ε of a history whose PRV ε is computed (beyond it the PRV accountant reports RDP's ε, a valid and
+#: looser upper bound): Opacus's PRV accountant (its default ε error 0.01)
 #: returned inf at RDP ε 937 (σ 0.2, q 1, 60 steps, δ 1e-5) and ran out of memory at 3,412 (σ 0.1); at RDP ε 455
 #: (σ 0.3) it gave 442.5
 PRV_MAX_RDP_EPSILON = 300.0
@@ -78,18 +79,19 @@ def _rdp_epsilon(history, delta: float) -> float:
     return float(eps)
 
 
+def beyond_prv(history, delta: float) -> bool:
+    """Whether a history's ε is past :data:`PRV_MAX_RDP_EPSILON` by RDP, where the PRV accountant reports RDP's bound."""
+    return _rdp_epsilon(history, delta) > PRV_MAX_RDP_EPSILON
+
+
 def _get_epsilon(acc, delta: float) -> float:
     """``acc.get_epsilon(delta)``; every warning passes except PRV's cosmetic log(1 - q) at q = 1 (named above).
 
     RDP by :func:`_rdp_epsilon`. PRV only for histories whose RDP ε is at most :data:`PRV_MAX_RDP_EPSILON`; above it
-    Opacus's PRV accountant returns inf or exhausts memory, so a ValueError says so instead."""
-    if acc.mechanism() == "rdp":
+    Opacus's PRV accountant returns inf or exhausts memory, so the RDP ε is returned instead: a valid upper bound of
+    the same ε (never smaller than the truth, only looser than PRV would be), which :func:`beyond_prv` flags."""
+    if acc.mechanism() == "rdp" or beyond_prv(acc.history, delta):
         return _rdp_epsilon(acc.history, delta)
-    if acc.mechanism() == "prv" and (rdp := _rdp_epsilon(acc.history, delta)) > PRV_MAX_RDP_EPSILON:
-        raise ValueError(
-            f"ε = {rdp:.4g} by RDP is beyond what the PRV accountant computes (RDP ε ≤ {PRV_MAX_RDP_EPSILON:g}): "
-            "add noise (a larger noise_multiplier or a smaller target_epsilon), or use privacy.accountant: rdp"
-        )
     with warnings.catch_warnings():
         if acc.mechanism() == "prv" and any(float(q) >= 1.0 for _, q, _ in acc.history):
             warnings.filterwarnings("ignore", **_PRV_Q1_LOG_WARNING)
@@ -357,20 +359,6 @@ class PrivacyUnit:
                 hist.append((m.sigma, m.sample_rate, n))
         return hist
 
-    def plan_error(self) -> str | None:
-        """Why the ledger could not account for the whole planned run (every mechanism's planned steps), or None:
-        the PRV accountant is not asked beyond :data:`PRV_MAX_RDP_EPSILON`. Checked before the run starts."""
-        if self.accountant_name != "prv":
-            return None
-        planned = self._history_after({n: m.planned_steps for n, m in self.mechanisms.items()})
-        if (rdp := _rdp_epsilon(planned, self.delta)) <= PRV_MAX_RDP_EPSILON:
-            return None
-        return (
-            f"privacy: the {self.name} unit's planned run spends ε = {rdp:.4g} by RDP, beyond what the PRV accountant "
-            f"computes (RDP ε ≤ {PRV_MAX_RDP_EPSILON:g}); add noise (a larger noise_multiplier), or use "
-            "privacy.accountant: rdp"
-        )
-
     def epsilon_after(self, steps: int = 1, mechanism: str | None = None) -> float:
         """ε once ``steps`` more steps of ``mechanism`` (default: the first) have run."""
         return epsilon_of(self._history_after({mechanism or self.primary: steps}), self.delta, self.accountant_name)
@@ -422,6 +410,11 @@ class PrivacyUnit:
             "planned_steps": self.planned_steps,
             "target_epsilon": self.target_epsilon,
             "sigma_calibrated": self.calibrated,
+            **(
+                {"epsilon_bound": f"RDP's (ε is past what the PRV accountant computes: RDP ε > {PRV_MAX_RDP_EPSILON:g})"}
+                if self.accountant_name == "prv" and beyond_prv(self.accountant.history, self.delta)
+                else {}
+            ),  # fmt: skip
             "scope": self.scope,
             "not_covered": self.not_covered,
         }

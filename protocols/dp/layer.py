@@ -78,9 +78,6 @@ class DifferentialPrivacy(ProtocolLayer):
                 not_covered=not_cov,
             )
             self._check_share_range()
-        for unit in self.units.values():
-            if why := unit.plan_error():
-                raise ConfigError(why)
 
     def _check_share_range(self) -> None:
         """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.specs.noise_share_range_error`);
