@@ -82,16 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SecureFedError(f"cannot resume: {run_dir / 'config.yaml'} not found")
         if args.config:
             raise SecureFedError("give either CONFIG or --resume RUN_DIR, not both")
-        if args.out is not None:
+        if args.out is not None and Path(args.out).resolve() != run_dir.resolve():
             raise SecureFedError("--out cannot be combined with --resume: the run continues in RUN_DIR")
-        from secure_fed.sweep import resume_change
-
         cfg = load_config(run_dir / "config.yaml", args.overrides)
-        if change := resume_change(load_config(run_dir / "config.yaml"), cfg):
-            raise SecureFedError(
-                f"cannot resume {run_dir} with {change}: the data, partition, model, algorithm, seed, protocol "
-                "layers and privacy settings stay as recorded (start a new run to change them)"
-            )
     else:
         cfg = load_config(args.config, args.overrides)
         run_dir = _run_dir_for(cfg, args.out)
@@ -366,6 +359,8 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
         raise SecureFedError(f"--nodes {args.nodes}: at least 1 SuperNode")
     if args.resume and args.out is None:
         raise SecureFedError("--resume needs --out RUN_DIR: the run directory to continue")
+    if args.resume and args.config is None and (Path(args.out) / "config.yaml").is_file():
+        args.config = str(Path(args.out) / "config.yaml")  # the run's own config, not the embedded default
     overrides = [o for o in args.overrides if not o.startswith("backend=")]
     overrides.append(f"flower.num_supernodes={args.nodes}")
     cfg = load_config(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started

@@ -9,13 +9,13 @@ run of another config is an error naming the first key that differs, never a sil
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from secure_fed.config.loader import first_difference
 from secure_fed.errors import SecureFedError
 
 #: statuses after which a run is not resumed by a sweep (failed and diverged runs would only repeat the failure)
@@ -29,34 +29,6 @@ def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(out.get(section), dict):
             out[section].pop(key, None)
     return out
-
-
-def _first_difference(a: Any, b: Any, path: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
-    return f"{path}: {a!r} there, {b!r} now"
-
-
-#: what a resumed run may not change (`secure-fed resume RUN --set …`): the settings that give the checkpoint its
-#: meaning (the data and its split among clients, the model's shape, the algorithm, the layers and their keys, the
-#: privacy ledger's units). The rest may change, e.g. more rounds, or lower learning rates for a diverged run.
-FROZEN_ON_RESUME = (("seed",), ("dataset",), ("partition",), ("model",), ("algorithm", "name"), ("protocols",),
-                    ("privacy",), ("keyed_hashing",), ("secure_aggregation",), ("ckks",))  # fmt: skip
-
-
-def resume_change(recorded, cfg) -> str | None:
-    """The first setting of :data:`FROZEN_ON_RESUME` that ``cfg`` changes from the ``recorded`` config, as
-    ``key: recorded there, new now``; None when there is none."""
-    from secure_fed.config import dump_config
-
-    def frozen(c) -> dict[str, Any]:
-        doc = yaml.safe_load(dump_config(c))
-        return {".".join(p): functools.reduce(lambda d, k: (d or {}).get(k), p, doc) for p in FROZEN_ON_RESUME}
-
-    old, new = frozen(recorded), frozen(cfg)
-    return None if old == new else _first_difference(old, new)
 
 
 def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
@@ -78,7 +50,7 @@ def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
         raise SecureFedError(f"{run_dir} holds a run whose config no longer loads ({exc}); use another output") from None
     old, new = _comparable(yaml.safe_load(dump_config(recorded))), _comparable(yaml.safe_load(dump_config(cfg)))
     if old != new:
-        raise SecureFedError(f"{run_dir} holds a run of another config ({_first_difference(old, new)}); use another output")
+        raise SecureFedError(f"{run_dir} holds a run of another config ({first_difference(old, new)}); use another output")
     done = run_dir / "summary.json"
     if done.is_file():
         summary = json.loads(done.read_text())

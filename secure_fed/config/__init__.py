@@ -1,6 +1,14 @@
 """Experiment configuration: schema, loading, overrides."""
 
-from secure_fed.config.loader import apply_overrides, default_config_text, dump_config, load_config
+from secure_fed.config.loader import apply_overrides, default_config_text, dump_config, first_difference, load_config
 from secure_fed.config.schema import AlgorithmConfig, ExperimentConfig
 
-__all__ = ["AlgorithmConfig", "ExperimentConfig", "apply_overrides", "default_config_text", "dump_config", "load_config"]
+__all__ = [
+    "AlgorithmConfig",
+    "ExperimentConfig",
+    "apply_overrides",
+    "default_config_text",
+    "dump_config",
+    "first_difference",
+    "load_config",
+]

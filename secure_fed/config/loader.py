@@ -156,3 +156,12 @@ def _source_of(exc: ValidationError, source: str, overrides: list[str]) -> str:
 
 def dump_config(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str:
+    """Where two config documents first differ, as ``key.path: A there, B now``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                return first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+    return f"{path}: {a!r} there, {b!r} now"

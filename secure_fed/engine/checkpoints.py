@@ -10,6 +10,7 @@ kill leaves the previous checkpoint whole; tensors are saved on the CPU (portabl
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,36 @@ def to_device(obj: Any, device) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(v, device) for v in obj)
     return obj
+
+
+#: what a resumed run may not change (`secure-fed resume RUN --set …`, a Flower resume, a sweep): the settings that
+#: give the checkpoint its meaning (the data and its split among clients, the model's shape, the algorithm, the
+#: layers and their keys, the privacy ledger's units). The rest may change, e.g. more rounds, lower learning rates
+#: for a diverged run, where the data lie (``dataset.root``), what is reported
+FROZEN_ON_RESUME = (("seed",), ("dataset",), ("partition",), ("model",), ("algorithm", "name"), ("protocols",),
+                    ("privacy",), ("keyed_hashing",), ("secure_aggregation",), ("ckks",))  # fmt: skip
+#: inside those, what may still change
+MOVABLE_ON_RESUME = (("dataset", "root"), ("privacy", "report_gdp"))
+
+
+def resume_change(recorded, cfg) -> str | None:
+    """The first setting of :data:`FROZEN_ON_RESUME` (less :data:`MOVABLE_ON_RESUME`) that ``cfg`` changes from the
+    ``recorded`` config, as ``key: recorded there, new now``; None when there is none."""
+    import yaml
+
+    from secure_fed.config import dump_config, first_difference
+
+    def frozen(c) -> dict[str, Any]:
+        doc = yaml.safe_load(dump_config(c))
+        for section, key in MOVABLE_ON_RESUME:
+            (doc.get(section) or {}).pop(key, None)
+        return {".".join(p): functools.reduce(lambda d, k: (d or {}).get(k), p, doc) for p in FROZEN_ON_RESUME}
+
+    old, new = frozen(recorded), frozen(cfg)
+    if old == new:
+        return None
+    key = next(k for k in old if old[k] != new[k])
+    return first_difference(old[key], new[key], key)
 
 
 def load_checkpoint_file(path: Path) -> Any:
@@ -104,19 +135,58 @@ class CheckpointMixin:
         self._t0 = time.perf_counter()
         ckpt_dir = self.run_dir / "checkpoints"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        files = [(name, self.state_dict())]
-        if side_files:
+        files = []
+        if side_files:  # each stamped with the round, so that resume can tell files of two checkpoints apart
             files += [
-                ("clients.pt", self.client_state_dict()),  # the clients' own storage
-                ("server_secrets.pt", {"protocols": self.stack.secret_state_dict()}),  # the server's private keys
+                ("clients.pt", {**self.client_state_dict(), "round": self.round}),  # the clients' own storage
+                ("server_secrets.pt", {"protocols": self.stack.secret_state_dict(), "round": self.round}),  # its keys
             ]
             for cb in self.callbacks:  # e.g. the server's recorded view and the auditor's secrets, kept apart
                 files.extend(cb.state_files().items())
+        files.append((name, self.state_dict()))  # the server's file last: it is what makes the checkpoint current
+        # every file is written in full first (the slow part), then all are moved in place: a crash while writing
+        # leaves the previous checkpoint whole; one between the moves (microseconds) is caught by the round stamps
         for fname, state in files:
-            tmp = ckpt_dir / (fname + ".tmp")
-            torch.save(state, tmp)
-            tmp.replace(ckpt_dir / fname)
+            torch.save(state, ckpt_dir / (fname + ".tmp"))
+        for fname, _ in files:
+            (ckpt_dir / (fname + ".tmp")).replace(ckpt_dir / fname)
         return ckpt_dir / name
+
+    def _check_same_run(self) -> None:
+        """The config resumed with may not change what the run directory's checkpoint means (:func:`resume_change`)."""
+        saved = self.run_dir / "config.yaml"
+        if not saved.is_file():
+            return
+        from secure_fed.config import load_config
+
+        try:
+            recorded = load_config(saved)
+        except SecureFedError as exc:
+            raise SecureFedError(f"cannot resume {self.run_dir}: its config.yaml no longer loads ({exc})") from None
+        if change := resume_change(recorded, self.cfg):
+            raise SecureFedError(
+                f"cannot resume {self.run_dir} with {change}: the data, partition, model, algorithm, seed, protocol "
+                "layers and privacy settings stay as recorded (start a new run to change them)"
+            )
+
+    def _check_fresh_start(self, ckpt: Path) -> None:
+        """A run directory without ``last.pt`` starts afresh, unless that would hide what the run already did: it
+        wrote ``last.pt`` (its ``final.pt``, or a summary of any ending but divergence, which alone saves none), or,
+        under DP, it released rounds or drew secrets before its first checkpoint (training again from round 0 with a
+        fresh ledger would spend the budget twice and report it once)."""
+        summary = self.run_dir / "summary.json"
+        if (ckpt / "final.pt").is_file() or (summary.is_file() and '"diverged"' not in summary.read_text()):
+            raise SecureFedError(f"cannot resume {self.run_dir}: {ckpt / 'last.pt'} is missing (the run wrote it); "
+                                 "restore it, or start a new run")  # fmt: skip
+        metrics = self.run_dir / "metrics.jsonl"
+        released = metrics.is_file() and metrics.read_text().strip() != ""
+        drawn = any((ckpt / f).is_file() for f in ("clients.pt", "server_secrets.pt"))
+        if "dp" in self.cfg.protocols and (released or drawn):
+            raise SecureFedError(
+                f"cannot resume {self.run_dir}: it has no checkpoint, but it already "
+                + ("released rounds in metrics.jsonl" if released else "saved secrets")
+                + "; training again from round 0 would spend its privacy budget twice. Start a new run directory"
+            )
 
     def resume(self) -> bool:
         """Load ``checkpoints/last.pt`` if present; returns whether it did. A run that has no ``last.pt`` yet (stopped
@@ -125,19 +195,17 @@ class CheckpointMixin:
         read, is an error: never a silent restart, never a new secret in place of a lost one."""
         ckpt = self.run_dir / "checkpoints"
         path = ckpt / "last.pt"
+        self._check_same_run()
         if not path.is_file():
-            summary = self.run_dir / "summary.json"
-            wrote = (ckpt / "final.pt").is_file() or (
-                summary.is_file() and '"diverged"' not in summary.read_text()  # every other ending saves last.pt
-            )
-            if wrote:
-                raise SecureFedError(f"cannot resume {self.run_dir}: {path} is missing (the run wrote it); restore it, "
-                                     "or start a new run")  # fmt: skip
+            self._check_fresh_start(ckpt)
             return False
-        missing = [f for f in ("clients.pt", "server_secrets.pt") if not (ckpt / f).is_file()]
-        if missing:  # saved with every last.pt: the clients' keys and the server's secrets (e.g. its DP noise key)
-            raise SecureFedError(f"cannot resume {self.run_dir}: {', '.join(str(ckpt / f) for f in missing)} missing "
-                                 "(written with every last.pt; a fresh secret would not continue the run)")  # fmt: skip
+        if not (ckpt / "clients.pt").is_file():  # saved with every last.pt: the clients' keys and storage
+            raise SecureFedError(f"cannot resume {self.run_dir}: {ckpt / 'clients.pt'} is missing (written with every "
+                                 "last.pt; fresh client keys would not continue the run)")  # fmt: skip
+        secrets_path = ckpt / "server_secrets.pt"
+        if not secrets_path.is_file() and any(self.stack.secret_state_dict().values()):
+            raise SecureFedError(f"cannot resume {self.run_dir}: {secrets_path} is missing (it holds the server's "
+                                 "secrets, e.g. its DP noise key; a fresh one would not continue the run)")  # fmt: skip
         cs = load_checkpoint_file(ckpt / "clients.pt")
         self.stack.load_client_state_dict(cs["protocols"])
         if cs["label_perm"] is not None:
@@ -153,8 +221,19 @@ class CheckpointMixin:
                 f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (keys, secret "
                 "streams or models) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
             )
-        self.load_state_dict(load_checkpoint_file(path))
-        self.stack.load_secret_state_dict(load_checkpoint_file(ckpt / "server_secrets.pt")["protocols"])
+        sd = load_checkpoint_file(path)
+        secrets = load_checkpoint_file(secrets_path) if secrets_path.is_file() else None
+        stamps = {f: doc["round"] for f, doc in (("clients.pt", cs), ("server_secrets.pt", secrets))
+                  if isinstance(doc, dict) and "round" in doc}  # fmt: skip
+        if other := {f: r for f, r in stamps.items() if r != sd["round"]}:
+            raise SecureFedError(
+                f"cannot resume {self.run_dir}: last.pt is of round {sd['round']} but "
+                + ", ".join(f"{f} of round {r}" for f, r in other.items())
+                + " (a crash between their writes); restore files of one checkpoint, or start a new run"
+            )
+        self.load_state_dict(sd)
+        if secrets is not None:
+            self.stack.load_secret_state_dict(secrets["protocols"])
         for cb in self.callbacks:
             cb.load_state_files(self.run_dir / "checkpoints")
         return True

@@ -86,3 +86,34 @@ def test_out_with_resume_or_empty_is_one_line(finished, tmp_path, out):
     args = ["run", "--out", out] if out == "" else ["run", "--resume", str(run), "--out", str(tmp_path / out)]
     assert_one_error_line(*cli(*args)[::2], "--out")
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_dp_run_that_released_rounds_before_losing_its_checkpoints_does_not_start_again(finished, tmp_path):
+    """Training again from round 0 with a fresh ledger would spend the budget twice and report it once."""
+    run = _copy(finished, tmp_path)
+    for f in ("checkpoints/last.pt", "checkpoints/final.pt", "summary.json"):
+        (run / f).unlink()
+    assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], "spend its privacy budget twice")
+
+
+def test_checkpoint_files_of_two_rounds_are_refused(finished, tmp_path):
+    """A crash between the moves of one checkpoint's files would pair last.pt with another round's clients.pt."""
+    import torch
+
+    run = _copy(finished, tmp_path)
+    clients = run / "checkpoints" / "clients.pt"
+    state = torch.load(clients, weights_only=False)
+    torch.save({**state, "round": state["round"] - 1}, clients)
+    assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], "last.pt is of round 2",
+                          "clients.pt of round 1")  # fmt: skip
+
+
+def test_a_run_without_dp_and_without_a_checkpoint_starts_again(tmp_path):
+    run = tmp_path / "run"
+    sets = [x for s in [*SMALL, "training.rounds=2"] for x in ("--set", s)]
+    assert cli("run", *sets, "--out", str(run))[0] == 0
+    for f in ("checkpoints/last.pt", "checkpoints/final.pt", "summary.json"):
+        (run / f).unlink()
+    code, out, err = cli("resume", str(run))
+    assert code == 0, err
+    assert "starting from round 0" in out
