@@ -45,7 +45,10 @@ def read_label_names(xml_path: str | Path) -> list[str]:
         root = ET.parse(path).getroot()
     except ET.ParseError as exc:
         raise DataError(f"{path}: not valid XML ({exc})") from None
-    names = [el.attrib["name"] for el in root.iter() if el.tag.split("}")[-1] == "label"]
+    labels = [el for el in root.iter() if el.tag.split("}")[-1] == "label"]
+    if any("name" not in el.attrib for el in labels):
+        raise DataError(f"{path}: a <label> element without a name attribute")
+    names = [el.attrib["name"] for el in labels]
     if not names:
         raise DataError(f"{path}: no <label name=...> elements")
     return names
@@ -207,6 +210,8 @@ def read_arff(arff_path: str | Path, label_names: list[str], *, drop: Sequence[s
                 body = line[1 : line.rindex("}")].strip()
                 pairs = [p.strip().split(None, 1) for p in split_values(body)] if body else []
                 entries = [(int(p[0]), p[1].strip()) for p in pairs]
+                if bad := [a for a, _ in entries if not 0 <= a < len(names)]:
+                    raise ValueError(f"attribute index {bad[0]} outside 0..{len(names) - 1}")
                 if nominal:
                     # a sparse row omits zeros, and a nominal attribute's 0 is its first category (Weka's rule)
                     listed = {attr for attr, _ in entries}
@@ -215,7 +220,10 @@ def read_arff(arff_path: str | Path, label_names: list[str], *, drop: Sequence[s
                         f_cols.append(col_map[attr])
                         f_vals.append(1.0)
             else:
-                entries = enumerate(v.strip() for v in split_values(line))
+                values = split_values(line)
+                if len(values) != len(names):
+                    raise ValueError(f"{len(values)} values for {len(names)} attributes")
+                entries = enumerate(v.strip() for v in values)
             for attr, sval in entries:
                 if col_map[attr] < 0 or sval in ("?", ""):
                     continue

@@ -90,10 +90,25 @@ class MultiLabelDataset:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.train.features.shape[1] != self.test.features.shape[1]:
-            raise ValueError("train and test have different feature dimensions")
-        if self.train.labels.shape[1] != len(self.label_names):
-            raise ValueError("label matrix width does not match the number of label names")
+        """What the data must satisfy before anything trains on it: a :class:`DataError` (one line) otherwise."""
+        from secure_fed.errors import DataError
+
+        tr, te = self.train, self.test
+        if tr.features.shape[1] != te.features.shape[1]:
+            raise DataError(f"{self.name}: the training rows have {tr.features.shape[1]} features and the test rows "
+                            f"{te.features.shape[1]}")  # fmt: skip
+        if tr.labels.shape[1] != len(self.label_names) or te.labels.shape[1] != len(self.label_names):
+            raise DataError(f"{self.name}: {len(self.label_names)} label names for label matrices of widths "
+                            f"{tr.labels.shape[1]} (train) and {te.labels.shape[1]} (test)")  # fmt: skip
+        if dup := sorted({n for i, n in enumerate(self.label_names) if n in self.label_names[:i]}):
+            raise DataError(f"{self.name}: label name {dup[0]!r} is listed twice")
+        for split, part in (("training", tr), ("test", te)):
+            if part.features.shape[0] == 0:
+                raise DataError(f"{self.name}: the {split} split has no rows")
+            if self.feature_kind != "image":
+                values = part.features.data if sp.issparse(part.features) else part.features
+                if values.dtype.kind == "f" and not np.isfinite(values).all():
+                    raise DataError(f"{self.name}: the {split} features hold NaN or infinite values")
 
     @property
     def num_features(self) -> int:

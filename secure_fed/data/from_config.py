@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from secure_fed.data.dataset import MultiLabelDataset
 from secure_fed.data.registry import GENERATED, load_from_paths, load_registered
 from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
+from secure_fed.errors import DataError
 
 if TYPE_CHECKING:
     from secure_fed.config.schema import ExperimentConfig
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
 def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
     """The configured data; labels no training instance has are dropped (``dataset.drop_empty_labels``)."""
     ds = _load_dataset(cfg, data_root)
+    if ds.train.labels.nnz == 0:
+        raise DataError(f"{ds.name}: no training instance has a positive label; nothing can be learned")
     if cfg.dataset.drop_empty_labels:
         ds, dropped = ds.without_empty_labels()
         if dropped:

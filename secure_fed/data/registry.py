@@ -121,7 +121,25 @@ def load_from_paths(
     ``test_fraction`` of its rows (``split_seed``); ``drop_attributes`` leaves feature attributes out.
     ``format="xc"``: ``train`` and ``test`` XC files, or one XC file in ``train``
     cut by ``train_split``/``test_split`` fold files (``fold`` picks the column).
+
+    A file the readers cannot parse (a fold file with a word in it, a label list that is not UTF-8, …) is a
+    :class:`DataError` naming the files, never a traceback.
     """
+    files = {"train": train, "test": test, "labels": labels, "train_split": train_split, "test_split": test_split}
+    try:
+        return _load_from_paths(format=format, **files, fold=fold, feature_kind=feature_kind, name=name,
+                                test_fraction=test_fraction, split_seed=split_seed, drop_attributes=drop_attributes)  # fmt: skip
+    except DataError:
+        raise
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError) as exc:  # a parser's complaint about a file's content
+        named = ", ".join(f"{k} {v}" for k, v in files.items() if v is not None)
+        raise DataError(f"dataset ({named}) cannot be read: {type(exc).__name__}: {exc}") from None
+
+
+def _load_from_paths(
+    *, format, train, test, labels, train_split, test_split, fold, feature_kind, name, test_fraction, split_seed,
+    drop_attributes,
+) -> MultiLabelDataset:  # fmt: skip
     if format == "arff":
         if labels is None:
             raise DataError("format 'arff' needs dataset.labels (the Mulan XML label list)")
@@ -154,7 +172,7 @@ def load_from_paths(
             lp = Path(labels)
             if not lp.is_file():
                 raise DataError(f"label list not found: {lp}")
-            names = [ln.strip() for ln in lp.read_text().splitlines() if ln.strip()]
+            names = [ln.strip() for ln in lp.read_text(encoding="utf-8").splitlines() if ln.strip()]
             if len(names) != n_labels:
                 raise DataError(f"{lp} lists {len(names)} labels but the data has {n_labels}")
     else:
