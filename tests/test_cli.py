@@ -175,6 +175,12 @@ def test_audit_errors_are_one_line(tmp_path):
     d = cli("audit", str(tmp_path / "r"), "--attacks", "embedding_identification")
     assert d.returncode == 2 and "final.pt: not a readable checkpoint" in d.stderr and "Traceback" not in d.stderr
     final.write_bytes(kept)
+    summary = tmp_path / "r" / "summary.json"
+    doc = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**doc, "status": "interrupted"}))  # a partial model is not audited
+    i = cli("audit", str(tmp_path / "r"), "--attacks", "embedding_identification")
+    assert i.returncode == 2 and "has not finished (status interrupted)" in i.stderr
+    summary.write_text(json.dumps(doc))
     # a run trained without attacks configured: server-view attacks say why they are skipped
     s = cli("audit", str(tmp_path / "r"), "--attacks", "token_linkage")
     assert s.returncode == 0 and "skipped (the run recorded no server view" in s.stdout

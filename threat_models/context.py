@@ -8,6 +8,7 @@ knowledge and ground truth); their attacking step sees one view.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ class AuditContext:
         summary = run_dir / "summary.json"
         if not summary.is_file():
             raise SecureFedError(f"{run_dir} has not finished (no summary.json); finish it with: secure-fed resume {run_dir}")
+        status = json.loads(summary.read_text()).get("status")
+        if status == "interrupted":  # the attacks would score a partial model, and their file outlive the finished run
+            raise SecureFedError(f"{run_dir} has not finished (status interrupted); finish it with: secure-fed resume {run_dir}")
         final = run_dir / "checkpoints" / "final.pt"
         if final.is_file():  # the released model (a centralised baseline's is the epoch it selected, not the last)
             sd = load_checkpoint_file(final)

@@ -14,6 +14,7 @@ architecture table shows the same order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -55,7 +56,7 @@ from secure_fed.engine.layers import ProtocolSetup, ProtocolStack, StackEnv
 from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin
 from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.engine.server_optimizers import ServerOptimizer
-from secure_fed.errors import RoundAborted
+from secure_fed.errors import RoundAborted, SecureFedError
 from secure_fed.io import check_writable_dir
 from secure_fed.memory import check_memory, plan_memory
 from secure_fed.messages import FullTable, Params, Rules
@@ -73,6 +74,26 @@ class RunResult:
     messages: list[dict[str, Any]] | None = None
     #: private/summary.json: timing, setup facts and other statistics of private data (the operator's only)
     private: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir: Path):
+    """Hold an exclusive lock on ``run_dir`` (``fcntl.flock`` on ``RUN_DIR/.lock``, created with the directory) while
+    a run writes there: two processes training into one directory (a resume started while the run still goes)
+    would interleave their checkpoints. The second is refused with one line; the lock ends with the process."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SecureFedError(f"{run_dir} is in use by another secure-fed process (a run or a resume); wait for it "
+                                 "to end, or give another --out") from None  # fmt: skip
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
@@ -413,14 +434,18 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         return self.run_rounds(progress=progress)
 
     def run_rounds(self, *, progress: bool | None = None) -> RunResult:
-        """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files.
+        """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files; the
+        run directory is locked meanwhile (:func:`lock_run_dir`: a second process is refused, not interleaved).
 
         Each round: the protocol layers may stop the run (budget), :meth:`train_round` runs it, then every
         callback adds to the round's records (``on_record``: evaluation, the privacy report) and sees them
         complete (``on_round_end``: metrics files, attack taps, checkpoint, progress bar)."""
-        cfg = self.cfg
         check_writable_dir(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with lock_run_dir(self.run_dir):
+            return self._run_rounds(progress)
+
+    def _run_rounds(self, progress: bool | None) -> RunResult:
+        cfg = self.cfg
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         progress = cfg.output.progress if progress is None else progress
         callbacks = [*self.callbacks, *([ProgressBar()] if progress else [])]

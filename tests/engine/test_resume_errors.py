@@ -117,3 +117,27 @@ def test_a_run_without_dp_and_without_a_checkpoint_starts_again(tmp_path):
     code, out, err = cli("resume", str(run))
     assert code == 0, err
     assert "starting from round 0" in out
+
+
+def test_a_second_process_writing_into_a_run_directory_in_use_is_refused(finished, tmp_path):
+    """A resume started while the run still goes would interleave the two processes' checkpoints (the audit saw a
+    traceback from a checkpoint file moved away under it): the run directory is locked while a run writes."""
+    import subprocess
+    import sys
+
+    run = _copy(finished, tmp_path)
+    holder = subprocess.Popen(  # another process holds the run directory, as a running run does
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from secure_fed.engine.runner import "
+         "lock_run_dir\nwith lock_run_dir(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)", str(run)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _unchanged(run)
+        assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], "in use by another")
+        assert _unchanged(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    code, _, err = cli("resume", str(run), "--set", "training.rounds=3")  # the lock ends with its process
+    assert code == 0, err
