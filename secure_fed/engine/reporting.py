@@ -73,6 +73,10 @@ class ReportMixin:
         if ev.target_value is not None:
             out["target"] = {"metric": ev.target_metric, "value": ev.target_value,
                              "rounds_to_target": rounds_to_target(self.history, ev.target_metric, ev.target_value)}  # fmt: skip
+            reported = sorted({k for h in self.history for k in h if k not in ("round", "privacy")})
+            if reported and ev.target_metric not in reported:  # null would read as "never reached"
+                out["target"]["note"] = (f"no evaluated round reports {ev.target_metric!r} (evaluation.target_metric); "
+                                         f"this run's metrics: {', '.join(reported)}")  # fmt: skip
         if self.selected is not None:
             out["selected_round"] = self.selected["round"]
             out["selection"] = f"{self._selection_metric()} on a validation split of the training data"

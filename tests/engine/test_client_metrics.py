@@ -108,4 +108,9 @@ def test_rounds_to_target_is_the_first_evaluated_round_reaching_it(tmp_path):
     summary = exp.run(progress=False).summary
     assert summary["target"] == {"metric": "mAP", "value": target, "rounds_to_target": first}
     exp = Experiment(small_config(*ov, "evaluation.target_value=100"), run_dir=tmp_path / "never")
-    assert exp.run(progress=False).summary["target"]["rounds_to_target"] is None
+    never = exp.run(progress=False).summary["target"]
+    assert never["rounds_to_target"] is None and "note" not in never
+    # a metric no round reports: null too, with a note saying so (it would read as "never reached")
+    exp = Experiment(small_config(*ov, "evaluation.target_value=1", "evaluation.target_metric=bogus"), run_dir=tmp_path / "b")
+    bogus = exp.run(progress=False).summary["target"]
+    assert bogus["rounds_to_target"] is None and "no evaluated round reports 'bogus'" in bogus["note"]
