@@ -50,7 +50,7 @@ from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.errors import ConfigError
+from secure_fed.errors import ConfigError, RoundAborted
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +334,8 @@ class _CKKSRound(RoundWrapper):
         super().__init__(inner)
         self.layer = layer
         self.round_idx = round_idx
+        if len(self.cohort) == 1:  # the decrypted sum would be that client's update
+            raise RoundAborted(f"round {round_idx}: a cohort of one client, whose encrypted sum would be its own update")
         self._set_min_summands(len(self.cohort))  # no dropout in this simulation: the sum holds the whole cohort
         self.sums: dict[int, Any] = {}  # block index → the sum of the ciphertexts sent for it
         self.plain_sum: np.ndarray | None = None

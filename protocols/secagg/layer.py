@@ -9,7 +9,7 @@ import numpy as np
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.secagg.encoding import FixedPoint
-from protocols.secagg.protocol import SecAggClient, SecAggServer, neighbour_graph, threshold_for
+from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph, threshold_for
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
@@ -122,6 +122,8 @@ class _SecAggRound(RoundWrapper):
         self.round_idx = round_idx
         self.bits = cfg.modulus_bits
         cohort = sorted(int(c) for c in inner.cohort)
+        if len(cohort) == 1:  # its "sum" is its own update: nothing to hide it among
+            raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
         self.graph = neighbour_graph(cohort, cfg.neighbors, seed=layer.cfg.seed * 1000003 + round_idx)
         group = len(self.graph[cohort[0]]) + 1 if cohort else 1
         self.t = threshold_for(group, cfg.threshold)

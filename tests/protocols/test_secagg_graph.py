@@ -251,3 +251,16 @@ def test_sparse_graphs_with_random_dropouts_exact_iff_connected():
             with pytest.raises(SecAggAbort, match="splits" if expect == "split" else "threshold"):
                 secure_sum(enc, threshold=t, neighbors=k, drop=drop, graph_seed=seed)
     assert outcomes.count("ok") >= 10  # a few dropouts rarely split a ring with k ≥ 4
+
+
+@pytest.mark.parametrize("layer", ["secure_aggregation", "ckks"])
+def test_a_cohort_of_one_client_is_aborted_not_summed(tmp_path, layer):
+    """A secure (or encrypted) sum over one client is that client's update in the clear: the round is aborted."""
+    from secure_fed.engine import Experiment
+    from tests.conftest import small_config
+
+    cfg = small_config(f"protocols=[{layer}]", "algorithm.name=fedaws", "training.rounds=2", "training.clients_per_round=1")
+    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    res = exp.run(progress=False)
+    assert res.summary["status"] == "failed" and res.summary["rounds_aborted"] == 2
+    assert [("a cohort of one client" in d.get("aborted", "")) for d in exp.diagnostics] == [True, True]
