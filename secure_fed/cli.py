@@ -486,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     except SecureFedError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a run's own handler is in place (loading, setup): no traceback
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader went away (`secure-fed list | head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         return 141  # 128 + SIGPIPE, the status a shell reports for a tool killed by it

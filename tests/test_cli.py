@@ -184,3 +184,15 @@ def test_audit_errors_are_one_line(tmp_path):
     # a run trained without attacks configured: server-view attacks say why they are skipped
     s = cli("audit", str(tmp_path / "r"), "--attacks", "token_linkage")
     assert s.returncode == 0 and "skipped (the run recorded no server view" in s.stdout
+
+
+def test_ctrl_c_before_training_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """Ctrl-C while a command still loads (before the run's own handler saves a checkpoint) ends with status 130."""
+    from secure_fed import cli as cli_module
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "cmd_validate", interrupted)
+    assert cli_module.main(["validate", "x.yaml"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
