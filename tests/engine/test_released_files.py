@@ -88,7 +88,9 @@ def check_released_files(run_dir: Path) -> None:
 def test_released_files_hold_only_public_or_dp_protected_values(tmp_path, name):
     exp = Experiment(small_config(*DP_CONFIGS[name], "training.rounds=2", "evaluation.every=1"), run_dir=tmp_path)
     exp.run(progress=False)
-    assert {p.name for p in tmp_path.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "private"}
+    assert {p.name for p in tmp_path.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "private",
+                                                   ".lock"}  # fmt: skip
+    assert (tmp_path / ".lock").stat().st_size == 0  # the run directory's lock holds nothing
     check_released_files(tmp_path)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 

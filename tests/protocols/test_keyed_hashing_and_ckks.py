@@ -180,9 +180,10 @@ def test_ckks_clients_send_the_ciphertexts_of_the_rows_the_server_sent_them(tmp_
 
 
 def test_ckks_blocks_that_no_client_sent_decrypt_as_zeros_in_their_place(tmp_path):
-    """One client a round: the summed blocks miss the other rows' blocks, and the decrypted sum still lands in the
-    right slots (against the exact sum)."""
-    e = Experiment(small_config(*CKKS_ROWS, "training.rounds=3", "training.clients_per_round=1"), run_dir=tmp_path)
+    """Two clients a round (one would be aborted: its sum is its update): the summed blocks miss the other rows'
+    blocks (with seed 0's cohorts, 2 or 3 of the 4 every round), and the decrypted sum still lands in the right slots
+    (against the exact sum)."""
+    e = Experiment(small_config(*CKKS_ROWS, "training.rounds=3", "training.clients_per_round=2"), run_dir=tmp_path)
     e.run(progress=False)
     summed = [d["ckks_ciphertexts_summed"] for d in e.diagnostics if "ckks_ciphertexts_summed" in d]
     assert len(summed) == 3 and max(summed) < 4
