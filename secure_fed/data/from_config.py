@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from secure_fed.data.dataset import MultiLabelDataset
 from secure_fed.data.registry import GENERATED, load_from_paths, load_registered
 from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
-from secure_fed.errors import ConfigError, DataError
+from secure_fed.errors import DataError
 
 if TYPE_CHECKING:
     from secure_fed.config.schema import ExperimentConfig
@@ -24,8 +24,6 @@ def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
         if dropped:
             shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
             print(f"note: dropped {len(dropped)} label(s) with no training instance ({shown}); dataset.drop_empty_labels")
-    if (k := max(cfg.evaluation.ks)) > ds.num_labels:  # P@k over more labels than there are: not a ranking measure
-        raise ConfigError(f"evaluation.ks: k = {k} exceeds the {ds.num_labels} labels of {ds.name}")
     return ds
 
 

@@ -220,8 +220,6 @@ def test_report_of_runs_with_no_evaluated_round_writes_nothing(tmp_path):
         (["flower", "local", "--out", "{tmp}/fl", "--timeout", "-1"], "--timeout -1"),
         (["flower", "local", "--resume"], "--resume needs --out"),
         (["validate", "{default}", "--set", "dataset.name=yeast", "--data-root", "{tmp}/nowhere"], "not found"),
-        (["validate", "{default}", "--set", "evaluation.ks=[1,50]"], "k = 50 exceeds the 40 labels"),  # P@50 of 40
-        (["run", "--set", "evaluation.ks=[1,50]", "--out", "{tmp}/run"], "k = 50 exceeds the 40 labels"),
         (["validate", "{default}", "--set", "algorithm.name=flag", "--set", "partition.name=natural",
           "--set", "partition.client_ids_file={tmp}/ids.txt"], "client_ids_file"),
     ],

@@ -17,8 +17,7 @@ from secure_fed.engine.flower.deployment import LocalDeployment, marked_processe
 from tests.config.test_bad_input import cli
 from tests.conftest import SMALL, small_config
 
-SETTINGS = ["training.rounds=1", "evaluation.every=1", "algorithm.name=fedaws", "dataset.synthetic.num_labels=4",
-            "evaluation.ks=[1,3]"]  # fmt: skip
+SETTINGS = ["training.rounds=1", "evaluation.every=1", "algorithm.name=fedaws", "dataset.synthetic.num_labels=4"]
 RUN = [*SMALL, *SETTINGS, "flower.num_supernodes=3"]  # later overrides win
 
 
