@@ -135,8 +135,8 @@ class DifferentialPrivacy(ProtocolLayer):
                 f"privacy.{'instance' if p.instance is not None else 'local'}: give noise_multiplier or target_epsilon"
             )
         shared = None
+        block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"  # the target's
         if free:
-            block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
             try:
                 shared = calibrate_shared_sigma(
                     target_epsilon=target, delta=p.delta, accountant=p.accountant,
@@ -174,7 +174,6 @@ class DifferentialPrivacy(ProtocolLayer):
                 unit.add_mechanism(m["name"], **kw)
         first = {m["name"]: (self.local_steps_per_round() if m["name"] == CLIENT_TRAINING else 1) for m in mechs}
         if (why := unit.stop_reason(plan=first)) is not None:
-            block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
             raise ConfigError(
                 f"privacy.{block}.target_epsilon {target:g} cannot be met: the first round alone would exceed it "
                 f"({why.split(': ', 1)[1].split('; stopped')[0]}); raise the noise_multiplier, or omit it to calibrate σ"

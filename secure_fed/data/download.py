@@ -67,7 +67,7 @@ def download(name: str, root: str | Path | None = None, *, mirror: str | None = 
     created = [p for p in (dest_root / rel for rel in REGISTRY[name].files) for p in [p.parent, *p.parent.parents]
                if not p.exists()]  # fmt: skip
     try:
-        return _fetch_all(name, base_url, dest_root, force)
+        return _fetch_all(name, base_url, dest_root, set(verified))
     except DataError:
         for d in sorted(set(created), key=lambda p: len(p.parts), reverse=True):  # the folders made for the failed fetch
             with contextlib.suppress(OSError):
@@ -75,12 +75,13 @@ def download(name: str, root: str | Path | None = None, *, mirror: str | None = 
         raise
 
 
-def _fetch_all(name: str, base_url: str, dest_root: Path, force: bool) -> list[Path]:
+def _fetch_all(name: str, base_url: str, dest_root: Path, verified: set[Path]) -> list[Path]:
+    """Fetch every file of ``name`` not in ``verified`` (present with the right digest, and not forced again)."""
     written = []
     for rel in REGISTRY[name].files:
         dest = dest_root / rel
         want = SHA256[rel]
-        if dest.is_file() and not force and sha256_of(dest) == want:
+        if dest in verified:
             written.append(dest)
             continue
         url = f"{base_url}/{rel.removeprefix('mulan/')}"
