@@ -70,6 +70,21 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
+#: torch threads the figures were recorded with: a matrix product splits its sums by thread, so the last bits of θ
+#: and W (and their SHA-256) depend on the count; every case runs with it, whatever the machine or test runner set
+RECORDED_THREADS = 1
+
+
+@contextlib.contextmanager
+def recorded_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(RECORDED_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_case(name: str, tmp: Path, data_root: str | None) -> dict[str, Any]:
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
@@ -77,7 +92,7 @@ def run_case(name: str, tmp: Path, data_root: str | None) -> dict[str, Any]:
     path, overrides, _ = CASES[name]
     repo = HERE.parents[1]
     cfg = load_config(repo / path if path else None, overrides)
-    with pinned_run_key():
+    with pinned_run_key(), recorded_threads():
         exp = Experiment(cfg, run_dir=tmp / name, data_root=data_root)
         res = exp.run(progress=False)
     lines = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
