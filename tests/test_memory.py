@@ -137,6 +137,13 @@ def test_fedalc_approximate_search_counts_its_index():
                                  "model.embedding_dim=512"])  # fmt: skip
     est = memory.estimate_memory(cfg, big, params=10, sparse_rows=True)
     C = 573929
-    assert est.transient["neighbour index"] == 8 * C * 512 + C * 40 * 4 + C * 51 * 12 + C * 50 * 8
+    # HNSW with M = 32: 2·32 links at the base level, about 2 more above, 4 bytes each
+    assert est.transient["neighbour index"] == 8 * C * 512 + C * 66 * 4 + C * 51 * 12 + C * 50 * 8
+    # NN-descent (degree 64, pool 80 of 12 bytes, four lists of up to R = 100 ids, the final 64 ids)
+    nnd = load_config(overrides=["algorithm.name=fedalc", "algorithm.neighbour_search=approximate", "algorithm.k=50",
+                                 "algorithm.ann_index=nndescent", "model.embedding_dim=512"])  # fmt: skip
+    est_nnd = memory.estimate_memory(nnd, big, params=10, sparse_rows=True)
+    per_row = 12 * 80 + 16 * 100 + 4 * 64
+    assert est_nnd.transient["neighbour index"] == 8 * C * 512 + C * per_row + C * 51 * 12 + C * 50 * 8
     exact = load_config(overrides=["algorithm.name=fedalc", "model.embedding_dim=512"])
     assert "neighbour index" not in memory.estimate_memory(exact, big, params=10, sparse_rows=True).transient

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
-from secure_fed.memory import PAIR_BLOCK_ELEMENTS, ROW_BLOCK_ELEMENTS
+from secure_fed.memory import NNDESCENT, PAIR_BLOCK_ELEMENTS, ROW_BLOCK_ELEMENTS
 
 #: elements of the (rows × C) distance block the exact neighbour search holds at once
 NEIGHBOUR_BLOCK_ELEMENTS = ROW_BLOCK_ELEMENTS
@@ -76,7 +76,12 @@ def approximate_nearest_classes(
     * ``"hnsw"``: a graph index (faiss ``IndexHNSWFlat``, ``hnsw_m`` links a node, ``ef_construction`` candidates
       while inserting, ``ef_search`` a query): ~C·log C on structured rows;
     * ``"ivf"``: an inverted-file index (faiss ``IndexIVFFlat``, ⌈4·√C⌉ lists but at most C/40, trained on an evenly
-      spaced sample of rows, ``nprobe`` lists searched a query): ~C^1.5.
+      spaced sample of rows, ``nprobe`` lists searched a query): ~C^1.5;
+    * ``"nndescent"``: the k-NN graph of the rows itself (faiss ``IndexNNDescentFlat``, NN-descent of Dong et al.
+      2011: each row's neighbours improved from its neighbours' neighbours; settings in
+      :data:`~secure_fed.memory.NNDESCENT`), no separate search; built on one thread, since with more the graph
+      depends on their timing (a run would neither reproduce nor resume exactly). For C ≤ its degree + 1, the
+      exact search.
 
     Rows for which the index returns fewer than k other classes get the exact search. :func:`neighbour_recall`
     measures it against the exact search. No gradient."""
@@ -100,8 +105,23 @@ def approximate_nearest_classes(
         ivf.add(X)
         ivf.nprobe = min(nprobe, nlist)
         _, found = ivf.search(X, k + 1)
+    elif index == "nndescent":
+        degree = max(NNDESCENT["degree"], k + 1)
+        if C <= degree + 1:
+            return nearest_classes(W, k)
+        nnd = faiss.IndexNNDescentFlat(d, degree, faiss.METRIC_INNER_PRODUCT)
+        nnd.nndescent.S, nnd.nndescent.R, nnd.nndescent.iter = NNDESCENT["samples"], NNDESCENT["reverse"], NNDESCENT["iterations"]
+        nnd.nndescent.L = degree + NNDESCENT["pool_extra"]
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            nnd.add(X)
+        finally:
+            faiss.omp_set_num_threads(threads)
+        # each row's neighbours, nearest first, never the row itself: the first k + 1 columns, as a search returns
+        found = faiss.vector_to_array(nnd.nndescent.final_graph).reshape(C, degree)[:, : k + 1].astype(np.int64)
     else:
-        raise ValueError(f"unknown approximate index {index!r} (hnsw, ivf)")
+        raise ValueError(f"unknown approximate index {index!r} (hnsw, ivf, nndescent)")
     own = found == np.arange(C)[:, None]
     # drop each row's own class (or, when it was not found, the farthest hit)
     keep = ~own

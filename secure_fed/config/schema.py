@@ -285,10 +285,11 @@ class AlgorithmConfig(_Strict):
         description="fedalc: N_K(u) by the exact blocked search, or by an approximate index (faiss, ann_index; for "
         "hundreds of thousands of labels, where the exact search costs C²·d); its recall is in the private diagnostics",
     )
-    ann_index: Literal["hnsw", "ivf"] = Field(
+    ann_index: Literal["hnsw", "ivf", "nndescent"] = Field(
         "hnsw",
         description="neighbour_search approximate: a graph index (faiss IndexHNSWFlat; cost ~C·log C on structured "
-        "rows) or an inverted-file index (IndexIVFFlat, ⌈4√C⌉ lists; cost ~C^1.5)",
+        "rows), an inverted-file index (IndexIVFFlat, ⌈4√C⌉ lists; cost ~C^1.5) or the k-NN graph by NN-descent "
+        "(IndexNNDescentFlat, on one thread: deterministic)",
     )
     ann_ef_search: int = Field(64, ge=1, le=65_536, description="ann_index hnsw: candidates kept per query (efSearch)")
     ann_hnsw_m: int = Field(32, ge=2, le=512, description="ann_index hnsw: links a node keeps (M)")
