@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,7 +101,8 @@ class MultiLabelDataset:
         if tr.labels.shape[1] != len(self.label_names) or te.labels.shape[1] != len(self.label_names):
             raise DataError(f"{self.name}: {len(self.label_names)} label names for label matrices of widths "
                             f"{tr.labels.shape[1]} (train) and {te.labels.shape[1]} (test)")  # fmt: skip
-        if dup := sorted({n for i, n in enumerate(self.label_names) if n in self.label_names[:i]}):
+        if len(set(self.label_names)) != len(self.label_names):  # (a scan of the earlier names per name: O(C²))
+            dup = sorted(n for n, c in Counter(self.label_names).items() if c > 1)
             raise DataError(f"{self.name}: label name {dup[0]!r} is listed twice")
         for split, part in (("training", tr), ("test", te)):
             if part.features.shape[0] == 0:
