@@ -1,7 +1,7 @@
 """FedALC's approximate neighbour search against the exact one: recall and seconds, measured in the same run.
 
     python benchmarks/neighbour_recall.py [--labels 50000] [--dim 512] [--k 50] [--ef 32,64,128] [--hnsw-m 32]
-        [--ef-construction 80] [--nprobe 64,256,1024] [--json FILE]
+        [--ef-construction 80] [--nprobe 64,256,1024] [--nndescent] [--json FILE]
 
 Two kinds of class-embedding rows W (C × d):
 
@@ -11,8 +11,8 @@ Two kinds of class-embedding rows W (C × d):
   group), each 0.5/√d-perturbed and renormalised.
 
 For each, the exact blocked search (``nearest_classes``) gives N_K(u) for every class; the approximate search
-(``approximate_nearest_classes``: faiss IVF, ⌈4√C⌉ lists) runs at each ``--nprobe``; recall is the share of exact
-neighbours found, over all C classes.
+(``approximate_nearest_classes``: faiss IVF, ⌈4√C⌉ lists) runs at each ``--nprobe``, the HNSW graph at each ``--ef``
+and, with ``--nndescent``, the NN-descent graph; recall is the share of exact neighbours found, over all C classes.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hnsw-m", type=int, default=32, help="HNSW links a node (M)")
     ap.add_argument("--ef-construction", type=int, default=80, help="HNSW candidates while inserting")
     ap.add_argument("--nprobe", default="64,256,1024")
+    ap.add_argument("--nndescent", action="store_true", help="also the NN-descent graph (ann_index nndescent, one core)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     C, d, k = args.labels, args.dim, args.k
@@ -66,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<12} {'exact':<18} {t_exact:>8.1f} {1.0:>7.3f}", flush=True)
         out.append({"rows": name, "search": "exact", "seconds": t_exact, "recall": 1.0})
         settings = [("hnsw", int(x)) for x in args.ef.split(",") if x] + [("ivf", int(x)) for x in args.nprobe.split(",") if x]
+        settings += [("nndescent", 0)] if args.nndescent else []
         for index, knob in settings:
             t = time.perf_counter()
             approx = approximate_nearest_classes(W, k, index=index, nprobe=knob, ef_search=knob, hnsw_m=args.hnsw_m,
                                                  ef_construction=args.ef_construction)  # fmt: skip
             dt = time.perf_counter() - t
             r = recall(approx, exact)
-            label = f"{index} {'ef' if index == 'hnsw' else 'nprobe'} {knob}"
+            label = {"hnsw": f"hnsw ef {knob}", "ivf": f"ivf nprobe {knob}", "nndescent": "nndescent"}[index]
             print(f"{name:<12} {label:<18} {dt:>8.1f} {r:>7.3f}   ({t_exact / dt:.1f}x faster)", flush=True)
             out.append({"rows": name, "search": label, "seconds": dt, "recall": r})
     if args.json:
