@@ -23,7 +23,8 @@ def _share_cores_between_workers() -> None:
         return
     import torch
 
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # not on macOS
+    threads = max(1, cores // workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
