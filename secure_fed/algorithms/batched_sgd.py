@@ -14,8 +14,10 @@ The first term is **one** matrix product for all clients together (their batches
 near the machine's matmul rate, where one client's b = 32 rows run at a fraction of it); the history terms are
 two batched products over the client's past steps concatenated, (x [x_{i,0}; …]ᵀ)[δ_{i,0}; …] (joined once the
 history is small; one product per past step made thousands of small calls on long schedules). The backward pass
-is the same algebra, through autograd. No client's weight is formed until the end, when its update
-Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its own rows.
+is the same algebra written out: the gradient at the layer's input is
+``δ A₀ − η Σ_{t<s} (δ δ_{i,t}ᵀ) x_{i,t}`` (autograd runs only through the family's score and the loss). No
+client's weight is formed until the end, when its update Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its
+own rows.
 
 Each client runs **exactly its own SGD steps**: its own batches, drawn from its own generator in the same calls as
 :class:`~secure_fed.algorithms.client.LocalTrainer` makes (one ``randperm`` per epoch), its own row(s), its own
@@ -156,10 +158,46 @@ class _Client:
         self.losses: list[float] = []
 
 
+def _gather_steps(clients: list[_Client], order: list[int], steps: list[int], b: int, dtype) -> tuple:
+    """Every lock step's inputs, targets and padding mask, gathered once for the group: step s holds b rows for
+    each of the clients ``order[:G_s]`` (short batches padded with zero rows), the steps one after another. Returns
+    (inputs (rows, in), targets (rows, k), valid (rows,), the first row of each step)."""
+    first = clients[order[0]].req.data
+    device = first.x.device
+    xs = [clients[i].req.data.x for i in order]
+    ts = [clients[i].targets for i in order]
+    offsets = [0]
+    for x in xs:
+        offsets.append(offsets[-1] + x.shape[0])
+    pad = offsets[-1]  # the index of a zero row (no input, no label), appended after every client's rows
+    x_all = torch.cat([*xs, torch.zeros(1, first.x.shape[1], dtype=first.x.dtype, device=device)])
+    t_all = torch.cat([*ts, torch.zeros(1, ts[0].shape[1], dtype=torch.bool, device=device)])
+    idx: list[torch.Tensor] = []
+    starts = [0]
+    for s in range(steps[0] if steps else 0):
+        for j in range(sum(1 for k in steps if k > s)):
+            batch = clients[order[j]].batches[s]
+            idx.append(batch + offsets[j])
+            if len(batch) < b:
+                idx.append(torch.full((b - len(batch),), pad, dtype=batch.dtype, device=device))
+        starts.append(starts[-1] + b * sum(1 for k in steps if k > s))
+    flat = torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long, device=device)
+    inputs = x_all.index_select(0, flat)
+    if dtype is not None and inputs.dtype != dtype:
+        inputs = inputs.to(dtype)
+    return inputs, t_all.index_select(0, flat), flat != pad, starts
+
+
 def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Callable[[], Payload]]:
     """Run the requests of one group (equal :func:`group_key`) together; returns, per request in order, a
     function that builds its reply (the same keys and values as ``LocalTrainer.update``'s). Building a reply
-    forms that client's dense update, so the executor builds one at a time."""
+    forms that client's dense update, so the executor builds one at a time.
+
+    The forward pass and the backward pass through the chain are written out (the backward of
+    ``y = x A₀ᵀ + Σ_t (x X_tᵀ) D_t`` is ``∂x = δ A₀ + Σ_t (δ D_tᵀ) X_t``, and a ReLU passes δ where its output is
+    positive); autograd runs only through the family's score and the loss, from the last layer's output (and the
+    client's rows). Products run in the product dtype (bf16 under ``precision: bf16``, as autocast runs the
+    reference trainer's), and each sum of a shared product and its history terms in the weights' dtype."""
     chain = linear_chain(model)
     assert chain is not None
     first = reqs[0]
@@ -169,8 +207,6 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     train_rows = has_rows and bool(p0["train_rows"])
     loss_fn = MASKED_LOSSES[p0["loss"]]
     lr, b = float(hp.lr), int(hp.batch_size)
-    device = first.data.x.device
-    autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=hp.precision == "bf16")
     product_dtype = torch.bfloat16 if hp.precision == "bf16" else None  # None: each weight's own dtype
 
     clients = [_Client(r, has_rows) for r in reqs]
@@ -180,77 +216,102 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     G = len(order)
     layers = [(m, prefix) for m, prefix in chain if prefix is not None]
     A0 = [theta[f"{prefix}.weight"].detach() for _, prefix in layers]
-    # the weights as the products read them, cast once per group (autocast would cast A₀ again in every product:
-    # it caches casts of leaf parameters only)
+    acc = [a.dtype for a in A0]  # each layer's sum (shared product + history terms) in its weight's dtype
+    # the weights as the products read them, cast once per group
     A0c = [a.to(product_dtype) if product_dtype is not None else a for a in A0]
     bias = [theta[f"{prefix}.bias"].detach().expand(G, -1).clone() if m.bias is not None else None for m, prefix in layers]
     rows = torch.stack([clients[i].req.payload["rows"] for i in order]).detach().clone() if has_rows else None
     rows0 = rows.clone() if rows is not None else None
     #: per layer: the active clients' history so far as segments of consecutive steps, (inputs (G_s, rows, in),
-    #: η·δ (G_s, rows, out)), each segment's history term two batched products. While the clients are many, each
+    #: −η·δ (G_s, rows, out)), each segment's history term two batched products. While the clients are many, each
     #: step is a segment of its own (joining them would copy the whole history every step); once the history is
     #: small (:data:`JOIN_HISTORY_BYTES`) the segments are joined, so a long schedule's late steps, which few clients
     #: run, cost two products a layer instead of two per past step
     hist: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
-    #: per layer, per client position: its whole history (inputs, η·δ) of (steps · b) rows, kept when it stops
+    #: per layer, per client position: its whole history (inputs, −η·δ) of its real rows, kept when it stops
     done: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in layers]
     score = torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
     loss_v = torch.func.vmap(loss_fn)
+    x_steps, y_steps, v_steps, starts = _gather_steps(clients, order, steps, b, product_dtype)
+    # a client's real rows in its history are a prefix when only its last batch is short
+    prefix_rows = hp.epochs == 1
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(product_dtype) if product_dtype is not None and t.dtype != product_dtype else t
 
     for s in range(steps[0] if G else 0):
         Gs = sum(1 for k in steps if k > s)
-        idx = [clients[order[j]].batches[s] for j in range(Gs)]
-        counts = torch.tensor([len(i) for i in idx], device=device)
-        xs = torch.zeros(Gs, b, first.data.x.shape[1], dtype=first.data.x.dtype, device=device)
-        k = clients[order[0]].targets.shape[1]
-        ys_t = torch.zeros(Gs, b, k, dtype=torch.bool, device=device)
-        for j, ij in enumerate(idx):
-            c = clients[order[j]]
-            xs[j, : len(ij)] = c.req.data.x[ij]
-            ys_t[j, : len(ij)] = c.targets[ij]
-        valid = torch.arange(b, device=device)[None, :] < counts[:, None]
-        outs: list[torch.Tensor] = []
-        inputs: list[torch.Tensor] = []
-        h = xs
+        rs = slice(starts[s], starts[s + 1])
+        valid = v_steps[rs].view(Gs, b)
+        ys_t = y_steps[rs].view(Gs, b, -1)
+        cur = x_steps[rs].view(Gs, b, -1)
+        # the forward pass; saved: each Linear's input (product dtype), each ReLU's output (its mask)
+        saved: list[torch.Tensor] = []
         li = 0
-        with torch.autocast(**autocast):
+        fresh = False  # cur is a tensor this step made (not the data, nor a saved input)
+        with torch.no_grad():
             for _m, prefix in chain:
                 if prefix is None:
-                    h = torch.relu(h)
+                    # ReLU after the cast (rounding keeps signs and zero, so this is the cast of ReLU's output), in
+                    # place when the cast made a new tensor or the input is this step's own sum
+                    c = cast(cur)
+                    cur = torch.relu_(c) if (c is not cur or fresh) else torch.relu(c)
+                    saved.append(cur)
+                    fresh = False
                     continue
-                # the layer's input as its products read it (bf16 under autocast), cast once for all of them and
-                # stored so (autocast would cast it again in each of the step's 1 + 2·len(history) products)
-                hc = h.to(product_dtype) if product_dtype is not None else h
-                inputs.append(hc.detach())
-                # x A₀ᵀ − Σ_t (x x_tᵀ) δ_t: each product in the autocast dtype, the sum in the weights' dtype (in
-                # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away)
-                acc = A0[li].dtype
-                y = (hc.reshape(Gs * b, -1) @ A0c[li].T).reshape(Gs, b, -1).to(acc)
-                for X_h, D_h in hist[li]:  # Σ_t (x x_tᵀ) δ_t over the segment's steps, the sum inside one product
-                    y = y - torch.bmm(torch.bmm(hc, X_h[:Gs].transpose(1, 2)), D_h[:Gs]).to(acc)
+                hc = cast(cur)
+                saved.append(hc)
+                y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1)
                 if bias[li] is not None:
-                    y = y + bias[li][:Gs, None, :]
-                if not y.requires_grad:  # the first layer: a function of the data only, its δ is all we need
-                    y = y.detach().requires_grad_()
-                outs.append(y)
-                h = y
+                    y = y + bias[li][:Gs, None, :]  # in the weights' dtype (the bias is stored so)
+                if y.dtype != acc[li]:
+                    y = y.to(acc[li])
+                for X_h, D_h in hist[li]:  # + Σ_t (x X_tᵀ) D_t over the segment's steps, the sum inside one product
+                    y += torch.bmm(torch.bmm(hc, X_h[:Gs].transpose(1, 2)), D_h[:Gs])
+                cur, fresh = y, True
                 li += 1
+        out = cur.to(acc[-1]).detach().requires_grad_()
         r = rows[:Gs].detach().clone().requires_grad_(train_rows) if rows is not None else None
-        per_client = loss_v(score(h, r), ys_t, valid)
-        wrt = outs + ([r] if train_rows else [])
+        per_client = loss_v(score(out, r), ys_t, valid)
+        wrt = [out] + ([r] if train_rows else [])
         grads = torch.autograd.grad(per_client.sum(), wrt)
         with torch.no_grad():
+            g = grads[0].contiguous()  # this backward's own tensor (ReLUs mask it in place)
+            new_d: list[torch.Tensor | None] = [None] * len(layers)
+            li = len(layers)
+            for k_op in range(len(chain) - 1, -1, -1):
+                if chain[k_op][1] is None:  # ReLU: δ passes where the output is positive
+                    g = g.masked_fill_(saved[k_op] == 0, 0)  # g is this backward's own tensor
+                    continue
+                li -= 1
+                x_in = saved[k_op]
+                D = torch.mul(g, -lr, out=torch.empty_like(g, dtype=x_in.dtype))  # −η·δ as the history reads it
+                new_d[li] = D
+                if bias[li] is not None:
+                    bias[li][:Gs] -= lr * g.sum(dim=1, dtype=bias[li].dtype)
+                if li == 0:
+                    break  # the first Linear's input is data: no gradient needed below it
+                gp = cast(g)
+                g = (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
+                if hist[li]:
+                    g = g.to(acc[li])
+                    for X_h, D_h in hist[li]:
+                        g += torch.bmm(torch.bmm(gp, D_h[:Gs].transpose(1, 2)), X_h[:Gs])
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
-            for li_, (x_in, delta) in enumerate(zip(inputs, grads[: len(outs)], strict=True)):
-                segs = [(X[:Gs], D[:Gs]) for X, D in hist[li_]] + [(x_in, (lr * delta).to(x_in.dtype))]
-                size = sum(X.numel() + D.numel() for X, D in segs) * x_in.element_size()
+            inputs = [saved[k] for k, (_m, prefix) in enumerate(chain) if prefix is not None]
+            for li_, (x_in, D) in enumerate(zip(inputs, new_d, strict=True)):
+                segs = [(X[:Gs], Dh[:Gs]) for X, Dh in hist[li_]] + [(x_in, D)]
+                size = sum(X.numel() + Dh.numel() for X, Dh in segs) * x_in.element_size()
                 if len(segs) > 1 and size <= JOIN_HISTORY_BYTES:
-                    segs = [(torch.cat([X for X, _ in segs], dim=1), torch.cat([D for _, D in segs], dim=1))]
+                    segs = [(torch.cat([X for X, _ in segs], dim=1), torch.cat([Dh for _, Dh in segs], dim=1))]
                 for j in range(Gn, Gs):  # their last step: keep their rows (a copy: it outlives the group's segments)
-                    done[li_][j] = (torch.cat([X[j] for X, _ in segs]), torch.cat([D[j] for _, D in segs]))
-                hist[li_] = [(X[:Gn], D[:Gn]) for X, D in segs] if Gn else []
-                if bias[li_] is not None:
-                    bias[li_][:Gs] -= lr * delta.to(bias[li_].dtype).sum(dim=1)
+                    X = torch.cat([X[j] for X, _ in segs])
+                    Dh = torch.cat([Dh[j] for _, Dh in segs])
+                    if prefix_rows:  # the padding of its short last batch (δ = 0 there) is left out
+                        n = clients[order[j]].n
+                        X, Dh = X[:n], Dh[:n]
+                    done[li_][j] = (X, Dh)
+                hist[li_] = [(X[:Gn], Dh[:Gn]) for X, Dh in segs] if Gn else []
             if train_rows:
                 rows[:Gs] = rows[:Gs].detach() - lr * grads[-1]
         for j, v in enumerate(per_client.detach().tolist()):
@@ -268,11 +329,11 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                     A = theta[f"{prefix}.weight"]
                     if j not in done[li_]:  # a client without examples took no step (no history kept)
                         delta[f"{prefix}.weight"] = torch.zeros_like(A)
-                    else:  # all b rows of each step: a padded row has δ = 0, so it adds nothing
+                    else:  # −η Σ_t δ_tᵀ x_t; a padded row has δ = 0, so it adds nothing
                         # in bf16 the product runs in bf16 (fp32 accumulation, one rounding of the sum), as autocast
                         # forms each step's weight gradient in the reference trainer; in fp32, in fp32
                         X, D = done[li_][j]
-                        delta[f"{prefix}.weight"] = (D.neg().T @ X).to(A.dtype)  # −η Σ_t δ_tᵀ x_t (the sign on D: small)
+                        delta[f"{prefix}.weight"] = (D.T @ X).to(A.dtype)
                     if bias[li_] is not None:
                         delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
             out: Payload = {
