@@ -30,6 +30,7 @@ from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.config import dump_config
 from secure_fed.config.schema import ExperimentConfig
 from secure_fed.engine.aggregation import RoundSession
+from secure_fed.engine.allocator import keep_freed_memory
 from secure_fed.engine.builders import (
     build_algorithm,
     build_dataset,
@@ -101,6 +102,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
 
     def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None):
         """``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs)."""
+        keep_freed_memory()  # a round's large tensors reuse freed memory instead of faulting pages in anew
         self.cfg = cfg
         self.data_root = data_root
         self.run_dir = Path(run_dir)
