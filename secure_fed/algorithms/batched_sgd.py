@@ -158,34 +158,24 @@ class _Client:
         self.losses: list[float] = []
 
 
-def _gather_steps(clients: list[_Client], order: list[int], steps: list[int], b: int, dtype) -> tuple:
-    """Every lock step's inputs, targets and padding mask, gathered once for the group: step s holds b rows for
-    each of the clients ``order[:G_s]`` (short batches padded with zero rows), the steps one after another. Returns
-    (inputs (rows, in), targets (rows, k), valid (rows,), the first row of each step)."""
-    first = clients[order[0]].req.data
-    device = first.x.device
-    xs = [clients[i].req.data.x for i in order]
-    ts = [clients[i].targets for i in order]
-    offsets = [0]
-    for x in xs:
-        offsets.append(offsets[-1] + x.shape[0])
-    pad = offsets[-1]  # the index of a zero row (no input, no label), appended after every client's rows
-    x_all = torch.cat([*xs, torch.zeros(1, first.x.shape[1], dtype=first.x.dtype, device=device)])
-    t_all = torch.cat([*ts, torch.zeros(1, ts[0].shape[1], dtype=torch.bool, device=device)])
-    idx: list[torch.Tensor] = []
-    starts = [0]
-    for s in range(steps[0] if steps else 0):
-        for j in range(sum(1 for k in steps if k > s)):
-            batch = clients[order[j]].batches[s]
-            idx.append(batch + offsets[j])
-            if len(batch) < b:
-                idx.append(torch.full((b - len(batch),), pad, dtype=batch.dtype, device=device))
-        starts.append(starts[-1] + b * sum(1 for k in steps if k > s))
-    flat = torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long, device=device)
-    inputs = x_all.index_select(0, flat)
-    if dtype is not None and inputs.dtype != dtype:
-        inputs = inputs.to(dtype)
-    return inputs, t_all.index_select(0, flat), flat != pad, starts
+def _gather_step(clients: list[_Client], order: list[int], s: int, Gs: int, b: int, dtype) -> tuple:
+    """Lock step s's inputs (G_s, b, in), targets (G_s, b, k) and padding mask (G_s, b): b rows for each of the
+    clients ``order[:G_s]``, a short batch padded with zero rows (no input, no label). The inputs are cast to
+    ``dtype`` (the product dtype) as they are copied."""
+    x0 = clients[order[0]].req.data.x
+    xs = torch.empty(Gs, b, x0.shape[1], dtype=dtype or x0.dtype, device=x0.device)
+    ts = torch.zeros(Gs, b, clients[order[0]].targets.shape[1], dtype=torch.bool, device=x0.device)
+    valid = torch.zeros(Gs, b, dtype=torch.bool, device=x0.device)
+    for j in range(Gs):
+        c = clients[order[j]]
+        batch = c.batches[s]
+        n = len(batch)
+        xs[j, :n] = c.req.data.x[batch]
+        if n < b:
+            xs[j, n:] = 0
+        ts[j, :n] = c.targets[batch]
+        valid[j, :n] = True
+    return xs, ts, valid
 
 
 def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Callable[[], Payload]]:
@@ -232,7 +222,6 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     done: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in layers]
     score = torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
     loss_v = torch.func.vmap(loss_fn)
-    x_steps, y_steps, v_steps, starts = _gather_steps(clients, order, steps, b, product_dtype)
     # a client's real rows in its history are a prefix when only its last batch is short
     prefix_rows = hp.epochs == 1
 
@@ -241,10 +230,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
 
     for s in range(steps[0] if G else 0):
         Gs = sum(1 for k in steps if k > s)
-        rs = slice(starts[s], starts[s + 1])
-        valid = v_steps[rs].view(Gs, b)
-        ys_t = y_steps[rs].view(Gs, b, -1)
-        cur = x_steps[rs].view(Gs, b, -1)
+        cur, ys_t, valid = _gather_step(clients, order, s, Gs, b, product_dtype)
         # the forward pass; saved: each Linear's input (product dtype), each ReLU's output (its mask)
         saved: list[torch.Tensor] = []
         li = 0
@@ -261,13 +247,14 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                     continue
                 hc = cast(cur)
                 saved.append(hc)
-                y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1)
+                # x A₀ᵀ + b + Σ_t (x X_tᵀ) D_t: each product in the product dtype, the sum in the weights' dtype (in
+                # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away); each
+                # term cast before it is added (an elementwise op on mixed dtypes runs several times slower)
+                y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1).to(acc[li])
                 if bias[li] is not None:
-                    y = y + bias[li][:Gs, None, :]  # in the weights' dtype (the bias is stored so)
-                if y.dtype != acc[li]:
-                    y = y.to(acc[li])
-                for X_h, D_h in hist[li]:  # + Σ_t (x X_tᵀ) D_t over the segment's steps, the sum inside one product
-                    y += torch.bmm(torch.bmm(hc, X_h[:Gs].transpose(1, 2)), D_h[:Gs])
+                    y.add_(bias[li][:Gs, None, :])
+                for X_h, D_h in hist[li]:  # a segment's steps: the sum over them inside one product
+                    y.add_(torch.bmm(torch.bmm(hc, X_h[:Gs].transpose(1, 2)), D_h[:Gs]).to(acc[li]))
                 cur, fresh = y, True
                 li += 1
         out = cur.to(acc[-1]).detach().requires_grad_()
@@ -276,12 +263,12 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
         wrt = [out] + ([r] if train_rows else [])
         grads = torch.autograd.grad(per_client.sum(), wrt)
         with torch.no_grad():
-            g = grads[0].contiguous()  # this backward's own tensor (ReLUs mask it in place)
+            g = grads[0]
             new_d: list[torch.Tensor | None] = [None] * len(layers)
             li = len(layers)
             for k_op in range(len(chain) - 1, -1, -1):
-                if chain[k_op][1] is None:  # ReLU: δ passes where the output is positive
-                    g = g.masked_fill_(saved[k_op] == 0, 0)  # g is this backward's own tensor
+                if chain[k_op][1] is None:  # ReLU: δ passes where its output is positive (as autograd's ReLU)
+                    g = torch.ops.aten.threshold_backward(g, saved[k_op].to(g.dtype), 0)
                     continue
                 li -= 1
                 x_in = saved[k_op]
@@ -291,27 +278,28 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                     bias[li][:Gs] -= lr * g.sum(dim=1, dtype=bias[li].dtype)
                 if li == 0:
                     break  # the first Linear's input is data: no gradient needed below it
+                # δ A₀ + Σ_t (δ D_tᵀ) X_t, summed in the product dtype (as autograd sums the input's gradients
+                # under autocast in the reference trainer)
                 gp = cast(g)
                 g = (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
-                if hist[li]:
-                    g = g.to(acc[li])
-                    for X_h, D_h in hist[li]:
-                        g += torch.bmm(torch.bmm(gp, D_h[:Gs].transpose(1, 2)), X_h[:Gs])
+                for X_h, D_h in hist[li]:
+                    g.add_(torch.bmm(torch.bmm(gp, D_h[:Gs].transpose(1, 2)), X_h[:Gs]))
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
             inputs = [saved[k] for k, (_m, prefix) in enumerate(chain) if prefix is not None]
             for li_, (x_in, D) in enumerate(zip(inputs, new_d, strict=True)):
                 segs = [(X[:Gs], Dh[:Gs]) for X, Dh in hist[li_]] + [(x_in, D)]
-                size = sum(X.numel() + Dh.numel() for X, Dh in segs) * x_in.element_size()
-                if len(segs) > 1 and size <= JOIN_HISTORY_BYTES:
-                    segs = [(torch.cat([X for X, _ in segs], dim=1), torch.cat([Dh for _, Dh in segs], dim=1))]
-                for j in range(Gn, Gs):  # their last step: keep their rows (a copy: it outlives the group's segments)
-                    X = torch.cat([X[j] for X, _ in segs])
-                    Dh = torch.cat([Dh[j] for _, Dh in segs])
+                for j in range(Gn, Gs):  # their last step: keep their rows (views of one segment, or joined)
+                    X = segs[0][0][j] if len(segs) == 1 else torch.cat([X[j] for X, _ in segs])
+                    Dh = segs[0][1][j] if len(segs) == 1 else torch.cat([Dh[j] for _, Dh in segs])
                     if prefix_rows:  # the padding of its short last batch (δ = 0 there) is left out
                         n = clients[order[j]].n
                         X, Dh = X[:n], Dh[:n]
                     done[li_][j] = (X, Dh)
-                hist[li_] = [(X[:Gn], Dh[:Gn]) for X, Dh in segs] if Gn else []
+                segs = [(X[:Gn], Dh[:Gn]) for X, Dh in segs] if Gn else []
+                size = sum(X.numel() + Dh.numel() for X, Dh in segs) * x_in.element_size()
+                if len(segs) > 1 and size <= JOIN_HISTORY_BYTES:
+                    segs = [(torch.cat([X for X, _ in segs], dim=1), torch.cat([Dh for _, Dh in segs], dim=1))]
+                hist[li_] = segs
             if train_rows:
                 rows[:Gs] = rows[:Gs].detach() - lr * grads[-1]
         for j, v in enumerate(per_client.detach().tolist()):
