@@ -43,9 +43,10 @@ def _fault_share(mode: str, tmp_path) -> float:
 
 
 def test_an_experiment_keeps_freed_memory_for_reuse(tmp_path):
-    default = _fault_share("plain", tmp_path)
-    assert default > 0.5  # the control: under glibc's defaults the freed heap top is trimmed and faulted in again
-    assert _fault_share("experiment", tmp_path) < 0.25  # measured: 0.09 (0.03 with no experiment before it)
+    # the control: under glibc's defaults the freed heap top is trimmed and faulted in again (measured 0.28 or 0.97
+    # of the pages, from one process to the next); with the experiment's settings 0 to 0.09 (0.09 under load)
+    assert _fault_share("plain", tmp_path) > 0.2
+    assert _fault_share("experiment", tmp_path) < 0.15
 
 
 def test_the_settings_are_made_once_and_reported():
