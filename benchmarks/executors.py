@@ -8,9 +8,10 @@ how the cost grows with the number of clients — every ratio measured in the sa
   fp32 and bf16, on this process's torch threads.
 * **Bibtex FedALC** (``experiments/configs/bibtex_fedalc.yaml``: all 159 clients every round, the paper's
   512 → 1024 → 1024 → 512 network; needs ``$SECURE_FED_DATA``): seconds per round of each executor at each
-  precision (mean of ``--rounds`` rounds after one warm-up), their ratio, the 300-round time it implies, and the
-  training GFLOP/s of each (the round's forward, input-gradient and weight-gradient products counted from the
-  network's shape and the clients' example counts) over the matmul rate at the same precision.
+  precision (mean of ``--rounds`` rounds after one warm-up, the two executors' rounds interleaved), their
+  ratio, the 300-round time it implies, and the training GFLOP/s of each (the round's forward, input-gradient
+  and weight-gradient products counted from the network's shape and the clients' example counts) over the matmul
+  rate at the same precision.
 * **Scaling**: synthetic positive-only data with C labels (one client per label, 20 instances per label, dense
   64-wide features, the same 1024-wide body; label groups of about 32 labels and about 1.6 noise labels an
   instance, so an instance holds about 12 labels, and a client about as many examples, from 40 clients up),
@@ -33,6 +34,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 BIBTEX = REPO / "experiments/configs/bibtex_fedalc.yaml"
+EXECUTORS = ("sequential", "vectorized")
 
 
 def matmul_rate(dtype: torch.dtype, m: int, k: int = 1024, n: int = 1024, seconds: float = 0.5) -> float:
@@ -60,21 +62,28 @@ def training_flops(exp) -> float:
     return per_example * examples * exp.cfg.training.client_fraction
 
 
-def seconds_per_round(config, overrides: list[str], executor: str, rounds: int) -> tuple[float, object]:
+def seconds_per_round(config, overrides: list[str], executors: tuple[str, ...], rounds: int) -> tuple[dict, dict]:
+    """Seconds per round of each executor on the same configuration: one experiment per executor, one warm-up
+    round each, then ``rounds`` rounds of each **interleaved** (A B A B …), so that both see the same phases of a
+    machine whose speed drifts (this virtual machine's rates move by 10–25% over minutes). Returns the mean seconds
+    per round and the experiment of each executor."""
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
 
-    cfg = load_config(config, [*overrides, f"training.executor={executor}", "output.progress=false", "device=cpu"])
     with tempfile.TemporaryDirectory() as tmp:
-        exp = Experiment(cfg, run_dir=Path(tmp) / "run")
-        exp.setup()
-        exp.train_round()  # warm-up
-        times = []
+        exps = {}
+        for ex in executors:
+            cfg = load_config(config, [*overrides, f"training.executor={ex}", "output.progress=false", "device=cpu"])
+            exps[ex] = Experiment(cfg, run_dir=Path(tmp) / ex)
+            exps[ex].setup()
+            exps[ex].train_round()  # warm-up
+        times: dict[str, list[float]] = {ex: [] for ex in executors}
         for _ in range(rounds):
-            t0 = time.perf_counter()
-            exp.train_round()
-            times.append(time.perf_counter() - t0)
-    return statistics.mean(times), exp
+            for ex in executors:
+                t0 = time.perf_counter()
+                exps[ex].train_round()
+                times[ex].append(time.perf_counter() - t0)
+    return {ex: statistics.mean(t) for ex, t in times.items()}, exps
 
 
 def main() -> None:
@@ -99,8 +108,9 @@ def main() -> None:
     if not args.skip_bibtex:
         for prec in [p for p in args.precisions.split(",") if p]:
             row = {}
-            for executor in ("sequential", "vectorized"):
-                s, exp = seconds_per_round(BIBTEX, [f"training.precision={prec}"], executor, args.rounds)
+            secs, exps = seconds_per_round(BIBTEX, [f"training.precision={prec}"], EXECUTORS, args.rounds)
+            for executor in EXECUTORS:
+                s, exp = secs[executor], exps[executor]
                 flops = training_flops(exp)
                 rate = flops / s / 1e9
                 row[executor] = {"s_per_round": s, "train_gflops": rate,
@@ -118,7 +128,7 @@ def main() -> None:
               f"dataset.synthetic.num_groups={max(1, round(n / 32))}", f"dataset.synthetic.noise_label_rate={min(0.01, 1.6 / n)}",
               "dataset.synthetic.num_test=200",
               "model.hidden_dims=[1024,1024]", "model.embedding_dim=512", "training.client_fraction=1.0"]  # fmt: skip
-        row = {ex: seconds_per_round(None, ov, ex, max(1, args.rounds - 1))[0] for ex in ("sequential", "vectorized")}
+        row = seconds_per_round(None, ov, EXECUTORS, max(1, args.rounds - 1))[0]
         row["speedup"] = row["sequential"] / row["vectorized"]
         out["scaling"][n] = row
         print(f"synthetic {n:>5} clients: sequential {row['sequential']:.3f} s/round, vectorized "

@@ -105,8 +105,21 @@ class TrainRequest:
     generator: torch.Generator
 
 
-def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None) -> str | None:
-    """Why ``req`` cannot run in a batched group (a short reason), or None when it can."""
+@dataclass(frozen=True)
+class ModelFacts:
+    """What :func:`unbatchable` needs to know of a model (the same for every request of a run: compute it once)."""
+
+    has_dropout: bool
+    is_chain: bool
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelFacts:
+        return cls(any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()), linear_chain(model) is not None)
+
+
+def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None, *, facts: ModelFacts | None = None) -> str | None:
+    """Why ``req`` cannot run in a batched group (a short reason), or None when it can. ``facts``: the model's
+    :class:`ModelFacts`, when the caller keeps them (computed here otherwise)."""
     hp = req.hp
     if privatizer is not None:
         return "DP-SGD in client training"
@@ -114,13 +127,14 @@ def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None) ->
         return "client optimiser other than plain SGD"
     if family.label_masked or "ca_mle_tau" in req.payload:
         return "label mask training"
-    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+    facts = facts or ModelFacts.of(model)
+    if facts.has_dropout:
         return "dropout"
     if isinstance(req.data.x, SparseRows):
         return "sparse input rows"
     if req.payload["loss"] not in MASKED_LOSSES:
         return f"loss {req.payload['loss']!r}"
-    if linear_chain(model) is None:
+    if not facts.is_chain:
         return "model is not a chain of Linear and ReLU layers"
     return None
 
@@ -346,4 +360,13 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return (num / max(den, 1e-300)) ** 0.5
 
 
-__all__ = ["MASKED_LOSSES", "TrainRequest", "group_key", "linear_chain", "train_group", "unbatchable", "relative_error"]
+__all__ = [
+    "MASKED_LOSSES",
+    "ModelFacts",
+    "TrainRequest",
+    "group_key",
+    "linear_chain",
+    "train_group",
+    "unbatchable",
+    "relative_error",
+]

@@ -32,7 +32,7 @@ import greenlet
 import torch
 
 from secure_fed.algorithms.base import Payload
-from secure_fed.algorithms.batched_sgd import TrainRequest, group_key, linear_chain, train_group, unbatchable
+from secure_fed.algorithms.batched_sgd import ModelFacts, TrainRequest, group_key, linear_chain, train_group, unbatchable
 from secure_fed.algorithms.client import BATCHING, LocalTrainer
 from secure_fed.engine.executors import Channel, ClientJob, Executor
 
@@ -72,7 +72,7 @@ class _ClientCoroutine:
 
     def submit(self, trainer: LocalTrainer, req: TrainRequest, privatizer) -> Payload:
         """Inside the client: the trainer's request. Unbatchable ones run now; others wait for their group."""
-        reason = unbatchable(trainer.model, trainer.family, req, privatizer)
+        reason = unbatchable(trainer.model, trainer.family, req, privatizer, facts=self._executor._facts(trainer.model))
         if reason is not None:
             self._executor._count_unbatched(reason)
             return trainer.update_one(req.payload, req.data, req.hp, req.generator, privatizer)
@@ -104,10 +104,17 @@ class VectorizedExecutor(Executor):
         #: client updates trained in a batched group, and those run one at a time (by reason), in this process
         self.batched = 0
         self.unbatched: Counter[str] = Counter()
+        #: each model's facts for :func:`unbatchable`, by id (the model is kept, so the id is not reused)
+        self._model_facts: dict[int, tuple[torch.nn.Module, ModelFacts]] = {}
 
     @classmethod
     def from_config(cls, training) -> VectorizedExecutor:
         return cls(chunk_clients=training.chunk_clients)
+
+    def _facts(self, model: torch.nn.Module) -> ModelFacts:
+        if id(model) not in self._model_facts:
+            self._model_facts[id(model)] = (model, ModelFacts.of(model))
+        return self._model_facts[id(model)][1]
 
     def _count_unbatched(self, reason: str) -> None:
         if reason not in self.unbatched:
