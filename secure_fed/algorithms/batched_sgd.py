@@ -49,20 +49,23 @@ JOIN_HISTORY_BYTES = 64 << 20
 
 def _positive(scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     # a padded row carries no positive label, so it adds nothing to the sum nor to the count
-    return positive_hinge_loss(scores, pos & valid[:, None])
+    p = pos & valid[..., None]
+    terms = positive_hinge_loss(scores, p, reduction="none")
+    return terms.sum(dim=(-2, -1)) / p.to(terms.dtype).sum(dim=(-2, -1)).clamp(min=1.0)
 
 
 def _elementwise(fn) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     def loss(scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         elem = fn(scores, pos, reduction="none")
-        w = valid.to(elem.dtype)[:, None]
-        return (elem * w).sum() / (w.sum() * elem.shape[1]).clamp(min=1.0)
+        w = valid.to(elem.dtype)[..., None]
+        return (elem * w).sum(dim=(-2, -1)) / (w.sum(dim=(-2, -1)) * elem.shape[-1]).clamp(min=1.0)
 
     return loss
 
 
 #: client losses with a padding mask: ``loss(scores (b, k), pos (b, k), valid (b,))`` equals the loss of
-#: :data:`~secure_fed.algorithms.losses.LOSSES` on the valid rows only
+#: :data:`~secure_fed.algorithms.losses.LOSSES` on the valid rows only; with leading batch dimensions
+#: ((G, b, k), (G, b, k), (G, b)) it gives each client's loss (G,)
 MASKED_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "positive": _positive,
     "bce": _elementwise(bce_loss),
@@ -234,8 +237,8 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     hist: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
     #: per layer, per client position: its whole history (inputs, −η·δ) of its real rows, kept when it stops
     done: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in layers]
-    score = torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
-    loss_v = torch.func.vmap(loss_fn)
+    # many clients' scores at once: the family's own batched score, or vmap; the masked losses take batches
+    score = family.score if family.batched_score else torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
     # a client's real rows in its history are a prefix when only its last batch is short
     prefix_rows = hp.epochs == 1
 
@@ -273,7 +276,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
                 li += 1
         out = cur.to(acc[-1]).detach().requires_grad_()
         r = rows[:Gs].detach().clone().requires_grad_(train_rows) if rows is not None else None
-        per_client = loss_v(score(out, r), ys_t, valid)
+        per_client = loss_fn(score(out, r), ys_t, valid)
         wrt = [out] + ([r] if train_rows else [])
         grads = torch.autograd.grad(per_client.sum(), wrt)
         with torch.no_grad():

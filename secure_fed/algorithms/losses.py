@@ -6,14 +6,17 @@ import torch
 from torch.nn import functional as F
 
 
-def positive_hinge_loss(scores: torch.Tensor, pos: torch.Tensor, margin: float = 0.9) -> torch.Tensor:
+def positive_hinge_loss(scores: torch.Tensor, pos: torch.Tensor, margin: float = 0.9, reduction: str = "mean") -> torch.Tensor:
     """ℓ_pos = max(0, 0.9 − g(x)ᵀw_y)², averaged over positive (instance, label) pairs.
 
     FedAwS eq. 23 / FedALC eq. 14. ``scores`` is ``(b, k)`` against the k class
     rows the client holds; ``pos`` marks which of those are the instance's labels.
+    ``reduction="none"`` gives the (instance, label) terms of the positives (0 elsewhere).
     """
     hinge = torch.clamp(margin - scores, min=0.0) ** 2
     posf = pos.to(scores.dtype)
+    if reduction == "none":
+        return hinge * posf
     return (hinge * posf).sum() / posf.sum().clamp(min=1.0)
 
 

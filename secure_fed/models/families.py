@@ -49,6 +49,9 @@ class ModelFamily:
     default_loss: ClassVar[str | None] = None
     #: local training gives part of each label vector as input and takes the loss on the rest (C-Tran)
     label_masked: ClassVar[bool] = False
+    #: :meth:`score` takes leading batch dimensions ((G, B, d) outputs and (G, k, d) rows give (G, B, k) scores),
+    #: so the vectorised executor calls it on many clients at once instead of through ``vmap``
+    batched_score: ClassVar[bool] = False
 
     def build(self, encoder: nn.Module, *, num_labels: int, embedding_dim: int) -> nn.Module:
         """θ's module, built around ``encoder`` (whose output width is ``embedding_dim``)."""
@@ -85,8 +88,10 @@ class CosineEmbedding(ModelFamily):
     def init_rows(self, num_labels: int, embedding_dim: int, *, generator: torch.Generator) -> torch.Tensor:
         return spread_init(num_labels, embedding_dim, generator=generator)
 
+    batched_score = True
+
     def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        return F.normalize(at_least_fp32(out), dim=-1) @ F.normalize(rows, dim=-1).T
+        return F.normalize(at_least_fp32(out), dim=-1) @ F.normalize(rows, dim=-1).transpose(-1, -2)
 
     def project_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return F.normalize(rows, dim=-1)  # rows live on the unit sphere
@@ -120,6 +125,8 @@ class LinearHead(ModelFamily):
 
     def build(self, encoder: nn.Module, *, num_labels: int, embedding_dim: int) -> nn.Module:
         return LinearHeadModel(encoder, embedding_dim, num_labels)
+
+    batched_score = True
 
     def score(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         return at_least_fp32(out)

@@ -80,6 +80,35 @@ def test_embedding_family_matches_the_reference_trainer_in_float64(train_rows, e
     _compare(model, CosineEmbedding(), clients, payload, hp, 1e-9)
 
 
+@pytest.mark.parametrize("batched_score", [True, False])
+def test_a_family_scores_many_clients_at_once_or_through_vmap(batched_score, monkeypatch):
+    """The embedding family scores a whole lock step at once (``batched_score``); a family that does not is called
+    through vmap. Both give the reference trainer's updates."""
+    calls = []
+    score = CosineEmbedding.score
+
+    def counted(self, out, rows):
+        calls.append(out.dim())
+        return score(self, out, rows)
+
+    monkeypatch.setattr(CosineEmbedding, "score", counted)
+    monkeypatch.setattr(CosineEmbedding, "batched_score", batched_score)
+    dt = torch.float64
+    torch.manual_seed(1)
+    model = SparseTextEncoder(20, embed_dim=16, hidden_dims=(32,), out_dim=8).to(dt)
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rows = F.normalize(torch.randn(4, 8, dtype=dt), dim=-1)
+
+    def payload(d):
+        k = d.known_labels
+        return {"theta": theta, "rows": rows[k], "row_ids": k, "train_rows": True, "loss": "positive"}
+
+    _compare(model, CosineEmbedding(), _clients(dt, num_labels=4, positive_only=True), payload,
+             LocalTraining(batch_size=4, lr=0.3), 1e-9)  # fmt: skip
+    batched = [d for d in calls if d == 3]  # the lock steps' calls (the reference trainer's are 2-d)
+    assert bool(batched) == batched_score
+
+
 @pytest.mark.parametrize("loss", ["bce", "asl"])
 def test_linear_head_family_in_the_general_setting_matches_in_float64(loss):
     torch.manual_seed(1)
