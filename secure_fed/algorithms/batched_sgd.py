@@ -305,13 +305,16 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
             inputs = [saved[k] for k, (_m, prefix) in enumerate(chain) if prefix is not None]
             for li_, (x_in, D) in enumerate(zip(inputs, new_d, strict=True)):
                 segs = [(X[:Gs], Dh[:Gs]) for X, Dh in hist[li_]] + [(x_in, D)]
-                for j in range(Gn, Gs):  # their last step: keep their rows (views of one segment, or joined)
-                    X = segs[0][0][j] if len(segs) == 1 else torch.cat([X[j] for X, _ in segs])
-                    Dh = segs[0][1][j] if len(segs) == 1 else torch.cat([Dh[j] for _, Dh in segs])
-                    if prefix_rows:  # the padding of its short last batch (δ = 0 there) is left out
-                        n = clients[order[j]].n
-                        X, Dh = X[:n], Dh[:n]
-                    done[li_][j] = (X, Dh)
+                if Gs > Gn:  # clients at their last step keep their rows: views of one segment, or joined (one
+                    # copy for all of them)
+                    Xf = segs[0][0][Gn:] if len(segs) == 1 else torch.cat([X[Gn:] for X, _ in segs], dim=1)
+                    Df = segs[0][1][Gn:] if len(segs) == 1 else torch.cat([Dh[Gn:] for _, Dh in segs], dim=1)
+                    for j in range(Gn, Gs):
+                        X, Dh = Xf[j - Gn], Df[j - Gn]
+                        if prefix_rows:  # the padding of its short last batch (δ = 0 there) is left out
+                            n = clients[order[j]].n
+                            X, Dh = X[:n], Dh[:n]
+                        done[li_][j] = (X, Dh)
                 segs = [(X[:Gn], Dh[:Gn]) for X, Dh in segs] if Gn else []
                 size = sum(X.numel() + Dh.numel() for X, Dh in segs) * x_in.element_size()
                 if len(segs) > 1 and size <= JOIN_HISTORY_BYTES:
