@@ -1,10 +1,12 @@
-"""The allocator settings an experiment makes (``secure_fed/engine/allocator.py``): memory a round frees is reused,
-not faulted in again. Measured in fresh processes (the settings are per process), by the kernel's count of minor
-page faults (``getrusage``), with a control that shows the same pattern faulting under glibc's defaults."""
+"""The allocator settings an experiment makes (``secure_fed/engine/allocator.py``): memory a round frees is kept
+for reuse, not given back and faulted in again. Measured in fresh processes (the settings are per process): the
+free bytes glibc holds after a burst of allocations is freed (``mallinfo2``, bytes, whatever the page size) and the
+kernel's count of minor page faults when the burst repeats (``getrusage``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -17,10 +19,15 @@ from secure_fed.engine.allocator import keep_freed_memory
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings exist on glibc only")
 
-#: 8 tensors of 16 MiB allocated together and freed together, 5 times: the shape of a round's layer outputs; the
-#: faults of the last 4 times, over the pages they touch
+#: 8 tensors of 16 MiB allocated together and freed together, 5 times: the shape of a round's layer outputs. Prints
+#: the MiB glibc holds free after the last burst, and the faults of the last 4 bursts over the pages they touch
 PATTERN = """
-import json, resource, sys, torch
+import ctypes, json, resource, sys, torch
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
 if sys.argv[1] == "experiment":
     from secure_fed.engine import Experiment
     from tests.conftest import small_config
@@ -32,24 +39,57 @@ once()
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(4):
     once()
-print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (4 * 8 * (16 << 20) / 4096)))
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (4 * 8 * (16 << 20) / 4096)
+print(json.dumps({"free_mib": libc.mallinfo2().fordblks / 2**20, "fault_share": faults}))
 """
 
 
-def _fault_share(mode: str, tmp_path) -> float:
+def _measure(mode: str, tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "THP_MEM_ALLOC"))}
     out = subprocess.run([sys.executable, "-c", PATTERN, mode, str(tmp_path / "run")], capture_output=True, text=True,
-                         check=True, cwd=str(REPO))  # fmt: skip
+                         check=True, cwd=str(REPO), env=env)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_an_experiment_keeps_freed_memory_for_reuse(tmp_path):
-    # the control: under glibc's defaults the freed heap top is trimmed and faulted in again (measured 0.28 or 0.97
-    # of the pages, from one process to the next); with the experiment's settings 0 to 0.09 (0.09 under load)
-    assert _fault_share("plain", tmp_path) > 0.2
-    assert _fault_share("experiment", tmp_path) < 0.15
+    kept = _measure("experiment", tmp_path)
+    # the burst's 128 MiB stay with the process (measured: 224 MiB free, the burst plus the 64 MiB top pad), and the
+    # next bursts reuse them (measured: 0 to 0.09 of their pages faulted in)
+    assert kept["free_mib"] >= 128 and kept["fault_share"] < 0.15, kept
+    # the control, glibc's defaults: the freed burst goes back to the kernel, wholly or in part from one process to
+    # the next, and is faulted in again (measured: 0.27, 0.53 or 0.97 of the pages). With transparent huge pages on
+    # for every mapping a fault maps 2 MiB, so the count says little there: the control is not asked of it
+    plain = _measure("plain", tmp_path)
+    if "[always]" not in _read("/sys/kernel/mm/transparent_hugepage/enabled"):
+        assert plain["fault_share"] > 0.2, plain
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 def test_the_settings_are_made_once_and_reported():
     first = keep_freed_memory()
     assert first == keep_freed_memory()
     assert first["trim_threshold"] >= 1 << 30 and first["mmap_threshold"] == 32 << 20
+
+
+def test_a_refused_setting_is_a_warning_not_an_error(monkeypatch, caplog):
+    """A C library that refuses a setting (a 32-bit glibc's mmap threshold limit is 512 KiB) leaves the run going,
+    with one warning. Simulated: a stand-in for glibc whose ``mallopt`` refuses, in place of the real one."""
+    from secure_fed.engine import allocator
+
+    class Refusing:
+        def __init__(self):
+            self.mallopt = lambda *_: 0
+            self.gnu_get_libc_version = lambda: b"2.36"
+
+    monkeypatch.setattr(allocator, "_tried", False)
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda _name: Refusing())
+    with caplog.at_level("WARNING", logger=allocator.__name__):
+        assert allocator.keep_freed_memory() is None
+    assert "refused mallopt mmap_threshold" in caplog.text
