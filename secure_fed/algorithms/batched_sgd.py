@@ -204,7 +204,8 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     ``y = x A₀ᵀ + Σ_t (x X_tᵀ) D_t`` is ``∂x = δ A₀ + Σ_t (δ D_tᵀ) X_t``, and a ReLU passes δ where its output is
     positive); autograd runs only through the family's score and the loss, from the last layer's output (and the
     client's rows). Products run in the product dtype (bf16 under ``precision: bf16``, as autocast runs the
-    reference trainer's), and each sum of a shared product and its history terms in the weights' dtype."""
+    reference trainer's); a layer's output, its shared product plus bias and history terms, is summed in the
+    weights' dtype, and an input gradient in the product dtype (as autograd sums it under autocast)."""
     chain = linear_chain(model)
     assert chain is not None
     first = reqs[0]
