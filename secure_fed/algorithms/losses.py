@@ -13,11 +13,9 @@ def positive_hinge_loss(scores: torch.Tensor, pos: torch.Tensor, margin: float =
     rows the client holds; ``pos`` marks which of those are the instance's labels.
     ``reduction="none"`` gives the (instance, label) terms of the positives (0 elsewhere).
     """
-    hinge = torch.clamp(margin - scores, min=0.0) ** 2
     posf = pos.to(scores.dtype)
-    if reduction == "none":
-        return hinge * posf
-    return (hinge * posf).sum() / posf.sum().clamp(min=1.0)
+    terms = torch.clamp(margin - scores, min=0.0) ** 2 * posf
+    return terms if reduction == "none" else terms.sum() / posf.sum().clamp(min=1.0)
 
 
 def softmax_multilabel_loss(scores: torch.Tensor, pos: torch.Tensor, scale: float = 16.0) -> torch.Tensor:
