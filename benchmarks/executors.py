@@ -2,10 +2,11 @@
 how the cost grows with the number of clients — every ratio measured in the same run.
 
     python benchmarks/executors.py [--precisions fp32,bf16] [--rounds 3] [--scaling 10,40,159,1000]
-                                   [--skip-bibtex] [--json FILE]
+                                   [--skip-bibtex] [--device cpu|cuda] [--json FILE]
 
 * **Machine**: the rate of one 1024 × 1024 × 1024 matrix product (and of a 32-row one, a client batch's shape) in
-  fp32 and bf16, on this process's torch threads.
+  fp32 and bf16, on this process's torch threads or (``--device cuda``) on the GPU, where an 8192³ product's rate
+  is printed too (the 1024-wide one does not fill a large GPU). Ratios are taken against the 1024-wide rate.
 * **Bibtex FedALC** (``experiments/configs/bibtex_fedalc.yaml``: all 159 clients every round, the paper's
   512 → 1024 → 1024 → 512 network; needs ``$SECURE_FED_DATA``): seconds per round of each executor at each
   precision (mean of ``--rounds`` rounds after one warm-up, the two executors' rounds interleaved), their
@@ -17,7 +18,8 @@ how the cost grows with the number of clients — every ratio measured in the sa
   instance, so an instance holds about 12 labels, and a client about as many examples, from 40 clients up),
   seconds per round of both executors at each C.
 
-The per-round time is wall time of ``Experiment.train_round`` (no evaluation).
+The per-round time is wall time of ``Experiment.train_round`` (no evaluation); on CUDA the clock is read after
+the device has finished its queued work.
 """
 
 from __future__ import annotations
@@ -37,14 +39,23 @@ BIBTEX = REPO / "experiments/configs/bibtex_fedalc.yaml"
 EXECUTORS = ("sequential", "vectorized")
 
 
-def matmul_rate(dtype: torch.dtype, m: int, k: int = 1024, n: int = 1024, seconds: float = 0.5) -> float:
-    """GFLOP/s of an (m × k) @ (k × n) product, repeated for about ``seconds``."""
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-    a @ b
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_rate(dtype: torch.dtype, m: int, k: int = 1024, n: int = 1024, seconds: float = 0.5, device: str = "cpu") -> float:
+    """GFLOP/s of an (m × k) @ (k × n) product (random operands on ``device``), repeated for about ``seconds``."""
+    a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
+        for _ in range(10):
+            a @ b
+        reps += 10
+        _sync(device)
     return 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
 
 
@@ -62,7 +73,9 @@ def training_flops(exp) -> float:
     return per_example * examples * exp.cfg.training.client_fraction
 
 
-def seconds_per_round(config, overrides: list[str], executors: tuple[str, ...], rounds: int) -> tuple[dict, dict]:
+def seconds_per_round(
+    config, overrides: list[str], executors: tuple[str, ...], rounds: int, device: str = "cpu"
+) -> tuple[dict, dict]:
     """Seconds per round of each executor on the same configuration: one experiment per executor, one warm-up
     round each, then ``rounds`` rounds of each **interleaved** (A B A B …), so that both see the same phases of a
     machine whose speed drifts (this virtual machine's rates move by 10–25% over minutes). Returns the mean seconds
@@ -73,15 +86,17 @@ def seconds_per_round(config, overrides: list[str], executors: tuple[str, ...], 
     with tempfile.TemporaryDirectory() as tmp:
         exps = {}
         for ex in executors:
-            cfg = load_config(config, [*overrides, f"training.executor={ex}", "output.progress=false", "device=cpu"])
+            cfg = load_config(config, [*overrides, f"training.executor={ex}", "output.progress=false", f"device={device}"])
             exps[ex] = Experiment(cfg, run_dir=Path(tmp) / ex)
             exps[ex].setup()
             exps[ex].train_round()  # warm-up
         times: dict[str, list[float]] = {ex: [] for ex in executors}
         for _ in range(rounds):
             for ex in executors:
+                _sync(device)
                 t0 = time.perf_counter()
                 exps[ex].train_round()
+                _sync(device)
                 times[ex].append(time.perf_counter() - t0)
     return {ex: statistics.mean(t) for ex, t in times.items()}, exps
 
@@ -92,23 +107,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scaling", default="10,40,159,1000", help="numbers of clients of the scaling table ('' to skip)")
     ap.add_argument("--skip-bibtex", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the runs and the matmul rates run")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows as it goes, also into a file
-    out: dict = {"threads": torch.get_num_threads(), "machine": {}, "bibtex": {}, "scaling": {}}
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: --device cuda: torch sees no CUDA device")
+    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    out: dict = {"device": dev, "device_name": name, "threads": torch.get_num_threads(), "machine": {}, "bibtex": {},
+                 "scaling": {}}  # fmt: skip
 
-    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        out["machine"][name] = {"gflops_1024": matmul_rate(dt, 1024), "gflops_32_rows": matmul_rate(dt, 32)}
-    print(f"torch threads: {out['threads']}")
-    for name, r in out["machine"].items():
-        print(
-            f"matmul {name}: 1024³ {r['gflops_1024']:.0f} GFLOP/s; 32 × 1024 × 1024 {r['gflops_32_rows']:.0f} GFLOP/s", flush=True
-        )
+    for prec, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        r = {"gflops_1024": matmul_rate(dt, 1024, device=dev), "gflops_32_rows": matmul_rate(dt, 32, device=dev)}
+        if dev == "cuda":
+            r["gflops_8192"] = matmul_rate(dt, 8192, 8192, 8192, device=dev)
+        out["machine"][prec] = r
+    print(f"device: {dev} ({name}); torch threads: {out['threads']}; TF32 matmul: {torch.backends.cuda.matmul.allow_tf32}")
+    for prec, r in out["machine"].items():
+        big = f"; 8192³ {r['gflops_8192']:.0f} GFLOP/s" if "gflops_8192" in r else ""
+        print(f"matmul {prec}: 1024³ {r['gflops_1024']:.0f} GFLOP/s; 32 × 1024 × 1024 {r['gflops_32_rows']:.0f} GFLOP/s{big}",
+              flush=True)  # fmt: skip
 
     if not args.skip_bibtex:
         for prec in [p for p in args.precisions.split(",") if p]:
             row = {}
-            secs, exps = seconds_per_round(BIBTEX, [f"training.precision={prec}"], EXECUTORS, args.rounds)
+            secs, exps = seconds_per_round(BIBTEX, [f"training.precision={prec}"], EXECUTORS, args.rounds, dev)
             for executor in EXECUTORS:
                 s, exp = secs[executor], exps[executor]
                 flops = training_flops(exp)
@@ -116,7 +140,7 @@ def main() -> None:
                 row[executor] = {"s_per_round": s, "train_gflops": rate,
                                  "of_matmul_rate": rate / out["machine"][prec]["gflops_1024"],
                                  "minutes_300_rounds": 300 * s / 60}  # fmt: skip
-                print(f"bibtex fedalc 159 clients {prec} {executor:>10}: {s:.3f} s/round "
+                print(f"bibtex fedalc 159 clients {dev} {prec} {executor:>10}: {s:.3f} s/round "
                       f"({flops / 1e9:.0f} GFLOP → {rate:.0f} GFLOP/s = {rate / out['machine'][prec]['gflops_1024']:.2f}"
                       f" of the {prec} matmul rate); 300 rounds ≈ {300 * s / 60:.1f} min")  # fmt: skip
             row["speedup"] = row["sequential"]["s_per_round"] / row["vectorized"]["s_per_round"]
@@ -128,7 +152,7 @@ def main() -> None:
               f"dataset.synthetic.num_groups={max(1, round(n / 32))}", f"dataset.synthetic.noise_label_rate={min(0.01, 1.6 / n)}",
               "dataset.synthetic.num_test=200",
               "model.hidden_dims=[1024,1024]", "model.embedding_dim=512", "training.client_fraction=1.0"]  # fmt: skip
-        row = seconds_per_round(None, ov, EXECUTORS, max(1, args.rounds - 1))[0]
+        row = seconds_per_round(None, ov, EXECUTORS, max(1, args.rounds - 1), dev)[0]
         row["speedup"] = row["sequential"] / row["vectorized"]
         out["scaling"][n] = row
         print(f"synthetic {n:>5} clients: sequential {row['sequential']:.3f} s/round, vectorized "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -36,6 +37,22 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda requested but no CUDA device is available (use 'auto' or 'cpu')")
     return torch.device(name)
+
+
+def use_deterministic_cuda() -> None:
+    """Make CUDA work repeat bit for bit, so that a run resumed from a checkpoint ends exactly where an uninterrupted
+    one ends. On CUDA, ``index_add_`` with repeated indices (the backward of FedAwS's and FedALC's spread-out
+    regulariser, which gathers each class's neighbours) sums with atomic adds whose order changes between runs; torch's
+    deterministic mode replaces it with a sorted sum (and makes cuDNN pick deterministic convolutions), and cuBLAS
+    gets the fixed workspace its reproducibility needs. Process-wide (torch's switches are global); an op with no
+    deterministic kernel warns once instead of failing."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    # attention (C-Tran's transformer): the flash, memory-efficient and cuDNN kernels sum their backward with atomic
+    # adds (torch warns and keeps them in warn-only mode); the plain kernel repeats bit for bit
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def build_encoder_for(cfg: ExperimentConfig, ds: MultiLabelDataset, seed_offset: int = 0) -> nn.Module:

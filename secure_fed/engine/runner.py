@@ -37,6 +37,7 @@ from secure_fed.engine.builders import (
     build_federation,
     build_model,
     resolve_device,
+    use_deterministic_cuda,
 )
 from secure_fed.engine.callbacks import (
     Callback,
@@ -107,6 +108,8 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.data_root = data_root
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda":
+            use_deterministic_cuda()  # runs resume exactly: no atomic-add sums whose order varies
         self.dataset = dataset if dataset is not None else build_dataset(cfg, data_root)
         self.algorithm = build_algorithm(cfg, self.device)
         self.memory = plan_memory(cfg, self.dataset, self.device)
@@ -419,7 +422,8 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
         num_clients = agg.num_clients
         del agg, session, base  # the round's sums (a copy of θ) are not needed by the server step
-        participating = torch.unique(torch.cat(labels)).to(self.device) if labels else torch.zeros(0, dtype=torch.long)
+        no_label = torch.zeros(0, dtype=torch.long, device=self.device)  # an empty cohort (all dropped, empty draw)
+        participating = torch.unique(torch.cat(labels)).to(self.device) if labels else no_label
         stats = algo.server_step(self.W, self.round, participating)
         self.stack.after_round(self.round)
         self.round += 1

@@ -126,13 +126,16 @@ class VectorizedExecutor(Executor):
 
     def run(self, jobs: Iterable[ClientJob], channel: Channel) -> Iterator[tuple[int, Payload]]:
         it = iter(jobs)
-        budget = _memory_budget()
+        budget: int | None = None
         while True:
             chunk: list[ClientJob] = []
             used = 0
             for job in it:
                 chunk.append(job)
-                used += _history_bytes(channel.client(job.cid))
+                data = channel.client(job.cid)
+                if budget is None:  # the memory of the device the clients' data (and so their training) lives on
+                    budget = _memory_budget(data.pos.device)
+                used += _history_bytes(data)
                 if len(chunk) >= (self.chunk_clients or MAX_CHUNK) or (self.chunk_clients is None and used >= budget):
                     break
             if not chunk:
@@ -210,11 +213,12 @@ def _history_bytes(data) -> int:
     return max(1, 4 * 4 * (n + 32) * (int(data.x.shape[1]) + 8192))
 
 
-def _memory_budget() -> int:
-    """A quarter of the memory available now (GPU: free device memory; CPU: MemAvailable), 1 GiB when unknown."""
-    if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        return free // 4
+def _memory_budget(device: torch.device) -> int:
+    """A quarter of the memory available now on ``device`` (GPU: free device memory plus what torch's caching
+    allocator holds unused; CPU: MemAvailable), 1 GiB when unknown."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return (free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)) // 4
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -1,0 +1,176 @@
+"""The CUDA path. Tests marked ``cuda`` run only where torch sees a GPU and skip cleanly elsewhere (CI has none, so
+it never runs them); ``benchmarks/cuda_check.sh`` runs them on a lent GPU machine together with the benchmarks.
+
+What they hold: ``device: auto`` puts the data, the models and the server's state on the GPU; an fp32 round there
+follows the same round on the CPU (every algorithm, the same client draws: the randomness comes from the run's
+CPU generators); the vectorised executor gives the sequential executor's rounds there under every protocol layer
+(the CPU equivalence cases, same bound); bf16 autocast runs on the GPU with both executors; a run resumed from a
+checkpoint ends exactly where an uninterrupted run ends; the image path (ResNet-18) trains there."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from secure_fed.algorithms.batched_sgd import relative_error
+from secure_fed.config import load_config
+from secure_fed.engine import Experiment
+from tests.conftest import SMALL, small_config
+from tests.engine.test_images_end_to_end import IMAGES
+from tests.engine.test_vectorized import CASES, PLAIN, _after_rounds, _theta_and_W
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+GPU = "device=cuda"
+
+#: every algorithm of the two settings, with what it needs beyond the small synthetic default
+ALGORITHMS = {
+    "fedavg": [],
+    "fedavg_fixed": [],
+    "fedaws": [],
+    "fedalc": [],
+    # W's pre-training on reg_fc is chaotic at this size: 500 steps at η = 1 (the defaults) turn a 4e-7 change of W
+    # into a relative difference of 1.5 on the CPU alone; 10 steps at η = 0.05 keep it at 2e-7
+    "fedalc_fixed": ["algorithm.fixed_steps=10", "algorithm.fixed_lr=0.05"],
+    "oracle": [],
+    "flag": ["model.family=linear_head", "partition.name=dirichlet", "partition.num_clients=6"],
+    "fedctran": [
+        "model.family=ctran",
+        "model.ctran={layers: 1, heads: 2, token_size: 4}",
+        "partition.name=iid",
+        "partition.num_clients=3",
+    ],  # fmt: skip
+    "fedlgt": [
+        "model.family=ctran",
+        "model.ctran={layers: 1, heads: 2, token_size: 4}",
+        "partition.name=iid",
+        "partition.num_clients=3",
+        "algorithm.ule=false",
+    ],  # fmt: skip
+}
+
+#: C-Tran draws its dropout masks and CA-MLE's random masks from torch's global generator, which is another stream
+#: on the GPU than on the CPU: those rounds are compared by how well they learn, not value by value
+DEVICE_RNG = {"fedctran", "fedlgt"}
+
+
+def _on(device: str, tmp_path, name: str, *overrides: str, rounds: int = 2) -> Experiment:
+    exp = Experiment(small_config(*PLAIN, *overrides, f"device={device}"), run_dir=tmp_path / name)
+    exp.setup()
+    for _ in range(rounds):
+        exp.train_round()
+    return exp
+
+
+def _cpu(state: dict) -> dict:
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def test_auto_puts_the_data_the_models_and_the_servers_state_on_the_gpu(tmp_path):
+    exp = Experiment(small_config("device=auto"), run_dir=tmp_path)
+    exp.setup()
+    assert exp.device.type == "cuda"
+    assert all(p.is_cuda for p in exp.worker.parameters()) and all(p.is_cuda for p in exp.encoder.parameters())
+    assert all(v.is_cuda for v in exp.theta.values()) and exp.W.is_cuda
+    assert exp.fed.clients[0].x.is_cuda
+    exp.train_round()
+    assert all(v.is_cuda for v in exp.theta.values()) and exp.W.is_cuda
+    res = exp.run(progress=False)
+    assert res.summary["status"] == "completed" and np.isfinite(res.summary["final"]["P@1"])
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_an_fp32_round_on_the_gpu_follows_the_same_round_on_the_cpu(tmp_path, algo):
+    """The kernels sum in other orders (and TF32 stays off for fp32 products), so the two agree to rounding."""
+    ov = [f"algorithm.name={algo}", *ALGORITHMS[algo]]
+    if algo in {"fedctran", "fedlgt"}:
+        ov += ["training.client_optimizer=adam", "training.client_lr=0.003"]
+    if algo in DEVICE_RNG:
+        runs = {d: Experiment(small_config(*PLAIN, *ov, f"device={d}"), run_dir=tmp_path / d).run(progress=False) for d in
+                ("cpu", "cuda")}  # fmt: skip
+        maps = {d: r.summary["final"]["mAP"] for d, r in runs.items()}
+        assert all(np.isfinite(m) for m in maps.values()) and abs(maps["cuda"] - maps["cpu"]) < 15, maps
+        return
+    cpu, gpu = _on("cpu", tmp_path, "cpu", *ov), _on("cuda", tmp_path, "gpu", *ov)
+    assert relative_error(_cpu(_theta_and_W(gpu)), _theta_and_W(cpu)) < 1e-4
+
+
+@pytest.mark.parametrize("algo,extra", CASES, ids=[f"{a}-{'-'.join(e) or 'plain'}" for a, e in CASES])
+def test_the_vectorised_rounds_equal_the_sequential_rounds_on_the_gpu(tmp_path, monkeypatch, algo, extra):
+    seq, s_stats = _after_rounds(tmp_path, "seq", f"algorithm.name={algo}", *extra, GPU, monkeypatch=monkeypatch)
+    vec, v_stats = _after_rounds(
+        tmp_path, "vec", f"algorithm.name={algo}", *extra, GPU, "training.executor=vectorized", monkeypatch=monkeypatch
+    )
+    assert vec.device.type == "cuda" and vec.executor.batched > 0 and not vec.executor.unbatched
+    assert relative_error(_cpu(_theta_and_W(vec)), _cpu(_theta_and_W(seq))) < 1e-5
+    assert v_stats["train_loss"] == pytest.approx(s_stats["train_loss"], rel=1e-4)
+
+
+def test_bf16_autocast_runs_on_the_gpu_under_both_executors_and_they_agree_to_bf16_rounding(tmp_path):
+    fp32 = _on("cuda", tmp_path, "fp32")
+    runs = {ex: _on("cuda", tmp_path, ex, "training.precision=bf16", f"training.executor={ex}") for ex in
+            ("sequential", "vectorized")}  # fmt: skip
+    ref = _cpu(_theta_and_W(fp32))
+    errs = {ex: relative_error(_cpu(_theta_and_W(e)), ref) for ex, e in runs.items()}
+    assert all(1e-5 < e < 5e-2 for e in errs.values()), errs  # bf16 really ran, and only rounding separates them
+    assert runs["vectorized"].executor.batched > 0
+    assert all(v.dtype == torch.float32 for v in runs["vectorized"].theta.values())  # the state stays fp32
+
+
+#: FedALC under client-level DP with both executors; FedLGT's transformer (dropout, CA-MLE masks, attention)
+RESUMED = {
+    "fedalc-sequential": ["algorithm.name=fedalc", "training.executor=sequential"],
+    "fedalc-vectorized": ["algorithm.name=fedalc", "training.executor=vectorized"],
+    "fedlgt": ["algorithm.name=fedlgt", *ALGORITHMS["fedlgt"], "training.client_optimizer=adam"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESUMED))
+def test_a_resumed_gpu_run_ends_exactly_where_an_uninterrupted_one_ends(tmp_path, case):
+    """CUDA sums with atomic adds (index_add_ with repeated indices, attention's backward) would make two runs differ
+    in their last bits; the engine switches CUDA to deterministic kernels, so a resumed run is exact."""
+    ov = [*RESUMED[case], "training.rounds=4", "output.checkpoint_every=2", GPU, 'protocols=["dp"]',
+          "privacy.noise_seed=11", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 1.0}']  # fmt: skip
+    full = Experiment(small_config(*ov), run_dir=tmp_path / "full")
+    full.run(progress=False)
+    Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "cut").run(progress=False)
+    resumed = Experiment(small_config(*ov), run_dir=tmp_path / "cut")
+    assert resumed.resume() and resumed.round == 2
+    resumed.run(progress=False)
+    assert all(torch.equal(full.theta[k], resumed.theta[k]) for k in full.theta)
+    assert (full.W is None and resumed.W is None) or torch.equal(full.W, resumed.W)
+    lines = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("full", "cut")]
+    assert [x.get("mAP") for x in lines[0]] == [x.get("mAP") for x in lines[1]]
+
+
+def test_resnet_images_train_on_the_gpu(tmp_path):
+    ov = [*IMAGES, GPU, "training.rounds=2", "evaluation.every=2",
+          "dataset.mosaics={grid: 2, tile_size: 8, num_train: 300, num_test: 100}"]  # fmt: skip
+    exp = Experiment(load_config(overrides=ov), run_dir=tmp_path)
+    res = exp.run(progress=False)
+    assert next(exp.worker.parameters()).is_cuda
+    assert res.summary["status"] == "completed" and np.isfinite(res.summary["final"]["mAP"])
+
+
+def test_the_cli_runs_the_embedded_default_on_the_gpu_and_reports_epsilon(tmp_path):
+    from tests.config.test_bad_input import cli
+
+    args = [x for o in [*SMALL, "device=auto"] for x in ("--set", o)]
+    code, out, err = cli("run", "--out", str(tmp_path / "run"), *args)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["privacy"]["epsilon"] == "inf" and summary["status"] == "completed"
+    assert summary["device"].startswith("cuda")
+
+
+def test_a_round_whose_cohort_is_empty_runs_fedaws_server_step_on_the_gpu(tmp_path):
+    """Poisson sampling can draw nobody; FedAwS's server step then mines negatives among no participating class,
+    an empty index that must live on the GPU too."""
+    ov = ["algorithm.name=fedaws", GPU, "training.sampling=poisson", "training.client_fraction=0.01", "training.rounds=3"]
+    exp = Experiment(small_config(*ov), run_dir=tmp_path)
+    res = exp.run(progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert res.summary["status"] == "completed" and len(lines) == 3
