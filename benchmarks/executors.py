@@ -141,7 +141,7 @@ def main() -> None:
                                  "of_matmul_rate": rate / out["machine"][prec]["gflops_1024"],
                                  "minutes_300_rounds": 300 * s / 60}  # fmt: skip
                 print(f"bibtex fedalc 159 clients {dev} {prec} {executor:>10}: {s:.3f} s/round "
-                      f"({flops / 1e9:.0f} GFLOP → {rate:.0f} GFLOP/s = {rate / out['machine'][prec]['gflops_1024']:.2f}"
+                      f"({flops / 1e9:.0f} GFLOP → {rate:.0f} GFLOP/s = {rate / out['machine'][prec]['gflops_1024']:.2g}"
                       f" of the {prec} matmul rate); 300 rounds ≈ {300 * s / 60:.1f} min")  # fmt: skip
             row["speedup"] = row["sequential"]["s_per_round"] / row["vectorized"]["s_per_round"]
             print(f"bibtex {prec}: vectorized is {row['speedup']:.2f}× sequential")

@@ -174,3 +174,15 @@ def test_a_round_whose_cohort_is_empty_runs_fedaws_server_step_on_the_gpu(tmp_pa
     res = exp.run(progress=False)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert res.summary["status"] == "completed" and len(lines) == 3
+
+
+def test_dp_sgd_in_client_training_on_the_gpu_follows_the_cpu_and_reports_epsilon(tmp_path):
+    """Per-sample gradients, their clip and the noise on the GPU: the batches and the noise come from the run's secret
+    streams on the CPU, so a fixed ``privacy.noise_seed`` gives both devices the same draws. (Added after the one GPU
+    session so far; it has not yet run on a GPU.)"""
+    ov = ["algorithm.name=fedaws", 'protocols=["dp"]', "privacy.noise_seed=5",
+          "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+    cpu, gpu = _on("cpu", tmp_path, "cpu", *ov), _on("cuda", tmp_path, "gpu", *ov)
+    assert relative_error(_cpu(_theta_and_W(gpu)), _theta_and_W(cpu)) < 1e-4
+    eps = gpu.privacy_summary()["epsilon"]
+    assert 0 < eps < float("inf") and eps == cpu.privacy_summary()["epsilon"]
