@@ -15,6 +15,9 @@ set -uo pipefail
 out=${1:-${OUT:-cuda_out}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+# cuBLAS reads its workspace setting once, when it first starts in a process: the benchmark's matmul rates run
+# before any Experiment could set it (use_deterministic_cuda)
+export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
 py=${PYTHON:-python3}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"

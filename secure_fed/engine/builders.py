@@ -43,13 +43,18 @@ def use_deterministic_cuda() -> None:
     """Make CUDA work repeat bit for bit, so that a run resumed from a checkpoint ends exactly where an uninterrupted
     one ends. On CUDA, ``index_add_`` with repeated indices (the backward of FedAwS's and FedALC's spread-out
     regulariser, which gathers each class's neighbours) sums with atomic adds whose order changes between runs; torch's
-    deterministic mode replaces it with a sorted sum (and makes cuDNN pick deterministic convolutions), and cuBLAS
-    gets the fixed workspace its reproducibility needs. Process-wide (torch's switches are global); an op with no
-    deterministic kernel warns once instead of failing."""
+    deterministic mode replaces it with a sorted sum (and makes cuDNN pick deterministic convolutions); attention runs
+    its plain kernel, since the flash, memory-efficient and cuDNN ones sum their backward with atomic adds (torch's own
+    warning); cuBLAS gets the fixed workspace its reproducibility needs (read when cuBLAS first starts in the process).
+
+    Process-wide, as torch's switches are, and left on: a CPU run later in the same process gives the same bits
+    (``test_the_cuda_switches_leave_cpu_runs_bit_identical``), without the filling of fresh tensors with NaN that
+    the mode would add (a cost on every allocation; nothing here reads memory it did not write). An op without a
+    deterministic kernel warns (``warn_only``) instead of stopping the run; ``tests/engine/test_cuda.py`` turns that
+    warning into a failure."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
-    # attention (C-Tran's transformer): the flash, memory-efficient and cuDNN kernels sum their backward with atomic
-    # adds (torch warns and keeps them in warn-only mode); the plain kernel repeats bit for bit
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cuda.enable_flash_sdp(False)
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     torch.backends.cuda.enable_cudnn_sdp(False)

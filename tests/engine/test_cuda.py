@@ -1,15 +1,19 @@
-"""The CUDA path. Tests marked ``cuda`` run only where torch sees a GPU and skip cleanly elsewhere (CI has none, so
-it never runs them); ``benchmarks/cuda_check.sh`` runs them on a lent GPU machine together with the benchmarks.
+"""The CUDA path. Tests marked ``cuda`` run only where torch sees a GPU, and never under ``CI=true`` (CI has no GPU);
+elsewhere they skip cleanly. ``benchmarks/cuda_check.sh`` runs them on a lent GPU machine with the benchmarks.
 
 What they hold: ``device: auto`` puts the data, the models and the server's state on the GPU; an fp32 round there
-follows the same round on the CPU (every algorithm, the same client draws: the randomness comes from the run's
-CPU generators); the vectorised executor gives the sequential executor's rounds there under every protocol layer
-(the CPU equivalence cases, same bound); bf16 autocast runs on the GPU with both executors; a run resumed from a
-checkpoint ends exactly where an uninterrupted run ends; the image path (ResNet-18) trains there."""
+follows the same round on the CPU for every algorithm (the client draws come from the run's CPU generators, and
+C-Tran runs without dropout, whose masks come from the device's generator), within a bound far below how far the
+rounds move the state; the vectorised executor gives the sequential executor's rounds there under every protocol
+layer (the CPU equivalence cases, same bound); bf16 autocast under both executors stays within bf16 rounding of the
+fp32 round; a run resumed from a checkpoint ends exactly where an uninterrupted run ends; ResNet-18 learns on images;
+DP-SGD in client training follows the CPU. An op that torch's deterministic mode has no kernel for would only warn
+in a run (and cost exact resume); here it fails the test."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -19,12 +23,21 @@ from secure_fed.algorithms.batched_sgd import relative_error
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from tests.conftest import SMALL, small_config
-from tests.engine.test_images_end_to_end import IMAGES
+from tests.engine.test_images_end_to_end import IMAGES, _frequency_baseline_map
 from tests.engine.test_vectorized import CASES, PLAIN, _after_rounds, _theta_and_W
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(os.environ.get("CI", "").lower() == "true", reason="CI runs no GPU tests"),
+    # torch's warning when deterministic mode meets an op without a deterministic kernel (or a non-deterministic
+    # attention backward): in a run it only warns; a resumed run would then not be exact
+    pytest.mark.filterwarnings("error:.*deterministic"),
+]
 
 GPU = "device=cuda"
+
+CTRAN = ["model.family=ctran", "model.ctran={layers: 1, heads: 2, token_size: 4, dropout: 0.0}"]
 
 #: every algorithm of the two settings, with what it needs beyond the small synthetic default
 ALGORITHMS = {
@@ -37,29 +50,23 @@ ALGORITHMS = {
     "fedalc_fixed": ["algorithm.fixed_steps=10", "algorithm.fixed_lr=0.05"],
     "oracle": [],
     "flag": ["model.family=linear_head", "partition.name=dirichlet", "partition.num_clients=6"],
-    "fedctran": [
-        "model.family=ctran",
-        "model.ctran={layers: 1, heads: 2, token_size: 4}",
-        "partition.name=iid",
-        "partition.num_clients=3",
-    ],  # fmt: skip
-    "fedlgt": [
-        "model.family=ctran",
-        "model.ctran={layers: 1, heads: 2, token_size: 4}",
-        "partition.name=iid",
-        "partition.num_clients=3",
-        "algorithm.ule=false",
-    ],  # fmt: skip
+    # C-Tran without dropout: its masks come from torch's generator on the device, another stream than the CPU's
+    # (FedLGT's CA-MLE masks come from the client's CPU generator); with client SGD a 1e-7 change of θ stays 1e-7
+    # after the two rounds on the CPU (with Adam it grows to 5e-6)
+    "fedctran": [*CTRAN, "partition.name=iid", "partition.num_clients=3"],
+    "fedlgt": [*CTRAN, "partition.name=iid", "partition.num_clients=3", "algorithm.ule=false"],
 }
 
-#: C-Tran draws its dropout masks and CA-MLE's random masks from torch's global generator, which is another stream
-#: on the GPU than on the CPU: those rounds are compared by how well they learn, not value by value
-DEVICE_RNG = {"fedctran", "fedlgt"}
+#: how far two rounds move the state (relative to it) must dwarf the device bound: measured on the CPU 0.0078 (flag)
+#: to 0.17 (oracle), against 1e-4
+MOVED = 5e-3
 
 
 def _on(device: str, tmp_path, name: str, *overrides: str, rounds: int = 2) -> Experiment:
+    """``rounds`` rounds after set-up; the state after set-up is kept as ``exp.initial``."""
     exp = Experiment(small_config(*PLAIN, *overrides, f"device={device}"), run_dir=tmp_path / name)
     exp.setup()
+    exp.initial = _cpu(_theta_and_W(exp))
     for _ in range(rounds):
         exp.train_round()
     return exp
@@ -86,15 +93,8 @@ def test_auto_puts_the_data_the_models_and_the_servers_state_on_the_gpu(tmp_path
 def test_an_fp32_round_on_the_gpu_follows_the_same_round_on_the_cpu(tmp_path, algo):
     """The kernels sum in other orders (and TF32 stays off for fp32 products), so the two agree to rounding."""
     ov = [f"algorithm.name={algo}", *ALGORITHMS[algo]]
-    if algo in {"fedctran", "fedlgt"}:
-        ov += ["training.client_optimizer=adam", "training.client_lr=0.003"]
-    if algo in DEVICE_RNG:
-        runs = {d: Experiment(small_config(*PLAIN, *ov, f"device={d}"), run_dir=tmp_path / d).run(progress=False) for d in
-                ("cpu", "cuda")}  # fmt: skip
-        maps = {d: r.summary["final"]["mAP"] for d, r in runs.items()}
-        assert all(np.isfinite(m) for m in maps.values()) and abs(maps["cuda"] - maps["cpu"]) < 15, maps
-        return
     cpu, gpu = _on("cpu", tmp_path, "cpu", *ov), _on("cuda", tmp_path, "gpu", *ov)
+    assert relative_error(_theta_and_W(cpu), cpu.initial) > MOVED
     assert relative_error(_cpu(_theta_and_W(gpu)), _theta_and_W(cpu)) < 1e-4
 
 
@@ -109,29 +109,42 @@ def test_the_vectorised_rounds_equal_the_sequential_rounds_on_the_gpu(tmp_path, 
     assert v_stats["train_loss"] == pytest.approx(s_stats["train_loss"], rel=1e-4)
 
 
-def test_bf16_autocast_runs_on_the_gpu_under_both_executors_and_they_agree_to_bf16_rounding(tmp_path):
+def test_bf16_autocast_runs_on_the_gpu_under_both_executors_within_bf16_rounding_of_fp32(tmp_path):
+    """On the CPU both executors' bf16 rounds end 9e-5 and 1.6e-4 (relative) from the fp32 round, which moved the
+    state by 0.087: bf16 really ran (fp32 alone differs by ~1e-7), and only rounding separates them."""
     fp32 = _on("cuda", tmp_path, "fp32")
+    ref = _cpu(_theta_and_W(fp32))
+    moved = relative_error(ref, fp32.initial)
     runs = {ex: _on("cuda", tmp_path, ex, "training.precision=bf16", f"training.executor={ex}") for ex in
             ("sequential", "vectorized")}  # fmt: skip
-    ref = _cpu(_theta_and_W(fp32))
     errs = {ex: relative_error(_cpu(_theta_and_W(e)), ref) for ex, e in runs.items()}
-    assert all(1e-5 < e < 5e-2 for e in errs.values()), errs  # bf16 really ran, and only rounding separates them
+    assert all(1e-5 < e < moved / 50 for e in errs.values()), (errs, moved)
     assert runs["vectorized"].executor.batched > 0
     assert all(v.dtype == torch.float32 for v in runs["vectorized"].theta.values())  # the state stays fp32
 
 
-#: FedALC under client-level DP with both executors; FedLGT's transformer (dropout, CA-MLE masks, attention)
+#: FedALC under client-level DP with both executors (its regulariser's backward is an index_add_ with repeated
+#: indices); FedLGT's transformer with dropout (each client's turn reseeds the device's generator) and CA-MLE
 RESUMED = {
     "fedalc-sequential": ["algorithm.name=fedalc", "training.executor=sequential"],
     "fedalc-vectorized": ["algorithm.name=fedalc", "training.executor=vectorized"],
-    "fedlgt": ["algorithm.name=fedlgt", *ALGORITHMS["fedlgt"], "training.client_optimizer=adam"],
+    "fedlgt": [
+        "algorithm.name=fedlgt",
+        "model.family=ctran",
+        "model.ctran={layers: 1, heads: 2, token_size: 4}",
+        "partition.name=iid",
+        "partition.num_clients=3",
+        "algorithm.ule=false",
+        "training.client_optimizer=adam",
+    ],
 }
 
 
 @pytest.mark.parametrize("case", sorted(RESUMED))
 def test_a_resumed_gpu_run_ends_exactly_where_an_uninterrupted_one_ends(tmp_path, case):
-    """CUDA sums with atomic adds (index_add_ with repeated indices, attention's backward) would make two runs differ
-    in their last bits; the engine switches CUDA to deterministic kernels, so a resumed run is exact."""
+    """CUDA sums with atomic adds (index_add_ with repeated indices) would make two runs differ in their last bits;
+    the engine switches CUDA to deterministic kernels, so a resumed run is exact (on an H200, without the switch
+    both FedALC cases failed; the FedLGT case passed either way at this size)."""
     ov = [*RESUMED[case], "training.rounds=4", "output.checkpoint_every=2", GPU, 'protocols=["dp"]',
           "privacy.noise_seed=11", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 1.0}']  # fmt: skip
     full = Experiment(small_config(*ov), run_dir=tmp_path / "full")
@@ -146,13 +159,16 @@ def test_a_resumed_gpu_run_ends_exactly_where_an_uninterrupted_one_ends(tmp_path
     assert [x.get("mAP") for x in lines[0]] == [x.get("mAP") for x in lines[1]]
 
 
-def test_resnet_images_train_on_the_gpu(tmp_path):
+def test_resnet_images_learn_on_the_gpu(tmp_path):
+    """Two rounds of ResNet-18 (random init) on 300 mosaics: on the CPU mAP 45.2 against 34.2 for scoring every
+    mosaic with the training label frequencies."""
     ov = [*IMAGES, GPU, "training.rounds=2", "evaluation.every=2",
           "dataset.mosaics={grid: 2, tile_size: 8, num_train: 300, num_test: 100}"]  # fmt: skip
     exp = Experiment(load_config(overrides=ov), run_dir=tmp_path)
     res = exp.run(progress=False)
     assert next(exp.worker.parameters()).is_cuda
-    assert res.summary["status"] == "completed" and np.isfinite(res.summary["final"]["mAP"])
+    assert res.summary["status"] == "completed"
+    assert res.summary["final"]["mAP"] > _frequency_baseline_map(exp.dataset) + 5
 
 
 def test_the_cli_runs_the_embedded_default_on_the_gpu_and_reports_epsilon(tmp_path):
@@ -172,17 +188,27 @@ def test_a_round_whose_cohort_is_empty_runs_fedaws_server_step_on_the_gpu(tmp_pa
     ov = ["algorithm.name=fedaws", GPU, "training.sampling=poisson", "training.client_fraction=0.01", "training.rounds=3"]
     exp = Experiment(small_config(*ov), run_dir=tmp_path)
     res = exp.run(progress=False)
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert res.summary["status"] == "completed" and len(lines) == 3
+    rounds = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
+    assert res.summary["status"] == "completed" and len(rounds) == 3
+    assert any(r["clients"] == 0 for r in rounds)  # the case this test is about happened
 
 
-def test_dp_sgd_in_client_training_on_the_gpu_follows_the_cpu_and_reports_epsilon(tmp_path):
+#: DP-SGD in client training: FedAwS's MLP takes the linear fast path (per-sample gradients of a Linear chain in
+#: closed form), C-Tran the general per-sample path
+LOCAL_DP = {
+    "mlp": ["algorithm.name=fedaws"],
+    "ctran": ["algorithm.name=fedctran", *ALGORITHMS["fedctran"]],
+}
+
+
+@pytest.mark.parametrize("model", sorted(LOCAL_DP))
+def test_dp_sgd_in_client_training_on_the_gpu_follows_the_cpu(tmp_path, model):
     """Per-sample gradients, their clip and the noise on the GPU: the batches and the noise come from the run's secret
     streams on the CPU, so a fixed ``privacy.noise_seed`` gives both devices the same draws. (Added after the one GPU
     session so far; it has not yet run on a GPU.)"""
-    ov = ["algorithm.name=fedaws", 'protocols=["dp"]', "privacy.noise_seed=5",
+    ov = [*LOCAL_DP[model], 'protocols=["dp"]', "privacy.noise_seed=5",
           "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
     cpu, gpu = _on("cpu", tmp_path, "cpu", *ov), _on("cuda", tmp_path, "gpu", *ov)
+    assert relative_error(_theta_and_W(cpu), cpu.initial) > MOVED
     assert relative_error(_cpu(_theta_and_W(gpu)), _theta_and_W(cpu)) < 1e-4
-    eps = gpu.privacy_summary()["epsilon"]
-    assert 0 < eps < float("inf") and eps == cpu.privacy_summary()["epsilon"]
+    assert 0 < gpu.privacy_summary()["epsilon"] < float("inf")

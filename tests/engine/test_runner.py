@@ -168,3 +168,45 @@ def test_an_audit_of_a_finished_oracle_sees_the_selected_model(tmp_path):
     final = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=False)
     ctx = AuditContext.from_run_dir(tmp_path)
     assert torch.equal(ctx.exp.W.cpu(), final["W"]) and 1 <= s["selected_round"] <= 6
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.name=fedalc", "training.executor=vectorized", 'protocols=["dp"]', "privacy.noise_seed=3",
+         "privacy.client={noise_multiplier: 0.5, clip_norm: 1.0}"],
+        ["algorithm.name=fedaws", 'protocols=["dp"]', "privacy.noise_seed=3",
+         "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"],
+        ["algorithm.name=fedlgt", "model.family=ctran", "model.ctran={layers: 1, heads: 2, token_size: 4}",
+         "partition.name=iid", "partition.num_clients=3", "algorithm.ule=false"],
+    ],
+    ids=["fedalc-vectorized-client-dp", "fedaws-dp-sgd", "fedlgt"],
+)  # fmt: skip
+def test_the_cuda_switches_leave_cpu_runs_bit_identical(tmp_path, overrides):
+    """A CUDA run switches torch to deterministic kernels process-wide (use_deterministic_cuda); a CPU run after it in
+    the same process must give the same bits as before (every algorithm was checked once; these three cover the
+    vectorised executor, DP-SGD's per-sample gradients and the transformer)."""
+    from secure_fed.engine.builders import use_deterministic_cuda
+
+    def two_rounds(name):
+        exp = Experiment(small_config(*overrides, "training.rounds=2"), run_dir=tmp_path / name)
+        exp.run(progress=False)
+        return exp
+
+    before = two_rounds("before")
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.utils.deterministic.fill_uninitialized_memory, torch.backends.cuda.flash_sdp_enabled(),
+             torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())  # fmt: skip
+    try:
+        use_deterministic_cuda()
+        assert torch.are_deterministic_algorithms_enabled()
+        after = two_rounds("after")
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+        torch.backends.cuda.enable_flash_sdp(saved[3])
+        torch.backends.cuda.enable_mem_efficient_sdp(saved[4])
+        torch.backends.cuda.enable_cudnn_sdp(saved[5])
+    assert all(torch.equal(before.theta[k], after.theta[k]) for k in before.theta)
+    assert (before.W is None and after.W is None) or torch.equal(before.W, after.W)
+    assert before.history == after.history
