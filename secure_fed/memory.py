@@ -32,6 +32,11 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 Terms held for the whole run add up; the phases (setup's label sets, a round, an evaluation) do not overlap, so only
 the largest of them counts.
 
+On a GPU (``device: cuda``) the terms live in two memories, each checked against its own: the data, the label sets,
+the co-occurrence counts, the neighbour index (faiss), the secure layers' flat vectors (``secure sums``) and the
+attacks' peaks stay in host memory (:data:`HOST_TERMS`); the rest (the clients' and test rows, the models, the row
+table, a round's tensors, an evaluation's scores, eq. 12's blocks) is on the GPU.
+
 It is an estimate (within about 10% above the peaks measured in the README), meant to stop a run that is far past the machine, not
 to budget one to the last megabyte.
 """
@@ -80,6 +85,13 @@ PER_SET_CHUNK_ELEMENTS = 2**26
 PER_SET_TENSORS = 3
 #: the process before any data (Python, torch, numpy, scipy)
 BASELINE = 0.6 * GB
+#: terms that stay in host memory on a GPU run (numpy, scipy and faiss structures, the protocols' float64 vectors)
+HOST_TERMS = frozenset({"data", "label sets", "co-occurrence", "neighbour index", "secure sums"})
+
+
+def on_host(name: str) -> bool:
+    """Whether term ``name`` lives in host memory when the run's device is a GPU (attacks work on CPU copies)."""
+    return name in HOST_TERMS or name.startswith("attack ")
 
 
 @dataclass(frozen=True)
@@ -117,12 +129,26 @@ class MemoryEstimate:
     terms: dict[str, float] = field(default_factory=dict)
     #: allocations of one phase each (setup, a round, an evaluation): only the largest counts toward the peak
     transient: dict[str, float] = field(default_factory=dict)
+    #: what ``device`` has available (on a GPU: its free memory)
     available: float | None = None
     device: str = "cpu"
+    #: on a GPU run, the host memory available to the terms that stay there (:func:`on_host`)
+    host_available: float | None = None
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.startswith("cuda")
 
     @property
     def total(self) -> float:
         return BASELINE + sum(self.terms.values()) + max(self.transient.values(), default=0.0)
+
+    def part(self, host: bool) -> MemoryEstimate:
+        """A GPU run's terms in host memory (``host=True``, with the process's baseline) or on the GPU (without it),
+        each against what that memory has available."""
+        keep = lambda d: {n: b for n, b in d.items() if on_host(n) == host}  # noqa: E731
+        return MemoryEstimate(keep(self.terms), keep(self.transient), self.host_available if host else self.available,
+                              "host memory" if host else self.device)  # fmt: skip
 
     def largest(self) -> tuple[str, float]:
         return max({**self.terms, **self.transient}.items(), key=lambda kv: kv[1])
@@ -130,7 +156,15 @@ class MemoryEstimate:
     def lines(self) -> list[str]:
         """The estimate as text: one line a term, largest first, then the total against what is available."""
         rows = [(n, b, "held") for n, b in self.terms.items()] + [(n, b, "one phase") for n, b in self.transient.items()]
-        out = [f"  {name:<16} {b / GB:8.2f} GB  {kind}" for name, b, kind in sorted(rows, key=lambda r: -r[1])]
+        where = lambda n: (", host memory" if on_host(n) else f", {self.device}") if self.gpu else ""  # noqa: E731
+        out = [f"  {name:<16} {b / GB:8.2f} GB  {kind}{where(name)}" for name, b, kind in sorted(rows, key=lambda r: -r[1])]
+        if self.gpu:
+            for host in (False, True):
+                part = self.part(host)
+                need = part.total - (0.0 if host else BASELINE)
+                avail = f" of {part.available / GB:.1f} GB available" if part.available else ""
+                out.append(f"  {'total':<16} {need / GB:8.2f} GB on {part.device}{avail}")
+            return out
         avail = f" of {self.available / GB:.1f} GB available on {self.device}" if self.available else ""
         out.append(f"  {'total':<16} {self.total / GB:8.2f} GB (with {BASELINE / GB:.1f} GB for the process){avail}")
         return out
@@ -225,11 +259,15 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
     if cfg.algorithm.name in ("fedalc", "fedalc_fixed", "fedaws"):  # a block of the top-k regulariser's pair tensors
         phase["round"] += min(C * cfg.algorithm.k * d, PAIR_BLOCK_ELEMENTS) * 4 * PAIR_TENSORS
     secure = [p for p in cfg.protocols if p in ("secure_aggregation", "ckks")]
-    if secure:
+    if secure:  # numpy vectors in host memory: a phase of their own on a GPU, part of the round's on the CPU
         layout = params + (C * (d + 1) if has_rows else 0)
-        phase["round"] += 4 * layout * 8
+        if device.startswith("cuda"):
+            phase["secure sums"] = 4 * layout * 8
+        else:
+            phase["round"] += 4 * layout * 8
     phase.update(_attack_phases(cfg, shape))
-    return MemoryEstimate(t, phase, available_bytes(device), device)
+    host = available_bytes("cpu") if device.startswith("cuda") else None
+    return MemoryEstimate(t, phase, available_bytes(device), device, host)
 
 
 def _attack_phases(cfg, shape: DataShape) -> dict[str, float]:
@@ -258,8 +296,8 @@ def plan_memory(cfg, ds, device) -> MemoryEstimate:
 
 
 def available_bytes(device: str) -> float | None:
-    """Memory the run can use: free memory of that GPU on CUDA (the estimate then counts host-side terms, the data
-    and label sets, against it too: conservative), else MemAvailable (Linux) or the physical memory."""
+    """Memory the run can use: free memory of that GPU on CUDA (only the terms that live there are checked against
+    it), else MemAvailable (Linux) or the physical memory."""
     if device.startswith("cuda"):
         import torch  # the engine's check on a GPU run (validate stays on CPU memory)
 
@@ -279,15 +317,18 @@ def available_bytes(device: str) -> float | None:
 
 
 def check_memory(est: MemoryEstimate) -> None:
-    """A one-line :class:`ConfigError` when the estimate exceeds what is available, naming the largest term."""
-    if est.available is None or est.total <= est.available:
-        return
-    name, b = est.largest()
-    hint = HINTS.get(name, ": leave it out of attacks.run for data of this size" if name.startswith("attack ") else "")
-    raise ConfigError(
-        f"the planned run needs about {est.total / GB:.1f} GB but {est.device} has {est.available / GB:.1f} GB available; "
-        f"the largest term is {name} ({b / GB:.1f} GB){hint} (secure-fed validate CONFIG lists every term)"
-    )
+    """A one-line :class:`ConfigError` when the estimate exceeds what is available, naming the largest term; on a
+    GPU the terms on the GPU are checked against its free memory and those in host memory against the host's."""
+    for part in (est.part(host=False), est.part(host=True)) if est.gpu else (est,):
+        need = part.total - (BASELINE if part.device.startswith("cuda") else 0.0)
+        if part.available is None or need <= part.available or not (part.terms or part.transient):
+            continue
+        name, b = part.largest()
+        hint = HINTS.get(name, ": leave it out of attacks.run for data of this size" if name.startswith("attack ") else "")
+        raise ConfigError(
+            f"the planned run needs about {need / GB:.1f} GB but {part.device} has {part.available / GB:.1f} GB "
+            f"available; the largest term is {name} ({b / GB:.1f} GB){hint} (secure-fed validate CONFIG lists every term)"
+        )
 
 
 #: what to change when a term is too large

@@ -91,6 +91,39 @@ def test_the_refusal_names_the_largest_term():
     memory.check_memory(memory.MemoryEstimate({"data": 1e9}, {}, available=4e9))  # fits: no error
 
 
+def test_a_gpu_run_checks_the_gpu_terms_against_the_gpu_and_the_host_terms_against_the_host():
+    """On a GPU the data (scipy/numpy) stays in host memory: 20 GB of it must not count against an 8 GB card."""
+    gpu = lambda avail, host: memory.MemoryEstimate(  # noqa: E731
+        {"data": 20e9, "client rows": 5e9, "co-occurrence": 1e9}, {"round": 1e9, "secure sums": 3e9, "label sets": 2e9},
+        available=avail, device="cuda", host_available=host,
+    )  # fmt: skip
+    memory.check_memory(gpu(8e9, 32e9))  # GPU 6 GB (rows + round), host 0.6 + 21 + 3 GB: both fit
+    with pytest.raises(Exception, match=r"needs about 6.0 GB but cuda has 4.0 GB available; the largest term is client rows"):
+        memory.check_memory(gpu(4e9, 32e9))
+    with pytest.raises(Exception, match=r"needs about 24.6 GB but host memory has 16.0 GB available; the largest term is data"):
+        memory.check_memory(gpu(8e9, 16e9))
+    assert memory.MemoryEstimate({"data": 20e9, "client rows": 5e9}, {}, available=8e9, device="cpu").total > 8e9
+    with pytest.raises(Exception, match="cpu has 8.0 GB"):  # on the CPU every term counts against one memory
+        memory.check_memory(memory.MemoryEstimate({"data": 20e9, "client rows": 5e9}, {}, available=8e9, device="cpu"))
+    text = "\n".join(gpu(8e9, 32e9).lines())
+    assert "data                20.00 GB  held, host memory" in text and "client rows          5.00 GB  held, cuda" in text
+    assert "6.00 GB on cuda of 8.0 GB available" in text and "24.60 GB on host memory of 32.0 GB available" in text
+
+
+def test_the_secure_layers_vectors_are_their_own_host_phase_on_a_gpu(monkeypatch):
+    """The protocols' float64 vectors are numpy arrays: on the CPU part of a round's peak, on a GPU run a host phase."""
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 64e9 if device == "cpu" else 8e9)
+    cfg = load_config(overrides=[*SMALL, 'protocols=["secure_aggregation"]'])
+    shape = memory.DataShape.of(_dataset())
+    cpu = memory.estimate_memory(cfg, shape, params=1000, sparse_rows=True, device="cpu")
+    gpu = memory.estimate_memory(cfg, shape, params=1000, sparse_rows=True, device="cuda")
+    assert "secure sums" not in cpu.transient and gpu.transient["secure sums"] > 0
+    assert cpu.transient["round"] == pytest.approx(gpu.transient["round"] + gpu.transient["secure sums"])
+    assert (gpu.available, gpu.host_available, cpu.host_available) == (8e9, 64e9, None)
+    assert memory.on_host("secure sums") and memory.on_host("data") and memory.on_host("attack membership_inference")
+    assert not memory.on_host("client rows") and not memory.on_host("round")
+
+
 def test_an_attack_that_densifies_labels_is_refused_up_front_on_xc_sized_labels(tmp_path):
     """label_deanonymization matches C × C co-occurrence profiles: at a million labels it cannot run, and the run
     stops before training, naming the attack."""

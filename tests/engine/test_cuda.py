@@ -83,6 +83,7 @@ def test_auto_puts_the_data_the_models_and_the_servers_state_on_the_gpu(tmp_path
     assert all(p.is_cuda for p in exp.worker.parameters()) and all(p.is_cuda for p in exp.encoder.parameters())
     assert all(v.is_cuda for v in exp.theta.values()) and exp.W.is_cuda
     assert exp.fed.clients[0].x.is_cuda
+    assert exp.memory.gpu and exp.memory.host_available  # the memory check weighs the GPU's and the host's terms apart
     exp.train_round()
     assert all(v.is_cuda for v in exp.theta.values()) and exp.W.is_cuda
     res = exp.run(progress=False)
