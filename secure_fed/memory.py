@@ -143,6 +143,11 @@ class MemoryEstimate:
     def total(self) -> float:
         return BASELINE + sum(self.terms.values()) + max(self.transient.values(), default=0.0)
 
+    @property
+    def needed(self) -> float:
+        """What this estimate's memory must hold: the total, less the process's baseline on a GPU (it is host memory)."""
+        return self.total - (BASELINE if self.gpu else 0.0)
+
     def part(self, host: bool) -> MemoryEstimate:
         """A GPU run's terms in host memory (``host=True``, with the process's baseline) or on the GPU (without it),
         each against what that memory has available."""
@@ -161,9 +166,8 @@ class MemoryEstimate:
         if self.gpu:
             for host in (False, True):
                 part = self.part(host)
-                need = part.total - (0.0 if host else BASELINE)
                 avail = f" of {part.available / GB:.1f} GB available" if part.available else ""
-                out.append(f"  {'total':<16} {need / GB:8.2f} GB on {part.device}{avail}")
+                out.append(f"  {'total':<16} {part.needed / GB:8.2f} GB on {part.device}{avail}")
             return out
         avail = f" of {self.available / GB:.1f} GB available on {self.device}" if self.available else ""
         out.append(f"  {'total':<16} {self.total / GB:8.2f} GB (with {BASELINE / GB:.1f} GB for the process){avail}")
@@ -320,13 +324,12 @@ def check_memory(est: MemoryEstimate) -> None:
     """A one-line :class:`ConfigError` when the estimate exceeds what is available, naming the largest term; on a
     GPU the terms on the GPU are checked against its free memory and those in host memory against the host's."""
     for part in (est.part(host=False), est.part(host=True)) if est.gpu else (est,):
-        need = part.total - (BASELINE if part.device.startswith("cuda") else 0.0)
-        if part.available is None or need <= part.available or not (part.terms or part.transient):
+        if part.available is None or part.needed <= part.available or not (part.terms or part.transient):
             continue
         name, b = part.largest()
         hint = HINTS.get(name, ": leave it out of attacks.run for data of this size" if name.startswith("attack ") else "")
         raise ConfigError(
-            f"the planned run needs about {need / GB:.1f} GB but {part.device} has {part.available / GB:.1f} GB "
+            f"the planned run needs about {part.needed / GB:.1f} GB but {part.device} has {part.available / GB:.1f} GB "
             f"available; the largest term is {name} ({b / GB:.1f} GB){hint} (secure-fed validate CONFIG lists every term)"
         )
 

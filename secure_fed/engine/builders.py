@@ -55,9 +55,10 @@ def use_deterministic_cuda() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = False
-    torch.backends.cuda.enable_flash_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    for kernel in ("flash", "mem_efficient", "cudnn"):  # (cuDNN attention came in torch 2.3)
+        switch = getattr(torch.backends.cuda, f"enable_{kernel}_sdp", None)
+        if switch is not None:
+            switch(False)
 
 
 def build_encoder_for(cfg: ExperimentConfig, ds: MultiLabelDataset, seed_offset: int = 0) -> nn.Module:

@@ -422,8 +422,10 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")
         num_clients = agg.num_clients
         del agg, session, base  # the round's sums (a copy of θ) are not needed by the server step
-        no_label = torch.zeros(0, dtype=torch.long, device=self.device)  # an empty cohort (all dropped, empty draw)
-        participating = torch.unique(torch.cat(labels)).to(self.device) if labels else no_label
+        if labels:
+            participating = torch.unique(torch.cat(labels)).to(self.device)
+        else:  # an empty cohort (an empty draw, or every client dropped): no class took part
+            participating = torch.zeros(0, dtype=torch.long, device=self.device)
         stats = algo.server_step(self.W, self.round, participating)
         self.stack.after_round(self.round)
         self.round += 1
