@@ -103,7 +103,8 @@ class LocalTrainer:
         if submit is not None:
             from secure_fed.algorithms.batched_sgd import TrainRequest
 
-            return submit(self, TrainRequest(payload, data, hp, generator), privatizer)
+            # the client's rows read once (shared storage gathers them on each read; the group indexes them every step)
+            return submit(self, TrainRequest(payload, data.with_rows_read(), hp, generator), privatizer)
         return self.update_one(payload, data, hp, generator, privatizer)
 
     def update_one(
