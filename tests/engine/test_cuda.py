@@ -205,8 +205,8 @@ LOCAL_DP = {
 @pytest.mark.parametrize("model", sorted(LOCAL_DP))
 def test_dp_sgd_in_client_training_on_the_gpu_follows_the_cpu(tmp_path, model):
     """Per-sample gradients, their clip and the noise on the GPU: the batches and the noise come from the run's secret
-    streams on the CPU, so a fixed ``privacy.noise_seed`` gives both devices the same draws. (Added after the one GPU
-    session so far; it has not yet run on a GPU.)"""
+    streams on the CPU, so a fixed ``privacy.noise_seed`` gives both devices the same draws. (Passed on an H200,
+    ``results/cuda_h200/call4_tests_bench``.)"""
     ov = [*LOCAL_DP[model], 'protocols=["dp"]', "privacy.noise_seed=5",
           "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
     cpu, gpu = _on("cpu", tmp_path, "cpu", *ov), _on("cuda", tmp_path, "gpu", *ov)
