@@ -1,6 +1,6 @@
 """Secure aggregation and CKKS rounds against the plaintext round, measured in the same run, with where the time goes.
 
-    python benchmarks/secure_layers.py [--rounds 2] [--neighbors 16] [--executor sequential] [--precision fp32]
+    python benchmarks/secure_layers.py [--rounds 2] [--neighbors auto[,16,...]] [--executor sequential] [--precision fp32]
                                    [--secagg-32] [--ckks-coeffs 60,40,40,60] [--ckks-all-blocks] [--skip-ckks]
                                    [--json FILE]
 
@@ -9,8 +9,10 @@ through the engine, one warm-up round each and then the median of ``--rounds`` r
 interleaved, for:
 
 * **plaintext**: no protocol layer;
-* **secure_aggregation** on θ and the class rows (the whole update), SecAgg+ graph with ``--neighbors``
-  neighbours (each client masks with k + 1 AES-256-CTR streams: its self mask and one per neighbour), mod 2^64
+* **secure_aggregation** on θ and the class rows (the whole update), on the SecAgg+ graph ``--neighbors`` gives
+  (default ``auto``, the config's default: k = 32 for 159 clients, see ``protocols.secagg.graph_bounds``; more
+  values, comma-separated, add one variant each), each client masking with k + 1 AES-256-CTR streams (its self
+  mask and one per neighbour), mod 2^64
   (the default: 8-byte words); with ``--secagg-32`` also mod 2^32 (4-byte words, half the key stream), values
   clipped to ±8 (Flower's SecAgg+ default range; the run stops if a weight or loss would be clipped) with the most
   fractional bits that 159 clients' sum allows (20: a step of 9.5e-7);
@@ -126,6 +128,9 @@ def report_secagg(name: str, sa: dict, bits: int, plaintext_s: float) -> None:
     width = word_dtype(bits).itemsize
     print(f"{name} (k = {k}, {st['secagg_survivors']} clients, {sa['vector_size']:,} words of {width} bytes, mod 2^{bits}): "
           f"{s:.2f} s/round = {s / plaintext_s:.2f}× plaintext")  # fmt: skip
+    bound = lambda x: "0" if x is None else f"2^{x:g}"  # noqa: E731
+    print(f"  graph: t = {st['secagg_threshold']}; privacy failure ≤ {bound(st.get('secagg_log2_privacy_bound'))}, "
+          f"abort ≤ {bound(st.get('secagg_log2_abort_bound'))} (protocols.secagg.graph_bounds)")  # fmt: skip
     print(f"  set-up (X25519, HKDF, Shamir, AES-GCM) {st['secagg_setup_s']:.2f} s, clients' masking (flatten, encode, "
           f"masks) {st['secagg_mask_s']:.2f} s, server's unmasking (Shamir, self masks) {st['secagg_unmask_s']:.2f} s, "
           f"the rest (training, aggregation, server step) {train:.2f} s")  # fmt: skip
@@ -140,7 +145,9 @@ def report_secagg(name: str, sa: dict, bits: int, plaintext_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--neighbors", type=int, default=16)
+    ap.add_argument(
+        "--neighbors", default="auto", help="secure_aggregation.neighbors: auto, null or k; a comma list adds variants"
+    )
     ap.add_argument("--executor", default="sequential", choices=["sequential", "vectorized"])
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--ckks-coeffs", default="", help="extra coeff_mod_bit_sizes sets to time, e.g. '60,40,60;60,60'")
@@ -162,10 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     base = [f"training.executor={args.executor}", f"training.precision={args.precision}"]
     out: dict = {"executor": args.executor, "precision": args.precision, "neighbors": args.neighbors}
 
+    first, *more = args.neighbors.split(",")
     variants = {
         "plaintext": base,
-        "secure_aggregation": [*base, "protocols=[secure_aggregation]", f"secure_aggregation.neighbors={args.neighbors}"],
+        "secure_aggregation": [*base, "protocols=[secure_aggregation]", f"secure_aggregation.neighbors={first}"],
     }
+    for k in more:
+        variants[f"secure_aggregation (neighbors {k})"] = [*variants["plaintext"], "protocols=[secure_aggregation]",
+                                                           f"secure_aggregation.neighbors={k}"]  # fmt: skip
     if args.secagg_32:
         from protocols.secagg.encoding import FixedPoint
 
@@ -190,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         f"plaintext ({args.executor}, {args.precision}): {p:.2f} s/round (median of {args.rounds}, interleaved with the others)"
     )
 
-    for name, bits in (("secure_aggregation", 64), ("secure_aggregation (32-bit)", 32)):
-        if name in res:
-            report_secagg(name, res[name], bits, p)
+    for name in res:
+        if name.startswith("secure_aggregation"):
+            report_secagg(name, res[name], 32 if "32-bit" in name else 64, p)
 
     for name, r in res.items():
         if not name.startswith("ckks"):

@@ -109,13 +109,39 @@ class KeyedHashingConfig(_Strict):
 
 class SecureAggregationConfig(_Strict):
     threshold: float = Field(0.6, gt=0.0, le=1.0, description="t as a fraction of each client's neighbourhood (incl. itself)")
-    neighbors: int | None = Field(None, ge=2, description="SecAgg+ neighbours per client; null = complete graph (SecAgg)")
+    neighbors: int | Literal["auto"] | None = Field(
+        "auto",
+        description="SecAgg+ neighbours per client: auto = the fewest that meet security_bits and correctness_bits "
+        "for the round's cohort (protocols.secagg.graph_bounds; complete for small cohorts); a number k (the ring "
+        "joins k // 2 on either side); "
+        "null = complete graph (SecAgg)",
+    )
+    corrupt_fraction: float = Field(
+        0.05, ge=0.0, lt=0.5, description="neighbors: auto — share of a cohort that may collude with the server"
+    )
+    dropout_bound: float = Field(
+        0.05, ge=0.0, lt=0.5, description="neighbors: auto — share of a cohort the graph must survive dropping"
+    )
+    security_bits: float = Field(40.0, ge=1.0, le=128.0, description="neighbors: auto — privacy failure ≤ 2^-bits")
+    correctness_bits: float = Field(20.0, ge=1.0, le=128.0, description="neighbors: auto — abort ≤ 2^-bits")
     clip_range: float = Field(1.0e4, gt=0.0, le=1e12, description="values are clipped to [-R, R] before fixed-point encoding")
     frac_bits: int = Field(24, ge=4, le=40, description="fixed-point fractional bits")
     modulus_bits: int = Field(
         64, ge=16, le=64, description="arithmetic modulo 2^bits; ≤ 32 uses 4-byte words (half the key stream and upload)"
     )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated probability that a client drops at each stage")
+
+    @field_validator("neighbors", mode="before")
+    @classmethod
+    def _auto_null_or_at_least_two(cls, v):
+        if v is None or v == "auto":
+            return v
+        k = int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ValueError("give a whole number of neighbours (at least 2), auto, or null (complete graph)")
+        if k < 2:
+            raise ValueError(f"{k} neighbours cannot connect a cohort; give at least 2, auto, or null (complete graph)")
+        return k
 
 
 #: the least std of the key holders' decryption noise in the decryption polynomial's coefficients: 20 × the std

@@ -251,17 +251,44 @@ DP = LayerSpec(
     uplink_rules={"row_noise": FullTable("W")},
 )
 
+
+def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
+    """The SecAgg+ graph a cohort of the configured size gets, and what it guarantees (protocols.secagg.graph_bounds)."""
+    import math
+
+    from protocols.secagg.graph_bounds import graph_for, round_dropout
+
+    s, t = cfg.secure_aggregation, cfg.training
+    if t.sampling == "poisson":
+        n, about = max(2, round(t.client_fraction * num_clients)), "about "  # the cohort's size varies (and is secret)
+    else:
+        n = min(num_clients, t.clients_per_round or max(1, math.ceil(t.client_fraction * num_clients)))
+        about = ""
+    g = graph_for(n, s)
+    graph = "complete graph" if g.neighbors is None else f"SecAgg+ graph, {g.neighbors} neighbours"
+    setting = "null" if s.neighbors is None else s.neighbors
+    fmt = lambda x: "0" if x == -math.inf else f"2^{x:.1f}"  # noqa: E731
+    return [
+        f"secure_aggregation: {about}{n} clients a round → {graph} (neighbors: {setting}), t = {g.threshold}; "
+        f"with ≤ {s.corrupt_fraction:g} of a cohort colluding and each client dropping with probability "
+        f"≤ {round_dropout(s):.3g}: privacy failure ≤ {fmt(g.log2_privacy_failure)}, abort ≤ {fmt(g.log2_abort)}"
+    ]
+
+
 SECURE_AGGREGATION = LayerSpec(
     name="secure_aggregation",
     threat_model=(
         "An honest-but-curious server (it relays the clients' public keys unauthenticated) learns only the round's sum of "
         "client updates (θ, class rows, weights, losses), not any one client's nor any partial sum: the round aborts unless "
-        "≥ t of every neighbourhood survive and the survivors' graph stays connected; in the positive-only setting a class "
+        "≥ t of every neighbourhood survive and the survivors' graph stays connected (on the default neighbors: auto graph also "
+        "with up to corrupt_fraction of the cohort colluding, but for probability 2^-security_bits); in the positive-only "
+        "setting a class "
         "row has one client, so its row sum is that client's row delta."
     ),
     implementation="protocols.secagg.layer:SecureAggregation",
     replaces_aggregation=True,
     validate=_validate_secure_aggregation,
+    describe=_describe_secure_aggregation,
     runs_on_flower=True,  # its stages are query messages to the layer's client side; the mask is the plan's last step
     # the stages' messages (public keys, sealed shares, the survivors, the shares the server is entitled to) and the
     # masked update: none carries a client's data in the clear

@@ -139,7 +139,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from secure_fed.data import partitioner_from_config
 
     # the partition the run makes (e.g. a natural partition's client-id file is read and checked against the data)
-    partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
+    shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
+    from secure_fed.specs import layer_specs
+
+    for name in cfg.protocols:
+        spec = layer_specs().get(name)
+        if spec is not None and spec.describe is not None:
+            print("\n".join(spec.describe(cfg, len(shards))))
     if needs_torch(cfg, ds):
         print(f"memory estimate: not made here (counting this model's parameters needs torch); {later}")
         return 0

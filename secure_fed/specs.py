@@ -51,6 +51,9 @@ class LayerSpec:
     #: the message keys the layer adds (its setup exchanges, its additions to updates), with their rules
     downlink_rules: dict[str, Rule] = field(default_factory=dict)
     uplink_rules: dict[str, Rule] = field(default_factory=dict)
+    #: ``describe(cfg, num_clients)``: lines ``secure-fed validate`` prints for the layer when it is listed (e.g. the
+    #: guarantee its settings give a cohort of the configured size); public config facts only
+    describe: Callable[[Any, int], list[str]] | None = None
 
     def load(self) -> type:
         return load_object(self.implementation)

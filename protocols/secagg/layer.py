@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.secagg.encoding import FixedPoint
+from protocols.secagg.graph_bounds import graph_for
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph, threshold_for
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
@@ -114,6 +116,10 @@ class SecureAggregation(ProtocolLayer):
         self._round_clients = {int(cid): SecAggClient.from_state(st) for cid, st in state.items()}
 
 
+def _finite(x: float) -> float | None:
+    return round(x, 2) if math.isfinite(x) else None
+
+
 class _SecAggRound(RoundWrapper):
     def __init__(self, layer: SecureAggregation, round_idx: int, inner: RoundSession):
         super().__init__(inner)
@@ -124,7 +130,8 @@ class _SecAggRound(RoundWrapper):
         cohort = sorted(int(c) for c in inner.cohort)
         if len(cohort) == 1:  # its "sum" is its own update: nothing to hide it among
             raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
-        self.graph = neighbour_graph(cohort, cfg.neighbors, seed=layer.cfg.seed * 1000003 + round_idx)
+        self.choice = graph_for(len(cohort), cfg)
+        self.graph = neighbour_graph(cohort, self.choice.neighbors, seed=layer.cfg.seed * 1000003 + round_idx)
         group = len(self.graph[cohort[0]]) + 1 if cohort else 1
         self.t = threshold_for(group, cfg.threshold)
         self.t_setup = self.t_mask = 0.0
@@ -201,6 +208,9 @@ class _SecAggRound(RoundWrapper):
             "secagg_dropped": len(self.inner.cohort) - len(u3),
             "secagg_threshold": self.t,
             "secagg_neighbours": len(next(iter(self.graph.values()))) if self.graph else 0,
+            # the graph's bounds (protocols.secagg.graph_bounds), log2; null where the bound is 0
+            "secagg_log2_privacy_bound": _finite(self.choice.log2_privacy_failure),
+            "secagg_log2_abort_bound": _finite(self.choice.log2_abort),
             "secagg_setup_s": round(self.t_setup, 4),
             "secagg_mask_s": round(self.t_mask, 4),
             "secagg_unmask_s": round(t_unmask, 4),
