@@ -117,13 +117,23 @@ class SecureAggregationConfig(_Strict):
         "null = complete graph (SecAgg)",
     )
     corrupt_fraction: float = Field(
-        0.05, ge=0.0, lt=0.5, description="neighbors: auto — share of a cohort that may collude with the server"
+        0.05, ge=0.0, lt=0.5, description="neighbors: auto — share of the federation's clients colluding with the server"
     )
     dropout_bound: float = Field(
-        0.05, ge=0.0, lt=0.5, description="neighbors: auto — share of a cohort the graph must survive dropping"
+        0.05,
+        ge=0.0,
+        lt=0.5,
+        description="neighbors: auto — each client's chance to drop out in a round, independently (the larger of "
+        "this and the simulated dropout's chance over the round's 4 stages is used)",
     )
-    security_bits: float = Field(40.0, ge=1.0, le=128.0, description="neighbors: auto — privacy failure ≤ 2^-bits")
-    correctness_bits: float = Field(20.0, ge=1.0, le=128.0, description="neighbors: auto — abort ≤ 2^-bits")
+    security_bits: float = Field(40.0, ge=1.0, le=128.0, description="neighbors: auto — privacy failure ≤ 2^-bits a round")
+    correctness_bits: float = Field(20.0, ge=1.0, le=128.0, description="neighbors: auto — abort ≤ 2^-bits a round")
+    graph_seed: int | None = Field(
+        None,
+        description="null: each round's neighbour graph comes from a secret the server draws (kept in its private "
+        "checkpoint), so colluders fixed before the run cannot aim at a client; a number: a public graph, for debugging "
+        "(the bounds then do not hold against colluders who know it)",
+    )
     clip_range: float = Field(1.0e4, gt=0.0, le=1e12, description="values are clipped to [-R, R] before fixed-point encoding")
     frac_bits: int = Field(24, ge=4, le=40, description="fixed-point fractional bits")
     modulus_bits: int = Field(

@@ -259,20 +259,25 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
     from protocols.secagg.graph_bounds import graph_for, round_dropout
 
     s, t = cfg.secure_aggregation, cfg.training
-    if t.sampling == "poisson":
-        n, about = max(2, round(t.client_fraction * num_clients)), "about "  # the cohort's size varies (and is secret)
-    else:
-        n = min(num_clients, t.clients_per_round or max(1, math.ceil(t.client_fraction * num_clients)))
-        about = ""
-    g = graph_for(n, s)
+    n = t.cohort_size(num_clients)
+    about = "about " if t.sampling == "poisson" else ""  # the cohort's size varies from round to round (and is secret)
+    g = graph_for(n, s, population=num_clients)
     graph = "complete graph" if g.neighbors is None else f"SecAgg+ graph, {g.neighbors} neighbours"
     setting = "null" if s.neighbors is None else s.neighbors
     fmt = lambda x: "0" if x == -math.inf else f"2^{x:.1f}"  # noqa: E731
-    return [
-        f"secure_aggregation: {about}{n} clients a round → {graph} (neighbors: {setting}), t = {g.threshold}; "
-        f"with ≤ {s.corrupt_fraction:g} of a cohort colluding and each client dropping with probability "
-        f"≤ {round_dropout(s):.3g}: privacy failure ≤ {fmt(g.log2_privacy_failure)}, abort ≤ {fmt(g.log2_abort)}"
-    ]
+    line = (
+        f"secure_aggregation: {about}{n} of {num_clients} clients a round → {graph} (neighbors: {setting}), "
+        f"t = {g.threshold}; with ≤ {s.corrupt_fraction:g} of the clients colluding and each dropping with "
+        f"probability ≤ {round_dropout(s):.3g}, a round's privacy failure ≤ {fmt(g.log2_privacy_failure)}, "
+        f"abort ≤ {fmt(g.log2_abort)}"
+    )
+    if not g.meets_targets:
+        line += f" (targets 2^-{s.security_bits:g} and 2^-{s.correctness_bits:g} not met: no sparse graph meets them)"
+    if t.sampling == "proportional":
+        line += "; sampling: proportional favours large clients, and the bounds assume uniform cohorts"
+    if s.graph_seed is not None:
+        line += "; graph_seed set: the graph is public, and the bounds do not hold against colluders who know it"
+    return [line]
 
 
 SECURE_AGGREGATION = LayerSpec(
@@ -281,7 +286,8 @@ SECURE_AGGREGATION = LayerSpec(
         "An honest-but-curious server (it relays the clients' public keys unauthenticated) learns only the round's sum of "
         "client updates (θ, class rows, weights, losses), not any one client's nor any partial sum: the round aborts unless "
         "≥ t of every neighbourhood survive and the survivors' graph stays connected (on the default neighbors: auto graph also "
-        "with up to corrupt_fraction of the cohort colluding, but for probability 2^-security_bits); in the positive-only "
+        "with up to corrupt_fraction of the clients colluding, fixed before the run, but for probability 2^-security_bits a "
+        "round); in the positive-only "
         "setting a class "
         "row has one client, so its row sum is that client's row delta."
     ),

@@ -6,23 +6,26 @@ neighbour_graph` builds (a ring over a uniformly random order of the cohort, eac
 nearest on either side, so its k neighbours are a uniformly random k-subset of the others), this module bounds
 their probabilities and picks the least even k that makes them small. The bounds are union bounds computed here for
 that graph, under Bell et al.'s conditions; their paper's own tables are for another graph (Erdős–Rényi) and are not
-used.
+used. Every bound is **per round**: over R rounds the chance that some round fails is at most R times as large.
 
-Model: n clients in the round; a set C of ⌊γ·n⌋ clients colludes with the honest-but-curious server, chosen before
-the round's order is drawn (static corruption, as in Bell et al.); each client drops out of the round (at any
-stage) with probability at most δ, independently; t = ⌈τ·(k + 1)⌉ (``secure_aggregation.threshold`` τ).
+Model: the federation has N clients, of which a set C of ⌊γ·N⌋ colludes with the honest-but-curious server, fixed
+before the round's order is drawn (static corruption, as in Bell et al.; the layer draws each round's order from a
+secret of the server's, ``secure_aggregation.graph_seed: null``). The round's cohort of n clients is drawn uniformly
+(fixed-size or Poisson sampling: given its size, a uniform subset), so a cohort member's k neighbours are a uniform
+k-subset of the other N − 1 clients as far as C is concerned. Each client drops out of the round (at any stage)
+with probability at most δ, independently of the others; t = ⌈τ·(k + 1)⌉ (``secure_aggregation.threshold`` τ).
 
 **Privacy fails** (the server and C learn more than the sum of the honest survivors' inputs) only if
 
-* (P1) some honest client u has ≥ t colluders among its k neighbours: they hold t shares of both of u's secrets,
-  and with the t shares of the other secret that the protocol hands the server, its input is in the clear. The
-  number of colluders among u's neighbours is hypergeometric (k draws from the n − 1 others, ⌊γn⌋ of them in C):
-  ``P1 ≤ n · P[Hyp(n − 1, ⌊γn⌋, k) ≥ t]``;
+* (P1) some honest client u has ≥ t colluders among its k neighbours: they hold t shares of its mask-agreement
+  key, and the protocol hands the server t shares of its self-mask seed, so its input is in the clear. The number
+  of colluders among u's neighbours is hypergeometric:
+  ``P1 ≤ n · P[Hyp(N − 1, ⌊γN⌋, k) ≥ t]``;
 * (P2) the graph on the honest survivors splits: the masks between two parts would no longer cancel within each
   part, so the server learns each part's sum. On a ring joined h deep, the remaining clients split only if two
   disjoint runs of h consecutive clients are all removed (colluding or dropped); a given set of j positions is all
-  removed with probability ≤ (γ + δ)^j, and there are fewer than n²/2 pairs of runs:
-  ``P2 ≤ n(n − 1)/2 · (γ + δ)^k``.
+  removed with probability ≤ (⌊γN⌋/N + δ)^j, and there are fewer than n²/2 pairs of runs:
+  ``P2 ≤ n(n − 1)/2 · (⌊γN⌋/N + δ)^k``.
 
 **The round aborts** (safely: nothing is applied) only if
 
@@ -31,9 +34,11 @@ stage) with probability at most δ, independently; t = ⌈τ·(k + 1)⌉ (``secu
 * (A2) the survivors' graph splits (the server's own check): ``A2 ≤ n(n − 1)/2 · δ^k``.
 
 ``neighbors: auto`` takes the least even k with ``P1 + P2 ≤ 2^−security_bits`` and ``A1 + A2 ≤ 2^−correctness_bits``;
-if no k below n − 1 meets both, the round uses the complete graph (plain SecAgg, where t = ⌈τ·n⌉). The colluders
-the server may hold are the config's ``corrupt_fraction``; a colluding client beyond that bound, or one chosen after
-the round's order is known (the order comes from the run's seed and the round), is outside the guarantee.
+if no k below n − 1 (and at most :data:`MAX_AUTO_NEIGHBOURS`) meets both, the round uses the complete graph (plain
+SecAgg, t = ⌈τ·n⌉), whose own bounds are reported and may miss the targets (``GraphChoice.meets_targets``): a small
+cohort, or dropouts near 1 − τ, which no graph survives. Colluders beyond ``corrupt_fraction``, colluders chosen
+with knowledge of the order (a public ``graph_seed``), dropouts that are not independent (a network failure that
+takes out a region), or a sampling that favours some clients (``sampling: proportional``) are outside the bounds.
 """
 
 from __future__ import annotations
@@ -44,75 +49,115 @@ from functools import lru_cache
 
 from protocols.secagg.protocol import threshold_for
 
+#: the most neighbours ``auto`` tries before it takes the complete graph (keeps the search short when dropouts make
+#: every sparse graph miss the abort target; the defaults need 30–42 from 40 to 100,000 clients)
+MAX_AUTO_NEIGHBOURS = 1024
+
 
 @dataclass(frozen=True)
 class GraphChoice:
-    """The graph a round of n clients uses: ``neighbors`` None means complete; the bounds as log2 probabilities."""
+    """The graph a round of n clients uses: ``neighbors`` None means complete, else the degree built (even); the
+    bounds as log2 probabilities (−inf: 0); whether they meet the targets asked for (always True for a fixed k)."""
 
     n: int
     neighbors: int | None
     threshold: int
     log2_privacy_failure: float
     log2_abort: float
+    meets_targets: bool = True
 
 
 def _log2(p: float) -> float:
     return math.log2(p) if p > 0 else -math.inf
 
 
+def _log_comb(n: int, k: int) -> float:
+    if k < 0 or k > n:
+        return -math.inf  # C(n, k) = 0
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
 def hypergeom_tail(population: int, marked: int, draws: int, at_least: int) -> float:
-    """P[X ≥ at_least] for X the marked items among ``draws`` taken without replacement (exact integer sums)."""
+    """P[X ≥ at_least] for X the marked items among ``draws`` taken without replacement (terms in log space)."""
     lo, hi = max(at_least, 0), min(marked, draws)
     if lo > hi:
         return 0.0
-    num = sum(math.comb(marked, i) * math.comb(population - marked, draws - i) for i in range(lo, hi + 1))
-    return num / math.comb(population, draws)
+    total = _log_comb(population, draws)
+    terms = (_log_comb(marked, i) + _log_comb(population - marked, draws - i) - total for i in range(lo, hi + 1))
+    return min(1.0, math.fsum(math.exp(x) for x in terms))
 
 
 def binom_tail(trials: int, p: float, at_least: int) -> float:
-    """P[Bin(trials, p) ≥ at_least]."""
+    """P[Bin(trials, p) ≥ at_least] (terms in log space: no overflow for thousands of trials)."""
     if at_least <= 0:
         return 1.0
     if at_least > trials or p <= 0.0:
         return 0.0
-    return min(1.0, sum(math.comb(trials, i) * p**i * (1.0 - p) ** (trials - i) for i in range(at_least, trials + 1)))
+    if p >= 1.0:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = (_log_comb(trials, i) + i * lp + (trials - i) * lq for i in range(at_least, trials + 1))
+    return min(1.0, math.fsum(math.exp(x) for x in terms))
 
 
-def failure_bounds(n: int, k: int, *, threshold: float, corrupt_fraction: float, dropout: float) -> tuple[float, float]:
-    """(privacy failure, abort) probability bounds for a round of ``n`` clients on the ring joined k/2 deep."""
+def failure_bounds(
+    n: int, k: int, *, threshold: float, corrupt_fraction: float, dropout: float, population: int | None = None
+) -> tuple[float, float]:
+    """(privacy failure, abort) probability bounds for a round of ``n`` of ``population`` clients (default n) on
+    the ring joined k/2 deep."""
     if k % 2 or k < 2 or k >= n - 1:
         raise ValueError(f"k must be even, ≥ 2 and below n − 1 = {n - 1}, got {k}")
+    N = n if population is None else population
     t = threshold_for(k + 1, threshold)
-    corrupt = math.floor(corrupt_fraction * n)
+    corrupt = math.floor(corrupt_fraction * N)
     pairs = n * (n - 1) / 2
-    privacy = n * hypergeom_tail(n - 1, corrupt, k, t) + pairs * (corrupt / n + dropout) ** k
+    privacy = n * hypergeom_tail(N - 1, corrupt, k, t) + pairs * (corrupt / N + dropout) ** k
     abort = n * binom_tail(k, dropout, k - t + 1) + pairs * dropout**k
     return min(1.0, privacy), min(1.0, abort)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=512)
 def auto_neighbours(
-    n: int, *, threshold: float, corrupt_fraction: float, dropout: float, security_bits: float, correctness_bits: float
+    n: int,
+    *,
+    threshold: float,
+    corrupt_fraction: float,
+    dropout: float,
+    security_bits: float,
+    correctness_bits: float,
+    population: int | None = None,
 ) -> GraphChoice:
     """The least even k whose bounds (module docstring) meet ``2^−security_bits`` and ``2^−correctness_bits``.
 
-    Complete (``neighbors=None``) when no k below n − 1 does; the bounds are then 0 for P1/P2 unless ⌊γn⌋ ≥ t, since
-    on the complete graph a client's secrets are shared among all n and the honest survivors stay connected.
+    The complete graph when no k below n − 1 and up to :data:`MAX_AUTO_NEIGHBOURS` does, with ``meets_targets``
+    saying whether its own bounds meet them.
     """
-    for k in range(2, n - 1, 2):
-        privacy, abort = failure_bounds(n, k, threshold=threshold, corrupt_fraction=corrupt_fraction, dropout=dropout)
+    for k in range(2, min(n - 1, MAX_AUTO_NEIGHBOURS + 1), 2):
+        privacy, abort = failure_bounds(
+            n, k, threshold=threshold, corrupt_fraction=corrupt_fraction, dropout=dropout, population=population
+        )
         if privacy <= 2.0**-security_bits and abort <= 2.0**-correctness_bits:
             return GraphChoice(n, k, threshold_for(k + 1, threshold), _log2(privacy), _log2(abort))
-    return complete_graph(n, threshold=threshold, corrupt_fraction=corrupt_fraction, dropout=dropout)
+    full = complete_graph(n, threshold=threshold, corrupt_fraction=corrupt_fraction, dropout=dropout, population=population)
+    met = full.log2_privacy_failure <= -security_bits and full.log2_abort <= -correctness_bits
+    return GraphChoice(n, None, full.threshold, full.log2_privacy_failure, full.log2_abort, meets_targets=met)
 
 
-def complete_graph(n: int, *, threshold: float, corrupt_fraction: float, dropout: float) -> GraphChoice:
+def complete_graph(
+    n: int, *, threshold: float, corrupt_fraction: float, dropout: float, population: int | None = None
+) -> GraphChoice:
     """Plain SecAgg: every client shares with all n − 1 others, t = ⌈τ·n⌉; the survivors cannot split, and the
-    colluders hold a client's secrets only if they are ≥ t; the round aborts if more than n − t drop."""
+    colluders hold an honest client's secrets only if ≥ t of them are in the cohort; the round aborts if more than
+    n − t drop. A cohort of one client is always aborted (its sum would be its update)."""
+    N = n if population is None else population
     t = threshold_for(n, threshold)
-    privacy = 1.0 if math.floor(corrupt_fraction * n) >= t else 0.0
-    abort = binom_tail(n, dropout, n - t + 1) if n > 1 else 0.0
-    return GraphChoice(n, None, t, _log2(privacy), _log2(abort))
+    if n <= 1:
+        return GraphChoice(n, None, t, -math.inf, 0.0 if n == 1 else -math.inf)
+    corrupt = math.floor(corrupt_fraction * N)
+    # the colluders in a uniform cohort of n: hypergeometric; an honest member's n − 1 others hold them
+    privacy = n * hypergeom_tail(N - 1, corrupt, n - 1, t)
+    abort = binom_tail(n, dropout, n - t + 1)
+    return GraphChoice(n, None, t, _log2(min(1.0, privacy)), _log2(abort))
 
 
 def round_dropout(cfg) -> float:
@@ -120,17 +165,15 @@ def round_dropout(cfg) -> float:
     return max(cfg.dropout_bound, 1.0 - (1.0 - cfg.dropout) ** 4)
 
 
-def graph_for(n: int, cfg) -> GraphChoice:
-    """The graph of a round of ``n`` clients under a ``secure_aggregation`` config (its ``neighbors`` setting)."""
-    delta = round_dropout(cfg)
+def graph_for(n: int, cfg, *, population: int | None = None) -> GraphChoice:
+    """The graph of a round of ``n`` of ``population`` clients (default n) under a ``secure_aggregation`` config."""
+    common = {"threshold": cfg.threshold, "corrupt_fraction": cfg.corrupt_fraction, "dropout": round_dropout(cfg),
+              "population": population}  # fmt: skip
     if cfg.neighbors == "auto":
-        return auto_neighbours(
-            n, threshold=cfg.threshold, corrupt_fraction=cfg.corrupt_fraction, dropout=delta,
-            security_bits=cfg.security_bits, correctness_bits=cfg.correctness_bits,
-        )  # fmt: skip
+        return auto_neighbours(n, security_bits=cfg.security_bits, correctness_bits=cfg.correctness_bits, **common)
     k = cfg.neighbors
-    if k is None or k >= n - 1:
-        return complete_graph(n, threshold=cfg.threshold, corrupt_fraction=cfg.corrupt_fraction, dropout=delta)
-    even = 2 * max(1, k // 2)  # the ring joins k // 2 on either side
-    privacy, abort = failure_bounds(n, even, threshold=cfg.threshold, corrupt_fraction=cfg.corrupt_fraction, dropout=delta)
-    return GraphChoice(n, k, threshold_for(even + 1, cfg.threshold), _log2(privacy), _log2(abort))
+    if k is None or k >= n - 1:  # neighbour_graph's own rule
+        return complete_graph(n, **common)
+    even = 2 * max(1, k // 2)  # the ring joins k // 2 on either side: degree 2·(k // 2)
+    privacy, abort = failure_bounds(n, even, **common)
+    return GraphChoice(n, even, threshold_for(even + 1, cfg.threshold), _log2(privacy), _log2(abort))

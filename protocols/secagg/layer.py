@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
+from protocols.dp.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.graph_bounds import graph_for
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph, threshold_for
@@ -31,6 +32,9 @@ class SecureAggregation(ProtocolLayer):
         self.last_stats: dict[str, Any] = {}
         self.transcripts: list | None = [] if cfg.output.log_messages else None
         self._round_clients: dict[int, SecAggClient] = {}  # client side: each client's secrets of the current round
+        # the server's secret behind each round's graph (its order of the cohort): colluders fixed before the run
+        # cannot know which clients will be a target's neighbours (protocols.secagg.graph_bounds)
+        self.graph_stream = SecretStream.for_party(s.graph_seed, "secagg-graph")
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         return _SecAggRound(self, round_idx, inner)
@@ -109,6 +113,17 @@ class SecureAggregation(ProtocolLayer):
         client = self._round_clients.get(cid)
         return client.threshold if client is not None and client.round_idx == round_idx else None
 
+    def graph_seed(self, round_idx: int) -> int:
+        """The seed of round ``round_idx``'s order of the cohort: 53 bits of the server's graph secret."""
+        return int(self.graph_stream.uniform(1, f"secagg graph r{round_idx}")[0] * 2.0**53)
+
+    def secret_state_dict(self) -> dict[str, Any]:
+        return {"graph": self.graph_stream.state_dict()}
+
+    def load_secret_state_dict(self, state: dict[str, Any]) -> None:
+        if "graph" in state:  # a checkpoint from before the graph secret: later rounds draw from a fresh one
+            self.graph_stream = SecretStream.from_state_dict(state["graph"])
+
     def client_state_dict(self) -> dict[str, Any]:
         return {cid: c.state() for cid, c in self._round_clients.items()}
 
@@ -130,8 +145,8 @@ class _SecAggRound(RoundWrapper):
         cohort = sorted(int(c) for c in inner.cohort)
         if len(cohort) == 1:  # its "sum" is its own update: nothing to hide it among
             raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
-        self.choice = graph_for(len(cohort), cfg)
-        self.graph = neighbour_graph(cohort, self.choice.neighbors, seed=layer.cfg.seed * 1000003 + round_idx)
+        self.choice = graph_for(len(cohort), cfg, population=layer.env.num_clients)
+        self.graph = neighbour_graph(cohort, self.choice.neighbors, seed=layer.graph_seed(round_idx))
         group = len(self.graph[cohort[0]]) + 1 if cohort else 1
         self.t = threshold_for(group, cfg.threshold)
         self.t_setup = self.t_mask = 0.0

@@ -10,6 +10,7 @@ register their pydantic models through the ``secure_fed.config_sections`` entry 
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -371,6 +372,13 @@ class TrainingConfig(_Strict):
         None, ge=1, le=1024, description="vectorized: clients trained together at most (default: fit a quarter of free memory)"
     )
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
+
+    def cohort_size(self, num_clients: int) -> int:
+        """Clients a fixed-size round samples: ``clients_per_round`` (at most N), else ⌈client_fraction·N⌉ (under
+        Poisson sampling, the most a round can hold is N and this is about its mean)."""
+        if self.clients_per_round is not None:
+            return min(num_clients, self.clients_per_round)
+        return min(num_clients, max(1, math.ceil(self.client_fraction * num_clients)))
 
     @model_validator(mode="after")
     def _cohort(self) -> TrainingConfig:

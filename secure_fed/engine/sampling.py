@@ -12,10 +12,8 @@ def client_seed(seed: int, round_idx: int, cid: int) -> int:
 
 
 def cohort_size(training, num_clients: int) -> int:
-    """Clients a fixed-size round samples: ``training.clients_per_round`` (at most N), else ⌈client_fraction·N⌉."""
-    if training.clients_per_round is not None:
-        return min(num_clients, training.clients_per_round)
-    return min(num_clients, max(1, math.ceil(training.client_fraction * num_clients)))
+    """Clients a fixed-size round samples (``TrainingConfig.cohort_size``)."""
+    return training.cohort_size(num_clients)
 
 
 def sample_clients(

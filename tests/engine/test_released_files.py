@@ -114,7 +114,9 @@ def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, nam
     dp = next(layer for layer in exp.stack.layers if isinstance(layer, DifferentialPrivacy))
     server_key = dp.server_stream.state_dict()["key"]
     client_keys = [s.state_dict()["key"] for s in dp._client_streams.values()]
-    holders: dict[bytes, set[str]] = {server_key: set(), **{k: set() for k in client_keys}}
+    # secure aggregation's graph secret (the order of each round's cohort): the server's, like its noise key
+    graph_keys = [la.graph_stream.state_dict()["key"] for la in exp.stack.layers if hasattr(la, "graph_stream")]
+    holders: dict[bytes, set[str]] = {server_key: set(), **{k: set() for k in [*client_keys, *graph_keys]}}
     for path in Path(tmp_path).rglob("*"):
         if path.is_file():
             blob = path.read_bytes()
@@ -125,3 +127,6 @@ def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, nam
     for key in client_keys:  # noise shares and client DP-SGD: each client's own key, in the clients' storage only
         assert holders[key] == {"checkpoints/clients.pt"}
     assert bool(client_keys) == (name in ("client_noise_secagg", "local_fedaws_ckks"))
+    for key in graph_keys:
+        assert holders[key] == {"checkpoints/server_secrets.pt"}
+    assert bool(graph_keys) == (name == "client_noise_secagg")

@@ -32,6 +32,22 @@ def test_the_tails_match_scipy():
     for trials, p in [(32, 0.05), (10, 0.3), (7, 0.0), (5, 1.0)]:
         for at_least in range(0, trials + 2):
             assert binom_tail(trials, p, at_least) == pytest.approx(binom.sf(at_least - 1, trials, p), rel=1e-9, abs=1e-300)
+    # thousands of trials (C(n, i) far beyond a float): log-space terms, no overflow
+    for trials, p, at_least in [(5000, 0.05, 260), (5000, 0.05, 2001), (3000, 0.45, 1201)]:
+        assert binom_tail(trials, p, at_least) == pytest.approx(binom.sf(at_least - 1, trials, p), rel=1e-7, abs=1e-300)
+    assert hypergeom_tail(99_999, 5_000, 42, 26) == pytest.approx(hypergeom.sf(25, 99_999, 5_000, 42), rel=1e-7)
+
+
+def test_large_cohorts_get_their_bounds_quickly():
+    """The complete graph of 5,000 clients, and an auto search that no sparse graph satisfies (dropouts near 1 − τ),
+    finish without overflow; the latter reports that the targets are not met."""
+    full = complete_graph(5000, threshold=0.6, corrupt_fraction=0.05, dropout=0.05)
+    assert full.neighbors is None and full.threshold == 3000
+    one = complete_graph(1, threshold=0.6, corrupt_fraction=0.05, dropout=0.0)
+    assert one.log2_abort == 0.0 and not auto_neighbours(1, threshold=0.6, corrupt_fraction=0.05, dropout=0.0,
+                                                         security_bits=40, correctness_bits=20).meets_targets  # fmt: skip
+    hopeless = graph_for(3000, SecureAggregationConfig(dropout_bound=0.45))
+    assert hopeless.neighbors is None and not hopeless.meets_targets and hopeless.log2_abort > -1
 
 
 def _runs_of_removed(removed: set[int], order: list[int], h: int) -> int:
@@ -71,6 +87,27 @@ def test_a_ring_splits_exactly_when_two_runs_of_k_over_2_are_removed_and_the_spl
     assert 0 < exact <= bound
     # the P2 term of failure_bounds with no colluders is that bound
     privacy, _ = failure_bounds(n, k, threshold=0.99, corrupt_fraction=0.0, dropout=p)
+    assert privacy == pytest.approx(min(1.0, bound))
+
+
+def test_the_split_bound_holds_for_a_fixed_number_of_colluders_and_random_drops():
+    """Exactly: every set of m = 3 colluders among 12 (uniform) and every set of drops among the rest (each with
+    δ = 0.15) on the real ring at k = 4; the chance the honest survivors split stays below n(n − 1)/2 · (m/n + δ)^k."""
+    n, k, m, delta = 12, 4, 3, 0.15
+    cohort = list(range(n))
+    graph = neighbour_graph(cohort, k, seed=5)
+    sets = list(itertools.combinations(cohort, m))
+    exact = 0.0
+    for colluders in sets:
+        rest = [u for u in cohort if u not in colluders]
+        for size in range(len(rest) + 1):
+            for dropped in itertools.combinations(rest, size):
+                honest = set(rest) - set(dropped)
+                if len(components(graph, honest)) >= 2:
+                    exact += delta**size * (1 - delta) ** (len(rest) - size) / len(sets)
+    bound = n * (n - 1) / 2 * (m / n + delta) ** k
+    assert 0 < exact <= bound
+    privacy, _ = failure_bounds(n, k, threshold=0.99, corrupt_fraction=m / n, dropout=delta)
     assert privacy == pytest.approx(min(1.0, bound))
 
 
@@ -210,6 +247,14 @@ def test_a_round_uses_the_auto_graph_and_reports_its_bounds(tmp_path):
             assert stats["secagg_log2_abort_bound"] == pytest.approx(want.log2_abort, abs=0.01)
         else:
             assert stats["secagg_log2_privacy_bound"] is None
+    # a cohort of 40 from 45 clients: the colluders are counted in the federation (⌊0.05·45⌋ = 2 of 45), not the cohort
+    run_dir = tmp_path / "sampled"
+    sampled = [*base[:3], "dataset.synthetic.num_labels=45", "training.clients_per_round=40"]
+    Experiment(small_config(*sampled), run_dir=run_dir).run(progress=False)
+    stats = json.loads((run_dir / "private" / "diagnostics.jsonl").read_text().splitlines()[-1])
+    want = graph_for(40, SecureAggregationConfig(), population=45)
+    assert want.log2_privacy_failure != pytest.approx(graph_for(40, SecureAggregationConfig()).log2_privacy_failure, abs=0.01)
+    assert stats["secagg_log2_privacy_bound"] == pytest.approx(want.log2_privacy_failure, abs=0.01)
 
 
 def test_validate_prints_the_graph_and_its_bounds(tmp_path):
@@ -230,3 +275,88 @@ def test_validate_prints_the_graph_and_its_bounds(tmp_path):
     assert "complete graph (neighbors: null), t = 24" in out and "privacy failure ≤ 0" in out
     code, out, err = cli("validate", str(cfg), *sets, "--set", "secure_aggregation.neighbors=one")
     assert_one_error_line(code, err, "secure_aggregation.neighbors", "auto, or null")
+
+
+def test_in_a_sampled_cohort_the_colluding_neighbours_follow_the_federations_hypergeometric_law():
+    """A federation of 60 with 24 colluders; cohorts of 30 drawn uniformly with client 59 (honest) in them, each with
+    its own graph: client 59 has ≥ t colluding neighbours as often as Hyp(N − 1, 24, k) says, the law the bound uses
+    with ``population`` (not the cohort's own count, which varies)."""
+    N, n, k, tau = 60, 30, 6, 0.6
+    t = math.ceil(tau * (k + 1))
+    colluders = set(range(24))
+    rng = np.random.default_rng(0)
+    draws, hits = 3000, 0
+    for seed in range(draws):
+        cohort = [59, *(int(u) for u in rng.choice(59, size=n - 1, replace=False))]
+        graph = neighbour_graph(cohort, k, seed=seed)
+        hits += len(colluders.intersection(graph[59])) >= t
+    tail = hypergeom.sf(t - 1, N - 1, len(colluders), k)
+    assert tail > 0.005
+    assert abs(hits / draws - tail) < 4 * math.sqrt(tail * (1 - tail) / draws)
+    # the bound with the federation's count: Bibtex-sized cohorts of 159 from 1,000 clients, 50 of them colluding
+    privacy, _ = failure_bounds(159, 32, threshold=0.6, corrupt_fraction=0.05, dropout=0.05, population=1000)
+    want = 159 * hypergeom.sf(19, 999, 50, 32) + 159 * 158 / 2 * (50 / 1000 + 0.05) ** 32
+    assert privacy == pytest.approx(want, rel=1e-6, abs=0)
+
+
+def test_a1_is_the_protocols_abort_rule():
+    """On the real protocol (n = 40, k = 6, t = 5): a client that drops after sharing its keys needs t of its k
+    neighbours at unmasking; losing k − t of them still completes the sum, losing k − t + 1 aborts it, as the A1
+    term counts (Bin(k, δ) ≥ k − t + 1)."""
+    from protocols.secagg.protocol import SecAggAbort, secure_sum
+
+    n, k, tau, seed = 40, 6, 0.6, 11
+    t = math.ceil(tau * (k + 1))
+    graph = neighbour_graph(list(range(n)), k, seed=seed)
+    rng = np.random.default_rng(0)
+    enc = {u: rng.integers(0, 2**64, size=5, dtype=np.uint64) for u in range(n)}
+    u = 7
+    for lost, aborts in [(k - t, False), (k - t + 1, True)]:
+        drop = {"input": {u}, "unmask": set(graph[u][:lost])}
+        if aborts:
+            with pytest.raises(SecAggAbort):
+                secure_sum(enc, threshold=tau, neighbors=k, drop=drop, graph_seed=seed)
+        else:
+            total, u3, _ = secure_sum(enc, threshold=tau, neighbors=k, drop=drop, graph_seed=seed)
+            assert u not in u3 and set(graph[u][:lost]) <= u3
+            want = np.array([sum(int(enc[v][i]) for v in u3) % 2**64 for i in range(5)], dtype=np.uint64)
+            assert np.array_equal(total, want)
+
+
+@pytest.mark.parametrize("k,n,built", [(17, 159, 16), (16, 159, 16), (17, 18, None), (16, 18, 16), (3, 10, 2)])
+def test_a_fixed_k_reports_the_degree_the_ring_builds(k, n, built):
+    """The ring joins k // 2 on either side, so an odd k builds degree k − 1, and k ≥ n − 1 the complete graph."""
+    got = graph_for(n, SecureAggregationConfig(neighbors=k))
+    graph = neighbour_graph(list(range(n)), k, seed=0)
+    degrees = {len(v) for v in graph.values()}
+    assert degrees == {n - 1 if built is None else built}
+    assert got.neighbors == built
+    assert got.threshold == math.ceil(0.6 * ((n - 1 if built is None else built) + 1))
+
+
+def test_each_round_draws_its_graph_from_the_servers_secret(tmp_path):
+    """graph_seed null: two runs with the same config draw different graphs (the order comes from a fresh secret of
+    the server's, in its private checkpoint); a resumed run draws the interrupted run's graphs; graph_seed set: the
+    same graphs in every run."""
+    from secure_fed.engine import Experiment
+    from tests.conftest import small_config
+
+    def layer_of(exp):
+        return next(la for la in exp.stack.layers if hasattr(la, "graph_stream"))
+
+    base = ["protocols=[secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "dataset.synthetic.num_labels=40"]
+    a = Experiment(small_config(*base, "output.log_messages=true"), run_dir=tmp_path / "a")
+    b = Experiment(small_config(*base), run_dir=tmp_path / "b")
+    assert layer_of(a).graph_seed(1) != layer_of(b).graph_seed(1)
+    a.run(progress=False)
+    # the neighbours the server sent each client at round r's first stage: the ring over that secret order
+    sent = {(m["message"]["secagg_round"], m["client"]): m["message"]["secagg_neighbours"] for m in a.messages
+            if m["direction"] == "down" and m["message"].get("secagg") == "advertise"}  # fmt: skip
+    for r in (0, 1):
+        ring = neighbour_graph(list(range(40)), 30, seed=layer_of(a).graph_seed(r))
+        assert {c: sent[(r, c)] for c in range(40)} == ring
+    resumed = Experiment(small_config(*base), run_dir=tmp_path / "a")
+    assert resumed.resume()
+    assert [layer_of(resumed).graph_seed(r) for r in (1, 2, 3)] == [layer_of(a).graph_seed(r) for r in (1, 2, 3)]
+    fixed = [Experiment(small_config(*base, "secure_aggregation.graph_seed=4"), run_dir=tmp_path / f"f{i}") for i in (0, 1)]
+    assert layer_of(fixed[0]).graph_seed(1) == layer_of(fixed[1]).graph_seed(1)
