@@ -285,11 +285,10 @@ SECURE_AGGREGATION = LayerSpec(
     threat_model=(
         "An honest-but-curious server (it relays the clients' public keys unauthenticated) learns only the round's sum of "
         "client updates (θ, class rows, weights, losses), not any one client's nor any partial sum: the round aborts unless "
-        "≥ t of every neighbourhood survive and the survivors' graph stays connected (on the default neighbors: auto graph also "
-        "with up to corrupt_fraction of the clients colluding, fixed before the run, but for probability 2^-security_bits a "
-        "round); in the positive-only "
-        "setting a class "
-        "row has one client, so its row sum is that client's row delta."
+        "≥ t of every neighbourhood survive and the survivors' graph stays connected (on the default neighbors: auto "
+        "graph also with up to corrupt_fraction of the clients colluding, fixed before the run, but for probability "
+        "2^-security_bits a round); in the positive-only setting a class row has one client, so its row sum is that "
+        "client's row delta."
     ),
     implementation="protocols.secagg.layer:SecureAggregation",
     replaces_aggregation=True,
