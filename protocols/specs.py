@@ -273,6 +273,10 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
     )
     if not g.meets_targets:
         line += f" (targets 2^-{s.security_bits:g} and 2^-{s.correctness_bits:g} not met: no sparse graph meets them)"
+    client_dp = getattr(getattr(cfg, "privacy", None), "client", None)
+    if client_dp is not None and client_dp.noise == "clients" and "dp" in cfg.protocols:
+        line += (f"; privacy.client.noise: clients sizes each share for t = {g.threshold}, so a sum of all {n} holds "
+                 f"{n / g.threshold:.1f}× the noise variance DP needs (a denser graph: larger t, less excess)")  # fmt: skip
     if t.sampling == "proportional":
         line += "; sampling: proportional favours large clients, and the bounds assume uniform cohorts"
     if s.graph_seed is not None:

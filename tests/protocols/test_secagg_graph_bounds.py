@@ -273,6 +273,11 @@ def test_validate_prints_the_graph_and_its_bounds(tmp_path):
     assert f"privacy failure ≤ 2^{want.log2_privacy_failure:.1f}, abort ≤ 2^{want.log2_abort:.1f}" in line
     code, out, err = cli("validate", str(cfg), *sets, "--set", "secure_aggregation.neighbors=null")
     assert "complete graph (neighbors: null), t = 24" in out and "privacy failure ≤ 0" in out
+    noisy = ["--set", "protocols=[dp, secure_aggregation]", "--set",
+             "privacy.client={noise_multiplier: 1.0, clip_norm: 1.0, noise: clients}"]  # fmt: skip
+    code, out, err = cli("validate", str(cfg), *sets, *noisy)
+    assert code == 0, err
+    assert f"sizes each share for t = {want.threshold}, so a sum of all 40 holds {40 / want.threshold:.1f}×" in out
     code, out, err = cli("validate", str(cfg), *sets, "--set", "secure_aggregation.neighbors=one")
     assert_one_error_line(code, err, "secure_aggregation.neighbors", "auto, or null")
 
