@@ -147,8 +147,7 @@ class _SecAggRound(RoundWrapper):
             raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
         self.choice = graph_for(len(cohort), cfg, population=layer.env.num_clients)
         self.graph = neighbour_graph(cohort, self.choice.neighbors, seed=layer.graph_seed(round_idx))
-        group = len(self.graph[cohort[0]]) + 1 if cohort else 1
-        self.t = threshold_for(group, cfg.threshold)
+        self.t = self.choice.threshold  # ⌈τ·(degree + 1)⌉ of the graph built (each client checks it at advertise)
         self.t_setup = self.t_mask = 0.0
         self.bytes_up = 0
         if not cohort:  # an empty (Poisson) cohort: a sum over nobody is zero, and nobody's input needs masking
