@@ -82,6 +82,7 @@ def seconds_per_round(
     per round and the experiment of each executor."""
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
+    from secure_fed.engine.collector import long_lived_frozen
 
     with tempfile.TemporaryDirectory() as tmp:
         exps = {}
@@ -91,13 +92,14 @@ def seconds_per_round(
             exps[ex].setup()
             exps[ex].train_round()  # warm-up
         times: dict[str, list[float]] = {ex: [] for ex in executors}
-        for _ in range(rounds):
-            for ex in executors:
-                _sync(device)
-                t0 = time.perf_counter()
-                exps[ex].train_round()
-                _sync(device)
-                times[ex].append(time.perf_counter() - t0)
+        with long_lived_frozen():  # as a run's rounds (``Experiment.run_rounds``): set-up objects out of gc's scans
+            for _ in range(rounds):
+                for ex in executors:
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    exps[ex].train_round()
+                    _sync(device)
+                    times[ex].append(time.perf_counter() - t0)
     return {ex: statistics.mean(t) for ex, t in times.items()}, exps
 
 

@@ -50,6 +50,7 @@ def run_interleaved(variants: dict[str, list[str]], rounds: int) -> dict[str, di
     falls on all of them alike; and the last round's statistics."""
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
+    from secure_fed.engine.collector import long_lived_frozen
 
     with tempfile.TemporaryDirectory() as tmp:
         exps = {}
@@ -60,11 +61,12 @@ def run_interleaved(variants: dict[str, list[str]], rounds: int) -> dict[str, di
             exps[name].train_round()  # warm-up
         times: dict[str, list[float]] = {n: [] for n in exps}
         stats: dict[str, dict] = {}
-        for _ in range(rounds):
-            for name, exp in exps.items():
-                t0 = time.perf_counter()
-                stats[name] = exp.train_round()
-                times[name].append(time.perf_counter() - t0)
+        with long_lived_frozen():  # as a run's rounds (``Experiment.run_rounds``): set-up objects out of gc's scans
+            for _ in range(rounds):
+                for name, exp in exps.items():
+                    t0 = time.perf_counter()
+                    stats[name] = exp.train_round()
+                    times[name].append(time.perf_counter() - t0)
         sizes = {n: (e.stack.layers[0].layout.size if e.stack.layers else None) for n, e in exps.items()}
     return {
         n: {"s_per_round": statistics.median(times[n]), "rounds": times[n], "stats": stats[n], "vector_size": sizes[n]}

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
+    from secure_fed.engine.collector import long_lived_frozen
 
     cfg = load_config(
         CONFIGS / f"bibtex_{args.algorithm}.yaml",
@@ -51,13 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"build {t1 - t0:.2f}s, setup ({args.algorithm}) {t2 - t1:.2f}s")
     times = []
-    for r in range(args.rounds + 1):
-        t = time.perf_counter()
-        exp.train_round()
-        if exp.device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-        print(f"round {r + 1}: {times[-1]:.3f}s" + (" (warm-up)" if r == 0 else ""))
+    with long_lived_frozen():  # as a run's rounds (``Experiment.run_rounds``): set-up objects out of gc's scans
+        for r in range(args.rounds + 1):
+            t = time.perf_counter()
+            exp.train_round()
+            if exp.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+            print(f"round {r + 1}: {times[-1]:.3f}s" + (" (warm-up)" if r == 0 else ""))
     t = time.perf_counter()
     exp.evaluate()
     print(f"evaluation on {exp.fed.x_test.shape[0]} test rows: {time.perf_counter() - t:.3f}s")

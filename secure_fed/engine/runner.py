@@ -51,6 +51,7 @@ from secure_fed.engine.callbacks import (
     build_callbacks,
 )
 from secure_fed.engine.checkpoints import CheckpointMixin
+from secure_fed.engine.collector import long_lived_frozen
 from secure_fed.engine.evaluation import EvaluationMixin
 from secure_fed.engine.executors import EXECUTORS, Channel, ClientJob
 from secure_fed.engine.guard import MessageGuard
@@ -463,29 +464,30 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             cb.on_run_start(self)
         status = "completed"
         try:
-            while self.round < cfg.training.rounds:
-                why = self.stack.budget_stop(self.round)
-                if why is not None:
-                    status, self.stop_reason = "budget_exhausted", why
-                    break
-                stats = self.train_round()
-                diag = {"round": self.round, **stats}
-                if not self._parameters_finite():
-                    status = "diverged"
-                    self.stop_reason = (
-                        f"training diverged in round {self.round}: θ or W became non-finite (lower the learning rates "
-                        "or the regulariser's step)"
-                    )
-                    self.diagnostics.append(diag)  # kept in private/diagnostics.jsonl; no checkpoint of NaNs
-                    break
-                rec: dict[str, Any] = {"round": self.round}
-                for cb in callbacks:
-                    cb.on_record(self, rec, diag)
-                diag["wall_seconds"] = self.elapsed()
-                self.history.append(rec)
-                self.diagnostics.append(diag)
-                for cb in callbacks:
-                    cb.on_round_end(self, rec, diag)
+            with long_lived_frozen():  # the run's data, models and libraries: out of the collector's full scans
+                while self.round < cfg.training.rounds:
+                    why = self.stack.budget_stop(self.round)
+                    if why is not None:
+                        status, self.stop_reason = "budget_exhausted", why
+                        break
+                    stats = self.train_round()
+                    diag = {"round": self.round, **stats}
+                    if not self._parameters_finite():
+                        status = "diverged"
+                        self.stop_reason = (
+                            f"training diverged in round {self.round}: θ or W became non-finite (lower the learning rates "
+                            "or the regulariser's step)"
+                        )
+                        self.diagnostics.append(diag)  # kept in private/diagnostics.jsonl; no checkpoint of NaNs
+                        break
+                    rec: dict[str, Any] = {"round": self.round}
+                    for cb in callbacks:
+                        cb.on_record(self, rec, diag)
+                    diag["wall_seconds"] = self.elapsed()
+                    self.history.append(rec)
+                    self.diagnostics.append(diag)
+                    for cb in callbacks:
+                        cb.on_round_end(self, rec, diag)
         except KeyboardInterrupt:
             status = "interrupted"
         if status == "completed" and self.round > 0 and self.rounds_aborted >= self.round:
