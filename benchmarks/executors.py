@@ -79,7 +79,7 @@ def seconds_per_round(
     """Seconds per round of each executor on the same configuration: one experiment per executor, one warm-up
     round each, then ``rounds`` rounds of each **interleaved** (A B A B …), so that both see the same phases of a
     machine whose speed drifts (this virtual machine's rates move by 10–25% over minutes). Returns the mean seconds
-    per round and the experiment of each executor."""
+    per round, the experiment and the seconds of each timed round of each executor."""
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
     from secure_fed.engine.collector import long_lived_frozen
@@ -100,7 +100,7 @@ def seconds_per_round(
                     exps[ex].train_round()
                     _sync(device)
                     times[ex].append(time.perf_counter() - t0)
-    return {ex: statistics.mean(t) for ex, t in times.items()}, exps
+    return {ex: statistics.mean(t) for ex, t in times.items()}, exps, times
 
 
 def main() -> None:
@@ -134,7 +134,7 @@ def main() -> None:
     if not args.skip_bibtex:
         for prec in [p for p in args.precisions.split(",") if p]:
             row = {}
-            secs, exps = seconds_per_round(BIBTEX, [f"training.precision={prec}"], EXECUTORS, args.rounds, dev)
+            secs, exps, rounds = seconds_per_round(BIBTEX, [f"training.precision={prec}"], EXECUTORS, args.rounds, dev)
             for executor in EXECUTORS:
                 s, exp = secs[executor], exps[executor]
                 flops = training_flops(exp)
@@ -146,7 +146,12 @@ def main() -> None:
                       f"({flops / 1e9:.0f} GFLOP → {rate:.0f} GFLOP/s = {rate / out['machine'][prec]['gflops_1024']:.2g}"
                       f" of the {prec} matmul rate); 300 rounds ≈ {300 * s / 60:.1f} min")  # fmt: skip
             row["speedup"] = row["sequential"]["s_per_round"] / row["vectorized"]["s_per_round"]
-            print(f"bibtex {prec}: vectorized is {row['speedup']:.2f}× sequential")
+            # each timed sequential round over the vectorised round right after it: how much the ratio moves in a run
+            pairs = [a / b for a, b in zip(rounds["sequential"], rounds["vectorized"], strict=True)]
+            row["round_seconds"] = rounds
+            row["round_pair_speedups"] = pairs
+            print(f"bibtex {prec}: vectorized is {row['speedup']:.2f}× sequential (round by round "
+                  f"{min(pairs):.2f}–{max(pairs):.2f}×)")  # fmt: skip
             out["bibtex"][prec] = row
 
     for n in [int(c) for c in args.scaling.split(",") if c]:
