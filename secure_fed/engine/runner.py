@@ -453,6 +453,34 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         with lock_run_dir(self.run_dir):
             return self._run_rounds(progress)
 
+    def _train_rounds(self, callbacks: list[Callback]) -> str:
+        """Train from the current round to ``training.rounds``, each round's records through ``callbacks``; returns
+        how the loop ended: ``completed``, ``budget_exhausted`` (a layer stopped it) or ``diverged``."""
+        cfg = self.cfg
+        while self.round < cfg.training.rounds:
+            why = self.stack.budget_stop(self.round)
+            if why is not None:
+                self.stop_reason = why
+                return "budget_exhausted"
+            stats = self.train_round()
+            diag = {"round": self.round, **stats}
+            if not self._parameters_finite():
+                self.stop_reason = (
+                    f"training diverged in round {self.round}: θ or W became non-finite (lower the learning rates "
+                    "or the regulariser's step)"
+                )
+                self.diagnostics.append(diag)  # kept in private/diagnostics.jsonl; no checkpoint of NaNs
+                return "diverged"
+            rec: dict[str, Any] = {"round": self.round}
+            for cb in callbacks:
+                cb.on_record(self, rec, diag)
+            diag["wall_seconds"] = self.elapsed()
+            self.history.append(rec)
+            self.diagnostics.append(diag)
+            for cb in callbacks:
+                cb.on_round_end(self, rec, diag)
+        return "completed"
+
     def _run_rounds(self, progress: bool | None) -> RunResult:
         cfg = self.cfg
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -462,32 +490,9 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.setup()
         for cb in callbacks:
             cb.on_run_start(self)
-        status = "completed"
         try:
             with long_lived_frozen():  # the run's data, models and libraries: out of the collector's full scans
-                while self.round < cfg.training.rounds:
-                    why = self.stack.budget_stop(self.round)
-                    if why is not None:
-                        status, self.stop_reason = "budget_exhausted", why
-                        break
-                    stats = self.train_round()
-                    diag = {"round": self.round, **stats}
-                    if not self._parameters_finite():
-                        status = "diverged"
-                        self.stop_reason = (
-                            f"training diverged in round {self.round}: θ or W became non-finite (lower the learning rates "
-                            "or the regulariser's step)"
-                        )
-                        self.diagnostics.append(diag)  # kept in private/diagnostics.jsonl; no checkpoint of NaNs
-                        break
-                    rec: dict[str, Any] = {"round": self.round}
-                    for cb in callbacks:
-                        cb.on_record(self, rec, diag)
-                    diag["wall_seconds"] = self.elapsed()
-                    self.history.append(rec)
-                    self.diagnostics.append(diag)
-                    for cb in callbacks:
-                        cb.on_round_end(self, rec, diag)
+                status = self._train_rounds(callbacks)
         except KeyboardInterrupt:
             status = "interrupted"
         if status == "completed" and self.round > 0 and self.rounds_aborted >= self.round:
