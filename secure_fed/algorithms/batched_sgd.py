@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -167,32 +168,48 @@ class _Client:
         n = d.num_examples
         self.req = req
         self.n = n
-        self.batches: list[torch.Tensor] = []
-        for _ in range(hp.epochs):  # the same generator calls as LocalTrainer._update
-            perm = torch.randperm(n, generator=req.generator).to(d.x.device)
-            self.batches += [perm[s : s + hp.batch_size] for s in range(0, n, hp.batch_size)]
+        # one permutation per epoch, the same generator calls as LocalTrainer._update; an epoch's batches are its
+        # consecutive slices of b rows (the last one short)
+        self.perms = [torch.randperm(n, generator=req.generator).to(d.x.device) for _ in range(hp.epochs)]
+        self.num_steps = hp.epochs * -(-n // hp.batch_size)
         self.targets = d.pos if has_rows else full_label_targets(d)
         self.losses: list[float] = []
 
 
-def _gather_step(clients: list[_Client], order: list[int], s: int, Gs: int, b: int, dtype) -> tuple:
-    """Lock step s's inputs (G_s, b, in), targets (G_s, b, k) and padding mask (G_s, b): b rows for each of the
-    clients ``order[:G_s]``, a short batch padded with zero rows (no input, no label). The inputs are cast to
-    ``dtype`` (the product dtype) as they are copied."""
-    x0 = clients[order[0]].req.data.x
-    xs = torch.empty(Gs, b, x0.shape[1], dtype=dtype or x0.dtype, device=x0.device)
-    ts = torch.zeros(Gs, b, clients[order[0]].targets.shape[1], dtype=torch.bool, device=x0.device)
-    valid = torch.zeros(Gs, b, dtype=torch.bool, device=x0.device)
-    for j in range(Gs):
-        c = clients[order[j]]
-        batch = c.batches[s]
-        n = len(batch)
-        xs[j, :n] = c.req.data.x[batch]
-        if n < b:
-            xs[j, n:] = 0
-        ts[j, :n] = c.targets[batch]
-        valid[j, :n] = True
-    return xs, ts, valid
+class _Schedule:
+    """A group's lock-step batches as one index table: the clients' inputs (cast once to the product dtype) and
+    targets stacked in lock-step order with a zero row at the end, and ``idx`` (G, steps, b) naming, for each client
+    position, step and slot, its row there (the zero row for padding: no input, no label). A step's inputs and
+    targets are then one gather each."""
+
+    def __init__(self, clients: list[_Client], order: list[int], b: int, dtype):
+        ordered = [clients[i] for i in order]
+        x0, t0 = ordered[0].req.data.x, ordered[0].targets
+        dev, dtype = x0.device, dtype or x0.dtype
+        self.x = torch.cat([c.req.data.x.to(dtype) for c in ordered] + [x0.new_zeros(1, x0.shape[1], dtype=dtype)])
+        self.t = torch.cat([c.targets for c in ordered] + [t0.new_zeros(1, t0.shape[1])])
+        self.pad = self.x.shape[0] - 1
+        G, S, E = len(ordered), ordered[0].num_steps, len(ordered[0].perms)
+        # epoch e of client position j fills the slots from (j·S + e·⌈n_j/b⌉)·b on, in its permutation's order (a
+        # batch is b consecutive slots, so a short last batch leaves its step's last slots to padding)
+        n = np.array([c.n for c in ordered], dtype=np.int64)
+        seg_n = np.repeat(n, E)
+        seg_base = ((np.arange(G) * S * b)[:, None] + np.arange(E)[None, :] * (-(-n // b) * b)[:, None]).ravel()
+        seg_row0 = np.repeat(np.cumsum(n) - n, E)  # the client's first row in ``self.x``
+        within = np.arange(int(seg_n.sum())) - np.repeat(np.cumsum(seg_n) - seg_n, seg_n)
+        dest = torch.from_numpy(np.repeat(seg_base, seg_n) + within).to(dev)
+        rows = torch.cat([p for c in ordered for p in c.perms]) + torch.from_numpy(np.repeat(seg_row0, seg_n)).to(dev)
+        self.idx = torch.full((G * S * b,), self.pad, dtype=torch.long, device=dev)
+        self.idx[dest] = rows
+        self.idx = self.idx.view(G, S, b)
+
+    def step(self, s: int, Gs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Lock step s's inputs (G_s, b, in), targets (G_s, b, k) and padding mask (G_s, b)."""
+        idx = self.idx[:Gs, s]
+        flat = idx.reshape(-1)
+        xs = self.x.index_select(0, flat).view(*idx.shape, -1)
+        ts = self.t.index_select(0, flat).view(*idx.shape, -1)
+        return xs, ts, idx != self.pad
 
 
 def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Callable[[], Payload]]:
@@ -219,8 +236,8 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
 
     clients = [_Client(r, has_rows) for r in reqs]
     # lock step: sort by number of steps (longest first), so the clients active at step s are a prefix
-    order = sorted(range(len(clients)), key=lambda i: -len(clients[i].batches))
-    steps = [len(clients[i].batches) for i in order]
+    order = sorted(range(len(clients)), key=lambda i: -clients[i].num_steps)
+    steps = [clients[i].num_steps for i in order]
     G = len(order)
     layers = [(m, prefix) for m, prefix in chain if prefix is not None]
     A0 = [theta[f"{prefix}.weight"].detach() for _, prefix in layers]
@@ -246,9 +263,10 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.to(product_dtype) if product_dtype is not None and t.dtype != product_dtype else t
 
+    sched = _Schedule(clients, order, b, product_dtype) if G else None
     for s in range(steps[0] if G else 0):
         Gs = sum(1 for k in steps if k > s)
-        cur, ys_t, valid = _gather_step(clients, order, s, Gs, b, product_dtype)
+        cur, ys_t, valid = sched.step(s, Gs)
         # the forward pass; saved: each Linear's input (product dtype), each ReLU's output (its mask)
         saved: list[torch.Tensor] = []
         li = 0
