@@ -55,10 +55,14 @@ class Params(Rule):
     #: an entry may be a :class:`~secure_fed.models.sparse_rows.RowSparseDelta` (an update of a sparse-input table
     #: as the columns the client touched; uplink only)
     row_sparse: bool = False
+    #: an entry may be a :class:`~secure_fed.models.group_updates.DeferredDelta` (an update its training group
+    #: forms when read; uplink only)
+    deferred: bool = False
 
     def check(self, key, value, msg, ctx):
         import torch
 
+        from secure_fed.models.group_updates import DeferredDelta
         from secure_fed.models.sparse_rows import RowSparseDelta
 
         if ctx.visibility.get(self.group) != Visibility.ALL:
@@ -70,6 +74,9 @@ class Params(Rule):
             if self.row_sparse and isinstance(v, RowSparseDelta):
                 if (why := _row_sparse_problem(v, shapes[n])) is not None:
                     return f"'{key}' entry '{n}' {why}"
+            elif self.deferred and isinstance(v, DeferredDelta):
+                if v.name != n or tuple(v.shape) != tuple(shapes[n]) or not v.dtype.is_floating_point:
+                    return f"'{key}' entry '{n}' is a deferred update of another parameter, shape or dtype"
             elif not isinstance(v, torch.Tensor) or tuple(v.shape) != shapes[n]:
                 return f"'{key}' entry '{n}' has the wrong shape"
         return None

@@ -46,7 +46,9 @@ class LayerSpec:
     #: ``row_sparse_updates(cfg)``: the layer's client and server sides take a client update whose sparse-input
     #: table travels as the columns it touched (:class:`~secure_fed.models.sparse_rows.RowSparseDelta`), in a run
     #: with ``cfg``; False for layers that sum, mask, encrypt, clip or noise whole updates (the column set reveals a
-    #: client's features)
+    #: client's features). A layer that takes them passes plaintext θ updates to the plain sum untouched, so it also
+    #: takes the vectorised executor's deferred updates (``training.deferred_updates``,
+    #: :class:`~secure_fed.models.group_updates.DeferredDelta`)
     row_sparse_updates: Callable[[Any], bool] | None = None
     #: the message keys the layer adds (its setup exchanges, its additions to updates), with their rules
     downlink_rules: dict[str, Rule] = field(default_factory=dict)
@@ -119,6 +121,17 @@ def validate_stack(cfg) -> None:
             "would reveal a client's features to the server, or the layer clips or noises whole updates); set "
             "training.sparse_updates: auto"
         )
+    if cfg.training.deferred_updates is True:
+        if cfg.training.executor != "vectorized" or cfg.backend == "flower":
+            raise ValueError(
+                "training.deferred_updates=true: only the vectorized executor, in process, trains groups whose updates "
+                "it can defer; set training.executor: vectorized (backend: inprocess) or training.deferred_updates: auto"
+            )
+        if dense := dense_update_layers(cfg):
+            raise ValueError(
+                f"training.deferred_updates=true: protocols {dense} take only dense client updates (they mask, encrypt, "
+                "clip or noise each whole update); set training.deferred_updates: auto"
+            )
     for spec in specs.values():
         if spec.validate is not None:
             spec.validate(cfg, stack)

@@ -161,7 +161,7 @@ class Algorithm:
         "theta": Params("theta"), "rows": Rows("W"), "row_ids": RowIds("W"), "train_rows": Setting(), "loss": Setting(),
     }  # fmt: skip
     uplink_rules: ClassVar[Rules] = {
-        "theta_delta": Params("theta", row_sparse=True), "rows_delta": Rows("W"), "row_ids": RowIds("W"),
+        "theta_delta": Params("theta", row_sparse=True, deferred=True), "rows_delta": Rows("W"), "row_ids": RowIds("W"),
         "num_examples": Number(), "loss": Number(),
     }  # fmt: skip
 

@@ -17,7 +17,8 @@ history is small; one product per past step made thousands of small calls on lon
 is the same algebra written out: the gradient at the layer's input is
 ``δ A₀ − η Σ_{t<s} (δ δ_{i,t}ᵀ) x_{i,t}`` (autograd runs only through the family's score and the loss). No
 client's weight is formed until the end, when its update Δ_i = −η Σ_t δ_{i,t}ᵀ x_{i,t} is one product over its
-own rows.
+own rows; with deferred updates (:mod:`secure_fed.models.group_updates`) it is formed only when read, and the
+round's sum Σ_i w_i Δ_i is a few products over every lock step's rows (:meth:`_TrainedGroup.add_weighted_sum`).
 
 Each client runs **exactly its own SGD steps**: its own batches, drawn from its own generator in the same calls as
 :class:`~secure_fed.algorithms.client.LocalTrainer` makes (one ``randperm`` per epoch), its own row(s), its own
@@ -42,6 +43,7 @@ from torch import nn
 
 from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.losses import asymmetric_loss, bce_loss, positive_hinge_loss
+from secure_fed.models.group_updates import DeferredDelta, UpdateGroup
 from secure_fed.models.sparse_rows import SparseRows
 
 #: a group's history is joined into one segment per layer once it takes at most this many bytes (see train_group)
@@ -212,10 +214,13 @@ class _Schedule:
         return xs, ts, idx != self.pad
 
 
-def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Callable[[], Payload]]:
+def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred: bool = False) -> list[Callable[[], Payload]]:
     """Run the requests of one group (equal :func:`group_key`) together; returns, per request in order, a
     function that builds its reply (the same keys and values as ``LocalTrainer.update``'s). Building a reply
-    forms that client's dense update, so the executor builds one at a time.
+    forms that client's dense update, so the executor builds one at a time; with ``deferred``, each Linear
+    weight's update is a :class:`~secure_fed.models.group_updates.DeferredDelta` instead (formed when read; the
+    round's plain sum adds the group's weighted sum in a few products per layer, see
+    :mod:`secure_fed.models.group_updates`), and the group keeps every lock step's rows for that sum.
 
     The forward pass and the backward pass through the chain are written out (the backward of
     ``y = x A₀ᵀ + Σ_t (x X_tᵀ) D_t`` is ``∂x = δ A₀ + Σ_t (δ D_tᵀ) X_t``, and a ReLU passes δ where its output is
@@ -255,6 +260,8 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
     hist: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
     #: per layer, per client position: its whole history (inputs, −η·δ) of its real rows, kept when it stops
     done: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in layers]
+    #: per layer, every lock step's (inputs, −η·δ) of its G_s client positions (kept for a deferred group sum)
+    trail: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
     # many clients' scores at once: the family's own batched score, or vmap; the masked losses take batches
     score = family.score if family.batched_score else torch.func.vmap(family.score, in_dims=(0, 0 if has_rows else None))
     # a client's real rows in its history are a prefix when only its last batch is short
@@ -323,6 +330,8 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
             inputs = [saved[k] for k, (_m, prefix) in enumerate(chain) if prefix is not None]
             for li_, (x_in, D) in enumerate(zip(inputs, new_d, strict=True)):
+                if deferred:
+                    trail[li_].append((x_in, D))
                 segs = [(X[:Gs], Dh[:Gs]) for X, Dh in hist[li_]] + [(x_in, D)]
                 if Gs > Gn:  # clients at their last step keep their rows: views of one segment, or joined (one
                     # copy for all of them)
@@ -344,23 +353,20 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
         for j, v in enumerate(per_client.detach().tolist()):
             clients[order[j]].losses.append(v)
 
-    pos_of = {i: j for j, i in enumerate(order)}
+    group = _TrainedGroup(
+        theta=theta, layers=[prefix for _, prefix in layers], order=order, done=done, trail=trail if deferred else None
+    )
 
     def reply(i: int) -> Callable[[], Payload]:
         def build() -> Payload:
-            j = pos_of[i]
+            j = group.pos_of[i]
             c = clients[i]
-            delta: dict[str, torch.Tensor] = {}
+            delta: dict[str, torch.Tensor | DeferredDelta] = {}
             with torch.no_grad():
                 for li_, (_m, prefix) in enumerate(layers):
-                    A = theta[f"{prefix}.weight"]
-                    if j not in done[li_]:  # a client without examples took no step (no history kept)
-                        delta[f"{prefix}.weight"] = torch.zeros_like(A)
-                    else:  # −η Σ_t δ_tᵀ x_t; a padded row has δ = 0, so it adds nothing
-                        # in bf16 the product runs in bf16 (fp32 accumulation, one rounding of the sum), as autocast
-                        # forms each step's weight gradient in the reference trainer; in fp32, in fp32
-                        X, D = done[li_][j]
-                        delta[f"{prefix}.weight"] = (D.T @ X).to(A.dtype)
+                    name = f"{prefix}.weight"
+                    A = theta[name]
+                    delta[name] = DeferredDelta(group, i, name, A.shape, A.dtype) if deferred else group.dense(i, name)
                     if bias[li_] is not None:
                         delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
             out: Payload = {
@@ -376,6 +382,67 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest]) -> list[Call
         return build
 
     return [reply(i) for i in range(len(reqs))]
+
+
+#: :meth:`_TrainedGroup.add_weighted_sum` joins consecutive lock steps into one product until it has this many rows
+SUM_PRODUCT_ROWS = 4096
+
+
+class _TrainedGroup(UpdateGroup):
+    """A trained group's weight updates: one client's from its own history (``done``), or a weighted sum over
+    clients from every lock step's rows (``trail``: per layer, each step's inputs (G_s, b, in) and −η·δ (G_s, b,
+    out) of the client positions 0 … G_s − 1; a padded row has δ = 0 and adds nothing)."""
+
+    def __init__(self, *, theta, layers: list[str], order: list[int], done, trail):
+        self.theta = theta
+        self.layer_of = {f"{prefix}.weight": li for li, prefix in enumerate(layers)}
+        self.pos_of = {i: j for j, i in enumerate(order)}
+        self.size = len(order)
+        self.done, self.trail = done, trail
+
+    def dense(self, index: int, name: str) -> torch.Tensor:
+        li, j, A = self.layer_of[name], self.pos_of[index], self.theta[name]
+        with torch.no_grad():
+            if j not in self.done[li]:  # a client without examples took no step (no history kept)
+                return torch.zeros_like(A)
+            # −η Σ_t δ_tᵀ x_t; a padded row has δ = 0, so it adds nothing. In bf16 the product runs in bf16 (fp32
+            # accumulation, one rounding of the sum), as autocast forms each step's weight gradient in the
+            # reference trainer; in fp32, in fp32
+            X, D = self.done[li][j]
+            return (D.T @ X).to(A.dtype)
+
+    def add_weighted_sum(self, target: torch.Tensor, name: str, weights: dict[int, float]) -> None:
+        """Σ_i w_i Δ_i = Σ_steps (w ⊙ D_s)ᵀ X_s over the steps' rows, consecutive steps joined into products of at
+        least :data:`SUM_PRODUCT_ROWS` rows; each product in the product dtype, added to ``target`` in its dtype."""
+        if self.trail is None:
+            raise RuntimeError("this group kept no lock-step history to sum (its updates were not deferred)")
+        li = self.layer_of[name]
+        w = torch.zeros(self.size, dtype=torch.float32)
+        for i, wi in weights.items():
+            w[self.pos_of[i]] = wi
+        xs: list[torch.Tensor] = []
+        ds: list[torch.Tensor] = []
+
+        def flush() -> None:
+            X = xs[0] if len(xs) == 1 else torch.cat(xs)
+            D = ds[0] if len(ds) == 1 else torch.cat(ds)
+            target.add_((D.T @ X).to(target.device, target.dtype))
+            xs.clear()
+            ds.clear()
+
+        with torch.no_grad():
+            for X, D in self.trail[li]:
+                ws = w[: X.shape[0]]
+                if not bool(ws.any()):
+                    continue
+                # w_i·(−η δ) computed in fp32 and rounded once to the history's dtype
+                Dw = torch.mul(D, ws.to(D.device)[:, None, None], out=torch.empty_like(D))
+                xs.append(X.reshape(-1, X.shape[-1]))
+                ds.append(Dw.reshape(-1, Dw.shape[-1]))
+                if sum(len(x) for x in xs) >= SUM_PRODUCT_ROWS:
+                    flush()
+            if xs:
+                flush()
 
 
 def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

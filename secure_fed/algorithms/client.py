@@ -70,6 +70,9 @@ class LocalTrainer:
         #: set by the engine (``training.sparse_updates``): on sparse rows under plain SGD, an update of a sparse-input
         #: table is a :class:`RowSparseDelta` over the columns the client's rows touch, not a dense tensor
         self.row_sparse_updates = False
+        #: set by the engine (``training.deferred_updates``): under the vectorised executor, a batched group's
+        #: Linear weight updates are :class:`~secure_fed.models.group_updates.DeferredDelta` (formed when read)
+        self.deferred_updates = False
         #: sparse-input tables the working model holds exactly as the θ tensor of this key (a weak reference and its
         #: version counter): after a row-sparse update the trainer restores the touched columns, so the next client of
         #: the round loads nothing but the small parameters (an XC table is ~0.4 GB)

@@ -368,6 +368,13 @@ class TrainingConfig(_Strict):
         "rows touch (auto: whenever every listed protocol layer takes such updates; secure sums and client-level DP do "
         "not, the column set would reveal the client's features); false: always dense",
     )
+    deferred_updates: bool | Literal["auto"] = Field(
+        "auto",
+        description="vectorized executor: a trained group's plaintext weight updates are formed when read and the server "
+        "sums the group's in a few products per layer (secure_fed.models.group_updates; auto: whenever every listed "
+        "protocol layer passes plaintext updates to the sum untouched; secure sums, CKKS and client-level DP do not); "
+        "false: every client's dense update is formed, then summed",
+    )
     chunk_clients: int | None = Field(
         None, ge=1, le=1024, description="vectorized: clients trained together at most (default: fit a quarter of free memory)"
     )

@@ -19,6 +19,7 @@ import torch
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.errors import RoundAborted
+from secure_fed.models.group_updates import DeferredDelta, UpdateGroup
 from secure_fed.models.sparse_rows import RowSparseDelta, dense_delta
 
 
@@ -203,6 +204,8 @@ class RoundSession:
         self._n = 0
         #: cohort clients whose update will not arrive (client id → why), see :meth:`drop`
         self.dropped: dict[int, str] = {}
+        #: deferred updates not summed yet: (group, parameter) → (group, client index in the group → weight)
+        self._deferred: dict[tuple[int, str], tuple[UpdateGroup, dict[int, float]]] = {}
 
     def drop(self, cid: int, reason: str) -> None:
         """A cohort client whose update will not arrive (its node failed, or did not answer in time): the round
@@ -230,6 +233,8 @@ class RoundSession:
         for n, d in reply["theta_delta"].items():
             if isinstance(d, RowSparseDelta):  # the columns the client touched: a streaming sum of those only
                 d.add_to(self._theta_sum[n], alpha=w)
+            elif isinstance(d, DeferredDelta):  # pooled with its group's; summed when the group's last one arrives
+                self._pool(n, d, w)
             else:
                 self._theta_sum[n].add_(d.to(self.device), alpha=w)
         if "rows_delta" in reply:
@@ -240,7 +245,21 @@ class RoundSession:
         self._loss += float(reply["loss"])
         self._n += 1
 
+    def _pool(self, n: str, d: DeferredDelta, w: float) -> None:
+        if d.name != n or tuple(d.shape) != tuple(self._theta_sum[n].shape):
+            raise ValueError(f"a deferred update of {d.name!r} {d.shape} sent as '{n}'")
+        group, weights = self._deferred.setdefault((id(d.group), n), (d.group, {}))
+        if d.index in weights:
+            raise ValueError(f"client {d.index} of a trained group sent its update of '{n}' twice")
+        weights[d.index] = w
+        if len(weights) == group.size:  # the group's sum now, so its history is freed with the group
+            del self._deferred[(id(d.group), n)]
+            group.add_weighted_sum(self._theta_sum[n], n, weights)
+
     def finish(self) -> Aggregate:
+        for (_, n), (group, weights) in self._deferred.items():  # groups some of whose updates came another way
+            group.add_weighted_sum(self._theta_sum[n], n, weights)
+        self._deferred.clear()
         return Aggregate(self._theta_sum, self._w, self._row_sum, self._row_cnt, self._loss, self._n)
 
     def post(self, agg: Aggregate) -> Aggregate:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from secure_fed.models.group_updates import DeferredDelta
 from secure_fed.models.sparse_rows import RowSparseDelta
 
 
@@ -34,6 +35,8 @@ def payload_digest(payload: Any) -> bytes:
             a = np.ascontiguousarray(v)
             put(b"N", f"{a.dtype.str}{a.shape}".encode())
             put(b"n", a.tobytes())
+        elif isinstance(v, DeferredDelta):  # its value: the same digest as the dense update it stands for
+            feed(v.to_dense())
         elif isinstance(v, RowSparseDelta):
             put(b"R", f"{tuple(v.shape)}".encode())
             feed(v.cols)

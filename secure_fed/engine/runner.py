@@ -143,7 +143,13 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             isinstance(self.fed.x_test, SparseRows) and cfg.training.sparse_updates is not False
             and not dense_update_layers(cfg)
         )  # fmt: skip
-        down, up = self._declared_message_rules(row_sparse=row_sparse)
+        # a batched group's plaintext weight updates formed when read, and summed by the group, where every layer
+        # passes plaintext θ updates to the plain sum untouched (secure_fed.models.group_updates)
+        deferred = (
+            cfg.training.executor == "vectorized" and cfg.backend != "flower"
+            and cfg.training.deferred_updates is not False and not dense_update_layers(cfg)
+        )  # fmt: skip
+        down, up = self._declared_message_rules(row_sparse=row_sparse, deferred=deferred)
         self.guard = MessageGuard(
             shapes=self.tensor_shapes(),
             visibility=self.algorithm.visibility,
@@ -173,6 +179,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.stop_reason: str | None = None
         self.trainer = LocalTrainer(self.worker, self.family)
         self.trainer.row_sparse_updates = row_sparse
+        self.trainer.deferred_updates = deferred
         t = cfg.training
         self.local = LocalTraining(
             epochs=t.local_epochs,
@@ -210,14 +217,17 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         for cb in self.callbacks:
             cb.on_init(self)
 
-    def _declared_message_rules(self, *, row_sparse: bool = False) -> tuple[Rules, Rules]:
+    def _declared_message_rules(self, *, row_sparse: bool = False, deferred: bool = False) -> tuple[Rules, Rules]:
         """The keys the guard allows, with their rules: the algorithm's, plus those of the layers this run lists.
-        Without ``row_sparse`` (a run whose updates must be dense) a θ update may not carry touched columns."""
+        Without ``row_sparse`` (a run whose updates must be dense) a θ update may not carry touched columns; without
+        ``deferred``, it may not be a deferred update."""
         specs = layer_specs()
         down, up = dict(self.algorithm.downlink_rules), dict(self.algorithm.uplink_rules)
         for key, rule in up.items():
-            if isinstance(rule, Params) and rule.row_sparse and not row_sparse:
-                up[key] = dataclasses.replace(rule, row_sparse=False)
+            if isinstance(rule, Params) and (rule.row_sparse and not row_sparse or rule.deferred and not deferred):
+                up[key] = dataclasses.replace(
+                    rule, row_sparse=rule.row_sparse and row_sparse, deferred=rule.deferred and deferred
+                )
         for name in self.cfg.protocols:
             down.update(specs[name].downlink_rules)
             up.update(specs[name].uplink_rules)
@@ -406,6 +416,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         session = self.stack.open_round(self.round, base)
         for cid, wire in self.executor.run(self._client_jobs(session), self._channel(session)):
             session.submit(cid, wire)
+            del wire  # not held while the executor trains the next clients (a deferred update holds its group)
         dropped = len(session.dropped)
         agg = session.finish()
         for cb in self.callbacks:

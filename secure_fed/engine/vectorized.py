@@ -18,7 +18,10 @@ reference trainer, inside that client's own turn. It is counted by reason, logge
 
 Memory: clients run in chunks (``training.chunk_clients``; default: as many as an estimate of their training
 history fits in a quarter of the memory available, at most 1,024). A client's dense update is formed only when it
-resumes, so one chunk's histories and one update are in memory at a time, not every client's update.
+resumes, so one chunk's histories and one update are in memory at a time, not every client's update. With deferred
+updates (``training.deferred_updates``, :mod:`secure_fed.models.group_updates`) no dense weight update is formed
+unless something reads it: the round's sum adds the chunk's updates in a few products per layer once the last of
+them arrives, and the chunk's histories are freed then, before the next chunk trains.
 """
 
 from __future__ import annotations
@@ -201,7 +204,9 @@ class VectorizedExecutor(Executor):
         with torch.enable_grad():
             for members in groups.values():
                 trainer = members[0].request[0]
-                builders = train_group(trainer.model, trainer.family, [co.request[1] for co in members])
+                builders = train_group(
+                    trainer.model, trainer.family, [co.request[1] for co in members], deferred=trainer.deferred_updates
+                )
                 out.update({id(co): b for co, b in zip(members, builders, strict=True)})
         return out
 

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from secure_fed.models.group_updates import DeferredDelta
+
 
 @dataclass(frozen=True)
 class SparseRows:
@@ -230,11 +232,12 @@ class RowSparseDelta:
         return out
 
 
-def dense_delta(t: torch.Tensor | RowSparseDelta) -> torch.Tensor:
-    """An update as a dense tensor (a :class:`RowSparseDelta` expanded; a tensor as is)."""
-    return t.to_dense() if isinstance(t, RowSparseDelta) else t
+def dense_delta(t: torch.Tensor | RowSparseDelta | DeferredDelta) -> torch.Tensor:
+    """An update as a dense tensor (a :class:`RowSparseDelta` expanded, a
+    :class:`~secure_fed.models.group_updates.DeferredDelta` formed; a tensor as is)."""
+    return t.to_dense() if isinstance(t, RowSparseDelta | DeferredDelta) else t
 
 
-def apply_delta(t: torch.Tensor, d: torch.Tensor | RowSparseDelta) -> torch.Tensor:
-    """``t + d`` as a new tensor, for a dense or row-sparse update ``d``."""
-    return d.add_to(t.clone()) if isinstance(d, RowSparseDelta) else t + d
+def apply_delta(t: torch.Tensor, d: torch.Tensor | RowSparseDelta | DeferredDelta) -> torch.Tensor:
+    """``t + d`` as a new tensor, for a dense, row-sparse or deferred update ``d``."""
+    return d.add_to(t.clone()) if isinstance(d, RowSparseDelta | DeferredDelta) else t + d

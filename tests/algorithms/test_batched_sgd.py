@@ -18,6 +18,7 @@ from secure_fed.algorithms.batched_sgd import TrainRequest, linear_chain, relati
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.models.encoders import MLPEncoder, SparseTextEncoder
 from secure_fed.models.families import CosineEmbedding, LinearHead
+from secure_fed.models.group_updates import DeferredDelta
 
 #: client sizes: ragged last batches, one client smaller than a batch, one with many steps (lock step + padding),
 #: one with no examples (no step: a zero update, as the reference gives)
@@ -220,3 +221,93 @@ def test_the_declared_chain_computes_the_models_forward_pass():
         for m, _ in linear_chain(model):
             h = m(h)
         assert torch.allclose(h, model(x), atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------- deferred updates
+def _deferred_setup(dt, *, epochs, batch=4, lr=0.3, sizes=SIZES, precision="fp32"):
+    """A text network, its clients (ragged batches, one without examples) and fresh requests for it."""
+    torch.manual_seed(5)
+    model = SparseTextEncoder(20, embed_dim=16, hidden_dims=(32, 24), out_dim=8).to(dt)
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
+    clients = _clients(dt, num_labels=4, positive_only=True, sizes=sizes)
+    rows = F.normalize(torch.randn(4, 8, dtype=dt), dim=-1)
+    hp = LocalTraining(batch_size=batch, lr=lr, epochs=epochs, precision=precision)
+
+    def payload(d):
+        k = d.known_labels
+        return {"theta": theta, "rows": rows[k], "row_ids": k, "train_rows": True, "loss": "positive"}
+
+    def reqs():
+        return [TrainRequest(payload(d), d, hp, torch.Generator().manual_seed(20 + i)) for i, d in enumerate(clients)]
+
+    return model, theta, clients, payload, hp, reqs
+
+
+@pytest.mark.parametrize("product_rows", [1, 1 << 20])  # every lock step its own product; all steps in one
+@pytest.mark.parametrize("join", sorted(JOINS))
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_a_deferred_group_reads_as_its_dense_updates_and_sums_them_as_the_reference_does(epochs, join, product_rows, monkeypatch):
+    """``deferred=True``: each weight update reads (``to_dense``) exactly as the group's dense update without
+    deferral, every other entry is the same tensor, and the group's weighted sum over a subset of its clients is
+    Σ w_i Δ_i of the reference trainer's updates (float64), added to what the target held."""
+    monkeypatch.setattr(batched_sgd, "JOIN_HISTORY_BYTES", JOINS[join])
+    monkeypatch.setattr(batched_sgd, "SUM_PRODUCT_ROWS", product_rows)
+    model, theta, clients, payload, hp, reqs = _deferred_setup(torch.float64, epochs=epochs)
+    fam = CosineEmbedding()
+    plain = [b() for b in train_group(model, fam, reqs(), deferred=False)]
+    deferred = [b() for b in train_group(model, fam, reqs(), deferred=True)]
+    weights_names = [n for n in theta if n.endswith("weight")]
+    for p, d in zip(plain, deferred, strict=True):
+        assert set(d["theta_delta"]) == set(theta)
+        for n, t in d["theta_delta"].items():
+            if n in weights_names:
+                assert isinstance(t, DeferredDelta) and t.shape == tuple(theta[n].shape) and t.dtype == theta[n].dtype
+                assert torch.equal(t.to_dense(), p["theta_delta"][n])
+            else:
+                assert torch.equal(t, p["theta_delta"][n])
+        assert torch.equal(d["rows_delta"], p["rows_delta"]) and d["loss"] == p["loss"]
+    trainer = LocalTrainer(model, fam)
+    reference = [trainer.update_one(r.payload, r.data, hp, r.generator) for r in reqs()]
+    weights = {i: 1.0 + 0.5 * i for i in range(len(clients)) if i != 2}  # client 2 left out of the sum
+    group = deferred[0]["theta_delta"][weights_names[0]].group
+    for n in weights_names:
+        target = torch.full_like(theta[n], 0.25)
+        group.add_weighted_sum(target, n, weights)
+        expect = sum(w * reference[i]["theta_delta"][n] for i, w in weights.items())
+        assert float(expect.abs().max()) > 0
+        assert relative_error({n: target - 0.25}, {n: expect}) < 1e-9
+
+
+def test_a_group_trained_without_deferral_refuses_to_sum():
+    model, theta, _, _, _, reqs = _deferred_setup(torch.float64, epochs=1)
+    plain = [b() for b in train_group(model, CosineEmbedding(), reqs())]
+    assert all(isinstance(t, torch.Tensor) for r in plain for t in r["theta_delta"].values())
+    group = batched_sgd._TrainedGroup(theta=theta, layers=[], order=[0], done=[], trail=None)
+    with pytest.raises(RuntimeError, match="no lock-step history"):
+        group.add_weighted_sum(torch.zeros(1), "embed.weight", {0: 1.0})
+
+
+def test_a_deferred_bfloat16_sum_is_as_close_to_the_exact_sum_as_the_dense_updates_sum_is():
+    """Under bf16 the group's sum runs its products in bf16 over many clients' rows (and rounds w_i·(−η δ) to
+    bf16), where the dense path rounds each client's update: against the float64 sum of the same products, 1.3e-3 to
+    1.6e-3 (dense) and 1.7e-3 to 1.8e-3 (pooled) here; the pooled sum must not be more than 2× further."""
+    model, theta, clients, payload, hp, reqs = _deferred_setup(
+        torch.float32, epochs=1, batch=32, lr=0.05, sizes=[96, 100, 104, 128, 300, 700, 50, 33], precision="bf16"
+    )
+    fam = CosineEmbedding()
+    deferred = [b() for b in train_group(model, fam, reqs(), deferred=True)]
+    weights = {i: float(d.num_examples) for i, d in enumerate(clients)}
+    group = deferred[0]["theta_delta"]["embed.weight"].group
+    for n in [n for n in theta if n.endswith("weight")]:
+        li = group.layer_of[n]
+        exact = sum(  # float64 products of the same bf16 histories, each client's own rows
+            weights[i] * (group.done[li][group.pos_of[i]][1].double().T @ group.done[li][group.pos_of[i]][0].double())
+            for i in weights
+        )
+        dense = sum(weights[i] * deferred[i]["theta_delta"][n].to_dense().double() for i in weights)
+        pooled = torch.zeros_like(theta[n])
+        group.add_weighted_sum(pooled, n, weights)
+        err_dense = float((dense - exact).norm() / exact.norm())
+        err_pooled = float((pooled.double() - exact).norm() / exact.norm())
+        assert 1e-4 < err_dense < 1e-2 and 1e-4 < err_pooled < 1e-2  # bf16 ran in both
+        assert err_pooled <= 2 * err_dense, (n, err_pooled, err_dense)
