@@ -127,6 +127,11 @@ def validate_stack(cfg) -> None:
                 "training.deferred_updates=true: only the vectorized executor, in process, trains groups whose updates "
                 "it can defer; set training.executor: vectorized (backend: inprocess) or training.deferred_updates: auto"
             )
+        if cfg.output.log_messages:
+            raise ValueError(
+                "training.deferred_updates=true: output.log_messages keeps the clients' messages, which must then hold "
+                "dense updates; set training.deferred_updates: auto"
+            )
         if dense := dense_update_layers(cfg):
             raise ValueError(
                 f"training.deferred_updates=true: protocols {dense} take only dense client updates (they mask, encrypt, "

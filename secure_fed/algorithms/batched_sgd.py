@@ -417,9 +417,11 @@ class _TrainedGroup(UpdateGroup):
         if self.trail is None:
             raise RuntimeError("this group kept no lock-step history to sum (its updates were not deferred)")
         li = self.layer_of[name]
-        w = torch.zeros(self.size, dtype=torch.float32)
+        w = torch.zeros(self.size, dtype=torch.float64)
         for i, wi in weights.items():
             w[self.pos_of[i]] = wi
+        dev = self.trail[li][0][1].device if self.trail[li] else w.device
+        w_dev = w.to(dev, torch.float32 if self.theta[name].dtype != torch.float64 else torch.float64)
         xs: list[torch.Tensor] = []
         ds: list[torch.Tensor] = []
 
@@ -435,8 +437,12 @@ class _TrainedGroup(UpdateGroup):
                 ws = w[: X.shape[0]]
                 if not bool(ws.any()):
                     continue
-                # w_i·(−η δ) computed in fp32 and rounded once to the history's dtype
-                Dw = torch.mul(D, ws.to(D.device)[:, None, None], out=torch.empty_like(D))
+                wd = w_dev[: X.shape[0]]
+                if not bool(ws.all()):  # the clients not in the sum left out (not multiplied by 0: an inf would stay)
+                    keep = ws.nonzero().squeeze(1).to(X.device)
+                    X, D, wd = X.index_select(0, keep), D.index_select(0, keep), wd.index_select(0, keep)
+                # w_i·(−η δ) computed in the weights' precision and rounded once to the history's dtype
+                Dw = torch.mul(D, wd[:, None, None], out=torch.empty_like(D))
                 xs.append(X.reshape(-1, X.shape[-1]))
                 ds.append(Dw.reshape(-1, Dw.shape[-1]))
                 if sum(len(x) for x in xs) >= SUM_PRODUCT_ROWS:

@@ -372,8 +372,9 @@ class TrainingConfig(_Strict):
         "auto",
         description="vectorized executor: a trained group's plaintext weight updates are formed when read and the server "
         "sums the group's in a few products per layer (secure_fed.models.group_updates; auto: whenever every listed "
-        "protocol layer passes plaintext updates to the sum untouched; secure sums, CKKS and client-level DP do not); "
-        "false: every client's dense update is formed, then summed",
+        "protocol layer passes plaintext updates to the sum untouched, secure sums, CKKS and client-level/local DP do "
+        "not, and no registered callback or message log keeps the messages); false: every client's dense update is "
+        "formed, then summed",
     )
     chunk_clients: int | None = Field(
         None, ge=1, le=1024, description="vectorized: clients trained together at most (default: fit a quarter of free memory)"

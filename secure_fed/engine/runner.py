@@ -59,7 +59,7 @@ from secure_fed.engine.layers import ProtocolSetup, ProtocolStack, StackEnv
 from secure_fed.engine.reporting import PRIVATE_DIR, ReportMixin
 from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.engine.server_optimizers import ServerOptimizer
-from secure_fed.errors import RoundAborted, SecureFedError
+from secure_fed.errors import ConfigError, RoundAborted, SecureFedError
 from secure_fed.io import check_writable_dir
 from secure_fed.memory import check_memory, plan_memory
 from secure_fed.messages import FullTable, Params, Rules
@@ -145,10 +145,20 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         )  # fmt: skip
         # a batched group's plaintext weight updates formed when read, and summed by the group, where every layer
         # passes plaintext θ updates to the plain sum untouched (secure_fed.models.group_updates)
+        # Only while nothing outside the engine holds the wire messages: a deferred update refers to the group that
+        # trained it (every member's history), so registered callbacks (attack taps, canaries) and message logs
+        # turn it off
+        registered = build_callbacks(cfg)
         deferred = (
             cfg.training.executor == "vectorized" and cfg.backend != "flower"
             and cfg.training.deferred_updates is not False and not dense_update_layers(cfg)
+            and not cfg.output.log_messages and not registered
         )  # fmt: skip
+        if cfg.training.deferred_updates is True and registered:
+            raise ConfigError(
+                f"training.deferred_updates=true: callbacks {[type(cb).__name__ for cb in registered]} see the clients' "
+                "messages, which must then hold dense updates; set training.deferred_updates: auto"
+            )
         down, up = self._declared_message_rules(row_sparse=row_sparse, deferred=deferred)
         self.guard = MessageGuard(
             shapes=self.tensor_shapes(),
@@ -210,7 +220,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             PrivacyRecord(),
             MetricsFiles(),
             *([TensorBoardLog()] if cfg.output.tensorboard else []),
-            *build_callbacks(cfg),
+            *registered,
             Checkpointing(),
         ]
         self.executor = EXECUTORS[cfg.training.executor].from_config(cfg.training)

@@ -21,7 +21,8 @@ history fits in a quarter of the memory available, at most 1,024). A client's de
 resumes, so one chunk's histories and one update are in memory at a time, not every client's update. With deferred
 updates (``training.deferred_updates``, :mod:`secure_fed.models.group_updates`) no dense weight update is formed
 unless something reads it: the round's sum adds the chunk's updates in a few products per layer once the last of
-them arrives, and the chunk's histories are freed then, before the next chunk trains.
+them arrives, and the chunk's histories are freed then, before the next chunk trains (when some of a chunk's updates
+reach the sum dense, e.g. made so by a client mod, the rest are summed, and the group freed, at the round's end).
 """
 
 from __future__ import annotations

@@ -20,9 +20,12 @@ product's output, and each client's weight times its −η·δ, to bf16 where th
 update; both are within about 0.2% (relative) of the exact sum of the same products (measured on Bibtex: 0.18%
 dense, 0.21% pooled).
 
-What a reader of the message sees: the update's value, its shape and dtype. The object refers to the group that
-trained it (one process simulates every client, as with :class:`~secure_fed.algorithms.base.SharedRows`); code
-outside the engine reads an update through :func:`~secure_fed.models.sparse_rows.dense_delta`.
+What the object holds: a reference to the group that trained it, and so to every member's training history (for
+the first layer, their feature rows). Only the engine dereferences it (to form the update, or the group's sum);
+everything else reads an update through :func:`~secure_fed.models.sparse_rows.dense_delta`. Since an object graph
+in one process cannot be hidden, the engine defers updates only while nothing outside it holds the wire messages:
+no registered callback (attack taps, canaries), no ``output.log_messages``; and a deferred update refuses to be
+pickled (a saved message would carry the group).
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ class DeferredDelta:
         if tuple(target.shape) != self.shape:
             raise ValueError(f"an update of shape {self.shape} added to a tensor of shape {tuple(target.shape)}")
         return target.add_(self.to_dense().to(target.device), alpha=alpha)
+
+    def __reduce__(self):
+        raise TypeError("a deferred update is not serialised (it refers to its whole training group); save dense_delta(d)")
 
     def __repr__(self) -> str:
         return f"DeferredDelta({self.name!r}, client {self.index} of its group, shape={self.shape})"

@@ -311,3 +311,18 @@ def test_a_deferred_bfloat16_sum_is_as_close_to_the_exact_sum_as_the_dense_updat
         err_pooled = float((pooled.double() - exact).norm() / exact.norm())
         assert 1e-4 < err_dense < 1e-2 and 1e-4 < err_pooled < 1e-2  # bf16 ran in both
         assert err_pooled <= 2 * err_dense, (n, err_pooled, err_dense)
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_group_keeps_its_lock_step_history_only_when_its_updates_are_deferred(deferred, monkeypatch):
+    kept = []
+    init = batched_sgd._TrainedGroup.__init__
+
+    def spy(self, **kw):
+        kept.append(kw["trail"])
+        init(self, **kw)
+
+    monkeypatch.setattr(batched_sgd._TrainedGroup, "__init__", spy)
+    model, _, _, _, _, reqs = _deferred_setup(torch.float64, epochs=1)
+    train_group(model, CosineEmbedding(), reqs(), deferred=deferred)
+    assert (kept[0] is not None and all(kept[0])) if deferred else kept == [None]
