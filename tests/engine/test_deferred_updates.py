@@ -66,6 +66,18 @@ class _DensifyEveryOther(Callback):
         return train
 
 
+class _Keep(Callback):
+    """Keeps every wire message of the run."""
+
+    name = "keep"
+
+    def __init__(self):
+        self.wires: list[dict] = []
+
+    def on_uplink(self, round_idx, cid, wire):
+        self.wires.append(wire)
+
+
 def _run(tmp_path, name, *overrides, callbacks=(), rounds=2):
     exp = Experiment(small_config(*VEC, *overrides), run_dir=tmp_path / name)
     exp.callbacks[-1:-1] = list(callbacks)
@@ -147,15 +159,9 @@ def test_a_groups_history_is_freed_once_its_last_update_is_summed(tmp_path):
 
 
 def test_the_guard_and_the_digest_take_a_deferred_update_as_the_dense_one_it_stands_for(tmp_path):
-    wires = []
-
-    class Keep(Callback):
-        name = "keep"
-
-        def on_uplink(self, round_idx, cid, wire):
-            wires.append(wire)
-
-    exp = _run(tmp_path, "run", callbacks=[Keep()], rounds=1)
+    keep = _Keep()
+    wires = keep.wires
+    exp = _run(tmp_path, "run", callbacks=[keep], rounds=1)
     wire = wires[0]
     name = next(n for n, t in wire["theta_delta"].items() if isinstance(t, DeferredDelta))
     d = wire["theta_delta"][name]
@@ -176,15 +182,9 @@ def test_the_guard_and_the_digest_take_a_deferred_update_as_the_dense_one_it_sta
 
 
 def test_a_deferred_update_sent_twice_or_under_another_name_is_refused_by_the_sum(tmp_path):
-    wires = []
-
-    class Keep(Callback):
-        name = "keep"
-
-        def on_uplink(self, round_idx, cid, wire):
-            wires.append(wire)
-
-    exp = _run(tmp_path, "run", "training.chunk_clients=4", callbacks=[Keep()], rounds=1)
+    keep = _Keep()
+    wires = keep.wires
+    exp = _run(tmp_path, "run", "training.chunk_clients=4", callbacks=[keep], rounds=1)
     session = RoundSession(cohort=[0, 1], theta=exp.theta, W=exp.W, weighting="uniform")
     session.submit(0, wires[0])
     with pytest.raises(ValueError, match="sent its update of .* twice"):
