@@ -333,8 +333,8 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 if deferred:
                     trail[li_].append((x_in, D))
                 segs = [(X[:Gs], Dh[:Gs]) for X, Dh in hist[li_]] + [(x_in, D)]
-                if Gs > Gn:  # clients at their last step keep their rows: views of one segment, or joined (one
-                    # copy for all of them)
+                if Gs > Gn and not deferred:  # clients at their last step keep their rows: views of one segment,
+                    # or joined (one copy for all of them); a deferred group reads them from its trail when asked
                     Xf = segs[0][0][Gn:] if len(segs) == 1 else torch.cat([X[Gn:] for X, _ in segs], dim=1)
                     Df = segs[0][1][Gn:] if len(segs) == 1 else torch.cat([Dh[Gn:] for _, Dh in segs], dim=1)
                     for j in range(Gn, Gs):
@@ -354,8 +354,9 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
             clients[order[j]].losses.append(v)
 
     group = _TrainedGroup(
-        theta=theta, layers=[prefix for _, prefix in layers], order=order, done=done, trail=trail if deferred else None
-    )
+        theta=theta, layers=[prefix for _, prefix in layers], order=order, done=done, trail=trail if deferred else None,
+        real_rows=[clients[i].n if prefix_rows else None for i in order],
+    )  # fmt: skip
 
     def reply(i: int) -> Callable[[], Payload]:
         def build() -> Payload:
@@ -389,26 +390,41 @@ SUM_PRODUCT_ROWS = 4096
 
 
 class _TrainedGroup(UpdateGroup):
-    """A trained group's weight updates: one client's from its own history (``done``), or a weighted sum over
-    clients from every lock step's rows (``trail``: per layer, each step's inputs (G_s, b, in) and −η·δ (G_s, b,
-    out) of the client positions 0 … G_s − 1; a padded row has δ = 0 and adds nothing)."""
+    """A trained group's weight updates: one client's from its own history, or a weighted sum over clients from
+    every lock step's rows. Without deferral each client's history is kept when it stops (``done``: per layer and
+    client position, its rows' inputs and −η·δ); a deferred group keeps only ``trail`` (per layer, each step's inputs
+    (G_s, b, in) and −η·δ (G_s, b, out) of the client positions 0 … G_s − 1) and reads a client's rows from it when
+    asked. A padded row has δ = 0 and adds nothing; ``real_rows`` (per position, or None) cuts a client's history to
+    its real rows where they are a prefix."""
 
-    def __init__(self, *, theta, layers: list[str], order: list[int], done, trail):
+    def __init__(self, *, theta, layers: list[str], order: list[int], done, trail, real_rows: list[int | None]):
         self.theta = theta
         self.layer_of = {f"{prefix}.weight": li for li, prefix in enumerate(layers)}
         self.pos_of = {i: j for j, i in enumerate(order)}
         self.size = len(order)
-        self.done, self.trail = done, trail
+        self.done, self.trail, self.real_rows = done, trail, real_rows
+
+    def _history(self, li: int, j: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Client position j's rows (inputs, −η·δ) at layer li, its steps in order; None when it took no step."""
+        if self.trail is None:
+            return self.done[li].get(j)
+        steps = [(X[j], D[j]) for X, D in self.trail[li] if X.shape[0] > j]
+        if not steps:
+            return None
+        X, D = torch.cat([x for x, _ in steps]), torch.cat([d for _, d in steps])
+        n = self.real_rows[j]
+        return (X, D) if n is None else (X[:n], D[:n])
 
     def dense(self, index: int, name: str) -> torch.Tensor:
         li, j, A = self.layer_of[name], self.pos_of[index], self.theta[name]
         with torch.no_grad():
-            if j not in self.done[li]:  # a client without examples took no step (no history kept)
+            hist = self._history(li, j)
+            if hist is None:  # a client without examples took no step (no history kept)
                 return torch.zeros_like(A)
             # −η Σ_t δ_tᵀ x_t; a padded row has δ = 0, so it adds nothing. In bf16 the product runs in bf16 (fp32
             # accumulation, one rounding of the sum), as autocast forms each step's weight gradient in the
             # reference trainer; in fp32, in fp32
-            X, D = self.done[li][j]
+            X, D = hist
             return (D.T @ X).to(A.dtype)
 
     def add_weighted_sum(self, target: torch.Tensor, name: str, weights: dict[int, float]) -> None:

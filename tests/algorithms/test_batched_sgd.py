@@ -282,7 +282,7 @@ def test_a_group_trained_without_deferral_refuses_to_sum():
     model, theta, _, _, _, reqs = _deferred_setup(torch.float64, epochs=1)
     plain = [b() for b in train_group(model, CosineEmbedding(), reqs())]
     assert all(isinstance(t, torch.Tensor) for r in plain for t in r["theta_delta"].values())
-    group = batched_sgd._TrainedGroup(theta=theta, layers=[], order=[0], done=[], trail=None)
+    group = batched_sgd._TrainedGroup(theta=theta, layers=[], order=[0], done=[], trail=None, real_rows=[None])
     with pytest.raises(RuntimeError, match="no lock-step history"):
         group.add_weighted_sum(torch.zeros(1), "embed.weight", {0: 1.0})
 
@@ -301,8 +301,9 @@ def test_a_deferred_bfloat16_sum_is_as_close_to_the_exact_sum_as_the_dense_updat
     for n in [n for n in theta if n.endswith("weight")]:
         li = group.layer_of[n]
         exact = sum(  # float64 products of the same bf16 histories, each client's own rows
-            weights[i] * (group.done[li][group.pos_of[i]][1].double().T @ group.done[li][group.pos_of[i]][0].double())
+            weights[i] * (h[1].double().T @ h[0].double())
             for i in weights
+            if (h := group._history(li, group.pos_of[i])) is not None
         )
         dense = sum(weights[i] * deferred[i]["theta_delta"][n].to_dense().double() for i in weights)
         pooled = torch.zeros_like(theta[n])
