@@ -5,7 +5,10 @@
   only relays the ciphertext);
 * a cryptographic pseudo-random generator (AES-256 in CTR mode) for masks —
   never numpy's RNG;
-* Shamir secret sharing over the prime field GF(2^521 − 1) for secrets of up to 64 bytes.
+* Shamir secret sharing over the prime field GF(2^521 − 1) for secrets of up to 64 bytes;
+* Ed25519 long-term signing keys (:class:`SigningKey`, :func:`verify_signature`): a client's signature on its
+  key advertisement and on the survivor set of secure aggregation's consistency check;
+* a uniform permutation keyed by a 256-bit secret (:func:`secret_permutation`: Fisher–Yates on AES-CTR words).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -45,6 +50,69 @@ class KeyPair:
         """HKDF-SHA256 of the X25519 shared secret with ``peer_public``."""
         shared = self._sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
         return hkdf(shared, info=info, length=length)
+
+
+class SigningKey:
+    """An Ed25519 long-term signing key: the private half stays with its client; ``public`` (32 bytes) goes into the
+    directory every client pins (protocols.secagg.signing)."""
+
+    def __init__(self, private: Ed25519PrivateKey | None = None):
+        self._sk = private or Ed25519PrivateKey.generate()
+        self.public = self._sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    @classmethod
+    def from_private_bytes(cls, raw: bytes) -> SigningKey:
+        return cls(Ed25519PrivateKey.from_private_bytes(raw))
+
+    def private_bytes(self) -> bytes:
+        from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
+
+        return self._sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+    def sign(self, message: bytes) -> bytes:
+        return self._sk.sign(message)
+
+    def __repr__(self) -> str:  # never print the key
+        return f"SigningKey(public={self.public.hex()[:16]}…)"
+
+
+def verify_signature(public: bytes, message: bytes, signature: object) -> bool:
+    """Whether ``signature`` is ``public``'s Ed25519 signature on ``message`` (False for anything malformed)."""
+    if not isinstance(signature, bytes | bytearray) or not isinstance(public, bytes | bytearray) or len(public) != 32:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes(public)).verify(bytes(signature), message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def secret_permutation(items: list, key: bytes) -> list:
+    """A uniformly random order of ``items`` keyed by the whole of ``key`` (32 bytes): Fisher–Yates whose draws are
+    64-bit words of AES-256-CTR under ``key`` (rejection sampling: no modulo bias). Without the key the order is
+    unpredictable; with it, anyone redraws it."""
+    if len(key) != 32:
+        raise ValueError("secret_permutation takes a 32-byte key")
+    out = list(items)
+    n = len(out)
+    if n < 2:
+        return out
+    enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
+    pool: list[int] = []
+
+    def draw() -> int:
+        if not pool:
+            pool.extend(int(w) for w in np.frombuffer(enc.update(bytes(8 * 1024)), dtype="<u8")[::-1])
+        return pool.pop()
+
+    for i in range(n - 1, 0, -1):
+        bound = i + 1
+        limit = (1 << 64) - (1 << 64) % bound  # accept words below the largest multiple of bound
+        while (w := draw()) >= limit:
+            pass
+        j = w % bound
+        out[i], out[j] = out[j], out[i]
+    return out
 
 
 def hkdf(secret: bytes, *, info: bytes, length: int = 32, salt: bytes | None = None) -> bytes:

@@ -33,6 +33,31 @@ with probability at most δ, independently of the others; t = ⌈τ·(k + 1)⌉ 
   needs: ``A1 ≤ n · P[Bin(k, δ) ≥ k − t + 1]``;
 * (A2) the survivors' graph splits (the server's own check): ``A2 ≤ n(n − 1)/2 · δ^k``.
 
+**Against a server that deviates** (it may tell different clients different dropout sets, so that some release
+shares of u's self-mask seed b_u and others shares of u's mask key s_u), each bound needs its own assumption:
+
+* with ``consistency_check: true`` (default; signed advertisements and a signed survivor set, a client releasing
+  u's share only when ⌈(|G_u| + t)/2⌉ of u's share holders signed the same set, :mod:`protocols.secagg.signing`)
+  two views need t colluders in G_u, so P1 above holds as written for an active server too, provided the signing
+  keys' set-up was honest (``key_source``). The quorum adds an abort: a group of share holders H_u (≤ k + 1)
+  with d₁ members gone before ShareKeys and d₂ after has too few signers iff d₁ + 2·d₂ > k + 1 − t, which needs
+  more than (k + 1 − t)/2 of its k + 1 to drop: ``A1 ≤ n · P[Bin(k + 1, δ) ≥ ⌊(k + 1 − t)/2⌋ + 1]``
+  (in place of the A1 below, which it exceeds);
+* with ``consistency_check: false`` an active server needs only 2t − (k + 1) colluders in G_u (each half of the
+  honest holders releases one kind of share): P1 counts ``≥ max(1, 2t − (k + 1))`` colluders instead of t. The
+  bound so reported covers an active server; the plain-t bound would hold only for an honest-but-curious one.
+
+**Against a server that picks the graph itself.** The bounds above assume the graph is the ring over a uniformly
+random order. A deviating server chooses each client's neighbours: every client checks only that it got the k
+neighbours and the t the config gives the round's cohort (:meth:`protocols.secagg.layer.SecureAggregation.
+_check_neighbourhood`; its neighbours' signed advertisements must show the same k and t), so a target cannot be
+isolated with one colluder. Yet the server can still put all ⌊γN⌋ colluders of the federation into one target's
+neighbourhood, so privacy against it holds deterministically only when ⌊γN⌋ < t (with the consistency check;
+2t − (k + 1) without it; :func:`graph_choice_private`),
+and it can build a graph that splits into components (each of ≥ k + 1 clients, the clients' degree being k), so
+it learns one sum per component rather than the cohort's sum. With fixed-size sampling the cohort's size is the
+config's; under Poisson sampling the server states it (from 2 to N), and so sets k and t within that range.
+
 ``neighbors: auto`` takes the least even k with ``P1 + P2 ≤ 2^−security_bits`` and ``A1 + A2 ≤ 2^−correctness_bits``;
 if no k below n − 1 (and at most :data:`MAX_AUTO_NEIGHBOURS`) meets both, the round uses the complete graph (plain
 SecAgg, t = ⌈τ·n⌉), whose own bounds are reported and may miss the targets (``GraphChoice.meets_targets``): a small
@@ -100,19 +125,48 @@ def binom_tail(trials: int, p: float, at_least: int) -> float:
     return min(1.0, math.fsum(math.exp(x) for x in terms))
 
 
+#: the server the bounds are for: ``honest-but-curious`` (it follows the protocol), ``checked`` (it may deviate;
+#: the clients run the consistency check), ``unchecked`` (it may deviate; no consistency check). :func:`graph_for`
+#: takes ``checked`` or ``unchecked`` from ``consistency_check``.
+SERVER_MODELS = ("honest-but-curious", "checked", "unchecked")
+
+
+def colluders_needed(group: int, t: int, *, server: str) -> int:
+    """Colluders in one group of ``group`` share holders that hand the server a client's input: t, unless the server
+    may deviate without the consistency check: 2t − group (module docstring)."""
+    if server not in SERVER_MODELS:
+        raise ValueError(f"server model {server!r}: one of {SERVER_MODELS}")
+    return max(1, 2 * t - group) if server == "unchecked" else t
+
+
+def quorum_abort_drops(group: int, t: int) -> int:
+    """The fewest drops in a group of ``group`` after which the consistency check's quorum can fail."""
+    return (group - t) // 2 + 1
+
+
 def failure_bounds(
-    n: int, k: int, *, threshold: float, corrupt_fraction: float, dropout: float, population: int | None = None
+    n: int,
+    k: int,
+    *,
+    threshold: float,
+    corrupt_fraction: float,
+    dropout: float,
+    population: int | None = None,
+    server: str = "honest-but-curious",
 ) -> tuple[float, float]:
     """(privacy failure, abort) probability bounds for a round of ``n`` of ``population`` clients (default n) on
-    the ring joined k/2 deep."""
+    the ring joined k/2 deep, against a ``server`` of :data:`SERVER_MODELS` (``checked``: the consistency check's
+    abort term; ``unchecked``: the privacy term counts the 2t − (k + 1) colluders a deviating server needs)."""
     if k % 2 or k < 2 or k >= n - 1:
         raise ValueError(f"k must be even, ≥ 2 and below n − 1 = {n - 1}, got {k}")
     N = n if population is None else population
     t = threshold_for(k + 1, threshold)
     corrupt = math.floor(corrupt_fraction * N)
     pairs = n * (n - 1) / 2
-    privacy = n * hypergeom_tail(N - 1, corrupt, k, t) + pairs * (corrupt / N + dropout) ** k
-    abort = n * binom_tail(k, dropout, k - t + 1) + pairs * dropout**k
+    m = colluders_needed(k + 1, t, server=server)
+    privacy = n * hypergeom_tail(N - 1, corrupt, k, m) + pairs * (corrupt / N + dropout) ** k
+    a1 = binom_tail(k + 1, dropout, quorum_abort_drops(k + 1, t)) if server == "checked" else binom_tail(k, dropout, k - t + 1)
+    abort = n * a1 + pairs * dropout**k
     return min(1.0, privacy), min(1.0, abort)
 
 
@@ -126,6 +180,7 @@ def auto_neighbours(
     security_bits: float,
     correctness_bits: float,
     population: int | None = None,
+    server: str = "honest-but-curious",
 ) -> GraphChoice:
     """The least even k whose bounds (module docstring) meet ``2^−security_bits`` and ``2^−correctness_bits``.
 
@@ -134,17 +189,30 @@ def auto_neighbours(
     """
     for k in range(2, min(n - 1, MAX_AUTO_NEIGHBOURS + 1), 2):
         privacy, abort = failure_bounds(
-            n, k, threshold=threshold, corrupt_fraction=corrupt_fraction, dropout=dropout, population=population
+            n,
+            k,
+            threshold=threshold,
+            corrupt_fraction=corrupt_fraction,
+            dropout=dropout,
+            population=population,
+            server=server,
         )
         if privacy <= 2.0**-security_bits and abort <= 2.0**-correctness_bits:
             return GraphChoice(n, k, threshold_for(k + 1, threshold), _log2(privacy), _log2(abort))
-    full = complete_graph(n, threshold=threshold, corrupt_fraction=corrupt_fraction, dropout=dropout, population=population)
+    full = complete_graph(n, threshold=threshold, corrupt_fraction=corrupt_fraction, dropout=dropout, population=population,
+                          server=server)  # fmt: skip
     met = full.log2_privacy_failure <= -security_bits and full.log2_abort <= -correctness_bits
     return GraphChoice(n, None, full.threshold, full.log2_privacy_failure, full.log2_abort, meets_targets=met)
 
 
 def complete_graph(
-    n: int, *, threshold: float, corrupt_fraction: float, dropout: float, population: int | None = None
+    n: int,
+    *,
+    threshold: float,
+    corrupt_fraction: float,
+    dropout: float,
+    population: int | None = None,
+    server: str = "honest-but-curious",
 ) -> GraphChoice:
     """Plain SecAgg: every client shares with all n − 1 others, t = ⌈τ·n⌉; the survivors cannot split, and the
     colluders hold an honest client's secrets only if ≥ t of them are in the cohort; the round aborts if more than
@@ -155,8 +223,8 @@ def complete_graph(
         return GraphChoice(n, None, t, -math.inf, 0.0 if n == 1 else -math.inf)
     corrupt = math.floor(corrupt_fraction * N)
     # the colluders in a uniform cohort of n: hypergeometric; an honest member's n − 1 others hold them
-    privacy = n * hypergeom_tail(N - 1, corrupt, n - 1, t)
-    abort = binom_tail(n, dropout, n - t + 1)
+    privacy = n * hypergeom_tail(N - 1, corrupt, n - 1, colluders_needed(n, t, server=server))
+    abort = binom_tail(n, dropout, quorum_abort_drops(n, t) if server == "checked" else n - t + 1)
     return GraphChoice(n, None, t, _log2(min(1.0, privacy)), _log2(abort))
 
 
@@ -168,7 +236,7 @@ def round_dropout(cfg) -> float:
 def graph_for(n: int, cfg, *, population: int | None = None) -> GraphChoice:
     """The graph of a round of ``n`` of ``population`` clients (default n) under a ``secure_aggregation`` config."""
     common = {"threshold": cfg.threshold, "corrupt_fraction": cfg.corrupt_fraction, "dropout": round_dropout(cfg),
-              "population": population}  # fmt: skip
+              "population": population, "server": "checked" if cfg.consistency_check else "unchecked"}  # fmt: skip
     if cfg.neighbors == "auto":
         return auto_neighbours(n, security_bits=cfg.security_bits, correctness_bits=cfg.correctness_bits, **common)
     k = cfg.neighbors
@@ -177,3 +245,15 @@ def graph_for(n: int, cfg, *, population: int | None = None) -> GraphChoice:
     even = 2 * max(1, k // 2)  # the ring joins k // 2 on either side: degree 2·(k // 2)
     privacy, abort = failure_bounds(n, even, **common)
     return GraphChoice(n, even, threshold_for(even + 1, cfg.threshold), _log2(privacy), _log2(abort))
+
+
+def graph_choice_colluders(corrupt_fraction: float, population: int) -> int:
+    """⌊γN⌋: the colluders a server that picks the graph can place in one client's neighbourhood."""
+    return math.floor(corrupt_fraction * population)
+
+
+def graph_choice_private(needed: int, *, corrupt_fraction: float, population: int) -> bool:
+    """Whether a round stays private (deterministically) against a server that picks the graph and places all ⌊γN⌋
+    colluders in one neighbourhood: ⌊γN⌋ < ``needed``, the colluders that open an input (:func:`colluders_needed`:
+    t with the consistency check). A sum over a component of ≥ k + 1 clients is all it then learns."""
+    return graph_choice_colluders(corrupt_fraction, population) < needed

@@ -1,7 +1,15 @@
-"""The ``secure_aggregation`` protocol layer: each round's sum through :mod:`protocols.secagg.protocol`."""
+"""The ``secure_aggregation`` protocol layer: each round's sum through :mod:`protocols.secagg.protocol`.
+
+Before round 0 (:meth:`SecureAggregation.setup`) every client gets its long-term Ed25519 signing key and pins the
+directory of public keys (``secure_aggregation.key_source``; the trust assumption is in
+:mod:`protocols.secagg.signing`). The private keys live in the clients' state only (``client_state_dict``: their
+Flower nodes' storage, or the clients' checkpoint), never in the server's objects or files. Each round the clients
+sign their key advertisements and check their neighbours'; with ``consistency_check`` the server runs the
+ConsistencyCheck stage between the masked inputs and the unmasking."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from typing import Any
@@ -9,10 +17,12 @@ from typing import Any
 import numpy as np
 
 from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
+from protocols.crypto import SigningKey
 from protocols.dp.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.graph_bounds import graph_for
-from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph, threshold_for
+from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph
+from protocols.secagg.signing import ForgedMessage, read_directory, read_private_key
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
@@ -21,6 +31,7 @@ from secure_fed.errors import ConfigError
 
 class SecureAggregation(ProtocolLayer):
     name = "secure_aggregation"
+    client_state_on_nodes = True  # the clients' long-term signing keys and pinned directories, from the set-up
 
     def __init__(self, cfg, env: StackEnv):
         super().__init__(cfg, env)
@@ -32,9 +43,70 @@ class SecureAggregation(ProtocolLayer):
         self.last_stats: dict[str, Any] = {}
         self.transcripts: list | None = [] if cfg.output.log_messages else None
         self._round_clients: dict[int, SecAggClient] = {}  # client side: each client's secrets of the current round
+        self._signers: dict[int, SigningKey] = {}  # client side: each client's own long-term signing key
+        self._pinned: dict[int, dict[int, bytes]] = {}  # client side: the directory each client pinned at set-up
+        # client side: per client, the rounds it advertised in (round → digest of the server's advertise request)
+        self._advertised: dict[int, dict[int, bytes]] = {}
+        self.directory: dict[int, bytes] | None = None  # server side: the public keys (None before the key set-up)
         # the server's secret behind each round's graph (its order of the cohort): colluders fixed before the run
         # cannot know which clients will be a target's neighbours (protocols.secagg.graph_bounds)
         self.graph_stream = SecretStream.for_party(s.graph_seed, "secagg-graph")
+
+    # ------------------------------------------------------------------ one-off key set-up
+    def setup(self, ctx) -> dict[str, Any]:
+        return {"secure_aggregation": self.key_setup(lambda payload_fn: ctx.query(payload_fn, self._client_keys))}
+
+    def key_setup(self, query) -> dict[str, Any]:
+        """Signing keys, once a run (at :meth:`setup`, or before the first round of a caller that opens rounds
+        without it): each client registers (draws, or reads its file), then pins the directory. With ``key_source:
+        setup`` the directory is the one assembled from these answers (this exchange is trusted); with ``file`` each
+        client reads ``directory.json`` itself, and the server checks the answers against it. ``query(payload_fn)``
+        asks every client of the federation."""
+        s = self.cfg.secure_aggregation
+        replies = query(lambda cid: {"secagg_keys": "register"})
+        directory = {int(cid): r["sign_pk"] for cid, r in replies}
+        if s.key_source == "file":
+            pinned = read_directory(s.keys_dir)
+            if bad := sorted(c for c, pk in directory.items() if pinned.get(c) != pk):
+                raise ConfigError(f"secure_aggregation.keys_dir {s.keys_dir}: clients {bad[:5]} hold keys that "
+                                  "directory.json does not list")  # fmt: skip
+            directory = pinned
+        query(lambda cid: {"secagg_keys": "pin", "directory": directory})
+        self.directory = directory
+        return {"signing_keys": len(directory), "key_source": s.key_source}
+
+    @client_side
+    def _client_keys(self, payload: Payload, data: ClientData) -> Payload:
+        """Client side of the key set-up: its own signing key (kept here only), then the directory it pins.
+
+        Both are write-once client state: a second ``register`` answers the key the client already holds (it draws
+        no new one), and a second ``pin`` is refused unless it names the very directory pinned (a resumed run's
+        set-up), so a server that turns malicious after the set-up cannot swap its own keys in for the neighbours'.
+        With ``key_source: file`` the client pins the operator's ``directory.json`` and refuses any other."""
+        cid, s = data.client_id, self.cfg.secure_aggregation
+        if payload["secagg_keys"] == "register":
+            if cid not in self._signers:
+                self._signers[cid] = read_private_key(s.keys_dir, cid) if s.key_source == "file" else SigningKey()
+            return {"sign_pk": self._signers[cid].public}
+        if payload["secagg_keys"] == "pin":
+            offered = {int(c): bytes(pk) for c, pk in payload.get("directory", {}).items()}
+            if s.key_source == "file":  # the operator's file, not the server's word
+                directory = read_directory(s.keys_dir)
+                if offered and offered != directory:
+                    raise ForgedMessage(f"client {cid}: the server's signing-key directory is not the operator's "
+                                        "directory.json it already pinned: refused")  # fmt: skip
+            else:
+                directory = offered
+            if (held := self._pinned.get(cid)) is not None:
+                if directory != held:
+                    raise ForgedMessage(f"client {cid}: a signing-key directory is already pinned; another one is "
+                                        "refused")  # fmt: skip
+                return {"pinned": len(held)}
+            if cid not in self._signers or directory.get(cid) != self._signers[cid].public:
+                raise ForgedMessage(f"client {cid}: the signing-key directory does not hold this client's own key: refused")
+            self._pinned[cid] = directory
+            return {"pinned": len(directory)}
+        raise ValueError(f"unknown secure aggregation key step {payload['secagg_keys']!r}")
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         return _SecAggRound(self, round_idx, inner)
@@ -49,32 +121,88 @@ class SecureAggregation(ProtocolLayer):
         the shares addressed to this client, or unmask (Bonawitz et al. 2017, steps 0, 1 and 3)."""
         cid, stage = data.client_id, payload["secagg"]
         if stage == "advertise":  # a new round: fresh keys and self-mask seed
-            nbrs = [int(v) for v in payload["secagg_neighbours"]]
-            t = int(payload["secagg_threshold"])
-            # the threshold follows from the client's neighbourhood and the run's config, which the client has: a
-            # server cannot set it (a lower t lets fewer clients' shares unmask; it also sets the noise shares' size)
-            if t != (want := threshold_for(len(nbrs) + 1, self.cfg.secure_aggregation.threshold)):
+            r = int(payload["secagg_round"])
+            nbrs, t = self._check_neighbourhood(cid, payload)
+            digest = hashlib.sha256(repr((r, sorted(nbrs), t)).encode()).digest()
+            seen = self._advertised.setdefault(cid, {})
+            if r in seen:
+                # one session a round: a second run of the round (fresh keys, the same input) would let the server
+                # take two sums over different survivor sets, whose difference is one input, and replay survivor
+                # signatures across runs. Only the client's own session of the round, still held, goes on (the
+                # same keys and the same sign-once, mask-once and unmask-once memory)
+                held = self._round_clients.get(cid)
+                if seen[r] == digest and held is not None and held.round_idx == r:
+                    return held.advertise()
                 raise PermissionError(
-                    f"client {cid}: the server's secure aggregation threshold {t} is not the {want} that "
-                    f"secure_aggregation.threshold {self.cfg.secure_aggregation.threshold:g} gives for {len(nbrs) + 1} "
-                    "clients: refused"
+                    f"client {cid}: round {r} advertised again (another neighbourhood or threshold, or a session it "
+                    "no longer holds): refused; a client takes part in one run of each secure aggregation round"
                 )
-            client = SecAggClient(cid, int(payload["secagg_round"]), nbrs, t)
+            seen[r] = digest
+            # Without a pinned directory (no key set-up) the advertisement goes unsigned and the share stage refuses
+            client = SecAggClient(
+                cid,
+                r,
+                nbrs,
+                t,
+                signer=self._signers.get(cid),
+                directory=self._pinned.get(cid),
+                consistency=self.cfg.secure_aggregation.consistency_check,
+            )
             self._round_clients[cid] = client
             return client.advertise()
         client = self._round_clients.get(cid)
         if client is None or client.round_idx != int(payload["secagg_round"]):
             raise ValueError(f"client {cid}: secure aggregation stage {stage!r} of a round it did not advertise in")
         if stage == "share":
+            if client.directory is None:  # fail closed: no share leaves a client that cannot check who receives it
+                raise ForgedMessage(f"client {cid}: no pinned signing-key directory (the key set-up did not run): "
+                                    "refuses to share keys")  # fmt: skip
             return {"secagg_sealed": client.share_keys(payload["secagg_keys"])}
         if stage == "receive":
             client.receive_shares(payload["secagg_sealed"])
             return {}
+        if stage == "consistency":
+            return {"secagg_signature": client.sign_survivors([int(u) for u in payload["secagg_survived"]])}
         if stage == "unmask":
-            shares = client.unmask({int(u) for u in payload["secagg_survived"]}, {int(u) for u in payload["secagg_dropped"]})
+            sigs = {int(w): sig for w, sig in payload.get("secagg_signatures", {}).items()}
+            shares = client.unmask({int(u) for u in payload["secagg_survived"]}, {int(u) for u in payload["secagg_dropped"]},
+                                   sigs)  # fmt: skip
             del self._round_clients[cid]  # the round is over for this client
             return {"secagg_shares": shares}
         raise ValueError(f"unknown secure aggregation stage {stage!r}")
+
+    def _check_neighbourhood(self, cid: int, payload: Payload) -> tuple[list[int], int]:
+        """Client side: the neighbours and threshold the server sends, refused unless they are the round's, which
+        the client computes itself from the config and public facts: the cohort's size n (the config's, under
+        fixed-size sampling; the size the server states under Poisson sampling, at most the federation's N), the
+        graph k = :func:`graph_for` (n, config, N) would build, and t = ⌈τ(k + 1)⌉. A server that told a client
+        it had one neighbour (a colluder) would make its "sum" that colluder's input plus its own."""
+        s, N = self.cfg.secure_aggregation, self.env.num_clients
+        nbrs, t = [int(v) for v in payload["secagg_neighbours"]], int(payload["secagg_threshold"])
+        if self.cfg.training.sampling == "poisson":
+            if "secagg_cohort" not in payload:
+                raise PermissionError(f"client {cid}: a secure aggregation round that does not state its cohort's size: "
+                                      "refused")  # fmt: skip
+            n = int(payload["secagg_cohort"])
+        else:
+            n = self.cfg.training.cohort_size(N)
+        if not 2 <= n <= N:
+            raise PermissionError(f"client {cid}: a secure aggregation cohort of {n} of {N} clients: refused")
+        choice = graph_for(n, s, population=N)
+        k = n - 1 if choice.neighbors is None else choice.neighbors
+        if len(set(nbrs)) != len(nbrs) or cid in nbrs or len(nbrs) != k:
+            raise PermissionError(
+                f"client {cid}: the server's {len(set(nbrs) - {cid})} secure aggregation neighbours are not the {k} "
+                f"that the config gives a cohort of {n} of {N} clients: refused"
+            )
+        # the threshold follows from the neighbourhood and the run's config, which the client has: a server cannot
+        # set it (a lower t lets fewer clients' shares unmask; it also sets the noise shares' size)
+        if t != choice.threshold:
+            raise PermissionError(
+                f"client {cid}: the server's secure aggregation threshold {t} is not the {choice.threshold} that "
+                f"secure_aggregation.threshold {s.threshold:g} gives for {k + 1} clients: refused"
+            )
+        return nbrs, t
 
     @client_side
     def mask_step(self, reply: Payload, data: ClientData, *, secagg_round: int, weighting: str) -> Payload:
@@ -113,9 +241,16 @@ class SecureAggregation(ProtocolLayer):
         client = self._round_clients.get(cid)
         return client.threshold if client is not None and client.round_idx == round_idx else None
 
-    def graph_seed(self, round_idx: int) -> int:
-        """The seed of round ``round_idx``'s order of the cohort: 53 bits of the server's graph secret."""
-        return int(self.graph_stream.uniform(1, f"secagg graph r{round_idx}")[0] * 2.0**53)
+    def graph_seed(self, round_idx: int) -> bytes:
+        """The key of round ``round_idx``'s order of the cohort: 256 bits drawn from the server's graph secret (the
+        order is :func:`~protocols.crypto.secret_permutation` under all of them)."""
+        return self.graph_stream._words(f"secagg graph r{round_idx}", 4).astype("<u8").tobytes()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"directory": self.directory}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.directory = state.get("directory")
 
     def secret_state_dict(self) -> dict[str, Any]:
         return {"graph": self.graph_stream.state_dict()}
@@ -125,10 +260,32 @@ class SecureAggregation(ProtocolLayer):
             self.graph_stream = SecretStream.from_state_dict(state["graph"])
 
     def client_state_dict(self) -> dict[str, Any]:
-        return {cid: c.state() for cid, c in self._round_clients.items()}
+        """Per client (its own storage): its signing key, the directory it pinned, and its round's secrets if a round
+        is under way."""
+        out: dict[int, Any] = {}
+        for cid in sorted({*self._signers, *self._pinned, *self._round_clients, *self._advertised}):
+            c = self._round_clients.get(cid)
+            out[cid] = {"sign_sk": self._signers[cid].private_bytes() if cid in self._signers else None,
+                        "directory": dict(self._pinned.get(cid, {})), "round": None if c is None else c.state(),
+                        "advertised": dict(self._advertised.get(cid, {}))}  # fmt: skip
+        return out
 
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
-        self._round_clients = {int(cid): SecAggClient.from_state(st) for cid, st in state.items()}
+        self._signers, self._pinned, self._round_clients, self._advertised = {}, {}, {}, {}
+        for cid, st in state.items():
+            cid = int(cid)
+            if "round" not in st:  # a checkpoint from before the signing keys: the round's secrets alone
+                st = {"sign_sk": None, "directory": {}, "round": st}
+            if st.get("sign_sk"):
+                self._signers[cid] = SigningKey.from_private_bytes(st["sign_sk"])
+            if st.get("directory"):
+                self._pinned[cid] = {int(c): bytes(pk) for c, pk in st["directory"].items()}
+            if st.get("advertised"):
+                self._advertised[cid] = {int(r): bytes(d) for r, d in st["advertised"].items()}
+            if st.get("round") is not None:
+                self._round_clients[cid] = SecAggClient.from_state(
+                    st["round"], signer=self._signers.get(cid), directory=self._pinned.get(cid)
+                )
 
 
 def _finite(x: float) -> float | None:
@@ -145,6 +302,9 @@ class _SecAggRound(RoundWrapper):
         cohort = sorted(int(c) for c in inner.cohort)
         if len(cohort) == 1:  # its "sum" is its own update: nothing to hide it among
             raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
+        if layer.directory is None:  # rounds opened without the run's set-up: the key set-up first
+            everyone = list(range(layer.env.num_clients))
+            layer.key_setup(lambda fn: layer.env.call_clients(everyone, fn, layer._client_keys))
         self.choice = graph_for(len(cohort), cfg, population=layer.env.num_clients)
         self.graph = neighbour_graph(cohort, self.choice.neighbors, seed=layer.graph_seed(round_idx))
         self.t = self.choice.threshold  # ⌈τ·(degree + 1)⌉ of the graph built (each client checks it at advertise)
@@ -165,7 +325,8 @@ class _SecAggRound(RoundWrapper):
         alive = [u for u in cohort if u not in self.drops["advertise"]]
         # each stage goes on with the clients that answered the one before (a remote client whose node fails drops out)
         pks = self.server.collect_keys(dict(self._call(alive, lambda u: {
-            "secagg": "advertise", "secagg_neighbours": self.graph[u], "secagg_threshold": self.t})))  # fmt: skip
+            "secagg": "advertise", "secagg_neighbours": self.graph[u], "secagg_threshold": self.t,
+            "secagg_cohort": len(cohort)})))  # fmt: skip
         alive = [u for u in alive if u in pks and u not in self.drops["share"]]
         sealed = self._call(alive, lambda u: {"secagg": "share", "secagg_keys": {v: pks[v] for v in self.graph[u] if v in pks}})
         inbox = self.server.route_shares({u: r["secagg_sealed"] for u, r in sealed})
@@ -210,9 +371,12 @@ class _SecAggRound(RoundWrapper):
             return self.inner.post(self.layer.layout.unflatten_sum(np.zeros(self.layer.layout.size), self.device))
         t0 = time.perf_counter()
         u3, dropped = self.server.request_unmasking()  # aborts here, before any share is asked for, if U3's graph splits
+        if self.layer.cfg.secure_aggregation.consistency_check:  # each survivor signs the U3 it is told, once
+            signed = self._call(sorted(u3), lambda u: {"secagg": "consistency", "secagg_survived": sorted(u3)})
+            self.server.collect_signatures({u: r["secagg_signature"] for u, r in signed})
         asked = [u for u in sorted(u3) if u not in self.drops["unmask"]]
         ask = {"secagg": "unmask", "secagg_survived": sorted(u3), "secagg_dropped": sorted(dropped)}
-        answers = self._call(asked, lambda u: ask)
+        answers = self._call(asked, lambda u: {**ask, "secagg_signatures": self.server.signatures_for(u)})
         replies = {u: r["secagg_shares"] for u, r in answers}
         total = self.server.unmask(replies, self.layer.layout.size)
         agg = self.layer.layout.unflatten_sum(self.layer.codec.decode_sum(total), self.device)

@@ -35,9 +35,10 @@ Y = [[1, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
 #: eq. 2 by hand: Σ_l n_l^α over the labels the client has (label 4 has no positive: it adds nothing, also at α = 0)
 BY_HAND = {0.0: 3.0, 0.3: 3**0.3 + 1 + 1, 0.5: math.sqrt(3) + 2, 1.0: 5.0}
 
-#: what a client sends under secure aggregation: each round's stage messages (public keys, sealed shares, the
-#: shares the server is entitled to) and its masked update
-SECAGG_UP = {"c_pk", "s_pk", "secagg_sealed", "secagg_shares", "masked"}
+#: what a client sends under secure aggregation: each round's stage messages (public keys, signed adverts and
+#: survivor-set signatures, sealed shares, the shares the server is entitled to) and its masked update
+SECAGG_UP = {"c_pk", "s_pk", "secagg_sealed", "secagg_shares", "masked", "sign_pk", "pinned", "nbrs", "t", "sig",
+             "secagg_signature"}
 
 
 class _Recorder(Callback):

@@ -268,14 +268,16 @@ def test_fixed_point_capacity_error_names_the_keys():
     assert FixedPoint.max_frac_bits(1.0, 32, 128) == 23  # 128 × 2^23 = 2^30 < 2^31, and 2^24 would reach it
 
 
+@pytest.mark.parametrize("check", [True, False])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(4, 9),
     t_frac=st.floats(0.55, 1.0),
     data=st.data(),
 )
-def test_sum_is_exact_under_random_dropouts(n, t_frac, data):
-    """Complete graph (SecAgg): exact while ≥ t survive every stage; SecAggAbort otherwise."""
+def test_sum_is_exact_under_random_dropouts(check, n, t_frac, data):
+    """Complete graph (SecAgg): exact while ≥ t survive every stage and, with the consistency check, while
+    ⌈(|U1| + t)/2⌉ of the share holders U1 sign U3; SecAggAbort otherwise."""
     t = max(1, int(np.ceil(t_frac * n)))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
     fp = FixedPoint(50.0, 16, 64)
@@ -288,9 +290,11 @@ def test_sum_is_exact_under_random_dropouts(n, t_frac, data):
         drop[stage] = d
         alive -= d
     survivors = n - sum(len(d) for d in drop.values())
+    u1, u3 = n - len(drop["advertise"]), n - len(drop["advertise"] | drop["share"] | drop["input"])
+    quorum_ok = not check or 2 * u3 >= u1 + t  # every share holder group is U1 on the complete graph
     # every live count along the way is ≥ the final one, so the protocol must succeed iff ≥ t remain at the end
-    if survivors >= t:
-        total, u3, server = secure_sum(enc, threshold=t, drop=drop)
+    if survivors >= t and quorum_ok:
+        total, u3, server = secure_sum(enc, threshold=t, drop=drop, consistency_check=check)
         assert u3 == set(range(n)) - drop["advertise"] - drop["share"] - drop["input"]
         expect = np.zeros(17, dtype=np.uint64)
         for u in u3:
@@ -298,8 +302,8 @@ def test_sum_is_exact_under_random_dropouts(n, t_frac, data):
         assert np.array_equal(total, expect)  # exact in Z_{2^64}
         assert np.allclose(fp.decode_sum(total), sum(xs[u] for u in u3), atol=len(u3) * 2.0**-16)
     else:
-        with pytest.raises(SecAggAbort, match="threshold"):
-            secure_sum(enc, threshold=t, drop=drop)
+        with pytest.raises(SecAggAbort, match="quorum" if survivors >= t else "threshold|quorum" if check else "threshold"):
+            secure_sum(enc, threshold=t, drop=drop, consistency_check=check)
 
 
 @pytest.mark.parametrize("bits", [64, 40, 32, 20])

@@ -189,24 +189,33 @@ def test_each_term_binds_in_some_case():
 
 
 def test_the_defaults_at_bibtex_scale():
-    """159 clients, τ 0.6, 5% colluders, 5% dropouts, 2^-40 / 2^-20: k = 32 (t = 20), a fifth of the complete graph's
-    158 neighbours; small cohorts keep the complete graph."""
+    """159 clients, τ 0.6, 5% colluders, 5% dropouts, 2^-40 / 2^-20: against an honest-but-curious server k = 32
+    (t = 20), a fifth of the complete graph's 158 neighbours; against a server that may deviate, with the consistency
+    check (the default) its quorum's abort term asks k = 110, and without it the 2t − (k + 1) colluders that suffice
+    ask k = 36; small cohorts keep the complete graph."""
     cfg = SecureAggregationConfig()
-    assert cfg.neighbors == "auto"
+    assert cfg.neighbors == "auto" and cfg.consistency_check
+    passive = auto_neighbours(159, threshold=0.6, corrupt_fraction=0.05, dropout=0.05, security_bits=40, correctness_bits=20)
+    assert (passive.neighbors, passive.threshold) == (32, 20)
     got = graph_for(159, cfg)
-    assert (got.neighbors, got.threshold) == (32, 20)
+    assert (got.neighbors, got.threshold) == (110, 67) and got.meets_targets
+    unchecked = graph_for(159, SecureAggregationConfig(consistency_check=False))
+    assert (unchecked.neighbors, unchecked.threshold) == (36, 23)
+    # the unchecked bound at k = 32 counts 2·20 − 33 = 7 colluders, and misses the target the passive one meets
+    priv7, _ = failure_bounds(159, 32, threshold=0.6, corrupt_fraction=0.05, dropout=0.05, server="unchecked")
+    assert math.log2(priv7) > -40 > passive.log2_privacy_failure
     assert graph_for(20, cfg).neighbors is None and graph_for(20, cfg).threshold == 12
 
 
 def test_a_fixed_or_complete_graph_reports_its_own_bounds():
     cfg = SecureAggregationConfig(neighbors=16)
     got = graph_for(159, cfg)
-    priv, abort = failure_bounds(159, 16, threshold=0.6, corrupt_fraction=0.05, dropout=0.05)
+    priv, abort = failure_bounds(159, 16, threshold=0.6, corrupt_fraction=0.05, dropout=0.05, server="checked")
     assert got.neighbors == 16 and got.log2_privacy_failure == pytest.approx(math.log2(priv))
     assert got.log2_abort == pytest.approx(math.log2(abort))
     full = graph_for(159, SecureAggregationConfig(neighbors=None))
     assert full.neighbors is None and full.threshold == 96 and full.log2_privacy_failure == -math.inf
-    assert full == complete_graph(159, threshold=0.6, corrupt_fraction=0.05, dropout=0.05)
+    assert full == complete_graph(159, threshold=0.6, corrupt_fraction=0.05, dropout=0.05, server="checked")
     # colluders reaching t on the complete graph: no guarantee
     assert complete_graph(10, threshold=0.6, corrupt_fraction=0.49, dropout=0.0).log2_privacy_failure == -math.inf
     assert complete_graph(10, threshold=0.3, corrupt_fraction=0.4, dropout=0.0).log2_privacy_failure == 0.0
@@ -214,11 +223,15 @@ def test_a_fixed_or_complete_graph_reports_its_own_bounds():
 
 def test_the_simulated_dropout_raises_the_bound_it_is_sized_for():
     """δ is the larger of dropout_bound and the chance to drop at any of the 4 simulated stages."""
-    low = graph_for(400, SecureAggregationConfig(dropout_bound=0.0))
-    high = graph_for(400, SecureAggregationConfig(dropout_bound=0.0, dropout=0.05))
+    low = graph_for(400, SecureAggregationConfig(dropout_bound=0.0, consistency_check=False))
+    high = graph_for(400, SecureAggregationConfig(dropout_bound=0.0, dropout=0.05, consistency_check=False))
     same = auto_neighbours(400, threshold=0.6, corrupt_fraction=0.05, dropout=1 - 0.95**4, security_bits=40,
-                           correctness_bits=20)  # fmt: skip
+                           correctness_bits=20, server="unchecked")  # fmt: skip
     assert high == same and high.neighbors > low.neighbors
+    # with the consistency check a drop costs twice (it may leave both the holders and the signers): δ ≈ 0.19 at
+    # the 4 stages leaves no sparse graph that meets 2^-20, and the complete graph's own bound is reported
+    checked = graph_for(400, SecureAggregationConfig(dropout_bound=0.0, dropout=0.05))
+    assert checked.neighbors is None and not checked.meets_targets
 
 
 @pytest.mark.parametrize("bad", [1, 0, -4])
@@ -229,13 +242,17 @@ def test_fewer_than_two_neighbours_is_refused(bad):
 
 def test_a_round_uses_the_auto_graph_and_reports_its_bounds(tmp_path):
     """A 40-client round under the default: every client gets k = 30 neighbours (complete would be 39), and the round's
-    private diagnostics carry k, t and the bounds; with neighbors: null the same round is complete."""
+    private diagnostics carry k, t and the bounds; with neighbors: null the same round is complete. (Without the
+    consistency check: with it, 40 clients get the complete graph.)"""
     from secure_fed.engine import Experiment
     from tests.conftest import small_config
 
     base = ["protocols=[secure_aggregation]", "algorithm.name=fedaws", "training.rounds=1",
-            "dataset.synthetic.num_labels=40", "training.clients_per_round=40"]  # fmt: skip
-    want = graph_for(40, SecureAggregationConfig())
+            "dataset.synthetic.num_labels=40", "training.clients_per_round=40",
+            "secure_aggregation.consistency_check=false"]  # fmt: skip
+    unchecked = SecureAggregationConfig(consistency_check=False)
+    assert graph_for(40, SecureAggregationConfig()).neighbors is None
+    want = graph_for(40, unchecked)
     assert want.neighbors == 30
     for extra, k, t in [([], 30, 19), (["secure_aggregation.neighbors=null"], 39, 24)]:
         run_dir = tmp_path / f"run{k}"
@@ -249,11 +266,11 @@ def test_a_round_uses_the_auto_graph_and_reports_its_bounds(tmp_path):
             assert stats["secagg_log2_privacy_bound"] is None
     # a cohort of 40 from 45 clients: the colluders are counted in the federation (⌊0.05·45⌋ = 2 of 45), not the cohort
     run_dir = tmp_path / "sampled"
-    sampled = [*base[:3], "dataset.synthetic.num_labels=45", "training.clients_per_round=40"]
+    sampled = [*base[:3], "dataset.synthetic.num_labels=45", "training.clients_per_round=40", base[-1]]
     Experiment(small_config(*sampled), run_dir=run_dir).run(progress=False)
     stats = json.loads((run_dir / "private" / "diagnostics.jsonl").read_text().splitlines()[-1])
-    want = graph_for(40, SecureAggregationConfig(), population=45)
-    assert want.log2_privacy_failure != pytest.approx(graph_for(40, SecureAggregationConfig()).log2_privacy_failure, abs=0.01)
+    want = graph_for(40, unchecked, population=45)
+    assert want.log2_privacy_failure != pytest.approx(graph_for(40, unchecked).log2_privacy_failure, abs=0.01)
     assert stats["secagg_log2_privacy_bound"] == pytest.approx(want.log2_privacy_failure, abs=0.01)
 
 
@@ -264,8 +281,9 @@ def test_validate_prints_the_graph_and_its_bounds(tmp_path):
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("protocols: [secure_aggregation]\n")
-    sets = [a for s in [*SMALL, "dataset.synthetic.num_labels=40"] for a in ("--set", s)]
-    want = graph_for(40, SecureAggregationConfig())
+    sets = [a for s in [*SMALL, "dataset.synthetic.num_labels=40", "secure_aggregation.consistency_check=false"]
+            for a in ("--set", s)]  # fmt: skip
+    want = graph_for(40, SecureAggregationConfig(consistency_check=False))
     code, out, err = cli("validate", str(cfg), *sets)
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("secure_aggregation:"))
@@ -349,7 +367,8 @@ def test_each_round_draws_its_graph_from_the_servers_secret(tmp_path):
     def layer_of(exp):
         return next(la for la in exp.stack.layers if hasattr(la, "graph_stream"))
 
-    base = ["protocols=[secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "dataset.synthetic.num_labels=40"]
+    base = ["protocols=[secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "dataset.synthetic.num_labels=40",
+            "secure_aggregation.consistency_check=false"]  # a sparse graph at 40 clients
     a = Experiment(small_config(*base, "output.log_messages=true"), run_dir=tmp_path / "a")
     b = Experiment(small_config(*base), run_dir=tmp_path / "b")
     assert layer_of(a).graph_seed(1) != layer_of(b).graph_seed(1)

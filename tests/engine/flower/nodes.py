@@ -35,9 +35,12 @@ def recording_app(cfg, out_dir) -> ClientApp:
             raise AssertionError(f"node {p} of {n} holds the state of clients {foreign}")
         for cid, ring in state.get("keyed_hashing", {}).items():
             (out_dir / f"{cid}.json").write_text(json.dumps({k: v.hex() if v else None for k, v in ring.items()}))
-        for cid, client in state.get("secure_aggregation", {}).items():  # this round's secrets, while it lasts
-            secrets = [client[k].hex() for k in ("c_sk", "s_sk", "b_seed")]
-            (out_dir / f"secagg-r{client['round_idx']}-c{cid}.json").write_text(json.dumps(secrets))
+        for cid, entry in state.get("secure_aggregation", {}).items():  # its signing key; this round's secrets
+            if entry.get("sign_sk"):
+                (out_dir / f"secagg-sign-c{cid}.json").write_text(json.dumps([entry["sign_sk"].hex()]))
+            if (client := entry.get("round")) is not None:
+                secrets = [client[k].hex() for k in ("c_sk", "s_sk", "b_seed")]
+                (out_dir / f"secagg-r{client['round_idx']}-c{cid}.json").write_text(json.dumps(secrets))
         for cid, stream in state.get("dp", {}).items():  # the client's own DP secret (DP-SGD, its noise share)
             (out_dir / f"dp-stream-{cid}.json").write_text(json.dumps([stream["key"].hex()]))
         for cid, holder in state.get("ckks", {}).get("holders", {}).items():  # key pair, secret, decryption noise key

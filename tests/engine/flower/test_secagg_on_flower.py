@@ -34,6 +34,8 @@ def test_keyed_hashing_dp_and_secure_aggregation_on_flower(tmp_path):
     server_side = server_side_bytes(fl)
     assert not [s for s in secrets if s in server_side]
     assert fl.stack.by_name()["secure_aggregation"]._round_clients == {}  # the server holds no round secret
+    assert fl.stack.by_name()["secure_aggregation"]._signers == {}  # nor any client's signing key
+    assert list(nodes_dir.glob("secagg-sign-c*.json"))  # which the nodes hold (among the secrets checked above)
 
     rings = [json.loads(p.read_text()) for p in nodes_dir.glob("[0-9]*.json")]
     run_key, salt = bytes.fromhex(rings[0]["run_key"]), bytes.fromhex(rings[0]["salt"])
