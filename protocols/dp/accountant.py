@@ -445,3 +445,41 @@ class PrivacyUnit:
         for n, st in mech.items():
             self.mechanisms[n].steps = int(st["steps"])
             self.mechanisms[n].sigma = float(st["sigma"])
+
+
+# ---------------------------------------------------------------- the grid correction of discretised noise
+#: every DP draw is released on a grid of step γ (:mod:`protocols.dp.discrete_gaussian`); the grid's share of the
+#: sensitivity, γ·√d / Δ, is at most 2^-GRID_CORRECTION_BITS (0.098%) wherever secure aggregation's encoding allows
+GRID_CORRECTION_BITS = 10
+
+
+def noise_grid(sensitivity: float, dim: int, *, coarsest_below: float | None = None) -> float:
+    """The public grid step γ of a released sum of ``dim`` coordinates with L2 sensitivity ``sensitivity``: the
+    largest power of two with γ·√d ≤ 2^-:data:`GRID_CORRECTION_BITS`·Δ, so the rounding adds at most 0.1% to Δ
+    (:func:`grid_sensitivity`). A power of two, so γ·k is exact in float64 for |k| < 2^53 and survives a fixed-point
+    encoding with at least −log₂ γ fractional bits. ``coarsest_below`` (secure aggregation's 2^-frac_bits) is a
+    floor: a share finer than the encoding would be rounded again by it, so γ is never below it (the correction is
+    then larger, and still accounted by :func:`grid_sensitivity`)."""
+    if not (sensitivity > 0.0 and math.isfinite(sensitivity)) or dim < 1:
+        raise ValueError(f"noise_grid: sensitivity {sensitivity} and dim {dim} must be positive")
+    gamma = 2.0 ** math.floor(math.log2(sensitivity * 2.0**-GRID_CORRECTION_BITS / math.sqrt(dim)))
+    while gamma * math.sqrt(dim) > sensitivity * 2.0**-GRID_CORRECTION_BITS:  # log2's rounding at a power of two
+        gamma /= 2.0
+    return max(gamma, coarsest_below) if coarsest_below is not None else gamma
+
+
+def grid_sensitivity(sensitivity: float, grid: float, dim: int) -> float:
+    """The L2 sensitivity of a sum after rounding it to the grid γ: Δ + γ·√d.
+
+    Rounding each of d coordinates to the nearest multiple of γ moves it by at most γ/2, so the rounded sums of two
+    neighbouring data sets differ by at most Δ + 2·(γ/2)·√d (and a client's own rounded update has norm at most
+    Δ + γ√d/2). The noise is calibrated to this sensitivity (:func:`grid_corrected_std`), so the ledger keeps the
+    configured or calibrated σ as the noise multiplier of the rounded mechanism."""
+    return float(sensitivity) + float(grid) * math.sqrt(dim)
+
+
+def grid_corrected_std(sigma: float, sensitivity: float, grid: float, dim: int) -> float:
+    """Noise std σ·(Δ + γ√d): the accountant's σ applied to the grid-rounded sum's sensitivity. With
+    :func:`noise_grid` the factor (1 + γ√d/Δ) is at most 1 + 2^-10 (Bibtex's W step, Δ = 2C, d = 159·512: γ = 2^-8
+    for C = 1000, factor 1.00056; a 3.45M-coordinate DP-SGD sum at C = 1: γ = 2^-21, factor 1.00089)."""
+    return float(sigma) * grid_sensitivity(sensitivity, grid, dim)

@@ -3,8 +3,9 @@
 Client side (:func:`clip_update`): the client's whole update — Δθ and its own
 class-row deltas, as one vector — is scaled to L2 norm ≤ S.
 
-Server side (:func:`noise_aggregate`): N(0, σ²S²) is added to every coordinate
-of Σ Δθ and of the row sums (all C rows, participating or not), and the sums
+Server side (:func:`noise_aggregate`): discrete Gaussian noise of std σ·(S + γ√d) is added to every
+coordinate of Σ Δθ and of the row sums (all C rows, participating or not), rounded to the public grid γ
+(:mod:`protocols.dp.discrete_gaussian`; γ√d ≤ 2^-10·S), and the sums
 are divided by fixed denominators: q·N for θ and q·(clients holding the row)
 for each row, so one client's presence changes the released update by at most
 S/(q·N) before noise. Accounting: one step at (σ, q) per round, q = expected
@@ -13,10 +14,12 @@ sampled clients / population (Poisson sampling).
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
+from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap, snap_and_noise
 from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import client_step
@@ -70,19 +73,70 @@ def clip_step(reply: Payload, *, clip_norm: float, weight_cap: float | None = No
     return cap_weight(reply, weight_cap) if weight_cap is not None else reply
 
 
+log = logging.getLogger(__name__)
+
+#: the smallest noise share, in grid steps, without a warning: Kairouz–Liu–Steinke's τ is then below 10^-150 per
+#: summand (:func:`protocols.dp.discrete_gaussian.distributed_tau`), so the secure sum of the shares has the Rényi
+#: divergences of the discrete Gaussian of their total variance to double precision
+MIN_SHARE_GRID_STEPS = 6.0
+
+
+_warned_small_share = False
+
+
+def _warn_small_share(share: float, grid: float) -> None:
+    """Once a process: a share below :data:`MIN_SHARE_GRID_STEPS` grid steps. Then Kairouz–Liu–Steinke's correction
+    τ·d is not negligible and is not in the reported ε: this happens only at a σ whose ε is enormous anyway (on the
+    sensitivity's own grid, σ ≲ 6·2^-10·√(t/d)), or with a very coarse ``secure_aggregation.frac_bits``."""
+    global _warned_small_share
+    _warned_small_share = True
+    log.warning(
+        "warning: privacy.client.noise: clients: a noise share of std %.4g is %.3g steps of the grid %g; below %g steps "
+        "the secure sum of discrete Gaussian shares is not within a negligible distance of one (Kairouz, Liu & Steinke "
+        "2021), and the reported ε does not include the difference: raise secure_aggregation.frac_bits or σ",
+        share, share / grid, grid, MIN_SHARE_GRID_STEPS,
+    )  # fmt: skip
+
+
+def encoding_grid(cfg) -> float | None:
+    """The finest grid a noise share may use: secure aggregation's fixed-point step 2^-frac_bits (a share on a
+    coarser power-of-two grid passes the encoding exactly), or None without secure aggregation."""
+    if "secure_aggregation" not in cfg.protocols:
+        return None
+    return 2.0 ** -int(cfg.secure_aggregation.frac_bits)
+
+
+def update_dim(reply: Payload, rows_shape: tuple[int, int] | None) -> int:
+    """Coordinates of the released sum a client's update enters: every θ entry and, with ``rows_shape``, all C rows."""
+    d = sum(math.prod(t.shape) for t in reply["theta_delta"].values())
+    return int(d + (math.prod(rows_shape) if rows_shape is not None else 0))
+
+
 def add_client_noise(
-    reply: Payload, *, std: float, rows_shape: tuple[int, int] | None, stream: SecretStream, label: str
-) -> Payload:
-    """Distributed noise: this client's share N(0, std²) on every coordinate of Δθ and, if ``rows_shape``
-    is given, of all C class rows (``row_noise``, added where the update is packed for the secure sum).
+    reply: Payload, *, std: float, rows_shape: tuple[int, int] | None, stream: SecretStream, label: str,
+    clip_norm: float, finest_grid: float | None = None,
+) -> Payload:  # fmt: skip
+    """Distributed noise: this client's share on every coordinate of Δθ and, if ``rows_shape`` is given, of all C
+    class rows (``row_noise``, added where the update is packed for the secure sum).
+
+    The update is rounded to the public grid γ (:func:`protocols.dp.discrete_gaussian.release_grid` for sensitivity
+    ``clip_norm`` over every coordinate, no finer than ``finest_grid``, secure aggregation's 2^-frac_bits) and the
+    share is γ·Z, Z ~ N_Z(0, (std'/γ)²) with std' = ``std``·(S + γ√d)/S, the share of the grid-corrected noise: Δθ,
+    the client's row deltas and ``row_noise`` are float64 multiples of γ, which the fixed-point encoding carries
+    exactly, so the secure sum is exactly γ·(Σ rounded updates + Σ Z_c) (the sum of discrete Gaussian shares:
+    :mod:`protocols.dp.discrete_gaussian`, Kairouz–Liu–Steinke 2021).
 
     ``stream`` is the client's own secret (never the server's, never the public seed)."""
     out = dense_update(reply)
-    out["theta_delta"] = {
-        n: t + (std * stream.gaussian(t.shape, f"{label} {n}")).to(t.device, t.dtype) for n, t in out["theta_delta"].items()
-    }
+    grid, corrected = release_grid(clip_norm, update_dim(out, rows_shape), finest_grid)
+    share = std * corrected / clip_norm
+    if 0.0 < share < MIN_SHARE_GRID_STEPS * grid and not _warned_small_share:
+        _warn_small_share(share, grid)
+    out["theta_delta"] = {n: snap_and_noise(t, share, grid, stream, f"{label} {n}") for n, t in out["theta_delta"].items()}
+    if "rows_delta" in out:
+        out["rows_delta"] = snap(out["rows_delta"], grid)
     if rows_shape is not None:
-        out["row_noise"] = (std * stream.gaussian(rows_shape, f"{label} rows")).float()
+        out["row_noise"] = grid_noise(math.prod(rows_shape), share, grid, stream, f"{label} rows").reshape(rows_shape)
     return out
 
 
@@ -100,16 +154,22 @@ def noise_aggregate(
 ) -> Aggregate:
     """Gaussian noise on the sums (unless the clients added it) and fixed denominators (in place on ``agg``).
 
+    The noise is the discrete Gaussian on a public grid (:func:`protocols.dp.discrete_gaussian.snap_and_noise`): the
+    sums are rounded to γ = :func:`~protocols.dp.discrete_gaussian.release_grid` (sensitivity S over all their
+    coordinates) and γ·Z is added, std σ·(S + γ√d); the released sums are multiples of γ (then held in the
+    aggregate's dtype, a post-processing).
+
     ``stream`` is the server's secret; ``label`` names this round's draw."""
-    std = noise_multiplier * clip_norm if server_noise else 0.0
-    if std > 0.0:
-        for n, s in agg.theta_sum.items():
-            s.add_((std * stream.gaussian(s.shape, f"{label} {n}")).to(s.device, s.dtype))
+    if server_noise and noise_multiplier > 0.0:
+        sums = dict(agg.theta_sum)
+        if noise_rows:
+            sums["rows"] = agg.row_sum
+        d = sum(s.numel() for s in sums.values())
+        grid, corrected = release_grid(clip_norm, d)
+        std = noise_multiplier * corrected
+        for n, s in sums.items():
+            s.copy_(snap_and_noise(s, std, grid, stream, f"{label} {n}"))
     agg.theta_denominator = float(expected_clients)
     if noise_rows:
-        if std > 0.0:
-            agg.row_sum.add_(
-                (std * stream.gaussian(agg.row_sum.shape, f"{label} rows")).to(agg.row_sum.device, agg.row_sum.dtype)
-            )
         agg.row_denominator = expected_per_row.to(agg.row_sum.device)
     return agg

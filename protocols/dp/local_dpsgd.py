@@ -7,7 +7,8 @@ Each local step of client c:
    steps (Opacus's convention for Poisson loaders);
 2. **per-sample clipping**: each sample's gradient g_i (θ and, when the client trains them, its class rows,
    as one vector) is scaled to ‖g_i‖ ≤ C;
-3. **noise**: N(0, σ²C²) on every coordinate of the sum, from the client's own secret;
+3. **noise**: discrete Gaussian noise of std σ·(C + γ√d) on every coordinate of the sum rounded to the public grid
+   γ (:mod:`protocols.dp.discrete_gaussian`; γ√d ≤ 2^-10·C), from the client's own secret;
 4. the step's gradient is (Σ_i clip(g_i) + noise) / B with B = ``training.batch_size``, a *public* constant.
    (Opacus's ``DPOptimizer`` divides by the expected batch q·n; with the client's own n that divisor would
    change when an instance is added or removed, scaling every other gradient and the noise, which add/remove
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap
 from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.per_sample import GradientPrivatizer
 
@@ -68,17 +70,20 @@ class LocalDPSGD(GradientPrivatizer):
         return {n: torch.einsum("b,b...->...", f.to(g.dtype), g) for n, g in grads.items()}
 
     def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:
+        """The released step: the clipped sums rounded to the public grid γ and γ·Z added, Z discrete Gaussian of std
+        σ·(C + γ√d)/γ (:mod:`protocols.dp.discrete_gaussian`, one draw over every trained tensor in a fixed order),
+        then divided by the public divisor and held in each sum's dtype (post-processing of the on-grid values)."""
         names = sorted(sums)  # a fixed order of the one noise vector over every trained tensor
         sizes = [sums[n].numel() for n in names]
-        # float32 noise unless a sum is float64 (the sums are float32 or bf16 in every model family)
-        dtype = torch.float64 if any(sums[n].dtype == torch.float64 for n in names) else torch.float32
-        z = self.stream.gaussian((sum(sizes),), f"{self.label} {step} noise", dtype=dtype)
-        std = self.noise_multiplier * self.clip_norm
+        if self.noise_multiplier == 0.0:  # no DP noise (ε = ∞): the plain clipped step
+            return {n: sums[n] / self.divisor for n in names}
+        grid, corrected = release_grid(self.clip_norm, sum(sizes))
+        z = grid_noise(sum(sizes), self.noise_multiplier * corrected, grid, self.stream, f"{self.label} {step} noise")
         out, at = {}, 0
         for n, k in zip(names, sizes, strict=True):
             s = sums[n]
-            noise = (std * z[at : at + k]).to(s.dtype).reshape(s.shape).to(s.device)
-            out[n] = (s + noise) / self.divisor
+            noisy = snap(s, grid).add_(z[at : at + k].reshape(s.shape).to(s.device))
+            out[n] = (noisy / self.divisor).to(s.dtype)
             at += k
         return out
 

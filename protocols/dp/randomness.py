@@ -12,6 +12,10 @@ Each draw is addressed by a label (``"client-noise r12 fc1.weight"``): the outpu
 AES-256-CTR keyed by HKDF(key, label). So a resumed run redraws exactly what the interrupted one
 would have drawn from the checkpointed key alone, with no generator state to save.
 
+DP noise is drawn by :mod:`protocols.dp.discrete_gaussian` (an exact integer sampler over these words, released on
+a public grid); :meth:`SecretStream.gaussian` (floating-point Box–Muller) is no DP draw: it serves CKKS's decryption
+noise and the benchmark of the old noise path (``benchmarks/dp_noise.py``), and no DP module calls it (tested).
+
 ``privacy.noise_seed`` replaces the keys by ones derived from a number, for debugging; the run
 then says that its ε does not hold against anyone who knows that number.
 """
@@ -20,9 +24,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from protocols.crypto import hkdf, prg_words
 
@@ -57,6 +63,31 @@ class SecretStream:
     def _words(self, label: str, n: int) -> np.ndarray:
         return prg_words(hkdf(self._key, info=b"secure-fed draw " + label.encode()), n, bits=64)
 
+    def words(self, n: int, label: str) -> np.ndarray:
+        """``n`` uniform 64-bit words (uint64) for ``label``: the raw AES-CTR stream."""
+        return self._words(label, n)
+
+    def word_reader(self, label: str) -> Callable[[int], np.ndarray]:
+        """A reader of one AES-256-CTR key stream, keyed by HKDF(key, label): each call returns the next ``n`` words
+        (uint64). The discrete Gaussian sampler (:mod:`protocols.dp.discrete_gaussian`) reads its words this way, many
+        small reads a draw, with no key derivation or cipher set-up per read; what it returns is a function of the
+        key, the label and the sequence of read sizes (which the sampler's own draws decide), so a resumed run
+        rereads the same."""
+        key = hkdf(self._key, info=b"secure-fed word stream " + label.encode())
+        enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
+        zeros = bytearray(0)
+
+        def read(n: int) -> np.ndarray:
+            nonlocal zeros
+            size = 8 * int(n)
+            if len(zeros) < size:
+                zeros = bytearray(max(size, 2 * len(zeros)))
+            out = bytearray(size + 15)  # update_into wants a block's slack past what it writes
+            enc.update_into(memoryview(zeros)[:size], out)
+            return np.frombuffer(out, dtype="<u8", count=int(n))
+
+        return read
+
     def uniform(self, n: int, label: str) -> np.ndarray:
         """``n`` draws uniform on (0, 1]: 53 random bits each, offset by half a step (never 0; the top value rounds
         to 1.0 in float64, which Box–Muller maps to a radius of 0: harmless)."""
@@ -64,6 +95,9 @@ class SecretStream:
 
     def gaussian(self, shape: tuple[int, ...] | torch.Size, label: str, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """Standard normals of ``shape`` (CPU) by the Box–Muller transform of secret uniforms.
+
+        Not for DP noise: floating-point Gaussian noise is open to precision attacks (Mironov 2012); every DP draw
+        is a discrete Gaussian on a grid (:mod:`protocols.dp.discrete_gaussian`).
 
         ``dtype=torch.float64`` (the default): both uniforms have 53 bits and the transform runs in float64.
         ``dtype=torch.float32``, for noise that is added to float32 or bf16 tensors anyway (client DP-SGD draws
