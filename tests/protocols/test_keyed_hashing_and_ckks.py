@@ -425,3 +425,50 @@ def test_a_keyed_hashing_run_resumes_from_the_clients_own_storage(tmp_path):
     assert (resumed.label_perm == whole.label_perm).all()
     for n, t in whole.theta.items():
         assert torch.equal(resumed.theta[n], t), n
+
+
+# CKKS modulus chains on either side of each limit TenSEAL (SEAL 4) enforces: the total bits for the degree at
+# 128-bit security, 2-60 bits a prime, the scale below the data primes (all but the last) less one bit, enough
+# primes ≡ 1 mod 2N of each size, a special prime, a degree with a secure modulus. `validate` used to accept the
+# refused ones (e.g. [40, 60] at scale 40, or [61, 40, 60]) and the run then failed in TenSEAL with a traceback.
+CKKS_CHAINS = [
+    (4096, [49, 60], 40, True), (4096, [50, 60], 40, False),
+    (8192, [60, 40, 40, 40, 38], 40, True), (8192, [60, 40, 40, 40, 39], 40, False),
+    (8192, [60, 40, 60], 40, True), (8192, [61, 40, 60], 40, False),
+    (8192, [42, 60], 40, True), (8192, [41, 60], 40, False),
+    (8192, [60, 60], 58, True), (8192, [60, 60], 59, False),
+    (8192, [60, 18, 18], 40, True), (8192, [60, 18, 18, 18], 40, False),
+    (16384, [60, 18], 40, True), (16384, [60, 19], 40, False),
+    (8192, [60, 40], 40, True), (8192, [60], 40, False),
+    (65536, [60, 60], 40, False),
+]  # fmt: skip
+
+
+def _tenseal_sums(n: int, bits: list[int], scale: int) -> bool:
+    """Whether TenSEAL builds the context and the layer's operations work: encrypt under the public context,
+    add, decrypt with the secret key (values within the chain's headroom: |sum| < 2^(data bits − scale − 1))."""
+    try:
+        ctx = make_context(n, bits, scale)
+        pub = ts.context_from(public_bytes(ctx))
+        v = np.linspace(-0.25, 0.25, 16)
+        total = ts.ckks_vector(pub, v) + ts.ckks_vector(pub, v)
+        out = np.asarray(ts.ckks_vector_from(ctx, total.serialize()).decrypt())
+    except (ValueError, RuntimeError):
+        return False
+    assert np.max(np.abs(out - 2 * v)) < 1e-3
+    return True
+
+
+@pytest.mark.parametrize(("n", "bits", "scale", "ok"), CKKS_CHAINS, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CKKS_CHAINS])
+def test_ckks_config_accepts_exactly_the_modulus_chains_tenseal_builds_and_sums_with(n, bits, scale, ok):
+    from pydantic import ValidationError
+
+    from protocols.config import CKKSConfig
+
+    try:
+        CKKSConfig(poly_modulus_degree=n, coeff_mod_bit_sizes=bits, global_scale_bits=scale, decryption_noise=1e-3)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert accepted is ok
+    assert _tenseal_sums(n, bits, scale) is ok

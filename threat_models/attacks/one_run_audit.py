@@ -5,7 +5,7 @@ probability ½. After training the auditor scores every canary,
 ``s_i·(θ_T − θ_0)[j_i]``, guesses "inserted" for the k highest and "not
 inserted" for the k lowest, and abstains on the rest. If the training run is
 (ε, δ)-DP with respect to each canary, the number of correct guesses among the
-r = 2k is dominated as in the paper's Theorem 5.2:
+r = 2k is dominated as in the paper's main theorem with δ > 0 (their code ``p_value_DP_audit``):
 
     P[correct ≥ v] ≤ P[Binomial(r, e^ε/(1+e^ε)) ≥ v] + 2·m·δ·α(v),
     α(v) = max_{1≤i≤v} P[v−i ≤ Binomial(r, e^ε/(1+e^ε)) < v] / i,
@@ -19,15 +19,32 @@ suite fails on it. The bound is compared with the *client* unit, the unit
 canaries belong to, under the neighbouring relation the canaries use: flipping
 a canary replaces its owner's update (with or without the canary), so the
 add/remove ledger's (ε, δ) becomes (2ε, (1 + e^ε)δ) by group privacy over two
-changes, and the p-value's δ term uses that δ. A run without client-level DP has
-ε = ∞ for θ. Under DP-SGD in client training the canaries are instances (gradient canaries, see
-:mod:`threat_models.canaries`) and the bound is compared with the instance unit's (ε, δ) as is: flipping
-a canary adds or removes one instance.
+changes. A run without client-level DP has ε = ∞ for θ. Under DP-SGD in client
+training the canaries are instances (gradient canaries, see
+:mod:`threat_models.canaries`) and the relation is the instance unit's own
+add/remove relation.
+
+**The audit's δ.** The δ term 2·m·δ·α(v) of the p-value can swamp the level:
+at ε = 8, δ = 1e-5 the replacement δ is (1 + e^8)·1e-5 ≈ 0.03, and with
+m = 200 canaries even 200 right guesses of 200 cannot reject ε = 0 (the
+audit is vacuous). So the p-value uses the audit δ
+``min(relation δ, level / (4m))``: α ≤ 1, so the δ term then takes at most
+half the level and the bound is at least the pure-DP (δ = 0) bound at half
+the level. The δ is fixed before the scores are seen, from public facts
+(m, the confidence, the ledger's (σ, q, steps)). The bound is then compared
+with the accountant's ε *at that δ*: the privacy curve ε(δ') of the ledger's
+history gives, for the client unit, (2ε(δ'), (1 + e^{ε(δ')})δ') for replacement
+at every δ', and the largest δ' whose replacement δ is within the audit δ
+gives the ε compared with (∞ where the e^ε factor allows none: very weak
+noise). The report says which δ was used, whether the ledger's own δ would
+have been vacuous, and whether the audit is vacuous even so (too few
+canaries: for every k even 2k right guesses cannot reject ε = 0).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy import stats
@@ -72,6 +89,125 @@ def epsilon_lower_bound(*, m: int, r: int, v: int, delta: float, level: float) -
     return lo
 
 
+def guess_counts(m: int) -> list[int]:
+    """The k tried (k highest and k lowest scores guessed, r = 2k), fixed by m alone."""
+    return sorted({k for k in (m // 50, m // 20, m // 10, m // 5, m // 2) if k >= 1})
+
+
+def per_k_level(confidence: float, m: int) -> float:
+    """The level each k is tested at: 1 − confidence split over the k tried (Bonferroni)."""
+    return (1.0 - confidence) / max(len(guess_counts(m)), 1)
+
+
+def delta_cap(m: int, level: float) -> float:
+    """The largest audit δ whose p-value term 2·m·δ·α (α ≤ 1) is at most half the level."""
+    return level / (4.0 * m)
+
+
+def vacuous(*, m: int, delta: float, level: float) -> bool:
+    """Whether no outcome can give a bound > 0: for every k, even 2k right guesses of 2k fail to reject ε = 0."""
+    return all(p_value(m=m, r=2 * k, v=2 * k, eps=0.0, delta=delta) >= level for k in guess_counts(m))
+
+
+def ledger_history(report: dict) -> list[tuple[float, float, int]]:
+    """The (σ, q, steps) of each mechanism of a privacy unit's report (its ledger composes them)."""
+    mechs = report.get("mechanisms") or {"": report}
+    return [(float(x["noise_multiplier"]), float(x["sample_rate"]), int(x["steps"])) for x in mechs.values() if int(x["steps"])]
+
+
+def _epsilon(history, delta: float, accountant: str) -> float:
+    """The ledger accountant's ε at δ; RDP's (a valid, looser bound) where the PRV accountant fails at a tiny δ."""
+    from protocols.dp.accountant import epsilon_of
+
+    if not history:
+        return 0.0
+    rdp = epsilon_of(history, delta, "rdp")
+    if accountant == "rdp":
+        return rdp
+    try:
+        return min(rdp, epsilon_of(history, delta, accountant))
+    except Exception:  # noqa: BLE001 - the RDP ε stays a valid upper bound
+        return rdp
+
+
+def replacement_epsilon_at(history, delta: float, accountant: str) -> tuple[float, float]:
+    """(ε*, δ'): replacement ε* = 2ε(δ') at the largest δ' whose replacement δ (1 + e^{ε(δ')})·δ' is ≤ ``delta``
+    (bisection on log δ', by the RDP curve; ∞ when no δ' ≥ 1e-300 qualifies)."""
+    if not history:
+        return 0.0, delta
+
+    def log_g(log_d: float) -> float:  # log of the replacement δ at δ' = e^log_d
+        with warnings.catch_warnings():  # Opacus's notes on the order chosen at trial δ' values describe those only
+            warnings.simplefilter("ignore")
+            eps = _epsilon(history, math.exp(log_d), "rdp")
+        return log_d + (eps + math.log1p(math.exp(-eps)) if eps > 0 else math.log(2.0))
+
+    target = math.log(delta)
+    lo, hi = math.log(1e-300), math.log(delta / 2.0)
+    if log_g(hi) <= target:
+        lo = hi
+    elif log_g(lo) > target:
+        return math.inf, 0.0
+    else:
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if log_g(mid) <= target:
+                lo = mid
+            else:
+                hi = mid
+    d = math.exp(lo)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return 2.0 * _epsilon(history, d, accountant), d
+
+
+def audit_plan(*, m: int, confidence: float, unit: str, report: dict | None) -> dict:
+    """The δ the p-value uses and the accountant's ε at that δ, from public facts only (m, the confidence, the unit's
+    ledger report), fixed before any score is seen. ``unit``: the canaries' unit (client: replacement relation)."""
+    level = per_k_level(confidence, m)
+    cap = delta_cap(m, level)
+    if report is None:
+        eps, delta, history, acct = math.inf, 0.0, [], "rdp"
+    else:
+        eps, delta = float(report["epsilon"]), float(report["delta"])
+        history, acct = ledger_history(report), str(report.get("accountant", "rdp"))
+    if unit == "client":
+        rel_eps, rel_delta = replacement_privacy(eps, delta)
+    else:
+        rel_eps, rel_delta = eps, delta
+    if not math.isfinite(rel_eps):
+        rel_delta = 0.0  # no DP for this unit: nothing to compare with, the pure (δ = 0) bound
+    plan = {"unit": unit, "relation": "replacement" if unit == "client" else "add/remove", "level": level,
+            "ledger_epsilon": eps, "ledger_delta": delta, "relation_delta": rel_delta,
+            "vacuous_at_relation_delta": vacuous(m=m, delta=rel_delta, level=level)}  # fmt: skip
+    with warnings.catch_warnings():  # Opacus's notes on the ledger's own ε were shown when training reported it
+        warnings.simplefilter("ignore")
+        recomputed = _epsilon(history, delta, acct) if math.isfinite(eps) else math.inf
+    if rel_delta <= cap or not math.isclose(recomputed, eps, rel_tol=1e-6, abs_tol=1e-9):
+        # the ledger's own δ already leaves the level to the guesses (or its history cannot be recomputed)
+        if not math.isfinite(rel_eps):
+            why = f"no DP for the {unit} unit: the pure (δ = 0) bound, nothing to compare it with"
+        elif rel_delta <= cap:
+            why = f"the ledger's δ under the canaries' relation, {rel_delta:.3g}, is ≤ level/(4m) = {cap:.3g}: used as is"
+        else:
+            why = "the ledger's ε could not be recomputed from its (σ, q, steps): the relation's δ is used as is"
+        plan.update(delta=rel_delta, epsilon=rel_eps, accountant_delta=delta, why=why)
+    else:
+        if unit == "client":
+            comp_eps, d_prime = replacement_epsilon_at(history, cap, acct)
+        else:
+            comp_eps, d_prime = _epsilon(history, cap, acct), cap
+        plan.update(delta=cap, epsilon=comp_eps, accountant_delta=d_prime,
+                    why=f"δ = level/(4m) = {cap:.3g} < the relation's δ {rel_delta:.3g}, so the δ term uses at most half "
+                        "the level; compared with the accountant's ε at that δ"
+                        + ("" if math.isfinite(comp_eps) else " (∞: no δ' makes (1 + e^ε(δ'))·δ' that small)"))  # fmt: skip
+    plan["vacuous"] = vacuous(m=m, delta=plan["delta"], level=level)
+    if plan["vacuous"]:
+        plan["why"] += (f"; vacuous: with m = {m}, for every k in {guess_counts(m)} even 2k right guesses of 2k cannot "
+                        f"reject ε = 0 at level {level:.3g}, so the bound is 0 whatever the run")  # fmt: skip
+    return plan
+
+
 class OneRunAudit(Attack):
     spec = ONE_RUN_AUDIT
 
@@ -86,22 +222,11 @@ class OneRunAudit(Attack):
         secret = {k: v for k, v in st.items() if k != "included"}  # the guess must not read the bits
         from threat_models.canaries import DiracCanaries
 
-        priv = ctx.privacy()
-        units = priv.get("units", {})
-        client = units.get("client")
-        acct = {"epsilon": math.inf, "delta": 0.0, "replacement_epsilon": math.inf, "replacement_delta": 0.0}
-        if getattr(c, "unit", "client") == "instance":
-            # instance canaries: flipping a bit adds or removes one instance, the instance unit's own relation
-            inst = units.get("instance")
-            eps = float(inst["epsilon"]) if inst else math.inf
-            delta = float(inst["delta"]) if inst else 0.0
-            acct = {"epsilon": eps, "delta": delta, "replacement_epsilon": eps, "replacement_delta": delta, "unit": "instance"}
-        elif client:
-            eps, delta = float(client["epsilon"]), float(client["delta"])
-            acct = {"epsilon": eps, "delta": delta, **dict(zip(("replacement_epsilon", "replacement_delta"),
-                                                                 replacement_privacy(eps, delta), strict=True))}  # fmt: skip
+        unit = getattr(c, "unit", "client")
+        report = ctx.privacy().get("units", {}).get(unit)
+        plan = audit_plan(m=int(c.m), confidence=self.options.confidence, unit=unit, report=report)
         return {"canaries": DiracCanaries.from_state_dict({**secret, "included": None})}, {
-            "included": st["included"], "accountant": acct, "confidence": self.options.confidence,
+            "included": st["included"], "plan": plan, "confidence": self.options.confidence,
         }  # fmt: skip
 
     def run(self, view, aux):
@@ -111,11 +236,8 @@ class OneRunAudit(Attack):
     def score(self, guess, truth):
         s, inc = guess["scores"], np.asarray(truth["included"], bool)
         m = len(s)
-        acct = truth["accountant"]
-        bound_eps = acct["replacement_epsilon"]
-        delta = acct["replacement_delta"] if math.isfinite(bound_eps) else 0.0
-        ks = sorted({k for k in (m // 50, m // 20, m // 10, m // 5, m // 2) if k >= 1})
-        level = (1.0 - truth["confidence"]) / max(len(ks), 1)
+        plan = truth["plan"]
+        delta, level, ks = plan["delta"], plan["level"], guess_counts(m)
         order = np.argsort(-s, kind="stable")
         best = {"epsilon_lower_bound": 0.0, "guesses": 0, "correct": 0, "k": 0}
         for k in ks:
@@ -127,10 +249,11 @@ class OneRunAudit(Attack):
         lb = best["epsilon_lower_bound"]
         return AttackResult(
             attack=self.name, role=self.role.value,
-            metrics={"epsilon_lower_bound": lb, "accountant_epsilon": acct["epsilon"],
-                     "replacement_epsilon": bound_eps, "exceeds_accountant": bool(lb > bound_eps)},
+            metrics={"epsilon_lower_bound": lb, "accountant_epsilon": plan["ledger_epsilon"],
+                     "replacement_epsilon": plan["epsilon"], "exceeds_accountant": bool(lb > plan["epsilon"]),
+                     "vacuous": plan["vacuous"]},
             chance={"epsilon_lower_bound": 0.0},
             details={"canaries": m, "inserted": int(inc.sum()), "confidence": truth["confidence"], "delta": delta,
-                     "unit": acct.get("unit", "client"),
+                     "unit": plan["unit"], "audit_delta": {k: v for k, v in plan.items() if k != "unit"},
                      "k_tried": ks, **{k: v for k, v in best.items() if k != "epsilon_lower_bound"}},
         )  # fmt: skip
