@@ -70,7 +70,7 @@ def collect(args, out: Path) -> dict[str, Any]:
             for label, _ in methods(args.alphas):
                 rd = run_dir(out, d, label, seed)
                 s = json.loads((rd / "summary.json").read_text())
-                if s["status"] != "completed":
+                if s["status"] not in ("completed", "completed_with_aborts"):
                     raise SystemExit(f"error: {rd} ended with status {s['status']}: {s.get('stop_reason')}")
                 rows[label] = figures(s)
             for share in TARGETS:

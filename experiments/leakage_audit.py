@@ -19,7 +19,7 @@ Stacks (``configs/leakage_audit.yaml``; each run is cached and resumable under `
 
 Writes ``DIR/results.json`` (stack → protocols, privacy, attack → metrics, chance, details),
 ``DIR/table.md`` (attack × stack with chance levels), ``DIR/roc.png`` (LiRA ROC per stack, log axes)
-and ``DIR/success_vs_epsilon.png``. Each run directory also holds its own ``attacks.json``.
+and ``DIR/success_vs_epsilon.png``. Each run directory also holds its own ``private/attacks.json``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from secure_fed.run_files import attacks_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CONFIGS, default_workers  # noqa: E402
@@ -50,7 +52,7 @@ def stack_overrides(stack: str, rounds: int, shadow_dir: str) -> list[str]:
         ov += [
             "protocols=[dp]",
             f"privacy.client={{clip_norm: {CLIENT_CLIP}, target_epsilon: {eps}}}",
-            f"privacy.instance={{clip_norm: {INSTANCE_CLIP}, target_epsilon: {eps}, sample_rate: 0.1}}",
+            f"privacy.instance={{clip_norm: {INSTANCE_CLIP}, target_epsilon: {eps}, sample_rate: 0.1, expected_batch_size: 488}}",
         ]
     elif stack == "keyed_hashing":
         ov.append("protocols=[keyed_hashing]")
@@ -62,7 +64,7 @@ def stack_overrides(stack: str, rounds: int, shadow_dir: str) -> list[str]:
 def _audit(run_dir: Path, data_root: str | None) -> dict[str, Any]:
     from threat_models.audit import audit_run_dir
 
-    done = run_dir / "attacks.json"
+    done = attacks_path(run_dir)
     if done.is_file():
         return json.loads(done.read_text())
     return audit_run_dir(run_dir, data_root=data_root, progress=False)
@@ -113,7 +115,7 @@ def _train(cfg, run_dir: Path, data_root: str | None) -> None:
             raise SystemExit(
                 f"{run_dir} holds a {done.get('rounds_planned')}-round run, not {cfg.training.rounds}: use another --out"
             )
-        if done.get("status") in ("completed", "budget_exhausted"):
+        if done.get("status") in ("completed", "completed_with_aborts", "budget_exhausted"):
             return
     exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
     exp.resume()
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{s}: done", flush=True)
     else:
         for s in stacks:
-            f = out / "runs" / s / "attacks.json"
+            f = attacks_path(out / "runs" / s)
             if f.is_file():
                 results[s] = json.loads(f.read_text())
     results = {s: results[s] for s in stacks if s in results}

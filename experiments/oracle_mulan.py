@@ -56,7 +56,7 @@ def base_overrides(dataset: str, seed: int) -> list[str]:
 def run(method_cfg: str, overrides: list[str], run_dir: Path, data_root: str | None) -> dict[str, Any]:
     t = time.perf_counter()
     s = run_cached(str(CONFIGS / f"bibtex_{method_cfg}.yaml"), overrides, str(run_dir), data_root, 1)
-    if s.get("status") != "completed":
+    if s.get("status") not in ("completed", "completed_with_aborts"):
         raise SystemExit(f"error: {run_dir} ended with status {s.get('status')}: {s.get('stop_reason')}")
     print(f"    {run_dir.name}: done in {time.perf_counter() - t:.0f}s (wall of the run {s['wall_seconds']:.0f}s)", flush=True)
     return s

@@ -121,7 +121,7 @@ def collect_runs(out: Path) -> dict[tuple[str, int], dict]:
     found = {}
     for summ in sorted((out / "runs").glob("*-seed*/summary.json")):
         s = json.loads(summ.read_text())
-        if s.get("status") != "completed":
+        if s.get("status") not in ("completed", "completed_with_aborts"):
             continue
         stem, _, seed = summ.parent.name.rpartition("-seed")
         label = stem.replace("-lam", ":")

@@ -3,14 +3,17 @@
 ``secure-fed report RUN…`` and ``secure-fed tradeoff`` write the same page (``report.html``): no network, no
 external file — the plots are PNGs in ``data:`` URLs, the table sorts with a few lines of inline script (click
 a column header), and a filter box narrows the rows. Each run contributes what its released files hold:
-``summary.json`` (method, seed, status, ε, δ, σ, final metrics), ``config.yaml`` (the target ε) and, when an
-audit ran, ``attacks.json`` (each attack's metrics with their confidence intervals, the audit's ε lower bound).
+``summary.json`` (method, seed, status, ε, δ, σ, final metrics) and ``config.yaml`` (the target ε). The operator's
+page (``operator=True``) adds, when an audit ran, ``private/attacks.json``: each attack's metrics with their
+confidence intervals and the audit's ε lower bound, computed from the members, in columns named ``operator.…``
+(:data:`~secure_fed.run_files.OPERATOR_PREFIX`); a page or table with such columns is operator-only and is written
+under a ``private/`` directory, never beside the released files.
 
 Plots, where the runs have what they need:
 
 * utility vs ε, one line per method, mean over seeds with a min–max band (ε = ∞ at the right end);
-* attack success vs ε against the attack's chance level;
-* the one-run audit's ε lower bound against the accountant's ε (it must stay under the diagonal);
+* (operator) attack success vs ε against the attack's chance level;
+* (operator) the one-run audit's ε lower bound against the accountant's ε (it must stay under the diagonal);
 * a metric against the round, one line per (method, ε), mean over seeds.
 """
 
@@ -30,6 +33,11 @@ import yaml
 
 from secure_fed.errors import SecureFedError
 from secure_fed.report import load_run
+from secure_fed.run_files import OPERATOR_PREFIX, PRIVATE_DIR, attacks_path
+
+OPERATOR_DIR = PRIVATE_DIR
+OPERATOR_NOTE = ("operator-only: the operator.… columns and the attack plots are computed from the members (each run's "
+                 "private/attacks.json); do not release this page")  # fmt: skip
 
 #: metrics preferred as "utility" on the plots, in order (the first one the runs have)
 UTILITY_KEYS = ("P@1", "mAP", "GmAP", "C-F1")
@@ -57,8 +65,9 @@ def _target_epsilon(summary: dict[str, Any], cfg: dict[str, Any]) -> float:
     return _num(summary.get("privacy", {}).get("epsilon"))
 
 
-def run_row(run_dir: Path, *, method: str | None = None) -> dict[str, Any]:
-    """One table row for a run directory: what its released files say."""
+def run_row(run_dir: Path, *, method: str | None = None, operator: bool = False) -> dict[str, Any]:
+    """One table row for a run directory: what its released files say; with ``operator``, also its audit's results
+    (``private/attacks.json``) in ``operator.…`` columns."""
     history, summary = load_run(run_dir)
     summary = summary or {}
     cfg_path = run_dir / "config.yaml"
@@ -90,21 +99,41 @@ def run_row(run_dir: Path, *, method: str | None = None) -> dict[str, Any]:
     }
     final = summary.get("final") or ({k: v for k, v in history[-1].items() if k not in ("round", "privacy")} if history else {})
     row.update({k: v for k, v in final.items() if isinstance(v, (int, float))})
-    attacks = run_dir / "attacks.json"
-    if attacks.is_file():
-        try:
-            doc = json.loads(attacks.read_text())
-        except json.JSONDecodeError:
-            raise SecureFedError(f"{attacks}: not valid JSON") from None
-        for name, res in doc.get("attacks", {}).items():
-            if "skipped" in res:
-                row[f"{name}.skipped"] = res["skipped"]
-            for key, val in _flatten(res.get("metrics", {})).items():
-                row[f"{name}.{key}"] = val
-            for key, val in _flatten(res.get("chance", {})).items():
-                row[f"{name}.{key}.chance"] = val
+    if operator:
+        row.update(operator_columns(run_dir))
     row["run_dir"] = str(run_dir)
     return row
+
+
+def operator_columns(run_dir: Path) -> dict[str, Any]:
+    """The run's audit results (``private/attacks.json``, computed from the members) as ``operator.…`` columns;
+    none when no audit ran."""
+    attacks = attacks_path(run_dir)
+    if not attacks.is_file():
+        return {}
+    try:
+        doc = json.loads(attacks.read_text())
+    except json.JSONDecodeError:
+        raise SecureFedError(f"{attacks}: not valid JSON") from None
+    row: dict[str, Any] = {}
+    for name, res in doc.get("attacks", {}).items():
+        col = f"{OPERATOR_PREFIX}{name}"
+        if "skipped" in res:
+            row[f"{col}.skipped"] = res["skipped"]
+        for key, val in _flatten(res.get("metrics", {})).items():
+            row[f"{col}.{key}"] = val
+        for key, val in _flatten(res.get("chance", {})).items():
+            row[f"{col}.{key}.chance"] = val
+    return row
+
+
+def released(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` without its operator-only columns: what a released table may hold."""
+    return {k: v for k, v in row.items() if not k.startswith(OPERATOR_PREFIX)}
+
+
+def has_operator_columns(rows: list[dict[str, Any]]) -> bool:
+    return any(k.startswith(OPERATOR_PREFIX) for r in rows for k in r)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -121,6 +150,9 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    """The rows as CSV; one with operator-only columns must be written under a ``private/`` directory."""
+    if has_operator_columns(rows) and OPERATOR_DIR not in path.parent.parts:
+        raise ValueError(f"{path}: a table with operator-only columns goes under a {OPERATOR_DIR}/ directory")
     cols = _columns(rows)
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
@@ -199,7 +231,8 @@ def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None):
 
 
 def _audit_plot(plt, rows):
-    pts = [(_num(r.get("epsilon")), _num(r.get("one_run_audit.epsilon_lower_bound")), r["method"]) for r in rows]
+    bound = f"{OPERATOR_PREFIX}one_run_audit.epsilon_lower_bound"
+    pts = [(_num(r.get("epsilon")), _num(r.get(bound)), r["method"]) for r in rows]
     pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
     if not pts:
         return None
@@ -255,9 +288,10 @@ def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes]]:
                      _eps_plot(plt, rows, util, ylabel=util, title=f"utility ({util}) vs ε; band: seed min–max")))  # fmt: skip
     attack_keys = sorted({k for r in rows for k in r if k.endswith(".auc") and not k.endswith(".chance")})
     for k in attack_keys:
-        fig = _eps_plot(plt, rows, k, ylabel=k, title=f"attack success ({k}) vs ε", chance_key=f"{k}.chance")
-        figs.append((f"attack_{k.replace('.', '_')}_vs_epsilon.png", f"{k} vs ε", fig))
-    figs.append(("audit_vs_accountant.png", "audit lower bound vs accountant ε", _audit_plot(plt, rows)))
+        name = k.removeprefix(OPERATOR_PREFIX)
+        fig = _eps_plot(plt, rows, k, ylabel=name, title=f"attack success ({name}) vs ε", chance_key=f"{k}.chance")
+        figs.append((f"attack_{name.replace('.', '_')}_vs_epsilon.png", f"{name} vs ε (operator-only)", fig))
+    figs.append(("audit_vs_accountant.png", "audit lower bound vs accountant ε (operator-only)", _audit_plot(plt, rows)))
     if util:
         figs.append(("metric_vs_round.png", f"{util} by round", _round_plot(plt, rows, util)))
     for name, title, fig in figs:
@@ -344,11 +378,16 @@ def write_html(rows: list[dict[str, Any]], out: Path, *, title: str, plots: list
 
 def html_report(run_dirs: list[Path], out: Path, *, title: str = "secure-fed runs", methods: dict[str, str] | None = None,
                 notes: list[str] | None = None, plots_dir: Path | None = None,
-                rows: list[dict[str, Any]] | None = None) -> Path:  # fmt: skip
+                rows: list[dict[str, Any]] | None = None, operator: bool = False) -> Path:  # fmt: skip
     """Rows, plots and the page for ``run_dirs`` (``methods``: run dir → method label, default the algorithm; ``rows``:
-    rows already built, e.g. with the swept target ε). With ``plots_dir`` the PNGs are also written there as files."""
+    rows already built, e.g. with the swept target ε; ``operator``: with the audits' columns). With ``plots_dir`` the
+    PNGs are also written there as files. A page with operator-only columns must be written under ``private/``."""
     if rows is None:
-        rows = [run_row(Path(d), method=(methods or {}).get(str(d))) for d in run_dirs]
+        rows = [run_row(Path(d), method=(methods or {}).get(str(d)), operator=operator) for d in run_dirs]
+    if has_operator_columns(rows):
+        if OPERATOR_DIR not in out.parent.parts:
+            raise ValueError(f"{out}: a page with operator-only columns goes under a {OPERATOR_DIR}/ directory")
+        notes = [OPERATOR_NOTE, *(notes or [])]
     plots = make_plots(rows)
     if plots_dir is not None:
         plots_dir.mkdir(parents=True, exist_ok=True)

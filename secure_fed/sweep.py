@@ -17,9 +17,10 @@ import yaml
 
 from secure_fed.config.loader import first_difference
 from secure_fed.errors import SecureFedError
+from secure_fed.run_status import TRAINED
 
 #: statuses after which a run is not resumed by a sweep (failed and diverged runs would only repeat the failure)
-FINISHED = ("completed", "budget_exhausted", "failed", "diverged")
+FINISHED = (*TRAINED, "failed", "diverged")
 _IGNORED = {("output", "progress")}
 
 

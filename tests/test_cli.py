@@ -143,17 +143,26 @@ def test_run_with_attacks_then_audit_a_finished_run(tmp_path):
     r = cli("run", *sets, "--set", "attacks.run=[token_linkage,one_run_audit]", "--set", "attacks.one_run_audit.canaries=50",
             "--out", str(run))  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "token_linkage: linked" in r.stdout and (run / "attacks.json").is_file()
-    doc = json.loads((run / "attacks.json").read_text())
+    # computed from the members: operator-only, in private/ (nothing of it beside the released files)
+    assert "token_linkage: linked" in r.stdout and (run / "private" / "attacks.json").is_file()
+    assert not (run / "attacks.json").exists() and not (run / "roc.png").exists()
+    doc = json.loads((run / "private" / "attacks.json").read_text())
     assert set(doc["attacks"]) == {"token_linkage", "one_run_audit"}
     for entry in doc["attacks"].values():
         assert {"role", "metrics", "chance"} <= set(entry)
     # audit again from the run directory, adding an attack: earlier results are kept
     a = cli("audit", str(run), "--attacks", "label_deanonymization")
     assert a.returncode == 0, a.stderr
-    doc = json.loads((run / "attacks.json").read_text())
+    assert f"wrote {run / 'private' / 'attacks.json'}" in a.stdout and not (run / "attacks.json").exists()
+    doc = json.loads((run / "private" / "attacks.json").read_text())
     assert set(doc["attacks"]) == {"token_linkage", "one_run_audit", "label_deanonymization"}
     assert doc["attacks"]["label_deanonymization"]["metrics"]["reidentified"] == 1.0
+    # the report: its page beside the run holds no audit result; the operator's, in private/, has them all
+    rep = cli("report", str(run))
+    assert rep.returncode == 0, rep.stderr
+    public, operator = (run / "report.html").read_text(), (run / "private" / "report.html").read_text()
+    assert "token_linkage" not in public and "reidentified" not in public
+    assert "operator.label_deanonymization.reidentified" in operator and "operator-only" in operator
 
 
 def test_audit_errors_are_one_line(tmp_path):
@@ -168,7 +177,8 @@ def test_audit_errors_are_one_line(tmp_path):
     u = cli("audit", str(tmp_path / "r"), "--attacks", "foo")
     assert u.returncode == 2 and "unknown attack 'foo'" in u.stderr
     e = cli("audit", str(tmp_path / "r"), "--attacks", "")  # was read as "every attack" (16 shadow models)
-    assert e.returncode == 2 and "name at least one attack" in e.stderr and not (tmp_path / "r" / "attacks.json").exists()
+    assert e.returncode == 2 and "name at least one attack" in e.stderr
+    assert not (tmp_path / "r" / "private" / "attacks.json").exists()
     final = tmp_path / "r" / "checkpoints" / "final.pt"
     kept = final.read_bytes()
     final.write_bytes(b"x")  # a damaged released model: one line naming the file (was an UnpicklingError traceback)

@@ -54,7 +54,8 @@ def runs(tmp_path_factory) -> list[Path]:
         ov = [*SMALL, "training.rounds=2", "algorithm.name=fedaws", "attacks.run=[membership_inference]",
               "attacks.membership_inference.shadows=0"]  # fmt: skip
         if name.startswith("dp"):
-            ov += ["protocols=[dp]", 'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5}']
+            ov += ["protocols=[dp]",
+                'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}']
         exp = Experiment(load_config(overrides=[*ov, *extra]), run_dir=tmp_path / name)
         exp.run(progress=False)
         audit(AuditContext(exp), progress=False)
@@ -63,11 +64,31 @@ def runs(tmp_path_factory) -> list[Path]:
 
 
 def test_rows_carry_the_target_the_accountant_and_the_attacks(runs):
-    rows = [run_row(r) for r in runs]
+    rows = [run_row(r, operator=True) for r in runs]
     assert [r["target_epsilon"] for r in rows] == [4.0, 4.0, math.inf]
     assert all(0 < r["epsilon"] <= 4 for r in rows[:2]) and math.isinf(rows[2]["epsilon"])
-    assert all(0.0 <= r["membership_inference.loss.auc"] <= 1.0 for r in rows)
-    assert rows[0]["membership_inference.loss.auc.chance"] == 0.5
+    # the audit's results: read from each run's private/attacks.json, in operator-only columns
+    assert all((r / "private" / "attacks.json").is_file() and not (r / "attacks.json").exists() for r in runs)
+    assert all(0.0 <= r["operator.membership_inference.loss.auc"] <= 1.0 for r in rows)
+    assert rows[0]["operator.membership_inference.loss.auc.chance"] == 0.5
+    # a released row (the default) has none of them
+    assert all(not any("membership_inference" in k for k in run_row(r)) for r in runs)
+
+
+def test_operator_columns_stay_out_of_released_tables_and_pages(tmp_path, runs):
+    from secure_fed.html_report import released, write_csv
+
+    rows = [run_row(r, operator=True) for r in runs]
+    with pytest.raises(ValueError, match="operator-only"):
+        write_csv(rows, tmp_path / "results.csv")
+    with pytest.raises(ValueError, match="operator-only"):
+        html_report(runs, tmp_path / "report.html", rows=rows)
+    assert not (tmp_path / "results.csv").exists() and not (tmp_path / "report.html").exists()
+    write_csv([released(r) for r in rows], tmp_path / "results.csv")
+    assert "membership_inference" not in (tmp_path / "results.csv").read_text()
+    (tmp_path / "private").mkdir()
+    page = html_report(runs, tmp_path / "private" / "report.html", operator=True).read_text()
+    assert "operator.membership_inference.loss.auc" in page and "operator-only" in page
 
 
 def test_a_run_in_progress_shows_its_ledger_not_infinity(tmp_path, runs):
@@ -83,7 +104,8 @@ def test_a_run_in_progress_shows_its_ledger_not_infinity(tmp_path, runs):
 
 
 def test_report_html_renders_in_a_headless_browser(tmp_path, runs):
-    page = html_report(runs, tmp_path / "report.html", title="browser test")
+    (tmp_path / "private").mkdir()  # the operator's page (with the attack plots) goes under private/
+    page = html_report(runs, tmp_path / "private" / "report.html", title="browser test", operator=True)
     driver = _browser()
     try:
         driver.get(page.as_uri())

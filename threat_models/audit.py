@@ -1,4 +1,7 @@
-"""The audit harness: run attacks on a finished run and write ``attacks.json`` and plots.
+"""The audit harness: run attacks on a finished run and write ``private/attacks.json`` and plots.
+
+Everything an audit writes is computed from the members (their scores and MIA curves, the training-set size), so
+it goes to the run's operator-only ``private/`` directory, never beside the released files.
 
 For each attack: ``prepare`` (simulator: auxiliary knowledge and ground truth)
 → ``run`` (attacker: its role's view and the auxiliary knowledge only) →
@@ -13,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from secure_fed.run_files import attacks_path
 from threat_models import ATTACKS
 from threat_models.context import AuditContext
 from threat_models.plots import ROC_LABELS, plot_run
@@ -35,9 +39,10 @@ def _jsonable(x: Any) -> Any:
 def audit(
     ctx: AuditContext, names: list[str] | None = None, *, out_dir: str | Path | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Run ``names`` (default: the config's ``attacks.run``) on ``ctx``; write ``attacks.json`` and ``roc.png``."""
+    """Run ``names`` (default: the config's ``attacks.run``) on ``ctx``; write ``attacks.json`` and ``roc.png`` in
+    ``out_dir`` (default: the run's operator-only ``private/``)."""
     names = names or ctx.cfg.attacks.names() or list(ATTACKS)
-    out_dir = Path(out_dir or ctx.exp.run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else attacks_path(ctx.exp.run_dir).parent
     results: dict[str, Any] = {}
     for name in names:
         cls = ATTACKS[name]
@@ -112,8 +117,8 @@ def headline(name: str, entry: dict[str, Any]) -> str:
         return "; ".join(parts)
     if name == "one_run_audit":
         return (
-            f"ε lower bound {m['epsilon_lower_bound']:.3f} ≤ replacement ε {m['replacement_epsilon']} "
-            f"(2 × add/remove ε {m['accountant_epsilon']}: a canary flip replaces its owner's update)"
+            f"ε lower bound {m['epsilon_lower_bound']:.3f} ≤ ε {m['replacement_epsilon']} at the audit's δ "
+            f"(ledger ε {m['accountant_epsilon']}){' — vacuous: no outcome could give a bound > 0' if m.get('vacuous') else ''}"
         )
     if name == "update_inversion":
         ind = m.get("individual")

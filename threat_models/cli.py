@@ -7,6 +7,7 @@ from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
 from secure_fed.io import check_writable_dir
+from secure_fed.run_files import attacks_path
 from secure_fed.specs import attack_specs
 
 
@@ -24,7 +25,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
-    check_writable_dir(run_dir, what="run directory")  # attacks.json goes there: refused before any attack runs
+    check_writable_dir(attacks_path(run_dir).parent, what="run directory's private/")  # refused before any attack runs
     from threat_models.audit import audit_run_dir
 
     print(f"auditing {run_dir}")
@@ -32,12 +33,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
         audit_run_dir(run_dir, names, data_root=args.data_root)
     except FileNotFoundError as exc:
         raise SecureFedError(str(exc)) from exc
-    print(f"wrote {run_dir / 'attacks.json'}")
+    print(f"wrote {attacks_path(run_dir)} (operator-only: computed from the members; do not release it)")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("audit", help="run attacks (threat_models) on a finished run; writes RUN_DIR/attacks.json")
+    p = sub.add_parser("audit", help="run attacks (threat_models) on a finished run; writes RUN_DIR/private/attacks.json")
     p.add_argument("run_dir", help="a finished run directory")
     p.add_argument(
         "--attacks", default=None, help="comma-separated attack names or 'all' (default: the run's attacks.run, else all)"

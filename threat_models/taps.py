@@ -4,7 +4,7 @@ Registered under the ``secure_fed.callbacks`` entry points; active when ``attack
 attack. During training it records the server's view (:class:`~threat_models.views.ServerTap`) and
 inserts the auditor's canaries (:class:`~threat_models.canaries.DiracCanaries`); both are saved
 apart from the server's checkpoint (``server_view.pt``, ``auditor.pt``). When ``secure-fed run``
-ends, it runs the configured attacks and writes ``attacks.json``.
+ends, it runs the configured attacks and writes ``private/attacks.json`` (operator-only).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.checkpoints import load_checkpoint_file
+from secure_fed.run_files import attacks_path
+from secure_fed.run_status import trained
 from threat_models.canaries import DiracCanaries
 from threat_models.views import ServerTap
 
@@ -77,14 +79,14 @@ class AttackTaps(Callback):
             self.canaries = DiracCanaries.from_state_dict(st)
 
     def on_cli_run_end(self, exp, result) -> None:
-        if result.summary["status"] not in ("completed", "budget_exhausted"):
+        if not trained(result.summary["status"]):
             return
         from threat_models.audit import audit
         from threat_models.context import AuditContext
 
         print(f"attacks ({', '.join(self.cfg.attacks.names())}):")
         audit(AuditContext(exp))
-        print(f"  wrote {exp.run_dir / 'attacks.json'}")
+        print(f"  wrote {attacks_path(exp.run_dir)} (operator-only)")
 
 
 def make_attack_taps(cfg) -> AttackTaps | None:

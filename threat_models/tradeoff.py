@@ -12,7 +12,10 @@ The attacks run on each finished run (their canaries and taps are inserted durin
 
 Runs are cached and resumable (the sweep's cache: a finished run of the same config is skipped, an
 interrupted one resumes), in a process pool sized to the machine. DIR receives ``runs/``,
-``results.csv`` (one row per run), the PNG plots and ``report.html``.
+``results.csv`` (one row per run), the PNG plots and ``report.html``: released facts and the utility only. The
+attacks' results are computed from the members (each run's ``private/attacks.json``): with ``--attacks``, they
+are in ``DIR/private/`` only: ``results.csv`` with every column, the attacks' ones named ``operator.…``, and
+``report.html`` and the PNGs with the attack plots (operator-only, like a run's ``private/``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
+from secure_fed.run_files import PRIVATE_DIR, attacks_path
+from secure_fed.run_status import trained
 
 INSTANCE_BLOCKS = ("instance", "local")
 
@@ -61,8 +66,8 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
     if "dp" not in stack:
         raise SecureFedError("the tradeoff config must list 'dp' in protocols and configure the privacy unit it sweeps")
     blocks = [b for b in (INSTANCE_BLOCKS if unit == "instance" else ("client",)) if getattr(p, b) is not None]
-    if unit == "instance" and method not in LABEL_SET_ALGORITHMS and "instance" in blocks:
-        blocks.remove("instance")
+    if method not in LABEL_SET_ALGORITHMS:  # its config may not set privacy.instance at all (the base is read without it)
+        blocks = [b for b in blocks if b != "instance"]
         ov.append("privacy.instance=null")
     if not blocks:
         raise SecureFedError(
@@ -79,15 +84,29 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
     return ov
 
 
+def method_base(config: str | None, overrides: list[str], method: str):
+    """The base config read as ``method``'s: a method without a server step over label sets is read without
+    ``privacy.instance``, which its config may not set (a config written for fedalc, swept with fedaws as well)."""
+    from protocols.specs import LABEL_SET_ALGORITHMS
+    from secure_fed.config import load_config
+    from secure_fed.errors import ConfigError
+
+    drop = [] if method in LABEL_SET_ALGORITHMS else ["privacy.instance=null"]
+    try:
+        return load_config(config, [*overrides, f"algorithm.name={method}", *drop])
+    except ConfigError as exc:
+        raise SecureFedError(f"--methods {method}: {exc}") from None
+
+
 def _label(eps: float) -> str:
     return "inf" if math.isinf(eps) else f"{eps:g}"
 
 
 def _audited(run_dir: Path, attacks: list[str]) -> bool:
-    """The run's attacks.json already holds every requested attack."""
+    """The run's private/attacks.json already holds every requested attack."""
     import json
 
-    path = run_dir / "attacks.json"
+    path = attacks_path(run_dir)
     try:
         return path.is_file() and set(attacks) <= set(json.loads(path.read_text()).get("attacks", {}))
     except json.JSONDecodeError:
@@ -104,7 +123,7 @@ def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str 
 
     t0 = time.time()
     summary = run_cached(load_config(config, overrides), run_dir, data_root=data_root)
-    if attacks and summary["status"] in ("completed", "budget_exhausted") and not _audited(Path(run_dir), attacks):
+    if attacks and trained(summary["status"]) and not _audited(Path(run_dir), attacks):
         from threat_models.audit import audit_run_dir
 
         audit_run_dir(run_dir, attacks, data_root=data_root, progress=False)
@@ -115,7 +134,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     from secure_fed.cli import _parse_seeds
     from secure_fed.config import load_config
     from secure_fed.errors import ConfigError
-    from secure_fed.html_report import html_report, run_row, write_csv
+    from secure_fed.html_report import has_operator_columns, html_report, released, run_row, write_csv
     from secure_fed.io import check_writable_dir
     from secure_fed.specs import attack_specs
     from secure_fed.sweep import cached_summary
@@ -125,9 +144,8 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     eps_list = parse_epsilons(args.epsilons)
     seeds = _parse_seeds(args.seeds)
     methods = [m for m in (args.methods or "").split(",") if m]
-    first = [f"algorithm.name={methods[0]}"] if methods else []  # the base is read as the first method's config
-    base = load_config(args.config, [*args.overrides, *first])
-    methods = methods or [base.algorithm.name]
+    if not methods:
+        methods = [load_config(args.config, args.overrides).algorithm.name]
     specs = attack_specs()
     attacks = [a for a in (args.attacks or "").split(",") if a]
     for a in attacks:
@@ -137,6 +155,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     check_writable_dir(out, what="--out")
     points = []  # validate every point (and every cached run's config) before anything runs
     for method in methods:
+        base = method_base(args.config, args.overrides, method)
         for eps in eps_list:
             for seed in seeds:
                 ov = [*args.overrides, *point_overrides(base, method=method, eps=eps, seed=seed, unit=args.unit,
@@ -178,18 +197,27 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
             if summary["status"] in ("failed", "diverged"):
                 failed.append(run_dir)
     done = [pt for pt in points if (pt[4] / "metrics.jsonl").is_file()]
-    rows = [run_row(pt[4], method=pt[0]) for pt in done]
+    rows = [run_row(pt[4], method=pt[0], operator=True) for pt in done]
     for r, pt in zip(rows, done, strict=True):
         r["target_epsilon"] = pt[1]
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / "results.csv")
+    public = [released(r) for r in rows]
+    write_csv(public, out / "results.csv")
     note = (
         f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
         f"unit: {args.unit}; ε = ∞ runs have no dp layer. Bands: min–max over seeds {seeds}."
     )
-    page = html_report([pt[4] for pt in done], out / "report.html", title=f"privacy/utility trade-off: {', '.join(methods)}",
-                       plots_dir=out, notes=[note], rows=rows)  # fmt: skip
+    title = f"privacy/utility trade-off: {', '.join(methods)}"
+    runs = [pt[4] for pt in done]
+    page = html_report(runs, out / "report.html", title=title, plots_dir=out, notes=[note], rows=public)
     print(f"wrote {out / 'results.csv'}, the plots and {page}")
+    if has_operator_columns(rows):  # the attacks' results: computed from the members, for the operator only
+        private = out / PRIVATE_DIR
+        private.mkdir(exist_ok=True)
+        write_csv(rows, private / "results.csv")
+        page = html_report(runs, private / "report.html", title=f"{title}, with the attacks (operator-only)", plots_dir=private,
+                           notes=[note], rows=rows)  # fmt: skip
+        print(f"wrote {private / 'results.csv'}, the attack plots and {page} (operator-only: do not release {private})")
     if failed:
         print(f"error: {len(failed)} of {len(points)} runs did not train ({failed[0]})", file=sys.stderr)
         return 1

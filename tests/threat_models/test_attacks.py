@@ -9,6 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
+from protocols.dp.accountant import epsilon_of
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 from threat_models.attacks.label_deanonymization import match_by_cooccurrence
@@ -85,7 +86,7 @@ def test_membership_inference_reports_loss_and_lira_with_shadows(tmp_path):
     assert set(m) == {"loss", "lira_online", "lira_offline"}
     assert res["membership_inference"]["details"]["shadows"] == 2
     assert m["loss"]["auc"] > 0.5 and m["loss"]["auc_ci95"][0] <= m["loss"]["auc"] <= m["loss"]["auc_ci95"][1]
-    assert (tmp_path / "roc.png").is_file()
+    assert (tmp_path / "private" / "roc.png").is_file() and not (tmp_path / "roc.png").exists()
 
 
 # ------------------------------------------------------------------------------------------ (e)
@@ -149,9 +150,12 @@ def test_audit_lower_bound_never_exceeds_the_accountant(tmp_path, dp):
     r = res["one_run_audit"]["metrics"]
     acct = float(r["accountant_epsilon"])
     assert math.isfinite(acct) and acct == pytest.approx(float(e.privacy_summary()["units"]["client"]["epsilon"]))
-    # flipping a canary replaces its owner's update: the add/remove ε doubles by group privacy over two changes
-    assert float(r["replacement_epsilon"]) == pytest.approx(2 * acct)
-    assert r["epsilon_lower_bound"] <= 2 * acct and r["exceeds_accountant"] is False
+    # flipping a canary replaces its owner's update: the add/remove ε doubles by group privacy over two changes, and
+    # the bound is compared with that replacement ε at the audit's δ (≤ level/(4m); 2ε(δ') at a δ' ≤ the ledger's δ)
+    plan = res["one_run_audit"]["details"]["audit_delta"]
+    assert res["one_run_audit"]["details"]["delta"] <= plan["level"] / (4 * 300) and plan["vacuous"] is False
+    assert float(r["replacement_epsilon"]) >= 2 * acct and plan["accountant_delta"] <= plan["ledger_delta"]
+    assert r["epsilon_lower_bound"] <= float(r["replacement_epsilon"]) and r["exceeds_accountant"] is False
 
 
 # Steps of 2 examples at lr 1 under the plain server average, so a canary (−s·C·e_j over B = 2) stands out of the
@@ -164,8 +168,8 @@ LOCAL_AUDIT = ["training.rounds=12", "algorithm.name=fedaws", "protocols=[dp]", 
 
 @pytest.mark.parametrize(
     "local",
-    ['privacy.local={"clip_norm": 0.5, "target_epsilon": 2, "batch_sample_rate": 0.5}',
-     'privacy.local={"clip_norm": 0.5, "target_epsilon": 0.5, "batch_sample_rate": 0.5}'],
+    ['privacy.local={"clip_norm": 0.5, "target_epsilon": 2, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}',
+     'privacy.local={"clip_norm": 0.5, "target_epsilon": 0.5, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}'],
     ids=["eps2", "eps0.5"],
 )  # fmt: skip
 def test_audit_of_client_dp_sgd_stays_below_the_instance_epsilon(tmp_path, local):
@@ -174,8 +178,15 @@ def test_audit_of_client_dp_sgd_stays_below_the_instance_epsilon(tmp_path, local
     r = res["one_run_audit"]["metrics"]
     acct = float(r["accountant_epsilon"])
     assert acct == pytest.approx(float(e.privacy_summary()["units"]["instance"]["epsilon"]))
-    assert float(r["replacement_epsilon"]) == pytest.approx(acct) and res["one_run_audit"]["details"]["unit"] == "instance"
-    assert r["epsilon_lower_bound"] <= acct and r["exceeds_accountant"] is False
+    d = res["one_run_audit"]["details"]
+    assert d["unit"] == "instance" and d["audit_delta"]["relation"] == "add/remove"
+    # the instance ledger's ε at the audit's δ (level/(4m) here, below the ledger's 1e-5), recomputed from (σ, q, steps)
+    inst = e.privacy_summary()["units"]["instance"]
+    hist = [(inst["noise_multiplier"], inst["sample_rate"], inst["steps"])]
+    assert d["delta"] == pytest.approx(d["audit_delta"]["level"] / (4 * 300)) and d["delta"] < inst["delta"]
+    assert float(r["replacement_epsilon"]) == pytest.approx(epsilon_of(hist, d["delta"], "rdp"), rel=1e-9)
+    assert float(r["replacement_epsilon"]) >= acct
+    assert r["epsilon_lower_bound"] <= float(r["replacement_epsilon"]) and r["exceeds_accountant"] is False
 
 
 def test_instance_canaries_enter_their_owners_dp_sgd_sum_as_clipped_gradients():

@@ -141,8 +141,9 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
     # with 2 shadows a target is IN both with probability ¼ and OUT of both with probability ¼
     assert 0.1 * n < d["fallback"]["lira_online"]["no_out_shadow"] == d["fallback"]["lira_offline"]["no_out_shadow"] < 0.4 * n
     assert 0.1 * n < d["fallback"]["lira_online"]["no_in_shadow"] < 0.4 * n
-    assert (tmp_path / "run" / "roc.png").is_file()
-    assert set(json.loads((tmp_path / "run" / "attacks.json").read_text())["attacks"]["membership_inference"]["curves"]) == set(m)
+    assert (tmp_path / "run" / "private" / "roc.png").is_file()
+    doc = json.loads((tmp_path / "run" / "private" / "attacks.json").read_text())
+    assert set(doc["attacks"]["membership_inference"]["curves"]) == set(m)
 
     # a third shadow reuses the two cached ones
     (cache,) = shadow_dir.iterdir()

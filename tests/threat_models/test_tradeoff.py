@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _tradeoff(out: Path, *extra: str) -> subprocess.CompletedProcess:
     sets = [x for o in [*SMALL, "training.rounds=2", "protocols=[dp]", "attacks.membership_inference.shadows=0",
-                        'privacy.local={"batch_sample_rate": 0.5, "noise_multiplier": 1.0}'] for x in ("--set", o)]  # fmt: skip
+                        'privacy.local={"batch_sample_rate": 0.5, "noise_multiplier": 1.0, '
+                        '"max_labels_per_instance": 8}'] for x in ("--set", o)]  # fmt: skip
     args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", "--methods", "fedaws", "--epsilons", "4,inf",
             "--seeds", "0", "--attacks", "membership_inference", "--workers", "1", *sets, "--out", str(out), *extra]  # fmt: skip
     return subprocess.run(args, capture_output=True, text=True, cwd=REPO)
@@ -35,10 +36,20 @@ def test_tradeoff_runs_the_grid_then_skips_finished_runs(tmp_path):
             assert r["epsilon"] == "inf"
         else:  # the fixed noise_multiplier was dropped: σ calibrated to the target, which holds
             assert float(r["target_epsilon"]) == 4.0 and 0 < float(r["epsilon"]) <= 4.0 and float(r["sigma"]) != 1.0
-        assert 0.0 <= float(r["membership_inference.loss.auc"]) <= 1.0
+        assert not any("membership_inference" in k for k in r)  # the released table: no attack column
+    # the attacks' results are computed from the members: operator-only, in DIR/private/ (read from runs' private/)
+    operator = list(csv.DictReader((out / "private" / "results.csv").open()))
+    assert [r["run"] for r in operator] == [r["run"] for r in rows]
+    for r in operator:
+        assert 0.0 <= float(r["operator.membership_inference.loss.auc"]) <= 1.0
+    assert all((out / "runs" / r["run"] / "private" / "attacks.json").is_file() for r in rows)
+    assert not list(out.glob("runs/*/attacks.json")) and not list(out.glob("runs/*/roc.png"))
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") >= 3 and '<table id="runs">' in page
-    assert (out / "utility_vs_epsilon.png").is_file()
+    assert page.count("data:image/png;base64,") >= 2 and '<table id="runs">' in page and "loss.auc" not in page
+    assert (out / "utility_vs_epsilon.png").is_file() and not list(out.glob("attack_*.png"))
+    private_page = (out / "private" / "report.html").read_text()
+    assert private_page.count("data:image/png;base64,") >= 3 and "operator.membership_inference.loss.auc" in private_page
+    assert list((out / "private").glob("attack_*.png"))
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
     again = _tradeoff(out)  # every run is finished: nothing retrains, the report is rewritten
     assert again.returncode == 0, again.stderr[-3000:]
@@ -62,7 +73,8 @@ def test_grid_points_set_the_one_target_and_drop_what_a_method_lacks():
     from threat_models.tradeoff import point_overrides
 
     base_ov = ['protocols=["dp", "secure_aggregation"]', "algorithm.normalize_gamma=false",
-               'privacy.instance={"noise_multiplier": 2.0}', 'privacy.local={"noise_multiplier": 1.0}']  # fmt: skip
+               'privacy.instance={"noise_multiplier": 2.0}',
+                   'privacy.local={"noise_multiplier": 1.0, "max_labels_per_instance": 8}']  # fmt: skip
     base = load_config(overrides=base_ov)
     fedalc = point_overrides(base, method="fedalc", eps=2.0, seed=1, unit="instance", attacks=[])
     assert {"privacy.instance.target_epsilon=2", "privacy.local.target_epsilon=2", "privacy.instance.noise_multiplier=null",
@@ -75,3 +87,24 @@ def test_grid_points_set_the_one_target_and_drop_what_a_method_lacks():
     plain = point_overrides(base, method="fedaws", eps=float("inf"), seed=0, unit="instance", attacks=["one_run_audit"])
     cfg = load_config(overrides=[*base_ov, *plain])
     assert cfg.protocols == ["secure_aggregation"] and cfg.privacy.local is None and cfg.attacks.names() == ["one_run_audit"]
+
+
+def test_fedaws_on_the_tradeoff_config_written_for_fedalc_runs(tmp_path):
+    """tradeoff_synthetic.yaml sets privacy.instance (fedalc's label-set step), which fedaws refuses: the base of a
+    method without that step is read without it, and its points drop it (was: exit 2 before anything ran)."""
+    from threat_models.tradeoff import method_base, point_overrides
+
+    config = str(REPO / "experiments" / "configs" / "tradeoff_synthetic.yaml")
+    base = method_base(config, [], "fedaws")
+    assert base.privacy.instance is None and base.privacy.local is not None
+    from secure_fed.config import load_config
+
+    cfg = load_config(config, point_overrides(base, method="fedaws", eps=4.0, seed=0, unit="instance", attacks=[]))
+    assert cfg.algorithm.name == "fedaws" and cfg.privacy.instance is None and cfg.privacy.local.target_epsilon == 4.0
+    tiny = ["training.rounds=1", "evaluation.every=1", "dataset.synthetic.num_train=300", "dataset.synthetic.num_test=100"]
+    args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", config, "--methods", "fedaws", "--epsilons", "4",
+            "--seeds", "0", "--workers", "1", *[x for o in tiny for x in ("--set", o)], "--out", str(tmp_path / "s")]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = list(csv.DictReader((tmp_path / "s" / "results.csv").open()))
+    assert row["method"] == "fedaws" and 0 < float(row["epsilon"]) <= 4.0

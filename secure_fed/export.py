@@ -1,0 +1,85 @@
+"""``secure-fed export RUN --out model.pt``: the release-safe model file of a finished run.
+
+A run directory's checkpoints hold far more than the model: ``final.pt`` also carries the optimiser moments,
+the algorithm's state (e.g. fedalc's label sets), the ledger and the records with their diagnostics; beside
+it lie the clients' and the server's secrets. The export holds exactly :data:`EXPORT_KEYS`:
+
+* ``theta``: the encoder's parameters, ``W``: the class embeddings (None for a model without them), each tensor
+  copied into its own storage (``torch.save`` writes a view's whole storage, which could hold more);
+* ``config``: the run's config, less its secret settings (:data:`SECRET_SETTINGS`);
+* ``privacy``: the released privacy report (``summary.json``'s ``privacy``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from secure_fed.errors import SecureFedError
+from secure_fed.run_status import trained
+
+EXPORT_KEYS = ("theta", "W", "config", "privacy")
+#: settings whose value is a secret (a seed of DP noise or of secure aggregation's graph): never exported
+SECRET_SETTINGS = (("privacy", "noise_seed"), ("secure_aggregation", "graph_seed"))
+
+
+def public_config(doc: dict[str, Any]) -> dict[str, Any]:
+    """The config without :data:`SECRET_SETTINGS`."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.items()}
+    for section, key in SECRET_SETTINGS:
+        if isinstance(out.get(section), dict):
+            out[section].pop(key, None)
+    return out
+
+
+def _finished(run_dir: Path) -> tuple[dict[str, Any], Path]:
+    """The summary and ``final.pt`` of a run that trained to its end; one error naming what is missing otherwise."""
+    if not (run_dir / "config.yaml").is_file():
+        raise SecureFedError(f"cannot export {run_dir}: not a run directory (no config.yaml)")
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise SecureFedError(f"cannot export {run_dir}: the run has not finished (no summary.json)")
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError:
+        raise SecureFedError(f"cannot export {run_dir}: {summary_path} is not valid JSON") from None
+    if not trained(summary.get("status")):
+        raise SecureFedError(f"cannot export {run_dir}: it did not train to its end (status {summary.get('status')!r})")
+    final = run_dir / "checkpoints" / "final.pt"
+    if not final.is_file():
+        raise SecureFedError(f"cannot export {run_dir}: {final} is missing")
+    return summary, final
+
+
+def export_model(run_dir: str | Path, out: str | Path) -> Path:
+    """Write the release-safe model of ``run_dir`` to ``out`` (whole, or nothing: a temporary file renamed)."""
+    import torch
+    import yaml
+
+    from secure_fed.engine.checkpoints import load_checkpoint_file
+
+    run_dir, out = Path(run_dir), Path(out)
+    summary, final = _finished(run_dir)
+    if out.is_dir():
+        raise SecureFedError(f"--out {out}: a directory; give the path of the model file to write")
+    from secure_fed.io import check_writable_dir
+
+    check_writable_dir(out.parent, what="--out's folder")
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except yaml.YAMLError:
+        raise SecureFedError(f"cannot export {run_dir}: its config.yaml is not valid YAML") from None
+    sd = load_checkpoint_file(final)
+    doc = {
+        "theta": {name: t.detach().clone() for name, t in sd["theta"].items()},
+        "W": None if sd.get("W") is None else sd["W"].detach().clone(),
+        "config": public_config(config),
+        "privacy": summary["privacy"],
+    }
+    assert tuple(doc) == EXPORT_KEYS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save(doc, tmp)
+    tmp.replace(out)
+    return out
