@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from secure_fed.data.synth_xc import SHAPES, synth_xc
+    from secure_fed.data.synth_xc import SHAPES, scaled_shape, synth_xc
 
     labels = [int(x) for x in args.labels.split(",")]
     algos = args.algorithms.split(",")
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dp:
         dp = ["algorithm.name=fedalc", "algorithm.normalize_gamma=false",
               "privacy.instance={target_epsilon: 4.0, clip_norm: 1000.0, sample_rate: 0.01}", "protocols=[dp]"]  # fmt: skip
+        # B̄ per shape below: q × the shape's published training size (a public fact, never the generated count)
         runs.append(("fedalc+privacy.instance", dp))
     full = SHAPES[args.like]
     rows = []
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"training.client_fraction={args.client_fraction}", "training.rounds=1", f"algorithm.k={args.k}",
                 f"evaluation.max_test={args.max_test}", "output.progress=false", *over, *args.overrides,
             ]  # fmt: skip
+            if any(o.startswith("privacy.instance=") for o in over):
+                overrides.append(f"privacy.instance.expected_batch_size={0.01 * scaled_shape(args.like, scale).train:g}")
             with tempfile.TemporaryDirectory() as run_dir:
                 t = time.perf_counter()
                 proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(overrides), run_dir],

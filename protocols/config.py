@@ -26,10 +26,42 @@ class _DPUnitConfig(_Strict):
     )
 
 
+#: the contribution bound's description, shared by the units that can carry it
+_BOUND = (
+    "positive_only partition: the most clients (labels) one training instance may enter, a public bound that σ, the "
+    "planned steps and ε are computed from (never the data's largest label count); an instance with more labels is "
+    "bounded by privacy.over_bound. Required by privacy.local; the client unit's instance-level report uses it"
+)
+
+
 class InstanceDPConfig(_DPUnitConfig):
     """DP-SGD on the server's class-embedding update (FedALC eq. 11, FedALC-fixed eq. 12); the unit is a label set."""
 
     sample_rate: float = Field(0.1, gt=0.0, le=1.0, description="q: Poisson sampling rate of label sets per server step")
+    expected_batch_size: float | Literal["auto"] = Field(
+        "auto",
+        description="B̄: the public number the step's noisy sum is divided by: q × a public estimate of the training "
+        "set's size, never the realised count of label sets (a private divisor breaks the accounting). auto: q × "
+        "dataset.synthetic.num_train for synthetic data (a config value); other data must give a number",
+    )
+
+    @field_validator("expected_batch_size", mode="before")
+    @classmethod
+    def _positive_or_auto(cls, v):
+        if v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1e12:
+            raise ValueError(f"give a positive number (q × a public estimate of the training set's size) or auto, not {v!r}")
+        return v
+
+    def divisor(self, dataset) -> float | None:
+        """B̄ for a run on ``dataset`` (its config section), or None where auto has no public size to use."""
+        if self.expected_batch_size != "auto":
+            return float(self.expected_batch_size)
+        if dataset.name == "synthetic":
+            return self.sample_rate * dataset.synthetic.num_train
+        return None
+    max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
 
 
 class LocalDPConfig(_DPUnitConfig):
@@ -41,6 +73,7 @@ class LocalDPConfig(_DPUnitConfig):
         description="q: each local step takes every example of the client independently with probability q "
         "(Poisson sampling, from the client's own secret); a local epoch is round(1/q) steps",
     )  # fmt: skip
+    max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
 
 
 class ClientDPConfig(_DPUnitConfig):
@@ -57,6 +90,7 @@ class ClientDPConfig(_DPUnitConfig):
         "the public bound W̄; each client scales its clipped update by min(w, W̄)/W̄ ≤ 1 and reports weight 1, so the "
         "sensitivity stays C and no weight leaves the client outside the DP-protected update (required for flag)",
     )  # fmt: skip
+    max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
 
 
 class PrivacyConfig(_Strict):
@@ -80,6 +114,29 @@ class PrivacyConfig(_Strict):
         None, description="instance unit: DP-SGD inside client training (Opacus-style, per-sample clipping)"
     )
     client: ClientDPConfig | None = None
+    over_bound: Literal["keep_hashed", "drop"] = Field(
+        "keep_hashed",
+        description="an instance with more labels than max_labels_per_instance: keep_hashed keeps the m labels whose keyed "
+        "hash of (the instance, the label) is smallest (a rule of that instance alone); drop removes it from training",
+    )
+
+    def max_labels_per_instance(self) -> int | None:
+        """The run's one contribution bound: the value the units give (they must agree), or None."""
+        given = {u.max_labels_per_instance for u in (self.instance, self.local, self.client) if u is not None}
+        given.discard(None)
+        return given.pop() if given else None
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> PrivacyConfig:
+        given = {
+            name: u.max_labels_per_instance
+            for name, u in (("instance", self.instance), ("local", self.local), ("client", self.client))
+            if u is not None and u.max_labels_per_instance is not None
+        }
+        if len(set(given.values())) > 1:
+            listed = ", ".join(f"privacy.{n}.max_labels_per_instance {m}" for n, m in given.items())
+            raise ValueError(f"{listed} differ: the bound decides which clients hold an instance, once a run; give one value")
+        return self
 
     @model_validator(mode="after")
     def _one_instance_budget(self) -> PrivacyConfig:
@@ -140,6 +197,29 @@ class SecureAggregationConfig(_Strict):
         64, ge=16, le=64, description="arithmetic modulo 2^bits; ≤ 32 uses 4-byte words (half the key stream and upload)"
     )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated probability that a client drops at each stage")
+    consistency_check: bool = Field(
+        True,
+        description="the active-server round before unmasking: each survivor signs the survivor set it was told, and "
+        "a client releases a neighbour's share only when ⌈(|group| + t)/2⌉ of that neighbour's share holders signed "
+        "the same set (a server that tells clients different dropout sets then needs t colluders in a group, as the "
+        "graph bounds assume); false: a server that equivocates needs only 2t − (k+1) (protocols.secagg.signing)",
+    )
+    key_source: Literal["setup", "file"] = Field(
+        "setup",
+        description="where the clients' Ed25519 signing keys and the directory they pin come from. Trust assumption: "
+        "setup = each client draws its key before round 0 and pins the directory assembled then (that one exchange "
+        "must be honest: the operator acts as a trusted dealer); file = the operator wrote keys_dir "
+        "(protocols.secagg.signing.write_keys_dir) and gave each client its own key file out of band",
+    )
+    keys_dir: str | None = Field(
+        None, description="key_source: file — folder with directory.json and client-<id>.ed25519 (each client reads its own)"
+    )
+
+    @model_validator(mode="after")
+    def _keys_dir_with_file(self) -> SecureAggregationConfig:
+        if (self.key_source == "file") != (self.keys_dir is not None):
+            raise ValueError("secure_aggregation.keys_dir is needed with key_source: file, and only then")
+        return self
 
     @field_validator("neighbors", mode="before")
     @classmethod
@@ -187,6 +267,71 @@ class CKKSConfig(_Strict):
         n = self.poly_modulus_degree
         if n < 4096 or n & (n - 1):
             raise ValueError(f"ckks.poly_modulus_degree must be a power of two ≥ 4096, got {n}")
+        return self
+
+    @staticmethod
+    def _is_prime(p: int) -> bool:
+        """Deterministic Miller–Rabin for p < 2^64 (the first 12 prime bases)."""
+        bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+        if p < 2:
+            return False
+        for b in bases:
+            if p % b == 0:
+                return p == b
+        d, s = p - 1, 0
+        while d % 2 == 0:
+            d, s = d // 2, s + 1
+        for b in bases:
+            x = pow(b, d, p)
+            if x in (1, p - 1):
+                continue
+            for _ in range(s - 1):
+                x = x * x % p
+                if x == p - 1:
+                    break
+            else:
+                return False
+        return True
+
+    @classmethod
+    def _primes_found(cls, bits: int, n: int, want: int) -> int:
+        """How many (up to ``want``) primes p ≡ 1 (mod 2n) with 2^(bits−1) < p < 2^bits exist: SEAL's
+        ``CoeffModulus::Create`` needs one per entry of that bit size (it searches down from 2^bits − 2n + 1)."""
+        found, p = 0, (1 << bits) - 2 * n + 1
+        while p > 1 << (bits - 1) and found < want:
+            found += cls._is_prime(p)
+            p -= 2 * n
+        return found
+
+    @model_validator(mode="after")
+    def _modulus_chain(self) -> CKKSConfig:
+        """The chains TenSEAL (SEAL 4) refuses when the run builds its context or encrypts, refused here instead.
+
+        The layer only adds ciphertexts (no multiplication, so no rescaling): one data level is all it needs."""
+        n, bits, scale = self.poly_modulus_degree, list(self.coeff_mod_bit_sizes), self.global_scale_bits
+        if n < 4096 or n & (n - 1):
+            return self  # _power_of_two says why
+        # SEAL's CoeffModulus::MaxBitCount at 128-bit security (the HE standard); no entry above 32768
+        max_bits = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
+        name = f"ckks.coeff_mod_bit_sizes {bits}"
+        if n not in max_bits:
+            raise ValueError(f"ckks.poly_modulus_degree {n}: SEAL has no 128-bit-secure modulus for it; use 4096-32768")
+        if len(bits) < 2:
+            raise ValueError(f"{name}: give at least 2 primes (the data primes, then the special prime key switching "
+                             "needs; TenSEAL refuses a single prime)")  # fmt: skip
+        if bad := [b for b in bits if not 2 <= b <= 60]:
+            raise ValueError(f"{name}: each prime has 2 to 60 bits (SEAL), got {bad}")
+        if sum(bits) > max_bits[n]:
+            raise ValueError(f"{name} total {sum(bits)} bits, above SEAL's 128-bit-security limit of {max_bits[n]} for "
+                             f"poly_modulus_degree {n}")  # fmt: skip
+        if sum(bits[:-1]) < scale + 2:
+            raise ValueError(f"{name}: the data primes (all but the last) total {sum(bits[:-1])} bits; SEAL encodes at "
+                             f"global_scale_bits {scale} only below {scale + 2} (scale + 1 < data bits)")  # fmt: skip
+        for b in sorted(set(bits)):
+            want = bits.count(b)
+            if (got := self._primes_found(b, n, want)) < want:
+                raise ValueError(f"{name}: SEAL needs {want} distinct {b}-bit primes ≡ 1 mod {2 * n} and there "
+                                 f"{'is' if got == 1 else 'are'} {got}; use larger primes")  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -22,25 +22,34 @@ SECURE_SUMS = ("secure_aggregation", "ckks")
 SHARE_RANGE_SIGMAS = 10.0
 
 
-def noise_share_range_error(cfg, sigma: float) -> str | None:
+def noise_share_range_error(cfg, sigma: float, dim: int | None = None) -> str | None:
     """Why secure aggregation's fixed-point encoding would clip the clients' noise shares, or None.
 
     Under ``privacy.client.noise: clients`` each client's noise share travels inside the encoding, which clips every
     value to ±``clip_range``: a clipped share is no longer the Gaussian the accountant assumes. The range must hold
     a clipped update's largest coordinate (S) plus :data:`SHARE_RANGE_SIGMAS` standard deviations of the largest
     share a client can draw (σS, for a sum known to hold only one update): a share beyond that has probability
-    below 1e-23 a value. ``sigma`` is the client unit's noise multiplier (given, or calibrated at setup)."""
+    below 1e-23 a value. ``sigma`` is the client unit's noise multiplier (given, or calibrated at setup). With
+    ``dim`` (the update's coordinates, known once the model is built) the share's std is the grid-corrected
+    σ·(S + γ√d) of the discrete Gaussian release (:mod:`protocols.dp.discrete_gaussian`; γ ≥ 2^-frac_bits)."""
     p = cfg.privacy.client
     if p is None or p.noise != "clients" or "secure_aggregation" not in cfg.protocols:
         return None
     R = cfg.secure_aggregation.clip_range
-    need = p.clip_norm * (1.0 + SHARE_RANGE_SIGMAS * sigma)
+    sens = p.clip_norm
+    if dim is not None:
+        from protocols.dp.accountant import grid_sensitivity, noise_grid  # the accountant's module only with a model
+
+        grid = noise_grid(p.clip_norm, dim, coarsest_below=2.0 ** -int(cfg.secure_aggregation.frac_bits))
+        sens = grid_sensitivity(p.clip_norm, grid, dim)
+    need = p.clip_norm + SHARE_RANGE_SIGMAS * sigma * sens
     if R >= need:
         return None
     return (
         f"secure_aggregation.clip_range {R:g} would clip the clients' noise shares: under privacy.client.noise: "
-        f"clients a value can reach clip_norm × (1 + {SHARE_RANGE_SIGMAS:g}σ) = {need:.6g} (clip_norm {p.clip_norm:g}, "
-        f"σ {sigma:.4g}); raise clip_range to at least that (lowering frac_bits to fit)"
+        f"clients a value can reach clip_norm + {SHARE_RANGE_SIGMAS:g}σ·(clip_norm + γ√d) = {need:.6g} (clip_norm "
+        f"{p.clip_norm:g}, σ {sigma:.4g}, the grid's γ√d {sens - p.clip_norm:.3g}); raise clip_range to at least that "
+        "(lowering frac_bits to fit)"
     )
 
 
@@ -69,6 +78,24 @@ def _validate_dp(cfg, stack: list[str]) -> None:
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):
         raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")
+    if p.instance is not None and p.instance.divisor(cfg.dataset) is None:
+        raise ValueError(
+            f"privacy.instance.expected_batch_size: auto needs a public training-set size, which {cfg.dataset.name} data "
+            "has not in config: the W step divides its noisy sum by a public B̄, never by the realised count of label "
+            f"sets (a private divisor); give q × a public estimate of the training set's size ({p.instance.sample_rate:g} × N)"
+        )
+    if cfg.model.preprocessing == "standardize":
+        raise ValueError(
+            "model.preprocessing: standardize under dp: its per-feature mean and standard deviation are computed over the "
+            "whole training split in the clear, and θ is trained on them, outside any ε; use auto (none for dense "
+            "features under dp) or none"
+        )
+    bound = p.max_labels_per_instance()
+    if bound is not None and cfg.partition.name != "positive_only":
+        raise ValueError(
+            f"privacy.*.max_labels_per_instance {bound} bounds the clients an instance sits on in the positive_only "
+            f"partition; in a {cfg.partition.name} partition each instance is on one client: remove it"
+        )
     if p.instance is not None:
         if algo not in LABEL_SET_ALGORITHMS:
             raise ValueError(
@@ -142,6 +169,12 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "privacy.local (DP-SGD in client training) cannot run on a ResNet: batch norm mixes a batch's samples, so no "
             "per-sample clip bounds one instance; use a model without batch norm (model.name: mlp | sparse_text)"
         )
+    if p.local is not None and bound is None and cfg.partition.name == "positive_only":
+        raise ValueError(
+            "privacy.local on the positive_only partition needs privacy.local.max_labels_per_instance: an instance "
+            "enters the training of every client of its labels, and the steps it enters must be counted from a public "
+            "bound m (instances with more labels are bounded, see privacy.over_bound), never from the data"
+        )
     for name, unit, q in (("instance", p.instance, getattr(p.instance, "sample_rate", None)),
                           ("local", p.local, getattr(p.local, "batch_sample_rate", None)),
                           ("client", p.client, cfg.training.client_fraction)):  # fmt: skip
@@ -165,6 +198,12 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 f"{unit.noise_multiplier:g} and sample rate {q:g} already spends ε = {eps1:.4g} (δ = {p.delta:g}, "
                 f"{p.accountant}); raise noise_multiplier, or omit it to calibrate σ to the target"
             )
+
+
+def _instance_bound(cfg) -> tuple[int, str] | None:
+    """The privacy section's contribution bound ``(m, rule)`` (``privacy.*.max_labels_per_instance``), or None."""
+    m = cfg.privacy.max_labels_per_instance()
+    return None if m is None else (m, cfg.privacy.over_bound)
 
 
 def _has_batch_norm(cfg) -> bool:
@@ -192,20 +231,6 @@ def _validate_secure_aggregation(cfg, stack: list[str]) -> None:
             "and the 1 that counts the round's clients travel in the encoded sum and would be clipped"
         )
 
-
-#: the 128-bit-security budget of the coefficient modulus for each polynomial degree (HE standard)
-CKKS_MAX_COEFF_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
-
-
-def _validate_ckks(cfg, stack: list[str]) -> None:
-    if "ckks" not in stack:
-        return
-    c = cfg.ckks
-    if len(c.coeff_mod_bit_sizes) < 2 or sum(c.coeff_mod_bit_sizes) > CKKS_MAX_COEFF_BITS.get(c.poly_modulus_degree, 10**6):
-        raise ValueError(
-            f"ckks.coeff_mod_bit_sizes {c.coeff_mod_bit_sizes} exceed the 128-bit-security budget for "
-            f"poly_modulus_degree {c.poly_modulus_degree}"
-        )
 
 
 #: a dealer client seals a secret to every other client's public key, the server relaying (keyed hashing, CKKS)
@@ -247,6 +272,8 @@ DP = LayerSpec(
     # the instance unit steps W on the server and never sees θ updates; client-level DP clips and noises whole
     # updates, DP-SGD in client training noises the whole table: those take dense updates
     row_sparse_updates=lambda cfg: cfg.privacy.client is None and cfg.privacy.local is None,
+    instance_bound=_instance_bound,
+    public_preprocessing=lambda cfg: True,  # θ is covered only if its inputs read no statistic of the training split
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
     uplink_rules={"row_noise": FullTable("W")},
 )
@@ -256,7 +283,13 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
     """The SecAgg+ graph a cohort of the configured size gets, and what it guarantees (protocols.secagg.graph_bounds)."""
     import math
 
-    from protocols.secagg.graph_bounds import graph_for, round_dropout
+    from protocols.secagg.graph_bounds import (
+        colluders_needed,
+        graph_choice_colluders,
+        graph_choice_private,
+        graph_for,
+        round_dropout,
+    )
 
     s, t = cfg.secure_aggregation, cfg.training
     n = t.cohort_size(num_clients)
@@ -277,6 +310,20 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
     if client_dp is not None and client_dp.noise == "clients" and "dp" in cfg.protocols:
         line += (f"; privacy.client.noise: clients sizes each share for t = {g.threshold}, so a sum of all {n} holds "
                  f"{n / g.threshold:.1f}× the noise variance DP needs (a denser graph: larger t, less excess)")  # fmt: skip
+    # a server that picks the graph (module protocols.secagg.graph_bounds): the colluders all in one neighbourhood
+    colluders = graph_choice_colluders(s.corrupt_fraction, num_clients)
+    k = n - 1 if g.neighbors is None else g.neighbors
+    need = colluders_needed(k + 1, g.threshold, server="checked" if s.consistency_check else "unchecked")
+    split = ("" if g.neighbors is None else f", and it may split the graph and learn sums over groups of ≥ {k + 1} "
+             "clients")  # fmt: skip
+    if graph_choice_private(need, corrupt_fraction=s.corrupt_fraction, population=num_clients):
+        line += f"; against a server that picks the graph: private (its ⌊γN⌋ = {colluders} colluders < {need}){split}"
+    else:
+        line += (f"; against a server that picks the graph: NOT private (it can place all ⌊γN⌋ = {colluders} "
+                 f"colluders, ≥ the {need} that open an input, in one client's neighbourhood; the bounds above assume a "
+                 f"server that follows the random graph){split}")  # fmt: skip
+    if t.sampling == "poisson":
+        line += "; under Poisson sampling the server states the cohort's size, hence k and t"
     if t.sampling == "proportional":
         line += "; sampling: proportional favours large clients, and the bounds assume uniform cohorts"
     if s.graph_seed is not None:
@@ -287,7 +334,8 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
 SECURE_AGGREGATION = LayerSpec(
     name="secure_aggregation",
     threat_model=(
-        "An honest-but-curious server (it relays the clients' public keys unauthenticated) learns only the round's sum of "
+        "A server (honest-but-curious, or deviating after the signing-key set-up: advertisements are signed and, with "
+        "consistency_check, the survivor set too; protocols.secagg.signing) learns only the round's sum of "
         "client updates (θ, class rows, weights, losses), not any one client's nor any partial sum: the round aborts unless "
         "≥ t of every neighbourhood survive and the survivors' graph stays connected (on the default neighbors: auto "
         "graph also with up to corrupt_fraction of the clients colluding, fixed before the run, but for probability "
@@ -303,9 +351,11 @@ SECURE_AGGREGATION = LayerSpec(
     # masked update: none carries a client's data in the clear
     downlink_rules={"secagg": Setting(), "secagg_round": Number(), "secagg_neighbours": Opaque(),
                     "secagg_threshold": Number(), "secagg_keys": Opaque(), "secagg_sealed": Opaque(),
-                    "secagg_survived": Opaque(), "secagg_dropped": Opaque()},
+                    "secagg_survived": Opaque(), "secagg_dropped": Opaque(), "directory": Opaque(),
+                    "secagg_signatures": Opaque(), "secagg_cohort": Number()},
     uplink_rules={"c_pk": ShortBytes(), "s_pk": ShortBytes(), "secagg_sealed": Opaque(), "secagg_shares": Opaque(),
-                  "masked": Opaque()},
+                  "masked": Opaque(), "sign_pk": ShortBytes(), "pinned": Number(), "nbrs": Opaque(), "t": Number(),
+                  "sig": ShortBytes(), "secagg_signature": ShortBytes()},
 )  # fmt: skip
 
 CKKS = LayerSpec(
@@ -321,7 +371,6 @@ CKKS = LayerSpec(
     ),
     implementation="protocols.ckks:CKKSAggregation",
     replaces_aggregation=True,
-    validate=_validate_ckks,
     runs_on_flower=True,  # setup and decryption are messages to its client side; encryption is the plan's last step
     # the public context to every client, summed ciphertexts to the key holder (the sum only)
     downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN, "ckks_public": Opaque(), "ckks_sums": Opaque()},

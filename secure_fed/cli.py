@@ -7,6 +7,7 @@
     secure-fed validate CONFIG [--set ...]
     secure-fed partition CONFIG [--set ...] [--data-root DIR] [--out DIR]
     secure-fed audit RUN_DIR [--attacks a,b] [--data-root DIR]
+    secure-fed export RUN_DIR --out MODEL.pt
     secure-fed list
     secure-fed data download NAME [--root DIR] [--mirror URL]
     secure-fed flower certificates --out DIR [--host H ...]
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.io import check_writable_dir
+from secure_fed.run_files import PRIVATE_DIR
+from secure_fed.run_status import trained
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -65,9 +68,32 @@ def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
         f"in {private['wall_seconds']:.1f}s ({private['seconds_per_round']:.2f}s/round) [{summary['status']}]"
     )
     print(f"  {metrics}" + (f"  mean cos(W) {cos:.3f}" if cos is not None else "") + f"  privacy: ε = {eps}")
+    if "why" in summary["privacy"]:
+        print(f"  ε = ∞: {summary['privacy']['why']}")
     print(f"  run directory: {run_dir} (private/ holds the operator's diagnostics: do not release it)")
     if "warning" in summary["privacy"]:
         print(f"  warning: {summary['privacy']['warning']}")
+    if line := aborted_line(summary):
+        print(line)
+
+
+def aborted_line(summary: dict) -> str | None:
+    """The console's last line for a run with aborted rounds: how many, and what the privacy ledger charged for them."""
+    n = summary.get("rounds_aborted") or 0
+    if not n:
+        return None
+    total = summary["rounds_completed"]
+    line = (f"  {n} of {total} round{'' if total == 1 else 's'} aborted (a protocol could not finish them; nothing of "
+            "theirs was applied; the reasons are in private/diagnostics.jsonl)")  # fmt: skip
+    charge = summary.get("aborted_charge") or {}
+    if charge:
+        units = "; ".join(f"{u} unit {c['steps']} of its {c['of']} steps" for u, c in charge.items())
+        eps = summary["privacy"]["epsilon"]
+        eps = f"{eps:.4g}" if isinstance(eps, float) else eps
+        line += f"; the privacy ledger charged them: {units} (ε = {eps} includes them)"
+    elif summary["privacy"].get("units"):
+        line += "; the privacy ledger charged them nothing"
+    return line
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -109,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if status in ("failed", "diverged"):
         print(f"error: {result.summary['stop_reason']}", file=sys.stderr)
         return 1
-    return 0 if status in ("completed", "budget_exhausted") else 130
+    return 0 if trained(status) else 130
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -165,6 +191,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from secure_fed.data import partitioner_from_config
     from secure_fed.data.heterogeneity import heterogeneity_report, write_report
     from secure_fed.engine.builders import build_dataset  # the engine's loader; its module imports torch (~3 s)
+    from secure_fed.specs import instance_bound
 
     cfg = load_config(args.config, args.overrides)
     name = cfg.partition.name
@@ -173,8 +200,16 @@ def cmd_partition(args: argparse.Namespace) -> int:
     ds = build_dataset(cfg, args.data_root)
     print(ds.describe())
     rng = np.random.default_rng([cfg.seed, 11])  # the stream engine.builders.build_federation partitions with
-    shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, rng)
-    rep = heterogeneity_report(ds.train.labels, shards, label_names=ds.label_names)
+    part = partitioner_from_config(cfg.partition, seed=cfg.seed)
+    train = ds.train
+    if part.positive_only and (bound := instance_bound(cfg)) is not None:  # the run's contribution bound, as it applies it
+        from secure_fed.data import MultiLabelSplit
+        from secure_fed.data.bounding import bound_labels, bounding_key
+
+        labels, _ = bound_labels(train.labels, train.features, bound[0], bound[1], bounding_key(cfg.seed))
+        train, part.allow_empty = MultiLabelSplit(train.features, labels), True
+    shards = part.partition(train, rng)
+    rep = heterogeneity_report(train.labels, shards, label_names=ds.label_names)
     rep.update(dataset=ds.name, partition=cfg.partition.model_dump(), seed=cfg.seed)
     json_path, png_path = write_report(rep, out, title=f"{ds.name}: {name}, {len(shards)} clients, seed {cfg.seed}")
     st = rep["size_stats"]
@@ -325,18 +360,39 @@ def cmd_report(args: argparse.Namespace) -> int:
         if out.is_dir() or out.suffix.lower() != ".png":
             raise SecureFedError(f"--out {out}: expected the path of a .png file to write")
         check_writable_dir(out.parent, what="--out's folder")
-    from secure_fed.html_report import html_report, run_row
+    from secure_fed.html_report import has_operator_columns, html_report, released, run_row
 
     runs = [Path(d) for d in args.run_dirs]
-    rows = [run_row(d) for d in runs]  # every run loads before anything is written
+    rows = [run_row(d, operator=True) for d in runs]  # every run loads before anything is written
     if not any(load_run(d)[0] for d in runs):
         raise SecureFedError(f"nothing to report: no evaluated round in {', '.join(map(str, runs))} (metrics.jsonl)")
+    folder = out.parent if out is not None else runs[0]
     if out is None:
         check_writable_dir(runs[0], what="run directory")  # report.png and report.html go there
+    operator = has_operator_columns(rows)  # the audits' results: computed from the members, a page for the operator only
+    if operator:
+        check_writable_dir(folder / PRIVATE_DIR, what="the report's private/ folder")
     path = report(runs, out=out)
     print(f"wrote {path}")
-    page = html_report(runs, path.with_suffix(".html"), title=f"secure-fed report: {len(runs)} run(s)", rows=rows)
+    title = f"secure-fed report: {len(runs)} run(s)"
+    page = html_report(runs, path.with_suffix(".html"), title=title, rows=[released(r) for r in rows])
     print(f"wrote {page} (open it in a browser: sortable table, plots embedded)")
+    if operator:
+        private = path.parent / PRIVATE_DIR / path.with_suffix(".html").name
+        private.parent.mkdir(parents=True, exist_ok=True)
+        page = html_report(runs, private, title=f"{title}, with the audits (operator-only)", rows=rows)
+        print(f"wrote {page} (operator-only: with the audits' results; do not release it)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """The release-safe model of a finished run: θ, W, the public config and the privacy report, nothing else."""
+    from secure_fed.export import export_model
+
+    if not args.out.strip():
+        raise SecureFedError("--out: empty path")
+    path = export_model(args.run_dir, args.out)
+    print(f"wrote {path} (θ, W, the public config and the privacy report: the run's release-safe model)")
     return 0
 
 
@@ -389,7 +445,7 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     summary = json.loads(summary_path.read_text())
     private = json.loads((run_dir / "private" / "summary.json").read_text())
     _print_summary(summary, run_dir, private)
-    return 0 if summary["status"] in ("completed", "budget_exhausted") else 1
+    return 0 if trained(summary["status"]) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -420,6 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", help="one or more run directories")
     p.add_argument("--out", default=None, help="PNG path (default: report.png in the first run directory)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("export", help="write a finished run's release-safe model (θ, W, public config, privacy report)")
+    p.add_argument("run_dir", help="a finished run directory")
+    p.add_argument("--out", required=True, help="the model file to write, e.g. model.pt")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("validate", help="check a config without running it")
     p.add_argument("config", help="config file")

@@ -56,6 +56,17 @@ class LayerSpec:
     #: ``describe(cfg, num_clients)``: lines ``secure-fed validate`` prints for the layer when it is listed (e.g. the
     #: guarantee its settings give a cohort of the configured size); public config facts only
     describe: Callable[[Any, int], list[str]] | None = None
+    #: ``instance_bound(cfg)``: the public contribution bound the layer's settings give a run with ``cfg``, as
+    #: ``(m, rule)``, or None. Where one training instance sits on several clients (the positive_only partition: one
+    #: client per label) the engine bounds every instance to at most m clients before the partition
+    #: (:mod:`secure_fed.data.bounding`; ``rule``: ``keep_hashed`` or ``drop``), and tells the layers m as
+    #: ``StackEnv.max_clients_per_instance``
+    instance_bound: Callable[[Any], tuple[int, str] | None] | None = None
+    #: ``public_preprocessing(cfg)``: the layer's guarantee covers θ only if the input preprocessing reads no
+    #: statistic of the private training data (standardisation's per-feature mean and std are computed over the whole
+    #: training split in the clear): ``model.preprocessing: auto`` then picks ``none`` for dense features instead of
+    #: ``standardize``, and the layer's ``validate`` refuses an explicit ``standardize``
+    public_preprocessing: Callable[[Any], bool] | None = None
 
     def load(self) -> type:
         return load_object(self.implementation)
@@ -146,3 +157,20 @@ def dense_update_layers(cfg) -> list[str]:
     """The listed protocol layers that take only dense client updates in a run with ``cfg``."""
     specs = layer_specs()
     return [n for n in cfg.protocols if n in specs and not (specs[n].row_sparse_updates and specs[n].row_sparse_updates(cfg))]
+
+
+def instance_bound(cfg) -> tuple[int, str] | None:
+    """The contribution bound ``(m, rule)`` the listed layers give (the least m when several do), or None."""
+    specs = layer_specs()
+    bounds = [b for n in cfg.protocols if n in specs and specs[n].instance_bound and (b := specs[n].instance_bound(cfg))]
+    if not bounds:
+        return None
+    if len({rule for _, rule in bounds}) > 1:
+        raise ValueError(f"protocol layers ask for different rules for instances above the bound: {sorted(set(bounds))}")
+    return min(bounds)
+
+
+def public_preprocessing(cfg) -> bool:
+    """A listed layer needs input preprocessing that reads no statistic of the private training data."""
+    specs = layer_specs()
+    return any(n in specs and specs[n].public_preprocessing and specs[n].public_preprocessing(cfg) for n in cfg.protocols)

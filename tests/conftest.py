@@ -111,10 +111,12 @@ DP_CONFIGS: dict[str, list[str]] = {
     ],
     "instance_both_mechanisms_secagg": [
         'protocols=["dp", "secure_aggregation"]', "algorithm.normalize_gamma=false",
-        'privacy.instance={"target_epsilon": 6, "sample_rate": 0.2}', 'privacy.local={"batch_sample_rate": 0.5}',
+        'privacy.instance={"target_epsilon": 6, "sample_rate": 0.2}',
+        'privacy.local={"batch_sample_rate": 0.5, "max_labels_per_instance": 8}',
     ],
     "local_fedaws_ckks": [
-        "algorithm.name=fedaws", 'protocols=["dp", "ckks"]', 'privacy.local={"noise_multiplier": 1.5, "clip_norm": 0.5}',
+        "algorithm.name=fedaws", 'protocols=["dp", "ckks"]', 'privacy.local={"noise_multiplier": 1.5, "clip_norm": 0.5, '
+        '"max_labels_per_instance": 8}',
     ],
 }  # fmt: skip
 

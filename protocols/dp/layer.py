@@ -10,7 +10,8 @@ import torch
 
 from protocols.base import Bounds, ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
-from protocols.dp.client_dp import add_client_noise, noise_aggregate, update_norm
+from protocols.dp.client_dp import add_client_noise, encoding_grid, noise_aggregate, update_norm
+from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.randomness import SecretStream
@@ -82,7 +83,9 @@ class DifferentialPrivacy(ProtocolLayer):
     def _check_share_range(self) -> None:
         """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.specs.noise_share_range_error`);
         checked here, with σ as calibrated (``validate`` checks a given σ before the run)."""
-        if why := noise_share_range_error(self.cfg, self.units["client"].sigma):
+        layout = self.env.update_layout()
+        dim = sum(s.stop - s.start for s in layout.segments().values()) if self.env.theta else None
+        if why := noise_share_range_error(self.cfg, self.units["client"].sigma, dim):
             raise ConfigError(why)
 
     # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters
@@ -94,8 +97,9 @@ class DifferentialPrivacy(ProtocolLayer):
         return p.local is not None or (p.client is not None and p.client.noise == "clients")
 
     def local_copies(self) -> int:
-        """Client trainings one instance can enter per round: the clients it sits on (``k``, its label count in the
-        positive-only setting, 1 in a CMDA/iid partition), capped by the largest cohort a round can have (all
+        """Client trainings one instance can enter per round: the clients it sits on (``k``: in the positive-only
+        setting the public bound ``max_labels_per_instance``, which every instance is bounded to before the partition;
+        1 in a CMDA/iid partition), capped by the largest cohort a round can have (all
         clients under Poisson sampling, else the fixed cohort size: ⌈fN⌉ or ``training.clients_per_round``). The
         ledger counts this worst case every round, whatever the realised cohort."""
         t = self.cfg.training
@@ -152,11 +156,6 @@ class DifferentialPrivacy(ProtocolLayer):
                 + ("covered only through the client unit, by group privacy over the clients an instance sits on "
                    "(units.client.instance_level)" if p.client is not None else "add privacy.local to cover it")
             )  # fmt: skip
-        if self.cfg.model.preprocessing in ("standardize", "auto"):
-            not_covered.append(
-                "feature standardisation, when model.preprocessing is standardize (auto picks it for dense features): "
-                "the mean and standard deviation of each feature over the whole training split, computed in the clear"
-            )
         if p.instance is None and algo in LABEL_SET_ALGORITHMS:
             not_covered.append("label-set collection for the server's W update: add privacy.instance to cover it")
         unit = None
@@ -208,6 +207,7 @@ class DifferentialPrivacy(ProtocolLayer):
             return
         fixed = self.cfg.algorithm.name == "fedalc_fixed"
         mech = unit.mechanism(SERVER_STEP)
+        divisor = self.cfg.privacy.instance.divisor(self.cfg.dataset)  # public B̄ (config), never the realised count
 
         def dp_step(W: torch.Tensor) -> dict[str, float] | None:
             if (why := unit.stop_reason(1, SERVER_STEP)) is not None:
@@ -220,8 +220,9 @@ class DifferentialPrivacy(ProtocolLayer):
             pick = torch.from_numpy(self.server_stream.uniform(n_all, f"{label} sample") < mech.sample_rate)
             stats = dp_label_set_step(
                 W, algorithm.label_sets, algorithm.per_set_gradients, clip_norm=mech.clip_norm,
-                noise_multiplier=mech.sigma, sample_rate=mech.sample_rate, step_size=algorithm.step_size, pick=pick,
-                noise=self.server_stream.gaussian(tuple(W.shape), f"{label} noise"),
+                noise_multiplier=mech.sigma, divisor=divisor, step_size=algorithm.step_size, pick=pick,
+                noise=lambda total, sigma, sens: noisy_sum(
+                    total, sigma=sigma, sensitivity=sens, stream=self.server_stream, label=f"{label} noise"),
             )  # fmt: skip
             unit.step(1, SERVER_STEP)
             return {"reg": algorithm.regularizer_value(W), **stats} if fixed else stats
@@ -353,7 +354,10 @@ class DifferentialPrivacy(ProtocolLayer):
         """Client side (a remote client's plan step): this client's noise share from its own secret stream, as the
         in-process ``client_mod`` adds it."""
         rows_shape = None if rows is None else (int(rows[0]), int(rows[1]))
-        return add_client_noise(reply, std=std, rows_shape=rows_shape, stream=self.client_stream(data.client_id), label=label)
+        return add_client_noise(
+            reply, std=std, rows_shape=rows_shape, stream=self.client_stream(data.client_id), label=label,
+            clip_norm=self.units["client"].clip_norm, finest_grid=encoding_grid(self.cfg),
+        )  # fmt: skip
 
     def client_stream(self, cid: int) -> SecretStream:
         """Client side: client ``cid``'s own secret (fresh from os.urandom unless privacy.noise_seed is set)."""
@@ -398,15 +402,30 @@ class DifferentialPrivacy(ProtocolLayer):
         return {"epsilon": reported(eps), "why": "noise shares under a secure sum; the server knows the cohort, so q = 1"}
 
     def privacy(self) -> dict[str, Any]:
+        """Each unit's report. ``unnoised`` (in every unit's, the same list) names the steps that shape a released
+        tensor with no DP mechanism of this stack on them: with one, no unit's ε bounds what the released θ and W
+        reveal (the observer's ε is ∞, and so is the run's top-level ε)."""
+        inst = self.units.get("instance")
+        unnoised = []
+        if self.cfg.algorithm.name in LABEL_SET_ALGORITHMS and (inst is None or SERVER_STEP not in inst.mechanisms):
+            unnoised.append({"step": "label_set_collection", "released": ["W"],
+                             "why": "W's label-set step is un-noised (the server's W update reads the clients' label sets "
+                                    "in the clear; privacy.instance covers it)"})  # fmt: skip
+        if (inst is None or CLIENT_TRAINING not in inst.mechanisms) and "client" not in self.units:
+            unnoised.append({"step": "client_training", "released": ["theta", "W"],
+                             "why": "client training is un-noised (θ and the class rows are trained without DP-SGD or "
+                                    "client-level noise; privacy.local or privacy.client covers it)"})  # fmt: skip
         out = {}
         for name, u in self.units.items():
             rep = u.report()
+            rep["unnoised"] = [dict(x) for x in unnoised]
             if name == "instance" and SERVER_STEP in u.mechanisms:
                 m = u.mechanism(SERVER_STEP)
                 note = "2C: identical instances share one merged label set, so removing one can change a set, not only remove it"
                 target = rep["mechanisms"][SERVER_STEP] if "mechanisms" in rep else rep
                 target["sensitivity"] = SENSITIVITY_IN_CLIP_NORMS * m.clip_norm
                 target["sensitivity_note"] = note
+                target["expected_batch_size"] = self.cfg.privacy.instance.divisor(self.cfg.dataset)  # the public divisor
             if name == "instance" and CLIENT_TRAINING in u.mechanisms:
                 m = u.mechanism(CLIENT_TRAINING)
                 target = rep["mechanisms"][CLIENT_TRAINING] if "mechanisms" in rep else rep
@@ -415,8 +434,13 @@ class DifferentialPrivacy(ProtocolLayer):
                     "C per step: adding or removing the instance adds or removes one clipped per-sample gradient; it "
                     f"enters up to {self.local_copies()} clients' training a round, each of those steps counted"
                 )
+            if (bound := self.cfg.privacy.max_labels_per_instance()) is not None and name in ("instance", "client"):
+                rep["contribution_bound"] = {"max_labels_per_instance": bound, "over_bound": self.cfg.privacy.over_bound}
+            observer = {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"}
+            if unnoised:
+                observer = {"epsilon": "inf", "why": "; ".join(x["why"] for x in unnoised)}
             rep["adversaries"] = {
-                "observer": {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"},
+                "observer": observer,
                 "server": self._against_server(name, u),
             }
             if name == "client" and self.cfg.privacy.client.weight_cap is not None:
@@ -433,9 +457,10 @@ class DifferentialPrivacy(ProtocolLayer):
                 eps_k, delta_k = group_privacy(u.epsilon(), u.delta, 2 * k)
                 rep["instance_level"] = {
                     "group_size": 2 * k, "epsilon": reported(eps_k), "delta": delta_k,
-                    "note": f"one training instance sits on up to {k} clients (one per label in the positive-only "
-                            "setting); removing it replaces each of those clients' updates, two add/remove steps each, "
-                            f"so client-level DP covers it by group privacy over {2 * k} units",
+                    "note": f"one training instance sits on up to {k} clients (a public bound: in the positive-only "
+                            "setting privacy.client.max_labels_per_instance, else the number of labels; 1 in a partition "
+                            "that puts each instance on one client); removing it replaces each of those clients' updates, "
+                            f"two add/remove steps each, so client-level DP covers it by group privacy over {2 * k} units",
                 }  # fmt: skip
             if self.server_stream.derived_from_seed:
                 rep["warning"] = NOISE_SEED_WARNING

@@ -57,7 +57,7 @@ def canonical_rows(x: sp.spmatrix | np.ndarray):
     n, dim = m.shape
     nnz = np.diff(m.indptr).astype(np.int64)
     lengths = 12 + 8 * nnz
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])[:n].astype(np.int64)  # n = 0 (a client with no rows): none
     buf = np.empty(int(lengths.sum()), np.uint8)
     head = np.empty((n, 3), "<u4")
     head[:, 0] = np.frombuffer(b"SFI1", "<u4")[0]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from secure_fed.config.schema import NO_WEIGHTS, RESNETS
 from secure_fed.errors import ConfigError
+from secure_fed.specs import public_preprocessing
 
 if TYPE_CHECKING:
     from secure_fed.config.schema import ExperimentConfig
@@ -33,7 +34,9 @@ def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str
     """The encoder name, preprocessing kind and hidden widths the config picks for ``ds``.
 
     ``auto`` picks ``resnet18`` for image data, ``sparse_text`` for sparse data, else ``mlp``; preprocessing ``auto``
-    picks ``image`` for image data. A ResNet on data that are not images, a ResNet without ``model.weights``,
+    picks ``image`` for image data, ``rsqrt_nnz`` for ``sparse_text``, else ``standardize`` (``none`` under a layer that
+    needs preprocessing without statistics of the private data, :func:`secure_fed.specs.public_preprocessing`).
+    A ResNet on data that are not images, a ResNet without ``model.weights``,
     ``model.weights`` for an encoder that is not a ResNet, or bf16 training of a ResNet on CPU with images of 16 px or
     less (a PyTorch bug: garbage gradients, measured on torch 2.14) is a one-line :class:`ConfigError`.
     """
@@ -61,7 +64,9 @@ def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str
         )
     prep = cfg.model.preprocessing
     if prep == "auto":
-        prep = "image" if ds.feature_kind == "image" else "rsqrt_nnz" if name == "sparse_text" else "standardize"
+        # under a layer whose guarantee must cover θ (DP), no statistic of the private data: raw dense features
+        dense = "none" if public_preprocessing(cfg) else "standardize"
+        prep = "image" if ds.feature_kind == "image" else "rsqrt_nnz" if name == "sparse_text" else dense
     hidden = cfg.model.hidden_dims
     if resnet:
         hidden = []  # a ResNet has no hidden_dims

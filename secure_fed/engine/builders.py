@@ -24,6 +24,7 @@ from secure_fed.data import (
     MultiLabelSplit,
     partitioner_from_config,
 )
+from secure_fed.data.bounding import bound_labels, bounding_key
 from secure_fed.data.from_config import build_dataset  # noqa: F401 (re-exported: the engine's loader)
 from secure_fed.errors import ConfigError
 from secure_fed.models import Preprocessor, build_encoder
@@ -152,11 +153,25 @@ class Federation:
     #: raw feature rows (the dataset's CSR or dense rows) → the model's input, as the clients' rows were made
     #: (preprocessed; dense, or :class:`SparseRows` when ``model.sparse_input`` picked sparse rows)
     encode: Callable[[Any], torch.Tensor | SparseRows] | None = None
+    #: the most clients one training instance sits on, as a public fact: the contribution bound m where the
+    #: partition puts an instance on one client per label and a layer gives m (:mod:`secure_fed.data.bounding`),
+    #: the number of labels where it gives none (the worst case the label space allows), else 1
+    max_clients_per_instance: int = 1
+    #: how many training instances the bound changed (a statistic of private data: private diagnostics only)
+    bounded_instances: int = 0
 
 
 def build_federation(
-    cfg: ExperimentConfig, ds: MultiLabelDataset, algorithm: type[Algorithm], device: torch.device
+    cfg: ExperimentConfig,
+    ds: MultiLabelDataset,
+    algorithm: type[Algorithm],
+    device: torch.device,
+    *,
+    bound: tuple[int, str] | None = None,
 ) -> Federation:
+    """The clients' data. ``bound`` = ``(m, rule)`` (a layer's public contribution bound,
+    :func:`secure_fed.specs.instance_bound`): in a partition that puts an instance on one client per label, every
+    instance enters at most m clients (:func:`secure_fed.data.bounding.bound_labels`)."""
     _, prep_kind, _ = model_choice(cfg, ds)
     prep = Preprocessor.fit(prep_kind, ds.train.features)
     sparse = False  # decided once the shards are known (their total size)
@@ -174,10 +189,17 @@ def build_federation(
     rng = np.random.default_rng([cfg.seed, 11])
     val = None
     part = partitioner_from_config(cfg.partition, seed=cfg.seed)
+    train, per_instance, bounded = ds.train, 1, 0
+    if part.positive_only and not algorithm.centralized:  # an instance sits on one client per label
+        per_instance = ds.num_labels
+        if bound is not None:
+            m, rule = bound
+            labels, bounded = bound_labels(labels, ds.train.features, m, rule, bounding_key(cfg.seed))
+            train, per_instance = MultiLabelSplit(ds.train.features, labels), min(m, ds.num_labels)
     client_test = None
     n_test = ds.test.num_instances if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, ds.test.num_instances)
     if not part.positive_only:  # general setting: the test rows of each client (same clients for every algorithm)
-        fed_shards = part.partition(ds.train, rng)
+        fed_shards = part.partition(train, rng)
         test_split = ds.test if n_test == ds.test.num_instances else _head(ds.test, n_test)
         client_test = [s.indices for s in part.assign(test_split, np.random.default_rng([cfg.seed, 17]))]
     if algorithm.centralized:  # select epochs on a validation split of the training data, never on the test split
@@ -186,7 +208,9 @@ def build_federation(
         val, rest = np.sort(order[:n_val]), np.sort(order[n_val:])
         shards = [ClientShard(0, rest)]
     else:
-        shards = fed_shards if client_test is not None else part.partition(ds.train, rng)
+        if bound is not None and part.positive_only:  # a label the bound emptied keeps its client, with no data
+            part.allow_empty = True
+        shards = fed_shards if client_test is not None else part.partition(train, rng)
     sparse = sparse_input_choice(cfg, ds, sum(len(s.indices) for s in shards) + n_test)
     # sparse rows: the training rows preprocessed once, each client reading its own when it trains (an XC instance
     # sits on every client of its labels: ~5 copies); dense rows: each client's own copy, as before
@@ -212,7 +236,8 @@ def build_federation(
         )
     x_test = encode(ds.test.features[:n_test])
     y_test = sp.csr_matrix(ds.test.labels[:n_test], dtype=np.int8)
-    fed = Federation(clients, shards, x_test, y_test, prep, client_test=client_test, encode=encode)
+    fed = Federation(clients, shards, x_test, y_test, prep, client_test=client_test, encode=encode,
+                     max_clients_per_instance=per_instance, bounded_instances=bounded)  # fmt: skip
     if client_test is not None and not algorithm.centralized:
         for c, rows in zip(clients, client_test, strict=True):  # each client holds its own test rows
             c.eval_x, c.eval_y = x_test[rows], y_test[rows].toarray()

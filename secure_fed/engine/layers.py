@@ -60,14 +60,17 @@ class StackEnv:
     """Public facts about the federation that layers may use (the server knows all of these)."""
 
     num_clients: int
-    clients_per_row: Any  # torch.Tensor (C,): how many clients hold each label
+    #: torch.Tensor (C,): the public count of clients each row is averaged over (1 per row where each label has its
+    #: own client, else the federation's client count; never the data's count of clients holding a label)
+    clients_per_row: Any
     num_labels: int
     embedding_dim: int
     theta: dict  # name → tensor (shapes only are used)
     device: Any
     seed: int
-    #: the most clients one training instance sits on (its label count in the positive-only setting; 1 when
-    #: each instance is on one client): the group size that turns client-level DP into instance-level DP
+    #: the most clients one training instance sits on, a public fact: the contribution bound m in the positive-only
+    #: setting when a layer gives one (every instance is bounded to m clients), the number of labels when none does,
+    #: 1 when each instance is on one client; the group size that turns client-level DP into instance-level DP
     max_clients_per_instance: int = 1
     #: the model family keeps a per-label row table W (``num_labels`` × ``embedding_dim``)
     has_rows: bool = True

@@ -66,7 +66,8 @@ from secure_fed.messages import FullTable, Params, Rules
 from secure_fed.models import mean_pairwise_cosine
 from secure_fed.models.families import model_family
 from secure_fed.models.sparse_rows import SparseRows, column_major
-from secure_fed.specs import dense_update_layers, layer_specs
+from secure_fed.run_status import COMPLETED, COMPLETED_WITH_ABORTS, TRAINED
+from secure_fed.specs import dense_update_layers, instance_bound, layer_specs
 
 
 @dataclass
@@ -115,7 +116,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.algorithm = build_algorithm(cfg, self.device)
         self.memory = plan_memory(cfg, self.dataset, self.device)
         check_memory(self.memory)  # a run that cannot fit stops here: nothing built, nothing written
-        self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device)
+        self.fed = build_federation(cfg, self.dataset, type(self.algorithm), self.device, bound=instance_bound(cfg))
         # the server's model as named tensors: θ (every client gets it whole) and, for families with one, the
         # row table W (each client gets only its own rows); a worker model for local training
         self.family = model_family(cfg.model.family)
@@ -176,7 +177,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             theta=self.theta,
             device=self.device,
             seed=cfg.seed,
-            max_clients_per_instance=self._max_clients_per_instance(),
+            max_clients_per_instance=self.fed.max_clients_per_instance,
             has_rows=self.W is not None,
             full_table_keys=tuple(k for k, rule in up.items() if isinstance(rule, FullTable)),
             call_clients=lambda cids, payload_fn, client_fn, partial=False: self._query(
@@ -331,19 +332,13 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self.guard.set_client_rows(self._client_rows())
         self.stack_env.clients_per_row = self._clients_per_row()
 
-    def _max_clients_per_instance(self) -> int:
-        """The most clients that hold one training instance (simulator knowledge of the partition)."""
-        shards = [s.indices for s in self.fed.shards]
-        if not shards:
-            return 1
-        counts = np.bincount(np.concatenate(shards), minlength=self.dataset.train.num_instances)
-        return max(1, int(counts.max()))
-
     def _clients_per_row(self) -> torch.Tensor:
-        per_row = torch.zeros(self.dataset.num_labels, dtype=torch.long)
-        for c in self.fed.clients:
-            per_row[c.known_labels] += 1
-        return per_row
+        """A public count of the clients each row of W is averaged over (a DP layer's fixed per-row divisor): 1 where
+        each label has its own client (positive-only: structural), else every client of the federation (which
+        clients hold a label is a fact of their data, so it may not divide a DP sum)."""
+        one_each = all(s.label is not None for s in self.fed.shards)
+        n = 1 if one_each else len(self.fed.clients)
+        return torch.full((self.dataset.num_labels,), n, dtype=torch.long)
 
     # ----------------------------------------------------------------- rounds
     def setup(self) -> None:
@@ -476,7 +471,8 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
 
     def _train_rounds(self, callbacks: list[Callback]) -> str:
         """Train from the current round to ``training.rounds``, each round's records through ``callbacks``; returns
-        how the loop ended: ``completed``, ``budget_exhausted`` (a layer stopped it) or ``diverged``."""
+        how the loop ended: ``completed`` (``completed_with_aborts`` once the caller counts aborted rounds),
+        ``budget_exhausted`` (a layer stopped it) or ``diverged``."""
         cfg = self.cfg
         while self.round < cfg.training.rounds:
             why = self.stack.budget_stop(self.round)
@@ -522,6 +518,8 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
                 f"no round completed: all {self.round} rounds aborted (a protocol could not finish them; "
                 "the reasons are in private/diagnostics.jsonl)"
             )
+        elif status == COMPLETED and self.rounds_aborted:  # finished, but not every round was applied
+            status = COMPLETED_WITH_ABORTS
         for cb in callbacks:
             cb.on_run_end(self, status)
         self.callback("metrics_files").rewrite(self)  # whatever stopped the loop, the files match the records
@@ -529,7 +527,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
         self._t0 = time.perf_counter()
         if status != "diverged":  # a diverged run keeps its last good checkpoint, to resume from with other settings
             self.save_checkpoint()
-        if status in ("completed", "budget_exhausted"):
+        if status in TRAINED:
             self._restore_selected()
             self.save_checkpoint("final.pt", side_files=False)
         summary, private = self.summary(status), self.private_summary()

@@ -123,10 +123,20 @@ def test_unmeetable_dp_target_is_rejected_before_training_naming_the_achievable_
         (['protocols=["dp"]', 'privacy.local={"target_epsilon": 4}'], ["privacy.local with fedalc", "privacy.instance"]),
         (['protocols=["dp"]', "algorithm.normalize_gamma=false", 'privacy.local={"target_epsilon": 4}',
           'privacy.instance={"target_epsilon": 2}'], ["differ", "one budget"]),
-        (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"noise_multiplier": 0.3, "target_epsilon": 1}'],
+        (['protocols=["dp"]', "algorithm.name=fedaws",
+          'privacy.local={"noise_multiplier": 0.3, "target_epsilon": 1, "max_labels_per_instance": 8}'],
          ["privacy.local.target_epsilon 1 cannot be met"]),
         (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"noise_multiplier": 2.0, "target_epsilon": 3, '
-          '"batch_sample_rate": 0.5}'], ["privacy.local.target_epsilon 3 cannot be met: the first round"]),
+          '"batch_sample_rate": 0.5, "max_labels_per_instance": 8}'],
+         ["privacy.local.target_epsilon 3 cannot be met: the first round"]),
+        (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"target_epsilon": 4}'],
+         ["privacy.local on the positive_only partition needs privacy.local.max_labels_per_instance", "public"]),
+        (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"target_epsilon": 4, "max_labels_per_instance": -2}'],
+         ["privacy.local.max_labels_per_instance", "greater than or equal to 1"]),
+        (['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"target_epsilon": 4, "max_labels_per_instance": 3}',
+          'privacy.client={"target_epsilon": 4, "max_labels_per_instance": 5}'], ["differ", "once a run"]),
+        (['protocols=["dp"]', "algorithm.name=fedavg", "partition.name=iid", "model.family=linear_head",
+          'privacy.local={"target_epsilon": 4, "max_labels_per_instance": 3}'], ["positive_only", "remove it"]),
         (['protocols=["dp"]', "algorithm.name=fedavg", "dataset.name=digit_mosaics", "partition.name=iid",
           "model.family=linear_head", "model.name=resnet18", "model.weights=random", 'privacy.local={"target_epsilon": 4}'],
          ["cannot run on a ResNet", "batch norm"]),
@@ -139,13 +149,59 @@ def test_unmeetable_dp_target_is_rejected_before_training_naming_the_achievable_
         (['protocols=["dp"]', "algorithm.name=fedavg", "partition.name=iid", 'privacy.local={"target_epsilon": 4}'],
          ["model.family embedding on a iid partition"]),
     ],
-    ids=["no-dp", "fedalc-without-instance", "two-budgets", "unmeetable-first-step", "unmeetable-first-round", "resnet",
+    ids=["no-dp", "fedalc-without-instance", "two-budgets", "unmeetable-first-step", "unmeetable-first-round",
+         "bound-missing", "bound-negative", "bounds-differ", "bound-outside-positive-only", "resnet",
          "weighted-aggregation", "flag", "proportional", "rows-outside-positive-only"],
 )  # fmt: skip
 def test_bad_client_dp_sgd_settings_are_one_line(tmp_path, sets, needles):
     """privacy.local mistakes: a clear line before anything is written (the first-round check needs the data, so
     ``run`` is the command that must refuse them all)."""
     ov = [x for o in sets for x in ("--set", o)]
+    out = tmp_path / "run"
+    assert_one_error_line(*cli("run", "--out", str(out), *ov)[::2], *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("sets", "needles"),
+    [
+        (["dataset.name=bibtex", 'protocols=["dp"]', "algorithm.normalize_gamma=false",
+          'privacy.instance={"target_epsilon": 4}'], ["privacy.instance.expected_batch_size", "public", "private divisor"]),
+        (['protocols=["dp"]', "algorithm.normalize_gamma=false",
+          'privacy.instance={"target_epsilon": 4, "expected_batch_size": "measured"}'],
+         ["privacy.instance.expected_batch_size", "positive number", "auto"]),
+        (['protocols=["dp"]', "algorithm.normalize_gamma=false",
+          'privacy.instance={"target_epsilon": 4, "expected_batch_size": 0}'], ["privacy.instance.expected_batch_size"]),
+    ],
+    ids=["divisor-missing", "divisor-not-a-number", "divisor-zero"],
+)  # fmt: skip
+def test_a_w_step_divisor_that_is_not_public_is_one_line(tmp_path, sets, needles):
+    """The W step divides by a public B̄: missing where no public size exists, or not a positive number, is refused by
+    ``validate`` and ``run`` alike, before anything is written."""
+    ov = [x for o in sets for x in ("--set", o)]
+    assert_one_error_line(*cli("validate", *_default(tmp_path), *ov)[::2], *needles)
+    out = tmp_path / "run"
+    assert_one_error_line(*cli("run", "--out", str(out), *ov)[::2], *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("sets", "needles"),
+    [
+        (["ckks.coeff_mod_bit_sizes=[40,60]"], ["ckks.coeff_mod_bit_sizes [40, 60]", "global_scale_bits 40"]),
+        (["ckks.coeff_mod_bit_sizes=[61,40,60]"], ["ckks.coeff_mod_bit_sizes [61, 40, 60]", "2 to 60 bits"]),
+        (["ckks.coeff_mod_bit_sizes=[60,40,40,40,39]"], ["total 219 bits", "limit of 218"]),
+        (["ckks.poly_modulus_degree=16384", "ckks.coeff_mod_bit_sizes=[60,19]"], ["19-bit primes", "≡ 1 mod 32768"]),
+        (["ckks.poly_modulus_degree=65536", "ckks.coeff_mod_bit_sizes=[60,60]"], ["ckks.poly_modulus_degree 65536"]),
+        (["ckks.coeff_mod_bit_sizes=[60]"], ["at least 2 primes"]),
+    ],
+    ids=["scale-above-data-primes", "prime-61-bits", "total-219-at-8192", "no-19-bit-primes", "degree-65536", "one-prime"],
+)  # fmt: skip
+def test_a_ckks_modulus_chain_tenseal_refuses_is_one_line(tmp_path, sets, needles):
+    """Chains TenSEAL refuses when the run builds its context or encrypts (``validate`` used to accept them and the run
+    died in TenSEAL with a traceback) are refused by ``validate`` and ``run`` alike, before anything is written."""
+    ov = [x for o in ['protocols=["ckks"]', "training.rounds=1", *sets] for x in ("--set", o)]
+    assert_one_error_line(*cli("validate", *_default(tmp_path), *ov)[::2], *needles)
     out = tmp_path / "run"
     assert_one_error_line(*cli("run", "--out", str(out), *ov)[::2], *needles)
     assert not out.exists()

@@ -133,10 +133,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--data-root", default=os.environ.get("SECURE_FED_DATA"))
+    ap.add_argument("--cases", default=None, help="comma-separated case names to record again (default: all)")
+    ap.add_argument("--why", default=None, help="with --cases: the reason, appended to the JSON's `rerecorded` field")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    names = list(CASES) if args.cases is None else args.cases.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        out = {"commit": commit, "cases": {n: run_case(n, Path(tmp), args.data_root) for n in CASES}}
+        cases = {n: run_case(n, Path(tmp), args.data_root) for n in names}
+    out = {"commit": commit, "cases": cases}
+    if args.cases is not None:  # the other cases stay as recorded; the note says which were recorded again and why
+        old = json.loads(GOLDEN.read_text())
+        out = {**old, "cases": {**old["cases"], **cases}}
+        out["rerecorded"] = [*old.get("rerecorded", []), f"{', '.join(names)} (after {commit[:7]}): {args.why or '?'}"]
     if args.write:
         GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True))
         print(f"wrote {GOLDEN}")

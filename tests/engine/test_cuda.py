@@ -208,7 +208,8 @@ def test_dp_sgd_in_client_training_on_the_gpu_follows_the_cpu(tmp_path, model):
     streams on the CPU, so a fixed ``privacy.noise_seed`` gives both devices the same draws. (Passed on an H200,
     ``results/cuda_h200/call4_tests_bench``.)"""
     ov = [*LOCAL_DP[model], 'protocols=["dp"]', "privacy.noise_seed=5",
-          "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+          "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5, "
+          "max_labels_per_instance: 8}"]  # fmt: skip
     cpu, gpu = _on("cpu", tmp_path, "cpu", *ov), _on("cuda", tmp_path, "gpu", *ov)
     assert relative_error(_theta_and_W(cpu), cpu.initial) > MOVED
     assert relative_error(_cpu(_theta_and_W(gpu)), _theta_and_W(cpu)) < 1e-4

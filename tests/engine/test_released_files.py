@@ -24,23 +24,30 @@ EVAL = {"mAP", "O-AP", "C-P", "C-R", "C-F1", "O-P", "O-R", "O-F1"} | {f"{m}@{k}"
 # score the clients' own, un-noised local models
 EVAL |= {"GmAP", "GmAP_std", "GmAP_worst"}
 METRICS_LINE = {"round", "W_mean_cos", "privacy"} | EVAL
-METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client"}
+# why: the one line saying which un-noised step makes the top-level ε ∞ (config facts only)
+METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client", "why"}
 METRICS_UNIT = {"epsilon", "delta", "steps"}
 # rounds_aborted: how many rounds a protocol could not finish (dropouts below the secure sum's threshold)
 SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds_aborted", "status", "final", "W_mean_cos",
            "privacy", "protocols", "stop_reason", "device", "executor", "num_clients", "dropped_labels",
-           "target"}  # fmt: skip
-SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning"}
+           "target", "aborted_charge"}  # fmt: skip
+# aborted_charge: the ledger's steps at the aborted rounds (read from the released per-round ledger)
+ABORTED_CHARGE = {"steps", "of"}
+SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning", "why"}
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
         "target_epsilon", "sigma_calibrated", "scope", "not_covered", "sensitivity", "sensitivity_note", "adversaries",
-        "instance_level", "warning", "stopped", "approximate", "mechanisms", "composition"}  # fmt: skip
+        "instance_level", "warning", "stopped", "approximate", "mechanisms", "composition",
+        "contribution_bound", "unnoised", "expected_batch_size"}  # fmt: skip
 # the instance unit's mechanisms (server's W step, DP-SGD in client training): configuration and accounting only
 MECHANISM = {"scope", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps", "sigma_calibrated",
-             "sensitivity", "sensitivity_note"}  # fmt: skip
+             "sensitivity", "sensitivity_note", "expected_batch_size"}  # fmt: skip
 ADVERSARY = {"epsilon", "why"}
-# group_size is the dataset's largest label count per training instance: the declared group of the relation
+# group_size is twice the public bound on the clients one training instance sits on (config, never the data)
+CONTRIBUTION_BOUND = {"max_labels_per_instance", "over_bound"}
 INSTANCE_LEVEL = {"group_size", "epsilon", "delta", "note"}
 APPROXIMATE = {"epsilon", "warning"}
+# a step that shapes a released tensor with no DP mechanism on it: named from the config, never from the data
+UNNOISED = {"step", "released", "why"}
 
 
 def _check(keys, allowed, where):
@@ -54,9 +61,12 @@ def _check_unit(unit: dict, where: str) -> None:
         assert name in ("observer", "server")
         _check(adv, ADVERSARY, f"{where}.adversaries.{name}")
     _check(unit.get("instance_level", {}), INSTANCE_LEVEL, f"{where}.instance_level")
+    _check(unit.get("contribution_bound", {}), CONTRIBUTION_BOUND, f"{where}.contribution_bound")
     for name, mech in unit.get("mechanisms", {}).items():
         assert name in ("server_w_step", "client_training")
         _check(mech, MECHANISM, f"{where}.mechanisms.{name}")
+    for x in unit.get("unnoised", []):
+        _check(x, UNNOISED, f"{where}.unnoised")
     for name, rep in unit.get("approximate", {}).items():
         assert name == "gdp"
         _check(rep, APPROXIMATE, f"{where}.approximate.{name}")
@@ -78,6 +88,9 @@ def check_released_files(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     _check(summary, SUMMARY, "summary.json")
     _check(summary["final"], EVAL, "summary.json final")
+    for unit, charge in summary.get("aborted_charge", {}).items():
+        assert unit in summary["privacy"]["units"]
+        _check(charge, ABORTED_CHARGE, f"summary.json aborted_charge.{unit}")
     _check(summary["privacy"], SUMMARY_PRIVACY, "summary.json privacy")
     assert summary["privacy"]["units"]
     for unit_name, unit in summary["privacy"]["units"].items():

@@ -176,7 +176,7 @@ def test_an_audit_of_a_finished_oracle_sees_the_selected_model(tmp_path):
         ["algorithm.name=fedalc", "training.executor=vectorized", 'protocols=["dp"]', "privacy.noise_seed=3",
          "privacy.client={noise_multiplier: 0.5, clip_norm: 1.0}"],
         ["algorithm.name=fedaws", 'protocols=["dp"]', "privacy.noise_seed=3",
-         "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"],
+         "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5, max_labels_per_instance: 8}"],
         ["algorithm.name=fedlgt", "model.family=ctran", "model.ctran={layers: 1, heads: 2, token_size: 4}",
          "partition.name=iid", "partition.num_clients=3", "algorithm.ule=false"],
     ],

@@ -16,7 +16,8 @@ def test_scalars_equal_metrics_jsonl_and_hold_nothing_private(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = load_config(overrides=[*SMALL, "algorithm.name=fedaws", "output.tensorboard=true", "protocols=[dp]",
-                                 'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5}'])  # fmt: skip
+                                 'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5, '
+                                 '"max_labels_per_instance": 8}'])  # fmt: skip
     Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
     acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     acc.Reload()

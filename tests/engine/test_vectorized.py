@@ -86,7 +86,8 @@ def test_chunks_give_the_same_rounds(tmp_path):
 
 def test_what_is_not_batched_runs_on_the_reference_trainer_and_is_reported(tmp_path, caplog):
     dp_local = ["algorithm.name=fedaws", 'protocols=["dp"]', "privacy.noise_seed=7",
-                "privacy.local={clip_norm: 1.0, target_epsilon: 8, batch_sample_rate: 0.5}"]  # fmt: skip
+                "privacy.local={clip_norm: 1.0, target_epsilon: 8, batch_sample_rate: 0.5, "
+                "max_labels_per_instance: 8}"]  # fmt: skip
     seq, _ = _after_rounds(tmp_path, "seq", *dp_local)
     with caplog.at_level("WARNING"):
         vec, _ = _after_rounds(tmp_path, "vec", *dp_local, "training.executor=vectorized")

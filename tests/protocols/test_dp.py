@@ -14,7 +14,9 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 
 from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
 from protocols.dp.client_dp import clip_update, update_norm
+from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import dp_label_set_step
+from protocols.dp.randomness import SecretStream
 from secure_fed.algorithms.fedaws import regularizer_step
 from secure_fed.algorithms.regularizers import (
     correlation_sigma,
@@ -28,6 +30,11 @@ from secure_fed.errors import ConfigError
 from tests.conftest import small_config
 
 OPACUS = {"rdp": RDPAccountant, "prv": PRVAccountant}
+
+
+def _released(total: torch.Tensor, sigma: float, sensitivity: float) -> torch.Tensor:
+    """The W step's mechanism as the dp layer runs it (σ = 0 here: the sum as it is)."""
+    return noisy_sum(total, sigma=sigma, sensitivity=sensitivity, stream=SecretStream.fresh(), label="w")
 
 
 def unit(sigma=1.0, q=0.1, target=None, acc="rdp"):
@@ -89,8 +96,8 @@ def test_label_set_step_without_noise_equals_nonprivate_sigma_step():
         pair = neighbour_hinge_grads(V, nn_idx, 1.0)
         return lambda Yb: label_set_correlation_grads(V, Yb, k=3, margin=1.0, scale=9.0, nn_idx=nn_idx, pair_grads=pair)
 
-    stats = dp_label_set_step(W_dp, Y, grads, clip_norm=1e9, noise_multiplier=0.0, sample_rate=1.0, step_size=0.05,
-                              pick=torch.ones(n, dtype=torch.bool), noise=torch.zeros_like(W), chunk=7)  # fmt: skip
+    stats = dp_label_set_step(W_dp, Y, grads, clip_norm=1e9, noise_multiplier=0.0, divisor=float(n), step_size=0.05,
+                              pick=torch.ones(n, dtype=torch.bool), noise=_released, chunk=7)  # fmt: skip
     assert stats["dp_batch"] == n and stats["dp_clipped_frac"] == 0.0
     assert torch.allclose(W_dp, W_ref, atol=1e-12)
 
@@ -102,9 +109,9 @@ def test_label_set_step_clips_every_contribution():
     Y[0, :3] = 1
     grads = lambda V: lambda Yb: label_set_correlation_grads(V, Yb, k=7, margin=2.0, scale=100.0)  # noqa: E731
     W2 = W.clone()
-    dp_label_set_step(W2, Y, grads, clip_norm=1e-3, noise_multiplier=0.0, sample_rate=1.0, step_size=1.0,
-                      pick=torch.ones(1, dtype=torch.bool), noise=torch.zeros_like(W))  # fmt: skip
-    # one set, clipped to 1e-3, step 1, divided by q·n = 1 → W moves by at most 1e-3 before renormalising
+    dp_label_set_step(W2, Y, grads, clip_norm=1e-3, noise_multiplier=0.0, divisor=1.0, step_size=1.0,
+                      pick=torch.ones(1, dtype=torch.bool), noise=_released)  # fmt: skip
+    # one set, clipped to 1e-3, step 1, divided by the public B̄ = 1 → W moves by at most 1e-3 before renormalising
     assert (W2 - W).norm() <= 1e-3 * 1.01
 
 
@@ -141,7 +148,8 @@ def test_budget_stops_training_before_the_step_that_would_exceed(tmp_path):
     [
         [*DP_INSTANCE, "privacy.instance.noise_multiplier=1.5", "privacy.instance.target_epsilon=null"],
         ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}'],
-        ['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.local={"noise_multiplier": 1.0, "batch_sample_rate": 0.5}'],
+        ['protocols=["dp"]', "algorithm.name=fedaws",
+            'privacy.local={"noise_multiplier": 1.0, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}'],
     ],
     ids=["instance", "client", "local"],
 )
@@ -207,7 +215,9 @@ def test_client_side_noise_runs_under_secure_aggregation_and_ckks(tmp_path):
 def test_a_secure_sum_range_that_would_clip_noise_shares_is_refused(tmp_path):
     """Noise shares travel inside secure aggregation's encoding, which clips to ±clip_range: a range below
     S·(1 + 10σ) (here 0.5 · 21 = 10.5) is refused before anything runs — when the config is read for a given σ,
-    when the dp layer calibrates σ otherwise; at that bound the run goes on, in 64- and in 32-bit words."""
+    when the dp layer calibrates σ otherwise. Once the model is built, the dp layer adds the discrete Gaussian's grid
+    term (std σ·(S + γ√d)): 10.5 is refused then too, and just above the corrected bound the run goes on, in 64- and
+    in 32-bit words."""
     base = ["algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', "training.rounds=1"]
     with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 10.4 would clip .* = 10.5 "):
         small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.4")
@@ -215,8 +225,10 @@ def test_a_secure_sum_range_that_would_clip_noise_shares_is_refused(tmp_path):
     cfg = small_config(*base, calibrated, "secure_aggregation.clip_range=1.5")  # σ unknown until calibrated
     with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 1.5 would clip the clients' noise shares"):
         Experiment(cfg, run_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"clip_range 10.5 would clip .* the grid's γ√d"):
+        Experiment(small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.5"), run_dir=tmp_path / "g")
     for name, words in (("64", []), ("32", ["secure_aggregation.modulus_bits=32", "secure_aggregation.frac_bits=16"])):
-        cfg = small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.5", *words)
+        cfg = small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.52", *words)
         e = Experiment(cfg, run_dir=tmp_path / name)
         assert e.run(progress=False).summary["status"] == "completed"
         assert e.stack.by_name()["secure_aggregation"].codec.word_dtype.itemsize * 8 == int(name)
@@ -268,12 +280,19 @@ def test_label_set_noise_std_is_sigma_times_two_clip_norms():
     Y = torch.zeros(10, 6, dtype=torch.float64)
     e = torch.zeros_like(W)
     e[2, 1] = 1.0  # one unit of noise on one coordinate, nothing sampled
-    sigma, C, q, step = 1.5, 0.7, 0.25, 0.01
+    sigma, C, bbar, step = 1.5, 0.7, 2.5, 0.01
     W2 = W.clone()
+    seen = []
+
+    def noise(total, s, sens):  # the mechanism gets the noise multiplier and the sensitivity 2C
+        seen.append((s, sens))
+        return total + s * sens * e
+
     dp_label_set_step(W2, Y, lambda V: lambda Yb: torch.zeros(len(Yb), 6, 3, dtype=torch.float64), clip_norm=C,
-                      noise_multiplier=sigma, sample_rate=q, step_size=step, pick=torch.zeros(10, dtype=torch.bool),
-                      noise=e)  # fmt: skip
-    expected = torch.nn.functional.normalize(W - step * (sigma * 2 * C) * e / (q * 10), dim=-1)
+                      noise_multiplier=sigma, divisor=bbar, step_size=step, pick=torch.zeros(10, dtype=torch.bool),
+                      noise=noise)  # fmt: skip
+    assert seen == [(sigma, 2 * C)]
+    expected = torch.nn.functional.normalize(W - step * (sigma * 2 * C) * e / bbar, dim=-1)
     assert torch.allclose(W2, expected, atol=1e-15)
 
 

@@ -197,8 +197,11 @@ def test_epsilon_is_reported_per_adversary(tmp_path):
     adv = server.summary["privacy"]["units"]["client"]["adversaries"]
     assert adv["server"]["epsilon"] == "inf" and adv["observer"]["epsilon"] == server.summary["privacy"]["epsilon"]
 
+    # fedavg: every released tensor is a noised client sum (fedalc's W would also take an un-noised label-set step,
+    # which makes the observer's ε ∞)
     clients = Experiment(small_config(*CLIENT_NOISE, f"training.rounds={rounds}", "training.client_fraction=0.5",
-                                      "training.sampling=poisson"), run_dir=tmp_path / "c").run(progress=False)  # fmt: skip
+                                      "training.sampling=poisson", "algorithm.name=fedavg"),
+                         run_dir=tmp_path / "c").run(progress=False)  # fmt: skip
     unit = clients.summary["privacy"]["units"]["client"]
     ref_server, ref_observer = RDPAccountant(), RDPAccountant()  # independent: Opacus directly
     for _ in range(rounds):
@@ -214,12 +217,19 @@ def test_epsilon_is_reported_per_adversary(tmp_path):
     assert inst.summary["privacy"]["units"]["instance"]["adversaries"]["server"]["epsilon"] == "inf"
 
 
-def test_client_level_dp_reports_instance_level_group_privacy(tmp_path):
-    e = Experiment(small_config(*SERVER_NOISE, "training.rounds=2"), run_dir=tmp_path)
+@pytest.mark.parametrize("bound", [None, 2])
+def test_client_level_dp_reports_instance_level_group_privacy(tmp_path, bound):
+    """The group is twice the public bound on the clients an instance sits on: privacy.client.max_labels_per_instance,
+    or without one the number of labels (every instance could have them all); never the data's largest label count."""
+    ov = [] if bound is None else [f"privacy.client.max_labels_per_instance={bound}"]
+    e = Experiment(small_config(*SERVER_NOISE, "training.rounds=2", *ov), run_dir=tmp_path)
     s = e.run(progress=False).summary
     unit = s["privacy"]["units"]["client"]
-    k = int(np.asarray(e.dataset.train.labels.sum(axis=1)).max())  # positive-only: one client per label of an instance
-    assert k > 1
+    data_k = int(np.asarray(e.dataset.train.labels.sum(axis=1)).max())  # positive-only: one client per label
+    k = e.dataset.num_labels if bound is None else bound
+    assert k != data_k  # the data's count would give another group
+    # each client an instance sits on, counted from the shards: never more than k
+    assert np.bincount(np.concatenate([sh.indices for sh in e.fed.shards])).max() <= k
     # removing the instance replaces each of its k clients' data: 2 add/remove changes each, a group of 2k
     g = 2 * k
     assert unit["instance_level"]["group_size"] == g
@@ -277,7 +287,7 @@ def test_a_round_re_run_after_an_interrupt_is_charged_once(tmp_path):
     """Interrupted inside round 0 (its steps charged, checkpointed), resumed: round 0 runs again with the same secret
     draws, so the ledger does not charge it twice; round 1 is charged as usual. Each unit independently (Opacus)."""
     ov = ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5}', "algorithm.name=fedavg",
-          'privacy.local={"noise_multiplier": 1.0, "clip_norm": 1.0}']  # fmt: skip
+          'privacy.local={"noise_multiplier": 1.0, "clip_norm": 1.0, "max_labels_per_instance": 8}']  # fmt: skip
     e = Experiment(small_config(*ov), run_dir=tmp_path / "a")
     dp = _dp(e)
     base = lambda: RoundSession(cohort=[0], theta=e.theta, W=e.W, weighting="uniform")  # noqa: E731
@@ -303,7 +313,8 @@ def test_a_client_trains_a_round_again_only_on_the_same_payload(tmp_path):
     (in its client state, so a node keeps it across messages and a resumed run); another payload or plan for a
     trained round is refused, the same ones are not; without round-addressed client randomness nothing is checked."""
     exp = Experiment(small_config("protocols=[dp]", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, "
-                                  "batch_sample_rate: 0.5}", "algorithm.name=fedaws"), run_dir=tmp_path / "a")  # fmt: skip
+                                  "batch_sample_rate: 0.5, max_labels_per_instance: 8}", "algorithm.name=fedaws"),
+                     run_dir=tmp_path / "a")  # fmt: skip
     dp = exp.stack.by_name()["dp"]
     a, b = {"theta": {"w": torch.zeros(3)}}, {"theta": {"w": torch.tensor([0.0, 0.0, 1e-7])}}
     plan, other_plan = [{"op": "x", "std": 1.0}], [{"op": "x", "std": 1.5}]

@@ -18,7 +18,8 @@ from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from tests.conftest import SMALL
 
-LOCAL = ["algorithm.name=fedaws", "protocols=[dp]", "privacy.local={clip_norm: 1.0, target_epsilon: 8, batch_sample_rate: 0.25}"]
+LOCAL = ["algorithm.name=fedaws", "protocols=[dp]",
+    "privacy.local={clip_norm: 1.0, target_epsilon: 8, batch_sample_rate: 0.25, max_labels_per_instance: 8}"]
 
 
 def _priv(sigma=0.0, clip=1.0, q=0.5, stream=None, divisor=1.0):
@@ -109,9 +110,9 @@ def test_the_trainers_noise_has_std_lr_sigma_c_over_b_per_step(tmp_path):
     assert abs(float(diff.std()) / want - 1) < 0.05
 
 
-def _independent_k(exp) -> int:
-    """The most clients one training instance sits on: in the positive-only setting, its label count."""
-    return int(np.asarray(exp.dataset.train.labels.sum(axis=1)).max())
+def _clients_of_instances(exp) -> np.ndarray:
+    """How many clients each training instance sits on, counted from the clients' shards (an independent count)."""
+    return np.bincount(np.concatenate([s.indices for s in exp.fed.shards]), minlength=exp.dataset.train.num_instances)
 
 
 def test_instance_epsilon_composes_both_mechanisms_as_opacus_does(tmp_path):
@@ -121,12 +122,15 @@ def test_instance_epsilon_composes_both_mechanisms_as_opacus_does(tmp_path):
     rounds, target = 3, 6.0
     over = ["training.rounds=3", "evaluation.every=3", "output.progress=false", "device=cpu", "protocols=[dp]",
             "algorithm.normalize_gamma=false", f"privacy.instance={{clip_norm: 1.0, sample_rate: 0.1, target_epsilon: {target}}}",
-            "privacy.local={clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+            "privacy.local={clip_norm: 1.0, batch_sample_rate: 0.5, max_labels_per_instance: 3}"]  # fmt: skip
     exp = Experiment(load_config(overrides=over), run_dir=tmp_path / "run")
     summary = exp.run(progress=False).summary
     unit = summary["privacy"]["units"]["instance"]
     mech = unit["mechanisms"]
-    k = _independent_k(exp)
+    # the data has instances with up to 7 labels: the ledger counts the public bound 3, and no instance sits on more
+    assert int(np.asarray(exp.dataset.train.labels.sum(axis=1)).max()) > 3
+    assert _clients_of_instances(exp).max() == 3
+    k = 3
     local_steps = rounds * k * exp.cfg.training.local_epochs * 2  # round(1 / 0.5) = 2 steps an epoch
     assert mech["client_training"]["steps"] == local_steps and mech["server_w_step"]["steps"] == rounds
     acc = RDPAccountant()
@@ -148,12 +152,13 @@ def test_instance_epsilon_composes_both_mechanisms_as_opacus_does(tmp_path):
 def test_budget_stops_client_training_before_the_target(tmp_path):
     """A fixed σ that cannot last the planned rounds: training stops before the round that would cross the target."""
     over = [*SMALL, "training.rounds=30", "protocols=[dp]", "algorithm.name=fedaws",
-            "privacy.local={clip_norm: 1.0, noise_multiplier: 2.0, batch_sample_rate: 0.5, target_epsilon: 8}"]  # fmt: skip
+            "privacy.local={clip_norm: 1.0, noise_multiplier: 2.0, batch_sample_rate: 0.5, target_epsilon: 8, "
+            "max_labels_per_instance: 8}"]  # fmt: skip
     exp = Experiment(load_config(overrides=over), run_dir=tmp_path / "run")
     summary = exp.run(progress=False).summary
     unit = summary["privacy"]["units"]["instance"]
     assert summary["status"] == "budget_exhausted" and float(unit["epsilon"]) <= 8
-    per_round = _independent_k(exp) * 1 * 2  # k copies × 1 epoch × round(1/0.5) steps
+    per_round = 8 * 1 * 2  # the bound's 8 copies × 1 epoch × round(1/0.5) steps
     assert unit["steps"] % per_round == 0
     acc = RDPAccountant()
     acc.history = [(2.0, 0.5, unit["steps"] + per_round)]
@@ -164,7 +169,8 @@ def test_noise_is_secret_from_the_public_seed(tmp_path):
     """Two runs with the same public seed and no privacy.noise_seed train different models (fresh client secrets);
     with the same noise_seed (debugging) they repeat exactly."""
     base = [*SMALL, "training.rounds=1", "protocols=[dp]", "algorithm.name=fedaws",
-            "privacy.local={clip_norm: 1.0, noise_multiplier: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+            "privacy.local={clip_norm: 1.0, noise_multiplier: 1.0, batch_sample_rate: 0.5, "
+            "max_labels_per_instance: 8}"]  # fmt: skip
     thetas = []
     for i, extra in enumerate([[], [], ["privacy.noise_seed=5"], ["privacy.noise_seed=5"]]):
         exp = Experiment(load_config(overrides=[*base, *extra]), run_dir=tmp_path / f"r{i}")

@@ -21,10 +21,14 @@ class PositiveOnly(Partitioner):
     description = "one client per label holding all instances with that label; it knows only its label"
     positive_only = True
 
+    #: a label without training instances keeps its client, with no data (set where a public contribution bound may
+    #: have taken a label's last instances: whether a run starts must not depend on one instance)
+    allow_empty: bool = False
+
     def partition(self, split: MultiLabelSplit, rng: np.random.Generator) -> list[ClientShard]:
         shards = [ClientShard(client_id=c, indices=rows, label=c) for c, rows in enumerate(_label_columns(split))]
         empty = [s.client_id for s in shards if len(s.indices) == 0]
-        if empty:
+        if empty and not self.allow_empty:
             raise ConfigError(
                 f"partition.name=positive_only: labels {empty[:5]} have no training instance, so their clients would hold no "
                 "data (set dataset.drop_empty_labels: true to drop them)"

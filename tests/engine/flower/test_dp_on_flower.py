@@ -32,7 +32,9 @@ DP = ["protocols=[dp]", "algorithm.normalize_gamma=false", "privacy.noise_seed=7
 # stream, which lives in its node's context.state; FedAwS (no label sets), a fixed noise seed so that the in-process
 # run's clients draw the same
 LOCAL = ["protocols=[dp]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
-         "flower.num_supernodes=4", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+         "flower.num_supernodes=4",
+             "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5, "
+             "max_labels_per_instance: 8}"]  # fmt: skip
 # distributed noise (noise: clients): each client adds its share from its own stream, inside the secure sum
 SHARES = ["protocols=[dp, secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
           "flower.num_supernodes=4", "output.log_messages=true",

@@ -75,7 +75,8 @@ def test_local_models_resume_on_flower_and_a_node_without_its_state_refuses(tmp_
 # DP-SGD in client training: each client's randomness lives on its node and is addressed by the round, and a node
 # refuses a round it trained before unless the payload and plan are the same (test_dp_on_flower.py)
 DP_LOCAL = [*COMMON, "protocols=[dp]", "algorithm.name=fedaws", "privacy.noise_seed=3", "flower.on_client_failure=stop",
-            "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5}"]  # fmt: skip
+            "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5, "
+            "max_labels_per_instance: 8}"]  # fmt: skip
 
 
 def test_a_resumed_run_replays_a_round_its_nodes_trained_and_they_take_it(tmp_path):
