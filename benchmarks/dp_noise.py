@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from protocols.dp.local_dpsgd import LocalDPSGD  # noqa: E402
-from protocols.dp.randomness import SecretStream  # noqa: E402
+from protocols.randomness import SecretStream  # noqa: E402
 
 
 def old_dp_sgd_noise(sums: dict[str, torch.Tensor], *, std: float, divisor: float, stream: SecretStream, label: str):

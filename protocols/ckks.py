@@ -44,12 +44,12 @@ import numpy as np
 import tenseal as ts
 import torch
 
-from protocols.base import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.engine.layers import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
 from secure_fed.errors import ConfigError, RoundAborted
 
 log = logging.getLogger(__name__)

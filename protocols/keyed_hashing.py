@@ -32,11 +32,11 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from protocols.base import ProtocolLayer, ProtocolSetup, StackEnv
 from protocols.crypto import KeyPair, open_sealed, seal
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.algorithms.label_sets import canonical_rows
 from secure_fed.client_functions import client_side, mod_of
+from secure_fed.engine.layers import ProtocolLayer, ProtocolSetup, StackEnv
 from secure_fed.errors import PrivacyViolation
 
 TOKENIZER_NAME = "hmac-sha256"

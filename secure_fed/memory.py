@@ -24,7 +24,7 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
   of the rows (the unit rows and the index's own), its links, and the search's (C, K + 1) results;
 * ``eq. 12 pairs`` (FedALC-fixed): a block of rows against all C labels (eq. 12's β term is over every pair),
   a chunk of co-occurring pairs and a few C·d tables; under ``privacy.instance`` a chunk of per-set gradients
-  (:data:`PER_SET_CHUNK_ELEMENTS`) with their per-set pair terms;
+  (:data:`~secure_fed.kernel_sizes.PER_SET_CHUNK_ELEMENTS`) with their per-set pair terms;
 * ``attack NAME``: an attack in ``attacks.run`` that densifies label matrices declares its peak (``AttackSpec.memory``);
 * a protocol that sums flat vectors (secure aggregation, CKKS) adds float64 vectors of the whole update layout
   (θ plus C·(d+1)) to a round, several at once.
@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from secure_fed.errors import ConfigError
+from secure_fed.kernel_sizes import NNDESCENT, PAIR_BLOCK_ELEMENTS, PER_SET_CHUNK_ELEMENTS, ROW_BLOCK_ELEMENTS
 
 GB = 1e9
 #: float32 copies of θ held throughout (the server's θ, its scoring copy, the worker model, FedAdam's two moments)
@@ -62,26 +63,14 @@ ROW_COPIES = 6
 TOKEN_BYTES = 180
 #: bytes per co-occurring label pair (the CSR product's float64 value and index, and its temporary)
 COOCCURRENCE_BYTES = 24
-#: elements (pairs × d) of one block of a top-k regulariser's pair tensors
-#: (:func:`secure_fed.algorithms.regularizers.outer_blocks`)
-PAIR_BLOCK_ELEMENTS = 2**24
 #: float32 (pairs × d) tensors a block of the top-k regulariser's backward holds (gathered rows, products, grads)
 PAIR_TENSORS = 6
-#: elements of the (rows × C) block of eq. 12's all-pairs term and of the exact neighbour search
-#: (:data:`secure_fed.algorithms.regularizers.NEIGHBOUR_BLOCK_ELEMENTS`)
-ROW_BLOCK_ELEMENTS = 2**24
 #: FedALC-fixed (eq. 12): float32 (rows × C) blocks its step holds (cosines, hinge, weights, their product), and
 #: C·d tables (unit rows, two gradients, the hinge row sums)
 FIXED_BLOCKS = 4
 FIXED_TABLES = 4
-#: FedALC's NN-descent search (``ann_index: nndescent``, ``approximate_nearest_classes`` in
-#: ``secure_fed/algorithms/regularizers.py``): graph degree (at least k + 1), neighbours sampled a row and iteration
-#: (S), reverse neighbours kept (R), pool beyond the degree (L − degree), iterations. On 50,000 clustered rows
-#: (d = 512, K = 50) S = 10 found 0.908 of the exact neighbours, S = 14 0.967 (40.7 s on one core), S = 20 0.991 (60.1 s)
-NNDESCENT = {"degree": 64, "samples": 14, "reverse": 100, "pool_extra": 16, "iterations": 10}
-#: elements of one chunk's per-set gradients (chunk × C × d) a DP step on W holds at once (fp32: 256 MB); the
-#: per-set tensors of a chunk (its gradients, eq. 12's per-set pair terms) are a few of these
-PER_SET_CHUNK_ELEMENTS = 2**26
+#: per-set tensors of one chunk a DP step on W holds (its gradients, eq. 12's per-set pair terms), each of
+#: :data:`~secure_fed.kernel_sizes.PER_SET_CHUNK_ELEMENTS` elements at most
 PER_SET_TENSORS = 3
 #: the process before any data (Python, torch, numpy, scipy)
 BASELINE = 0.6 * GB

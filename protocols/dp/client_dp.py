@@ -20,7 +20,7 @@ import math
 import torch
 
 from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap, snap_and_noise
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import client_step
 from secure_fed.engine.aggregation import Aggregate

@@ -11,7 +11,7 @@ does afterwards (a division by a public divisor, a cast to float32 or bf16, an o
 that on-grid value.
 
 **The sampler** is Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020),
-Algorithm 3 over their Algorithm 2 (discrete Laplace), run on the party's :class:`~protocols.dp.randomness.SecretStream`
+Algorithm 3 over their Algorithm 2 (discrete Laplace), run on the party's :class:`~protocols.randomness.SecretStream`
 (one AES-256-CTR key stream per draw, keyed by HKDF(key, label) and read in order; a resumed run redraws the same
 values), vectorised in numpy: with t = ⌊σ⌋ + 1, repeat until accepted:
 
@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from protocols.dp.accountant import grid_sensitivity, noise_grid
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 
 _TWO53 = float(2**53)
 #: outputs drawn per block (about 2.2 times as many candidates: a few arrays of them stay in the L2 cache)

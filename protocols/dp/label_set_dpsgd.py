@@ -25,7 +25,7 @@ accounted at sensitivity Δ = 2C: σ stays the noise multiplier of the accountan
 std is σ·Δ (tested with merged instances in ``tests/protocols/test_dp.py``).
 
 The Poisson draws and the noise are passed in: the caller draws them from the server's secret
-stream (:mod:`protocols.dp.randomness`), never from the public seed; the noise is the discrete
+stream (:mod:`protocols.randomness`), never from the public seed; the noise is the discrete
 Gaussian on a public grid (:func:`protocols.dp.discrete_gaussian.noisy_sum`).
 
 With q = 1, σ = 0 and C = ∞ this is exactly one step on the σ-weighted
@@ -41,7 +41,7 @@ import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
-from secure_fed.memory import PER_SET_CHUNK_ELEMENTS  # elements (chunk × C × d) of one chunk's per-set gradients
+from secure_fed.kernel_sizes import PER_SET_CHUNK_ELEMENTS  # elements (chunk × C × d) of one chunk's per-set gradients
 
 #: ``per_set_grads(W)`` prepares everything that depends on W alone (pair gradients, neighbours) once per
 #: step and returns a function of a chunk of label sets (B, C) → per-set gradients (B, C, d).

@@ -8,17 +8,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocols.base import Bounds, ProtocolLayer, RoundWrapper, StackEnv
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
 from protocols.dp.client_dp import add_client_noise, encoding_grid, noise_aggregate, update_norm
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from protocols.specs import LABEL_SET_ALGORITHMS, noise_share_range_error
 from secure_fed.algorithms.base import Algorithm, ClientData, ClientFn, Payload
 from secure_fed.client_functions import apply_client_plan, client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.engine.layers import Bounds, ProtocolLayer, RoundWrapper, StackEnv
 from secure_fed.engine.message_digest import payload_digest
 from secure_fed.engine.sampling import cohort_size
 from secure_fed.errors import ConfigError, PrivacyViolation

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from secure_fed.algorithms.per_sample import GradientPrivatizer
 
 

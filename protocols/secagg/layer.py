@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import ProtocolLayer, RoundWrapper, StackEnv
 from protocols.crypto import SigningKey
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.graph_bounds import graph_for
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph
@@ -26,6 +25,7 @@ from protocols.secagg.signing import ForgedMessage, read_directory, read_private
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
+from secure_fed.engine.layers import ProtocolLayer, RoundWrapper, StackEnv
 from secure_fed.errors import ConfigError
 
 

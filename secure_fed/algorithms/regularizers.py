@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
-from secure_fed.memory import NNDESCENT, PAIR_BLOCK_ELEMENTS, ROW_BLOCK_ELEMENTS
+from secure_fed.kernel_sizes import NNDESCENT, PAIR_BLOCK_ELEMENTS, ROW_BLOCK_ELEMENTS
 
 #: elements of the (rows × C) distance block the exact neighbour search holds at once
 NEIGHBOUR_BLOCK_ELEMENTS = ROW_BLOCK_ELEMENTS
@@ -79,7 +79,7 @@ def approximate_nearest_classes(
       spaced sample of rows, ``nprobe`` lists searched a query): ~C^1.5;
     * ``"nndescent"``: the k-NN graph of the rows itself (faiss ``IndexNNDescentFlat``, NN-descent of Dong et al.
       2011: each row's neighbours improved from its neighbours' neighbours; settings in
-      :data:`~secure_fed.memory.NNDESCENT`), no separate search; built on one thread, since with more the graph
+      :data:`~secure_fed.kernel_sizes.NNDESCENT`), no separate search; built on one thread, since with more the graph
       depends on their timing (a run would neither reproduce nor resume exactly). For C ≤ its degree + 1, the
       exact search.
 

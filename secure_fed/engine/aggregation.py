@@ -2,7 +2,7 @@
 
 A round's replies reduce to one :class:`Aggregate` (sums, never individual
 updates). :class:`PlainRound` reduces plaintext replies; protocol layers wrap
-it (``protocols.base.RoundWrapper``): secure aggregation and CKKS replace the
+it (``secure_fed.engine.layers.RoundWrapper``): secure aggregation and CKKS replace the
 reduction of the wire messages, DP post-processes the sums.
 
 :class:`UpdateLayout` packs one client's update into a flat vector

@@ -12,10 +12,9 @@ import math
 
 import pytest
 
-from protocols.base import Bounds
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
-from secure_fed.engine.layers import plan_mismatch
+from secure_fed.engine.layers import Bounds, plan_mismatch
 from tests.conftest import small_config
 
 SHARES = ["protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, noise: clients}"]

@@ -23,7 +23,7 @@ from protocols.dp import discrete_gaussian as dg
 from protocols.dp.accountant import GRID_CORRECTION_BITS, grid_corrected_std, grid_sensitivity, noise_grid
 from protocols.dp.client_dp import add_client_noise, noise_aggregate
 from protocols.dp.local_dpsgd import LocalDPSGD
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
 from secure_fed.engine.aggregation import Aggregate
 

@@ -16,7 +16,7 @@ from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
 from protocols.dp.client_dp import clip_update, update_norm
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import dp_label_set_step
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from secure_fed.algorithms.fedaws import regularizer_step
 from secure_fed.algorithms.regularizers import (
     correlation_sigma,

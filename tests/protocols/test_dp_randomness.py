@@ -13,7 +13,7 @@ from opacus.accountants import RDPAccountant
 from scipy import stats
 
 from protocols.dp.layer import DifferentialPrivacy
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
 from tests.conftest import small_config

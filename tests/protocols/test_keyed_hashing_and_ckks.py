@@ -293,7 +293,7 @@ def test_a_ckks_decryption_noise_below_its_floor_is_refused():
 def test_a_ckks_run_with_a_noise_seed_says_its_decryption_noise_is_derivable(tmp_path, caplog):
     """privacy.noise_seed derives the key holders' noise secrets: the log and private/summary.json say so (and the
     holders' keys are the seed's); without it there is no such warning."""
-    from protocols.dp.randomness import SecretStream
+    from protocols.randomness import SecretStream
 
     runs = {}
     for name, extra in (("seeded", ["privacy.noise_seed=4"]), ("fresh", [])):

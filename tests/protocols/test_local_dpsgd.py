@@ -13,7 +13,7 @@ import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from protocols.dp.local_dpsgd import LocalDPSGD, steps_per_epoch
-from protocols.dp.randomness import SecretStream
+from protocols.randomness import SecretStream
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from tests.conftest import SMALL

@@ -193,7 +193,7 @@ def test_instance_canaries_enter_their_owners_dp_sgd_sum_as_clipped_gradients():
     """Gradient canaries: in the owner's DP-SGD step (q = 1, no noise, no other gradient) each inserted canary adds
     −s·C on its coordinate before the step's scaling; one descent step then scores +lr·C/B for exactly those."""
     from protocols.dp.local_dpsgd import LocalDPSGD
-    from protocols.dp.randomness import SecretStream
+    from protocols.randomness import SecretStream
 
     shapes = {"a": (4, 5), "b": (7,)}
     can = DiracCanaries(m=8, norm=0.5, seed=3, theta_shapes=shapes, num_clients=2, unit="instance")
