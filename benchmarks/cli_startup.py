@@ -4,7 +4,8 @@
 
 Each command runs in a fresh interpreter ``--repeat`` times; the median wall time is printed beside the
 time of a bare ``python -c pass`` and of ``import torch`` measured in the same run, and the ratio
-command / import-torch. Target (issue: engine redesign): ≤ 1.5 s each on the project's 2-core machine.
+command / import-torch. Target (issue: engine redesign): ≤ 1.5 s each on the project's 2-core machine; a config
+error from ``run`` (a missing file, an unknown key) ≤ 2 s, its error line before torch is imported (issue 48).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ PROBE = (
     "import sys, runpy; sys.argv = {argv!r}; "
     "from secure_fed.cli import main\n"
     "import contextlib, io\n"
-    "with contextlib.redirect_stdout(io.StringIO()): code = main(sys.argv[1:])\n"
+    "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()): code = main(sys.argv[1:])\n"
     "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('threat_models.attacks'))\n"
     "print('HEAVY', ','.join(heavy))"
 )
@@ -48,7 +49,9 @@ def main() -> None:
     rows = {"python -c pass": bare, "import torch": torch_t}
     heavy = {}
     for name, argv in (("validate (default config)", ["x", "validate", "secure_fed/config/default.yaml"]),
-                       ("list", ["x", "list"])):  # fmt: skip
+                       ("list", ["x", "list"]),
+                       ("run nonexistent.yaml", ["x", "run", "nonexistent.yaml"]),
+                       ("run --set training.nope=1", ["x", "run", "--set", "training.nope=1"])):  # fmt: skip
         t, out = timed(PROBE.format(argv=argv), args.repeat)
         rows[name] = t
         heavy[name] = out.split("HEAVY", 1)[1].strip() or "none"

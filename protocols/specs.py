@@ -256,6 +256,83 @@ KEYED_HASHING = LayerSpec(
     uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "pseudonyms": ByteList(), "pseudonym": ShortBytes()},
 )
 
+def _describe_dp(cfg, num_clients: int) -> list[str]:
+    """Each DP unit's plan, as :class:`protocols.dp.layer.DifferentialPrivacy` builds it: per mechanism σ (given or
+    calibrated by the layer's own functions), sample rate and planned steps, and the ε the unit plans over them.
+    Config and public facts only (the cohort, the public bound m); what needs the built data is said, not guessed."""
+    from protocols.dp.accountant import calibrate_shared_sigma, calibrate_sigma, epsilon_of
+    from secure_fed.errors import ConfigError
+
+    p, t = cfg.privacy, cfg.training
+    lines: list[str] = []
+
+    def unit_lines(unit: str, block: str, mechs: list[tuple[str, object, float, int | None]], note: str = "") -> None:
+        """``mechs``: (name, its config block, sample rate q, planned steps or None when unknown here)."""
+        target = next((m.target_epsilon for _, m, _, _ in mechs if m.target_epsilon is not None), None)
+        if any(n is None for *_, n in mechs):
+            shown = "; ".join(f"{name}: q {q:g}, σ {'calibrated' if m.noise_multiplier is None else f'{m.noise_multiplier:g}'}"
+                              for name, m, q, _ in mechs)  # fmt: skip
+            lines.append(f"dp {unit} unit: {shown}; planned steps, σ and ε: not computed here ({note})")
+            return
+        free = [m for _, m, _, _ in mechs if m.noise_multiplier is None]
+        shared = None
+        try:
+            if free and len(mechs) == 1:
+                _, _, q, n = mechs[0]
+                shared = calibrate_sigma(target_epsilon=target, delta=p.delta, sample_rate=q, steps=n, accountant=p.accountant)
+            elif free:
+                shared = calibrate_shared_sigma(target_epsilon=target, delta=p.delta, accountant=p.accountant,
+                                                parts=[(q, n, m.noise_multiplier) for _, m, q, n in mechs])  # fmt: skip
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"privacy.{block}.target_epsilon: {exc}") from None
+        history, parts = [], []
+        for name, m, q, n in mechs:
+            sigma = m.noise_multiplier if m.noise_multiplier is not None else shared
+            history.append((sigma, q, n))
+            parts.append(f"{name}: σ {sigma:.4g} ({'calibrated' if m.noise_multiplier is None else 'given'}), q {q:g}, "
+                         f"{n:,} planned steps")  # fmt: skip
+        eps = epsilon_of(history, p.delta, p.accountant)
+        goal = f" (target {target:g})" if target is not None else ""
+        lines.append(f"dp {unit} unit: {'; '.join(parts)} -> plans ε = {eps:.4g}{goal} at δ = {p.delta:g} ({p.accountant})"
+                     + (f"; {note}" if note else ""))  # fmt: skip
+
+    if p.instance is not None or p.local is not None:
+        mechs: list[tuple[str, object, float, int | None]] = []
+        note = ""
+        if p.instance is not None:
+            steps = cfg.algorithm.fixed_steps if cfg.algorithm.name == "fedalc_fixed" else t.rounds
+            mechs.append(("server_w_step", p.instance, p.instance.sample_rate, steps))
+        if p.local is not None:
+            from protocols.dp.local_dpsgd import copies_per_round, local_steps_per_round
+            from secure_fed.algorithms import ALGORITHMS
+            from secure_fed.data import partitioner_from_config
+
+            algo = ALGORITHMS.get(cfg.algorithm.name)
+            positive_only = partitioner_from_config(cfg.partition, seed=cfg.seed).positive_only
+            bound = _instance_bound(cfg)
+            largest = num_clients if t.sampling == "poisson" else t.cohort_size(num_clients)
+            per_round = local_steps_per_round(local_epochs=t.local_epochs, sample_rate=p.local.batch_sample_rate)
+            steps = None
+            if not positive_only or (algo is not None and algo.centralized):
+                steps = t.rounds * copies_per_round(1, largest) * per_round
+                note = "an instance sits on one client"
+            elif bound is not None:  # the run's k is min(m, the label space's size): m is its public upper bound
+                k = copies_per_round(bound[0], largest)
+                steps = t.rounds * k * per_round
+                note = (f"client_training counts an instance in up to {k} clients' training a round (the public bound m = "
+                        f"{bound[0]} capped by the largest cohort, {largest}); a label space of fewer than m labels "
+                        "lowers k to its size")  # fmt: skip
+            else:
+                note = ("positive_only partition with no public bound: an instance may sit on one client per label, so k "
+                        "is the number of labels; set privacy.*.max_labels_per_instance for a smaller bound")  # fmt: skip
+            mechs.append(("client_training", p.local, p.local.batch_sample_rate, steps))
+        block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
+        unit_lines("instance", block, mechs, note)
+    if p.client is not None:
+        unit_lines("client", "client", [("client update", p.client, t.client_fraction, t.rounds)])
+    return lines
+
+
 DP = LayerSpec(
     name="dp",
     threat_model=(
@@ -276,6 +353,7 @@ DP = LayerSpec(
     public_preprocessing=lambda cfg: True,  # θ is covered only if its inputs read no statistic of the training split
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
     uplink_rules={"row_noise": FullTable("W")},
+    describe=_describe_dp,
 )
 
 

@@ -1,3 +1,5 @@
 """secure-fed: a privacy-hardened federated learning framework for positive-label multi-label learning."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("secure-fed")  # one source: pyproject.toml's [project] version, through the installed metadata

@@ -98,7 +98,7 @@ def aborted_line(summary: dict) -> str | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.data.from_config import check_data_files
 
     if args.out is not None and not args.out.strip():
         raise SecureFedError("--out: empty path")
@@ -117,6 +117,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (run_dir / "checkpoints" / "last.pt").exists():
             raise SecureFedError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     check_writable_dir(run_dir)
+    check_data_files(cfg)  # a data file that is not there: its error line before torch is imported (seconds)
+    from secure_fed.engine import Experiment  # imports torch: after every check the config and its files allow
+
     exp = Experiment(cfg, run_dir=run_dir, data_root=args.data_root)
     print(exp.dataset.describe())
     if args.resume:
@@ -145,27 +148,31 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from secure_fed.config import load_config
+    from secure_fed.config.schema import IMAGE_FORMATS
+    from secure_fed.data.from_config import build_dataset, check_data_files  # torch-free: validate stays fast
 
     cfg = load_config(args.config, args.overrides)
+    check_data_files(cfg)  # a configured file that is not there: its error line, and no "valid" before it
     d = cfg.dataset
+    images = d.name == "digit_mosaics" or d.format in IMAGE_FORMATS
+    # data that cannot be read, or a partition that cannot be made: the run's own error line (exit 2), before "valid"
+    ds = None if images else build_dataset(cfg, args.data_root)
+    if ds is not None:
+        import numpy as np
+
+        from secure_fed.data import partitioner_from_config
+
+        # the partition the run makes (e.g. a natural partition's client-id file is read and checked against the data)
+        shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
     data = f"{d.format} data at {d.train or d.root}" if d.format else d.name
     print(f"{args.config}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
-    from secure_fed.config.schema import IMAGE_FORMATS
-    from secure_fed.data.from_config import build_dataset  # torch-free: validate stays fast
     from secure_fed.memory import check_memory, needs_torch, plan_memory
 
     later = "`secure-fed run` makes it before training and refuses a run that cannot fit"
-    if d.name == "digit_mosaics" or d.format in IMAGE_FORMATS:
+    if ds is None:
         print(f"memory estimate: not made here (image data are decoded with torch); {later}")
         return 0
-    ds = build_dataset(cfg, args.data_root)  # data that cannot be read: the run's own error line, exit 2
     print(ds.describe())
-    import numpy as np
-
-    from secure_fed.data import partitioner_from_config
-
-    # the partition the run makes (e.g. a natural partition's client-id file is read and checked against the data)
-    shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
     from secure_fed.specs import layer_specs
 
     for name in cfg.protocols:
@@ -448,8 +455,34 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     return 0 if trained(summary["status"]) else 1
 
 
+def installed_version() -> str:
+    """The version of the installed ``secure-fed`` distribution (its metadata, which pyproject.toml's version sets)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("secure-fed")
+    except PackageNotFoundError:
+        raise SecureFedError("secure-fed is not installed (no distribution metadata): pip install -e .") from None
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print ``secure-fed VERSION`` and exit 0; the metadata is read only when it is asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):  # noqa: A002
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            text = f"{parser.prog} {installed_version()}"
+        except SecureFedError as exc:
+            parser.exit(2, f"error: {exc}\n")
+        print(text)  # on stdout, as argparse's own version action prints it
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="secure-fed", description="Privacy-hardened federated learning with positive labels.")
+    ap.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run an experiment (the embedded default when CONFIG is omitted)")

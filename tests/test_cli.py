@@ -192,8 +192,10 @@ def test_audit_errors_are_one_line(tmp_path):
     assert i.returncode == 2 and "has not finished (status interrupted)" in i.stderr
     summary.write_text(json.dumps(doc))
     # a run trained without attacks configured: server-view attacks say why they are skipped
-    s = cli("audit", str(tmp_path / "r"), "--attacks", "token_linkage")
-    assert s.returncode == 0 and "skipped (the run recorded no server view" in s.stdout
+    s = cli("audit", str(tmp_path / "r"), "--attacks", "token_linkage")  # named, so not done: exit 2 (was 0)
+    assert s.returncode == 2 and "skipped (the run recorded no server view" in s.stdout
+    why = "the run recorded no server view (set attacks.run before training)"
+    assert s.stderr == f"error: --attacks token_linkage: skipped: {why}\n"
 
 
 def test_ctrl_c_before_training_is_one_line_not_a_traceback(monkeypatch, capsys):
@@ -206,3 +208,82 @@ def test_ctrl_c_before_training_is_one_line_not_a_traceback(monkeypatch, capsys)
     monkeypatch.setattr(cli_module, "cmd_validate", interrupted)
     assert cli_module.main(["validate", "x.yaml"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout == f"secure-fed {version('secure-fed')}\n", (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "nonexistent.yaml"], ["run", "--set", "training.nope=1"], ["resume", "/nonexistent/run"],
+     ["run", "--set", "dataset.format=xc", "--set", "dataset.train=/nonexistent/train.txt",
+      "--set", "dataset.test=/nonexistent/test.txt"]],
+)  # fmt: skip
+def test_a_config_error_comes_before_torch_is_imported(argv):
+    """``run``/``resume`` check the config (and its data files) before importing the engine, so the error line is
+    there in about a second, not after torch's import (~3 s on the project's machine)."""
+    code = (
+        "import contextlib, io, sys\nfrom secure_fed.cli import main\n"
+        f"with contextlib.redirect_stderr(io.StringIO()) as err: status = main({argv!r})\n"
+        "print(status, 'torch' in sys.modules, err.getvalue().count('error: '))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False", "1"], (r.stdout, r.stderr)
+
+
+def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
+    """The DP spec's ``describe`` (what ``validate`` prints) against the layer's own units: same σ, steps and ε."""
+    import re
+    import types
+
+    from protocols.dp.accountant import epsilon_of
+    from protocols.dp.layer import DifferentialPrivacy
+    from secure_fed.config import load_config
+    from secure_fed.specs import layer_specs
+
+    p = tmp_path / "dp.yaml"
+    p.write_text(
+        "protocols: [dp]\nalgorithm: {normalize_gamma: false}\ntraining: {rounds: 5, local_epochs: 1}\n"
+        "privacy:\n  delta: 1.0e-5\n  instance: {target_epsilon: 4.0, sample_rate: 0.1, max_labels_per_instance: 3}\n"
+        "  local: {target_epsilon: 4.0, batch_sample_rate: 0.25}\n  client: {noise_multiplier: 1.1}\n"
+    )
+    cfg = load_config(p)
+    n = 20  # the synthetic default's clients; every one in a round (client_fraction 1)
+    lines = layer_specs()["dp"].describe(cfg, n)
+    # the layer as a run builds it: an instance sits on ≤ min(m, labels) = 3 clients (20 labels)
+    env = types.SimpleNamespace(num_clients=n, max_clients_per_instance=3, theta={}, update_layout=lambda: None)
+    units = DifferentialPrivacy(cfg, env).units
+    assert sorted(units) == ["client", "instance"] and len(lines) == 2
+    for line, unit in zip(lines, [units["instance"], units["client"]], strict=True):
+        mechs = list(unit.mechanisms.values())
+        shown = re.findall(r"σ ([\d.]+) \((?:calibrated|given)\), q ([\d.]+), ([\d,]+) planned steps", line)
+        assert len(shown) == len(mechs), line
+        for (sigma, q, steps), m in zip(shown, mechs, strict=True):
+            assert float(sigma) == pytest.approx(m.sigma, rel=1e-3) and float(q) == m.sample_rate
+            assert int(steps.replace(",", "")) == m.planned_steps
+        eps = epsilon_of([(m.sigma, m.sample_rate, m.planned_steps) for m in mechs], unit.delta, unit.accountant_name)
+        assert float(re.search(r"plans ε = ([\d.e+]+)", line).group(1)) == pytest.approx(eps, rel=1e-3), line
+    assert "60 planned steps" in lines[0] and "calibrated" in lines[0] and "(given)" in lines[1]
+
+
+def test_audit_of_a_named_attack_that_is_skipped_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """An attack named in --attacks that cannot run on the run is one error line (exit 2), not a quiet success;
+    with --attacks all, skipped attacks are reported and the audit succeeds."""
+    import threat_models.audit as audit
+    from secure_fed.cli import main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}\n")
+    why = "fedavg collects no label sets"
+    doc = {"attacks": {"token_linkage": {"role": "server", "skipped": why}, "one_run_audit": {"metrics": {}}}}
+    monkeypatch.setattr(audit, "audit_run_dir", lambda *a, **k: doc)
+    assert main(["audit", str(run), "--attacks", "token_linkage"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --attacks token_linkage: skipped: {why}\n"
+    assert main(["audit", str(run), "--attacks", "one_run_audit"]) == 0
+    assert main(["audit", str(run), "--attacks", "all"]) == 0

@@ -92,6 +92,12 @@ def audit_run_dir(
     return audit(ctx, names, progress=progress)
 
 
+def skipped_attacks(doc: dict[str, Any], names: list[str] | None) -> dict[str, str]:
+    """Of ``names``, the attacks an audit's ``doc`` (:func:`audit`'s result) skipped, each with why, in order."""
+    attacks = doc.get("attacks", {})
+    return {n: attacks[n]["skipped"] for n in names or [] if "skipped" in attacks.get(n, {})}
+
+
 def headline(name: str, entry: dict[str, Any]) -> str:
     """One line per attack: its main metric against chance."""
     if "skipped" in entry:

@@ -26,14 +26,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").is_file():
         raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
     check_writable_dir(attacks_path(run_dir).parent, what="run directory's private/")  # refused before any attack runs
-    from threat_models.audit import audit_run_dir
+    from threat_models.audit import audit_run_dir, skipped_attacks
 
     print(f"auditing {run_dir}")
     try:
-        audit_run_dir(run_dir, names, data_root=args.data_root)
+        doc = audit_run_dir(run_dir, names, data_root=args.data_root)
     except FileNotFoundError as exc:
         raise SecureFedError(str(exc)) from exc
     print(f"wrote {attacks_path(run_dir)} (operator-only: computed from the members; do not release it)")
+    if args.attacks is not None and args.attacks.strip() != "all":  # attacks named one by one: each must have run
+        if skipped := skipped_attacks(doc, names):
+            name, why = next(iter(skipped.items()))
+            more = f" (and {len(skipped) - 1} more: {', '.join(list(skipped)[1:])})" if len(skipped) > 1 else ""
+            raise SecureFedError(f"--attacks {name}: skipped: {why}{more}")
     return 0
 
 

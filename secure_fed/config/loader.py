@@ -137,21 +137,35 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data, source = parse_yaml(default_config_text(), "default config"), "default config"
     else:
         data, source = _read_yaml(Path(path)), str(path)
-    data = apply_overrides(data, overrides or [])
+    overrides = list(overrides or [])
     try:
-        return ExperimentConfig.model_validate(data)
+        return ExperimentConfig.model_validate(apply_overrides(data, overrides))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, _source_of(exc, source, overrides or []))) from None
+        raise ConfigError(format_validation_error(exc, _source_of(exc, source, data, overrides))) from None
 
 
-def _source_of(exc: ValidationError, source: str, overrides: list[str]) -> str:
-    """Where the first error's key was set: the last ``--set`` that wrote it (or a mapping holding it), else the file."""
+def _source_of(exc: ValidationError, source: str, data: dict[str, Any], overrides: list[str]) -> str:
+    """Where the first error comes from, as the error line names it: the last ``--set`` that wrote its key (or a
+    mapping holding it, or a key under the unknown one), else, when the file alone is valid, the first ``--set``
+    that makes it invalid (an error with no key, e.g. a cross-field check), else the file."""
     loc = ".".join(str(p) for p in exc.errors()[0].get("loc", ()) if not isinstance(p, int))
     for item in reversed(overrides):
         key = item.split("=", 1)[0].strip()
-        if loc and (loc == key or loc.startswith(key + ".")):
+        if loc and (loc == key or loc.startswith(key + ".") or key.startswith(loc + ".")):
             return f"--set {item}"
+    if overrides and _valid(data):  # the error path only: a few validations of small documents
+        for i, item in enumerate(overrides):
+            if not _valid(apply_overrides(data, overrides[: i + 1])):
+                return f"--set {item}"
     return source
+
+
+def _valid(data: dict[str, Any]) -> bool:
+    try:
+        ExperimentConfig.model_validate(data)
+    except (ValidationError, ConfigError):
+        return False
+    return True
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

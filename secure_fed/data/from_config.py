@@ -3,11 +3,13 @@ the memory estimate; the engine builds everything else on top of it)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from secure_fed.data.dataset import MultiLabelDataset
 from secure_fed.data.registry import GENERATED, load_from_paths, load_registered
 from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
+from secure_fed.data.xc import missing_file_error
 from secure_fed.errors import DataError
 
 if TYPE_CHECKING:
@@ -25,6 +27,24 @@ def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
             shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
             print(f"note: dropped {len(dropped)} label(s) with no training instance ({shown}); dataset.drop_empty_labels")
     return ds
+
+
+def check_data_files(cfg: ExperimentConfig) -> None:
+    """Raise the loader's own :class:`DataError` for a configured data file that does not exist (``dataset.format``
+    arff or xc), without reading any: ``secure-fed run`` calls it before importing torch, ``validate`` before it
+    calls the config valid."""
+    d = cfg.dataset
+    if d.format not in ("arff", "xc"):
+        return
+    what = {"train": "data file", "test": "data file", "labels": "label list", "train_split": "split file",
+            "test_split": "split file"}  # fmt: skip
+    for key, kind in what.items():  # the readers' own wording (secure_fed.data.arff, .xc, .registry)
+        path = getattr(d, key)
+        if path is None or Path(path).is_file():
+            continue
+        if d.format == "xc" and kind == "data file":
+            raise missing_file_error(path)
+        raise DataError(f"{kind} not found: {path}")
 
 
 def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:

@@ -32,7 +32,7 @@ def read_xc(path: str | Path) -> MultiLabelSplit:
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"data file not found: {path}")
+        raise missing_file_error(path)
     with path.open("rb") as fh:
         n, d, n_labels = _header(path, fh.readline())
         try:
@@ -54,6 +54,15 @@ def read_xc(path: str | Path) -> MultiLabelSplit:
     labels.sum_duplicates()
     labels.data[:] = 1
     return MultiLabelSplit(features=features, labels=labels)
+
+
+def missing_file_error(path: str | Path) -> DataError:
+    """The error for an XC data file that is not there, with the command that writes synthetic ones."""
+    path = Path(path)
+    return DataError(
+        f"data file not found: {path} (no XC data at hand? `secure-fed data synth-xc --like eurlex-4k --out DIR` "
+        "writes synthetic DIR/train.txt and DIR/test.txt)"
+    )
 
 
 def _header(path: Path, line: bytes) -> tuple[int, int, int]:
