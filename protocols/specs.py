@@ -124,10 +124,17 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 "privacy.client.noise: clients needs secure_aggregation or ckks after dp: each client adds only a "
                 "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
             )
-        if p.client.noise == "clients" and summing == ["ckks"] and not _encrypts_everything(cfg.ckks.encrypt):
+        if p.client.noise == "clients" and cfg.model.family == "embedding" and cfg.partition.name != "positive_only":
             raise ValueError(
-                f"privacy.client.noise: clients with ckks.encrypt {cfg.ckks.encrypt} would send the unencrypted groups "
-                "in plaintext with only a 1/√n share of the noise; set ckks.encrypt: [all] (or [theta, rows])"
+                f"privacy.client.noise: clients with model.family embedding on a {cfg.partition.name} partition: the secure "
+                "sum carries each row's count of clients that trained it (which labels the clients hold) exactly, outside "
+                "the noise; use model.family linear_head or ctran, or privacy.client.noise: server"
+            )
+        if p.client.noise == "clients" and summing == ["ckks"]:
+            raise ValueError(
+                "privacy.client.noise: clients with ckks: CKKS decrypts approximately, so the sum the key holders return "
+                "carries data-dependent approximation error and float decryption noise, not the discrete Gaussian "
+                "release the ledger accounts; use secure_aggregation (exact integer sums) or privacy.client.noise: server"
             )
         if p.client.noise_multiplier is not None and (why := noise_share_range_error(cfg, p.client.noise_multiplier)):
             raise ValueError(why)  # a calibrated σ is checked when the dp layer is built
@@ -215,10 +222,6 @@ def _has_batch_norm(cfg) -> bool:
     return m.name.startswith("resnet") or (m.name == "auto" and images)
 
 
-def _encrypts_everything(groups: list[str]) -> bool:
-    return "all" in groups or {"theta", "rows"} <= set(groups)
-
-
 def _validate_secure_aggregation(cfg, stack: list[str]) -> None:
     if "secure_aggregation" in stack and cfg.secure_aggregation.threshold <= 0.5:
         raise ValueError(
@@ -257,6 +260,14 @@ KEYED_HASHING = LayerSpec(
 )
 
 def _describe_dp(cfg, num_clients: int) -> list[str]:
+    """:func:`_describe_dp_lines`, without the accountant's "optimal order is the largest alpha" warnings (true of
+    the calibration's probes, and noise in ``validate``'s output)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _describe_dp_lines(cfg, num_clients)
+
+
+def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
     """Each DP unit's plan, as :class:`protocols.dp.layer.DifferentialPrivacy` builds it: per mechanism σ (given or
     calibrated by the layer's own functions), sample rate and planned steps, and the ε the unit plans over them.
     Config and public facts only (the cohort, the public bound m); what needs the built data is said, not guessed."""
@@ -401,7 +412,14 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
                  f"colluders, ≥ the {need} that open an input, in one client's neighbourhood; the bounds above assume a "
                  f"server that follows the random graph){split}")  # fmt: skip
     if t.sampling == "poisson":
-        line += "; under Poisson sampling the server states the cohort's size, hence k and t"
+        from scipy.stats import binom
+
+        from protocols.secagg.graph_bounds import poisson_cohort_floor
+
+        floor = poisson_cohort_floor(num_clients, s)
+        line += (f"; under Poisson sampling the server states the cohort's size, hence k and t: clients refuse a size "
+                 f"below {floor} (the least whose graph needs more than ⌊γN⌋ colluders), so a round whose cohort is "
+                 f"smaller aborts (probability {binom.cdf(floor - 1, num_clients, t.client_fraction):.3g} a round)")  # fmt: skip
     if t.sampling == "proportional":
         line += "; sampling: proportional favours large clients, and the bounds assume uniform cohorts"
     if s.graph_seed is not None:

@@ -96,9 +96,9 @@ DP_CONFIGS: dict[str, list[str]] = {
         "algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]',
         'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}',
     ],
-    "client_noise_ckks_poisson": [
+    "client_server_noise_ckks_poisson": [
         "algorithm.name=fedaws", 'protocols=["dp", "ckks"]', "training.client_fraction=0.5", "training.sampling=poisson",
-        'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}',
+        'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "server"}',
     ],
     "client_noise_secagg_poisson": [
         "algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', "training.client_fraction=0.6",

@@ -6,7 +6,8 @@ label-set collection); each step:
 1. Poisson-sample label sets with rate q;
 2. compute each sampled set's gradient G_j = ∇_W ℓ_j(W) (``regularizers.label_set_*_grads``)
    and clip it to L2 norm ≤ C;
-3. add N(0, σ²·(2C)²) to every entry of the sum;
+3. round the sum to the public grid γ and add discrete Gaussian noise of std σ·(2C + γ√d) to every entry
+   (:mod:`protocols.dp.discrete_gaussian`);
 4. divide by the public expected batch B̄ (``privacy.instance.expected_batch_size``, a config value,
    never the realised count of label sets) and step W ← normalize(W − λη·g̃).
 

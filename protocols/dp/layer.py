@@ -354,6 +354,8 @@ class DifferentialPrivacy(ProtocolLayer):
         """Client side (a remote client's plan step): this client's noise share from its own secret stream, as the
         in-process ``client_mod`` adds it."""
         rows_shape = None if rows is None else (int(rows[0]), int(rows[1]))
+        # the training loss would reach the server inside the secure sum, exactly and outside the noise: not sent
+        reply = {**reply, "loss": 0.0}
         return add_client_noise(
             reply, std=std, rows_shape=rows_shape, stream=self.client_stream(data.client_id), label=label,
             clip_norm=self.units["client"].clip_norm, finest_grid=encoding_grid(self.cfg),

@@ -257,3 +257,22 @@ def graph_choice_private(needed: int, *, corrupt_fraction: float, population: in
     colluders in one neighbourhood: ⌊γN⌋ < ``needed``, the colluders that open an input (:func:`colluders_needed`:
     t with the consistency check). A sum over a component of ≥ k + 1 clients is all it then learns."""
     return graph_choice_colluders(corrupt_fraction, population) < needed
+
+
+def poisson_cohort_floor(population: int, cfg) -> int:
+    """The least cohort size a client accepts under Poisson sampling, a function of the config and N alone.
+
+    Under Poisson sampling only the server knows the realised cohort size n, and every client derives its
+    neighbourhood size k and threshold t from the n the server states: a server that claimed n = 2 would give a
+    client one neighbour (a colluder) and t = 2. Clients therefore refuse any stated n whose graph (:func:`graph_for`)
+    would need no more colluders to open an input (:func:`colluders_needed`) than the ⌊γN⌋ the config declares; the
+    floor is the least n ≥ 2 whose graph needs more. A round whose real cohort is below it aborts (the cost: P[Bin(N,
+    q) < floor] of the rounds; ``validate`` prints it). N itself when no n qualifies (every round then aborts)."""
+    server = "checked" if cfg.consistency_check else "unchecked"
+    declared = graph_choice_colluders(cfg.corrupt_fraction, population)
+    for n in range(2, population + 1):
+        choice = graph_for(n, cfg, population=population)
+        group = n if choice.neighbors is None else choice.neighbors + 1
+        if colluders_needed(group, choice.threshold, server=server) > declared:
+            return n
+    return population

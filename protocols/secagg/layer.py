@@ -19,7 +19,7 @@ import numpy as np
 from protocols.crypto import SigningKey
 from protocols.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
-from protocols.secagg.graph_bounds import graph_for
+from protocols.secagg.graph_bounds import graph_for, poisson_cohort_floor
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph
 from protocols.secagg.signing import ForgedMessage, read_directory, read_private_key
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
@@ -184,6 +184,12 @@ class SecureAggregation(ProtocolLayer):
                 raise PermissionError(f"client {cid}: a secure aggregation round that does not state its cohort's size: "
                                       "refused")  # fmt: skip
             n = int(payload["secagg_cohort"])
+            floor = poisson_cohort_floor(N, s)
+            if n < floor:  # a server that claimed a tiny cohort would pick a k and t the declared colluders can open
+                raise PermissionError(
+                    f"client {cid}: a Poisson cohort of {n} of {N} clients, below the public floor {floor} (the least "
+                    f"whose graph needs more than the ⌊γN⌋ colluders secure_aggregation.corrupt_fraction declares): refused"
+                )
         else:
             n = self.cfg.training.cohort_size(N)
         if not 2 <= n <= N:
@@ -302,6 +308,10 @@ class _SecAggRound(RoundWrapper):
         cohort = sorted(int(c) for c in inner.cohort)
         if len(cohort) == 1:  # its "sum" is its own update: nothing to hide it among
             raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
+        if layer.cfg.training.sampling == "poisson":  # the clients refuse a stated cohort below the public floor
+            floor = poisson_cohort_floor(layer.env.num_clients, cfg)
+            if len(cohort) < floor:
+                raise SecAggAbort(f"round {round_idx}: a Poisson cohort of {len(cohort)}, below the public floor {floor}")
         if layer.directory is None:  # rounds opened without the run's set-up: the key set-up first
             everyone = list(range(layer.env.num_clients))
             layer.key_setup(lambda fn: layer.env.call_clients(everyone, fn, layer._client_keys))

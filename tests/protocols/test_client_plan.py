@@ -144,7 +144,7 @@ def test_a_malformed_plan_is_one_clear_refusal(shares, plan):
 def test_an_empty_cohort_plan_is_plain_json(tmp_path):
     """A Poisson cohort may be empty: under CKKS the sum then holds no update, and the plan is still plain values."""
     exp = Experiment(small_config("protocols=[dp, ckks]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, "
-                                  "noise: clients}", "ckks.encrypt=[all]"), run_dir=tmp_path)  # fmt: skip
+                                  "noise: server}", "ckks.encrypt=[all]"), run_dir=tmp_path)  # fmt: skip
     base = RoundSession(cohort=[], theta=exp.theta, W=exp.W, weighting="uniform")
     plan = json.loads(json.dumps(exp.stack.open_round(0, base).client_plan()))
     exp.stack.check_client_plan(plan, round_idx=0)

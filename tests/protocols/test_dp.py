@@ -205,11 +205,28 @@ def test_client_side_noise_shares_add_up_to_sigma_and_the_server_adds_none(tmp_p
     assert dp.units["client"].steps == 1
 
 
-def test_client_side_noise_runs_under_secure_aggregation_and_ckks(tmp_path):
-    for layer in ("secure_aggregation", "ckks"):
-        cfg = small_config("algorithm.name=fedavg", f'protocols=["dp", "{layer}"]', CLIENT_NOISE, "training.rounds=2")
-        s = Experiment(cfg, run_dir=tmp_path / layer).run(progress=False).summary
-        assert s["status"] == "completed" and s["privacy"]["units"]["client"]["steps"] == 2
+def test_client_side_noise_runs_under_secure_aggregation_and_is_refused_under_ckks(tmp_path):
+    """Noise shares need an exact sum: secure aggregation's integer sums carry the grid values exactly; CKKS decrypts
+    approximately (data-dependent error and float decryption noise on the release), so validate refuses it. Under
+    general partitions with per-label rows, the secure sum would carry each row's client count exactly: refused too."""
+    cfg = small_config("algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE, "training.rounds=2")
+    s = Experiment(cfg, run_dir=tmp_path / "secagg").run(progress=False).summary
+    assert s["status"] == "completed" and s["privacy"]["units"]["client"]["steps"] == 2
+    with pytest.raises(ConfigError, match="CKKS decrypts approximately"):
+        small_config("algorithm.name=fedavg", 'protocols=["dp", "ckks"]', CLIENT_NOISE)
+    with pytest.raises(ConfigError, match="each row's count of clients"):
+        small_config("algorithm.name=fedavg", "partition.name=iid", "model.family=embedding",
+                     'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE)
+
+
+def test_a_noise_share_step_sends_no_training_loss(tmp_path):
+    """The loss would reach the server inside the secure sum, exactly and outside the noise: the share step sends 0."""
+    exp = Experiment(small_config("algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE),
+                     run_dir=tmp_path)  # fmt: skip
+    dp = exp.stack.by_name()["dp"]
+    reply = {"theta_delta": {n: torch.zeros_like(t) for n, t in exp.theta.items()}, "loss": 1.23, "num_examples": 5}
+    out = dp.noise_share_step(reply, exp.fed.clients[0], std=0.1, rows=None, label="noise share r0")
+    assert out["loss"] == 0.0 and reply["loss"] == 1.23
 
 
 def test_a_secure_sum_range_that_would_clip_noise_shares_is_refused(tmp_path):

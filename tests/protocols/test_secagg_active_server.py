@@ -489,3 +489,27 @@ def test_h3_the_guarantee_against_a_graph_choosing_server_is_stated(n, gamma, k,
     line = _describe_secure_aggregation(cfg, n)[0]
     assert ("picks the graph: private" in line) is private and ("picks the graph: NOT private" in line) is not private
     assert f"⌊γN⌋ = {int(gamma * n)} colluders" in line
+
+
+def test_h3_under_poisson_sampling_a_stated_cohort_below_the_public_floor_is_refused(tmp_path):
+    """Under Poisson sampling the server states the cohort's size, from which each client derives k and t: claiming
+    n = 2 would give the target one neighbour (a colluder) and t = 2. Clients refuse a stated n below the public floor,
+    the least n whose graph needs more colluders than the ⌊γN⌋ the config declares (here N = 8 labels, γ = 0.25:
+    2 colluders, so n = 2 or 3 (t = 2) is refused and n = 4 (t = 3) accepted)."""
+    from protocols.secagg.graph_bounds import graph_for, poisson_cohort_floor
+
+    layer = _set_up_layer(tmp_path, "training.sampling=poisson", "training.client_fraction=0.5",
+                          "secure_aggregation.corrupt_fraction=0.25")  # fmt: skip
+    n_fed, s = layer.env.num_clients, layer.cfg.secure_aggregation
+    floor = poisson_cohort_floor(n_fed, s)
+    assert floor == 4  # independently: the complete graph of n has t = ⌈0.6·n⌉, and ⌊0.25·8⌋ = 2 < t from n = 4 on
+    for n in (2, 3):
+        t = graph_for(n, s, population=n_fed).threshold
+        msg = {"secagg": "advertise", "secagg_round": 2, "secagg_neighbours": list(range(1, n)), "secagg_threshold": t,
+               "secagg_cohort": n}  # fmt: skip
+        with pytest.raises(PermissionError, match="below the public floor 4"):
+            layer.client_stage(msg, _data(0))
+        assert 0 not in layer._round_clients
+    t = graph_for(4, s, population=n_fed).threshold
+    msg = {"secagg": "advertise", "secagg_round": 3, "secagg_neighbours": [1, 2, 3], "secagg_threshold": t, "secagg_cohort": 4}
+    assert "sig" in layer.client_stage(msg, _data(0)) or 0 in layer._round_clients
