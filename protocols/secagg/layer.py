@@ -308,8 +308,8 @@ class _SecAggRound(RoundWrapper):
         cohort = sorted(int(c) for c in inner.cohort)
         if len(cohort) == 1:  # its "sum" is its own update: nothing to hide it among
             raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
-        if layer.cfg.training.sampling == "poisson":  # the clients refuse a stated cohort below the public floor
-            floor = poisson_cohort_floor(layer.env.num_clients, cfg)
+        if layer.cfg.training.sampling == "poisson" and cohort:  # clients refuse a stated cohort below the public floor
+            floor = poisson_cohort_floor(layer.env.num_clients, cfg)  # (an empty cohort sums nothing: no abort)
             if len(cohort) < floor:
                 raise SecAggAbort(f"round {round_idx}: a Poisson cohort of {len(cohort)}, below the public floor {floor}")
         if layer.directory is None:  # rounds opened without the run's set-up: the key set-up first

@@ -247,10 +247,11 @@ def test_ckks_refuses_a_reply_naming_rows_it_was_not_sent(tmp_path, monkeypatch)
 
 
 def test_ckks_sends_every_block_for_a_reply_with_a_value_on_every_row(tmp_path):
-    """A client's DP noise share covers every row: its update is dense, so every ciphertext goes."""
+    """A reply with a value on every row (the dp layer's full-table key, a noise share): its update is dense, so every
+    ciphertext goes. (Noise shares themselves are refused under CKKS; the layer still honours the declared key.)"""
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp", "ckks"]', "dataset.synthetic.num_labels=40",
                        "model.embedding_dim=256", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2, '
-                       '"noise": "clients"}')  # fmt: skip
+                       '"noise": "server"}')  # fmt: skip
     layer = Experiment(cfg, run_dir=tmp_path).stack.by_name()["ckks"]
     (key,) = layer.layout.full_table_keys
     n = layer.num_blocks

@@ -61,16 +61,18 @@ def test_one_ckks_key_holder_colluding_with_the_server_decrypts_individual_updat
         assert np.linalg.norm(v[theta]) > 1e-3
 
 
-def test_client_noise_shares_with_a_plaintext_ckks_group_are_refused():
-    """Under CKKS with θ unencrypted, each client's θ would reach the server with only a 1/√n noise share."""
+def test_client_noise_shares_under_ckks_are_refused():
+    """Under CKKS a plaintext group would reach the server with only a 1/√n noise share, and even with every group
+    encrypted the key holders' approximate decryption is not the accounted discrete Gaussian release: refused."""
     from secure_fed.errors import ConfigError
     from tests.conftest import small_config as cfg
 
     ov = ["algorithm.name=fedavg", 'protocols=["dp", "ckks"]',
           'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5, "noise": "clients"}']  # fmt: skip
-    with pytest.raises(ConfigError, match=r"ckks.encrypt: \[all\]"):
-        cfg(*ov, "ckks.encrypt=[rows]")
-    cfg(*ov, "ckks.encrypt=[theta, rows]")  # every group encrypted: accepted
+    for groups in ("[rows]", "[theta, rows]", "[all]"):
+        with pytest.raises(ConfigError, match="CKKS decrypts approximately"):
+            cfg(*ov, f"ckks.encrypt={groups}")
+    cfg(*ov[:2], 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5, "noise": "server"}')  # the server's noise
 
 
 def test_the_ckks_decryption_error_is_measured_and_kept_private(tmp_path):
