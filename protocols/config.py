@@ -82,7 +82,8 @@ class ClientDPConfig(_DPUnitConfig):
     noise: Literal["server", "clients"] = Field(
         "server",
         description="server: the server adds N(0, σ²C²) to the sum (trusted with the un-noised sum); clients: each "
-        "client adds N(0, σ²C²/t) before a secure sum of ≥ t updates (needs secure_aggregation or ckks)",
+        "client adds a discrete Gaussian share of std σ(C + γ√d)/√t before a secure sum of ≥ t updates (needs "
+        "secure_aggregation: CKKS decrypts approximately, so it is refused)",
     )
     weight_cap: float | None = Field(
         None, gt=0.0, le=1e12,

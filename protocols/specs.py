@@ -121,7 +121,7 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             raise ValueError(f"privacy.client.weight_cap applies to algorithms whose clients report a weight (flag), not {algo}")
         if p.client.noise == "clients" and not summing:
             raise ValueError(
-                "privacy.client.noise: clients needs secure_aggregation or ckks after dp: each client adds only a "
+                "privacy.client.noise: clients needs secure_aggregation after dp: each client adds only a "
                 "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
             )
         if p.client.noise == "clients" and cfg.model.family == "embedding" and cfg.partition.name != "positive_only":

@@ -176,7 +176,7 @@ CLIENT_NOISE = 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "nois
 
 
 def test_client_side_noise_needs_a_secure_sum():
-    with pytest.raises(ConfigError, match="needs secure_aggregation or ckks"):
+    with pytest.raises(ConfigError, match="needs secure_aggregation after dp"):
         small_config('protocols=["dp"]', CLIENT_NOISE)
 
 
