@@ -268,9 +268,20 @@ def poisson_cohort_floor(population: int, cfg) -> int:
     would need no more colluders to open an input (:func:`colluders_needed`) than the ⌊γN⌋ the config declares; the
     floor is the least n ≥ 2 whose graph needs more. A round whose real cohort is below it aborts (the cost: P[Bin(N,
     q) < floor] of the rounds; ``validate`` prints it). N itself when no n qualifies (every round then aborts)."""
+    key = (population, cfg.model_dump_json())
+    if key not in _FLOORS:  # a function of the config and N: computed once a process (clients ask every round)
+        _FLOORS[key] = _cohort_floor(population, cfg)
+    return _FLOORS[key]
+
+
+_FLOORS: dict[tuple[int, str], int] = {}
+
+
+def _cohort_floor(population: int, cfg) -> int:
     server = "checked" if cfg.consistency_check else "unchecked"
     declared = graph_choice_colluders(cfg.corrupt_fraction, population)
-    for n in range(2, population + 1):
+    # a graph on n clients needs at most t ≤ n colluders: no n ≤ ⌊γN⌋ can qualify
+    for n in range(max(2, declared + 1), population + 1):
         choice = graph_for(n, cfg, population=population)
         group = n if choice.neighbors is None else choice.neighbors + 1
         if colluders_needed(group, choice.threshold, server=server) > declared:
