@@ -61,6 +61,7 @@ class InstanceDPConfig(_DPUnitConfig):
         if dataset.name == "synthetic":
             return self.sample_rate * dataset.synthetic.num_train
         return None
+
     max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
 
 

@@ -235,7 +235,6 @@ def _validate_secure_aggregation(cfg, stack: list[str]) -> None:
         )
 
 
-
 #: a dealer client seals a secret to every other client's public key, the server relaying (keyed hashing, CKKS)
 KEY_DEALING_DOWN = {"public_keys": Opaque(), "sealed": Opaque(), "dealer": Number(), "dealer_public_key": ShortBytes()}
 
@@ -258,6 +257,7 @@ KEYED_HASHING = LayerSpec(
     },
     uplink_rules={"public_key": ShortBytes(), "sealed": Opaque(), "pseudonyms": ByteList(), "pseudonym": ShortBytes()},
 )
+
 
 def _describe_dp(cfg, num_clients: int) -> list[str]:
     """:func:`_describe_dp_lines`, without the accountant's "optimal order is the largest alpha" warnings (true of

@@ -54,8 +54,10 @@ def runs(tmp_path_factory) -> list[Path]:
         ov = [*SMALL, "training.rounds=2", "algorithm.name=fedaws", "attacks.run=[membership_inference]",
               "attacks.membership_inference.shadows=0"]  # fmt: skip
         if name.startswith("dp"):
-            ov += ["protocols=[dp]",
-                'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}']
+            ov += [
+                "protocols=[dp]",
+                'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}',
+            ]
         exp = Experiment(load_config(overrides=[*ov, *extra]), run_dir=tmp_path / name)
         exp.run(progress=False)
         audit(AuditContext(exp), progress=False)

@@ -37,8 +37,19 @@ BY_HAND = {0.0: 3.0, 0.3: 3**0.3 + 1 + 1, 0.5: math.sqrt(3) + 2, 1.0: 5.0}
 
 #: what a client sends under secure aggregation: each round's stage messages (public keys, signed adverts and
 #: survivor-set signatures, sealed shares, the shares the server is entitled to) and its masked update
-SECAGG_UP = {"c_pk", "s_pk", "secagg_sealed", "secagg_shares", "masked", "sign_pk", "pinned", "nbrs", "t", "sig",
-             "secagg_signature"}
+SECAGG_UP = {
+    "c_pk",
+    "s_pk",
+    "secagg_sealed",
+    "secagg_shares",
+    "masked",
+    "sign_pk",
+    "pinned",
+    "nbrs",
+    "t",
+    "sig",
+    "secagg_signature",
+}
 
 
 class _Recorder(Callback):

@@ -52,10 +52,18 @@ def _measure(mode: str, tmp_path) -> dict:
 
 
 def test_an_experiment_keeps_freed_memory_for_reuse(tmp_path):
-    kept = _measure("experiment", tmp_path)
     # the burst's 128 MiB stay with the process (measured: 224 MiB free, the burst plus the 64 MiB top pad), and the
-    # next bursts reuse them (measured: 0 to 0.09 of their pages faulted in)
-    assert kept["free_mib"] >= 128 and kept["fault_share"] < 0.15, kept
+    # next bursts reuse them (measured: 0 to 0.09 of their pages faulted in). The fault count is the whole process's:
+    # on a loaded machine (CI's 4 workers) other work adds faults (0.19 seen once), never removes them, so the
+    # least share of up to 3 fresh processes is the measure; the kept bytes are asked of every one
+    shares = []
+    for i in range(3):
+        kept = _measure("experiment", tmp_path / str(i))
+        assert kept["free_mib"] >= 128, kept
+        shares.append(kept["fault_share"])
+        if kept["fault_share"] < 0.15:
+            break
+    assert min(shares) < 0.15, shares
     # the control, glibc's defaults: the freed burst goes back to the kernel, wholly or in part from one process to
     # the next, and is faulted in again (measured: 0.27, 0.53 or 0.97 of the pages). With transparent huge pages on
     # for every mapping a fault maps 2 MiB, so the count says little there: the control is not asked of it

@@ -148,8 +148,11 @@ def test_budget_stops_training_before_the_step_that_would_exceed(tmp_path):
     [
         [*DP_INSTANCE, "privacy.instance.noise_multiplier=1.5", "privacy.instance.target_epsilon=null"],
         ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}'],
-        ['protocols=["dp"]', "algorithm.name=fedaws",
-            'privacy.local={"noise_multiplier": 1.0, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}'],
+        [
+            'protocols=["dp"]',
+            "algorithm.name=fedaws",
+            'privacy.local={"noise_multiplier": 1.0, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}',
+        ],
     ],
     ids=["instance", "client", "local"],
 )
@@ -215,8 +218,13 @@ def test_client_side_noise_runs_under_secure_aggregation_and_is_refused_under_ck
     with pytest.raises(ConfigError, match="CKKS decrypts approximately"):
         small_config("algorithm.name=fedavg", 'protocols=["dp", "ckks"]', CLIENT_NOISE)
     with pytest.raises(ConfigError, match="each row's count of clients"):
-        small_config("algorithm.name=fedavg", "partition.name=iid", "model.family=embedding",
-                     'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE)
+        small_config(
+            "algorithm.name=fedavg",
+            "partition.name=iid",
+            "model.family=embedding",
+            'protocols=["dp", "secure_aggregation"]',
+            CLIENT_NOISE,
+        )
 
 
 def test_a_noise_share_step_sends_no_training_loss(tmp_path):

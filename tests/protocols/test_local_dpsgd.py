@@ -18,8 +18,11 @@ from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from tests.conftest import SMALL
 
-LOCAL = ["algorithm.name=fedaws", "protocols=[dp]",
-    "privacy.local={clip_norm: 1.0, target_epsilon: 8, batch_sample_rate: 0.25, max_labels_per_instance: 8}"]
+LOCAL = [
+    "algorithm.name=fedaws",
+    "protocols=[dp]",
+    "privacy.local={clip_norm: 1.0, target_epsilon: 8, batch_sample_rate: 0.25, max_labels_per_instance: 8}",
+]
 
 
 def _priv(sigma=0.0, clip=1.0, q=0.5, stream=None, divisor=1.0):

@@ -60,8 +60,15 @@ def test_the_w_step_releases_the_same_distribution_on_n_and_n_minus_1_label_sets
 
 def test_client_level_row_divisors_are_public_in_a_general_partition(tmp_path):
     """Which clients hold a label is a fact of their data: the per-row divisor is q·N (every client), not q·(holders)."""
-    cfg = small_config("algorithm.name=fedavg", "partition.name=iid", "partition.num_clients=5", "model.family=embedding",
-                       'protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}', "training.rounds=1")
+    cfg = small_config(
+        "algorithm.name=fedavg",
+        "partition.name=iid",
+        "partition.num_clients=5",
+        "model.family=embedding",
+        'protocols=["dp"]',
+        'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}',
+        "training.rounds=1",
+    )
     exp = Experiment(cfg, run_dir=tmp_path / "run")
     per_row = exp.stack_env.clients_per_row
     assert per_row.tolist() == [5] * exp.dataset.num_labels

@@ -367,8 +367,13 @@ def test_each_round_draws_its_graph_from_the_servers_secret(tmp_path):
     def layer_of(exp):
         return next(la for la in exp.stack.layers if hasattr(la, "graph_stream"))
 
-    base = ["protocols=[secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "dataset.synthetic.num_labels=40",
-            "secure_aggregation.consistency_check=false"]  # a sparse graph at 40 clients
+    base = [
+        "protocols=[secure_aggregation]",
+        "algorithm.name=fedaws",
+        "training.rounds=2",
+        "dataset.synthetic.num_labels=40",
+        "secure_aggregation.consistency_check=false",
+    ]  # a sparse graph at 40 clients
     a = Experiment(small_config(*base, "output.log_messages=true"), run_dir=tmp_path / "a")
     b = Experiment(small_config(*base), run_dir=tmp_path / "b")
     assert layer_of(a).graph_seed(1) != layer_of(b).graph_seed(1)
