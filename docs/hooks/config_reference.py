@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 MARKER = "<!-- config-reference -->"
 

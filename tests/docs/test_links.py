@@ -1,0 +1,42 @@
+"""Every relative link in the README and the docs points at a file that exists, and at a heading of it when it
+names an anchor. (`mkdocs build --strict` checks the site's own pages; this also covers the README and the links
+from the docs to files outside them.)"""
+
+from __future__ import annotations
+
+from tests.conftest import REPO
+from tests.docs.pages import DOCS, anchors, links, pages
+
+
+def _broken(path) -> list[str]:
+    text = path.read_text()
+    broken = []
+    for link in links(text):
+        if "://" in link or link.startswith("mailto:"):
+            continue
+        target, _, fragment = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        if not file.exists():
+            broken.append(f"{link} (no file {file})")
+        elif fragment and file.suffix == ".md" and fragment not in anchors(file.read_text()):
+            broken.append(f"{link} (no heading #{fragment} in {file.relative_to(REPO)})")
+    return broken
+
+
+def test_every_relative_link_resolves():
+    assert len(pages()) > 10
+    assert {str(p.relative_to(REPO)): _broken(p) for p in pages() if _broken(p)} == {}
+
+
+def test_the_readme_links_into_the_docs():
+    targets = {link.partition("#")[0] for link in links((REPO / "README.md").read_text())}
+    in_nav = {f"docs/{p.relative_to(DOCS)}" for p in DOCS.rglob("*.md")}
+    assert in_nav <= targets | {"docs/index.md"}, sorted(in_nav - targets)
+
+
+def test_the_figures_are_the_results_own():
+    """The docs show copies of figures under results/ (docs/assets/results/...); each must equal its original."""
+    copies = sorted((DOCS / "assets" / "results").rglob("*.png"))
+    assert copies
+    for copy in copies:
+        assert copy.read_bytes() == (REPO / copy.relative_to(DOCS / "assets")).read_bytes(), copy
