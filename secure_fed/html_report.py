@@ -3,8 +3,9 @@
 ``secure-fed report RUN…`` and ``secure-fed tradeoff`` write the same page (``report.html``): no network, no
 external file — the plots are PNGs in ``data:`` URLs, the table sorts with a few lines of inline script (click
 a column header), and a filter box narrows the rows. Each run contributes what its released files hold:
-``summary.json`` (method, seed, status, ε, δ, σ, final metrics) and ``config.yaml`` (the target ε). The operator's
-page (``operator=True``) adds, when an audit ran, ``private/attacks.json``: each attack's metrics with their
+``summary.json`` (method, seed, status, ε, δ, σ, the ledger's target ε, final metrics) and ``config.yaml`` (seed,
+protocols; for a run in progress, the target ε its accounting layer's spec reads there: ``LayerSpec.target_epsilons``).
+The operator's page (``operator=True``) adds, when an audit ran, ``private/attacks.json``: each attack's metrics with their
 confidence intervals and the audit's ε lower bound, computed from the members, in columns named ``operator.…``
 (:data:`~secure_fed.run_files.OPERATOR_PREFIX`); a page or table with such columns is operator-only and is written
 under a ``private/`` directory, never beside the released files.
