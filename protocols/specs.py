@@ -344,6 +344,19 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
     return lines
 
 
+def _target_epsilons(config: dict) -> dict[str, float]:
+    """The target ε of each privacy unit in a run's config.yaml (plain data): the instance unit's from
+    ``privacy.instance`` or ``privacy.local`` (validation makes them agree), the client unit's from ``privacy.client``."""
+    p = config.get("privacy") or {}
+    out = {}
+    for unit, blocks in (("instance", ("instance", "local")), ("client", ("client",))):
+        settings = [p[b] for b in blocks if isinstance(p.get(b), dict)]
+        targets = [s["target_epsilon"] for s in settings if s.get("target_epsilon") is not None]
+        if targets:
+            out[unit] = float(targets[0])
+    return out
+
+
 DP = LayerSpec(
     name="dp",
     threat_model=(
@@ -361,6 +374,7 @@ DP = LayerSpec(
     # updates, DP-SGD in client training noises the whole table: those take dense updates
     row_sparse_updates=lambda cfg: cfg.privacy.client is None and cfg.privacy.local is None,
     instance_bound=_instance_bound,
+    target_epsilons=_target_epsilons,
     public_preprocessing=lambda cfg: True,  # θ is covered only if its inputs read no statistic of the training split
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
     uplink_rules={"row_noise": FullTable("W")},

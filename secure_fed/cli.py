@@ -28,7 +28,7 @@ from pathlib import Path
 
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.io import check_writable_dir
-from secure_fed.run_files import PRIVATE_DIR
+from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR
 from secure_fed.run_status import trained
 
 
@@ -60,7 +60,7 @@ def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
     shown = ("mAP", "GmAP", "AmAP", "WmAP")
     metrics = "  ".join(f"{k} {v:.2f}" for k, v in final.items() if k.startswith("P@") or k in shown) or "(no evaluation)"
     cos = summary.get("W_mean_cos")
-    eps = summary["privacy"]["epsilon"]
+    eps = summary[PRIVACY_RECORD]["epsilon"]
     eps = f"{eps:.4g}" if isinstance(eps, float) else eps
     n = summary["rounds_completed"]
     print(
@@ -68,11 +68,11 @@ def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
         f"in {private['wall_seconds']:.1f}s ({private['seconds_per_round']:.2f}s/round) [{summary['status']}]"
     )
     print(f"  {metrics}" + (f"  mean cos(W) {cos:.3f}" if cos is not None else "") + f"  privacy: ε = {eps}")
-    if "why" in summary["privacy"]:
-        print(f"  ε = ∞: {summary['privacy']['why']}")
+    if "why" in summary[PRIVACY_RECORD]:
+        print(f"  ε = ∞: {summary[PRIVACY_RECORD]['why']}")
     print(f"  run directory: {run_dir} (private/ holds the operator's diagnostics: do not release it)")
-    if "warning" in summary["privacy"]:
-        print(f"  warning: {summary['privacy']['warning']}")
+    if "warning" in summary[PRIVACY_RECORD]:
+        print(f"  warning: {summary[PRIVACY_RECORD]['warning']}")
     if line := aborted_line(summary):
         print(line)
 
@@ -88,10 +88,10 @@ def aborted_line(summary: dict) -> str | None:
     charge = summary.get("aborted_charge") or {}
     if charge:
         units = "; ".join(f"{u} unit {c['steps']} of its {c['of']} steps" for u, c in charge.items())
-        eps = summary["privacy"]["epsilon"]
+        eps = summary[PRIVACY_RECORD]["epsilon"]
         eps = f"{eps:.4g}" if isinstance(eps, float) else eps
         line += f"; the privacy ledger charged them: {units} (ε = {eps} includes them)"
-    elif summary["privacy"].get("units"):
+    elif summary[PRIVACY_RECORD].get("units"):
         line += "; the privacy ledger charged them nothing"
     return line
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from secure_fed.errors import SecureFedError
+from secure_fed.run_files import PRIVACY_RECORD
 from secure_fed.run_status import trained
 
-EXPORT_KEYS = ("theta", "W", "config", "privacy")
+EXPORT_KEYS = ("theta", "W", "config", PRIVACY_RECORD)
 #: settings whose value is a secret (a seed of DP noise or of secure aggregation's graph): never exported
 SECRET_SETTINGS = (("privacy", "noise_seed"), ("secure_aggregation", "graph_seed"))
 
@@ -75,7 +76,7 @@ def export_model(run_dir: str | Path, out: str | Path) -> Path:
         "theta": {name: t.detach().clone() for name, t in sd["theta"].items()},
         "W": None if sd.get("W") is None else sd["W"].detach().clone(),
         "config": public_config(config),
-        "privacy": summary["privacy"],
+        PRIVACY_RECORD: summary[PRIVACY_RECORD],
     }
     assert tuple(doc) == EXPORT_KEYS
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@
 ``secure-fed report RUN…`` and ``secure-fed tradeoff`` write the same page (``report.html``): no network, no
 external file — the plots are PNGs in ``data:`` URLs, the table sorts with a few lines of inline script (click
 a column header), and a filter box narrows the rows. Each run contributes what its released files hold:
-``summary.json`` (method, seed, status, ε, δ, σ, final metrics) and ``config.yaml`` (the target ε). The operator's
-page (``operator=True``) adds, when an audit ran, ``private/attacks.json``: each attack's metrics with their
+``summary.json`` (method, seed, status, ε, δ, σ, the ledger's target ε, final metrics) and ``config.yaml`` (seed,
+protocols; for a run in progress, the target ε its accounting layer's spec reads there: ``LayerSpec.target_epsilons``).
+The operator's page (``operator=True``) adds, when an audit ran, ``private/attacks.json``: each attack's metrics with their
 confidence intervals and the audit's ε lower bound, computed from the members, in columns named ``operator.…``
 (:data:`~secure_fed.run_files.OPERATOR_PREFIX`); a page or table with such columns is operator-only and is written
 under a ``private/`` directory, never beside the released files.
@@ -33,7 +34,8 @@ import yaml
 
 from secure_fed.errors import SecureFedError
 from secure_fed.report import load_run
-from secure_fed.run_files import OPERATOR_PREFIX, PRIVATE_DIR, attacks_path
+from secure_fed.run_files import ATTACKS_RECORD, OPERATOR_PREFIX, PRIVACY_RECORD, PRIVATE_DIR, attacks_path
+from secure_fed.specs import layer_specs
 
 OPERATOR_DIR = PRIVATE_DIR
 OPERATOR_NOTE = ("operator-only: the operator.… columns and the attack plots are computed from the members (each run's "
@@ -52,17 +54,26 @@ def _num(v: Any) -> float:
         return math.nan
 
 
-def _target_epsilon(summary: dict[str, Any], cfg: dict[str, Any]) -> float:
-    """The run's target ε on its privacy unit (∞ without DP; the accountant's ε if no target was set)."""
-    if "dp" not in (cfg.get("protocols") or []):
+def _accounting_targets(cfg: dict[str, Any]) -> dict[str, float] | None:
+    """The target ε by privacy unit that the settings of the run's accounting layers set (their specs'
+    ``target_epsilons``, read from config.yaml as plain data); None when no listed layer accounts privacy."""
+    specs = layer_specs()
+    hooks = [specs[n].target_epsilons for n in cfg.get("protocols") or [] if n in specs and specs[n].target_epsilons]
+    if not hooks:
+        return None
+    return {unit: t for hook in hooks for unit, t in hook(cfg).items()}
+
+
+def _target_epsilon(priv: dict[str, Any], cfg: dict[str, Any]) -> float:
+    """The run's target ε on its privacy unit (∞ without DP; the accountant's ε if no target was set): the target the
+    ledger released (``summary.json``), else, for a run in progress, the one its accounting layers' settings set."""
+    targets = _accounting_targets(cfg)
+    if "unit" not in priv and targets is None:  # no privacy unit in the ledger, and no layer that accounts one
         return math.inf
-    p = cfg.get("privacy") or {}
-    unit = summary.get("privacy", {}).get("unit", "instance")
-    blocks = ["instance", "local"] if unit == "instance" else [unit]
-    for b in blocks:
-        if isinstance(p.get(b), dict) and p[b].get("target_epsilon") is not None:
-            return float(p[b]["target_epsilon"])
-    return _num(summary.get("privacy", {}).get("epsilon"))
+    unit = priv.get("unit", "instance")
+    released = priv.get("units", {}).get(unit, {})
+    target = released["target_epsilon"] if "target_epsilon" in released else (targets or {}).get(unit)
+    return float(target) if target is not None else _num(priv.get("epsilon"))
 
 
 def run_row(run_dir: Path, *, method: str | None = None, operator: bool = False) -> dict[str, Any]:
@@ -75,14 +86,14 @@ def run_row(run_dir: Path, *, method: str | None = None, operator: bool = False)
         cfg = (yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}) or {}
     except yaml.YAMLError:
         raise SecureFedError(f"{cfg_path}: not valid YAML") from None
-    priv = summary.get("privacy")
+    priv = summary.get(PRIVACY_RECORD)
     if priv is None:  # a run still in progress (or stopped before its summary): its last metrics line's ledger
         lines = [x for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
         try:
-            priv = json.loads(lines[-1]).get("privacy", {}) if lines else {}
+            priv = json.loads(lines[-1]).get(PRIVACY_RECORD, {}) if lines else {}
         except json.JSONDecodeError:  # the line a running run is writing: the ledger as of the line before
-            priv = json.loads(lines[-2]).get("privacy", {}) if len(lines) > 1 else {}
-    dp = "dp" in (cfg.get("protocols") or [])
+            priv = json.loads(lines[-2]).get(PRIVACY_RECORD, {}) if len(lines) > 1 else {}
+    dp = "unit" in priv or _accounting_targets(cfg) is not None  # the ledger has a unit, or a listed layer accounts
     unit = priv.get("units", {}).get(priv.get("unit", ""), {})
     sigmas = unit.get("mechanisms", {})
     sigma = ";".join(f"{m['noise_multiplier']:.4g}" for m in sigmas.values()) if sigmas else unit.get("noise_multiplier")
@@ -92,12 +103,13 @@ def run_row(run_dir: Path, *, method: str | None = None, operator: bool = False)
         "seed": cfg.get("seed"),
         "status": summary.get("status", "running"),
         "rounds": summary.get("rounds_completed", history[-1]["round"] if history else 0),
-        "target_epsilon": _target_epsilon(summary, cfg),
+        "target_epsilon": _target_epsilon(priv, cfg),
         "epsilon": _num(priv.get("epsilon", "inf" if not dp else None)),
         "delta": priv.get("delta"),
         "sigma": sigma,
     }
-    final = summary.get("final") or ({k: v for k, v in history[-1].items() if k not in ("round", "privacy")} if history else {})
+    per_round = ("round", PRIVACY_RECORD)
+    final = summary.get("final") or ({k: v for k, v in history[-1].items() if k not in per_round} if history else {})
     row.update({k: v for k, v in final.items() if isinstance(v, (int, float))})
     if operator:
         row.update(operator_columns(run_dir))
@@ -116,7 +128,7 @@ def operator_columns(run_dir: Path) -> dict[str, Any]:
     except json.JSONDecodeError:
         raise SecureFedError(f"{attacks}: not valid JSON") from None
     row: dict[str, Any] = {}
-    for name, res in doc.get("attacks", {}).items():
+    for name, res in doc.get(ATTACKS_RECORD, {}).items():
         col = f"{OPERATOR_PREFIX}{name}"
         if "skipped" in res:
             row[f"{col}.skipped"] = res["skipped"]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from secure_fed.errors import SecureFedError
+from secure_fed.run_files import PRIVACY_RECORD
 
 
 def load_run(run_dir: Path) -> tuple[list[dict], dict | None]:
@@ -50,7 +51,7 @@ def report(run_dirs: list[Path], *, out: Path | None = None) -> Path:
         for ax, (key, _) in zip(axes, panels, strict=False):
             ax.plot(rounds, [h.get(key, float("nan")) for h in history], label=label)
         last = history[-1] if history else {}
-        eps = (summary or {}).get("privacy", {}).get("epsilon", "?")
+        eps = (summary or {}).get(PRIVACY_RECORD, {}).get("epsilon", "?")
         print(
             f"{label:<40} {last.get('round', 0):>6} " + " ".join(f"{last.get(k, float('nan')):>7.2f}" for k in cols) + f"  {eps}"
         )

@@ -15,6 +15,11 @@ PRIVATE_DIR = "private"
 ATTACKS_FILE = "attacks.json"
 #: prefix of a table column computed from the members (an attack's score): operator-only, never in a released table
 OPERATOR_PREFIX = "operator."
+#: the key of the privacy ledger a run releases (the layers' report: ``summary.json``, each ``metrics.jsonl`` line, an
+#: exported model); a record key, not the config section of the same name, which belongs to its plugin
+PRIVACY_RECORD = "privacy"
+#: the key of the audit's results in ``private/attacks.json`` (by attack name)
+ATTACKS_RECORD = "attacks"
 
 
 def private_dir(run_dir: str | Path) -> Path:

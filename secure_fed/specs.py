@@ -67,6 +67,10 @@ class LayerSpec:
     #: training split in the clear): ``model.preprocessing: auto`` then picks ``none`` for dense features instead of
     #: ``standardize``, and the layer's ``validate`` refuses an explicit ``standardize``
     public_preprocessing: Callable[[Any], bool] | None = None
+    #: ``target_epsilons(config)``: for a layer that accounts privacy, the target ε of each privacy unit its settings
+    #: set (``{}`` when none), read from a run's ``config.yaml`` as plain data; a report reads it for a run whose
+    #: ledger has not released its targets yet (a run in progress). None: the layer accounts no privacy
+    target_epsilons: Callable[[dict[str, Any]], dict[str, float]] | None = None
 
     def load(self) -> type:
         return load_object(self.implementation)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from secure_fed.run_files import attacks_path
+from secure_fed.run_files import ATTACKS_RECORD, attacks_path
 from threat_models import ATTACKS
 from threat_models.context import AuditContext
 from threat_models.plots import ROC_LABELS, plot_run
@@ -68,7 +68,7 @@ def audit(
     previous = out_dir / "attacks.json"
     if previous.is_file():  # keep earlier results of attacks not re-run now
         try:
-            old = json.loads(previous.read_text()).get("attacks", {})
+            old = json.loads(previous.read_text()).get(ATTACKS_RECORD, {})
         except json.JSONDecodeError:
             old = {}
         results = {**{k: v for k, v in old.items() if k not in results}, **results}
@@ -76,7 +76,7 @@ def audit(
         "run_dir": str(ctx.exp.run_dir),
         "protocols": list(ctx.cfg.protocols),
         "privacy": _jsonable(ctx.privacy()),
-        "attacks": results,
+        ATTACKS_RECORD: results,
     }
     tmp = out_dir / "attacks.json.tmp"  # written whole, then renamed: a reader never sees half a file
     tmp.write_text(json.dumps(doc, indent=1))
@@ -94,7 +94,7 @@ def audit_run_dir(
 
 def skipped_attacks(doc: dict[str, Any], names: list[str] | None) -> dict[str, str]:
     """Of ``names``, the attacks an audit's ``doc`` (:func:`audit`'s result) skipped, each with why, in order."""
-    attacks = doc.get("attacks", {})
+    attacks = doc.get(ATTACKS_RECORD, {})
     return {n: attacks[n]["skipped"] for n in names or [] if "skipped" in attacks.get(n, {})}
 
 

@@ -18,18 +18,17 @@ import torch
 from secure_fed.engine.checkpoints import load_checkpoint_file
 from secure_fed.errors import SecureFedError
 from threat_models.base import Role
+from threat_models.recording import recording_of
 from threat_models.views import ClientView, ObserverView, RoundCapture, ServerView
 
 
 class AuditContext:
     def __init__(self, exp):
-        from threat_models.taps import taps_of
-
         self.exp = exp
         self.cfg = exp.cfg
         self.dataset = exp.dataset
         self.fed = exp.fed
-        taps = taps_of(exp)
+        taps = recording_of(exp)
         #: the server's recorded view and the auditor's canaries (None when the run did not record them)
         self.tap = taps.tap if taps is not None else None
         self.canaries = taps.canaries if taps is not None else None

@@ -1,86 +1,25 @@
-"""The attack taps: a :class:`~secure_fed.engine.callbacks.Callback` that instruments a training run.
+"""The attack taps: the :class:`~secure_fed.engine.callbacks.Callback` that instruments a training run.
 
 Registered under the ``secure_fed.callbacks`` entry points; active when ``attacks.run`` names an
-attack. During training it records the server's view (:class:`~threat_models.views.ServerTap`) and
-inserts the auditor's canaries (:class:`~threat_models.canaries.DiracCanaries`); both are saved
-apart from the server's checkpoint (``server_view.pt``, ``auditor.pt``). When ``secure-fed run``
-ends, it runs the configured attacks and writes ``private/attacks.json`` (operator-only).
+attack. During training it records the server's view and inserts the auditor's canaries
+(:class:`~threat_models.recording.AttackRecording`). When ``secure-fed run`` ends, it runs the
+configured attacks and writes ``private/attacks.json`` (operator-only).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from secure_fed.engine.callbacks import Callback
-from secure_fed.engine.checkpoints import load_checkpoint_file
 from secure_fed.run_files import attacks_path
 from secure_fed.run_status import trained
-from threat_models.canaries import DiracCanaries
-from threat_models.views import ServerTap
+from threat_models.recording import AttackRecording
 
 
-class AttackTaps(Callback):
-    name = "attack_taps"
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.tap: ServerTap | None = None
-        self.canaries: DiracCanaries | None = None
-
-    def on_init(self, exp) -> None:
-        first = next(iter(exp.theta))
-        self.tap = ServerTap(theta0=exp.theta, parameter=first)
-        audit = self.cfg.attacks.one_run_audit
-        if "one_run_audit" in self.cfg.attacks.names() and audit.canaries > 0:
-            dp = "dp" in self.cfg.protocols
-            client = self.cfg.privacy.client if dp else None
-            local = self.cfg.privacy.local if dp else None
-            # under DP-SGD in client training the canaries are instances (gradient canaries of norm C)
-            unit = "instance" if local is not None else "client"
-            norm = audit.canary_norm or (local.clip_norm if local is not None else client.clip_norm if client else 0.05)
-            self.canaries = DiracCanaries(
-                m=audit.canaries, norm=norm, num_clients=len(exp.fed.clients),
-                theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items()}, unit=unit,
-            )  # fmt: skip
-
-    def wrap_setup_query(self, query):
-        return self.tap.wrap_setup_query(query)
-
-    def acts_on_clients(self) -> bool:
-        return self.canaries is not None
-
-    def client_mod(self, fn):
-        if self.canaries is None or self.canaries.unit != "client":
-            return fn
-        return self.canaries.client_mod(fn)
-
-    def wrap_privatizer(self, cid: int, round_idx: int, privatizer):
-        return privatizer if self.canaries is None else self.canaries.wrap_privatizer(cid, round_idx, privatizer)
-
-    def on_uplink(self, round_idx: int, cid: int, wire: dict[str, Any]) -> None:
-        self.tap.on_uplink(round_idx, cid, wire)
-
-    def on_aggregate(self, round_idx: int, cohort: list[int], agg) -> None:
-        self.tap.on_aggregate(round_idx, cohort, agg.theta_sum if agg.num_clients else None)
-
-    def state_files(self) -> dict[str, Any]:
-        files = {"server_view.pt": self.tap.state_dict()}  # the server's recorded view
-        if self.canaries is not None:
-            files["auditor.pt"] = {"canaries": self.canaries.state_dict()}  # the auditor's secrets
-        return files
-
-    def load_state_files(self, checkpoint_dir: Path) -> None:
-        view, auditor = checkpoint_dir / "server_view.pt", checkpoint_dir / "auditor.pt"
-        if view.is_file():
-            self.tap.load_state_dict(load_checkpoint_file(view))
-        if self.canaries is not None and auditor.is_file():
-            st = load_checkpoint_file(auditor)["canaries"]
-            self.canaries = DiracCanaries.from_state_dict(st)
+class AttackTaps(AttackRecording):
+    """The recording, and the attacks when ``secure-fed run`` ends."""
 
     def on_cli_run_end(self, exp, result) -> None:
         if not trained(result.summary["status"]):
             return
+        # imported here: the audit (attacks, plots) loads only when a run ends, not with every run's callbacks
         from threat_models.audit import audit
         from threat_models.context import AuditContext
 
@@ -92,8 +31,3 @@ class AttackTaps(Callback):
 def make_attack_taps(cfg) -> AttackTaps | None:
     """The ``secure_fed.callbacks`` factory: taps only when the config asks for attacks."""
     return AttackTaps(cfg) if cfg.attacks.names() else None
-
-
-def taps_of(exp) -> AttackTaps | None:
-    """The attack taps of an experiment, if it has them."""
-    return next((cb for cb in exp.callbacks if isinstance(cb, AttackTaps)), None)

@@ -29,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
-from secure_fed.run_files import PRIVATE_DIR, attacks_path
+from secure_fed.run_files import ATTACKS_RECORD, PRIVATE_DIR, attacks_path
 from secure_fed.run_status import trained
 
 INSTANCE_BLOCKS = ("instance", "local")
@@ -108,7 +108,7 @@ def _audited(run_dir: Path, attacks: list[str]) -> bool:
 
     path = attacks_path(run_dir)
     try:
-        return path.is_file() and set(attacks) <= set(json.loads(path.read_text()).get("attacks", {}))
+        return path.is_file() and set(attacks) <= set(json.loads(path.read_text()).get(ATTACKS_RECORD, {}))
     except json.JSONDecodeError:
         return False
 

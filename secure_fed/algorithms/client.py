@@ -6,9 +6,9 @@ Flower ``ClientApp`` (or any transport) can host them unchanged.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -41,9 +41,20 @@ class LocalTraining:
     precision: str = "fp32"  # fp32 | bf16 (autocast of the encoder; weights and updates stay fp32)
 
 
-#: set (``BATCHING.submit``) by the vectorised executor in the thread that runs one client's function: the trainer
-#: hands its request there instead of training now (:mod:`secure_fed.engine.vectorized`)
-BATCHING = threading.local()
+class Batching(Protocol):
+    """Where a trainer hands a client's training to be done with other clients' (the vectorised executor's,
+    :mod:`secure_fed.engine.vectorized`); given to the trainer explicitly (:attr:`LocalTrainer.batching`)."""
+
+    def submit(
+        self,
+        trainer: LocalTrainer,
+        payload: Payload,
+        data: ClientData,
+        hp: LocalTraining,
+        generator: torch.Generator,
+        privatizer: GradientPrivatizer | None,
+    ) -> Payload:
+        """The client's update: trained with the other clients' requests, or at once (``trainer.update_one``)."""
 
 
 class LocalTrainer:
@@ -53,11 +64,15 @@ class LocalTrainer:
     from each payload, so nothing leaks from one client's update to the next.
     """
 
-    def __init__(self, model: nn.Module, family: ModelFamily | None = None):
-        """``family`` says how the model scores (default: the positive-only papers' f = W·g_θ)."""
+    def __init__(self, model: nn.Module, family: ModelFamily | None = None, *, batching: Batching | None = None):
+        """``family`` says how the model scores (default: the positive-only papers' f = W·g_θ); ``batching``: where
+        :meth:`update` hands its requests (the vectorised executor's), None to train each at once."""
         self.model = model
         self.family = family if family is not None else CosineEmbedding()
         self.names = [n for n, _ in model.named_parameters()]
+        #: set by the engine from its executor (``Executor.batching``): the vectorised executor trains the requests of a
+        #: chunk's clients together; None: :meth:`update` trains at once
+        self.batching = batching
         #: dropout draws from torch's global generator; such a model gets it seeded from the client's own generator
         #: for each update (exact resume, and a run does not depend on what else the process did)
         self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
@@ -100,14 +115,11 @@ class LocalTrainer:
         With a ``privatizer`` (DP-SGD in client training, from a protocol layer) each step's batch is the one it
         samples and the gradient is the one it returns from the per-sample gradients (clipped, noised).
 
-        Under the vectorised executor the request goes to the executor, which trains it with the round's other
-        clients (same result up to floating-point reassociation) or, where it cannot, calls :meth:`update_one`."""
-        submit = getattr(BATCHING, "submit", None)
-        if submit is not None:
-            from secure_fed.algorithms.batched_sgd import TrainRequest
-
+        With a :attr:`batching` (the vectorised executor's) the request goes there, which trains it with the round's
+        other clients (same result up to floating-point reassociation) or, where it cannot, calls :meth:`update_one`."""
+        if self.batching is not None:
             # the client's rows read once (shared storage gathers them on each read; the group indexes them every step)
-            return submit(self, TrainRequest(payload, data.with_rows_read(), hp, generator), privatizer)
+            return self.batching.submit(self, payload, data.with_rows_read(), hp, generator, privatizer)
         return self.update_one(payload, data, hp, generator, privatizer)
 
     def update_one(

@@ -225,6 +225,7 @@ class Experiment(CheckpointMixin, EvaluationMixin, ReportMixin):
             Checkpointing(),
         ]
         self.executor = EXECUTORS[cfg.training.executor].from_config(cfg.training)
+        self.trainer.batching = self.executor.batching  # the vectorised executor's: it trains a chunk's clients together
         for cb in self.callbacks:
             cb.on_init(self)
 

@@ -5,7 +5,8 @@ client mods) is arbitrary code, and somewhere inside it calls the local trainer.
 without changing any of that code, each client's function runs as a coroutine (a ``greenlet``, on the executor's
 own thread: torch's thread pool and thread-local state stay the engine's), and only one of them runs at any time,
 so their code runs one piece after another, as on the sequential executor, in the cohort's order. When a client's function reaches
-:meth:`~secure_fed.algorithms.client.LocalTrainer.update` it hands its request to the executor and pauses. Once
+:meth:`~secure_fed.algorithms.client.LocalTrainer.update` the trainer hands its request to the executor's
+:class:`ChunkBatching` (the engine gives the trainer ``executor.batching``) and the client pauses. Once
 every client of the chunk has paused (or finished), the executor trains the paused requests together
 (:func:`secure_fed.algorithms.batched_sgd.train_group`, exact lock-step SGD, one group per equal θ, row count and
 settings) and resumes each client with its own result; its function then goes on (protocol layers mask, encrypt,
@@ -37,8 +38,9 @@ import torch
 
 from secure_fed.algorithms.base import Payload
 from secure_fed.algorithms.batched_sgd import ModelFacts, TrainRequest, group_key, linear_chain, train_group, unbatchable
-from secure_fed.algorithms.client import BATCHING, LocalTrainer
-from secure_fed.engine.executors import Channel, ClientJob, Executor
+from secure_fed.algorithms.client import LocalTrainer, LocalTraining
+from secure_fed.algorithms.per_sample import GradientPrivatizer
+from secure_fed.engine.execution import Channel, ClientJob, Executor
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,30 @@ class _ClientCoroutine:
             self._g.throw(_Cancelled())
 
 
+class ChunkBatching:
+    """The vectorised executor's :class:`~secure_fed.algorithms.client.Batching`: a request from a client of the
+    chunk now running (its coroutine is the current greenlet) waits for its group; any other request (outside a
+    chunk, from the engine itself, from another thread) trains at once."""
+
+    def __init__(self) -> None:
+        #: the running chunk's clients, by their greenlet
+        self.clients: dict[greenlet.greenlet, _ClientCoroutine] = {}
+
+    def submit(
+        self,
+        trainer: LocalTrainer,
+        payload: Payload,
+        data,
+        hp: LocalTraining,
+        generator: torch.Generator,
+        privatizer: GradientPrivatizer | None,
+    ) -> Payload:
+        co = self.clients.get(greenlet.getcurrent())
+        if co is None:  # not from a client of this chunk (e.g. the engine itself): train now
+            return trainer.update_one(payload, data, hp, generator, privatizer)
+        return co.submit(trainer, TrainRequest(payload, data, hp, generator), privatizer)
+
+
 class VectorizedExecutor(Executor):
     """The clients of a chunk train together (exact lock-step SGD); the reference for equal results is
     :class:`~secure_fed.engine.executors.SequentialExecutor`."""
@@ -110,6 +136,8 @@ class VectorizedExecutor(Executor):
         self.unbatched: Counter[str] = Counter()
         #: each model's facts for :func:`unbatchable`, by id (the model is kept, so the id is not reused)
         self._model_facts: dict[int, tuple[torch.nn.Module, ModelFacts]] = {}
+        #: where the engine's trainer hands its requests (the engine sets ``trainer.batching`` to it)
+        self.batching = ChunkBatching()
 
     @classmethod
     def from_config(cls, training) -> VectorizedExecutor:
@@ -152,16 +180,7 @@ class VectorizedExecutor(Executor):
             channel.down(job)
             data = channel.client(job.cid)
             coros.append(_ClientCoroutine(lambda job=job, data=data: job.fn(job.payload, data), self))
-        by_greenlet = {co._g: co for co in coros}
-
-        def submit(trainer: LocalTrainer, req: TrainRequest, privatizer) -> Payload:
-            co = by_greenlet.get(greenlet.getcurrent())
-            if co is None:  # not from a client of this chunk (e.g. the engine itself): train now
-                return trainer.update_one(req.payload, req.data, req.hp, req.generator, privatizer)
-            return co.submit(trainer, req, privatizer)
-
-        previous = getattr(BATCHING, "submit", None)
-        BATCHING.submit = submit
+        self.batching.clients.update({co._g: co for co in coros})
         emitted = 0
         try:
             for co in coros:
@@ -189,7 +208,7 @@ class VectorizedExecutor(Executor):
         finally:
             for co in coros:
                 co.cancel()
-            BATCHING.submit = previous
+                self.batching.clients.pop(co._g, None)
 
     @staticmethod
     def _raise(co: _ClientCoroutine) -> None:
@@ -235,4 +254,4 @@ def _memory_budget(device: torch.device) -> int:
     return 1 << 30
 
 
-__all__ = ["VectorizedExecutor", "linear_chain"]
+__all__ = ["ChunkBatching", "VectorizedExecutor", "linear_chain"]
