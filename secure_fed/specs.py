@@ -67,9 +67,17 @@ class LayerSpec:
     #: training split in the clear): ``model.preprocessing: auto`` then picks ``none`` for dense features instead of
     #: ``standardize``, and the layer's ``validate`` refuses an explicit ``standardize``
     public_preprocessing: Callable[[Any], bool] | None = None
+    #: ``settings(cfg)``: the layer's own typed settings, extracted from the run's config in this one place (its
+    #: section, and the few public facts of other sections it needs); the layer is built as ``Layer(settings,
+    #: env)`` and never sees the whole config. None: the layer takes no settings (``None``)
+    settings: Callable[[Any], Any] | None = None
 
     def load(self) -> type:
         return load_object(self.implementation)
+
+    def layer_settings(self, cfg) -> Any:
+        """What the layer is built with from ``cfg`` (:attr:`settings`)."""
+        return None if self.settings is None else self.settings(cfg)
 
 
 @dataclass(frozen=True)
