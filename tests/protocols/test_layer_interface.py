@@ -179,3 +179,14 @@ def test_a_third_party_clipping_layer_with_its_own_section_runs(tmp_path, clippi
     exp.run(progress=False)
     assert len(ClippingLayer.norms) == 2 * len(exp.fed.clients)
     assert max(ClippingLayer.norms) <= 0.01 * (1 + 1e-9)
+
+
+def test_every_layer_takes_its_secret_randomness_from_protocols_randomness():
+    """One home for the streams a guarantee relies on: every import of SecretStream names protocols.randomness."""
+    wrong = []
+    for path in sorted((ROOT / "protocols").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "SecretStream" for a in node.names):
+                if node.module != "protocols.randomness":
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}")
+    assert wrong == []
