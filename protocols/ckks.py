@@ -45,11 +45,22 @@ import tenseal as ts
 import torch
 
 from protocols.crypto import KeyPair, open_sealed, seal
+from protocols.layer_settings import CKKSSettings
 from protocols.randomness import SecretStream
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.engine.layers import ProtocolLayer, ProtocolSetup, RoundWrapper, StackEnv
+from secure_fed.engine.layers import (
+    ClientSide,
+    LayerState,
+    Ledger,
+    ProtocolLayer,
+    ProtocolSetup,
+    RoundWrapper,
+    SetupResult,
+    StackEnv,
+    StateScope,
+)
 from secure_fed.errors import ConfigError, RoundAborted
 
 log = logging.getLogger(__name__)
@@ -81,11 +92,11 @@ class CKKSAggregation(ProtocolLayer):
     name = "ckks"
     client_state_on_nodes = True  # the key holders' keys and every client's public context, from setup
 
-    def __init__(self, cfg, env: StackEnv):
-        super().__init__(cfg, env)
+    def __init__(self, settings: CKKSSettings, env: StackEnv):
+        super().__init__(settings, env)
         self.layout = env.update_layout()
-        self.slots = cfg.ckks.poly_modulus_degree // 2
-        self.encrypted = self._select(cfg.ckks.encrypt)
+        self.slots = settings.section.poly_modulus_degree // 2
+        self.encrypted = self._select(settings.section.encrypt)
         #: the layout's slices of the encrypted and of the plaintext groups, in layout order, adjacent ones merged
         self._runs = {enc: self._merged_runs(enc) for enc in (True, False)}
         self.encrypted_size = sum(sl.stop - sl.start for sl in self._runs[True])
@@ -125,7 +136,7 @@ class CKKSAggregation(ProtocolLayer):
         group and, in the rows group, the blocks of the rows listed in ``row_ids`` (the rows the server sent this
         client) and of their counts. A function of public settings and of ids the server chose, never of values: the
         reply's ``row_ids`` must be the downlink's (every trainer copies them; checked in process)."""
-        if self.cfg.ckks.row_blocks == "all" or any(k in reply for k in self.layout.full_table_keys):
+        if self.settings.section.row_blocks == "all" or any(k in reply for k in self.layout.full_table_keys):
             return np.arange(self.num_blocks, dtype=np.int64)
         seg = self.layout.segments()
         R, d = self.layout.num_rows, self.layout.dim
@@ -148,10 +159,10 @@ class CKKSAggregation(ProtocolLayer):
         """Client side of the setup and of each round's decryption: key holders advertise a key pair, the first
         generates the context and seals its secret copy to the others, the others open theirs; every client
         stores the public context; a key holder decrypts a round's summed ciphertexts (the sum only)."""
-        c = self.cfg.ckks
+        c = self.settings.section
         me, step = data.client_id, payload["ckks"]
         if step == "advertise":  # a key pair for the key dealing, and the secret its decryption noise comes from
-            noise = SecretStream.for_party(self.cfg.privacy.noise_seed, f"ckks holder {me}")  # os.urandom unless debugging
+            noise = SecretStream.for_party(self.settings.noise_seed, f"ckks holder {me}")  # os.urandom unless debugging
             self._holders[me] = {"pair": KeyPair(), "noise": noise.state_dict()["key"]}
             return {"public_key": self._holders[me]["pair"].public}
         if step == "keygen":
@@ -179,7 +190,7 @@ class CKKSAggregation(ProtocolLayer):
         self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
     ) -> list[dict]:
         """Remote clients: the inner sessions' steps, then the encryption (the last step before the wire)."""
-        return [*inner, {"op": "layer:ckks.encrypt_step", "weighting": self.cfg.training.aggregation}]
+        return [*inner, {"op": "layer:ckks.encrypt_step", "weighting": self.settings.aggregation}]
 
     @client_side
     def encrypt_step(self, reply: Payload, data: ClientData, *, weighting: str) -> Payload:
@@ -227,9 +238,30 @@ class CKKSAggregation(ProtocolLayer):
             o += n
 
     # ------------------------------------------------------------------ setup (server side)
-    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
-        c = self.cfg.ckks
-        if self.cfg.privacy.noise_seed is not None:
+    # ------------------------------------------------------------------ the hooks (secure_fed.engine.layers)
+    def setup(self, ctx: ProtocolSetup) -> SetupResult:
+        """The key dealing among the key holders, and the public context to every client."""
+        return SetupResult(facts=self.key_dealing(ctx))
+
+    def clients(self) -> ClientSide:
+        """Clients: the encryption as the round plan's last step."""
+        return ClientSide(plan_steps=self.client_plan_steps)
+
+    def ledger(self) -> Ledger:
+        """The round's diagnostics and the run's measured decryption error (private)."""
+        return Ledger(round_stats=self.round_stats, private_report=self.private_report)
+
+    def state(self) -> LayerState:
+        """The public context and holders (server), the key holders' keys and every client's public copy (client)."""
+        return LayerState(
+            server=StateScope(self.state_dict, self.load_state_dict),
+            client=StateScope(self.client_state_dict, self.load_client_state_dict),
+        )
+
+    def key_dealing(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        """Server side of the setup: the holders' key exchange relayed, the public context broadcast; the facts."""
+        c = self.settings.section
+        if self.settings.noise_seed is not None:
             log.warning("warning: %s", NOISE_SEED_WARNING)
         holders = sorted(cl.client_id for cl in ctx.clients)[: max(1, c.key_holders)]
         self.holders = holders
@@ -267,7 +299,7 @@ class CKKSAggregation(ProtocolLayer):
             exact = np.asarray(ts.ckks_vector_from(sk, b).decrypt(), dtype=np.float64)
             # float64 noise from 53-bit uniforms: the released values' low bits carry no exact decryption
             noise = stream.gaussian((len(exact),), "decrypt " + hashlib.sha256(b).hexdigest()).numpy()
-            out.append(exact + self.cfg.ckks.decryption_noise * noise)
+            out.append(exact + self.settings.section.decryption_noise * noise)
         return np.concatenate(out)
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
@@ -279,7 +311,7 @@ class CKKSAggregation(ProtocolLayer):
     def private_report(self) -> dict[str, Any]:
         # None where no party held the exact sum to measure against (backend: flower)
         out = {"ckks_max_abs_decryption_error": self.max_abs_error if self.error_measured else None}
-        if self.cfg.privacy.noise_seed is not None:
+        if self.settings.noise_seed is not None:
             out["ckks_warning"] = NOISE_SEED_WARNING
         return out
 

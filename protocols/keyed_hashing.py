@@ -33,10 +33,11 @@ import scipy.sparse as sp
 import torch
 
 from protocols.crypto import KeyPair, open_sealed, seal
+from protocols.layer_settings import KeyedHashingSettings
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.algorithms.label_sets import canonical_rows
 from secure_fed.client_functions import client_side, mod_of
-from secure_fed.engine.layers import ProtocolLayer, ProtocolSetup, StackEnv
+from secure_fed.engine.layers import ClientSide, LayerState, ProtocolLayer, ProtocolSetup, SetupResult, StackEnv, StateScope
 from secure_fed.errors import PrivacyViolation
 
 TOKENIZER_NAME = "hmac-sha256"
@@ -100,16 +101,30 @@ class KeyedHashing(ProtocolLayer):
     name = "keyed_hashing"
     client_state_on_nodes = True  # the keyrings, from the key exchange before round 0
 
-    def __init__(self, cfg, env: StackEnv):
-        super().__init__(cfg, env)
+    def __init__(self, settings: KeyedHashingSettings, env: StackEnv):
+        super().__init__(settings, env)
         self._clients: dict[int, ClientKeyring] = {}  # client side
         self.public_keys: dict[int, bytes] = {}  # server side
         self.row_of_pseudonym: dict[bytes, int] = {}  # server side
         self._row_order: np.ndarray | None = None  # simulator: label l's row, decided in setup
 
-    def row_order(self) -> np.ndarray | None:
-        """Label l lives in the row of its pseudonym's rank (set by :meth:`setup`)."""
-        return self._row_order
+    # ------------------------------------------------------------------ the hooks (secure_fed.engine.layers)
+    def setup(self, ctx: ProtocolSetup) -> SetupResult:
+        """The run-key exchange; with pseudonyms, W's rows in the order of the pseudonyms; keyed tokens in the
+        algorithm's label-set query (:meth:`wrap_query`)."""
+        facts = self.key_agreement(ctx)
+        return SetupResult(facts=facts, row_order=self._row_order, wrap_query=self.wrap_query)
+
+    def clients(self) -> ClientSide:
+        """Clients (a remote node's copy of the run): the row order, from the run key in the client's keyring."""
+        return ClientSide(row_order=self.client_row_order)
+
+    def state(self) -> LayerState:
+        """The public keys and pseudonym rows (server), the keyrings (client)."""
+        return LayerState(
+            server=StateScope(self.state_dict, self.load_state_dict),
+            client=StateScope(self.client_state_dict, self.load_client_state_dict),
+        )
 
     # ------------------------------------------------------------------ one-off setup
     @client_side
@@ -139,7 +154,8 @@ class KeyedHashing(ProtocolLayer):
             return {"pseudonyms": pseudonyms}
         raise ValueError(f"unknown keyed_hashing step {step!r}")
 
-    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
+    def key_agreement(self, ctx: ProtocolSetup) -> dict[str, Any]:
+        """Server side of the run-key exchange, then (with pseudonyms) W's row order; returns the summary's facts."""
         # 0. public keys up (the server relays them)
         replies = ctx.query(lambda cid: {"keyed_hashing": "advertise"}, self._client_setup_fn)
         self.public_keys = {cid: r["public_key"] for cid, r in replies}
@@ -155,7 +171,7 @@ class KeyedHashing(ProtocolLayer):
             },
             self._client_setup_fn,
         )  # fmt: skip
-        if not self.cfg.keyed_hashing.pseudonymize_labels:  # keyed tokens only; rows stay in label order
+        if not self.settings.section.pseudonymize_labels:  # keyed tokens only; rows stay in label order
             return {"keyed_hashing": {"dealer": dealer, "clients": len(self.public_keys), "pseudonyms": 0}}
         # server: rows in the order of the pseudonyms (a keyed permutation it cannot invert)
         by_client = {cid: r["pseudonyms"] for cid, r in pseud}
@@ -172,7 +188,7 @@ class KeyedHashing(ProtocolLayer):
         hold, ``held``: client id → its labels in label order): the server's rows are the ranks of the distinct
         pseudonyms. None before the key exchange, or without pseudonyms."""
         ring = next((r for r in self._clients.values() if r.run_key is not None), None)
-        if ring is None or not self.cfg.keyed_hashing.pseudonymize_labels:
+        if ring is None or not self.settings.section.pseudonymize_labels:
             return None
         by_client = {cid: [label_pseudonym(ring.run_key, label_names[int(lbl)]) for lbl in labels]
                      for cid, labels in held.items()}  # fmt: skip
@@ -190,7 +206,7 @@ class KeyedHashing(ProtocolLayer):
             ring = self._clients[data.client_id]
             if len(data.known_labels) != 1:
                 raise ValueError("label-set collection needs the positive-only setting (one label per client)")
-            if not self.cfg.keyed_hashing.pseudonymize_labels:
+            if not self.settings.section.pseudonymize_labels:
                 return {"tokens": ring.tokens(data.raw), "label": int(data.known_labels[0])}
             return {"tokens": ring.tokens(data.raw), "pseudonym": ring.pseudonym}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+from protocols.layer_settings import ckks_settings, dp_settings, keyed_hashing_settings, secure_aggregation_settings
 from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
 from secure_fed.specs import LayerSpec
 
@@ -23,24 +24,36 @@ SHARE_RANGE_SIGMAS = 10.0
 
 
 def noise_share_range_error(cfg, sigma: float, dim: int | None = None) -> str | None:
-    """Why secure aggregation's fixed-point encoding would clip the clients' noise shares, or None.
-
-    Under ``privacy.client.noise: clients`` each client's noise share travels inside the encoding, which clips every
-    value to ±``clip_range``: a clipped share is no longer the Gaussian the accountant assumes. The range must hold
-    a clipped update's largest coordinate (S) plus :data:`SHARE_RANGE_SIGMAS` standard deviations of the largest
-    share a client can draw (σS, for a sum known to hold only one update): a share beyond that has probability
-    below 1e-23 a value. ``sigma`` is the client unit's noise multiplier (given, or calibrated at setup). With
-    ``dim`` (the update's coordinates, known once the model is built) the share's std is the grid-corrected
-    σ·(S + γ√d) of the discrete Gaussian release (:mod:`protocols.dp.discrete_gaussian`; γ ≥ 2^-frac_bits)."""
-    p = cfg.privacy.client
-    if p is None or p.noise != "clients" or "secure_aggregation" not in cfg.protocols:
+    """Why secure aggregation's fixed-point encoding would clip the clients' noise shares, or None
+    (:func:`share_range_error` on ``cfg``'s settings)."""
+    p = cfg.privacy
+    if p is None or "secure_aggregation" not in cfg.protocols:
         return None
-    R = cfg.secure_aggregation.clip_range
+    s = cfg.secure_aggregation
+    return share_range_error(p.client, (s.clip_range, int(s.frac_bits)), sigma, dim)
+
+
+def share_range_error(client, encoding: tuple[float, int] | None, sigma: float, dim: int | None = None) -> str | None:
+    """Why secure aggregation's fixed-point encoding (``encoding``: its ``(clip_range, frac_bits)``, None when the
+    stack has no secure aggregation) would clip the clients' noise shares, or None.
+
+    Under ``privacy.client.noise: clients`` (``client``: that section) each client's noise share travels inside the
+    encoding, which clips every value to ±``clip_range``: a clipped share is no longer the Gaussian the accountant
+    assumes. The range must hold a clipped update's largest coordinate (S) plus :data:`SHARE_RANGE_SIGMAS` standard
+    deviations of the largest share a client can draw (σS, for a sum known to hold only one update): a share beyond
+    that has probability below 1e-23 a value. ``sigma`` is the client unit's noise multiplier (given, or calibrated
+    at setup). With ``dim`` (the update's coordinates, known once the model is built) the share's std is the
+    grid-corrected σ·(S + γ√d) of the discrete Gaussian release (:mod:`protocols.dp.discrete_gaussian`;
+    γ ≥ 2^-frac_bits)."""
+    p = client
+    if p is None or p.noise != "clients" or encoding is None:
+        return None
+    R, frac_bits = encoding
     sens = p.clip_norm
     if dim is not None:
         from protocols.dp.accountant import grid_sensitivity, noise_grid  # the accountant's module only with a model
 
-        grid = noise_grid(p.clip_norm, dim, coarsest_below=2.0 ** -int(cfg.secure_aggregation.frac_bits))
+        grid = noise_grid(p.clip_norm, dim, coarsest_below=2.0 ** -int(frac_bits))
         sens = grid_sensitivity(p.clip_norm, grid, dim)
     need = p.clip_norm + SHARE_RANGE_SIGMAS * sigma * sens
     if R >= need:
@@ -247,6 +260,7 @@ KEYED_HASHING = LayerSpec(
         "only clients hold (the key is sealed to public keys the server relays unauthenticated)."
     ),
     implementation="protocols.keyed_hashing:KeyedHashing",
+    settings=keyed_hashing_settings,
     validate=_validate_keyed_hashing,
     runs_on_flower=True,  # its setup steps are client-side methods; the keyrings live in each node's context.state
     row_sparse_updates=lambda cfg: True,  # it keys labels and tokens; θ updates pass through untouched
@@ -368,6 +382,7 @@ DP = LayerSpec(
         "amplification by sampling."
     ),
     implementation="protocols.dp.layer:DifferentialPrivacy",
+    settings=dp_settings,
     validate=_validate_dp,
     runs_on_flower=True,  # every mechanism: the clients' secret streams live on their nodes (client_state_on_nodes)
     # the instance unit steps W on the server and never sees θ updates; client-level DP clips and noises whole
@@ -453,6 +468,7 @@ SECURE_AGGREGATION = LayerSpec(
         "client's row delta."
     ),
     implementation="protocols.secagg.layer:SecureAggregation",
+    settings=secure_aggregation_settings,
     replaces_aggregation=True,
     validate=_validate_secure_aggregation,
     describe=_describe_secure_aggregation,
@@ -480,6 +496,7 @@ CKKS = LayerSpec(
         "ckks.row_blocks own (the default), those holding the rows it sent that client, which it chose itself."
     ),
     implementation="protocols.ckks:CKKSAggregation",
+    settings=ckks_settings,
     replaces_aggregation=True,
     runs_on_flower=True,  # setup and decryption are messages to its client side; encryption is the plan's last step
     # the public context to every client, summed ciphertexts to the key holder (the sum only)

@@ -71,9 +71,17 @@ class LayerSpec:
     #: set (``{}`` when none), read from a run's ``config.yaml`` as plain data; a report reads it for a run whose
     #: ledger has not released its targets yet (a run in progress). None: the layer accounts no privacy
     target_epsilons: Callable[[dict[str, Any]], dict[str, float]] | None = None
+    #: ``settings(cfg)``: the layer's own typed settings, extracted from the run's config in this one place (its
+    #: section, and the few public facts of other sections it needs); the layer is built as ``Layer(settings,
+    #: env)`` and never sees the whole config. None: the layer takes no settings (``None``)
+    settings: Callable[[Any], Any] | None = None
 
     def load(self) -> type:
         return load_object(self.implementation)
+
+    def layer_settings(self, cfg) -> Any:
+        """What the layer is built with from ``cfg`` (:attr:`settings`)."""
+        return None if self.settings is None else self.settings(cfg)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from secure_fed import plugins
 from secure_fed.engine import Experiment
-from secure_fed.engine.layers import ProtocolLayer
+from secure_fed.engine.layers import ClientSide, Ledger, ProtocolLayer
 from secure_fed.errors import ConfigError
 from secure_fed.specs import LayerSpec
 from tests.conftest import small_config
@@ -20,15 +20,21 @@ class CountingLayer(ProtocolLayer):
     name = "counting"
     updates = rounds = 0
 
-    def client_mod(self, fn):
-        def counted(payload, data):
-            CountingLayer.updates += 1
-            return fn(payload, data)
+    def clients(self):
+        def mod(fn):
+            def counted(payload, data):
+                CountingLayer.updates += 1
+                return fn(payload, data)
 
-        return counted
+            return counted
 
-    def after_round(self, round_idx: int) -> None:
-        CountingLayer.rounds += 1
+        return ClientSide(mod=mod)
+
+    def ledger(self):
+        def after_round(round_idx: int) -> None:
+            CountingLayer.rounds += 1
+
+        return Ledger(after_round=after_round)
 
 
 def _refuse_fedavg_fixed(cfg, stack):

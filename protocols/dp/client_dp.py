@@ -98,14 +98,6 @@ def _warn_small_share(share: float, grid: float) -> None:
     )  # fmt: skip
 
 
-def encoding_grid(cfg) -> float | None:
-    """The finest grid a noise share may use: secure aggregation's fixed-point step 2^-frac_bits (a share on a
-    coarser power-of-two grid passes the encoding exactly), or None without secure aggregation."""
-    if "secure_aggregation" not in cfg.protocols:
-        return None
-    return 2.0 ** -int(cfg.secure_aggregation.frac_bits)
-
-
 def update_dim(reply: Payload, rows_shape: tuple[int, int] | None) -> int:
     """Coordinates of the released sum a client's update enters: every θ entry and, with ``rows_shape``, all C rows."""
     d = sum(math.prod(t.shape) for t in reply["theta_delta"].values())

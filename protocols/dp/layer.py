@@ -9,18 +9,18 @@ import numpy as np
 import torch
 
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
-from protocols.dp.client_dp import add_client_noise, encoding_grid, noise_aggregate, update_norm
+from protocols.dp.client_dp import add_client_noise, noise_aggregate, update_norm
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
+from protocols.layer_settings import DPSettings
 from protocols.randomness import SecretStream
-from protocols.specs import LABEL_SET_ALGORITHMS, noise_share_range_error
+from protocols.specs import share_range_error
 from secure_fed.algorithms.base import Algorithm, ClientData, ClientFn, Payload
 from secure_fed.client_functions import apply_client_plan, client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.engine.layers import Bounds, ProtocolLayer, RoundWrapper, StackEnv
+from secure_fed.engine.layers import Bounds, ClientSide, LayerState, Ledger, ProtocolLayer, RoundWrapper, StackEnv, StateScope
 from secure_fed.engine.message_digest import payload_digest
-from secure_fed.engine.sampling import cohort_size
 from secure_fed.errors import ConfigError, PrivacyViolation
 
 #: the instance unit's mechanisms, as its report names them
@@ -44,9 +44,9 @@ def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
 class DifferentialPrivacy(ProtocolLayer):
     name = "dp"
 
-    def __init__(self, cfg, env: StackEnv):
-        super().__init__(cfg, env)
-        p = cfg.privacy
+    def __init__(self, settings: DPSettings, env: StackEnv):
+        super().__init__(settings, env)
+        p = settings.privacy
         #: server side: the secret behind server noise, label-set sampling and client sampling
         self.server_stream = SecretStream.for_party(p.noise_seed, "server")
         #: client side: each client's own secret behind its DP-SGD (``privacy.local``) and its noise share
@@ -54,38 +54,62 @@ class DifferentialPrivacy(ProtocolLayer):
         self._client_streams: dict[int, SecretStream] = {}
         #: client side: each client's trained rounds → the SHA-256 of the payload and plan it trained that round on
         self._trained: dict[int, dict[int, bytes]] = {}
-        if self.client_state_on_nodes and cfg.backend != "flower":
+        if self.client_state_on_nodes and not settings.on_flower:
             # in process, every client's key now, so the first checkpoint holds them all (exact resume); on Flower
             # each node draws its own clients' keys when they first train and keeps them in its state
             for cid in range(env.num_clients):
                 self.client_stream(cid)
         self.units: dict[str, PrivacyUnit] = {}
         self.charged_round = -1  #: the last round whose steps the ledger holds
-        algo = cfg.algorithm.name
         if p.instance is not None or p.local is not None:
             self.units["instance"] = self._instance_unit()
         if p.client is not None:
-            q = cfg.training.client_fraction
+            q = settings.training.client_fraction
             not_cov = []
-            if algo in LABEL_SET_ALGORITHMS:
+            if settings.label_set_algorithm:
                 not_cov.append("label-set collection: a client's tokens shape W through the server regulariser "
                                "(covered per instance by privacy.instance, not per client)")  # fmt: skip
             self.units["client"] = self._unit(
                 "client",
                 p.client,
                 q,
-                cfg.training.rounds,
+                settings.training.rounds,
                 scope="each client's whole update of θ and its class rows",
                 not_covered=not_cov,
             )
             self._check_share_range()
 
+    @property
+    def cfg(self) -> DPSettings:
+        """The layer's settings (:class:`~protocols.layer_settings.DPSettings`), not the run's config: the name that
+        the algorithm reads (``self.cfg.algorithm``) keep."""
+        return self.settings
+
+    # ---------------------------------------------------------------- the hooks (secure_fed.engine.layers)
+    def clients(self) -> ClientSide:
+        """Clients: DP-SGD in their training (``privacy.local``); the clip and noise share as plan steps
+        (``privacy.client``), and a node's record of the payloads it trained on."""
+        return ClientSide(privatizer=self.local_privatizer, plan_steps=self.client_plan_steps,
+                          check_payload=self.check_round_payload)  # fmt: skip
+
+    def ledger(self) -> Ledger:
+        """The privacy units: budget stop, the secret cohort (amplification by sampling), the privacy report."""
+        return Ledger(budget_stop=self.budget_stop, cohort_uniforms=self.cohort_uniforms, privacy=self.privacy)
+
+    def state(self) -> LayerState:
+        """The ledger (server), the server's secret stream (secret), the clients' streams and records (client)."""
+        return LayerState(
+            server=StateScope(self.state_dict, self.load_state_dict),
+            client=StateScope(self.client_state_dict, self.load_client_state_dict),
+            secret=StateScope(self.secret_state_dict, self.load_secret_state_dict),
+        )
+
     def _check_share_range(self) -> None:
-        """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.specs.noise_share_range_error`);
+        """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.specs.share_range_error`);
         checked here, with σ as calibrated (``validate`` checks a given σ before the run)."""
         layout = self.env.update_layout()
         dim = sum(s.stop - s.start for s in layout.segments().values()) if self.env.theta else None
-        if why := noise_share_range_error(self.cfg, self.units["client"].sigma, dim):
+        if why := share_range_error(self.settings.privacy.client, self.settings.encoding, self.units["client"].sigma, dim):
             raise ConfigError(why)
 
     # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters
@@ -93,7 +117,7 @@ class DifferentialPrivacy(ProtocolLayer):
     def client_state_on_nodes(self) -> bool:  # type: ignore[override]
         """On Flower, each client's secret stream (DP-SGD's batches and noise, its noise share) lives on its node
         (its ``context.state`` and own storage, which a resumed run takes up again)."""
-        p = self.cfg.privacy
+        p = self.settings.privacy
         return p.local is not None or (p.client is not None and p.client.noise == "clients")
 
     def local_copies(self) -> int:
@@ -102,24 +126,24 @@ class DifferentialPrivacy(ProtocolLayer):
         1 in a CMDA/iid partition), capped by the largest cohort a round can have (all
         clients under Poisson sampling, else the fixed cohort size: ⌈fN⌉ or ``training.clients_per_round``). The
         ledger counts this worst case every round, whatever the realised cohort."""
-        t = self.cfg.training
+        t = self.settings.training
         n = self.env.num_clients
-        largest = n if t.sampling == "poisson" else cohort_size(t, n)
+        largest = n if t.sampling == "poisson" else t.cohort_size(n)
         return copies_per_round(self.env.max_clients_per_instance, largest)
 
     def local_steps_per_round(self) -> int:
         """Steps of the ``client_training`` mechanism the instance unit records per round."""
-        q = self.cfg.privacy.local.batch_sample_rate
-        return self.local_copies() * local_steps_per_round(local_epochs=self.cfg.training.local_epochs, sample_rate=q)
+        q = self.settings.privacy.local.batch_sample_rate
+        return self.local_copies() * local_steps_per_round(local_epochs=self.settings.training.local_epochs, sample_rate=q)
 
     def _instance_unit(self) -> PrivacyUnit:
-        p, algo = self.cfg.privacy, self.cfg.algorithm.name
+        p, algo = self.settings.privacy, self.settings.algorithm.name
         fixed = algo == "fedalc_fixed"
         mechs: list[dict[str, Any]] = []
         if p.instance is not None:
             mechs.append({
                 "name": SERVER_STEP, "cfg": p.instance, "sample_rate": p.instance.sample_rate,
-                "planned_steps": self.cfg.algorithm.fixed_steps if fixed else self.cfg.training.rounds,
+                "planned_steps": self.settings.algorithm.fixed_steps if fixed else self.settings.training.rounds,
                 "scope": "their label sets in the server's W update (eq. 12 pre-training)" if fixed
                 else "their label sets in the server's W update (eq. 11 with σ weights, eq. 9)",
             })  # fmt: skip
@@ -127,7 +151,7 @@ class DifferentialPrivacy(ProtocolLayer):
             k = int(self.env.max_clients_per_instance)
             mechs.append({
                 "name": CLIENT_TRAINING, "cfg": p.local, "sample_rate": p.local.batch_sample_rate,
-                "planned_steps": self.cfg.training.rounds * self.local_steps_per_round(),
+                "planned_steps": self.settings.training.rounds * self.local_steps_per_round(),
                 "scope": f"DP-SGD in client training (θ and the client's class rows), per-sample clipping; one instance "
                          f"enters up to {self.local_copies()} clients' training a round (it sits on ≤ {k} clients), "
                          "each of their steps counted",
@@ -156,7 +180,7 @@ class DifferentialPrivacy(ProtocolLayer):
                 + ("covered only through the client unit, by group privacy over the clients an instance sits on "
                    "(units.client.instance_level)" if p.client is not None else "add privacy.local to cover it")
             )  # fmt: skip
-        if p.instance is None and algo in LABEL_SET_ALGORITHMS:
+        if p.instance is None and self.settings.label_set_algorithm:
             not_covered.append("label-set collection for the server's W update: add privacy.instance to cover it")
         unit = None
         for m in mechs:
@@ -180,7 +204,7 @@ class DifferentialPrivacy(ProtocolLayer):
         return unit
 
     def _unit(self, name, ucfg, q, steps, *, scope, not_covered) -> PrivacyUnit:
-        p = self.cfg.privacy
+        p = self.settings.privacy
         calibrated = ucfg.noise_multiplier is None
         if calibrated:
             if ucfg.target_epsilon is None:
@@ -207,7 +231,7 @@ class DifferentialPrivacy(ProtocolLayer):
             return
         fixed = self.cfg.algorithm.name == "fedalc_fixed"
         mech = unit.mechanism(SERVER_STEP)
-        divisor = self.cfg.privacy.instance.divisor(self.cfg.dataset)  # public B̄ (config), never the realised count
+        divisor = self.settings.instance_divisor  # public B̄ (config), never the realised count
 
         def dp_step(W: torch.Tensor) -> dict[str, float] | None:
             if (why := unit.stop_reason(1, SERVER_STEP)) is not None:
@@ -232,13 +256,13 @@ class DifferentialPrivacy(ProtocolLayer):
     # ---------------------------------------------------------------- client-level
     def local_privatizer(self, cid: int, round_idx: int) -> LocalDPSGD | None:
         """Client side: client ``cid``'s DP-SGD for this round, drawing from the client's own secret."""
-        loc = self.cfg.privacy.local
+        loc = self.settings.privacy.local
         if loc is None:
             return None
         mech = self.units["instance"].mechanism(CLIENT_TRAINING)
         return LocalDPSGD(
             clip_norm=mech.clip_norm, noise_multiplier=mech.sigma, sample_rate=mech.sample_rate,
-            divisor=self.cfg.training.batch_size, stream=self.client_stream(cid), label=f"dp-sgd r{round_idx}",
+            divisor=self.settings.training.batch_size, stream=self.client_stream(cid), label=f"dp-sgd r{round_idx}",
         )  # fmt: skip
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
@@ -246,7 +270,7 @@ class DifferentialPrivacy(ProtocolLayer):
         # resume with the same secret draws (cohort, noise, batches are addressed by the round), so the same output
         first = round_idx > self.charged_round
         self.charged_round = max(self.charged_round, round_idx)
-        if self.cfg.privacy.local is not None and first:  # before the clients train (an aborted round used the data)
+        if self.settings.privacy.local is not None and first:  # before the clients train (an aborted round used the data)
             self.units["instance"].step(self.local_steps_per_round(), CLIENT_TRAINING)
         unit = self.units.get("client")
         if unit is None:
@@ -257,7 +281,7 @@ class DifferentialPrivacy(ProtocolLayer):
             unit.step()
         layer = self
 
-        on_clients = self.cfg.privacy.client.noise == "clients"
+        on_clients = self.settings.privacy.client.noise == "clients"
         noise_rows = self.noise_rows
 
         class _Noise(RoundWrapper):
@@ -331,10 +355,10 @@ class DifferentialPrivacy(ProtocolLayer):
         if unit is None:
             return inner
         step: dict[str, Any] = {"op": "dp.clip", "clip_norm": float(unit.clip_norm)}
-        if self.cfg.privacy.client.weight_cap is not None:
-            step["weight_cap"] = float(self.cfg.privacy.client.weight_cap)
+        if self.settings.privacy.client.weight_cap is not None:
+            step["weight_cap"] = float(self.settings.privacy.client.weight_cap)
         steps = [step]
-        if self.cfg.privacy.client.noise == "clients":
+        if self.settings.privacy.client.noise == "clients":
             full = unit.sigma * unit.clip_norm
             if on_node:
                 n = min_summands or self.env.num_clients
@@ -358,13 +382,13 @@ class DifferentialPrivacy(ProtocolLayer):
         reply = {**reply, "loss": 0.0}
         return add_client_noise(
             reply, std=std, rows_shape=rows_shape, stream=self.client_stream(data.client_id), label=label,
-            clip_norm=self.units["client"].clip_norm, finest_grid=encoding_grid(self.cfg),
+            clip_norm=self.units["client"].clip_norm, finest_grid=self.settings.encoding_grid,
         )  # fmt: skip
 
     def client_stream(self, cid: int) -> SecretStream:
         """Client side: client ``cid``'s own secret (fresh from os.urandom unless privacy.noise_seed is set)."""
         if cid not in self._client_streams:
-            self._client_streams[cid] = SecretStream.for_party(self.cfg.privacy.noise_seed, f"client {cid}")
+            self._client_streams[cid] = SecretStream.for_party(self.settings.privacy.noise_seed, f"client {cid}")
         return self._client_streams[cid]
 
     def cohort_uniforms(self, round_idx: int, num_clients: int) -> np.ndarray | None:
@@ -396,7 +420,7 @@ class DifferentialPrivacy(ProtocolLayer):
             return {"epsilon": "inf", "why": "each client's update is a function of its noisy DP-SGD steps (batches and "
                     "noise are the client's secrets), but its training loss and example count reach the server in the "
                     "clear (or, under a secure sum, their sums), outside DP-SGD"}  # fmt: skip
-        if self.cfg.privacy.client.noise == "server":
+        if self.settings.privacy.client.noise == "server":
             return {"epsilon": "inf", "why": "the server sees each clipped update before it adds the noise"}
         # noise: clients under a secure sum: every sum the server obtains carries ≥ σ²S² of noise, but the server
         # knows who sent an update, so sampling does not amplify: the same steps at q = 1
@@ -409,7 +433,7 @@ class DifferentialPrivacy(ProtocolLayer):
         reveal (the observer's ε is ∞, and so is the run's top-level ε)."""
         inst = self.units.get("instance")
         unnoised = []
-        if self.cfg.algorithm.name in LABEL_SET_ALGORITHMS and (inst is None or SERVER_STEP not in inst.mechanisms):
+        if self.settings.label_set_algorithm and (inst is None or SERVER_STEP not in inst.mechanisms):
             unnoised.append({"step": "label_set_collection", "released": ["W"],
                              "why": "W's label-set step is un-noised (the server's W update reads the clients' label sets "
                                     "in the clear; privacy.instance covers it)"})  # fmt: skip
@@ -427,7 +451,7 @@ class DifferentialPrivacy(ProtocolLayer):
                 target = rep["mechanisms"][SERVER_STEP] if "mechanisms" in rep else rep
                 target["sensitivity"] = SENSITIVITY_IN_CLIP_NORMS * m.clip_norm
                 target["sensitivity_note"] = note
-                target["expected_batch_size"] = self.cfg.privacy.instance.divisor(self.cfg.dataset)  # the public divisor
+                target["expected_batch_size"] = self.settings.instance_divisor  # the public divisor
             if name == "instance" and CLIENT_TRAINING in u.mechanisms:
                 m = u.mechanism(CLIENT_TRAINING)
                 target = rep["mechanisms"][CLIENT_TRAINING] if "mechanisms" in rep else rep
@@ -436,8 +460,8 @@ class DifferentialPrivacy(ProtocolLayer):
                     "C per step: adding or removing the instance adds or removes one clipped per-sample gradient; it "
                     f"enters up to {self.local_copies()} clients' training a round, each of those steps counted"
                 )
-            if (bound := self.cfg.privacy.max_labels_per_instance()) is not None and name in ("instance", "client"):
-                rep["contribution_bound"] = {"max_labels_per_instance": bound, "over_bound": self.cfg.privacy.over_bound}
+            if (bound := self.settings.privacy.max_labels_per_instance()) is not None and name in ("instance", "client"):
+                rep["contribution_bound"] = {"max_labels_per_instance": bound, "over_bound": self.settings.privacy.over_bound}
             observer = {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"}
             if unnoised:
                 observer = {"epsilon": "inf", "why": "; ".join(x["why"] for x in unnoised)}
@@ -445,11 +469,11 @@ class DifferentialPrivacy(ProtocolLayer):
                 "observer": observer,
                 "server": self._against_server(name, u),
             }
-            if name == "client" and self.cfg.privacy.client.weight_cap is not None:
+            if name == "client" and self.settings.privacy.client.weight_cap is not None:
                 rep["sensitivity"] = u.clip_norm
                 rep["sensitivity_note"] = (
                     f"each client's update is clipped to C, then scaled by min(w, W̄)/W̄ ≤ 1 with its eq. 2 weight w and "
-                    f"the public cap W̄ = {self.cfg.privacy.client.weight_cap:g}; it reports weight 1, so w is released "
+                    f"the public cap W̄ = {self.settings.privacy.client.weight_cap:g}; it reports weight 1, so w is released "
                     "only inside the noised sum"
                 )
             if name == "client":

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from protocols.crypto import SigningKey
+from protocols.layer_settings import SecureAggregationSettings
 from protocols.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.graph_bounds import graph_for, poisson_cohort_floor
@@ -25,7 +26,16 @@ from protocols.secagg.signing import ForgedMessage, read_directory, read_private
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
 from secure_fed.client_functions import client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.engine.layers import ProtocolLayer, RoundWrapper, StackEnv
+from secure_fed.engine.layers import (
+    ClientSide,
+    LayerState,
+    Ledger,
+    ProtocolLayer,
+    RoundWrapper,
+    SetupResult,
+    StackEnv,
+    StateScope,
+)
 from secure_fed.errors import ConfigError
 
 
@@ -33,15 +43,15 @@ class SecureAggregation(ProtocolLayer):
     name = "secure_aggregation"
     client_state_on_nodes = True  # the clients' long-term signing keys and pinned directories, from the set-up
 
-    def __init__(self, cfg, env: StackEnv):
-        super().__init__(cfg, env)
-        s = cfg.secure_aggregation
+    def __init__(self, settings: SecureAggregationSettings, env: StackEnv):
+        super().__init__(settings, env)
+        s = settings.section
         self.codec = FixedPoint(s.clip_range, s.frac_bits, s.modulus_bits)
         self.codec.check_capacity(env.num_clients)
         self.layout = env.update_layout()
         self._meta = self.layout.segments()["meta"]  # (weight, loss, 1): bookkeeping that must reach the sum exactly
         self.last_stats: dict[str, Any] = {}
-        self.transcripts: list | None = [] if cfg.output.log_messages else None
+        self.transcripts: list | None = [] if settings.log_messages else None
         self._round_clients: dict[int, SecAggClient] = {}  # client side: each client's secrets of the current round
         self._signers: dict[int, SigningKey] = {}  # client side: each client's own long-term signing key
         self._pinned: dict[int, dict[int, bytes]] = {}  # client side: the directory each client pinned at set-up
@@ -52,9 +62,29 @@ class SecureAggregation(ProtocolLayer):
         # cannot know which clients will be a target's neighbours (protocols.secagg.graph_bounds)
         self.graph_stream = SecretStream.for_party(s.graph_seed, "secagg-graph")
 
+    # ------------------------------------------------------------------ the hooks (secure_fed.engine.layers)
+    def setup(self, ctx) -> SetupResult:
+        """The signing-key set-up (:meth:`key_setup`)."""
+        facts = self.key_setup(lambda payload_fn: ctx.query(payload_fn, self._client_keys))
+        return SetupResult(facts={"secure_aggregation": facts})
+
+    def clients(self) -> ClientSide:
+        """Clients: the mask as the round plan's last step; the threshold each client checked at advertise."""
+        return ClientSide(plan_steps=self.client_plan_steps, min_summands=self.client_min_summands)
+
+    def ledger(self) -> Ledger:
+        """The round's diagnostics (survivors, timings, the graph's bounds)."""
+        return Ledger(round_stats=self.round_stats)
+
+    def state(self) -> LayerState:
+        """The signing-key directory (server), the graph secret (secret), each client's keys and round (client)."""
+        return LayerState(
+            server=StateScope(self.state_dict, self.load_state_dict),
+            client=StateScope(self.client_state_dict, self.load_client_state_dict),
+            secret=StateScope(self.secret_state_dict, self.load_secret_state_dict),
+        )
+
     # ------------------------------------------------------------------ one-off key set-up
-    def setup(self, ctx) -> dict[str, Any]:
-        return {"secure_aggregation": self.key_setup(lambda payload_fn: ctx.query(payload_fn, self._client_keys))}
 
     def key_setup(self, query) -> dict[str, Any]:
         """Signing keys, once a run (at :meth:`setup`, or before the first round of a caller that opens rounds
@@ -62,7 +92,7 @@ class SecureAggregation(ProtocolLayer):
         setup`` the directory is the one assembled from these answers (this exchange is trusted); with ``file`` each
         client reads ``directory.json`` itself, and the server checks the answers against it. ``query(payload_fn)``
         asks every client of the federation."""
-        s = self.cfg.secure_aggregation
+        s = self.settings.section
         replies = query(lambda cid: {"secagg_keys": "register"})
         directory = {int(cid): r["sign_pk"] for cid, r in replies}
         if s.key_source == "file":
@@ -83,7 +113,7 @@ class SecureAggregation(ProtocolLayer):
         no new one), and a second ``pin`` is refused unless it names the very directory pinned (a resumed run's
         set-up), so a server that turns malicious after the set-up cannot swap its own keys in for the neighbours'.
         With ``key_source: file`` the client pins the operator's ``directory.json`` and refuses any other."""
-        cid, s = data.client_id, self.cfg.secure_aggregation
+        cid, s = data.client_id, self.settings.section
         if payload["secagg_keys"] == "register":
             if cid not in self._signers:
                 self._signers[cid] = read_private_key(s.keys_dir, cid) if s.key_source == "file" else SigningKey()
@@ -146,7 +176,7 @@ class SecureAggregation(ProtocolLayer):
                 t,
                 signer=self._signers.get(cid),
                 directory=self._pinned.get(cid),
-                consistency=self.cfg.secure_aggregation.consistency_check,
+                consistency=self.settings.section.consistency_check,
             )
             self._round_clients[cid] = client
             return client.advertise()
@@ -177,9 +207,9 @@ class SecureAggregation(ProtocolLayer):
         fixed-size sampling; the size the server states under Poisson sampling, at most the federation's N), the
         graph k = :func:`graph_for` (n, config, N) would build, and t = ⌈τ(k + 1)⌉. A server that told a client
         it had one neighbour (a colluder) would make its "sum" that colluder's input plus its own."""
-        s, N = self.cfg.secure_aggregation, self.env.num_clients
+        s, N = self.settings.section, self.env.num_clients
         nbrs, t = [int(v) for v in payload["secagg_neighbours"]], int(payload["secagg_threshold"])
-        if self.cfg.training.sampling == "poisson":
+        if self.settings.training.sampling == "poisson":
             if "secagg_cohort" not in payload:
                 raise PermissionError(f"client {cid}: a secure aggregation round that does not state its cohort's size: "
                                       "refused")  # fmt: skip
@@ -191,7 +221,7 @@ class SecureAggregation(ProtocolLayer):
                     f"whose graph needs more than the ⌊γN⌋ colluders secure_aggregation.corrupt_fraction declares): refused"
                 )
         else:
-            n = self.cfg.training.cohort_size(N)
+            n = self.settings.training.cohort_size(N)
         if not 2 <= n <= N:
             raise PermissionError(f"client {cid}: a secure aggregation cohort of {n} of {N} clients: refused")
         choice = graph_for(n, s, population=N)
@@ -232,14 +262,18 @@ class SecureAggregation(ProtocolLayer):
                 f"secure_aggregation.clip_range {R:g} would clip client {data.client_id}'s {' and '.join(over)} (they "
                 "travel in the encoded sum): raise clip_range (lowering frac_bits to fit)"
             )
-        bits = self.cfg.secure_aggregation.modulus_bits
+        bits = self.settings.section.modulus_bits
         return {"masked": client.masked_input(x, alive, bits, encode=self.codec.encode_into)}
 
     def client_plan_steps(
         self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
     ) -> list[dict]:
         """Remote clients: the inner sessions' steps, then this round's mask (the last step before the wire)."""
-        mask = {"op": "layer:secure_aggregation.mask_step", "secagg_round": round_idx, "weighting": self.cfg.training.aggregation}
+        mask = {
+            "op": "layer:secure_aggregation.mask_step",
+            "secagg_round": round_idx,
+            "weighting": self.settings.training.aggregation,
+        }
         return [*inner, mask]
 
     def client_min_summands(self, cid: int, round_idx: int) -> int | None:
@@ -301,21 +335,21 @@ def _finite(x: float) -> float | None:
 class _SecAggRound(RoundWrapper):
     def __init__(self, layer: SecureAggregation, round_idx: int, inner: RoundSession):
         super().__init__(inner)
-        cfg = layer.cfg.secure_aggregation
+        sa = layer.settings.section
         self.layer = layer
         self.round_idx = round_idx
-        self.bits = cfg.modulus_bits
+        self.bits = sa.modulus_bits
         cohort = sorted(int(c) for c in inner.cohort)
         if len(cohort) == 1:  # its "sum" is its own update: nothing to hide it among
             raise SecAggAbort(f"round {round_idx}: a cohort of one client, whose secure sum would be its own update")
-        if layer.cfg.training.sampling == "poisson" and cohort:  # clients refuse a stated cohort below the public floor
-            floor = poisson_cohort_floor(layer.env.num_clients, cfg)  # (an empty cohort sums nothing: no abort)
+        if layer.settings.training.sampling == "poisson" and cohort:  # clients refuse a stated cohort below the public floor
+            floor = poisson_cohort_floor(layer.env.num_clients, sa)  # (an empty cohort sums nothing: no abort)
             if len(cohort) < floor:
                 raise SecAggAbort(f"round {round_idx}: a Poisson cohort of {len(cohort)}, below the public floor {floor}")
         if layer.directory is None:  # rounds opened without the run's set-up: the key set-up first
             everyone = list(range(layer.env.num_clients))
             layer.key_setup(lambda fn: layer.env.call_clients(everyone, fn, layer._client_keys))
-        self.choice = graph_for(len(cohort), cfg, population=layer.env.num_clients)
+        self.choice = graph_for(len(cohort), sa, population=layer.env.num_clients)
         self.graph = neighbour_graph(cohort, self.choice.neighbors, seed=layer.graph_seed(round_idx))
         self.t = self.choice.threshold  # ⌈τ·(degree + 1)⌉ of the graph built (each client checks it at advertise)
         self.t_setup = self.t_mask = 0.0
@@ -324,9 +358,9 @@ class _SecAggRound(RoundWrapper):
             self.u2 = self.cohort = []
             self._set_min_summands(self.t)
             return
-        rng = np.random.default_rng([layer.cfg.seed, 31, round_idx])
+        rng = np.random.default_rng([layer.env.seed, 31, round_idx])
         self.drops = {
-            stage: {u for u in cohort if rng.random() < cfg.dropout} for stage in ("advertise", "share", "input", "unmask")
+            stage: {u for u in cohort if rng.random() < sa.dropout} for stage in ("advertise", "share", "input", "unmask")
         }
         t0 = time.perf_counter()
         self.server = SecAggServer(
@@ -381,7 +415,7 @@ class _SecAggRound(RoundWrapper):
             return self.inner.post(self.layer.layout.unflatten_sum(np.zeros(self.layer.layout.size), self.device))
         t0 = time.perf_counter()
         u3, dropped = self.server.request_unmasking()  # aborts here, before any share is asked for, if U3's graph splits
-        if self.layer.cfg.secure_aggregation.consistency_check:  # each survivor signs the U3 it is told, once
+        if self.layer.settings.section.consistency_check:  # each survivor signs the U3 it is told, once
             signed = self._call(sorted(u3), lambda u: {"secagg": "consistency", "secagg_survived": sorted(u3)})
             self.server.collect_signatures({u: r["secagg_signature"] for u, r in signed})
         asked = [u for u in sorted(u3) if u not in self.drops["unmask"]]

@@ -1,32 +1,54 @@
 """The protocol-layer interface, and the stack that composes the configured layers.
 
-A layer wraps an algorithm the way Flower strategies wrap strategies and
-client *mods* wrap client apps. It may
+A layer wraps an algorithm the way Flower strategies wrap strategies and client *mods* wrap client apps. Its
+interface is six hooks, by phase (:class:`ProtocolLayer`):
 
-* run a one-off protocol before training (:meth:`ProtocolLayer.setup`, e.g.
-  run-key agreement), with client-side state that the server never holds;
-* wrap the client function (:meth:`ProtocolLayer.client_mod`, e.g. keyed
-  tokens, clipping);
-* wrap each round's aggregation (:meth:`ProtocolLayer.open_round`: secure
-  aggregation and CKKS replace how wire messages are summed, DP post-processes
-  the sums);
-* wrap the server's step on W (:meth:`ProtocolLayer.wrap_algorithm`);
-* keep a privacy ledger and stop training before its budget is exceeded.
+=====================  ==========================  ==========================================================
+phase                  hook                        what it may see
+=====================  ==========================  ==========================================================
+before round 0         ``setup(ctx)``              :class:`ProtocolSetup`: guarded exchanges with the clients,
+                       → :class:`SetupResult`      the public label names; its client functions run with the
+                                                   clients' data, the server half sees only their replies.
+                                                   Gives facts, W's row order, a wrapper of the label-set query
+build time             ``wrap_algorithm(algo)``    the algorithm's server step on W (e.g. DP-SGD over label sets)
+client side            ``clients()``              a :class:`ClientSide`: the client mod, the local DP-SGD
+                       → :class:`ClientSide`       privatizer, the plan steps and their check on a remote node,
+                                                   the client's row order; reads the clients' own state only
+each round             ``open_round(r, inner)``    a :class:`RoundWrapper` around the round's session: how wire
+                       → :class:`RoundSession`     messages are summed (secure aggregation, CKKS) or what the
+                                                   server does to the sums (DP noise); the server half sees wire
+                                                   messages and sums only
+across rounds          ``ledger()``                a :class:`Ledger`: budget stop, secret cohort sampling,
+                       → :class:`Ledger`           after-round bookkeeping, privacy report, round stats and the
+                                                   operator's private report (server side, public facts and the
+                                                   server's own secrets)
+checkpoints            ``state()``                 a :class:`LayerState`: server, client and secret scopes, each
+                       → :class:`LayerState`       stored apart (the server never holds the client scope)
+=====================  ==========================  ==========================================================
 
-Layers compose in the order of the YAML ``protocols:`` list, innermost (closest
-to the client's training) first: for ``[dp, secure_aggregation]`` a client
-clips, then masks; the server unmasks, then adds noise.
+A layer is built as ``Layer(settings, env)``: its spec's ``settings(cfg)`` (:class:`~secure_fed.specs.LayerSpec`)
+extracts, in one place, the layer's own typed settings from the run's config (its section and the few public facts
+of other sections it needs); :class:`StackEnv` holds the run's public facts (the federation's size, the model's
+shapes, a guarded exchange with clients). No layer receives the whole config. Shared randomness that a guarantee
+relies on comes from :class:`protocols.randomness.SecretStream`, drawn by the party that holds its key.
 
-This module is the interface only; the layers themselves live above the core
-(``protocols/``) and are found through the ``secure_fed.layers`` entry points
-(:mod:`secure_fed.specs`).
+In process, one layer object holds both halves (the simulator); on Flower each node builds its own copy of the
+layers from the same config and holds its clients' state, the server's copy none (:mod:`secure_fed.engine.flower`).
+A layer's client-side methods that a remote node may run by name are marked
+:func:`~secure_fed.client_functions.client_side`.
+
+Layers compose in the order of the YAML ``protocols:`` list, innermost (closest to the client's training) first:
+for ``[dp, secure_aggregation]`` a client clips, then masks; the server unmasks, then adds noise.
+
+This module is the interface only; the layers themselves live above the core (``protocols/``) and are found
+through the ``secure_fed.layers`` entry points (:mod:`secure_fed.specs`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from secure_fed.algorithms.base import ClientData, ClientFn, Payload
@@ -35,7 +57,6 @@ from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
 
 if TYPE_CHECKING:
     from secure_fed.algorithms.base import Algorithm
-    from secure_fed.config.schema import ExperimentConfig
 
 
 @dataclass
@@ -149,7 +170,7 @@ class RoundWrapper(RoundSession):
     def client_plan(self) -> list[dict]:
         """A wrapper whose ``client_mod`` adds a client-side step must describe it here too (a registered step,
         :func:`~secure_fed.client_functions.client_step`), or refuse: by default it adds none. Build it with the
-        layer's :meth:`ProtocolLayer.client_plan_steps`, which a remote node uses to check the plan it receives."""
+        layer's :attr:`ClientSide.plan_steps`, which a remote node uses to check the plan it receives."""
         return self.inner.client_plan()
 
     def _set_min_summands(self, n: int) -> None:
@@ -179,220 +200,285 @@ class RoundWrapper(RoundSession):
         return agg
 
 
+@dataclass(frozen=True)
+class SetupResult:
+    """What a layer's one-off protocol (:meth:`ProtocolLayer.setup`) gives the run.
+
+    Attributes:
+        facts: facts for the (private) summary.
+        row_order: the row of W each label lives in (``order[l]``, a permutation), when the layer decided W's row
+            order (keyed label pseudonyms); None leaves rows in label order. The engine re-indexes the clients'
+            labels and the test labels with it (simulator bookkeeping; the server only knows rows).
+        wrap_query: wraps the setup-time exchange the algorithm runs next (label-set collection), or None.
+    """
+
+    facts: dict[str, Any] = field(default_factory=dict)
+    row_order: Any = None
+    wrap_query: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class ClientSide:
+    """What a layer runs on the clients (in process, or in a remote node's copy of the run): each field None where
+    the layer adds nothing. It reads the clients' own state (their keys and secret streams), which server code
+    never receives.
+
+    Attributes:
+        mod: ``mod(fn) -> fn``: wraps the client's training function every round (e.g. keyed tokens, clipping).
+        privatizer: ``privatizer(cid, round_idx)``: a :class:`~secure_fed.algorithms.per_sample.GradientPrivatizer`
+            that turns client ``cid``'s local training in this round into DP-SGD (its randomness the client's own
+            secret), or None.
+        plan_steps: ``plan_steps(inner, *, round_idx, min_summands=None, on_node=False)``: the round's client plan
+            (:meth:`RoundSession.client_plan`) as this layer's session builds it around the plan of the sessions
+            inside it (``inner``), from this copy of the run's settings. The server's session builds its plan with
+            it (and the round's ``min_summands``); a remote node calls it ``on_node``, through
+            :meth:`ProtocolStack.check_client_plan`, with the count its own state knows (``min_summands`` below)
+            or None: a value the node cannot know exactly is then a :class:`Bounds` range.
+        check_payload: ``check_payload(cid, round_idx, payload, plan)``: on a remote node, before client ``cid``
+            trains round ``round_idx`` on ``payload`` under ``plan``, refuse (PermissionError) what this layer's
+            client-side randomness cannot take (e.g. a round trained before on another payload or plan), and
+            remember what it needs in the client's state.
+        min_summands: ``min_summands(cid, round_idx)``: the fewest updates the round's secure sum holds, as client
+            ``cid``'s own state knows it (e.g. the SecAgg threshold it checked against its settings), or None.
+        row_order: ``row_order(held, label_names)``: in a remote client's copy of the run, the row order the
+            layer's setup gave the server, computed from this client's own state (``held``: client id → its labels
+            in label order), or None.
+    """
+
+    mod: Callable[[ClientFn], ClientFn] | None = None
+    privatizer: Callable[[int, int], GradientPrivatizer | None] | None = None
+    plan_steps: Callable[..., list[dict]] | None = None
+    check_payload: Callable[[int, int, Payload, list[dict]], None] | None = None
+    min_summands: Callable[[int, int], int | None] | None = None
+    row_order: Callable[[dict[int, list[int]], list[str]], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """A layer's accounting across rounds (server side): each field None where the layer keeps none.
+
+    Attributes:
+        budget_stop: ``budget_stop(round_idx)``: a reason to stop *before* this round, or None.
+        cohort_uniforms: ``cohort_uniforms(round_idx, num_clients)``: uniform draws (one per client) for this
+            round's client sampling when the layer's guarantee needs the sample to be secret (DP amplification by
+            sampling), from the server's secret; None leaves sampling to the public seed.
+        after_round: ``after_round(round_idx)``: called once the round's updates are applied.
+        privacy: ``privacy()``: per-unit privacy entries this layer accounts for.
+        round_stats: ``round_stats()``: this round's diagnostics (private: private/diagnostics.jsonl, never a
+            released file).
+        private_report: ``private_report()``: run-level diagnostics of private data for the operator
+            (private/summary.json).
+    """
+
+    budget_stop: Callable[[int], str | None] | None = None
+    cohort_uniforms: Callable[[int, int], Any] | None = None
+    after_round: Callable[[int], None] | None = None
+    privacy: Callable[[], dict[str, Any]] | None = None
+    round_stats: Callable[[], dict[str, Any]] | None = None
+    private_report: Callable[[], dict[str, Any]] | None = None
+
+
+def _no_state() -> dict[str, Any]:
+    return {}
+
+
+def _load_nothing(state: dict[str, Any]) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class StateScope:
+    """One scope of a layer's state: ``save() -> dict`` and ``load(dict)`` (a missing scope saves ``{}``)."""
+
+    save: Callable[[], dict[str, Any]] = _no_state
+    load: Callable[[dict[str, Any]], None] = _load_nothing
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """A layer's state in its three scopes, each stored apart.
+
+    Attributes:
+        server: server-side state, in the server checkpoint (with the model).
+        client: the clients' state (their keys, secret streams), in the clients' own storage (``clients.pt``, or
+            the Flower nodes' state), never in a server file.
+        secret: the server's secrets (e.g. the key behind DP noise), in a private checkpoint of their own, never
+            the server checkpoint that holds the model, never a released file.
+    """
+
+    server: StateScope = StateScope()
+    client: StateScope = StateScope()
+    secret: StateScope = StateScope()
+
+
 class ProtocolLayer:
-    """Base class. Subclasses set ``name`` and override hooks; the layer's spec
-    (:class:`~secure_fed.specs.LayerSpec`) holds its threat model and config rules."""
+    """Base class of a protocol layer: set ``name``, take the layer's settings, override the hooks it needs.
+
+    The hooks, by phase (the stack calls nothing else on a layer):
+
+    * :meth:`setup`: once before round 0 (the one-off protocol: key agreement, W's row order, the wrapper of the
+      algorithm's label-set query);
+    * :meth:`wrap_algorithm`: once, when the run is built (the server's step on W);
+    * :meth:`clients`: what runs on the clients (:class:`ClientSide`);
+    * :meth:`open_round`: each round, the session that sums the wire messages (secure sum, encryption) or
+      post-processes the sum (noise);
+    * :meth:`ledger`: the accounting across rounds (:class:`Ledger`: budget, secret sampling, reports);
+    * :meth:`state`: what a checkpoint saves, in three scopes (:class:`LayerState`).
+
+    The layer is built as ``Layer(settings, env)``: ``settings`` is what its spec's ``settings(cfg)`` extracts from
+    the run's config (:class:`~secure_fed.specs.LayerSpec`; the layer's own section and the few public facts of
+    other sections it needs), ``env`` the run's public facts (:class:`StackEnv`); never the whole config. The
+    layer's spec holds its threat model and config rules."""
 
     name: ClassVar[str] = ""
     #: its clients keep secrets (e.g. keyrings) on the Flower nodes: in the nodes' ``context.state`` and their own
     #: storage, which a resumed run takes up again (each node must have it; :mod:`secure_fed.engine.flower.apps`)
     client_state_on_nodes: ClassVar[bool] = False
 
-    def __init__(self, cfg: ExperimentConfig, env: StackEnv):
-        self.cfg = cfg
+    def __init__(self, settings: Any, env: StackEnv):
+        self.settings = settings
         self.env = env
 
-    def setup(self, ctx: ProtocolSetup) -> dict[str, Any]:
-        """A one-off protocol before round 0; returns facts for the (private) summary."""
-        return {}
-
-    def row_order(self) -> Any:
-        """After :meth:`setup`: the row of W each label lives in (``order[l]``, a permutation), when the layer
-        decided W's row order (keyed label pseudonyms); None leaves rows in label order. The engine re-indexes
-        the clients' labels and the test labels with it (simulator bookkeeping; the server only knows rows)."""
-        return None
-
-    def wrap_query(self, query):
-        """Wrap the setup-time exchange the algorithm uses (label-set collection)."""
-        return query
-
-    def client_row_order(self, held: dict[int, list[int]], label_names: list[str]) -> Any:
-        """Client side, in a remote client's copy of the run: the row order :meth:`row_order` gave the server,
-        computed from this client's own state (``held``: client id → its labels in label order), or None."""
-        return None
+    def setup(self, ctx: ProtocolSetup) -> SetupResult:
+        """The one-off protocol before round 0 (:class:`SetupResult`)."""
+        return SetupResult()
 
     def wrap_algorithm(self, algorithm: Algorithm) -> None:
         """Replace the algorithm's server steps where the layer must (e.g. DP-SGD on W)."""
 
-    def client_mod(self, fn: ClientFn) -> ClientFn:
-        """Wrap the client's training function (every round)."""
-        return fn
-
-    def local_privatizer(self, cid: int, round_idx: int) -> GradientPrivatizer | None:
-        """Client side: a :class:`~secure_fed.algorithms.per_sample.GradientPrivatizer` that turns client ``cid``'s
-        local training in this round into DP-SGD (its randomness the client's own secret), or None."""
-        return None
+    def clients(self) -> ClientSide:
+        """What the layer runs on the clients (asked once, when the stack is built)."""
+        return ClientSide()
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
+        """This round's session around ``inner`` (a :class:`RoundWrapper`), or ``inner`` itself."""
         return inner
 
-    def client_plan_steps(
-        self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
-    ) -> list[dict]:
-        """The round's client plan (:meth:`RoundSession.client_plan`) as this layer's session builds it around the
-        plan of the sessions inside it (``inner``), from this copy of the run's config. The server's session calls
-        it with the round's ``min_summands`` (the fewest updates a completed sum holds); a remote node calls it
-        ``on_node``, through :meth:`ProtocolStack.check_client_plan`, to check the plan the server sent, with the
-        count its own protocol state knows (:meth:`client_min_summands`) or None: a value the node cannot know
-        exactly is then a :class:`Bounds` range. The default: the layer adds no client step."""
-        return inner
+    def ledger(self) -> Ledger:
+        """The layer's accounting across rounds (asked once, when the stack is built)."""
+        return Ledger()
 
-    def check_round_payload(self, cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:
-        """Client side, on a remote node, before client ``cid`` trains round ``round_idx`` on ``payload`` under
-        ``plan``: refuse (PermissionError) what this layer's client-side randomness cannot take, e.g. a round
-        trained before on another payload or plan (randomness addressed by the round would repeat); remember what
-        it needs in the client's state. The default: nothing to check."""
-
-    def client_min_summands(self, cid: int, round_idx: int) -> int | None:
-        """Client side: the fewest updates round ``round_idx``'s secure sum holds, as client ``cid``'s own state for
-        this layer knows it (e.g. the SecAgg threshold it checked against its config), or None."""
-        return None
-
-    def budget_stop(self, round_idx: int) -> str | None:
-        """A reason to stop *before* this round, or None."""
-        return None
-
-    def cohort_uniforms(self, round_idx: int, num_clients: int) -> Any:
-        """Uniform draws (one per client) for this round's client sampling when the layer's guarantee needs the
-        sample to be secret (DP amplification by sampling); None leaves sampling to the public seed."""
-        return None
-
-    def after_round(self, round_idx: int) -> None:
-        """Called once the round's updates are applied."""
-
-    def privacy(self) -> dict[str, Any]:
-        """Per-unit privacy entries this layer accounts for (``{}`` if none)."""
-        return {}
-
-    def round_stats(self) -> dict[str, Any]:
-        """This round's diagnostics (private: they go to private/diagnostics.jsonl, never to a released file)."""
-        return {}
-
-    def private_report(self) -> dict[str, Any]:
-        """Run-level diagnostics of private data for the operator (private/summary.json)."""
-        return {}
-
-    # server-side state (goes into the server checkpoint) and client-side state (clients' own storage)
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def client_state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_client_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    # server-side secrets (e.g. the key behind DP noise): a private checkpoint of their own, never the
-    # server checkpoint that holds the model, never a released file
-    def secret_state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_secret_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+    def state(self) -> LayerState:
+        """The layer's state, by scope (asked once, when the stack is built)."""
+        return LayerState()
 
 
 class ProtocolStack:
-    """The configured layers, built from the registered specs and composed in list order."""
+    """The configured layers, built from the registered specs and composed in list order.
+
+    Each layer gets its spec's settings (``spec.settings(cfg)``) and the run's public facts; the stack asks each
+    layer once for its :class:`ClientSide`, :class:`Ledger` and :class:`LayerState` and composes them."""
 
     def __init__(self, cfg, env: StackEnv):
         from secure_fed.specs import layer_specs
 
         specs = layer_specs()
-        self.layers: list[ProtocolLayer] = [specs[n].load()(cfg, env) for n in cfg.protocols]
+        self.layers: list[ProtocolLayer] = [specs[n].load()(specs[n].layer_settings(cfg), env) for n in cfg.protocols]
+        self._clients = [layer.clients() for layer in self.layers]
+        self._ledgers = [layer.ledger() for layer in self.layers]
+        self._states = [layer.state() for layer in self.layers]
+        self._query_wrappers: list[Callable[[Any], Any]] = []
 
     def __bool__(self) -> bool:
         return bool(self.layers)
 
-    def _fold(self, method: str, value):
-        for layer in self.layers:
-            value = getattr(layer, method)(value)
-        return value
+    def _hooks(self, parts: list, field_name: str) -> list[Callable]:
+        """The non-None ``field_name`` of each layer's part (its :class:`ClientSide` or :class:`Ledger`), in order."""
+        return [f for part in parts if (f := getattr(part, field_name)) is not None]
 
-    def _merged(self, method: str) -> dict[str, Any]:
+    def _merged(self, field_name: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for layer in self.layers:
-            out.update(getattr(layer, method)())
+        for f in self._hooks(self._ledgers, field_name):
+            out.update(f())
         return out
-
-    def setup(self, ctx: ProtocolSetup, *, on_row_order: Callable[[Any], None]) -> dict[str, Any]:
-        """Each layer's setup in order; after each, its row order (if it set one) goes to ``on_row_order``
-        before the next layer sets up (so every later layer sees the rows as they will be)."""
-        facts: dict[str, Any] = {}
-        for layer in self.layers:
-            facts.update(layer.setup(ctx))
-            if (order := layer.row_order()) is not None:
-                on_row_order(order)
-        return facts
-
-    def wrap_query(self, query):
-        return self._fold("wrap_query", query)
 
     def by_name(self) -> dict[str, ProtocolLayer]:
         return {layer.name: layer for layer in self.layers}
 
-    def client_row_order(self, held: dict[int, list[int]], label_names: list[str]) -> Any:
+    # ------------------------------------------------------------------ before round 0
+    def setup(self, ctx: ProtocolSetup, *, on_row_order: Callable[[Any], None]) -> dict[str, Any]:
+        """Each layer's setup in order; after each, its row order (if it set one) goes to ``on_row_order``
+        before the next layer sets up (so every later layer sees the rows as they will be)."""
+        facts: dict[str, Any] = {}
+        self._query_wrappers = []
         for layer in self.layers:
-            if (perm := layer.client_row_order(held, label_names)) is not None:
-                return perm
-        return None
+            result = layer.setup(ctx)
+            facts.update(result.facts)
+            if result.row_order is not None:
+                on_row_order(result.row_order)
+            if result.wrap_query is not None:
+                self._query_wrappers.append(result.wrap_query)
+        return facts
+
+    def wrap_query(self, query):
+        """The algorithm's setup query, wrapped by the layers whose setup gave a wrapper (innermost first)."""
+        for wrap in self._query_wrappers:
+            query = wrap(query)
+        return query
 
     def wrap_algorithm(self, algorithm) -> None:
         for layer in self.layers:
             layer.wrap_algorithm(algorithm)
 
+    # ------------------------------------------------------------------ client side
+    def client_row_order(self, held: dict[int, list[int]], label_names: list[str]) -> Any:
+        for f in self._hooks(self._clients, "row_order"):
+            if (perm := f(held, label_names)) is not None:
+                return perm
+        return None
+
     def client_mod(self, fn):
-        return self._fold("client_mod", fn)
+        for mod in self._hooks(self._clients, "mod"):
+            fn = mod(fn)
+        return fn
 
     def local_privatizer(self, cid: int, round_idx: int) -> GradientPrivatizer | None:
         """The privatizer of client ``cid``'s local training (at most one layer may give one)."""
-        found = [p for layer in self.layers if (p := layer.local_privatizer(cid, round_idx)) is not None]
+        found = [p for f in self._hooks(self._clients, "privatizer") if (p := f(cid, round_idx)) is not None]
         if len(found) > 1:
             raise ValueError("two protocol layers each turn client training into DP-SGD; list one")
         return found[0] if found else None
 
+    def check_client_plan(self, plan: Any, *, round_idx: int, cid: int | None = None) -> None:
+        """Client side, on a remote node (client ``cid``): refuse (PermissionError, one line) a round plan that is
+        not the one this node's copy of the run's settings gives, i.e. every layer's
+        :attr:`ClientSide.plan_steps` composed as the server's sessions compose them. A server cannot drop a step
+        (the clip, the mask), add one, reorder them, weaken one (a larger clip norm, a smaller noise share than the
+        round's secure sum allows) or point one at another round."""
+        mins = self._hooks(self._clients, "min_summands")
+        known = [n for f in mins if cid is not None and (n := f(cid, round_idx))]
+        expected: list[dict] = []
+        for steps in self._hooks(self._clients, "plan_steps"):
+            expected = steps(expected, round_idx=round_idx, min_summands=known[0] if known else None, on_node=True)
+        if (why := plan_mismatch(plan, expected)) is not None:
+            raise PermissionError(f"the server's plan for round {round_idx} {why}: refused")
+
+    def check_round_payload(self, cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:
+        """Client side, on a remote node: every layer's :attr:`ClientSide.check_payload`."""
+        for f in self._hooks(self._clients, "check_payload"):
+            f(cid, round_idx, payload, plan)
+
+    # ------------------------------------------------------------------ rounds
     def open_round(self, round_idx: int, base: RoundSession) -> RoundSession:
         session = base
         for layer in self.layers:
             session = layer.open_round(round_idx, session)
         return session
 
-    def check_client_plan(self, plan: Any, *, round_idx: int, cid: int | None = None) -> None:
-        """Client side, on a remote node (client ``cid``): refuse (PermissionError, one line) a round plan that is
-        not the one this node's copy of the run's config gives, i.e. every layer's
-        :meth:`~ProtocolLayer.client_plan_steps` composed as the server's sessions compose them. A server cannot
-        drop a step (the clip, the mask), add one, reorder them, weaken one (a larger clip norm, a smaller noise
-        share than the round's secure sum allows) or point one at another round."""
-        known = [n for layer in self.layers if cid is not None and (n := layer.client_min_summands(cid, round_idx))]
-        expected: list[dict] = []
-        for layer in self.layers:
-            expected = layer.client_plan_steps(
-                expected, round_idx=round_idx, min_summands=known[0] if known else None, on_node=True
-            )
-        if (why := plan_mismatch(plan, expected)) is not None:
-            raise PermissionError(f"the server's plan for round {round_idx} {why}: refused")
-
-    def check_round_payload(self, cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:
-        """Client side, on a remote node: every layer's :meth:`~ProtocolLayer.check_round_payload`."""
-        for layer in self.layers:
-            layer.check_round_payload(cid, round_idx, payload, plan)
-
+    # ------------------------------------------------------------------ the ledgers
     def after_round(self, round_idx: int) -> None:
-        for layer in self.layers:
-            layer.after_round(round_idx)
+        for f in self._hooks(self._ledgers, "after_round"):
+            f(round_idx)
 
     def budget_stop(self, round_idx: int) -> str | None:
-        for layer in self.layers:
-            if why := layer.budget_stop(round_idx):
+        for f in self._hooks(self._ledgers, "budget_stop"):
+            if why := f(round_idx):
                 return why
         return None
 
     def cohort_uniforms(self, round_idx: int, num_clients: int):
-        for layer in self.layers:
-            u = layer.cohort_uniforms(round_idx, num_clients)
-            if u is not None:
+        for f in self._hooks(self._ledgers, "cohort_uniforms"):
+            if (u := f(round_idx, num_clients)) is not None:
                 return u
         return None
 
@@ -405,23 +491,28 @@ class ProtocolStack:
     def round_stats(self) -> dict[str, Any]:
         return self._merged("round_stats")
 
+    # ------------------------------------------------------------------ state, by scope
+    def _save(self, scope: str) -> dict[str, Any]:
+        return {layer.name: getattr(st, scope).save() for layer, st in zip(self.layers, self._states, strict=True)}
+
+    def _load(self, scope: str, state: dict[str, Any]) -> None:
+        for layer, st in zip(self.layers, self._states, strict=True):
+            getattr(st, scope).load(state.get(layer.name, {}))
+
     def state_dict(self) -> dict[str, Any]:
-        return {layer.name: layer.state_dict() for layer in self.layers}
+        return self._save("server")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for layer in self.layers:
-            layer.load_state_dict(state.get(layer.name, {}))
+        self._load("server", state)
 
     def client_state_dict(self) -> dict[str, Any]:
-        return {layer.name: layer.client_state_dict() for layer in self.layers}
+        return self._save("client")
 
     def load_client_state_dict(self, state: dict[str, Any]) -> None:
-        for layer in self.layers:
-            layer.load_client_state_dict(state.get(layer.name, {}))
+        self._load("client", state)
 
     def secret_state_dict(self) -> dict[str, Any]:
-        return {layer.name: layer.secret_state_dict() for layer in self.layers}
+        return self._save("secret")
 
     def load_secret_state_dict(self, state: dict[str, Any]) -> None:
-        for layer in self.layers:
-            layer.load_secret_state_dict(state.get(layer.name, {}))
+        self._load("secret", state)

@@ -407,8 +407,8 @@ def test_h2_a_client_refuses_a_second_advertise_of_a_round_with_another_payload(
 
     layer = _set_up_layer(tmp_path, "secure_aggregation.neighbors=4")
     choice_n = layer.env.num_clients
-    assert layer.cfg.training.cohort_size(choice_n) == choice_n
-    ch = graph_for(choice_n, layer.cfg.secure_aggregation, population=layer.env.num_clients)
+    assert layer.settings.training.cohort_size(choice_n) == choice_n
+    ch = graph_for(choice_n, layer.settings.section, population=layer.env.num_clients)
     k = ch.neighbors if ch.neighbors is not None else choice_n - 1
     nbrs = [v for v in range(choice_n) if v != 0][:k]
     msg = {"secagg": "advertise", "secagg_round": 5, "secagg_neighbours": nbrs, "secagg_threshold": ch.threshold,
@@ -423,7 +423,7 @@ def test_h2_a_client_refuses_a_second_advertise_of_a_round_with_another_payload(
     from protocols.secagg.layer import SecureAggregation
 
     back = SecureAggregation.__new__(SecureAggregation)
-    back.cfg, back.env = layer.cfg, layer.env
+    back.settings, back.env = layer.settings, layer.env
     back.load_client_state_dict(state)
     del back._round_clients[0]  # even without the round's secrets
     with pytest.raises(PermissionError, match="again"):
@@ -500,7 +500,7 @@ def test_h3_under_poisson_sampling_a_stated_cohort_below_the_public_floor_is_ref
 
     layer = _set_up_layer(tmp_path, "training.sampling=poisson", "training.client_fraction=0.5",
                           "secure_aggregation.corrupt_fraction=0.25")  # fmt: skip
-    n_fed, s = layer.env.num_clients, layer.cfg.secure_aggregation
+    n_fed, s = layer.env.num_clients, layer.settings.section
     floor = poisson_cohort_floor(n_fed, s)
     assert floor == 4  # independently: the complete graph of n has t = ⌈0.6·n⌉, and ⌊0.25·8⌋ = 2 < t from n = 4 on
     for n in (2, 3):

@@ -62,7 +62,7 @@ def test_exact_decryptions_give_the_key_and_the_layers_noisy_ones_do_not(tmp_pat
 
     # the layer's release: the exact values plus the holder's noise of the configured std ...
     released = [r[:SLOTS] for _, r in rounds]
-    std = layer.cfg.ckks.decryption_noise
+    std = layer.settings.section.decryption_noise
     for r, z in zip(released, exact, strict=True):
         assert r.dtype == np.float64 and 0.9 * std < float(np.std(r - z.real)) < 1.1 * std
         assert abs(float(np.mean(r - z.real))) < 5 * std / SLOTS**0.5
@@ -82,7 +82,7 @@ def test_the_decryption_noise_is_the_key_holders_secret(tmp_path):
     keys_a = {h: v["noise"] for h, v in layer_a._holders.items()}
     keys_b = {h: v["noise"] for h, v in layer_b._holders.items()}
     assert keys_a.keys() == keys_b.keys() and all(keys_a[h] != keys_b[h] for h in keys_a)
-    a, b, std = rounds_a[0][1], rounds_b[0][1], layer_a.cfg.ckks.decryption_noise
+    a, b, std = rounds_a[0][1], rounds_b[0][1], layer_a.settings.section.decryption_noise
     assert np.allclose(a, b, atol=1e-4)  # the same round, up to the noise and CKKS's own error
     assert float(np.std(a - b)) > std  # independent draws: about √2 σ, and CKKS's own errors on top
 
