@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from secure_fed.config.secret_fields import SECRET
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -108,6 +110,7 @@ class PrivacyConfig(_Strict):
         description="debugging only: derive every DP noise and sampling draw, and the CKKS key holders' decryption "
         "noise, from this number, so runs repeat; the ε (and CKKS's protection of the key) then does not hold against "
         "anyone who knows it. Default: fresh secrets from os.urandom, kept in private checkpoints",
+        json_schema_extra=SECRET,
     )
     instance: InstanceDPConfig | None = Field(
         None, description="instance unit: DP-SGD on the server's class-embedding update over label sets (fedalc)"
@@ -192,6 +195,7 @@ class SecureAggregationConfig(_Strict):
         description="null: each round's neighbour graph comes from a secret the server draws (kept in its private "
         "checkpoint), so colluders fixed before the run cannot aim at a client; a number: a public graph, for debugging "
         "(the bounds then do not hold against colluders who know it)",
+        json_schema_extra=SECRET,
     )
     clip_range: float = Field(1.0e4, gt=0.0, le=1e12, description="values are clipped to [-R, R] before fixed-point encoding")
     frac_bits: int = Field(24, ge=4, le=40, description="fixed-point fractional bits")

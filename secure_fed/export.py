@@ -6,7 +6,8 @@ it lie the clients' and the server's secrets. The export holds exactly :data:`EX
 
 * ``theta``: the encoder's parameters, ``W``: the class embeddings (None for a model without them), each tensor
   copied into its own storage (``torch.save`` writes a view's whole storage, which could hold more);
-* ``config``: the run's config, less its secret settings (:data:`SECRET_SETTINGS`);
+* ``config``: the run's config, less every setting its section marks secret
+  (:mod:`secure_fed.config.secret_fields`: e.g. the seeds of DP noise or of secure aggregation's graph);
 * ``privacy``: the released privacy report (``summary.json``'s ``privacy``).
 """
 
@@ -21,17 +22,15 @@ from secure_fed.run_files import PRIVACY_RECORD
 from secure_fed.run_status import trained
 
 EXPORT_KEYS = ("theta", "W", "config", PRIVACY_RECORD)
-#: settings whose value is a secret (a seed of DP noise or of secure aggregation's graph): never exported
-SECRET_SETTINGS = (("privacy", "noise_seed"), ("secure_aggregation", "graph_seed"))
 
 
 def public_config(doc: dict[str, Any]) -> dict[str, Any]:
-    """The config without :data:`SECRET_SETTINGS`."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.items()}
-    for section, key in SECRET_SETTINGS:
-        if isinstance(out.get(section), dict):
-            out[section].pop(key, None)
-    return out
+    """The config mapping without the settings its sections mark secret (found in the config model, plugin sections
+    included, so the core names none)."""
+    from secure_fed.config.schema import experiment_config_model
+    from secure_fed.config.secret_fields import secret_paths, without_secrets
+
+    return without_secrets(doc, secret_paths(experiment_config_model()))
 
 
 def _finished(run_dir: Path) -> tuple[dict[str, Any], Path]:
