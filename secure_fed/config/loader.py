@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from secure_fed.algorithms.registry import DEFAULT_ALGORITHM, algorithm_specs
-from secure_fed.config.schema import ExperimentConfig
+from secure_fed.config.schema import CoreConfig, experiment_config_model
 from secure_fed.errors import ConfigError, unknown_name
 from secure_fed.plugins import registry
 
@@ -98,29 +98,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _algorithm_switch(data: dict[str, Any], out: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``--set algorithm.name=X`` (a sweep's cell too) switches the document's algorithm: the keys its ``algorithm:``
-    section gave the algorithm it named, which X does not take, are left out (they were that algorithm's). Keys the
-    overrides set are kept, and refused by X's parameters model if it does not take them."""
-    section, new = data.get("algorithm"), out.get("algorithm")
-    if not isinstance(section, dict) or not isinstance(new, dict):
-        return out
-    before, after = section.get("name", DEFAULT_ALGORITHM), new.get("name", DEFAULT_ALGORITHM)
-    spec = algorithm_specs().get(after) if isinstance(after, str) else None
-    if before == after or spec is None:
-        return out
-    keys = [item.split("=", 1)[0].strip().split(".") for item in overrides]
-    if ["algorithm"] in keys:  # the whole section was given anew
-        return out
-    overridden = {k[1] for k in keys if len(k) > 1 and k[0] == "algorithm"}
-    takes = spec.params.model_fields
-    kept = {k: v for k, v in new.items() if k in takes or k in overridden or k not in section}
-    return {**out, "algorithm": kept}
-
-
 def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``data`` with ``overrides`` applied, an algorithm switch included (:func:`_algorithm_switch`)."""
-    return _algorithm_switch(data, apply_overrides(data, overrides), overrides)
+    """``data`` with ``overrides`` applied, in order. ``--set algorithm.name=X`` (a sweep's cell too) switches the
+    algorithm: the ``algorithm:`` keys given before it (by the file, or by earlier ``--set``) that X does not take are
+    left out, since they were the previous algorithm's; keys set after it are X's, refused if X does not take them."""
+    keys = [item.split("=", 1)[0].strip() for item in overrides]
+    switch = max((i for i, k in enumerate(keys) if k == "algorithm.name"), default=None)
+    if switch is None:
+        return apply_overrides(data, overrides)
+    before = apply_overrides(data, overrides[:switch])
+    switched = apply_overrides(before, overrides[switch : switch + 1])
+    old, new = before.get("algorithm"), switched.get("algorithm")
+    if isinstance(old, dict) and isinstance(new, dict):
+        name = new.get("name")
+        spec = algorithm_specs().get(name) if isinstance(name, str) else None
+        if spec is not None and old.get("name", DEFAULT_ALGORITHM) != name:
+            switched["algorithm"] = {k: v for k, v in new.items() if k in spec.params.model_fields}
+    return apply_overrides(switched, overrides[switch + 1 :])
 
 
 def _algorithm_tag(loc: tuple) -> str | None:
@@ -157,7 +151,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     tag, loc = _algorithm_tag(raw), _plain_loc(raw)
     path = ".".join(str(p) for p in loc) or "(top level)"
     if err["type"] == "extra_forbidden":
-        known = list(algorithm_specs()[tag].params.model_fields) if tag else _known_keys(ExperimentConfig, loc)
+        known = list(algorithm_specs()[tag].params.model_fields) if tag else _known_keys(experiment_config_model(), loc)
         hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
         msg = "unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else "")
         if tag and not hint:
@@ -175,7 +169,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return f"{source}: {path}: {msg}{tail}"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> CoreConfig:
     """Load ``path`` (or the embedded default), apply overrides and validate."""
     if path is None:
         data, source = parse_yaml(default_config_text(), "default config"), "default config"
@@ -183,7 +177,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data, source = _read_yaml(Path(path)), str(path)
     overrides = list(overrides or [])
     try:
-        return ExperimentConfig.model_validate(_apply(data, overrides))
+        return experiment_config_model().model_validate(_apply(data, overrides))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, _source_of(exc, source, data, overrides))) from None
 
@@ -206,13 +200,13 @@ def _source_of(exc: ValidationError, source: str, data: dict[str, Any], override
 
 def _valid(data: dict[str, Any]) -> bool:
     try:
-        ExperimentConfig.model_validate(data)
+        experiment_config_model().model_validate(data)
     except (ValidationError, ConfigError):
         return False
     return True
 
 
-def dump_config(cfg: ExperimentConfig) -> str:
+def dump_config(cfg: CoreConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
