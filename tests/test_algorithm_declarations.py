@@ -215,3 +215,15 @@ def test_a_third_party_algorithm_registers_validates_and_refuses_unknown_keys(th
     assert "algorithm.k: unknown key; algorithm.name=scaled_fedavg takes loss, scale" in str(exc.value)
     with pytest.raises(ConfigError, match="algorithm.scale: unknown key"):
         load_config(overrides=["algorithm.name=fedavg", "algorithm.scale=2"])
+
+
+def test_the_entry_points_list_the_builtins():
+    """pyproject.toml's ``secure_fed.algorithms`` entry points and the registry's fallback list name the same specs."""
+    import tomllib
+
+    from secure_fed.algorithms.registry import BUILTIN
+    from secure_fed.plugins import load_object
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["secure_fed.algorithms"]
+    assert sorted(eps.values()) == sorted(BUILTIN)
+    assert all(load_object(path).name == name for name, path in eps.items())
