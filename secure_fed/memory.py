@@ -25,9 +25,14 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 * ``eq. 12 pairs`` (FedALC-fixed): a block of rows against all C labels (eq. 12's β term is over every pair),
   a chunk of co-occurring pairs and a few C·d tables; under ``privacy.instance`` a chunk of per-set gradients
   (:data:`~secure_fed.kernel_sizes.PER_SET_CHUNK_ELEMENTS`) with their per-set pair terms;
-* ``attack NAME``: an attack in ``attacks.run`` that densifies label matrices declares its peak (``AttackSpec.memory``);
-* a protocol that sums flat vectors (secure aggregation, CKKS) adds float64 vectors of the whole update layout
-  (θ plus C·(d+1)) to a round, several at once.
+* ``attack NAME``: a plugin's config section may declare terms of its own (``memory_phases``): the attacks section
+  asks each configured attack that densifies label matrices for its peak (``AttackSpec.memory``);
+* a protocol layer declares what it adds (``LayerSpec.memory``): one that sums flat vectors (secure aggregation,
+  CKKS) adds float64 vectors of the whole update layout (θ plus C·(d+1)) to a round, several at once; DP-SGD over
+  label sets a chunk of per-set gradients.
+
+An algorithm's own terms (label sets, co-occurrence counts, its regulariser's blocks) are its parameters model's
+``memory_terms`` (:mod:`secure_fed.algorithms.params`).
 
 Terms held for the whole run add up; the phases (setup's label sets, a round, an evaluation) do not overlap, so only
 the largest of them counts.
@@ -120,6 +125,8 @@ class MemoryEstimate:
     device: str = "cpu"
     #: on a GPU run, the host memory available to the terms that stay there (:func:`on_host`)
     host_available: float | None = None
+    #: what to change when a term a plugin declared is too large (the others' are :data:`HINTS`)
+    hints: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpu(self) -> bool:
@@ -139,7 +146,7 @@ class MemoryEstimate:
         each against what that memory has available."""
         keep = lambda d: {n: b for n, b in d.items() if on_host(n) == host}  # noqa: E731
         return MemoryEstimate(keep(self.terms), keep(self.transient), self.host_available if host else self.available,
-                              "host memory" if host else self.device)  # fmt: skip
+                              "host memory" if host else self.device, hints=self.hints)  # fmt: skip
 
     def largest(self) -> tuple[str, float]:
         return max({**self.terms, **self.transient}.items(), key=lambda kv: kv[1])
@@ -222,9 +229,10 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
     t.update(held)
     _add(phase, transient)
     _add(phase, _layer_phases(cfg, shape, params, device))
-    phase.update(_attack_phases(cfg, shape))
+    sections, hints = _section_phases(cfg, shape)
+    phase.update(sections)
     host = available_bytes("cpu") if device.startswith("cuda") else None
-    return MemoryEstimate(t, phase, available_bytes(device), device, host)
+    return MemoryEstimate(t, phase, available_bytes(device), device, host, hints)
 
 
 def _add(phase: dict[str, float], more: dict[str, float]) -> None:
@@ -245,17 +253,21 @@ def _layer_phases(cfg, shape: DataShape, params: int, device: str) -> dict[str, 
     return out
 
 
-def _attack_phases(cfg, shape: DataShape) -> dict[str, float]:
-    """The configured attacks' own peaks (``attacks.run``; each registered attack declares its cost, if any)."""
-    attacks = getattr(cfg, "attacks", None)
-    names = list(getattr(attacks, "run", []) or [])
-    if not names:
-        return {}
-    from secure_fed.specs import attack_specs
+def _section_phases(cfg, shape: DataShape) -> tuple[dict[str, float], dict[str, str]]:
+    """The terms the plugins' config sections declare (a section model's ``memory_phases(cfg, shape)``, e.g. the
+    configured attacks' peaks, each from its ``AttackSpec.memory``), one phase each, and each term's hint (the
+    section's ``memory_hint``: what to change when the term is too large)."""
+    from secure_fed.plugins import registry
 
-    specs = attack_specs()
-    chosen = specs if "all" in names else {n: specs[n] for n in names if n in specs}
-    return {f"attack {n}": float(spec.memory(shape, cfg)) for n, spec in chosen.items() if spec.memory is not None}
+    phases: dict[str, float] = {}
+    hints: dict[str, str] = {}
+    for name in registry("config_sections"):
+        section = getattr(cfg, name, None)
+        if hasattr(section, "memory_phases"):
+            terms = section.memory_phases(cfg, shape)
+            phases.update(terms)
+            hints.update(dict.fromkeys(terms, getattr(section, "memory_hint", "")))
+    return phases, hints
 
 
 def plan_memory(cfg, ds, device) -> MemoryEstimate:
@@ -298,7 +310,7 @@ def check_memory(est: MemoryEstimate) -> None:
         if part.available is None or part.needed <= part.available or not (part.terms or part.transient):
             continue
         name, b = part.largest()
-        hint = HINTS.get(name, ": leave it out of attacks.run for data of this size" if name.startswith("attack ") else "")
+        hint = est.hints.get(name, HINTS.get(name, ""))
         raise ConfigError(
             f"the planned run needs about {part.needed / GB:.1f} GB but {part.device} has {part.available / GB:.1f} GB "
             f"available; the largest term is {name} ({b / GB:.1f} GB){hint} (secure-fed validate CONFIG lists every term)"
