@@ -122,8 +122,8 @@ def test_each_algorithm_declares_its_params_and_capabilities(name):
     assert issubclass(spec.params, AlgorithmParams) and spec.params().name == name
     assert isinstance(spec.capabilities, AlgorithmCapabilities)
     cls = spec.load()
-    assert cls.name == name
-    # the heavy class agrees with the declaration
+    assert cls.params is spec.params and cls.name == name
+    # the heavy class agrees with the declaration (it reads it: Algorithm.__init_subclass__)
     assert cls.trains_rows == spec.capabilities.trains_rows
     assert cls.centralized == spec.capabilities.centralised
     assert spec.capabilities.private_w_step == hasattr(cls, "per_set_gradients")
