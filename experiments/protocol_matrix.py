@@ -55,10 +55,8 @@ def overrides(algo: str, stack: list[str], rounds: int, fraction: float) -> list
     ]
     if "dp" in stack:
         if algo in LABEL_SETS:
-            ov += [
-                'privacy.instance={"target_epsilon": 4, "clip_norm": 100, "sample_rate": 0.1, "expected_batch_size": 488}',
-                "algorithm.normalize_gamma=false",
-            ]
+            ov += ['privacy.instance={"target_epsilon": 4, "clip_norm": 100, "sample_rate": 0.1, "expected_batch_size": 488}']
+            ov += ["algorithm.normalize_gamma=false"] if algo == "fedalc" else []  # a key of fedalc's own
         ov += ['privacy.client={"target_epsilon": 8, "clip_norm": 1.0}']
     return ov
 

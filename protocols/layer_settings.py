@@ -83,14 +83,12 @@ def keyed_hashing_settings(cfg) -> KeyedHashingSettings:
 
 
 def dp_settings(cfg) -> DPSettings:
-    from protocols.specs import LABEL_SET_ALGORITHMS
-
     p = cfg.privacy
     sa = "secure_aggregation" in cfg.protocols
     return DPSettings(
         privacy=p,
         algorithm=cfg.algorithm,
-        label_set_algorithm=cfg.algorithm.name in LABEL_SET_ALGORITHMS,
+        label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets,
         training=TrainingFacts.of(cfg.training),
         instance_divisor=None if p.instance is None else p.instance.divisor(cfg.dataset),
         on_flower=cfg.backend == "flower",

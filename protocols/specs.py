@@ -10,12 +10,15 @@ from __future__ import annotations
 import warnings
 
 from protocols.layer_settings import ckks_settings, dp_settings, keyed_hashing_settings, secure_aggregation_settings
+from secure_fed.algorithms.registry import AlgorithmsWith
+from secure_fed.kernel_sizes import per_set_chunk_bytes
 from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
 from secure_fed.specs import LayerSpec
 
-LABEL_SET_ALGORITHMS = ("fedalc", "fedalc_fixed")
+#: algorithms that collect label sets at setup (their declared capabilities, read when asked)
+LABEL_SET_ALGORITHMS = AlgorithmsWith("collects_label_sets")
 #: algorithms whose clients report an aggregation weight computed from their own data (uplink ``weight``)
-WEIGHT_REPORTING_ALGORITHMS = ("flag",)
+WEIGHT_REPORTING_ALGORITHMS = AlgorithmsWith("sends_weights")
 SECURE_SUMS = ("secure_aggregation", "ckks")
 
 
@@ -110,16 +113,13 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             f"partition; in a {cfg.partition.name} partition each instance is on one client: remove it"
         )
     if p.instance is not None:
-        if algo not in LABEL_SET_ALGORITHMS:
+        if "instance" not in cfg.algorithm.capabilities.dp_units:
             raise ValueError(
                 f"privacy.instance is DP-SGD on the server's label-set regulariser, which {algo} does not have "
                 "(fedaws's spreadout uses no data: it is post-processing); use privacy.client"
             )
-        if algo == "fedalc" and cfg.algorithm.normalize_gamma:
-            raise ValueError(
-                "privacy.instance with fedalc needs algorithm.normalize_gamma: false — eq. 10 normalises γ by all "
-                "label sets, which is not a per-label-set sum; DP-SGD runs on the σ weights of eq. 9"
-            )
+        if why := cfg.algorithm.private_w_step_error():
+            raise ValueError(why)
     if p.client is not None:
         t = cfg.training
         if t.aggregation != "uniform":
@@ -179,7 +179,7 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "receives and trains is the set of labels in its data, visible outside DP-SGD; use model.family "
             "linear_head or ctran (every label scored, no per-client rows) or the positive_only partition"
         )
-    if p.local is not None and algo in WEIGHT_REPORTING_ALGORITHMS:
+    if p.local is not None and "local" not in cfg.algorithm.capabilities.dp_units:
         raise ValueError(
             f"privacy.local with {algo}: its clients weight their update by eq. 2's w, computed from their labels and "
             "sent outside DP-SGD; use privacy.client with weight_cap (client-level DP) for it"
@@ -325,7 +325,7 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
         mechs: list[tuple[str, object, float, int | None]] = []
         note = ""
         if p.instance is not None:
-            steps = cfg.algorithm.fixed_steps if cfg.algorithm.name == "fedalc_fixed" else t.rounds
+            steps = cfg.algorithm.private_w_steps(t.rounds)
             mechs.append(("server_w_step", p.instance, p.instance.sample_rate, steps))
         if p.local is not None:
             from protocols.dp.local_dpsgd import copies_per_round, local_steps_per_round
@@ -371,6 +371,22 @@ def _target_epsilons(config: dict) -> dict[str, float]:
     return out
 
 
+def _dp_memory(cfg, shape, params: int, device: str) -> dict[str, float]:
+    """DP-SGD over label sets (privacy.instance) holds a chunk of per-set gradients, in the phase of the W step the
+    algorithm declares (``w_step_memory_phase``)."""
+    phase = cfg.algorithm.w_step_memory_phase()
+    if cfg.privacy.instance is None or phase is None:
+        return {}
+    return {phase: per_set_chunk_bytes(shape.labels, cfg.model.embedding_dim)}
+
+
+def _secure_sum_memory(cfg, shape, params: int, device: str) -> dict[str, float]:
+    """A secure sum holds float64 numpy vectors of the whole update layout (θ plus C·(d+1) with a row table), several
+    at once, in host memory: a phase of their own on a GPU, part of the round's on the CPU."""
+    layout = params + (shape.labels * (cfg.model.embedding_dim + 1) if cfg.model.family == "embedding" else 0)
+    return {"secure sums" if device.startswith("cuda") else "round": 4 * layout * 8}
+
+
 DP = LayerSpec(
     name="dp",
     threat_model=(
@@ -394,6 +410,7 @@ DP = LayerSpec(
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
     uplink_rules={"row_noise": FullTable("W")},
     describe=_describe_dp,
+    memory=_dp_memory,
 )
 
 
@@ -472,6 +489,7 @@ SECURE_AGGREGATION = LayerSpec(
     replaces_aggregation=True,
     validate=_validate_secure_aggregation,
     describe=_describe_secure_aggregation,
+    memory=_secure_sum_memory,
     runs_on_flower=True,  # its stages are query messages to the layer's client side; the mask is the plan's last step
     # the stages' messages (public keys, sealed shares, the survivors, the shares the server is entitled to) and the
     # masked update: none carries a client's data in the clear
@@ -498,6 +516,7 @@ CKKS = LayerSpec(
     implementation="protocols.ckks:CKKSAggregation",
     settings=ckks_settings,
     replaces_aggregation=True,
+    memory=_secure_sum_memory,
     runs_on_flower=True,  # setup and decryption are messages to its client side; encryption is the plan's last step
     # the public context to every client, summed ciphertexts to the key holder (the sum only)
     downlink_rules={"ckks": Setting(), **KEY_DEALING_DOWN, "ckks_public": Opaque(), "ckks_sums": Opaque()},

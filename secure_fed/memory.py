@@ -25,9 +25,14 @@ The terms follow the code that allocates them (bytes; P = the model's parameters
 * ``eq. 12 pairs`` (FedALC-fixed): a block of rows against all C labels (eq. 12's β term is over every pair),
   a chunk of co-occurring pairs and a few C·d tables; under ``privacy.instance`` a chunk of per-set gradients
   (:data:`~secure_fed.kernel_sizes.PER_SET_CHUNK_ELEMENTS`) with their per-set pair terms;
-* ``attack NAME``: an attack in ``attacks.run`` that densifies label matrices declares its peak (``AttackSpec.memory``);
-* a protocol that sums flat vectors (secure aggregation, CKKS) adds float64 vectors of the whole update layout
-  (θ plus C·(d+1)) to a round, several at once.
+* ``attack NAME``: a plugin's config section may declare terms of its own (``memory_phases``): the attacks section
+  asks each configured attack that densifies label matrices for its peak (``AttackSpec.memory``);
+* a protocol layer declares what it adds (``LayerSpec.memory``): one that sums flat vectors (secure aggregation,
+  CKKS) adds float64 vectors of the whole update layout (θ plus C·(d+1)) to a round, several at once; DP-SGD over
+  label sets a chunk of per-set gradients.
+
+An algorithm's own terms (label sets, co-occurrence counts, its regulariser's blocks) are its parameters model's
+``memory_terms`` (:mod:`secure_fed.algorithms.params`).
 
 Terms held for the whole run add up; the phases (setup's label sets, a round, an evaluation) do not overlap, so only
 the largest of them counts.
@@ -50,7 +55,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from secure_fed.errors import ConfigError
-from secure_fed.kernel_sizes import NNDESCENT, PAIR_BLOCK_ELEMENTS, PER_SET_CHUNK_ELEMENTS, ROW_BLOCK_ELEMENTS
+from secure_fed.kernel_sizes import (  # noqa: F401 - the estimate's factors, read here by name
+    COOCCURRENCE_BYTES,
+    FIXED_BLOCKS,
+    FIXED_TABLES,
+    PAIR_BLOCK_ELEMENTS,
+    PAIR_TENSORS,
+    PER_SET_CHUNK_ELEMENTS,
+    PER_SET_TENSORS,
+    ROW_BLOCK_ELEMENTS,
+    TOKEN_BYTES,
+)
 
 GB = 1e9
 #: float32 copies of θ held throughout (the server's θ, its scoring copy, the worker model, FedAdam's two moments)
@@ -59,19 +74,6 @@ MODEL_HELD = 5
 MODEL_ROUND = 4
 #: float32 copies of W (the table, the round's row sums, FedAdam's moments when rows are optimised, the scores' copy)
 ROW_COPIES = 6
-#: bytes per instance copy while label sets are collected (a 32-byte token object and its list slot, the merge map)
-TOKEN_BYTES = 180
-#: bytes per co-occurring label pair (the CSR product's float64 value and index, and its temporary)
-COOCCURRENCE_BYTES = 24
-#: float32 (pairs × d) tensors a block of the top-k regulariser's backward holds (gathered rows, products, grads)
-PAIR_TENSORS = 6
-#: FedALC-fixed (eq. 12): float32 (rows × C) blocks its step holds (cosines, hinge, weights, their product), and
-#: C·d tables (unit rows, two gradients, the hinge row sums)
-FIXED_BLOCKS = 4
-FIXED_TABLES = 4
-#: per-set tensors of one chunk a DP step on W holds (its gradients, eq. 12's per-set pair terms), each of
-#: :data:`~secure_fed.kernel_sizes.PER_SET_CHUNK_ELEMENTS` elements at most
-PER_SET_TENSORS = 3
 #: the process before any data (Python, torch, numpy, scipy)
 BASELINE = 0.6 * GB
 #: terms that stay in host memory on a GPU run (numpy, scipy and faiss structures, the protocols' float64 vectors)
@@ -123,6 +125,8 @@ class MemoryEstimate:
     device: str = "cpu"
     #: on a GPU run, the host memory available to the terms that stay there (:func:`on_host`)
     host_available: float | None = None
+    #: what to change when a term a plugin declared is too large (the others' are :data:`HINTS`)
+    hints: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpu(self) -> bool:
@@ -142,7 +146,7 @@ class MemoryEstimate:
         each against what that memory has available."""
         keep = lambda d: {n: b for n, b in d.items() if on_host(n) == host}  # noqa: E731
         return MemoryEstimate(keep(self.terms), keep(self.transient), self.host_available if host else self.available,
-                              "host memory" if host else self.device)  # fmt: skip
+                              "host memory" if host else self.device, hints=self.hints)  # fmt: skip
 
     def largest(self) -> tuple[str, float]:
         return max({**self.terms, **self.transient}.items(), key=lambda kv: kv[1])
@@ -181,7 +185,7 @@ def parameter_count(cfg, ds) -> int:
 
     from secure_fed.engine.builders import build_model
 
-    if cfg.model.family == "ctran" and cfg.algorithm.name == "fedlgt" and cfg.algorithm.ule:
+    if cfg.model.family == "ctran" and cfg.algorithm.uses_text_encoder:
         model = build_model(cfg, ds)  # the text encoder's weights load from disk, which the meta device cannot do
     else:
         with torch.device("meta"):
@@ -194,20 +198,6 @@ def needs_torch(cfg, ds) -> bool:
     from secure_fed.config.choices import model_choice
 
     return model_choice(cfg, ds)[0] not in ("sparse_text", "mlp") or cfg.model.family not in ("embedding", "linear_head")
-
-
-def _index_row_bytes(alg) -> int:
-    """Bytes an approximate neighbour index holds a row besides its copy of the row: HNSW's links (2·M at the base
-    level, M on each level above, where about 1 in M rows has one); an NN-descent build's candidate pool (L entries
-    of id, similarity and flag, 12 bytes each), its four sampled and reverse neighbour lists (up to R ids each) and
-    its final list; IVF's list ids."""
-    index = getattr(alg, "ann_index", "hnsw")
-    if index == "hnsw":
-        return 4 * (2 * alg.ann_hnsw_m + 2)
-    if index == "nndescent":
-        degree = max(NNDESCENT["degree"], alg.k + 1)
-        return 12 * (degree + NNDESCENT["pool_extra"]) + 16 * NNDESCENT["reverse"] + 4 * degree
-    return 8
 
 
 def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, device: str = "cpu") -> MemoryEstimate:
@@ -235,45 +225,49 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
 
     block = min(n_test * C, BLOCK_ELEMENTS) if has_rows else n_test * C
     phase["evaluation"] = block * BYTES_PER_SCORE + n_test * d * 4
-    if cfg.algorithm.name in ("fedalc", "fedalc_fixed"):
-        phase["label sets"] = shape.label_entries * TOKEN_BYTES
-        # the label pairs that occur (Σ_j |L_j|², at most C²) as CSR counts, built by a sparse product
-        per_set = shape.label_entries / max(1, shape.train)
-        t["co-occurrence"] = min(C * C, shape.label_entries * per_set) * COOCCURRENCE_BYTES
-    if cfg.algorithm.name == "fedalc" and getattr(cfg.algorithm, "neighbour_search", "exact") == "approximate":
-        # the server step's index: the rows' unit copy and the index's own, its links, the search's results
-        k = cfg.algorithm.k
-        phase["neighbour index"] = 4 * 2 * C * d + C * _index_row_bytes(cfg.algorithm) + C * (k + 1) * 12 + C * k * 8
-    if cfg.algorithm.name == "fedalc_fixed":  # eq. 12 in blocks of rows and chunks of pairs: never C × C
-        private = getattr(getattr(cfg, "privacy", None), "instance", None) is not None and "dp" in cfg.protocols
-        block = min(C * C, ROW_BLOCK_ELEMENTS) * FIXED_BLOCKS + PAIR_TENSORS * PAIR_BLOCK_ELEMENTS
-        per_set = PER_SET_TENSORS * max(min(PER_SET_CHUNK_ELEMENTS, 64 * C * d), C * d) if private else 0
-        phase["eq. 12 pairs"] = 4 * (block + FIXED_TABLES * C * d + per_set)
-    if cfg.algorithm.name in ("fedalc", "fedalc_fixed", "fedaws"):  # a block of the top-k regulariser's pair tensors
-        phase["round"] += min(C * cfg.algorithm.k * d, PAIR_BLOCK_ELEMENTS) * 4 * PAIR_TENSORS
-    secure = [p for p in cfg.protocols if p in ("secure_aggregation", "ckks")]
-    if secure:  # numpy vectors in host memory: a phase of their own on a GPU, part of the round's on the CPU
-        layout = params + (C * (d + 1) if has_rows else 0)
-        if device.startswith("cuda"):
-            phase["secure sums"] = 4 * layout * 8
-        else:
-            phase["round"] += 4 * layout * 8
-    phase.update(_attack_phases(cfg, shape))
+    held, transient = cfg.algorithm.memory_terms(cfg, shape)  # the algorithm's own terms (its declaration)
+    t.update(held)
+    _add(phase, transient)
+    _add(phase, _layer_phases(cfg, shape, params, device))
+    sections, hints = _section_phases(cfg, shape)
+    phase.update(sections)
     host = available_bytes("cpu") if device.startswith("cuda") else None
-    return MemoryEstimate(t, phase, available_bytes(device), device, host)
+    return MemoryEstimate(t, phase, available_bytes(device), device, host, hints)
 
 
-def _attack_phases(cfg, shape: DataShape) -> dict[str, float]:
-    """The configured attacks' own peaks (``attacks.run``; each registered attack declares its cost, if any)."""
-    attacks = getattr(cfg, "attacks", None)
-    names = list(getattr(attacks, "run", []) or [])
-    if not names:
-        return {}
-    from secure_fed.specs import attack_specs
+def _add(phase: dict[str, float], more: dict[str, float]) -> None:
+    """Add ``more``'s terms to ``phase``: a new term joins it, one already there (e.g. ``round``) grows."""
+    for name, b in more.items():
+        phase[name] = phase.get(name, 0) + b
 
-    specs = attack_specs()
-    chosen = specs if "all" in names else {n: specs[n] for n in names if n in specs}
-    return {f"attack {n}": float(spec.memory(shape, cfg)) for n, spec in chosen.items() if spec.memory is not None}
+
+def _layer_phases(cfg, shape: DataShape, params: int, device: str) -> dict[str, float]:
+    """The listed protocol layers' own terms (each registered layer declares its cost, if any: ``LayerSpec.memory``)."""
+    from secure_fed.specs import layer_specs
+
+    specs = layer_specs()
+    out: dict[str, float] = {}
+    for name in cfg.protocols:
+        if name in specs and specs[name].memory is not None:
+            _add(out, specs[name].memory(cfg, shape, params, device))
+    return out
+
+
+def _section_phases(cfg, shape: DataShape) -> tuple[dict[str, float], dict[str, str]]:
+    """The terms the plugins' config sections declare (a section model's ``memory_phases(cfg, shape)``, e.g. the
+    configured attacks' peaks, each from its ``AttackSpec.memory``), one phase each, and each term's hint (the
+    section's ``memory_hint``: what to change when the term is too large)."""
+    from secure_fed.plugins import registry
+
+    phases: dict[str, float] = {}
+    hints: dict[str, str] = {}
+    for name in registry("config_sections"):
+        section = getattr(cfg, name, None)
+        if hasattr(section, "memory_phases"):
+            terms = section.memory_phases(cfg, shape)
+            phases.update(terms)
+            hints.update(dict.fromkeys(terms, getattr(section, "memory_hint", "")))
+    return phases, hints
 
 
 def plan_memory(cfg, ds, device) -> MemoryEstimate:
@@ -316,7 +310,7 @@ def check_memory(est: MemoryEstimate) -> None:
         if part.available is None or part.needed <= part.available or not (part.terms or part.transient):
             continue
         name, b = part.largest()
-        hint = HINTS.get(name, ": leave it out of attacks.run for data of this size" if name.startswith("attack ") else "")
+        hint = est.hints.get(name, HINTS.get(name, ""))
         raise ConfigError(
             f"the planned run needs about {part.needed / GB:.1f} GB but {part.device} has {part.available / GB:.1f} GB "
             f"available; the largest term is {name} ({b / GB:.1f} GB){hint} (secure-fed validate CONFIG lists every term)"

@@ -10,6 +10,8 @@ the core reads them here, by group, and never names a module above it. The group
 ``secure_fed.callbacks``           ``factory(cfg) -> Callback | None``, called for every run
 ``secure_fed.commands``            ``register(subparsers)``: extra ``secure-fed`` sub-commands
 ``secure_fed.model_families``      a :class:`~secure_fed.models.families.ModelFamily` subclass per model family
+``secure_fed.algorithms``          an :class:`~secure_fed.algorithms.spec.AlgorithmSpec` per algorithm (its params
+                                   model and capabilities; :mod:`secure_fed.algorithms.registry`)
 =================================  =====================================================================
 
 Specs and config sections must be light (pydantic and the standard library only), so that
@@ -29,7 +31,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-GROUPS = ("layers", "attacks", "config_sections", "callbacks", "commands", "model_families")
+GROUPS = ("layers", "attacks", "config_sections", "callbacks", "commands", "model_families", "algorithms")
 
 
 @cache

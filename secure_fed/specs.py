@@ -75,6 +75,11 @@ class LayerSpec:
     #: section, and the few public facts of other sections it needs); the layer is built as ``Layer(settings,
     #: env)`` and never sees the whole config. None: the layer takes no settings (``None``)
     settings: Callable[[Any], Any] | None = None
+    #: ``memory(cfg, shape, params, device)``: the bytes the layer adds to the run's memory estimate
+    #: (:mod:`secure_fed.memory`) when listed, for data of ``shape`` (a :class:`secure_fed.memory.DataShape`) and a θ
+    #: of ``params`` parameters on ``device``: terms of one phase each, by name (a phase already counted, e.g.
+    #: ``round``, grows by it); None: nothing worth counting
+    memory: Callable[[Any, Any, int, str], dict[str, float]] | None = None
 
     def load(self) -> type:
         return load_object(self.implementation)
@@ -124,12 +129,15 @@ def validate_stack(cfg) -> None:
     dup = {n for n in stack if stack.count(n) > 1}
     if dup:
         raise ValueError(f"protocol layer(s) {sorted(dup)} listed twice")
-    if stack and cfg.algorithm.name in ("oracle", "centralised"):
+    caps = cfg.algorithm.capabilities
+    if stack and caps.centralised:
         raise ValueError(
             f"{cfg.algorithm.name} is the non-private centralised upper bound with one client; protocol layers do not apply"
         )
-    if stack and cfg.algorithm.name == "local":
-        raise ValueError("local: each client trains alone and sends nothing, so protocol layers have nothing to protect")
+    if stack and caps.shares_nothing:
+        raise ValueError(
+            f"{cfg.algorithm.name}: each client trains alone and sends nothing, so protocol layers have nothing to protect"
+        )
     if cfg.backend == "flower" and (off := [n for n in stack if not specs[n].runs_on_flower]):
         raise ValueError(
             f"backend=flower: protocols {off} do not run on Flower yet (their client-side state and multi-stage "

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from secure_fed.errors import unknown_name
@@ -63,3 +65,12 @@ class AttacksConfig(_Strict):
     def names(self) -> list[str]:
         """The attacks to run, in registry order for ``[all]``."""
         return list(attack_specs()) if "all" in self.run else list(dict.fromkeys(self.run))
+
+    #: the memory estimate's hint for an attack's term that is too large (:mod:`secure_fed.memory`)
+    memory_hint: ClassVar[str] = ": leave it out of attacks.run for data of this size"
+
+    def memory_phases(self, cfg, shape) -> dict[str, float]:
+        """The configured attacks' own peaks for the memory estimate, one phase each (``AttackSpec.memory``, if any)."""
+        specs = attack_specs()
+        chosen = [n for n in self.names() if n in specs and specs[n].memory is not None]
+        return {f"attack {n}": float(specs[n].memory(shape, cfg)) for n in chosen}

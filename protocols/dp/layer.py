@@ -137,13 +137,13 @@ class DifferentialPrivacy(ProtocolLayer):
         return self.local_copies() * local_steps_per_round(local_epochs=self.settings.training.local_epochs, sample_rate=q)
 
     def _instance_unit(self) -> PrivacyUnit:
-        p, algo = self.settings.privacy, self.settings.algorithm.name
-        fixed = algo == "fedalc_fixed"
+        p = self.settings.privacy
+        fixed = self.settings.algorithm.capabilities.fixed_w
         mechs: list[dict[str, Any]] = []
         if p.instance is not None:
             mechs.append({
                 "name": SERVER_STEP, "cfg": p.instance, "sample_rate": p.instance.sample_rate,
-                "planned_steps": self.settings.algorithm.fixed_steps if fixed else self.settings.training.rounds,
+                "planned_steps": self.settings.algorithm.private_w_steps(self.settings.training.rounds),
                 "scope": "their label sets in the server's W update (eq. 12 pre-training)" if fixed
                 else "their label sets in the server's W update (eq. 11 with σ weights, eq. 9)",
             })  # fmt: skip
@@ -229,7 +229,7 @@ class DifferentialPrivacy(ProtocolLayer):
         unit = self.units.get("instance")
         if unit is None or SERVER_STEP not in unit.mechanisms:
             return
-        fixed = self.cfg.algorithm.name == "fedalc_fixed"
+        fixed = self.settings.algorithm.capabilities.fixed_w
         mech = unit.mechanism(SERVER_STEP)
         divisor = self.settings.instance_divisor  # public B̄ (config), never the realised count
 
@@ -339,7 +339,7 @@ class DifferentialPrivacy(ProtocolLayer):
     @property
     def noise_rows(self) -> bool:
         """Client-level noise covers W's rows too (a model with a row table that the clients update)."""
-        return self.env.has_rows and self.cfg.algorithm.name not in ("fedavg_fixed", "fedalc_fixed")
+        return self.env.has_rows and not self.settings.algorithm.capabilities.fixed_w
 
     def client_plan_steps(
         self, inner: list[dict], *, round_idx: int, min_summands: int | None = None, on_node: bool = False
@@ -409,7 +409,7 @@ class DifferentialPrivacy(ProtocolLayer):
         plan = {}
         if CLIENT_TRAINING in inst.mechanisms:
             plan[CLIENT_TRAINING] = self.local_steps_per_round()
-        if SERVER_STEP in inst.mechanisms and self.cfg.algorithm.name == "fedalc":
+        if SERVER_STEP in inst.mechanisms and not self.settings.algorithm.capabilities.fixed_w:  # a W step every round
             plan[SERVER_STEP] = 1
         return inst.stop_reason(plan=plan) if plan else None
 

@@ -1,17 +1,24 @@
-"""Algorithms, one module each; :data:`ALGORITHMS` is the registry by name."""
+"""Algorithms, one module each; :data:`ALGORITHMS` is the registry of their classes by name.
 
-from secure_fed.algorithms.base import Algorithm, ClientData, SetupContext
-from secure_fed.algorithms.fedalc import FedALC, FedALCFixed
-from secure_fed.algorithms.fedavg import FedAvg, FedAvgFixed
-from secure_fed.algorithms.fedaws import FedAwS
-from secure_fed.algorithms.fedlgt import FedCTran, FedLGT
-from secure_fed.algorithms.flag import FLAG
-from secure_fed.algorithms.local import Local
-from secure_fed.algorithms.oracle import Centralised, Oracle
+Importing the package is light: the parameters models and capabilities (:mod:`secure_fed.algorithms.params`,
+:mod:`secure_fed.algorithms.capabilities`, :mod:`secure_fed.algorithms.registry`) are read by ``secure-fed validate``
+without torch. The heavy names below (:data:`ALGORITHMS`, :class:`Algorithm`, …) are imported on first use.
+"""
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls
-    for cls in (FedAvg, FedAvgFixed, FedAwS, FedALC, FedALCFixed, FLAG, Oracle, Local, Centralised, FedCTran, FedLGT)
-}
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["ALGORITHMS", "Algorithm", "ClientData", "SetupContext"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":
+        from secure_fed.algorithms.registry import algorithm_specs
+
+        return {n: spec.load() for n, spec in algorithm_specs().items()}
+    if name in ("Algorithm", "ClientData", "SetupContext"):
+        from secure_fed.algorithms import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

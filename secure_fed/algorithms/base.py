@@ -26,6 +26,7 @@ from secure_fed.messages import Number, Params, RowIds, Rows, Rules, Setting, Vi
 from secure_fed.models.sparse_rows import apply_delta
 
 if TYPE_CHECKING:
+    from secure_fed.algorithms.params.base import AlgorithmParams
     from secure_fed.config.schema import AlgorithmConfig
 
 
@@ -139,6 +140,9 @@ class SetupContext:
 class Algorithm:
     """Base class; subclasses set the class attributes and override hooks."""
 
+    #: its parameters model (``algorithm:``), whose ``capabilities`` declare what the algorithm is: a subclass that sets
+    #: it takes its ``name``, ``description``, ``trains_rows`` and ``centralized`` from there (:meth:`__init_subclass__`)
+    params: ClassVar[type[AlgorithmParams] | None] = None
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     #: clients train their own class-embedding row(s) and send the delta back
@@ -164,6 +168,16 @@ class Algorithm:
         "theta_delta": Params("theta", row_sparse=True, deferred=True), "rows_delta": Rows("W"), "row_ids": RowIds("W"),
         "num_examples": Number(), "loss": Number(),
     }  # fmt: skip
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("params") is not None:
+            from secure_fed.catalog import ALGORITHMS as CATALOG  # the registered descriptions (light)
+
+            caps = cls.params.capabilities
+            cls.name = cls.params.model_fields["name"].default
+            cls.description = CATALOG.get(cls.name, "")
+            cls.trains_rows, cls.centralized = caps.trains_rows, caps.centralised
 
     def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None, loss: str | None = None):
         self.cfg = cfg

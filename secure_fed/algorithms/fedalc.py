@@ -35,6 +35,7 @@ from secure_fed.algorithms.base import Algorithm, SetupContext
 from secure_fed.algorithms.client import token_client
 from secure_fed.algorithms.fedaws import regularizer_step
 from secure_fed.algorithms.label_sets import merge_label_sets
+from secure_fed.algorithms.params.fedalc import FedALCFixedParams, FedALCParams
 from secure_fed.algorithms.regularizers import (
     PAIR_BLOCK_ELEMENTS,
     CorrelationWeights,
@@ -51,7 +52,6 @@ from secure_fed.algorithms.regularizers import (
     outer_blocks,
     sparse_cooccurrence,
 )
-from secure_fed.catalog import ALGORITHMS as CATALOG
 from secure_fed.messages import ByteList, OwnLabel, Setting
 
 #: ``W → stats`` (or None: stop): the server's step on W over the label sets. The algorithm's default is the
@@ -87,9 +87,7 @@ class _LabelSetMixin:
 
 
 class FedALC(_LabelSetMixin, Algorithm):
-    name = "fedalc"
-    description = CATALOG["fedalc"]
-    trains_rows = True
+    params = FedALCParams
 
     def __init__(self, cfg, *, device=None, loss=None):
         super().__init__(cfg, device=device, loss=loss)
@@ -171,9 +169,7 @@ class FedALC(_LabelSetMixin, Algorithm):
 
 
 class FedALCFixed(_LabelSetMixin, Algorithm):
-    name = "fedalc_fixed"
-    description = CATALOG["fedalc_fixed"]
-    trains_rows = False
+    params = FedALCFixedParams
 
     def __init__(self, cfg, *, device=None, loss=None):
         super().__init__(cfg, device=device, loss=loss)

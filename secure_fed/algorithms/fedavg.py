@@ -10,16 +10,12 @@
 from __future__ import annotations
 
 from secure_fed.algorithms.base import Algorithm
-from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.algorithms.params.fedavg import FedAvgFixedParams, FedAvgParams
 
 
 class FedAvg(Algorithm):
-    name = "fedavg"
-    description = CATALOG["fedavg"]
-    trains_rows = True
+    params = FedAvgParams
 
 
 class FedAvgFixed(Algorithm):
-    name = "fedavg_fixed"
-    description = CATALOG["fedavg_fixed"]
-    trains_rows = False
+    params = FedAvgFixedParams

@@ -16,8 +16,8 @@ import torch
 from torch.nn import functional as F
 
 from secure_fed.algorithms.base import Algorithm
+from secure_fed.algorithms.params.fedaws import FedAwSParams
 from secure_fed.algorithms.regularizers import nearest_classes, outer_blocks, spreadout, spreadout_top_k
-from secure_fed.catalog import ALGORITHMS as CATALOG
 
 
 def regularizer_step(
@@ -61,9 +61,7 @@ def regularizer_step(
 
 
 class FedAwS(Algorithm):
-    name = "fedaws"
-    description = CATALOG["fedaws"]
-    trains_rows = True
+    params = FedAwSParams
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 from secure_fed.algorithms.base import Payload
 from secure_fed.algorithms.fedavg import FedAvg
-from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.algorithms.params.fedlgt import FedCTranParams, FedLGTParams
 from secure_fed.messages import Number, Setting
 
 
 class FedCTran(FedAvg):
-    name = "fedctran"
-    description = CATALOG["fedctran"]
+    params = FedCTranParams
     default_loss = "bce"
 
 
 class FedLGT(FedCTran):
-    name = "fedlgt"
-    description = CATALOG["fedlgt"]
+    params = FedLGTParams
     #: CA-MLE's τ and ε (public settings); sent only when ``algorithm.ca_mle`` is on
     downlink_rules = {
         **FedCTran.downlink_rules, "ca_mle_tau": Number(), "ca_mle_epsilon": Number(), "ca_mle_random_mask": Setting(),

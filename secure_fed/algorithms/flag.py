@@ -25,7 +25,7 @@ import torch
 
 from secure_fed.algorithms.base import ClientData, Payload, TrainFn
 from secure_fed.algorithms.fedavg import FedAvg
-from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.algorithms.params.flag import FLAGParams
 from secure_fed.messages import Number
 
 
@@ -38,8 +38,7 @@ def label_weight(pos: torch.Tensor, alpha: float) -> float:
 
 
 class FLAG(FedAvg):
-    name = "flag"
-    description = CATALOG["flag"]
+    params = FLAGParams
     #: the server sends α; the client replies with its eq. 2 weight, which aggregation uses as the client's weight
     downlink_rules = {**FedAvg.downlink_rules, "flag_alpha": Number()}
     uplink_rules = {**FedAvg.uplink_rules, "weight": Number()}

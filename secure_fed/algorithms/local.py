@@ -12,14 +12,12 @@ from __future__ import annotations
 import torch
 
 from secure_fed.algorithms.base import Algorithm, ClientData, Payload, TrainFn
-from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.algorithms.params.local import LocalParams
 from secure_fed.models.sparse_rows import apply_delta
 
 
 class Local(Algorithm):
-    name = "local"
-    description = CATALOG["local"]
-    trains_rows = False
+    params = LocalParams
     has_global_model = False
     keeps_client_state = True
 

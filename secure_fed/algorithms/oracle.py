@@ -9,14 +9,11 @@ cosines by default, or FedAwS eq. 12's contrastive loss). Each round is
 from __future__ import annotations
 
 from secure_fed.algorithms.base import Algorithm
-from secure_fed.catalog import ALGORITHMS as CATALOG
+from secure_fed.algorithms.params.oracle import CentralisedParams, OracleParams
 
 
 class Oracle(Algorithm):
-    name = "oracle"
-    description = CATALOG["oracle"]
-    trains_rows = True
-    centralized = True
+    params = OracleParams
 
     @property
     def default_loss(self) -> str:  # type: ignore[override]
@@ -28,6 +25,5 @@ class Centralised(Oracle):
     upper bound of the general multi-label setting (the FLAG paper's TResNet (G)). Its loss is the model family's
     (BCE for ``linear_head``) or ``algorithm.loss``, as for the federated methods it is compared with."""
 
-    name = "centralised"
-    description = CATALOG["centralised"]
+    params = CentralisedParams
     default_loss = "bce"

@@ -11,8 +11,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from secure_fed.config.schema import ExperimentConfig
-from secure_fed.errors import ConfigError
+from secure_fed.algorithms.registry import DEFAULT_ALGORITHM, algorithm_specs
+from secure_fed.config.schema import CoreConfig, experiment_config_model
+from secure_fed.errors import ConfigError, unknown_name
 from secure_fed.plugins import registry
 
 
@@ -97,6 +98,37 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``data`` with ``overrides`` applied, in order. ``--set algorithm.name=X`` (a sweep's cell too) switches the
+    algorithm: the ``algorithm:`` keys given before it (by the file, or by earlier ``--set``) that X does not take are
+    left out, since they were the previous algorithm's; keys set after it are X's, refused if X does not take them."""
+    keys = [item.split("=", 1)[0].strip() for item in overrides]
+    switch = max((i for i, k in enumerate(keys) if k == "algorithm.name"), default=None)
+    if switch is None:
+        return apply_overrides(data, overrides)
+    before = apply_overrides(data, overrides[:switch])
+    switched = apply_overrides(before, overrides[switch : switch + 1])
+    old, new = before.get("algorithm"), switched.get("algorithm")
+    if isinstance(old, dict) and isinstance(new, dict):
+        name = new.get("name")
+        spec = algorithm_specs().get(name) if isinstance(name, str) else None
+        if spec is not None and old.get("name", DEFAULT_ALGORITHM) != name:
+            switched["algorithm"] = {k: v for k, v in new.items() if k in spec.params.model_fields}
+    return apply_overrides(switched, overrides[switch + 1 :])
+
+
+def _algorithm_tag(loc: tuple) -> str | None:
+    """The algorithm name a pydantic error location carries after ``algorithm`` (the discriminated union's tag)."""
+    if len(loc) > 1 and loc[0] == "algorithm" and isinstance(loc[1], str) and loc[1] in algorithm_specs():
+        return loc[1]
+    return None
+
+
+def _plain_loc(loc: tuple) -> tuple:
+    """The location as the YAML spells it: without the algorithm union's tag."""
+    return (loc[0], *loc[2:]) if _algorithm_tag(loc) else loc
+
+
 def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     cur: Any = model
     for part in loc[:-1]:
@@ -115,13 +147,19 @@ def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
 def format_validation_error(exc: ValidationError, source: str) -> str:
     """First error as one line: ``SOURCE: key.path: message``."""
     err = exc.errors()[0]
-    loc = tuple(err.get("loc", ()))
+    raw = tuple(err.get("loc", ()))
+    tag, loc = _algorithm_tag(raw), _plain_loc(raw)
     path = ".".join(str(p) for p in loc) or "(top level)"
     if err["type"] == "extra_forbidden":
-        hint = difflib.get_close_matches(str(loc[-1]), _known_keys(ExperimentConfig, loc), n=1)
+        known = list(algorithm_specs()[tag].params.model_fields) if tag else _known_keys(experiment_config_model(), loc)
+        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
         msg = "unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+        if tag and not hint:
+            msg += f"; algorithm.name={tag} takes {', '.join(k for k in known if k != 'name') or 'no other key'}"
         if len(loc) == 1 and not registry("config_sections"):
             msg += " (no plugin registered any config section: is secure-fed installed? pip install -e .)"
+    elif err["type"] == "union_tag_invalid" and loc == ("algorithm",):
+        path, msg = "algorithm.name", unknown_name("algorithm", str(err.get("ctx", {}).get("tag")), algorithm_specs())
     else:
         msg = err["msg"].removeprefix("Value error, ")
         if "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
@@ -131,7 +169,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return f"{source}: {path}: {msg}{tail}"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> CoreConfig:
     """Load ``path`` (or the embedded default), apply overrides and validate."""
     if path is None:
         data, source = parse_yaml(default_config_text(), "default config"), "default config"
@@ -139,7 +177,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data, source = _read_yaml(Path(path)), str(path)
     overrides = list(overrides or [])
     try:
-        return ExperimentConfig.model_validate(apply_overrides(data, overrides))
+        return experiment_config_model().model_validate(_apply(data, overrides))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, _source_of(exc, source, data, overrides))) from None
 
@@ -148,27 +186,27 @@ def _source_of(exc: ValidationError, source: str, data: dict[str, Any], override
     """Where the first error comes from, as the error line names it: the last ``--set`` that wrote its key (or a
     mapping holding it, or a key under the unknown one), else, when the file alone is valid, the first ``--set``
     that makes it invalid (an error with no key, e.g. a cross-field check), else the file."""
-    loc = ".".join(str(p) for p in exc.errors()[0].get("loc", ()) if not isinstance(p, int))
+    loc = ".".join(str(p) for p in _plain_loc(tuple(exc.errors()[0].get("loc", ()))) if not isinstance(p, int))
     for item in reversed(overrides):
         key = item.split("=", 1)[0].strip()
         if loc and (loc == key or loc.startswith(key + ".") or key.startswith(loc + ".")):
             return f"--set {item}"
     if overrides and _valid(data):  # the error path only: a few validations of small documents
         for i, item in enumerate(overrides):
-            if not _valid(apply_overrides(data, overrides[: i + 1])):
+            if not _valid(_apply(data, overrides[: i + 1])):
                 return f"--set {item}"
     return source
 
 
 def _valid(data: dict[str, Any]) -> bool:
     try:
-        ExperimentConfig.model_validate(data)
+        experiment_config_model().model_validate(data)
     except (ValidationError, ConfigError):
         return False
     return True
 
 
-def dump_config(cfg: ExperimentConfig) -> str:
+def dump_config(cfg: CoreConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 

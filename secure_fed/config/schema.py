@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from secure_fed.algorithms.params.base import AlgorithmParams
+from secure_fed.algorithms.registry import DEFAULT_ALGORITHM, algorithm_specs, builtin_specs
 from secure_fed.errors import unknown_name
 from secure_fed.plugins import registry
 from secure_fed.specs import validate_stack
@@ -263,70 +265,20 @@ class ModelConfig(_Strict):
         return self
 
 
-class AlgorithmConfig(_Strict):
-    name: Literal[
-        "fedavg",
-        "fedavg_fixed",
-        "fedaws",
-        "fedalc",
-        "fedalc_fixed",
-        "flag",
-        "oracle",
-        "local",
-        "centralised",
-        "fedctran",
-        "fedlgt",
-    ] = "fedalc"
-    lam: float = Field(10.0, ge=0.0, le=1e9, description="λ, the regulariser's learning-rate multiplier")
-    reg_lr: float = Field(1e-4, gt=0.0, le=1e6, description="η, server learning rate of the regulariser step")
-    k: int = Field(5, ge=1, le=MAX_SIZE, description="negative mining: number of nearest classes per class")
-    negative_mining: bool = Field(True, description="fedaws: eq. 8 (top-k) instead of eq. 7")
-    neighbour_search: Literal["exact", "approximate"] = Field(
-        "exact",
-        description="fedalc: N_K(u) by the exact blocked search, or by an approximate index (faiss, ann_index; for "
-        "hundreds of thousands of labels, where the exact search costs C²·d); its recall is in the private diagnostics",
-    )
-    ann_index: Literal["hnsw", "ivf", "nndescent"] = Field(
-        "hnsw",
-        description="neighbour_search approximate: a graph index (faiss IndexHNSWFlat; cost ~C·log C on structured "
-        "rows), an inverted-file index (IndexIVFFlat, ⌈4√C⌉ lists; cost ~C^1.5) or the k-NN graph by NN-descent "
-        "(IndexNNDescentFlat, on one thread: deterministic)",
-    )
-    ann_ef_search: int = Field(64, ge=1, le=65_536, description="ann_index hnsw: candidates kept per query (efSearch)")
-    ann_hnsw_m: int = Field(32, ge=2, le=512, description="ann_index hnsw: links a node keeps (M)")
-    ann_ef_construction: int = Field(80, ge=1, le=65_536, description="ann_index hnsw: candidates while inserting")
-    ann_nprobe: int = Field(256, ge=1, le=65_536, description="ann_index ivf: index lists searched per query")
-    margin: float = Field(1.0, gt=0.0, le=4.0, description="ν in cosine distance (fedalc eq. 11/12, fedaws eq. 7)")
-    gamma_scale: Literal["classes_minus_one"] | Annotated[float, Field(gt=0.0, le=1e9)] = "classes_minus_one"
-    normalize_gamma: bool = Field(True, description="fedalc: use γ (eq. 10) rather than σ (eq. 9)")
-    tokenizer: Literal["sha256"] = "sha256"
-    alpha: float = Field(1.0, ge=0.0, le=1e6, description="fedalc_fixed: weight of positive pairs in eq. 12")
-    beta: float = Field(1.0, ge=0.0, le=1e6, description="fedalc_fixed: weight of negative pairs in eq. 12")
-    fixed_steps: int = Field(500, ge=0, le=MAX_SIZE, description="fedalc_fixed: server steps on reg_fc before training")
-    fixed_lr: float = Field(1.0, gt=0.0, le=1e6, description="fedalc_fixed: η of the reg_fc steps")
-    flag_alpha: float = Field(0.3, ge=0.0, le=10.0, description="flag: α of eq. 2, w_c = Σ_l (client c's positives of label l)^α")
-    ule: bool = Field(True, description="fedlgt: universal label embeddings from the text encoder (FedLGT §3.3)")
-    ca_mle: bool = Field(True, description="fedlgt: client-aware masked label embedding (FedLGT eq. 4)")
-    ca_mle_random_mask: bool = Field(
-        True,
-        description="fedlgt: CA-MLE's uncertain labels join C-Tran's random label mask (true, as the authors' code) or "
-        "replace it, every other label given with its true state (false, the paper's §3.3 wording)",
-    )
-    ca_mle_tau: float = Field(0.5, gt=0.0, lt=1.0, description="fedlgt: τ of CA-MLE")
-    ca_mle_epsilon: float = Field(
-        0.02, ge=0.0, lt=0.5, description="fedlgt: ε of CA-MLE (labels with |p − τ| ≤ ε become unknown)"
-    )
-    oracle_loss: Literal["softmax", "contrastive"] = "softmax"
-    loss: Literal["auto", "positive", "softmax", "contrastive", "bce", "asl"] = Field(
-        "auto",
-        description="client loss; auto: the model family's (bce for linear_head), else the algorithm's own; "
-        "asl: Asymmetric Loss (γ+ = 0, γ- = 4, clip 0.05) on logits",
-    )
-    validation_fraction: float = Field(
-        0.1, ge=0.0, lt=0.9,
-        description="centralised baselines (oracle): share of the training data held out to select the epoch whose "
-        "model is reported (0: report the last epoch)",
-    )  # fmt: skip
+def algorithm_union(specs: dict[str, Any]) -> Any:
+    """The ``algorithm:`` section's type: the registered algorithms' parameters models, a union discriminated by
+    ``name`` (each model's ``Literal`` name), so that each algorithm takes its own keys and refuses any other."""
+    models = tuple(spec.params for spec in specs.values())
+    return Annotated[Union[models], Field(discriminator="name")]  # noqa: UP007 - a union built from a tuple
+
+
+#: the built-in algorithms' ``algorithm:`` section (:data:`ExperimentConfig` takes every registered algorithm's)
+AlgorithmConfig = algorithm_union(builtin_specs())
+
+
+def default_algorithm() -> AlgorithmParams:
+    """The ``algorithm:`` section of a config that has none."""
+    return builtin_specs()[DEFAULT_ALGORITHM].params()
 
 
 class ServerOptimizerConfig(_Strict):
@@ -478,7 +430,7 @@ class CoreConfig(_Strict):
     dataset: DatasetConfig = DatasetConfig()
     partition: PartitionConfig = PartitionConfig()
     model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
+    algorithm: AlgorithmConfig = default_algorithm()
     training: TrainingConfig = TrainingConfig()
     protocols: list[str] = Field(default_factory=list, description="protocol layers, innermost (client side) first")
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -496,24 +448,40 @@ class CoreConfig(_Strict):
         images = self.dataset.name == "digit_mosaics" or self.dataset.format in IMAGE_FORMATS
         if images and self.model.name == "auto" and self.model.weights is None:
             raise ValueError(NO_WEIGHTS.format(name="resnet18") + " (model.name=auto picks resnet18 for image data)")
-        needs_positive_only = self.algorithm.name in ("fedalc", "fedalc_fixed")
-        if needs_positive_only and self.partition.name != "positive_only":
+        caps = self.algorithm.capabilities
+        if caps.setting == "positive_only" and self.partition.name != "positive_only":
             raise ValueError(
                 f"algorithm.name={self.algorithm.name} collects label sets from one-label clients, "
                 "so partition.name must be positive_only"
             )
-        if self.algorithm.name == "flag" and self.training.aggregation != "uniform":
+        if caps.sends_weights and self.training.aggregation != "uniform":
             raise ValueError(
-                "algorithm.name=flag weights each client by its own eq. 2 weight, so training.aggregation must stay uniform"
+                f"algorithm.name={self.algorithm.name} weights each client by the weight it reports (flag: eq. 2), so "
+                "training.aggregation must stay uniform"
             )
         return self
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm_name(cls, v: Any) -> Any:
+        """An ``algorithm:`` section without ``name`` is the default algorithm's. A section holding every key of the
+        one model all algorithms shared before each owned its parameters is a config recorded then (a run
+        directory's ``config.yaml``): the keys its algorithm does not take are left out (it never read them)."""
+        if not isinstance(v, dict):
+            return v
+        if "name" not in v:
+            v = {"name": DEFAULT_ALGORITHM, **v}
+        spec = algorithm_specs().get(v["name"]) if isinstance(v["name"], str) else None
+        if spec is not None and LEGACY_ALGORITHM_KEYS <= v.keys():
+            v = {k: x for k, x in v.items() if k in spec.params.model_fields}
+        return v
 
     def _check_backend(self) -> None:
         if self.backend != "flower":
             return
         # what the Flower back end carries: the algorithms' own messages, setup queries included, and the protocol
         # layers whose specs say runs_on_flower (checked with the stack, secure_fed.specs)
-        if self.algorithm.name in CENTRALIZED_ALGORITHMS:
+        if self.algorithm.capabilities.centralised:
             raise ValueError(
                 f"backend=flower: algorithm.name={self.algorithm.name} trains one centralised model on the pooled "
                 "data; it has no clients to put on Flower nodes; use backend: inprocess"
@@ -523,9 +491,11 @@ class CoreConfig(_Strict):
 
     def _check_model_family(self) -> None:
         algo, loss, family = self.algorithm.name, self.algorithm.loss, self.model.family
-        if algo in CTRAN_ALGORITHMS and family != "ctran":
-            raise ValueError(f"algorithm.name={algo} trains C-Tran: set model.family: ctran")
-        if algo in GENERAL_ONLY_ALGORITHMS:
+        caps = self.algorithm.capabilities
+        if caps.requires_family is not None and family != caps.requires_family:
+            raise ValueError(f"algorithm.name={algo} trains {FAMILY_MODELS.get(caps.requires_family, caps.requires_family)}: "
+                             f"set model.family: {caps.requires_family}")  # fmt: skip
+        if caps.setting == "general":
             if family not in ROWLESS_FAMILIES:
                 raise ValueError(
                     f"algorithm.name={algo} is a baseline of the general multi-label setting: set model.family: linear_head"
@@ -536,16 +506,17 @@ class CoreConfig(_Strict):
                     "partition.name (iid, dirichlet, cmda or natural)"
                 )
         if family in ROWLESS_FAMILIES:
-            if algo not in ROWLESS_ALGORITHMS:
+            if caps.has_rows:
+                rowless = [n for n, spec in algorithm_specs().items() if not spec.capabilities.has_rows]
                 raise ValueError(
                     f"model.family={family} keeps no per-label rows, which {algo} trains or regularises; "
-                    f"use one of {', '.join(ROWLESS_ALGORITHMS)}"
+                    f"use one of {', '.join(rowless)}"
                 )
             if loss not in ("auto", "bce", "asl"):
                 raise ValueError(
                     f"algorithm.loss={loss} scores normalised class embeddings; {family} gives logits: use bce or asl"
                 )
-            if self.partition.name == "positive_only" and algo != "oracle":  # the oracle: one client, every label
+            if self.partition.name == "positive_only" and not caps.centralised:  # the oracle: one client, every label
                 raise ValueError(
                     f"model.family={family} trains every label's logit on every client, which needs full label vectors; "
                     "positive-only clients know one label (use partition.name: iid, dirichlet, cmda or natural)"
@@ -554,16 +525,16 @@ class CoreConfig(_Strict):
             raise ValueError(f"algorithm.loss={loss} needs logits: set model.family: linear_head or ctran")
 
 
-#: algorithms whose server keeps no row table (they run with any model family)
-ROWLESS_ALGORITHMS = ("fedavg", "flag", "oracle", "local", "centralised", "fedctran", "fedlgt")
+#: the keys of the ``algorithm:`` model every algorithm shared until each owned its parameters (a dump of it holds all)
+LEGACY_ALGORITHM_KEYS = frozenset(
+    "name lam reg_lr k negative_mining neighbour_search ann_index ann_ef_search ann_hnsw_m ann_ef_construction ann_nprobe "
+    "margin gamma_scale normalize_gamma tokenizer alpha beta fixed_steps fixed_lr flag_alpha ule ca_mle ca_mle_random_mask "
+    "ca_mle_tau ca_mle_epsilon oracle_loss loss validation_fraction".split()
+)
 #: model families without a row table (logits over every label; full label vectors needed)
 ROWLESS_FAMILIES = ("linear_head", "ctran")
-#: algorithms that train C-Tran (model.family: ctran)
-CTRAN_ALGORITHMS = ("fedctran", "fedlgt")
-#: algorithms that train one model on the pooled data (the upper bounds), with no clients to federate
-CENTRALIZED_ALGORITHMS = ("oracle", "centralised")
-#: baselines of the general multi-label setting (FLAG paper §4.2): linear_head and full-label partitions only
-GENERAL_ONLY_ALGORITHMS = ("local", "centralised", "fedctran", "fedlgt")
+#: what a family's model is called in an error line
+FAMILY_MODELS = {"ctran": "C-Tran"}
 
 
 @cache
@@ -573,7 +544,8 @@ def experiment_config_model() -> type[CoreConfig]:
     clash = set(sections) & set(CoreConfig.model_fields)
     if clash:
         raise RuntimeError(f"plugin config sections {sorted(clash)} clash with the core's")
-    fields = {name: (model, model()) for name, model in sections.items()}
+    fields: dict[str, Any] = {name: (model, model()) for name, model in sections.items()}
+    fields["algorithm"] = (algorithm_union(algorithm_specs()), default_algorithm())  # entry points' algorithms too
     return create_model("ExperimentConfig", __base__=CoreConfig, **fields)
 
 

@@ -102,7 +102,7 @@ def build_ctran(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str 
     c, width = cfg.model.ctran, cfg.model.embedding_dim
     name, _, _ = model_choice(cfg, ds)
     text = None
-    if cfg.algorithm.name == "fedlgt" and cfg.algorithm.ule:
+    if cfg.algorithm.uses_text_encoder:
         from secure_fed.models.text_encoder import universal_label_embeddings
 
         text = universal_label_embeddings(

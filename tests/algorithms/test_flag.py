@@ -247,7 +247,9 @@ def test_flag_learns_on_cmda_clients(tmp_path, loss):
 
 def test_flag_alpha_defaults_to_the_papers_and_is_its_own_field():
     cfg = load_config(overrides=FLAG)
-    assert cfg.algorithm.flag_alpha == 0.3 and cfg.algorithm.alpha == 1.0  # not FedALC-fixed's α
+    assert cfg.algorithm.flag_alpha == 0.3 and "alpha" not in cfg.algorithm.model_fields  # FedALC-fixed's α is not flag's
+    with pytest.raises(ConfigError, match="algorithm.alpha: unknown key"):
+        load_config(overrides=[*FLAG, "algorithm.alpha=0.5"])
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,10 @@ def test_shipped_experiment_configs_validate(path):
         ("algorithm: {name: fedalc, lamda: 3}\n", "algorithm.lamda: unknown key (did you mean 'lam'?)"),
         ("training: {rounds: ten}\n", "training.rounds: Input should be a valid integer"),
         ("training: {client_lr: -0.1}\n", "training.client_lr: Input should be greater than 0"),
-        ("algorithm: {name: fedsgd}\n", "algorithm.name: Input should be"),
+        ("algorithm: {name: fedsgd}\n", "algorithm.name: unknown algorithm 'fedsgd'"),
+        # each algorithm takes its own keys: fedalc's λ is no key of fedavg's
+        ("algorithm: {name: fedavg, lam: 3}\n", "algorithm.lam: unknown key; algorithm.name=fedavg takes loss"),
+        ("algorithm: {name: flag, k: 3}\n", "algorithm.k: unknown key; algorithm.name=flag takes loss, flag_alpha"),
         ("bogus: 1\n", "bogus: unknown key"),
         ("protocols: [dp]\n", "none of privacy.instance, privacy.local, privacy.client is set"),
         ("protocols: [secure_agregation]\n", "did you mean 'secure_aggregation'"),

@@ -13,9 +13,14 @@ from tests.conftest import small_config
 ALGOS = ["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed"]
 
 
+def _fixed_steps(algo: str, n: int) -> list[str]:
+    """fedalc_fixed's pre-training steps (a key of its own: the other algorithms refuse it)."""
+    return [f"algorithm.fixed_steps={n}"] if algo == "fedalc_fixed" else []
+
+
 def _logged_run(tmp_path, algo, *ov):
     exp = Experiment(
-        small_config(f"algorithm.name={algo}", "output.log_messages=true", "training.rounds=2", "algorithm.fixed_steps=5", *ov),
+        small_config(f"algorithm.name={algo}", "output.log_messages=true", "training.rounds=2", *_fixed_steps(algo, 5), *ov),
         run_dir=tmp_path,
     )
     W_per_round = []

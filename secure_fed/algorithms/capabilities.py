@@ -1,0 +1,66 @@
+"""What an algorithm is, declared once: :class:`AlgorithmCapabilities`.
+
+Validation (:mod:`secure_fed.config.schema`, :mod:`secure_fed.specs`), the protocol layers and the memory estimate
+read these facts instead of testing an algorithm's name. The declaration sits on the algorithm's parameters model
+(``AlgorithmParams.capabilities``, :mod:`secure_fed.algorithms.params`), so it is read without importing torch.
+This module imports nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: the differential-privacy units (``privacy.instance``, ``privacy.client``, ``privacy.local``)
+DP_UNITS = frozenset({"instance", "client", "local"})
+
+
+@dataclass(frozen=True)
+class AlgorithmCapabilities:
+    """The facts about an algorithm that the rest of the framework may ask.
+
+    Attributes:
+        has_rows: the algorithm's method keeps a per-label row table W (it trains, fixes or regularises rows), so it
+            needs a model family with rows (``model.family: embedding``); False: it runs with any family.
+        trains_rows: clients train their own class rows and send the delta back (``train_rows`` in the downlink).
+        fixed_w: W is fixed once setup is done: neither the clients nor the server train rows in the rounds (a
+            private W step, if any, runs at setup: its planned steps are the params' :meth:`private_w_steps`).
+        collects_label_sets: setup collects the clients' label sets (instance tokens and labels) for the server.
+        private_w_step: the algorithm exposes its W step over the collected label sets (``w_step``, with
+            ``per_set_gradients``, ``label_sets`` and ``step_size``), which the ``dp`` layer wraps with DP-SGD over
+            label sets (``privacy.instance``).
+        sends_weights: its clients report an aggregation weight computed from their own data (uplink ``weight``):
+            the server's average is weighted by it, so ``training.aggregation`` must stay uniform.
+        dp_units: the DP units (:data:`DP_UNITS`) whose guarantee covers the algorithm's releases.
+        centralised: one trainer holds all training data (the upper bounds): no clients, no protocol layers.
+        shares_nothing: clients train alone and send nothing (the lower reference): no protocol layers.
+        setting: ``positive_only``: its clients must hold one label each (``partition.name: positive_only``);
+            ``general``: a baseline of the general multi-label setting (rowless model family, full label vectors);
+            ``any``: either.
+        requires_family: the model family the algorithm trains (``model.family``), or None for any.
+    """
+
+    has_rows: bool = False
+    trains_rows: bool = True
+    fixed_w: bool = False
+    collects_label_sets: bool = False
+    private_w_step: bool = False
+    sends_weights: bool = False
+    dp_units: frozenset[str] = frozenset({"client", "local"})
+    centralised: bool = False
+    shares_nothing: bool = False
+    setting: Literal["any", "positive_only", "general"] = "any"
+    requires_family: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.dp_units <= DP_UNITS:
+            raise ValueError(f"dp_units {sorted(self.dp_units)}: known units are {sorted(DP_UNITS)}")
+        if self.private_w_step and not self.collects_label_sets:
+            raise ValueError("private_w_step is a W step over collected label sets: it needs collects_label_sets")
+        if ("instance" in self.dp_units) != self.private_w_step:
+            raise ValueError("the instance DP unit covers the private W step: dp_units has 'instance' iff private_w_step")
+
+    @property
+    def takes_layers(self) -> bool:
+        """Protocol layers apply: there are clients and they send something."""
+        return not (self.centralised or self.shares_nothing)
