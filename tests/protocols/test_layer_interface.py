@@ -163,8 +163,6 @@ def clipping_registered(monkeypatch):
     monkeypatch.setattr("secure_fed.specs.registry", registry)
     monkeypatch.setattr(schema, "registry", registry)
     schema.experiment_config_model.cache_clear()
-    # the loader bound the model at import; an installed plugin's entry point would be there before that
-    monkeypatch.setattr("secure_fed.config.loader.ExperimentConfig", schema.experiment_config_model())
     ClippingLayer.norms = []
     yield
     schema.experiment_config_model.cache_clear()
