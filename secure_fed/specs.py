@@ -67,6 +67,12 @@ class LayerSpec:
     #: training split in the clear): ``model.preprocessing: auto`` then picks ``none`` for dense features instead of
     #: ``standardize``, and the layer's ``validate`` refuses an explicit ``standardize``
     public_preprocessing: Callable[[Any], bool] | None = None
+    #: the config sections (as key paths, e.g. ``("privacy",)``) a resumed run may not change, because they give
+    #: the checkpoint its meaning (the layer's keys, its privacy ledger's units); frozen whether or not a run lists
+    #: the layer (:func:`secure_fed.engine.checkpoints.frozen_on_resume` adds them to the core's own)
+    frozen_on_resume: tuple[tuple[str, ...], ...] = ()
+    #: inside those, the keys that may still change on resume (e.g. what is reported: ``("privacy", "report_gdp")``)
+    movable_on_resume: tuple[tuple[str, ...], ...] = ()
 
     def load(self) -> type:
         return load_object(self.implementation)

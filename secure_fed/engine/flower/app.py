@@ -85,7 +85,9 @@ def main(grid: Grid, context: Context) -> None:
 def _node_replica(context: Context):
     cfg = config_from_run_config(dict(context.run_config))
     root = _data_root(str(context.node_config.get("data-root", "") or ""))
-    return client_replica(dump_config(cfg), root, threads=1)
+    from secure_fed.engine.runner import Experiment
+
+    return client_replica(dump_config(cfg), root, threads=1, run_class=Experiment)
 
 
 def _node_storage(context: Context) -> str | None:

@@ -73,7 +73,7 @@ def test_a_report_for_a_callback_that_takes_none_stops_the_run():
     from secure_fed.engine.flower.executor import FlowerError, FlowerExecutor
 
     exp = Experiment(small_config(*CASES["flag"]), run_dir="/nonexistent")
-    ex = FlowerExecutor(None, exp, max_in_flight=1, timeout_s=1)
+    ex = FlowerExecutor(None, exp.context(), max_in_flight=1, timeout_s=1)
     with pytest.raises(PrivacyViolation, match="'evaluation', which takes no reports"):
         ex._take_reports(2, '{"evaluation": {"mAP": 1.0}}')
     with pytest.raises(FlowerError, match="not a mapping of names to numbers"):
