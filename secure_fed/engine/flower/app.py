@@ -35,7 +35,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.config import dump_config, load_config
-from secure_fed.engine.flower.apps import client_app_of, client_replica, run_with_grid
+from secure_fed.engine.flower.apps import client_app_of, client_replica
+from secure_fed.engine.flower.server import run_with_grid
 
 log = logging.getLogger("secure_fed.flower")
 

@@ -1,7 +1,6 @@
-"""The Flower apps: a ``ServerApp`` that drives a run (an :class:`~secure_fed.engine.runner.Experiment`) through a
-:class:`~secure_fed.engine.flower.executor.FlowerExecutor` it passes in, and a ``ClientApp`` that serves its
-node's clients. Neither imports the run object's module: the caller hands the run, or the class that builds the
-node's copy of it (``run_class``), to them.
+"""The Flower ``ClientApp`` that serves its node's clients (the ``ServerApp`` is in :mod:`.server`). It does not
+import the run object's module: the caller hands it the class that builds the node's copy of the run
+(``run_class``, :class:`~secure_fed.engine.runner.Experiment`).
 
 **What a node holds.** The node with ``partition-id`` p of N serves the clients c with c mod N = p. It builds its
 own copy of the run from the experiment's config (the dataset, the partition, the model, the algorithm: all
@@ -30,7 +29,6 @@ from typing import Any
 import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.client_functions import apply_client_plan, resolve_client_function
 from secure_fed.engine.checkpoints import to_device
@@ -258,41 +256,10 @@ def client_app_of(
     return app
 
 
-def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
-    """Run ``exp``'s rounds with its clients on the nodes behind ``grid``: a :class:`FlowerExecutor` on the run's
-    context, passed in to the run."""
-    from secure_fed.engine.flower.executor import FlowerExecutor
-    from secure_fed.engine.flower.simulation import check_flower_start
-
-    check_flower_start(exp.context())
-    f = exp.cfg.flower
-    if exp.records.flower_session is None:  # a new run: a fresh public name for it (a resumed run keeps its own)
-        exp.records.flower_session = os.urandom(16).hex()
-    executor = FlowerExecutor(grid, exp.context(), max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
-    executor.discover(len(exp.fed.clients), num_nodes)
-    return exp.run_rounds(progress=progress, executor=executor)
-
-
-def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: bool | None) -> ServerApp:
-    """The ServerApp that runs ``exp`` (built by the caller, in this process) with its clients on Flower."""
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        try:
-            outcome["result"] = run_with_grid(exp, grid, num_nodes=num_nodes, progress=progress)
-        except BaseException as e:  # handed to the caller, which raises it in its own thread
-            outcome["error"] = e
-
-    return app
-
-
 __all__ = [
     "client_app_of",
     "client_replica",
     "make_client_app",
-    "make_server_app",
-    "run_with_grid",
     "load_node_state",
     "save_node_state",
 ]

@@ -22,6 +22,7 @@ from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import registered_name
 from secure_fed.engine.executors import Channel, ClientJob, Executor
 from secure_fed.engine.flower.codec import decode, encode
+from secure_fed.engine.flower.run_checks import node_held_state
 from secure_fed.engine.run_context import RunContext
 
 #: what a reply's ``meta`` record may hold (the request's position in its batch; the node's callbacks' reports)
@@ -55,8 +56,6 @@ class FlowerExecutor(Executor):
         self.dropped = 0
         #: protocol stage queries (``partial``) whose node failed or did not answer in time
         self.stage_dropped = 0
-        from secure_fed.engine.flower.simulation import node_held_state
-
         #: the run's public name to the nodes (they keep their clients' state under it) and, when the clients keep
         #: secrets or models on the nodes, this Flower run's first round (a node refuses a resumed run it has no
         #: state for)

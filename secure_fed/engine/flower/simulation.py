@@ -17,22 +17,7 @@ import threading
 from pathlib import Path
 
 from secure_fed.config import dump_config
-from secure_fed.errors import SecureFedError
-
-
-def client_side_callbacks(ctx) -> list[str]:
-    """Callbacks that act inside the clients' code and are not carried to Flower nodes (a callback is carried when
-    it says so: :meth:`~secure_fed.engine.callbacks.Callback.reports_from_remote_clients`)."""
-    return [cb.name for cb in ctx.callbacks if cb.acts_on_clients() and not cb.reports_from_remote_clients()]
-
-
-def node_held_state(ctx) -> list[str]:
-    """What keeps client secrets or models on the Flower nodes in this run (layers' client state, an algorithm's
-    per-client state): a resumed run needs every node to take it up again from its storage."""
-    held = [layer.name for layer in ctx.stack.layers if layer.client_state_on_nodes]
-    if ctx.algorithm.keeps_client_state:
-        held.append(f"algorithm {ctx.algorithm.name}")
-    return held
+from secure_fed.engine.flower.run_checks import check_flower_start, client_side_callbacks, node_held_state
 
 
 def node_storage_dir(run_dir) -> Path:
@@ -40,24 +25,6 @@ def node_storage_dir(run_dir) -> Path:
     device would on its own disk): beside the run directory, not in it (the server's files hold no client secret)."""
     run_dir = Path(run_dir).resolve()
     return run_dir.parent / f".{run_dir.name}-nodes"
-
-
-def check_flower_start(ctx) -> None:
-    """Refuse, before anything starts, what this back end cannot run: callbacks inside clients, and resuming a run
-    whose clients keep state on the nodes from a checkpoint that names no node session (nothing to take up)."""
-    busy = client_side_callbacks(ctx)
-    if busy:
-        raise SecureFedError(
-            f"backend=flower: {', '.join(busy)} act inside the clients' code, which the Flower back end does not "
-            "carry yet; use backend: inprocess"
-        )
-    held = node_held_state(ctx)
-    if ctx.round > 0 and held and ctx.records.flower_session is None:
-        raise SecureFedError(
-            f"backend=flower: cannot resume at round {ctx.round}: the clients of {', '.join(held)} keep their secrets or "
-            "models on the Flower nodes, and this checkpoint names no Flower session under which the nodes stored them "
-            "(it predates node storage); start a new run"
-        )
 
 
 def ray_cpus(nodes: int, client_cpus: float) -> int:
@@ -73,7 +40,8 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     (tests use it to play a misbehaving client)."""
     from flwr.simulation import run_simulation
 
-    from secure_fed.engine.flower.apps import make_client_app, make_server_app
+    from secure_fed.engine.flower.apps import make_client_app
+    from secure_fed.engine.flower.server import make_server_app
 
     check_flower_start(exp.context())
     f = exp.cfg.flower
@@ -114,4 +82,6 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     return outcome["result"]
 
 
-__all__ = ["check_flower_start", "client_side_callbacks", "ray_cpus", "run_on_flower"]
+__all__ = [
+    "check_flower_start", "client_side_callbacks", "node_held_state", "node_storage_dir", "ray_cpus", "run_on_flower"
+]  # fmt: skip
