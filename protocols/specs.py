@@ -254,6 +254,7 @@ KEY_DEALING_DOWN = {"public_keys": Opaque(), "sealed": Opaque(), "dealer": Numbe
 
 KEYED_HASHING = LayerSpec(
     name="keyed_hashing",
+    frozen_on_resume=(("keyed_hashing",),),
     threat_model=(
         "Stops an honest-but-curious server (or anyone holding θ⁰ and candidate instances) from recomputing instance "
         "tokens or reading label names in FedALC's label-set collection: tokens and pseudonyms are HMACs under a run key "
@@ -389,6 +390,8 @@ def _secure_sum_memory(cfg, shape, params: int, device: str) -> dict[str, float]
 
 DP = LayerSpec(
     name="dp",
+    frozen_on_resume=(("privacy",),),
+    movable_on_resume=(("privacy", "report_gdp"),),
     threat_model=(
         "Bounds, with a tracked (ε, δ), what the released θ, W and files reveal about any one client (client-level "
         "DP-FedAvg) or any one instance (DP-SGD on the server's W update over label sets, and DP-SGD inside client "
@@ -475,6 +478,7 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
 
 SECURE_AGGREGATION = LayerSpec(
     name="secure_aggregation",
+    frozen_on_resume=(("secure_aggregation",),),
     threat_model=(
         "A server (honest-but-curious, or deviating after the signing-key set-up: advertisements are signed and, with "
         "consistency_check, the survivor set too; protocols.secagg.signing) learns only the round's sum of "
@@ -504,6 +508,7 @@ SECURE_AGGREGATION = LayerSpec(
 
 CKKS = LayerSpec(
     name="ckks",
+    frozen_on_resume=(("ckks",),),
     threat_model=(
         "The server holds only a public CKKS context and adds encrypted client updates, so it sees no individual update "
         "of the encrypted groups; only the sum is decrypted, by key-holding clients. One secret key, not a threshold "

@@ -133,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = exp.run()
     _print_summary(result.summary, run_dir, result.private)
     for cb in exp.callbacks:  # e.g. threat_models' attack taps run the configured attacks
-        cb.on_cli_run_end(exp, result)
+        cb.on_cli_run_end(exp.context(), result)
     status = result.summary["status"]
     if status in ("failed", "diverged"):
         print(f"error: {result.summary['stop_reason']}", file=sys.stderr)

@@ -80,6 +80,12 @@ class LayerSpec:
     #: of ``params`` parameters on ``device``: terms of one phase each, by name (a phase already counted, e.g.
     #: ``round``, grows by it); None: nothing worth counting
     memory: Callable[[Any, Any, int, str], dict[str, float]] | None = None
+    #: the config sections (as key paths, e.g. ``("privacy",)``) a resumed run may not change, because they give
+    #: the checkpoint its meaning (the layer's keys, its privacy ledger's units); frozen whether or not a run lists
+    #: the layer (:func:`secure_fed.engine.checkpoints.frozen_on_resume` adds them to the core's own)
+    frozen_on_resume: tuple[tuple[str, ...], ...] = ()
+    #: inside those, the keys that may still change on resume (e.g. what is reported: ``("privacy", "report_gdp")``)
+    movable_on_resume: tuple[tuple[str, ...], ...] = ()
 
     def load(self) -> type:
         return load_object(self.implementation)

@@ -4,33 +4,31 @@ Plugins register factories under the ``secure_fed.callbacks`` entry points; each
 config and returns a :class:`Callback` or ``None`` (not needed for this run). The engine calls the
 hooks below at fixed points of a round (see the README's architecture table). ``threat_models``
 uses them to record the server's view and to insert the auditor's canaries.
+
+A hook reads the run through a :class:`~secure_fed.engine.run_context.RunContext`, never the run object. The
+built-in callbacks live beside what they do: :mod:`~secure_fed.engine.evaluation` (test metrics, the clients'
+own models), :mod:`~secure_fed.engine.privacy_record`, :mod:`~secure_fed.engine.reporting` (metrics files, the
+summaries), :mod:`~secure_fed.engine.checkpoints`; here the base class and the progress bar and TensorBoard log.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
-
-import numpy as np
+from typing import Any, ClassVar
 
 from secure_fed.algorithms.base import ClientFn
-from secure_fed.engine.evaluation import client_maps, spread
+from secure_fed.engine.aggregation import Aggregate
+from secure_fed.engine.run_context import RunContext
 from secure_fed.errors import PrivacyViolation
-
-if TYPE_CHECKING:
-    from secure_fed.engine.aggregation import Aggregate
-    from secure_fed.engine.runner import Experiment, RunResult
 
 
 class Callback:
     """Every hook does nothing by default; override the ones you need."""
 
-    #: a short name (used to find the callback on an experiment: :meth:`Experiment.callback`)
+    #: a short name (used to find the callback in a run: :meth:`RunContext.callback`)
     name: ClassVar[str] = ""
 
-    def on_init(self, exp: Experiment) -> None:
+    def on_init(self, ctx: RunContext) -> None:
         """The experiment is built (data, model, layers); before setup and before any resume."""
 
     def wrap_setup_query(self, query):
@@ -55,12 +53,12 @@ class Callback:
         that acts on clients without saying so is refused on a remote back end."""
         return False
 
-    def client_report(self, exp: Experiment, cid: int) -> dict[str, float]:
+    def client_report(self, ctx: RunContext, cid: int) -> dict[str, float]:
         """Client side, on a remote node, after client ``cid``'s function ran: the numbers this callback measured
         there that the server may learn (sent beside the reply, outside the guarded payload); empty for none."""
         return {}
 
-    def on_client_report(self, exp: Experiment, cid: int, report: dict[str, float]) -> None:
+    def on_client_report(self, ctx: RunContext, cid: int, report: dict[str, float]) -> None:
         """Server side: a remote client's :meth:`client_report` as it arrives."""
         raise PrivacyViolation(f"client {cid} sent a report for callback {self.name!r}, which takes none")
 
@@ -75,21 +73,27 @@ class Callback:
     def on_aggregate(self, round_idx: int, cohort: list[int], agg: Aggregate) -> None:
         """The round's aggregate as the server obtains it, before the server step."""
 
-    def on_run_start(self, exp: Experiment) -> None:
+    def on_run_start(self, ctx: RunContext) -> None:
         """``Experiment.run`` starts (after setup and any resume)."""
 
-    def on_record(self, exp: Experiment, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
+    def on_record(self, ctx: RunContext, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
         """Add to a round's public record (``metrics.jsonl``: the released model's metrics, the privacy report
         only) or to its private diagnostics, in callback order."""
 
-    def on_round_end(self, exp: Experiment, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
+    def on_round_end(self, ctx: RunContext, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
         """A round's public record (``metrics.jsonl``) and private diagnostics are complete."""
 
-    def on_run_end(self, exp: Experiment, status: str) -> None:
-        """Training stopped (completed, budget exhausted, interrupted or failed); before the final files."""
+    def on_run_end(self, ctx: RunContext, status: str) -> None:
+        """Training stopped (completed, budget exhausted, interrupted, diverged or failed), in callback order: the
+        last records are completed and written, then the checkpoint saves the run's last state."""
 
-    def on_cli_run_end(self, exp: Experiment, result: RunResult) -> None:
-        """``secure-fed run`` has finished training (the attack taps run the configured attacks here)."""
+    def on_release(self, ctx: RunContext, status: str) -> None:
+        """After :meth:`on_run_end`, in callback order: the released model is chosen (a centralised baseline's
+        selected epoch), checkpointed as ``final.pt`` and reported (``summary.json``)."""
+
+    def on_cli_run_end(self, ctx: RunContext, result: Any) -> None:
+        """``secure-fed run`` has finished training, with its :class:`~secure_fed.engine.runner.RunResult` (the attack
+        taps run the configured attacks here)."""
 
     def state_files(self) -> dict[str, Any]:
         """File name → state to save in ``checkpoints/`` beside the server's checkpoint (kept apart from it)."""
@@ -97,6 +101,13 @@ class Callback:
 
     def load_state_files(self, checkpoint_dir: Path) -> None:
         """Restore what :meth:`state_files` saved (on resume)."""
+
+    def checkpoint_state(self, ctx: RunContext) -> dict[str, Any]:
+        """Entries this callback adds to the server's own checkpoint (``last.pt``), e.g. the evaluation's best epoch."""
+        return {}
+
+    def load_checkpoint_state(self, ctx: RunContext, state: dict[str, Any]) -> None:
+        """Restore this callback's entries from the server's checkpoint ``state`` (on resume)."""
 
 
 def build_callbacks(cfg) -> list[Callback]:
@@ -111,143 +122,6 @@ def build_callbacks(cfg) -> list[Callback]:
     return out
 
 
-# ----------------------------------------------------------------------------------- built-in callbacks
-class Evaluation(Callback):
-    """Test metrics every ``evaluation.every`` rounds and after the last; a centralised baseline also scores its
-    validation split to select the epoch it reports. A run stopped by its privacy budget evaluates the model as
-    released at the stop."""
-
-    name = "evaluation"
-
-    def on_record(self, exp, record, diagnostics) -> None:
-        if exp.is_evaluation_round(exp.round):
-            record.update(exp.evaluation_record())
-            exp.select_on_validation(diagnostics)
-
-    def on_run_end(self, exp, status) -> None:
-        from secure_fed.engine.reporting import evaluated
-
-        if status == "budget_exhausted" and exp.history and not evaluated(exp.history[-1]):
-            exp.history[-1].update(exp.evaluation_record())
-
-
-class ClientEvaluation(Callback):
-    """AmAP and WmAP (the FLAG paper §5.1): in an evaluation round, each client scores its own model after its
-    local training (:meth:`Algorithm.client_model`) on its own test rows, client side, and the round's record gets
-    the mean, the std over clients and the worst client's mAP.
-
-    These are metrics of models no DP mechanism protects (the clients' local models), so in a run with DP they go
-    to the private diagnostics, not to ``metrics.jsonl``; without DP (ε = ∞) they are released beside the others.
-    Active only in the general setting (clients hold test rows) with a model family without a row table.
-
-    On Flower each node's copy computes its clients' mAPs and reports them to the server beside the reply, only
-    in a run without protocol layers, where the server sees each client's plaintext update anyway (under DP a
-    client's mAP is a statistic of its data that no mechanism protects, and under a secure sum the server must not
-    learn per-client values: it stays on the node and these metrics are not measured); the server refuses a report
-    in a run with layers."""
-
-    name = "client_evaluation"
-
-    def __init__(self):
-        self.exp = None
-        self.maps: dict[int, float] = {}
-
-    def on_init(self, exp) -> None:
-        active = exp.fed.client_test is not None and not exp.algorithm.centralized and exp.W is None
-        self.exp = exp if active else None
-
-    def acts_on_clients(self) -> bool:
-        return self.exp is not None
-
-    def client_mod(self, fn: ClientFn) -> ClientFn:
-        exp = self.exp
-        if exp is None:
-            return fn
-
-        def evaluated(payload, data):
-            reply = fn(payload, data)
-            if exp.is_evaluation_round(exp.round + 1) and data.eval_x is not None and len(data.eval_x):
-                scores = exp.model_scores(exp.algorithm.client_model(payload, data, reply), data.eval_x)
-                found = client_maps(scores, data.eval_y, [np.arange(len(data.eval_y))])
-                if found:
-                    self.maps[data.client_id] = found[0]
-            return reply
-
-        return evaluated
-
-    def reports_from_remote_clients(self) -> bool:
-        return True
-
-    def client_report(self, exp, cid: int) -> dict[str, float]:
-        found = self.maps.pop(cid, None)
-        if found is None or exp.stack:  # under a protocol layer the client's mAP stays on its node
-            return {}
-        return {"mAP": float(found)}
-
-    def on_client_report(self, exp, cid: int, report: dict[str, float]) -> None:
-        if self.exp is None or exp.stack or set(report) != {"mAP"}:
-            raise PrivacyViolation(f"client {cid}'s client-evaluation report {sorted(report)} is not allowed in this run")
-        self.maps[cid] = float(report["mAP"])
-
-    def on_record(self, exp, record, diagnostics) -> None:
-        if self.exp is None or not self.maps:
-            return
-        stats = spread([self.maps[c] for c in sorted(self.maps)], "AmAP", worst="WmAP")
-        self.maps = {}
-        (diagnostics if exp.stack.privacy() else record).update(stats)
-
-
-class PrivacyRecord(Callback):
-    """The privacy ledger's (ε, δ) so far on every metrics line (ε = ∞ without DP)."""
-
-    name = "privacy_record"
-
-    def on_record(self, exp, record, diagnostics) -> None:
-        record["privacy"] = exp.privacy_now()
-
-
-class Checkpointing(Callback):
-    """Every ``output.checkpoint_every`` rounds (before the last), every party's state (see
-    :mod:`secure_fed.engine.checkpoints`); the run's end saves its own."""
-
-    name = "checkpointing"
-
-    def on_round_end(self, exp, record, diagnostics) -> None:
-        if exp.round % exp.cfg.output.checkpoint_every == 0 and exp.round < exp.cfg.training.rounds:
-            exp.save_checkpoint()
-
-
-class MetricsFiles(Callback):
-    """``metrics.jsonl`` (released) and ``private/diagnostics.jsonl`` (the operator's): one line per round,
-    appended, flushed and fsync'd; a resumed run first truncates both to its checkpoint's rounds."""
-
-    name = "metrics_files"
-
-    def _paths(self, exp) -> tuple[Path, Path]:
-        return exp.run_dir / "metrics.jsonl", exp.run_dir / "private" / "diagnostics.jsonl"
-
-    def rewrite(self, exp) -> None:
-        """Both files exactly as the experiment's records are now (atomically)."""
-        for path, recs in zip(self._paths(exp), (exp.history, exp.diagnostics), strict=True):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".jsonl.tmp")
-            with tmp.open("w") as fh:
-                fh.writelines(json.dumps(r) + "\n" for r in recs)
-                fh.flush()
-                os.fsync(fh.fileno())
-            tmp.replace(path)
-
-    def on_run_start(self, exp) -> None:
-        self.rewrite(exp)  # a resumed run: drop lines written after the checkpoint it resumed from
-
-    def on_round_end(self, exp, record, diagnostics) -> None:
-        for path, rec in zip(self._paths(exp), (record, diagnostics), strict=True):
-            with path.open("a") as fh:
-                fh.write(json.dumps(rec) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-
-
 class TensorBoardLog(Callback):
     """``output.tensorboard``: the released metrics of each round and its (ε, δ) as TensorBoard scalars in
     ``RUN_DIR/tensorboard/`` (``tensorboard --logdir RUN_DIR/tensorboard``). Only what ``metrics.jsonl`` holds:
@@ -259,12 +133,12 @@ class TensorBoardLog(Callback):
     def __init__(self):
         self.writer = None
 
-    def on_run_start(self, exp) -> None:
+    def on_run_start(self, ctx) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(exp.run_dir / "tensorboard"), purge_step=exp.round + 1)
+        self.writer = SummaryWriter(log_dir=str(ctx.run_dir / "tensorboard"), purge_step=ctx.round + 1)
 
-    def on_round_end(self, exp, record, diagnostics) -> None:
+    def on_round_end(self, ctx, record, diagnostics) -> None:
         step = int(record["round"])
         for key, value in record.items():
             if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -275,7 +149,7 @@ class TensorBoardLog(Callback):
                 self.writer.add_scalar(f"privacy/epsilon_{unit}", priv[unit]["epsilon"], step)
         self.writer.flush()
 
-    def on_run_end(self, exp, status) -> None:
+    def on_run_end(self, ctx, status) -> None:
         if self.writer is not None:
             self.writer.close()
 
@@ -288,13 +162,13 @@ class ProgressBar(Callback):
     def __init__(self):
         self.bar = None
 
-    def on_run_start(self, exp) -> None:
+    def on_run_start(self, ctx) -> None:
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=exp.cfg.training.rounds, initial=exp.round, desc=exp.cfg.algorithm.name, unit="round",
+        self.bar = tqdm(total=ctx.cfg.training.rounds, initial=ctx.round, desc=ctx.cfg.algorithm.name, unit="round",
                         mininterval=1.0)  # fmt: skip
 
-    def on_round_end(self, exp, record, diagnostics) -> None:
+    def on_round_end(self, ctx, record, diagnostics) -> None:
         post = {"loss": f"{diagnostics.get('train_loss', float('nan')):.4f}"}
         if "mAP" in record:
             head = next((k for k in record if k.startswith("P@")), "mAP")
@@ -304,7 +178,7 @@ class ProgressBar(Callback):
         self.bar.set_postfix(post, refresh=False)  # drawn by update(), at most once a mininterval
         self.bar.update(1)
 
-    def on_run_end(self, exp, status) -> None:
+    def on_run_end(self, ctx, status) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None

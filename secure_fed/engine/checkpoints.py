@@ -1,4 +1,4 @@
-"""What a checkpoint holds, and how a run saves and resumes it (mixed into :class:`~secure_fed.engine.Experiment`).
+"""What a checkpoint holds, and how a run saves and resumes it: the :class:`Checkpointing` callback.
 
 A run directory's ``checkpoints/`` keeps each party's state apart: ``last.pt``/``final.pt`` the server's
 (θ, W, optimiser moments, the algorithm's state, the privacy ledger, the records), ``clients.pt`` what the
@@ -6,18 +6,25 @@ clients keep (protocol secrets, noise keys, the keyed label order), ``server_sec
 private keys (the secret behind its DP noise and sampling), and each callback's files (e.g. the server's
 recorded view, the auditor's canaries). Every file is written to a temporary name and renamed, so a
 kill leaves the previous checkpoint whole; tensors are saved on the CPU (portable across devices).
+
+The callback reads the run through its :class:`~secure_fed.engine.run_context.RunContext` (the model state, the
+records, the protocol stack's parties' state, the row order, the other callbacks' state) and keeps no state of
+its own beyond when to save.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from secure_fed.engine.callbacks import Callback
+from secure_fed.engine.run_context import RunContext
 from secure_fed.errors import SecureFedError, one_line
+from secure_fed.run_status import TRAINED
+from secure_fed.specs import layer_specs
 
 CHECKPOINT_VERSION = 3
 
@@ -46,26 +53,36 @@ def to_device(obj: Any, device) -> Any:
 
 #: what a resumed run may not change (`secure-fed resume RUN --set …`, a Flower resume, a sweep): the settings that
 #: give the checkpoint its meaning (the data and its split among clients, the model's shape, the algorithm, the
-#: layers and their keys, the privacy ledger's units). The rest may change, e.g. more rounds, lower learning rates
-#: for a diverged run, where the data lie (``dataset.root``), what is reported
-FROZEN_ON_RESUME = (("seed",), ("dataset",), ("partition",), ("model",), ("algorithm", "name"), ("protocols",),
-                    ("privacy",), ("keyed_hashing",), ("secure_aggregation",), ("ckks",))  # fmt: skip
-#: inside those, what may still change
-MOVABLE_ON_RESUME = (("dataset", "root"), ("privacy", "report_gdp"))
+#: listed layers); each layer's spec adds its own sections (its keys, the privacy ledger's units:
+#: ``LayerSpec.frozen_on_resume``). The rest may change, e.g. more rounds, lower learning rates for a diverged run,
+#: where the data lie (``dataset.root``), what is reported
+FROZEN_ON_RESUME = (("seed",), ("dataset",), ("partition",), ("model",), ("algorithm", "name"), ("protocols",))
+#: inside those, what may still change (and each layer's ``LayerSpec.movable_on_resume``)
+MOVABLE_ON_RESUME = (("dataset", "root"),)
+
+
+def frozen_on_resume() -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]:
+    """The frozen keys and the movable keys inside them: the core's, then every registered layer's (listed or not:
+    a layer's section keeps its meaning for the checkpoint whether or not the run lists the layer)."""
+    specs = layer_specs().values()
+    frozen = FROZEN_ON_RESUME + tuple(k for s in specs for k in s.frozen_on_resume if k not in FROZEN_ON_RESUME)
+    return tuple(dict.fromkeys(frozen)), MOVABLE_ON_RESUME + tuple(k for s in specs for k in s.movable_on_resume)
 
 
 def resume_change(recorded, cfg) -> str | None:
-    """The first setting of :data:`FROZEN_ON_RESUME` (less :data:`MOVABLE_ON_RESUME`) that ``cfg`` changes from the
+    """The first setting of :func:`frozen_on_resume` (less its movable keys) that ``cfg`` changes from the
     ``recorded`` config, as ``key: recorded there, new now``; None when there is none."""
     import yaml
 
     from secure_fed.config import dump_config, first_difference
 
+    keys, movable = frozen_on_resume()
+
     def frozen(c) -> dict[str, Any]:
         doc = yaml.safe_load(dump_config(c))
-        for section, key in MOVABLE_ON_RESUME:
+        for section, key in movable:
             (doc.get(section) or {}).pop(key, None)
-        return {".".join(p): functools.reduce(lambda d, k: (d or {}).get(k), p, doc) for p in FROZEN_ON_RESUME}
+        return {".".join(p): functools.reduce(lambda d, k: (d or {}).get(k), p, doc) for p in keys}
 
     old, new = frozen(recorded), frozen(cfg)
     if old == new:
@@ -82,68 +99,94 @@ def load_checkpoint_file(path: Path) -> Any:
         raise SecureFedError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {one_line(str(exc))[:120]})") from None
 
 
-class CheckpointMixin:
-    def state_dict(self) -> dict[str, Any]:
+class Checkpointing(Callback):
+    """Every ``output.checkpoint_every`` rounds (before the last), every party's state; at the run's end its last
+    state (``last.pt``, unless training diverged: the last good checkpoint stays) and, once the released model is
+    chosen, ``final.pt``. :meth:`resume` loads them back."""
+
+    name = "checkpointing"
+
+    def on_round_end(self, ctx, record, diagnostics) -> None:
+        if ctx.round % ctx.cfg.output.checkpoint_every == 0 and ctx.round < ctx.cfg.training.rounds:
+            self.save(ctx)
+
+    def on_run_end(self, ctx, status) -> None:
+        ctx.records.bank_time()
+        if status != "diverged":  # a diverged run keeps its last good checkpoint, to resume from with other settings
+            self.save(ctx)
+
+    def on_release(self, ctx, status) -> None:
+        if status in TRAINED:
+            self.save(ctx, "final.pt", side_files=False)
+
+    # ----------------------------------------------------------------- what each party keeps
+    @staticmethod
+    def server_state(ctx: RunContext) -> dict[str, Any]:
+        """The server's checkpoint (``last.pt``): θ, W, the optimisers, the algorithm, the ledger, the records."""
+        m, rec = ctx.model, ctx.records
+        extra = {k: v for cb in ctx.callbacks for k, v in cb.checkpoint_state(ctx).items()}
         return {
             "version": CHECKPOINT_VERSION,
-            "round": self.round,
-            "theta": {n: t.cpu() for n, t in self.theta.items()},
-            "W": None if self.W is None else self.W.cpu(),
-            "server_opt": _to_cpu(self.server_opt.state_dict()),
-            "row_opt": _to_cpu(self.row_opt.state_dict()),
-            "algorithm": _to_cpu(self.algorithm.state_dict()),
-            "protocols": self.stack.state_dict(),
-            "setup_facts": self.setup_facts,
-            "history": self.history,
-            "diagnostics": self.diagnostics,
-            "rounds_aborted": self.rounds_aborted,
-            "best": _to_cpu(self.best),
-            "wall_seconds": self.wall_before,
-            "flower_session": self.flower_session,
+            "round": rec.round,
+            "theta": {n: t.cpu() for n, t in m.theta.items()},
+            "W": None if m.W is None else m.W.cpu(),
+            "server_opt": _to_cpu(m.server_opt.state_dict()),
+            "row_opt": _to_cpu(m.row_opt.state_dict()),
+            "algorithm": _to_cpu(ctx.algorithm.state_dict()),
+            "protocols": ctx.stack.state_dict(),
+            "setup_facts": rec.setup_facts,
+            "history": rec.history,
+            "diagnostics": rec.diagnostics,
+            "rounds_aborted": rec.rounds_aborted,
+            **extra,
+            "wall_seconds": rec.wall_before,
+            "flower_session": rec.flower_session,
         }
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.round = sd["round"]
-        self.theta = {n: t.to(self.device) for n, t in sd["theta"].items()}
-        self.W = None if sd["W"] is None else sd["W"].to(self.device)
-        self.server_opt.load_state_dict(sd["server_opt"], self.device)
-        self.row_opt.load_state_dict(sd["row_opt"], self.device)
+    @staticmethod
+    def load_server_state(ctx: RunContext, sd: dict[str, Any]) -> None:
+        m, rec = ctx.model, ctx.records
+        rec.round = sd["round"]
+        m.theta = {n: t.to(ctx.device) for n, t in sd["theta"].items()}
+        m.W = None if sd["W"] is None else sd["W"].to(ctx.device)
+        m.server_opt.load_state_dict(sd["server_opt"], ctx.device)
+        m.row_opt.load_state_dict(sd["row_opt"], ctx.device)
         if sd["setup_facts"] is not None:
-            self.algorithm.load_state_dict(sd["algorithm"])
-        self.setup_facts = sd["setup_facts"]
-        self.stack.load_state_dict(sd.get("protocols", {}))
-        self.history = sd["history"]
-        self.diagnostics = sd.get("diagnostics", [])
-        self.rounds_aborted = sd.get("rounds_aborted", 0)
-        best = sd.get("best")
-        self.best = None if best is None else to_device(best, self.device)
-        self.wall_before = sd["wall_seconds"]
-        self.flower_session = sd.get("flower_session")
+            ctx.algorithm.load_state_dict(sd["algorithm"])
+        rec.setup_facts = sd["setup_facts"]
+        ctx.stack.load_state_dict(sd.get("protocols", {}))
+        rec.history = sd["history"]
+        rec.diagnostics = sd.get("diagnostics", [])
+        rec.rounds_aborted = sd.get("rounds_aborted", 0)
+        for cb in ctx.callbacks:
+            cb.load_checkpoint_state(ctx, sd)
+        rec.wall_before = sd["wall_seconds"]
+        rec.flower_session = sd.get("flower_session")
 
-    def client_state_dict(self) -> dict[str, Any]:
+    @staticmethod
+    def client_state(ctx: RunContext) -> dict[str, Any]:
         """What the clients (and the simulator) keep on their own side: protocol secrets, the label re-indexing."""
         return {
-            "protocols": self.stack.client_state_dict(),
-            "label_perm": self.label_perm,
-            "client_state": {c.client_id: _to_cpu(c.state) for c in self.fed.clients if c.state},  # e.g. local's θ_c
+            "protocols": ctx.stack.client_state_dict(),
+            "label_perm": ctx.row_order.perm,
+            "client_state": {c.client_id: _to_cpu(c.state) for c in ctx.fed.clients if c.state},  # e.g. local's θ_c
         }
 
-    def save_checkpoint(self, name: str = "last.pt", *, side_files: bool = True) -> Path:
+    def save(self, ctx: RunContext, name: str = "last.pt", *, side_files: bool = True) -> Path:
         """Save the server's state as ``name``, and (``side_files``) the other parties' files beside it; ``final.pt``
         is saved right after ``last.pt`` and passes ``side_files=False``, since those files have not changed."""
-        self.wall_before = self.elapsed()  # the training time so far goes into the checkpoint
-        self._t0 = time.perf_counter()
-        ckpt_dir = self.run_dir / "checkpoints"
+        ctx.records.bank_time()  # the training time so far goes into the checkpoint
+        ckpt_dir = ctx.run_dir / "checkpoints"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         files = []
         if side_files:  # each stamped with the round, so that resume can tell files of two checkpoints apart
             files += [
-                ("clients.pt", {**self.client_state_dict(), "round": self.round}),  # the clients' own storage
-                ("server_secrets.pt", {"protocols": self.stack.secret_state_dict(), "round": self.round}),  # its keys
+                ("clients.pt", {**self.client_state(ctx), "round": ctx.round}),  # the clients' own storage
+                ("server_secrets.pt", {"protocols": ctx.stack.secret_state_dict(), "round": ctx.round}),  # its keys
             ]
-            for cb in self.callbacks:  # e.g. the server's recorded view and the auditor's secrets, kept apart
+            for cb in ctx.callbacks:  # e.g. the server's recorded view and the auditor's secrets, kept apart
                 files.extend(cb.state_files().items())
-        files.append((name, self.state_dict()))  # the server's file last: it is what makes the checkpoint current
+        files.append((name, self.server_state(ctx)))  # the server's file last: it is what makes the checkpoint current
         # every file is written in full first (the slow part), then all are moved in place: a crash while writing
         # leaves the previous checkpoint whole; one between the moves (microseconds) is caught by the round stamps
         for fname, state in files:
@@ -152,9 +195,11 @@ class CheckpointMixin:
             (ckpt_dir / (fname + ".tmp")).replace(ckpt_dir / fname)
         return ckpt_dir / name
 
-    def _check_same_run(self) -> None:
+    # ----------------------------------------------------------------- resume
+    @staticmethod
+    def check_same_run(ctx: RunContext) -> None:
         """The config resumed with may not change what the run directory's checkpoint means (:func:`resume_change`)."""
-        saved = self.run_dir / "config.yaml"
+        saved = ctx.run_dir / "config.yaml"
         if not saved.is_file():
             return
         from secure_fed.config import load_config
@@ -162,63 +207,64 @@ class CheckpointMixin:
         try:
             recorded = load_config(saved)
         except SecureFedError as exc:
-            raise SecureFedError(f"cannot resume {self.run_dir}: its config.yaml no longer loads ({exc})") from None
-        if change := resume_change(recorded, self.cfg):
+            raise SecureFedError(f"cannot resume {ctx.run_dir}: its config.yaml no longer loads ({exc})") from None
+        if change := resume_change(recorded, ctx.cfg):
             raise SecureFedError(
-                f"cannot resume {self.run_dir} with {change}: the data, partition, model, algorithm, seed, protocol "
+                f"cannot resume {ctx.run_dir} with {change}: the data, partition, model, algorithm, seed, protocol "
                 "layers and privacy settings stay as recorded (start a new run to change them)"
             )
 
-    def _check_fresh_start(self, ckpt: Path) -> None:
+    @staticmethod
+    def check_fresh_start(ctx: RunContext, ckpt: Path) -> None:
         """A run directory without ``last.pt`` starts afresh, unless that would hide what the run already did: it
         wrote ``last.pt`` (its ``final.pt``, or a summary of any ending but divergence, which alone saves none), or,
         under DP, it released rounds or drew secrets before its first checkpoint (training again from round 0 with a
         fresh ledger would spend the budget twice and report it once)."""
-        summary = self.run_dir / "summary.json"
+        summary = ctx.run_dir / "summary.json"
         if (ckpt / "final.pt").is_file() or (summary.is_file() and '"diverged"' not in summary.read_text()):
-            raise SecureFedError(f"cannot resume {self.run_dir}: {ckpt / 'last.pt'} is missing (the run wrote it); "
+            raise SecureFedError(f"cannot resume {ctx.run_dir}: {ckpt / 'last.pt'} is missing (the run wrote it); "
                                  "restore it, or start a new run")  # fmt: skip
-        metrics = self.run_dir / "metrics.jsonl"
+        metrics = ctx.run_dir / "metrics.jsonl"
         released = metrics.is_file() and metrics.read_text().strip() != ""
         drawn = any((ckpt / f).is_file() for f in ("clients.pt", "server_secrets.pt"))
-        if "dp" in self.cfg.protocols and (released or drawn):
+        if "dp" in ctx.cfg.protocols and (released or drawn):
             raise SecureFedError(
-                f"cannot resume {self.run_dir}: it has no checkpoint, but it already "
+                f"cannot resume {ctx.run_dir}: it has no checkpoint, but it already "
                 + ("released rounds in metrics.jsonl" if released else "saved secrets")
                 + "; training again from round 0 would spend its privacy budget twice. Start a new run directory"
             )
 
-    def resume(self) -> bool:
+    def resume(self, ctx: RunContext) -> bool:
         """Load ``checkpoints/last.pt`` if present; returns whether it did. A run that has no ``last.pt`` yet (stopped
         before its first checkpoint, or diverged in it) starts afresh; one whose ``last.pt`` is gone although the
         run wrote it (its ``final.pt`` or ``summary.json`` is there), or whose checkpoint files are missing or do not
         read, is an error: never a silent restart, never a new secret in place of a lost one."""
-        ckpt = self.run_dir / "checkpoints"
+        ckpt = ctx.run_dir / "checkpoints"
         path = ckpt / "last.pt"
-        self._check_same_run()
+        self.check_same_run(ctx)
         if not path.is_file():
-            self._check_fresh_start(ckpt)
+            self.check_fresh_start(ctx, ckpt)
             return False
         if not (ckpt / "clients.pt").is_file():  # saved with every last.pt: the clients' keys and storage
-            raise SecureFedError(f"cannot resume {self.run_dir}: {ckpt / 'clients.pt'} is missing (written with every "
+            raise SecureFedError(f"cannot resume {ctx.run_dir}: {ckpt / 'clients.pt'} is missing (written with every "
                                  "last.pt; fresh client keys would not continue the run)")  # fmt: skip
         secrets_path = ckpt / "server_secrets.pt"
-        if not secrets_path.is_file() and any(self.stack.secret_state_dict().values()):
-            raise SecureFedError(f"cannot resume {self.run_dir}: {secrets_path} is missing (it holds the server's "
+        if not secrets_path.is_file() and any(ctx.stack.secret_state_dict().values()):
+            raise SecureFedError(f"cannot resume {ctx.run_dir}: {secrets_path} is missing (it holds the server's "
                                  "secrets, e.g. its DP noise key; a fresh one would not continue the run)")  # fmt: skip
         cs = load_checkpoint_file(ckpt / "clients.pt")
-        self.stack.load_client_state_dict(cs["protocols"])
+        ctx.stack.load_client_state_dict(cs["protocols"])
         if cs["label_perm"] is not None:
-            self.apply_row_order(cs["label_perm"])
+            ctx.row_order.apply(cs["label_perm"])
         for cid, state in cs.get("client_state", {}).items():
-            self.fed.clients[cid].state = to_device(state, self.device)
-        lost = [layer.name for layer in self.stack.layers
+            ctx.fed.clients[cid].state = to_device(state, ctx.device)
+        lost = [layer.name for layer in ctx.stack.layers
                 if layer.client_state_on_nodes and not any(layer.client_state_dict().values())]  # fmt: skip
-        if self.algorithm.keeps_client_state and not any(c.state for c in self.fed.clients):
-            lost.append(f"algorithm {self.algorithm.name}")
-        if lost and self.cfg.backend != "flower":
+        if ctx.algorithm.keeps_client_state and not any(c.state for c in ctx.fed.clients):
+            lost.append(f"algorithm {ctx.algorithm.name}")
+        if lost and ctx.cfg.backend != "flower":
             raise SecureFedError(
-                f"cannot resume {self.run_dir} in process: the clients' state of {', '.join(lost)} (keys, secret "
+                f"cannot resume {ctx.run_dir} in process: the clients' state of {', '.join(lost)} (keys, secret "
                 "streams or models) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
             )
         sd = load_checkpoint_file(path)
@@ -227,13 +273,13 @@ class CheckpointMixin:
                   if isinstance(doc, dict) and "round" in doc}  # fmt: skip
         if other := {f: r for f, r in stamps.items() if r != sd["round"]}:
             raise SecureFedError(
-                f"cannot resume {self.run_dir}: last.pt is of round {sd['round']} but "
+                f"cannot resume {ctx.run_dir}: last.pt is of round {sd['round']} but "
                 + ", ".join(f"{f} of round {r}" for f, r in other.items())
                 + " (a crash between their writes); restore files of one checkpoint, or start a new run"
             )
-        self.load_state_dict(sd)
+        self.load_server_state(ctx, sd)
         if secrets is not None:
-            self.stack.load_secret_state_dict(secrets["protocols"])
-        for cb in self.callbacks:
-            cb.load_state_files(self.run_dir / "checkpoints")
+            ctx.stack.load_secret_state_dict(secrets["protocols"])
+        for cb in ctx.callbacks:
+            cb.load_state_files(ctx.run_dir / "checkpoints")
         return True

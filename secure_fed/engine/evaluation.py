@@ -1,5 +1,6 @@
-"""Evaluation of the server's model, and epoch selection for centralised baselines (mixed into
-:class:`~secure_fed.engine.Experiment`; the :class:`~secure_fed.engine.callbacks.Evaluation` callback calls it).
+"""Evaluation of the server's model, and epoch selection for centralised baselines: functions of the
+:class:`~secure_fed.engine.model_state.ModelState` and the federation's test split, and the two callbacks that
+add their metrics to a round's record (:class:`Evaluation`, :class:`ClientEvaluation`).
 
 Test metrics come from the model family's scores on the test split. A centralised baseline (the oracle)
 also scores a validation split carved from its training data and reports the evaluated epoch with the best
@@ -11,8 +12,7 @@ paper's metrics (§5.1, Table 1) are then
 * ``GmAP``: the server's model on each client's test rows, mAP averaged over clients (``GmAP_std``: the std
   over clients, ``GmAP_worst``: the worst client) — a metric of the released model, public like the others;
 * ``AmAP``: each client's own model after its local training in the round, on its own test rows, averaged
-  (``AmAP_std``; ``WmAP``: the worst client's) — computed client side by
-  :class:`~secure_fed.engine.callbacks.ClientEvaluation`.
+  (``AmAP_std``; ``WmAP``: the worst client's) — computed client side by :class:`ClientEvaluation`.
 
 A client's mAP is the macro AP over the labels with both a positive and a negative in its test rows (a label all
 its rows have gets AP = 1 from any model); clients with no such label are left out of the averages.
@@ -26,9 +26,15 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from secure_fed.algorithms.base import ClientFn
+from secure_fed.engine.callbacks import Callback
+from secure_fed.engine.model_state import ModelState
+from secure_fed.engine.run_context import RunContext
+from secure_fed.errors import PrivacyViolation
 from secure_fed.metrics import blocks as label_blocks
 from secure_fed.metrics import evaluate_scores, macro_average_precision
 from secure_fed.models.sparse_rows import SparseRows, split_rows
+from secure_fed.run_status import TRAINED
 
 
 def client_map(scores: np.ndarray, y: np.ndarray) -> float:
@@ -71,87 +77,207 @@ def eval_chunk_rows(width: int) -> int:
     return max(1, min(2048, EVAL_CHUNK_ELEMENTS // max(1, width)))
 
 
-class EvaluationMixin:
-    @torch.no_grad()
-    def model_scores(self, theta: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:
-        """(n, C) scores of the model θ (with the server's W when the family has rows) on ``x``."""
-        self._load_theta(theta)
-        width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
-        chunks = [self.family.scores(self.encoder, self.W, xb) for xb in split_rows(x, eval_chunk_rows(width))]
-        return torch.cat(chunks).float().cpu().numpy()
+@torch.no_grad()
+def model_scores(model: ModelState, theta: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:
+    """(n, C) scores of the model θ (with the server's W when the family has rows) on ``x``."""
+    model.load_theta(theta)
+    width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
+    chunks = [model.family.scores(model.encoder, model.W, xb) for xb in split_rows(x, eval_chunk_rows(width))]
+    return torch.cat(chunks).float().cpu().numpy()
 
-    def _load_theta(self, theta: dict[str, torch.Tensor]) -> None:
-        for n, p in self.encoder.named_parameters():
-            p.copy_(theta[n])
-        self.encoder.eval()
 
-    @torch.no_grad()
-    def _blocked_metrics(self, x, y: sp.csr_matrix) -> dict[str, float]:
-        """The metrics from blocks of W's rows (:mod:`secure_fed.metrics.blocks`): the test rows' embeddings
-        g_θ(x) once, then each block's scores against them; never the (n, C) score matrix."""
-        self._load_theta(self.theta)
-        width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
-        outs = [self.family.forward(self.encoder, xb) for xb in split_rows(x, eval_chunk_rows(width))]
-        W = self.W
+@torch.no_grad()
+def blocked_metrics(model: ModelState, x, y: sp.csr_matrix, ev) -> dict[str, float]:
+    """The metrics from blocks of W's rows (:mod:`secure_fed.metrics.blocks`): the test rows' embeddings
+    g_θ(x) once, then each block's scores against them; never the (n, C) score matrix."""
+    model.load_theta(model.theta)
+    width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
+    outs = [model.family.forward(model.encoder, xb) for xb in split_rows(x, eval_chunk_rows(width))]
+    W = model.W
 
-        def block_scores(sl: slice) -> np.ndarray:
-            return torch.cat([self.family.score(o, W[sl]) for o in outs]).float().cpu().numpy()
+    def block_scores(sl: slice) -> np.ndarray:
+        return torch.cat([model.family.score(o, W[sl]) for o in outs]).float().cpu().numpy()
 
-        ev = self.cfg.evaluation
-        return label_blocks.evaluate_label_blocks(block_scores, y, ks=tuple(ev.ks), threshold=ev.threshold)
+    return label_blocks.evaluate_label_blocks(block_scores, y, ks=tuple(ev.ks), threshold=ev.threshold)
 
-    def evaluate(self, split: str = "test") -> dict[str, float]:
-        """Metrics of the current θ, W on the test split (with GmAP when clients have test rows), or on a
-        centralised baseline's validation split.
 
-        When the full score matrix would hold more than :data:`~secure_fed.metrics.blocks.BLOCK_ELEMENTS` entries
-        and the family has a row table, the metrics come from blocks of labels (the same values, tested; an
-        extreme-classification test split never forms the (n, C) matrix); otherwise from the whole matrix."""
-        x, y = (self.fed.x_test, self.fed.y_test) if split == "test" else (self.fed.x_val, self.fed.y_val)
-        ks = tuple(self.cfg.evaluation.ks)
-        general = split == "test" and self.fed.client_test is not None
-        n, C = y.shape
-        if self.W is not None and not general and n * C > label_blocks.BLOCK_ELEMENTS:
-            return self._blocked_metrics(x, y)
-        scores = self.model_scores(self.theta, x)
-        y = y.toarray() if sp.issparse(y) else y
-        out = evaluate_scores(scores, y, ks=ks, threshold=self.cfg.evaluation.threshold)
-        if general:
-            out.update(spread(client_maps(scores, y, self.fed.client_test), "GmAP", worst="GmAP_worst"))
-        return out
+def evaluate(model: ModelState, fed, cfg, split: str = "test") -> dict[str, float]:
+    """Metrics of the current θ, W on the test split (with GmAP when clients have test rows), or on a
+    centralised baseline's validation split.
 
-    def is_evaluation_round(self, completed: int) -> bool:
-        """Whether the metrics are computed once ``completed`` rounds are done (every N, and after the last)."""
-        return completed % self.cfg.evaluation.every == 0 or completed == self.cfg.training.rounds
+    When the full score matrix would hold more than :data:`~secure_fed.metrics.blocks.BLOCK_ELEMENTS` entries
+    and the family has a row table, the metrics come from blocks of labels (the same values, tested; an
+    extreme-classification test split never forms the (n, C) matrix); otherwise from the whole matrix."""
+    x, y = (fed.x_test, fed.y_test) if split == "test" else (fed.x_val, fed.y_val)
+    ks = tuple(cfg.evaluation.ks)
+    general = split == "test" and fed.client_test is not None
+    n, C = y.shape
+    if model.W is not None and not general and n * C > label_blocks.BLOCK_ELEMENTS:
+        return blocked_metrics(model, x, y, cfg.evaluation)
+    scores = model_scores(model, model.theta, x)
+    y = y.toarray() if sp.issparse(y) else y
+    out = evaluate_scores(scores, y, ks=ks, threshold=cfg.evaluation.threshold)
+    if general:
+        out.update(spread(client_maps(scores, y, fed.client_test), "GmAP", worst="GmAP_worst"))
+    return out
 
-    def evaluation_record(self) -> dict[str, Any]:
-        """A metrics line's evaluation: test metrics of the current model, and W's mean row cosine (none for an
-        algorithm without a global model, e.g. ``local``)."""
-        if not self.algorithm.has_global_model:
-            return {}
-        rec: dict[str, Any] = dict(self.evaluate())
-        if self.W is not None:
-            rec["W_mean_cos"] = self.mean_row_cosine()
-        return rec
 
-    def _selection_metric(self) -> str:
-        return f"P@{min(self.cfg.evaluation.ks)}"
+def is_evaluation_round(cfg, completed: int) -> bool:
+    """Whether the metrics are computed once ``completed`` rounds are done (every N, and after the last)."""
+    return completed % cfg.evaluation.every == 0 or completed == cfg.training.rounds
 
-    def select_on_validation(self, diagnostics: dict[str, Any]) -> None:
+
+def evaluation_record(ctx: RunContext) -> dict[str, Any]:
+    """A metrics line's evaluation: test metrics of the current model, and W's mean row cosine (none for an
+    algorithm without a global model, e.g. ``local``)."""
+    if not ctx.algorithm.has_global_model:
+        return {}
+    rec: dict[str, Any] = dict(evaluate(ctx.model, ctx.fed, ctx.cfg))
+    if ctx.model.W is not None:
+        rec["W_mean_cos"] = ctx.model.mean_row_cosine()
+    return rec
+
+
+def evaluated(record: dict[str, Any]) -> bool:
+    """Whether a metrics line is an evaluated round (``mAP`` is computed at every evaluation, whatever the ks;
+    ``AmAP`` alone for an algorithm without a global model)."""
+    return "mAP" in record or "AmAP" in record
+
+
+def selection_metric(cfg) -> str:
+    """The validation metric a centralised baseline selects its epoch by."""
+    return f"P@{min(cfg.evaluation.ks)}"
+
+
+def _cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def _to(obj: Any, device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
+
+
+class Evaluation(Callback):
+    """Test metrics every ``evaluation.every`` rounds and after the last; a centralised baseline also scores its
+    validation split to select the epoch it reports. A run stopped by its privacy budget evaluates the model as
+    released at the stop.
+
+    Its state: the best validation epoch so far (``best``, saved in the server's checkpoint); at the release, θ and
+    W go back to it and ``ctx.records.selected`` names it, with its test metrics."""
+
+    name = "evaluation"
+
+    def __init__(self):
+        self.best: dict[str, Any] | None = None  #: centralised baselines: the best epoch on validation so far
+
+    def on_record(self, ctx, record, diagnostics) -> None:
+        if is_evaluation_round(ctx.cfg, ctx.round):
+            record.update(evaluation_record(ctx))
+            self.select_on_validation(ctx, diagnostics)
+
+    def select_on_validation(self, ctx: RunContext, diagnostics: dict[str, Any]) -> None:
         """Centralised baselines: keep the evaluated epoch with the best validation score (training data only)."""
-        if self.fed.x_val is None:
+        if ctx.fed.x_val is None:
             return
-        key = self._selection_metric()
-        score = self.evaluate("val")[key]
+        key = selection_metric(ctx.cfg)
+        score = evaluate(ctx.model, ctx.fed, ctx.cfg, "val")[key]
         diagnostics[f"validation_{key}"] = score  # a statistic of training data: private
         if self.best is None or score > self.best["score"]:
-            self.best = {"round": self.round, "score": score, "theta": {n: t.clone() for n, t in self.theta.items()},
-                         "W": None if self.W is None else self.W.clone()}  # fmt: skip
+            m = ctx.model
+            self.best = {"round": ctx.round, "score": score, "theta": {n: t.clone() for n, t in m.theta.items()},
+                         "W": None if m.W is None else m.W.clone()}  # fmt: skip
 
-    def _restore_selected(self) -> None:
+    def on_run_end(self, ctx, status) -> None:
+        if status == "budget_exhausted" and ctx.records.history and not evaluated(ctx.records.history[-1]):
+            ctx.records.history[-1].update(evaluation_record(ctx))
+
+    def on_release(self, ctx, status) -> None:
         """Report the selected epoch: θ, W back to the best validation snapshot, then its test metrics."""
-        if self.best is None:
+        if status not in TRAINED or self.best is None:
             return
-        self.theta = {n: t.clone() for n, t in self.best["theta"].items()}
-        self.W = None if self.best["W"] is None else self.best["W"].clone()
-        self.selected = {"round": self.best["round"], "metrics": self.evaluate(), "W_mean_cos": self.mean_row_cosine()}
+        m = ctx.model
+        m.theta = {n: t.clone() for n, t in self.best["theta"].items()}
+        m.W = None if self.best["W"] is None else self.best["W"].clone()
+        ctx.records.selected = {"round": self.best["round"], "metrics": evaluate(m, ctx.fed, ctx.cfg),
+                                "W_mean_cos": m.mean_row_cosine()}  # fmt: skip
+
+    def checkpoint_state(self, ctx) -> dict[str, Any]:
+        return {"best": _cpu(self.best)}
+
+    def load_checkpoint_state(self, ctx, state) -> None:
+        best = state.get("best")
+        self.best = None if best is None else _to(best, ctx.device)
+
+
+class ClientEvaluation(Callback):
+    """AmAP and WmAP (the FLAG paper §5.1): in an evaluation round, each client scores its own model after its
+    local training (:meth:`Algorithm.client_model`) on its own test rows, client side, and the round's record gets
+    the mean, the std over clients and the worst client's mAP.
+
+    These are metrics of models no DP mechanism protects (the clients' local models), so in a run with DP they go
+    to the private diagnostics, not to ``metrics.jsonl``; without DP (ε = ∞) they are released beside the others.
+    Active only in the general setting (clients hold test rows) with a model family without a row table.
+
+    On Flower each node's copy computes its clients' mAPs and reports them to the server beside the reply, only
+    in a run without protocol layers, where the server sees each client's plaintext update anyway (under DP a
+    client's mAP is a statistic of its data that no mechanism protects, and under a secure sum the server must not
+    learn per-client values: it stays on the node and these metrics are not measured); the server refuses a report
+    in a run with layers."""
+
+    name = "client_evaluation"
+
+    def __init__(self):
+        self.ctx: RunContext | None = None  #: the run's context when active (the client side scores with its model)
+        self.maps: dict[int, float] = {}
+
+    def on_init(self, ctx) -> None:
+        active = ctx.fed.client_test is not None and not ctx.algorithm.centralized and ctx.model.W is None
+        self.ctx = ctx if active else None
+
+    def acts_on_clients(self) -> bool:
+        return self.ctx is not None
+
+    def client_mod(self, fn: ClientFn) -> ClientFn:
+        ctx = self.ctx
+        if ctx is None:
+            return fn
+
+        def evaluated(payload, data):
+            reply = fn(payload, data)
+            if is_evaluation_round(ctx.cfg, ctx.round + 1) and data.eval_x is not None and len(data.eval_x):
+                scores = model_scores(ctx.model, ctx.algorithm.client_model(payload, data, reply), data.eval_x)
+                found = client_maps(scores, data.eval_y, [np.arange(len(data.eval_y))])
+                if found:
+                    self.maps[data.client_id] = found[0]
+            return reply
+
+        return evaluated
+
+    def reports_from_remote_clients(self) -> bool:
+        return True
+
+    def client_report(self, ctx, cid: int) -> dict[str, float]:
+        found = self.maps.pop(cid, None)
+        if found is None or ctx.stack:  # under a protocol layer the client's mAP stays on its node
+            return {}
+        return {"mAP": float(found)}
+
+    def on_client_report(self, ctx, cid: int, report: dict[str, float]) -> None:
+        if self.ctx is None or ctx.stack or set(report) != {"mAP"}:
+            raise PrivacyViolation(f"client {cid}'s client-evaluation report {sorted(report)} is not allowed in this run")
+        self.maps[cid] = float(report["mAP"])
+
+    def on_record(self, ctx, record, diagnostics) -> None:
+        if self.ctx is None or not self.maps:
+            return
+        stats = spread([self.maps[c] for c in sorted(self.maps)], "AmAP", worst="WmAP")
+        self.maps = {}
+        (diagnostics if ctx.stack.privacy() else record).update(stats)

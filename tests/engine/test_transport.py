@@ -6,6 +6,7 @@ import io
 import torch
 
 from secure_fed.engine import Experiment
+from secure_fed.engine.client_link import ClientLink
 from tests.conftest import small_config
 
 
@@ -21,7 +22,7 @@ def test_round_trip_serialised_messages_give_identical_training(tmp_path, monkey
     ref.run(progress=False)
 
     exp = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path / "b")
-    original = Experiment._exchange
+    original = ClientLink.exchange
 
     def wire(self, cid, payload, client_fn):
         def remote(p, d):  # the client only ever sees a deserialised copy; the server a deserialised reply
@@ -29,7 +30,7 @@ def test_round_trip_serialised_messages_give_identical_training(tmp_path, monkey
 
         return original(self, cid, payload, remote)
 
-    monkeypatch.setattr(Experiment, "_exchange", wire)
+    monkeypatch.setattr(ClientLink, "exchange", wire)
     exp.run(progress=False)
     assert torch.equal(ref.W, exp.W)
     assert all(torch.equal(ref.theta[k], exp.theta[k]) for k in ref.theta)

@@ -35,7 +35,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.config import dump_config, load_config
-from secure_fed.engine.flower.apps import client_app_of, client_replica, run_with_grid
+from secure_fed.engine.flower.apps import client_app_of, client_replica
+from secure_fed.engine.flower.server import run_with_grid
 
 log = logging.getLogger("secure_fed.flower")
 
@@ -85,7 +86,9 @@ def main(grid: Grid, context: Context) -> None:
 def _node_replica(context: Context):
     cfg = config_from_run_config(dict(context.run_config))
     root = _data_root(str(context.node_config.get("data-root", "") or ""))
-    return client_replica(dump_config(cfg), root, threads=1)
+    from secure_fed.engine.runner import Experiment
+
+    return client_replica(dump_config(cfg), root, threads=1, run_class=Experiment)
 
 
 def _node_storage(context: Context) -> str | None:

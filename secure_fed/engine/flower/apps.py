@@ -1,5 +1,6 @@
-"""The Flower apps: a ``ServerApp`` that drives an :class:`~secure_fed.engine.runner.Experiment` through a
-:class:`~secure_fed.engine.flower.executor.FlowerExecutor`, and a ``ClientApp`` that serves its node's clients.
+"""The Flower ``ClientApp`` that serves its node's clients (the ``ServerApp`` is in :mod:`.server`). It does not
+import the run object's module: the caller hands it the class that builds the node's copy of the run
+(``run_class``, :class:`~secure_fed.engine.runner.Experiment`).
 
 **What a node holds.** The node with ``partition-id`` p of N serves the clients c with c mod N = p. It builds its
 own copy of the run from the experiment's config (the dataset, the partition, the model, the algorithm: all
@@ -28,7 +29,6 @@ from typing import Any
 import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.client_functions import apply_client_plan, resolve_client_function
 from secure_fed.engine.checkpoints import to_device
@@ -40,14 +40,14 @@ REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan", "session"
 _REPLICAS: dict[str, Any] = {}
 
 
-def client_replica(config_text: str, data_root: str | None, threads: int):
-    """This process's copy of the run (built once): the clients' data and client-side code."""
+def client_replica(config_text: str, data_root: str | None, threads: int, run_class: Callable[..., Any]):
+    """This process's copy of the run (built once, by ``run_class(cfg, run_dir=..., data_root=...)``, the run
+    object's class): the clients' data and client-side code."""
     key = hashlib.sha256(f"{config_text}\n{data_root}".encode()).hexdigest()
     if key not in _REPLICAS:
         import torch
 
         from secure_fed.config.schema import ExperimentConfig
-        from secure_fed.engine.runner import Experiment
 
         torch.set_num_threads(threads)
         data = yaml.safe_load(config_text)
@@ -55,7 +55,7 @@ def client_replica(config_text: str, data_root: str | None, threads: int):
         cfg = ExperimentConfig.model_validate(data)
         cache = tempfile.mkdtemp(prefix="secure-fed-client-")
         atexit.register(shutil.rmtree, cache, True)  # the copy's model cache goes with the process
-        _REPLICAS[key] = Experiment(cfg, run_dir=cache, data_root=data_root)
+        _REPLICAS[key] = run_class(cfg, run_dir=cache, data_root=data_root)
     return _REPLICAS[key]
 
 
@@ -175,11 +175,17 @@ def _reply(msg: Message, payload: dict, **meta: Any) -> Message:
 
 
 def make_client_app(
-    config_text: str, data_root: str | None, *, threads: int = 1, state_dir: str | Path | None = None
+    config_text: str,
+    data_root: str | None,
+    run_class: Callable[..., Any],
+    *,
+    threads: int = 1,
+    state_dir: str | Path | None = None,
 ) -> ClientApp:
-    """The ClientApp of one experiment (its config and data root travel with the app, not in messages); each node
-    keeps its clients' state under ``state_dir`` too (its storage; None: only for one Flower run)."""
-    return client_app_of(lambda context: client_replica(config_text, data_root, threads), lambda context: state_dir)
+    """The ClientApp of one experiment (its config and data root travel with the app, not in messages; each node
+    builds its copy with ``run_class``); each node keeps its clients' state under ``state_dir`` too (its storage;
+    None: only for one Flower run)."""
+    return client_app_of(lambda context: client_replica(config_text, data_root, threads, run_class), lambda context: state_dir)
 
 
 def client_app_of(
@@ -243,37 +249,9 @@ def client_app_of(
         save_node_state(context, exp, file)
         # what the node's callbacks measured inside the client's function that the server may learn (e.g. the
         # client's own model's mAP in the general setting, without DP), beside the reply
-        reports = {cb.name: r for cb in exp.callbacks if cb.reports_from_remote_clients() and (r := cb.client_report(exp, cid))}
+        ctx = exp.context()
+        reports = {cb.name: r for cb in exp.callbacks if cb.reports_from_remote_clients() and (r := cb.client_report(ctx, cid))}
         return _reply(msg, reply, **({"report": json.dumps(reports)} if reports else {}))
-
-    return app
-
-
-def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
-    """Run ``exp``'s rounds with its clients on the nodes behind ``grid``."""
-    from secure_fed.engine.flower.executor import FlowerExecutor
-    from secure_fed.engine.flower.simulation import check_flower_start
-
-    check_flower_start(exp)
-    f = exp.cfg.flower
-    if exp.flower_session is None:  # a new run: a fresh public name for it (a resumed run keeps its own)
-        exp.flower_session = os.urandom(16).hex()
-    executor = FlowerExecutor(grid, exp, max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
-    executor.discover(len(exp.fed.clients), num_nodes)
-    exp.executor = executor
-    return exp.run_rounds(progress=progress)
-
-
-def make_server_app(exp, outcome: dict[str, Any], *, num_nodes: int, progress: bool | None) -> ServerApp:
-    """The ServerApp that runs ``exp`` (built by the caller, in this process) with its clients on Flower."""
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        try:
-            outcome["result"] = run_with_grid(exp, grid, num_nodes=num_nodes, progress=progress)
-        except BaseException as e:  # handed to the caller, which raises it in its own thread
-            outcome["error"] = e
 
     return app
 
@@ -282,8 +260,6 @@ __all__ = [
     "client_app_of",
     "client_replica",
     "make_client_app",
-    "make_server_app",
-    "run_with_grid",
     "load_node_state",
     "save_node_state",
 ]

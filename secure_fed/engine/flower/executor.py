@@ -22,6 +22,8 @@ from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import registered_name
 from secure_fed.engine.executors import Channel, ClientJob, Executor
 from secure_fed.engine.flower.codec import decode, encode
+from secure_fed.engine.flower.run_checks import node_held_state
+from secure_fed.engine.run_context import RunContext
 
 #: what a reply's ``meta`` record may hold (the request's position in its batch; the node's callbacks' reports)
 REPLY_META = frozenset({"seq", "report"})
@@ -43,8 +45,9 @@ class FlowerExecutor(Executor):
     name = "flower"
     remote = True
 
-    def __init__(self, grid, exp, *, max_in_flight: int, timeout_s: float):
-        self.grid, self.exp = grid, exp
+    def __init__(self, grid, ctx: RunContext, *, max_in_flight: int, timeout_s: float):
+        """``ctx``: the run's context (its guard, stack, records, callbacks), never the run object."""
+        self.grid, self.ctx = grid, ctx
         self.max_in_flight, self.timeout_s = max_in_flight, timeout_s
         self.node_of: dict[int, int] = {}
         #: messages sent, by kind (``whoami``, ``query``, ``train``)
@@ -53,13 +56,11 @@ class FlowerExecutor(Executor):
         self.dropped = 0
         #: protocol stage queries (``partial``) whose node failed or did not answer in time
         self.stage_dropped = 0
-        from secure_fed.engine.flower.simulation import node_held_state
-
         #: the run's public name to the nodes (they keep their clients' state under it) and, when the clients keep
         #: secrets or models on the nodes, this Flower run's first round (a node refuses a resumed run it has no
         #: state for)
-        self.session = exp.flower_session
-        self.since = exp.round if node_held_state(exp) else None
+        self.session = ctx.records.flower_session
+        self.since = ctx.round if node_held_state(ctx) else None
 
     # ----------------------------------------------------------------- nodes
     def discover(self, num_clients: int, expected_nodes: int, *, wait_s: float = 600.0) -> None:
@@ -142,7 +143,7 @@ class FlowerExecutor(Executor):
         (keys, round secrets, ``local``'s own model) lives in its ``context.state``, which Flower hands to each
         message and stores back after it, so two messages to one node at once would lose one's changes (the last
         write wins)."""
-        one_per_node = bool(self.exp.stack) or self.exp.algorithm.keeps_client_state
+        one_per_node = bool(self.ctx.stack) or self.ctx.algorithm.keeps_client_state
         chunk: list[Any] = []
         nodes: set[int] = set()
         for item in items:
@@ -157,14 +158,14 @@ class FlowerExecutor(Executor):
 
     # ----------------------------------------------------------------- the executor interface
     def run(self, jobs: Iterable[ClientJob], channel: Channel) -> Iterator[tuple[int, Payload]]:
-        round_idx = self.exp.round
+        round_idx = self.ctx.round
         for chunk in self._chunks(jobs, lambda job: job.cid):
             batch = []
             for job in chunk:
                 channel.down(job)
                 msg = request("train", job.payload, cid=job.cid, round=round_idx, plan=json.dumps(list(job.plan)))
                 batch.append((self.node_of[job.cid], msg, job.cid))
-            failed: dict[int, str] | None = {} if self.exp.cfg.flower.on_client_failure == "drop" else None
+            failed: dict[int, str] | None = {} if self.ctx.cfg.flower.on_client_failure == "drop" else None
             for seq, (answer, job) in enumerate(zip(self._send(batch, failed=failed), chunk, strict=True)):
                 if answer is None:  # the client dropped out: the round's session sums the others (or aborts)
                     self.dropped += 1
@@ -172,7 +173,7 @@ class FlowerExecutor(Executor):
                     continue
                 content = answer[1]
                 wire = decode(content, meta_keys=REPLY_META)
-                self.exp.guard.check_up(job.cid, wire, record=False)  # the server checks what crossed the network
+                self.ctx.guard.check_up(job.cid, wire, record=False)  # the server checks what crossed the network
                 if "report" in content["meta"]:
                     self._take_reports(job.cid, str(content["meta"]["report"]))
                 yield job.cid, channel.up(job.cid, wire)
@@ -185,10 +186,10 @@ class FlowerExecutor(Executor):
         reports = json.loads(text)
         if not isinstance(reports, dict):
             raise FlowerError(f"client {cid}'s report is not a mapping")
-        if self.exp.messages is not None:  # what the server learned, in its recorded view
-            self.exp.messages.append({"direction": "up", "client": cid, "message": {"report": reports}})
+        if self.ctx.messages is not None:  # what the server learned, in its recorded view
+            self.ctx.messages.append({"direction": "up", "client": cid, "message": {"report": reports}})
         for name, report in reports.items():
-            cb = self.exp.callback(str(name))
+            cb = self.ctx.callback(str(name))
             if cb is None or not cb.reports_from_remote_clients():
                 raise PrivacyViolation(f"client {cid} sent a report for {name!r}, which takes no reports from clients")
             ok = isinstance(report, dict) and all(
@@ -196,7 +197,7 @@ class FlowerExecutor(Executor):
             )
             if not ok:
                 raise FlowerError(f"client {cid}'s report for {name!r} is not a mapping of names to numbers")
-            cb.on_client_report(self.exp, cid, {str(k): float(v) for k, v in report.items()})
+            cb.on_client_report(self.ctx, cid, {str(k): float(v) for k, v in report.items()})
 
     def query(
         self, cids: list[int], payload_fn: Callable[[int], Payload], client_fn, *, partial: bool = False
@@ -206,12 +207,12 @@ class FlowerExecutor(Executor):
         the answers (a protocol stage that handles dropouts, e.g. secure aggregation's), else the run stops."""
         fn = registered_name(client_fn)
         out: list[tuple[int, Payload]] = []
-        drop = partial and self.exp.cfg.flower.on_client_failure == "drop"
+        drop = partial and self.ctx.cfg.flower.on_client_failure == "drop"
         for chunk in self._chunks(cids, int):
             batch = []
             for cid in chunk:
                 payload = payload_fn(cid)
-                self.exp.guard.check_down(cid, payload)
+                self.ctx.guard.check_down(cid, payload)
                 batch.append((self.node_of[cid], request("query", payload, cid=cid, fn=fn), cid))
             failed: dict[int, str] | None = {} if drop else None
             for answer, cid in zip(self._send(batch, failed=failed), chunk, strict=True):
@@ -220,7 +221,7 @@ class FlowerExecutor(Executor):
                     continue
                 content = answer[1]
                 reply = decode(content, meta_keys=QUERY_REPLY_META)
-                self.exp.guard.check_up(cid, reply)
+                self.ctx.guard.check_up(cid, reply)
                 out.append((cid, reply))
         return out
 

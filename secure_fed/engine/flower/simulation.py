@@ -1,4 +1,5 @@
-"""``Experiment.run`` on Flower's simulation engine (``backend: flower``).
+"""``Experiment.run`` on Flower's simulation engine (``backend: flower``); the checks here read the run's
+:class:`~secure_fed.engine.run_context.RunContext`.
 
 The server's :class:`~secure_fed.engine.runner.Experiment` is the one the caller built (so resume, checkpoints
 and the run directory work as in process); Flower's simulation engine starts one SuperNode per partition
@@ -16,22 +17,7 @@ import threading
 from pathlib import Path
 
 from secure_fed.config import dump_config
-from secure_fed.errors import SecureFedError
-
-
-def client_side_callbacks(exp) -> list[str]:
-    """Callbacks that act inside the clients' code and are not carried to Flower nodes (a callback is carried when
-    it says so: :meth:`~secure_fed.engine.callbacks.Callback.reports_from_remote_clients`)."""
-    return [cb.name for cb in exp.callbacks if cb.acts_on_clients() and not cb.reports_from_remote_clients()]
-
-
-def node_held_state(exp) -> list[str]:
-    """What keeps client secrets or models on the Flower nodes in this run (layers' client state, an algorithm's
-    per-client state): a resumed run needs every node to take it up again from its storage."""
-    held = [layer.name for layer in exp.stack.layers if layer.client_state_on_nodes]
-    if exp.algorithm.keeps_client_state:
-        held.append(f"algorithm {exp.algorithm.name}")
-    return held
+from secure_fed.engine.flower.run_checks import check_flower_start, client_side_callbacks, node_held_state
 
 
 def node_storage_dir(run_dir) -> Path:
@@ -39,24 +25,6 @@ def node_storage_dir(run_dir) -> Path:
     device would on its own disk): beside the run directory, not in it (the server's files hold no client secret)."""
     run_dir = Path(run_dir).resolve()
     return run_dir.parent / f".{run_dir.name}-nodes"
-
-
-def check_flower_start(exp) -> None:
-    """Refuse, before anything starts, what this back end cannot run: callbacks inside clients, and resuming a run
-    whose clients keep state on the nodes from a checkpoint that names no node session (nothing to take up)."""
-    busy = client_side_callbacks(exp)
-    if busy:
-        raise SecureFedError(
-            f"backend=flower: {', '.join(busy)} act inside the clients' code, which the Flower back end does not "
-            "carry yet; use backend: inprocess"
-        )
-    held = node_held_state(exp)
-    if exp.round > 0 and held and exp.flower_session is None:
-        raise SecureFedError(
-            f"backend=flower: cannot resume at round {exp.round}: the clients of {', '.join(held)} keep their secrets or "
-            "models on the Flower nodes, and this checkpoint names no Flower session under which the nodes stored them "
-            "(it predates node storage); start a new run"
-        )
 
 
 def ray_cpus(nodes: int, client_cpus: float) -> int:
@@ -72,16 +40,16 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     (tests use it to play a misbehaving client)."""
     from flwr.simulation import run_simulation
 
-    from secure_fed.engine.flower.apps import make_client_app, make_server_app
+    from secure_fed.engine.flower.apps import make_client_app
+    from secure_fed.engine.flower.server import make_server_app
 
-    check_flower_start(exp)
+    check_flower_start(exp.context())
     f = exp.cfg.flower
     nodes = f.num_supernodes or len(exp.fed.clients)
     outcome: dict = {}
     if client_app is None:
-        client_app = make_client_app(
-            dump_config(exp.cfg), exp.data_root, threads=max(1, int(f.client_cpus)), state_dir=node_storage_dir(exp.run_dir)
-        )
+        client_app = make_client_app(dump_config(exp.cfg), exp.data_root, type(exp), threads=max(1, int(f.client_cpus)),
+                                     state_dir=node_storage_dir(exp.run_dir))  # fmt: skip
     server_app = make_server_app(exp, outcome, num_nodes=nodes, progress=progress)
     cpus = ray_cpus(nodes, f.client_cpus)
     backend_config = {
@@ -114,4 +82,6 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     return outcome["result"]
 
 
-__all__ = ["check_flower_start", "client_side_callbacks", "ray_cpus", "run_on_flower"]
+__all__ = [
+    "check_flower_start", "client_side_callbacks", "node_held_state", "node_storage_dir", "ray_cpus", "run_on_flower"
+]  # fmt: skip

@@ -12,6 +12,7 @@ from flwr.app import RecordDict
 from flwr.clientapp import ClientApp
 
 from secure_fed.config import dump_config
+from secure_fed.engine import Experiment
 from secure_fed.engine.flower.apps import STATE_RECORDS, make_client_app
 from secure_fed.engine.flower.codec import decode
 
@@ -19,7 +20,7 @@ from secure_fed.engine.flower.codec import decode
 def recording_app(cfg, out_dir) -> ClientApp:
     """The project's ClientApp, plus: after each message, the node writes its clients' keyrings (read from its
     context.state) to ``out_dir``, and CKKS key holders' keys — the test's only window into what the nodes hold."""
-    honest = make_client_app(dump_config(cfg), None)
+    honest = make_client_app(dump_config(cfg), None, Experiment)
     app = ClientApp()
 
     def dump(context) -> None:
@@ -91,7 +92,6 @@ def run_in_process(overrides: list[str], run_dir, *, run_key: tuple[bytes, bytes
     pinned to ``run_key`` = (run key, salt) when given; returns (experiment, result)."""
     import torch
 
-    from secure_fed.engine import Experiment
     from tests.conftest import small_config
 
     threads = torch.get_num_threads()
@@ -121,7 +121,6 @@ def run_recorded(overrides: list[str], tmp_path):
     """The small-config run of ``overrides`` on Flower's simulation engine with :func:`recording_app` writing what
     the nodes hold to ``tmp_path/nodes``; returns (experiment, result, that folder). The run goes to
     ``tmp_path/flower``."""
-    from secure_fed.engine import Experiment
     from secure_fed.engine.flower.simulation import run_on_flower
     from tests.conftest import small_config
 

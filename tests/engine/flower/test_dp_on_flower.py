@@ -57,7 +57,7 @@ def _run_with_nodes(cfg, tmp_path, train):
     where ``honest`` is the project's ClientApp (a test plays a server's altered message, or a node's altered code,
     around it); setup queries reach the honest app unchanged. Returns (experiment, result)."""
     exp = Experiment(cfg, run_dir=tmp_path / "run")
-    honest = make_client_app(dump_config(cfg), None)
+    honest = make_client_app(dump_config(cfg), None, Experiment)
     app = ClientApp()
 
     @app.query()

@@ -33,7 +33,7 @@ def failing_app(cfg, *, stage: str | None = None):
     from secure_fed.engine.flower.apps import REQUEST_META
     from secure_fed.engine.flower.codec import decode
 
-    honest = make_client_app(dump_config(cfg), None)
+    honest = make_client_app(dump_config(cfg), None, Experiment)
     app = ClientApp()
 
     @app.query()

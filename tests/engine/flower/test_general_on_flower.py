@@ -56,16 +56,16 @@ def test_a_client_evaluation_report_is_refused_under_dp(tmp_path):
     exp = Experiment(small_config(*CASES["flag"], *dp), run_dir=tmp_path / "dp")
     ev = exp.callback("client_evaluation")
     ev.maps[0] = 50.0
-    assert ev.client_report(exp, 0) == {}  # the node keeps it
-    assert ev.exp is exp  # active in this run: the refusal below is the protocol layer's
+    assert ev.client_report(exp.context(), 0) == {}  # the node keeps it
+    assert ev.ctx is not None and ev.ctx.records is exp.records  # active in this run: the refusal is the layer's
     with pytest.raises(PrivacyViolation, match="client 3's client-evaluation report"):
-        ev.on_client_report(exp, 3, {"mAP": 50.0})
+        ev.on_client_report(exp.context(), 3, {"mAP": 50.0})
     plain = Experiment(small_config(*CASES["flag"]), run_dir=tmp_path / "plain")
     ev = plain.callback("client_evaluation")
     with pytest.raises(PrivacyViolation, match="not allowed"):
-        ev.on_client_report(plain, 1, {"mAP": 1.0, "loss": 0.3})  # only the mAP
+        ev.on_client_report(plain.context(), 1, {"mAP": 1.0, "loss": 0.3})  # only the mAP
     with pytest.raises(PrivacyViolation, match="takes none"):
-        plain.callback("evaluation").on_client_report(plain, 1, {"mAP": 1.0})
+        plain.callback("evaluation").on_client_report(plain.context(), 1, {"mAP": 1.0})
 
 
 def test_a_report_for_a_callback_that_takes_none_stops_the_run():
@@ -73,7 +73,7 @@ def test_a_report_for_a_callback_that_takes_none_stops_the_run():
     from secure_fed.engine.flower.executor import FlowerError, FlowerExecutor
 
     exp = Experiment(small_config(*CASES["flag"]), run_dir="/nonexistent")
-    ex = FlowerExecutor(None, exp, max_in_flight=1, timeout_s=1)
+    ex = FlowerExecutor(None, exp.context(), max_in_flight=1, timeout_s=1)
     with pytest.raises(PrivacyViolation, match="'evaluation', which takes no reports"):
         ex._take_reports(2, '{"evaluation": {"mAP": 1.0}}')
     with pytest.raises(FlowerError, match="not a mapping of names to numbers"):

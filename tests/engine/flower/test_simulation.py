@@ -79,7 +79,7 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
     server's guard rejects the message as it arrives, and the run stops with that error."""
     cfg = load_config(None, ["backend=flower", "training.rounds=1", "flower.num_supernodes=4"])
     exp = Experiment(cfg, run_dir=tmp_path / "run")
-    honest = make_client_app(dump_config(cfg), None)
+    honest = make_client_app(dump_config(cfg), None, Experiment)
     leaky = ClientApp()
 
     @leaky.query()
@@ -149,7 +149,7 @@ def test_a_node_answers_only_for_its_own_clients_and_registered_functions(monkey
     # a node's copy sets its process to one torch thread; this process runs other tests after this one
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     cfg = load_config(None, ["backend=flower"])
-    app = make_client_app(dump_config(cfg), None)
+    app = make_client_app(dump_config(cfg), None, Experiment)
     ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 4}, state=RecordDict(),
                   run_config={})  # fmt: skip
     server = Experiment(cfg, run_dir=tmp_path / "server")  # only to build real payloads

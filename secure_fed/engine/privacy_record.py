@@ -1,0 +1,15 @@
+"""The privacy record: the ledger's (ε, δ) so far on every metrics line (ε = ∞ without DP)."""
+
+from __future__ import annotations
+
+from secure_fed.engine.callbacks import Callback
+from secure_fed.engine.privacy_report import privacy_now
+
+
+class PrivacyRecord(Callback):
+    """Adds ``privacy`` (:func:`~secure_fed.engine.privacy_report.privacy_now`) to each round's record."""
+
+    name = "privacy_record"
+
+    def on_record(self, ctx, record, diagnostics) -> None:
+        record["privacy"] = privacy_now(ctx.stack.privacy())

@@ -1,0 +1,122 @@
+"""A run composed of parts (issue 44): the run object is small and has no mixins, its callbacks read a
+:class:`~secure_fed.engine.run_context.RunContext` (never the run object), the run's modules import one another
+without a circle, and the keys a resumed run may not change are the core's plus each layer spec's own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from secure_fed.engine import Experiment
+from secure_fed.engine.callbacks import Callback
+from secure_fed.engine.checkpoints import FROZEN_ON_RESUME, MOVABLE_ON_RESUME, frozen_on_resume, resume_change
+from secure_fed.engine.run_context import RunContext
+from secure_fed.specs import layer_specs
+from tests.conftest import small_config
+
+ENGINE = Path(__file__).resolve().parents[2] / "secure_fed" / "engine"
+#: the modules of the run and its callbacks (and the Flower back end, which drives a run)
+RUN_MODULES = ("runner", "run_", "callbacks", "checkpoints", "evaluation", "reporting", "privacy_", "flower")
+
+
+def engine_imports() -> dict[str, set[str]]:
+    """Engine module → the engine modules it imports anywhere in its file (in functions and TYPE_CHECKING too)."""
+    mods = {}
+    for f in ENGINE.rglob("*.py"):
+        parts = f.relative_to(ENGINE).with_suffix("").parts
+        mods[".".join(p for p in parts if p != "__init__") or "__init__"] = f
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            prefix = "secure_fed.engine."
+            graph[m] |= {n[len(prefix) :] for n in names if n.startswith(prefix) and n[len(prefix) :] in mods} - {m}
+    return graph
+
+
+def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), list(graph[start])
+    while todo:
+        m = todo.pop()
+        if m == goal:
+            return True
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    return False
+
+
+def test_the_run_modules_import_one_another_without_a_circle():
+    graph = engine_imports()
+    assert "runner" in graph and "flower.apps" in graph and "callbacks" in graph
+    circles = sorted(m for m in graph if m.startswith(RUN_MODULES) and reaches(graph, m, m))
+    assert circles == []
+
+
+def test_the_run_object_is_small_and_has_no_mixins():
+    tree = ast.parse((ENGINE / "runner.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Experiment"]
+    assert cls.end_lineno - cls.lineno + 1 <= 250
+    assert Experiment.__bases__ == (object,)
+
+
+def test_callbacks_get_the_run_context_never_the_run(tmp_path):
+    seen: list[tuple[str, object]] = []
+
+    class Spy(Callback):
+        name = "spy"
+
+        def on_init(self, ctx):
+            seen.append(("on_init", ctx))
+
+        def on_run_start(self, ctx):
+            seen.append(("on_run_start", ctx))
+
+        def on_record(self, ctx, record, diagnostics):
+            seen.append(("on_record", ctx))
+
+        def on_round_end(self, ctx, record, diagnostics):
+            seen.append(("on_round_end", ctx))
+
+        def on_run_end(self, ctx, status):
+            seen.append(("on_run_end", ctx))
+
+        def on_release(self, ctx, status):
+            seen.append(("on_release", ctx))
+
+        def checkpoint_state(self, ctx):
+            seen.append(("checkpoint_state", ctx))
+            return {}
+
+    exp = Experiment(small_config("training.rounds=2", "output.checkpoint_every=1"), run_dir=tmp_path)
+    spy = Spy()
+    exp.callbacks.insert(0, spy)
+    spy.on_init(exp.context())
+    result = exp.run(progress=False)
+    hooks = {h for h, _ in seen}
+    assert hooks == {"on_init", "on_run_start", "on_record", "on_round_end", "on_run_end", "on_release", "checkpoint_state"}
+    assert all(type(ctx) is RunContext for _, ctx in seen)
+    assert result.summary["rounds_completed"] == 2 and (tmp_path / "checkpoints" / "final.pt").is_file()
+
+
+def test_the_core_names_no_layer_section_and_each_layer_freezes_its_own():
+    specs = layer_specs()
+    layer_keys = {k for s in specs.values() for k in (*s.frozen_on_resume, *s.movable_on_resume)}
+    assert not layer_keys & {*FROZEN_ON_RESUME, *MOVABLE_ON_RESUME}
+    frozen, movable = frozen_on_resume()
+    for name, section in (("dp", "privacy"), ("keyed_hashing", "keyed_hashing"), ("secure_aggregation", "secure_aggregation"),
+                          ("ckks", "ckks")):  # fmt: skip
+        assert (section,) in specs[name].frozen_on_resume and (section,) in frozen
+    assert ("privacy", "report_gdp") in movable
+
+
+def test_a_resume_may_not_change_a_layers_section_but_may_change_what_it_reports():
+    base = small_config()
+    assert resume_change(base, small_config("secure_aggregation.clip_range=7")).startswith("secure_aggregation")
+    assert resume_change(base, small_config("privacy.report_gdp=true")) is None
+    assert resume_change(base, small_config("training.rounds=9")) is None
