@@ -94,7 +94,7 @@ class DifferentialPrivacy(ProtocolLayer):
 
     def ledger(self) -> Ledger:
         """The privacy units: budget stop, the secret cohort (amplification by sampling), the privacy report."""
-        return Ledger(budget_stop=self.budget_stop, cohort_uniforms=self.cohort_uniforms, privacy=self.privacy)
+        return Ledger(budget_stop=self.budget_stop, cohort_uniforms=self.cohort_uniforms, accounting=self.privacy)
 
     def state(self) -> LayerState:
         """The ledger (server), the server's secret stream (secret), the clients' streams and records (client)."""

@@ -20,6 +20,7 @@ from secure_fed.algorithms.base import ClientFn
 from secure_fed.engine.aggregation import Aggregate
 from secure_fed.engine.run_context import RunContext
 from secure_fed.errors import PrivacyViolation
+from secure_fed.run_files import PRIVACY_RECORD
 
 
 class Callback:
@@ -143,7 +144,7 @@ class TensorBoardLog(Callback):
         for key, value in record.items():
             if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(f"test/{key}", value, step)
-        priv = record.get("privacy", {})
+        priv = record.get(PRIVACY_RECORD, {})
         for unit in ("instance", "client"):
             if unit in priv and isinstance(priv[unit].get("epsilon"), (int, float)):
                 self.writer.add_scalar(f"privacy/epsilon_{unit}", priv[unit]["epsilon"], step)

@@ -280,4 +280,4 @@ class ClientEvaluation(Callback):
             return
         stats = spread([self.maps[c] for c in sorted(self.maps)], "AmAP", worst="WmAP")
         self.maps = {}
-        (diagnostics if ctx.stack.privacy() else record).update(stats)
+        (diagnostics if ctx.stack.accounting() else record).update(stats)

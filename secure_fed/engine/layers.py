@@ -263,7 +263,7 @@ class Ledger:
             round's client sampling when the layer's guarantee needs the sample to be secret (DP amplification by
             sampling), from the server's secret; None leaves sampling to the public seed.
         after_round: ``after_round(round_idx)``: called once the round's updates are applied.
-        privacy: ``privacy()``: per-unit privacy entries this layer accounts for.
+        accounting: ``accounting()``: the per-unit privacy entries (ε, δ, σ, steps) this layer accounts for.
         round_stats: ``round_stats()``: this round's diagnostics (private: private/diagnostics.jsonl, never a
             released file).
         private_report: ``private_report()``: run-level diagnostics of private data for the operator
@@ -273,7 +273,7 @@ class Ledger:
     budget_stop: Callable[[int], str | None] | None = None
     cohort_uniforms: Callable[[int, int], Any] | None = None
     after_round: Callable[[int], None] | None = None
-    privacy: Callable[[], dict[str, Any]] | None = None
+    accounting: Callable[[], dict[str, Any]] | None = None
     round_stats: Callable[[], dict[str, Any]] | None = None
     private_report: Callable[[], dict[str, Any]] | None = None
 
@@ -482,8 +482,9 @@ class ProtocolStack:
                 return u
         return None
 
-    def privacy(self) -> dict[str, Any]:
-        return self._merged("privacy")
+    def accounting(self) -> dict[str, Any]:
+        """The per-unit privacy entries of every layer that accounts privacy (the released record's source)."""
+        return self._merged("accounting")
 
     def private_report(self) -> dict[str, Any]:
         return self._merged("private_report")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.privacy_report import privacy_now
+from secure_fed.run_files import PRIVACY_RECORD
 
 
 class PrivacyRecord(Callback):
@@ -12,4 +13,4 @@ class PrivacyRecord(Callback):
     name = "privacy_record"
 
     def on_record(self, ctx, record, diagnostics) -> None:
-        record["privacy"] = privacy_now(ctx.stack.privacy())
+        record[PRIVACY_RECORD] = privacy_now(ctx.stack.accounting())

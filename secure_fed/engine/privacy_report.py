@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from secure_fed.run_files import PRIVACY_RECORD
+
 
 def unnoised_why(units: dict[str, dict[str, Any]]) -> str | None:
     """One line naming the steps that shape a released tensor with no DP mechanism on them, from the structured
@@ -21,7 +23,7 @@ def unnoised_why(units: dict[str, dict[str, Any]]) -> str | None:
 
 
 def privacy_now(units: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """ε and δ now from the stack's ``units`` (``ProtocolStack.privacy()``): per DP unit, plus the primary unit's
+    """ε and δ now from the stack's ``units`` (``ProtocolStack.accounting()``): per DP unit, plus the primary unit's
     values at the top (ε = ∞ without DP). The top-level ε is also ∞ when a step that shapes a released tensor has no
     DP mechanism on it (:func:`unnoised_why`); ``why`` then says which, on one line, and the units keep their own ε
     for what they do cover."""
@@ -61,7 +63,7 @@ def aborted_charge(history: list[dict[str, Any]], diagnostics: list[dict[str, An
     before: dict[str, int] = {}
     charged: dict[str, int] = {}
     for rec in history:
-        for name, u in (rec.get("privacy") or {}).items():
+        for name, u in (rec.get(PRIVACY_RECORD) or {}).items():
             if not (isinstance(u, dict) and "steps" in u):
                 continue
             if rec["round"] in aborted:

@@ -18,13 +18,13 @@ from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.evaluation import evaluated, selection_metric
 from secure_fed.engine.privacy_report import aborted_charge, privacy_summary
 from secure_fed.engine.run_context import RunContext
-from secure_fed.run_files import PRIVATE_DIR
+from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR
 
 #: Keys of a ``metrics.jsonl`` line besides the evaluation metrics: public facts, and values computed from
 #: the released model only. Everything else a round reports (losses, participant counts, clipping statistics,
 #: regulariser values, protocol timings, and wall-clock time, which tracks how many clients trained) is a
 #: statistic of private data and goes to ``private/diagnostics.jsonl``.
-PUBLIC_ROUND_KEYS = ("round", "W_mean_cos", "privacy")
+PUBLIC_ROUND_KEYS = ("round", "W_mean_cos", PRIVACY_RECORD)
 
 __all__ = ["PRIVATE_DIR", "PUBLIC_ROUND_KEYS", "MetricsFiles", "RunReport", "evaluated", "private_summary", "summary"]
 
@@ -55,7 +55,7 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         "status": status,
         "final": final,
         "W_mean_cos": cos,
-        "privacy": privacy_summary(ctx.stack.privacy()),
+        PRIVACY_RECORD: privacy_summary(ctx.stack.accounting()),
         "protocols": list(cfg.protocols),
         "stop_reason": rec.stop_reason,
         "device": str(ctx.device),
@@ -69,7 +69,7 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
     if ev.target_value is not None:
         out["target"] = {"metric": ev.target_metric, "value": ev.target_value,
                          "rounds_to_target": rounds_to_target(rec.history, ev.target_metric, ev.target_value)}  # fmt: skip
-        reported = sorted({k for h in rec.history for k in h if k not in ("round", "privacy")})
+        reported = sorted({k for h in rec.history for k in h if k not in ("round", PRIVACY_RECORD)})
         if reported and ev.target_metric not in reported:  # null would read as "never reached"
             out["target"]["note"] = (f"no evaluated round reports {ev.target_metric!r} (evaluation.target_metric); "
                                      f"this run's metrics: {', '.join(reported)}")  # fmt: skip

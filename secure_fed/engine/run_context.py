@@ -73,4 +73,4 @@ class RunContext:
         """The privacy report of ``summary.json`` (:func:`~secure_fed.engine.privacy_report.privacy_summary`)."""
         from secure_fed.engine.privacy_report import privacy_summary
 
-        return privacy_summary(self.stack.privacy())
+        return privacy_summary(self.stack.accounting())
