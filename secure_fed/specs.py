@@ -15,6 +15,7 @@ from typing import Any
 from secure_fed.errors import unknown_name
 from secure_fed.messages import Rule
 from secure_fed.plugins import load_object, registry
+from secure_fed.update_forms import deferred_refusal
 
 
 @dataclass(frozen=True)
@@ -158,22 +159,8 @@ def validate_stack(cfg) -> None:
             "would reveal a client's features to the server, or the layer clips or noises whole updates); set "
             "training.sparse_updates: auto"
         )
-    if cfg.training.deferred_updates is True:
-        if cfg.training.executor != "vectorized" or cfg.backend == "flower":
-            raise ValueError(
-                "training.deferred_updates=true: only the vectorized executor, in process, trains groups whose updates "
-                "it can defer; set training.executor: vectorized (backend: inprocess) or training.deferred_updates: auto"
-            )
-        if cfg.output.log_messages:
-            raise ValueError(
-                "training.deferred_updates=true: output.log_messages keeps the clients' messages, which must then hold "
-                "dense updates; set training.deferred_updates: auto"
-            )
-        if dense := dense_update_layers(cfg):
-            raise ValueError(
-                f"training.deferred_updates=true: protocols {dense} take only dense client updates (they mask, encrypt, "
-                "clip or noise each whole update); set training.deferred_updates: auto"
-            )
+    if cfg.training.deferred_updates is True and (why := deferred_refusal(cfg, dense_layers=dense_update_layers(cfg))):
+        raise ValueError(why)
     for spec in specs.values():
         if spec.validate is not None:
             spec.validate(cfg, stack)

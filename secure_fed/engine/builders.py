@@ -14,8 +14,9 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from secure_fed.algorithms import ALGORITHMS, Algorithm, ClientData
+from secure_fed.algorithms import Algorithm, ClientData
 from secure_fed.algorithms.base import SharedRows
+from secure_fed.algorithms.registry import algorithm_specs
 from secure_fed.config.choices import SPARSE_AUTO_BYTES, model_choice, sparse_input_choice  # noqa: F401 (re-exported)
 from secure_fed.config.schema import RESNETS, ExperimentConfig
 from secure_fed.data import (
@@ -267,4 +268,5 @@ def build_algorithm(cfg: ExperimentConfig, device: torch.device) -> Algorithm:
     from secure_fed.models.families import model_family
 
     loss = cfg.algorithm.loss if cfg.algorithm.loss != "auto" else model_family(cfg.model.family).default_loss
-    return ALGORITHMS[cfg.algorithm.name](cfg.algorithm, device=device, loss=loss)
+    # the registry when the run is built (an algorithm registered after import, e.g. in a notebook, counts)
+    return algorithm_specs()[cfg.algorithm.name].load()(cfg.algorithm, device=device, loss=loss)

@@ -40,13 +40,13 @@ from secure_fed.engine.reporting import MetricsFiles, RunReport
 from secure_fed.engine.row_order import RowOrder, client_rows, clients_per_row
 from secure_fed.engine.run_records import RunRecords
 from secure_fed.engine.server_optimizers import ServerOptimizer
-from secure_fed.engine.update_forms import deferred_refusal, deferred_updates
 from secure_fed.errors import ConfigError
 from secure_fed.memory import check_memory, plan_memory
 from secure_fed.messages import FullTable, Params, Rules
 from secure_fed.models.families import model_family
 from secure_fed.models.sparse_rows import SparseRows, column_major
 from secure_fed.specs import dense_update_layers, instance_bound, layer_specs
+from secure_fed.update_forms import deferred_refusal, deferred_updates
 
 
 @dataclass
@@ -122,7 +122,7 @@ def build_run(cfg: ExperimentConfig, run_dir: str | Path, data_root: str | None 
                        ServerOptimizer(**opt_args, averaged=frozen), ServerOptimizer(**opt_args))  # fmt: skip
     messages: list[dict[str, Any]] | None = [] if cfg.output.log_messages else None
     # a plaintext update of a sparse-input table as the columns the client touched, where every layer takes it;
-    # a batched group's updates deferred (:mod:`secure_fed.engine.update_forms`) where nothing refuses it
+    # a batched group's updates deferred (:mod:`secure_fed.update_forms`) where nothing refuses it
     dense = dense_update_layers(cfg)
     row_sparse = isinstance(fed.x_test, SparseRows) and cfg.training.sparse_updates is not False and not dense
     registered = build_callbacks(cfg)

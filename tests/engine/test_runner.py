@@ -132,7 +132,7 @@ def test_the_sweep_cache_reuses_a_run_recorded_before_new_keys_existed(tmp_path)
     cfg = small_config("training.rounds=1")
     Experiment(cfg, run_dir=tmp_path).run(progress=False)
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    del saved["algorithm"]["validation_fraction"], saved["dataset"]["drop_empty_labels"]  # as an older version wrote
+    del saved["algorithm"]["ann_nprobe"], saved["dataset"]["drop_empty_labels"]  # as an older version wrote
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
     assert cached_summary(cfg, tmp_path)["status"] == "completed"
     with pytest.raises(Exception, match="another config"):
