@@ -8,7 +8,7 @@
 ========================  ====================================================
 
 List them in YAML under ``protocols:``, innermost (client side) first. The core finds them through the
-``secure_fed.layers`` entry points, which point at the light specs in :mod:`protocols.specs` (rules,
+``secure_fed.layers`` entry points, which point at the light specs in :mod:`protocols.layer_specs` (rules,
 threat models); the implementations are imported only when a run builds its stack. The interface is
 the core's (:mod:`secure_fed.engine.layers`).
 
@@ -17,7 +17,7 @@ This package imports nothing heavy at import time: ``LAYERS`` (name → layer cl
 
 from __future__ import annotations
 
-from secure_fed.specs import layer_specs, validate_stack
+from secure_fed.plugin_specs import layer_specs, validate_stack
 
 
 def __getattr__(name: str):

@@ -1,7 +1,7 @@
 """The typed settings each protocol layer is built with, and the one place that reads them from a run's config.
 
 A layer never receives the whole :class:`~secure_fed.config.schema.ExperimentConfig`: its spec's ``settings``
-(:mod:`protocols.specs`) calls the builder here, which takes the layer's own section and the few public facts of
+(:mod:`protocols.layer_specs`) calls the builder here, which takes the layer's own section and the few public facts of
 other sections it needs; the layer is then built as ``Layer(settings, env)`` (:mod:`secure_fed.engine.layers`).
 Light on purpose (no torch): the specs import it.
 """
@@ -37,14 +37,14 @@ class TrainingFacts:
 
 @dataclass(frozen=True)
 class KeyedHashingSettings:
-    section: Any  #: ``keyed_hashing`` (:class:`~protocols.config.KeyedHashingConfig`)
+    section: Any  #: ``keyed_hashing`` (:class:`~protocols.config_sections.KeyedHashingConfig`)
 
 
 @dataclass(frozen=True)
 class DPSettings:
     """What the ``dp`` layer reads."""
 
-    privacy: Any  #: its own section (:class:`~protocols.config.PrivacyConfig`)
+    privacy: Any  #: its own section (:class:`~protocols.config_sections.PrivacyConfig`)
     #: the algorithm's section: its name (and, with the algorithms' declared capabilities, what they declare)
     algorithm: Any
     #: the algorithm collects label sets for the server's W update (FedALC)
@@ -65,14 +65,14 @@ class DPSettings:
 
 @dataclass(frozen=True)
 class SecureAggregationSettings:
-    section: Any  #: ``secure_aggregation`` (:class:`~protocols.config.SecureAggregationConfig`)
+    section: Any  #: ``secure_aggregation`` (:class:`~protocols.config_sections.SecureAggregationConfig`)
     training: TrainingFacts
     log_messages: bool  #: ``output.log_messages``: keep each round's transcript
 
 
 @dataclass(frozen=True)
 class CKKSSettings:
-    section: Any  #: ``ckks`` (:class:`~protocols.config.CKKSConfig`)
+    section: Any  #: ``ckks`` (:class:`~protocols.config_sections.CKKSConfig`)
     #: ``privacy.noise_seed``: the key holders' decryption noise from a number anyone who knows it can redraw (debugging)
     noise_seed: int | None
     aggregation: str  #: ``training.aggregation``

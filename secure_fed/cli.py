@@ -173,7 +173,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"memory estimate: not made here (image data are decoded with torch); {later}")
         return 0
     print(ds.describe())
-    from secure_fed.specs import layer_specs
+    from secure_fed.plugin_specs import layer_specs
 
     for name in cfg.protocols:
         spec = layer_specs().get(name)
@@ -198,7 +198,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from secure_fed.data import partitioner_from_config
     from secure_fed.data.heterogeneity import heterogeneity_report, write_report
     from secure_fed.engine.builders import build_dataset  # the engine's loader; its module imports torch (~3 s)
-    from secure_fed.specs import instance_bound
+    from secure_fed.plugin_specs import instance_bound
 
     cfg = load_config(args.config, args.overrides)
     name = cfg.partition.name
@@ -233,7 +233,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from secure_fed import catalog
     from secure_fed.data import GENERATED, PARTITIONERS, REGISTRY
-    from secure_fed.specs import attack_specs, layer_specs
+    from secure_fed.plugin_specs import attack_specs, layer_specs
 
     def section(title: str, rows: list[tuple[str, str]]) -> None:
         print(f"{title}:")

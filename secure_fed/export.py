@@ -7,7 +7,7 @@ it lie the clients' and the server's secrets. The export holds exactly :data:`EX
 * ``theta``: the encoder's parameters, ``W``: the class embeddings (None for a model without them), each tensor
   copied into its own storage (``torch.save`` writes a view's whole storage, which could hold more);
 * ``config``: the run's config, less every setting its section marks secret
-  (:mod:`secure_fed.config.secret_fields`: e.g. the seeds of DP noise or of secure aggregation's graph);
+  (:mod:`secure_fed.secret_settings`: e.g. the seeds of DP noise or of secure aggregation's graph);
 * ``privacy``: the released privacy report (``summary.json``'s ``privacy``).
 """
 
@@ -28,7 +28,7 @@ def public_config(doc: dict[str, Any]) -> dict[str, Any]:
     """The config mapping without the settings its sections mark secret (found in the config model, plugin sections
     included, so the core names none)."""
     from secure_fed.config.schema import experiment_config_model
-    from secure_fed.config.secret_fields import secret_paths, without_secrets
+    from secure_fed.secret_settings import secret_paths, without_secrets
 
     return without_secrets(doc, secret_paths(experiment_config_model()))
 

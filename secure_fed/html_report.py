@@ -33,9 +33,9 @@ from typing import Any
 import yaml
 
 from secure_fed.errors import SecureFedError
+from secure_fed.plugin_specs import layer_specs
 from secure_fed.report import load_run
 from secure_fed.run_files import ATTACKS_RECORD, OPERATOR_PREFIX, PRIVACY_RECORD, PRIVATE_DIR, attacks_path
-from secure_fed.specs import layer_specs
 
 OPERATOR_DIR = PRIVATE_DIR
 OPERATOR_NOTE = ("operator-only: the operator.… columns and the attack plots are computed from the members (each run's "

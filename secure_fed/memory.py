@@ -243,7 +243,7 @@ def _add(phase: dict[str, float], more: dict[str, float]) -> None:
 
 def _layer_phases(cfg, shape: DataShape, params: int, device: str) -> dict[str, float]:
     """The listed protocol layers' own terms (each registered layer declares its cost, if any: ``LayerSpec.memory``)."""
-    from secure_fed.specs import layer_specs
+    from secure_fed.plugin_specs import layer_specs
 
     specs = layer_specs()
     out: dict[str, float] = {}

@@ -30,7 +30,8 @@ NOT_ALGORITHMS: dict[str, set[str]] = {
     # the local DP unit (privacy.local, the instance unit's client-training block) and `secure-fed flower local`
     "local": {
         "secure_fed/algorithms/capabilities.py", "secure_fed/html_report.py",
-        "secure_fed/cli.py", "protocols/config.py", "protocols/dp/layer.py", "protocols/specs.py", "threat_models/tradeoff.py",
+        "secure_fed/cli.py", "protocols/config_sections.py", "protocols/dp/layer.py", "protocols/layer_specs.py",
+        "threat_models/tradeoff.py",
     },
 }  # fmt: skip
 
@@ -101,8 +102,8 @@ def test_no_algorithm_name_literal_outside_its_own_modules_and_the_registry():
         ('if cfg.algorithm.name == "fedalc_fixed":\n    pass\n', "protocols/dp/layer.py"),
         ('ROWLESS = ("fedavg", "flag")\n', "secure_fed/config/schema.py"),
         # allowed as the DP unit in this file, but never compared with an algorithm
-        ('if cfg.algorithm.name in ("oracle", "local"):\n    pass\n', "protocols/specs.py"),
-        ('if algo != "local":\n    pass\n', "protocols/specs.py"),
+        ('if cfg.algorithm.name in ("oracle", "local"):\n    pass\n', "protocols/layer_specs.py"),
+        ('if algo != "local":\n    pass\n', "protocols/layer_specs.py"),
     ],
 )
 def test_the_scan_finds_a_name_check(snippet, rel):
@@ -110,10 +111,10 @@ def test_the_scan_finds_a_name_check(snippet, rel):
 
 
 def test_the_scan_allows_the_non_algorithm_uses():
-    assert not violations('block = "instance" if x else "local"\n', "protocols/specs.py")
+    assert not violations('block = "instance" if x else "local"\n', "protocols/layer_specs.py")
     assert not violations('if self.name == "fedavg":\n    pass\n', "secure_fed/engine/server_optimizers.py")
     assert not violations('INSTANCE_BLOCKS = ("instance", "local")\n', "threat_models/tradeoff.py")
-    assert not violations('"""The fedalc docstring."""\n', "protocols/specs.py")
+    assert not violations('"""The fedalc docstring."""\n', "protocols/layer_specs.py")
 
 
 @pytest.mark.parametrize("name", sorted(NAMES))

@@ -84,7 +84,7 @@ def test_list_shows_every_registry():
         "attacks:",
     ):
         assert word in r.stdout
-    from secure_fed.specs import layer_specs
+    from secure_fed.plugin_specs import layer_specs
 
     for name, spec in layer_specs().items():  # each protocol layer with its one-sentence threat model
         assert f"{name}" in r.stdout and spec.threat_model[:60] in r.stdout
@@ -243,7 +243,7 @@ def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
     from protocols.dp.accountant import epsilon_of
     from protocols.dp.layer import DifferentialPrivacy
     from secure_fed.config import load_config
-    from secure_fed.specs import layer_specs
+    from secure_fed.plugin_specs import layer_specs
 
     p = tmp_path / "dp.yaml"
     p.write_text(

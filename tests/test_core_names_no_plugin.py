@@ -23,7 +23,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("secure_fed/run_files.py", "attacks"): "the audit results' key in private/attacks.json",
     # the entry-point group secure_fed.attacks (attack specs), not the config section
     ("secure_fed/plugins.py", "attacks"): "the plugin groups",
-    ("secure_fed/specs.py", "attacks"): "registry('attacks'): the attack specs' group",
+    ("secure_fed/plugin_specs.py", "attacks"): "registry('attacks'): the attack specs' group",
 }
 
 

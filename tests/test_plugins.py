@@ -10,8 +10,10 @@ from secure_fed import plugins
 from secure_fed.engine import Experiment
 from secure_fed.engine.layers import ClientSide, Ledger, ProtocolLayer
 from secure_fed.errors import ConfigError
-from secure_fed.specs import LayerSpec
+from secure_fed.plugin_specs import LayerSpec
 from tests.conftest import small_config
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 class CountingLayer(ProtocolLayer):
@@ -57,7 +59,7 @@ def registered(monkeypatch):
         return out
 
     monkeypatch.setattr(plugins, "registry", registry)
-    monkeypatch.setattr("secure_fed.specs.registry", registry)
+    monkeypatch.setattr("secure_fed.plugin_specs.registry", registry)
     CountingLayer.updates = CountingLayer.rounds = 0
 
 
@@ -72,3 +74,18 @@ def test_a_registered_layer_is_validated_built_and_wraps_the_clients(tmp_path, r
 def test_an_unregistered_layer_is_one_clear_error():
     with pytest.raises(ConfigError, match="unknown protocol layer 'counting'"):
         small_config('protocols=["counting"]')
+
+
+def test_every_light_plugin_module_imports_first_in_a_fresh_interpreter():
+    """A config section's or spec's module is what ``validate`` imports first: each must import on its own, before
+    the core's config package (an import circle through ``secure_fed.config`` breaks only in that order)."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    modules = sorted({ep.value.partition(":")[0] for g in ("config_sections", "layers", "attacks", "algorithms")
+                      for ep in entry_points(group=f"secure_fed.{g}")})  # fmt: skip
+    assert modules
+    for module in modules:
+        out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=REPO)
+        assert out.returncode == 0, f"{module}: {out.stderr.strip().splitlines()[-1:]}"

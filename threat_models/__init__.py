@@ -14,7 +14,7 @@ attack                     role      measures
 Each attack sees only its role's view (:mod:`threat_models.views`); see
 :mod:`threat_models.base` for the interface and :func:`threat_models.audit.audit`
 for the harness; the core finds attacks through the ``secure_fed.attacks`` entry points
-(:mod:`threat_models.specs`). In YAML: ``attacks: {run: [all]}``; on a finished run:
+(:mod:`threat_models.attack_specs`). In YAML: ``attacks: {run: [all]}``; on a finished run:
 ``secure-fed audit RUN_DIR``.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 def __getattr__(name: str) -> Any:
     """Loaded on first use, so that finding an attack's spec imports no attack (and no torch)."""
     if name == "ATTACKS":  # name → attack class, for every registered attack (secure_fed.attacks entry points)
-        from secure_fed.specs import attack_specs
+        from secure_fed.plugin_specs import attack_specs
 
         return {n: spec.load() for n, spec in attack_specs().items()}
     if name in ("Attack", "AttackResult", "Role"):

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from secure_fed.specs import AttackSpec
+from secure_fed.plugin_specs import AttackSpec
 
 
 class Role(str, Enum):
@@ -54,7 +54,7 @@ class AttackResult:
 class Attack(ABC):
     """The interface every attack implements (see the module docstring)."""
 
-    #: the attack's registered spec (:mod:`threat_models.specs`): the one place its metadata is written
+    #: the attack's registered spec (:mod:`threat_models.attack_specs`): the one place its metadata is written
     spec: ClassVar[AttackSpec]
     name: ClassVar[str]
     role: ClassVar[Role]

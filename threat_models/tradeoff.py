@@ -52,7 +52,7 @@ def parse_epsilons(text: str) -> list[float]:
 
 def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, attacks: list[str]) -> list[str]:
     """The overrides that turn the base config into one grid point."""
-    from protocols.specs import LABEL_SET_ALGORITHMS
+    from protocols.layer_specs import LABEL_SET_ALGORITHMS
 
     ov = [f"algorithm.name={method}", f"seed={seed}", "output.progress=false"]
     if attacks:
@@ -87,7 +87,7 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
 def method_base(config: str | None, overrides: list[str], method: str):
     """The base config read as ``method``'s: a method without a server step over label sets is read without
     ``privacy.instance``, which its config may not set (a config written for fedalc, swept with fedaws as well)."""
-    from protocols.specs import LABEL_SET_ALGORITHMS
+    from protocols.layer_specs import LABEL_SET_ALGORITHMS
     from secure_fed.config import load_config
     from secure_fed.errors import ConfigError
 
@@ -136,7 +136,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     from secure_fed.errors import ConfigError
     from secure_fed.html_report import has_operator_columns, html_report, released, run_row, write_csv
     from secure_fed.io import check_writable_dir
-    from secure_fed.specs import attack_specs
+    from secure_fed.plugin_specs import attack_specs
     from secure_fed.sweep import cached_summary
 
     if args.workers is not None and args.workers < 1:

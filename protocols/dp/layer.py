@@ -14,8 +14,8 @@ from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.layer_settings import DPSettings
+from protocols.layer_specs import share_range_error
 from protocols.randomness import SecretStream
-from protocols.specs import share_range_error
 from secure_fed.algorithms.base import Algorithm, ClientData, ClientFn, Payload
 from secure_fed.client_functions import apply_client_plan, client_side
 from secure_fed.engine.aggregation import Aggregate, RoundSession
@@ -105,7 +105,7 @@ class DifferentialPrivacy(ProtocolLayer):
         )
 
     def _check_share_range(self) -> None:
-        """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.specs.share_range_error`);
+        """Noise shares must pass secure aggregation's encoding unclipped (:func:`protocols.layer_specs.share_range_error`);
         checked here, with σ as calibrated (``validate`` checks a given σ before the run)."""
         layout = self.env.update_layout()
         dim = sum(s.stop - s.start for s in layout.segments().values()) if self.env.theta else None

@@ -1,6 +1,6 @@
 """What an algorithm is, declared once: :class:`AlgorithmCapabilities`.
 
-Validation (:mod:`secure_fed.config.schema`, :mod:`secure_fed.specs`), the protocol layers and the memory estimate
+Validation (:mod:`secure_fed.config.schema`, :mod:`secure_fed.plugin_specs`), the protocol layers and the memory estimate
 read these facts instead of testing an algorithm's name. The declaration sits on the algorithm's parameters model
 (``AlgorithmParams.capabilities``, :mod:`secure_fed.algorithms.params`), so it is read without importing torch.
 This module imports nothing beyond the standard library.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from secure_fed.config.schema import NO_WEIGHTS, RESNETS
 from secure_fed.errors import ConfigError
-from secure_fed.specs import public_preprocessing
+from secure_fed.plugin_specs import public_preprocessing
 
 if TYPE_CHECKING:
     from secure_fed.config.schema import ExperimentConfig
@@ -35,7 +35,7 @@ def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str
 
     ``auto`` picks ``resnet18`` for image data, ``sparse_text`` for sparse data, else ``mlp``; preprocessing ``auto``
     picks ``image`` for image data, ``rsqrt_nnz`` for ``sparse_text``, else ``standardize`` (``none`` under a layer that
-    needs preprocessing without statistics of the private data, :func:`secure_fed.specs.public_preprocessing`).
+    needs preprocessing without statistics of the private data, :func:`secure_fed.plugin_specs.public_preprocessing`).
     A ResNet on data that are not images, a ResNet without ``model.weights``,
     ``model.weights`` for an encoder that is not a ResNet, or bf16 training of a ResNet on CPU with images of 16 px or
     less (a PyTorch bug: garbage gradients, measured on torch 2.14) is a one-line :class:`ConfigError`.

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from secure_fed.algorithms.params.base import AlgorithmParams
 from secure_fed.algorithms.registry import DEFAULT_ALGORITHM, algorithm_specs, builtin_specs
 from secure_fed.errors import unknown_name
+from secure_fed.plugin_specs import validate_stack
 from secure_fed.plugins import registry
-from secure_fed.specs import validate_stack
 
 
 class _Strict(BaseModel):
@@ -480,7 +480,7 @@ class CoreConfig(_Strict):
         if self.backend != "flower":
             return
         # what the Flower back end carries: the algorithms' own messages, setup queries included, and the protocol
-        # layers whose specs say runs_on_flower (checked with the stack, secure_fed.specs)
+        # layers whose specs say runs_on_flower (checked with the stack, secure_fed.plugin_specs)
         if self.algorithm.capabilities.centralised:
             raise ValueError(
                 f"backend=flower: algorithm.name={self.algorithm.name} trains one centralised model on the pooled "

@@ -171,7 +171,7 @@ def build_federation(
     bound: tuple[int, str] | None = None,
 ) -> Federation:
     """The clients' data. ``bound`` = ``(m, rule)`` (a layer's public contribution bound,
-    :func:`secure_fed.specs.instance_bound`): in a partition that puts an instance on one client per label, every
+    :func:`secure_fed.plugin_specs.instance_bound`): in a partition that puts an instance on one client per label, every
     instance enters at most m clients (:func:`secure_fed.data.bounding.bound_labels`)."""
     _, prep_kind, _ = model_choice(cfg, ds)
     prep = Preprocessor.fit(prep_kind, ds.train.features)

@@ -7,7 +7,7 @@ uses them to record the server's view and to insert the auditor's canaries.
 
 A hook reads the run through a :class:`~secure_fed.engine.run_context.RunContext`, never the run object. The
 built-in callbacks live beside what they do: :mod:`~secure_fed.engine.evaluation` (test metrics, the clients'
-own models), :mod:`~secure_fed.engine.privacy_record`, :mod:`~secure_fed.engine.reporting` (metrics files, the
+own models), :mod:`~secure_fed.engine.privacy_record`, :mod:`~secure_fed.engine.run_summaries` (metrics files, the
 summaries), :mod:`~secure_fed.engine.checkpoints`; here the base class and the progress bar and TensorBoard log.
 """
 

@@ -23,8 +23,8 @@ import torch
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.run_context import RunContext
 from secure_fed.errors import SecureFedError, one_line
+from secure_fed.plugin_specs import layer_specs
 from secure_fed.run_status import TRAINED
-from secure_fed.specs import layer_specs
 
 CHECKPOINT_VERSION = 3
 

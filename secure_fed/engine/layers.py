@@ -26,7 +26,7 @@ checkpoints            ``state()``                 a :class:`LayerState`: server
                        → :class:`LayerState`       stored apart (the server never holds the client scope)
 =====================  ==========================  ==========================================================
 
-A layer is built as ``Layer(settings, env)``: its spec's ``settings(cfg)`` (:class:`~secure_fed.specs.LayerSpec`)
+A layer is built as ``Layer(settings, env)``: its spec's ``settings(cfg)`` (:class:`~secure_fed.plugin_specs.LayerSpec`)
 extracts, in one place, the layer's own typed settings from the run's config (its section and the few public facts
 of other sections it needs); :class:`StackEnv` holds the run's public facts (the federation's size, the model's
 shapes, a guarded exchange with clients). No layer receives the whole config. Shared randomness that a guarantee
@@ -41,7 +41,7 @@ Layers compose in the order of the YAML ``protocols:`` list, innermost (closest 
 for ``[dp, secure_aggregation]`` a client clips, then masks; the server unmasks, then adds noise.
 
 This module is the interface only; the layers themselves live above the core (``protocols/``) and are found
-through the ``secure_fed.layers`` entry points (:mod:`secure_fed.specs`).
+through the ``secure_fed.layers`` entry points (:mod:`secure_fed.plugin_specs`).
 """
 
 from __future__ import annotations
@@ -326,13 +326,13 @@ class ProtocolLayer:
     * :meth:`state`: what a checkpoint saves, in three scopes (:class:`LayerState`).
 
     The layer is built as ``Layer(settings, env)``: ``settings`` is what its spec's ``settings(cfg)`` extracts from
-    the run's config (:class:`~secure_fed.specs.LayerSpec`; the layer's own section and the few public facts of
+    the run's config (:class:`~secure_fed.plugin_specs.LayerSpec`; the layer's own section and the few public facts of
     other sections it needs), ``env`` the run's public facts (:class:`StackEnv`); never the whole config. The
     layer's spec holds its threat model and config rules."""
 
     name: ClassVar[str] = ""
     #: its clients keep secrets (e.g. keyrings) on the Flower nodes: in the nodes' ``context.state`` and their own
-    #: storage, which a resumed run takes up again (each node must have it; :mod:`secure_fed.engine.flower.apps`)
+    #: storage, which a resumed run takes up again (each node must have it; :mod:`secure_fed.engine.flower.client_app`)
     client_state_on_nodes: ClassVar[bool] = False
 
     def __init__(self, settings: Any, env: StackEnv):
@@ -370,7 +370,7 @@ class ProtocolStack:
     layer once for its :class:`ClientSide`, :class:`Ledger` and :class:`LayerState` and composes them."""
 
     def __init__(self, cfg, env: StackEnv):
-        from secure_fed.specs import layer_specs
+        from secure_fed.plugin_specs import layer_specs
 
         specs = layer_specs()
         self.layers: list[ProtocolLayer] = [specs[n].load()(specs[n].layer_settings(cfg), env) for n in cfg.protocols]

@@ -36,16 +36,16 @@ from secure_fed.engine.guard import MessageGuard
 from secure_fed.engine.layers import ProtocolStack, StackEnv
 from secure_fed.engine.model_state import ModelState
 from secure_fed.engine.privacy_record import PrivacyRecord
-from secure_fed.engine.reporting import MetricsFiles, RunReport
 from secure_fed.engine.row_order import RowOrder, client_rows, clients_per_row
 from secure_fed.engine.run_records import RunRecords
+from secure_fed.engine.run_summaries import MetricsFiles, RunReport
 from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.errors import ConfigError
 from secure_fed.memory import check_memory, plan_memory
 from secure_fed.messages import FullTable, Params, Rules
 from secure_fed.models.families import model_family
 from secure_fed.models.sparse_rows import SparseRows, column_major
-from secure_fed.specs import dense_update_layers, instance_bound, layer_specs
+from secure_fed.plugin_specs import dense_update_layers, instance_bound, layer_specs
 from secure_fed.update_forms import deferred_refusal, deferred_updates
 
 

@@ -17,7 +17,7 @@ from secure_fed.algorithms.label_sets import Sha256Tokenizer, canonical_instance
 from secure_fed.algorithms.regularizers import correlation_gamma, correlation_sigma
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
-from secure_fed.specs import layer_specs
+from secure_fed.plugin_specs import layer_specs
 from tests.conftest import small_config
 
 
@@ -466,7 +466,7 @@ def _tenseal_sums(n: int, bits: list[int], scale: int) -> bool:
 def test_ckks_config_accepts_exactly_the_modulus_chains_tenseal_builds_and_sums_with(n, bits, scale, ok):
     from pydantic import ValidationError
 
-    from protocols.config import CKKSConfig
+    from protocols.config_sections import CKKSConfig
 
     try:
         CKKSConfig(poly_modulus_degree=n, coeff_mod_bit_sizes=bits, global_scale_bits=scale, decryption_noise=1e-3)

@@ -17,7 +17,7 @@ from secure_fed import plugins
 from secure_fed.config import schema
 from secure_fed.engine import Experiment
 from secure_fed.engine.layers import ClientSide, LayerState, Ledger, ProtocolLayer, ProtocolStack, SetupResult
-from secure_fed.specs import LayerSpec, layer_specs
+from secure_fed.plugin_specs import LayerSpec, layer_specs
 from tests.conftest import small_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def test_each_layer_is_built_from_its_own_settings_never_the_config(tmp_path, ov
 
 
 #: the settings builders: the only code under protocols/ that reads the run's config sections
-SETTINGS_BUILDERS = {"protocols/specs.py", "protocols/layer_settings.py", "protocols/config.py"}
+SETTINGS_BUILDERS = {"protocols/layer_specs.py", "protocols/layer_settings.py", "protocols/config_sections.py"}
 #: ``self.cfg`` of the dp layer is its DPSettings (a property); ``.algorithm`` is that object's field
 ALLOWED = {("protocols/dp/layer.py", "algorithm")}
 
@@ -160,7 +160,7 @@ def clipping_registered(monkeypatch):
         return out
 
     monkeypatch.setattr(plugins, "registry", registry)
-    monkeypatch.setattr("secure_fed.specs.registry", registry)
+    monkeypatch.setattr("secure_fed.plugin_specs.registry", registry)
     monkeypatch.setattr(schema, "registry", registry)
     schema.experiment_config_model.cache_clear()
     ClippingLayer.norms = []

@@ -475,8 +475,8 @@ def test_m4_the_layer_builds_its_clients_with_the_configs_consistency_check(tmp_
 def test_h3_the_guarantee_against_a_graph_choosing_server_is_stated(n, gamma, k, private):
     """⌊γN⌋ colluders all in one neighbourhood: the describe line says private only when ⌊γN⌋ < t (independently:
     t = ⌈0.6·(k + 1)⌉ for the ring of k, or the auto graph's own t)."""
+    from protocols.layer_specs import _describe_secure_aggregation
     from protocols.secagg.graph_bounds import graph_choice_private, graph_for
-    from protocols.specs import _describe_secure_aggregation
     from tests.conftest import small_config
 
     nb = "auto" if k is None else str(k)

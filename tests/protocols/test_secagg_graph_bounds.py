@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom, hypergeom
 
-from protocols.config import SecureAggregationConfig
+from protocols.config_sections import SecureAggregationConfig
 from protocols.secagg.graph_bounds import (
     auto_neighbours,
     binom_tail,

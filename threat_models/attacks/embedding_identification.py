@@ -20,8 +20,8 @@ from scipy.optimize import linear_sum_assignment
 from torch.nn import functional as F
 
 from secure_fed.models.sparse_rows import split_rows
+from threat_models.attack_specs import EMBEDDING_IDENTIFICATION
 from threat_models.base import Attack, AttackResult, label_of_row
-from threat_models.specs import EMBEDDING_IDENTIFICATION
 
 
 class EmbeddingIdentification(Attack):

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from threat_models.attack_specs import LABEL_DEANONYMIZATION
 from threat_models.base import Attack, AttackResult, label_of_row
-from threat_models.specs import LABEL_DEANONYMIZATION
 
 
 def _stats(Y: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:

@@ -44,8 +44,8 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from torch.nn import functional as F
 
 from secure_fed.data import Features, stack_rows
+from threat_models.attack_specs import MEMBERSHIP_INFERENCE
 from threat_models.base import Attack, AttackResult
-from threat_models.specs import MEMBERSHIP_INFERENCE
 
 SCALE = 16.0
 #: the paper's advice: below this many shadows, one global σ per side (fixed-variance LiRA)

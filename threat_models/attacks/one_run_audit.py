@@ -49,8 +49,8 @@ import warnings
 import numpy as np
 from scipy import stats
 
+from threat_models.attack_specs import ONE_RUN_AUDIT
 from threat_models.base import Attack, AttackResult
-from threat_models.specs import ONE_RUN_AUDIT
 
 
 def p_value(*, m: int, r: int, v: int, eps: float, delta: float) -> float:

@@ -22,8 +22,8 @@ import numpy as np
 
 from secure_fed.algorithms.label_sets import Sha256Tokenizer
 from secure_fed.data import stack_rows
+from threat_models.attack_specs import TOKEN_LINKAGE
 from threat_models.base import Attack, AttackResult
-from threat_models.specs import TOKEN_LINKAGE
 
 
 class TokenLinkage(Attack):

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from threat_models.attack_specs import UPDATE_INVERSION
 from threat_models.base import Attack, AttackResult
-from threat_models.specs import UPDATE_INVERSION
 
 
 def support(delta, tol: float = 0.0) -> np.ndarray:

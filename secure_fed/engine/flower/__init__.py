@@ -4,7 +4,7 @@ the clients; the algorithm, the guard and the callbacks are the engine's own obj
 - :mod:`.codec`: payloads to ``RecordDict`` (``ArrayRecord`` + ``ConfigRecord``) and back, exactly, without pickle;
 - :mod:`.executor`: :class:`FlowerExecutor`, the engine's executor whose client jobs run on Flower nodes;
 - :mod:`.server`: the ``ServerApp`` (drives an :class:`~secure_fed.engine.runner.Experiment`, passing the executor in);
-- :mod:`.apps`: the ``ClientApp`` (each node's clients: their data, their training function, registered setup
+- :mod:`.client_app`: the ``ClientApp`` (each node's clients: their data, their training function, registered setup
   functions);
 - :mod:`.run_checks`: what this back end refuses before a run starts;
 - :mod:`.simulation`: ``Experiment.run`` on Flower's simulation engine.

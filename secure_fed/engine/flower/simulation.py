@@ -40,7 +40,7 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     (tests use it to play a misbehaving client)."""
     from flwr.simulation import run_simulation
 
-    from secure_fed.engine.flower.apps import make_client_app
+    from secure_fed.engine.flower.client_app import make_client_app
     from secure_fed.engine.flower.server import make_server_app
 
     check_flower_start(exp.context())

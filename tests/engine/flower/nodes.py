@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 
 from secure_fed.config import dump_config
 from secure_fed.engine import Experiment
-from secure_fed.engine.flower.apps import STATE_RECORDS, make_client_app
+from secure_fed.engine.flower.client_app import STATE_RECORDS, make_client_app
 from secure_fed.engine.flower.codec import decode
 
 

@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 from secure_fed.config import dump_config
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
-from secure_fed.engine.flower.apps import make_client_app
+from secure_fed.engine.flower.client_app import make_client_app
 from secure_fed.engine.flower.simulation import run_on_flower
 from secure_fed.errors import PrivacyViolation
 from tests.conftest import small_config
@@ -115,7 +115,7 @@ def test_a_node_refuses_to_train_a_round_again_on_another_model_plan_or_mask(tmp
     release the same noise twice, so the round's digest refuses both; the very same message again is refused by the
     round's masks, which hide one input only (two inputs masked alike give their difference). That a resumed run's
     replay of a round is taken: ``test_resume_on_flower.py``."""
-    from secure_fed.engine.flower.apps import REQUEST_META
+    from secure_fed.engine.flower.client_app import REQUEST_META
     from secure_fed.engine.flower.codec import decode, encode
 
     def replaying(honest, msg, context):

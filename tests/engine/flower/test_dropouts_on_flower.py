@@ -10,7 +10,7 @@ import pytest
 
 from secure_fed.config import dump_config
 from secure_fed.engine import Experiment
-from secure_fed.engine.flower.apps import make_client_app
+from secure_fed.engine.flower.client_app import make_client_app
 from secure_fed.engine.flower.executor import FlowerError
 from secure_fed.engine.flower.simulation import run_on_flower
 from tests.conftest import small_config
@@ -30,7 +30,7 @@ def failing_app(cfg, *, stage: str | None = None):
     when it is asked for that secure-aggregation stage in round 1)."""
     from flwr.clientapp import ClientApp
 
-    from secure_fed.engine.flower.apps import REQUEST_META
+    from secure_fed.engine.flower.client_app import REQUEST_META
     from secure_fed.engine.flower.codec import decode
 
     honest = make_client_app(dump_config(cfg), None, Experiment)

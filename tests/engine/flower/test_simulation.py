@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 
 from secure_fed.config import dump_config, load_config
 from secure_fed.engine import Experiment
-from secure_fed.engine.flower.apps import make_client_app
+from secure_fed.engine.flower.client_app import make_client_app
 from secure_fed.engine.flower.codec import decode, encode
 from secure_fed.engine.flower.simulation import run_on_flower
 from secure_fed.errors import ConfigError, PrivacyViolation
@@ -108,7 +108,7 @@ def test_a_layer_whose_spec_does_not_run_on_flower_is_a_config_error(monkeypatch
     """A plugin layer that has not said its client side runs on Flower (``LayerSpec.runs_on_flower``) is refused."""
     import dataclasses
 
-    import secure_fed.specs as specs
+    import secure_fed.plugin_specs as specs
 
     real = specs.layer_specs()
     stub = dataclasses.replace(real["secure_aggregation"], name="stub_layer", runs_on_flower=False, validate=None)

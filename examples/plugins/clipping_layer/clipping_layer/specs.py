@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clipping_layer.config import ClippingSection
-from secure_fed.specs import LayerSpec, layer_specs
+from secure_fed.plugin_specs import LayerSpec, layer_specs
 
 
 def clipping_settings(cfg) -> ClippingSection:

@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from secure_fed.errors import unknown_name
-from secure_fed.specs import attack_specs
+from secure_fed.plugin_specs import attack_specs
 
 
 class _Strict(BaseModel):

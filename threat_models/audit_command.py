@@ -7,8 +7,8 @@ from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
 from secure_fed.io import check_writable_dir
+from secure_fed.plugin_specs import attack_specs
 from secure_fed.run_files import attacks_path
-from secure_fed.specs import attack_specs
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

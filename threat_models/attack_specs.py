@@ -6,7 +6,7 @@ imported only when an audit runs. Each attack class takes its name, role and des
 
 from __future__ import annotations
 
-from secure_fed.specs import AttackSpec
+from secure_fed.plugin_specs import AttackSpec
 
 
 def _test_rows(shape, cfg) -> int:

@@ -13,7 +13,7 @@ from protocols.layer_settings import ckks_settings, dp_settings, keyed_hashing_s
 from secure_fed.algorithms.registry import AlgorithmsWith
 from secure_fed.kernel_sizes import per_set_chunk_bytes
 from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
-from secure_fed.specs import LayerSpec
+from secure_fed.plugin_specs import LayerSpec
 
 #: algorithms that collect label sets at setup (their declared capabilities, read when asked)
 LABEL_SET_ALGORITHMS = AlgorithmsWith("collects_label_sets")

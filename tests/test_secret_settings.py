@@ -1,4 +1,4 @@
-"""Secret settings are declared by their fields (``secure_fed/config/secret_fields.py``) and left out of what a run
+"""Secret settings are declared by their fields (``secure_fed/secret_settings.py``) and left out of what a run
 exports, whichever section (the core's or a plugin's) holds them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from secure_fed.config.schema import experiment_config_model
-from secure_fed.config.secret_fields import SECRET, secret_paths, without_secrets
 from secure_fed.export import public_config
+from secure_fed.secret_settings import SECRET, secret_paths, without_secrets
 
 
 class _Inner(BaseModel):

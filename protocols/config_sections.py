@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from secure_fed.config.secret_fields import SECRET
+from secure_fed.secret_settings import SECRET
 
 
 class _Strict(BaseModel):

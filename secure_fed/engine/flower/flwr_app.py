@@ -20,7 +20,7 @@ sets both), and optionally ``data-root='/path'`` for its own data and ``state-di
 its clients' state (keys, secret streams, own models), which a resumed run takes up again. The experiment's
 ``flower.num_supernodes`` must equal N; client c lives on the node whose partition is c mod N. The ServerApp is the
 same :class:`~secure_fed.engine.runner.Experiment` as ``secure-fed run --backend flower`` builds, and the ClientApp
-the same as the simulation's (:func:`~secure_fed.engine.flower.apps.client_app_of`), so the run writes the same
+the same as the simulation's (:func:`~secure_fed.engine.flower.client_app.client_app_of`), so the run writes the same
 files.
 """
 
@@ -35,7 +35,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.config import dump_config, load_config
-from secure_fed.engine.flower.apps import client_app_of, client_replica
+from secure_fed.engine.flower.client_app import client_app_of, client_replica
 from secure_fed.engine.flower.server import run_with_grid
 
 log = logging.getLogger("secure_fed.flower")
