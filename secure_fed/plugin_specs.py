@@ -166,6 +166,13 @@ def validate_stack(cfg) -> None:
             spec.validate(cfg, stack)
 
 
+def privacy_accounting_layers(cfg) -> list[str]:
+    """The listed protocol layers that account privacy (their spec gives ``target_epsilons``): a run with one spends a
+    budget that a restart from round 0 would spend again."""
+    specs = layer_specs()
+    return [n for n in cfg.protocols if n in specs and specs[n].target_epsilons is not None]
+
+
 def dense_update_layers(cfg) -> list[str]:
     """The listed protocol layers that take only dense client updates in a run with ``cfg``."""
     specs = layer_specs()

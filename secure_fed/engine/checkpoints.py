@@ -23,7 +23,7 @@ import torch
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.run_context import RunContext
 from secure_fed.errors import SecureFedError, one_line
-from secure_fed.plugin_specs import layer_specs
+from secure_fed.plugin_specs import layer_specs, privacy_accounting_layers
 from secure_fed.run_status import TRAINED
 
 CHECKPOINT_VERSION = 3
@@ -227,7 +227,7 @@ class Checkpointing(Callback):
         metrics = ctx.run_dir / "metrics.jsonl"
         released = metrics.is_file() and metrics.read_text().strip() != ""
         drawn = any((ckpt / f).is_file() for f in ("clients.pt", "server_secrets.pt"))
-        if "dp" in ctx.cfg.protocols and (released or drawn):
+        if privacy_accounting_layers(ctx.cfg) and (released or drawn):
             raise SecureFedError(
                 f"cannot resume {ctx.run_dir}: it has no checkpoint, but it already "
                 + ("released rounds in metrics.jsonl" if released else "saved secrets")
