@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from secure_fed.engine.executors import Channel, Executor
+from secure_fed.engine.execution import Channel, Executor
 from secure_fed.engine.guard import MessageGuard
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from secure_fed.config.schema import ExperimentConfig
-from secure_fed.engine.executors import Executor
+from secure_fed.engine.execution import Executor
 from secure_fed.engine.guard import MessageGuard
 from secure_fed.engine.layers import ProtocolStack
 from secure_fed.engine.model_state import ModelState

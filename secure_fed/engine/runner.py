@@ -39,7 +39,7 @@ from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.callbacks import Callback, ProgressBar
 from secure_fed.engine.collector import long_lived_frozen
 from secure_fed.engine.evaluation import evaluate, model_scores
-from secure_fed.engine.executors import ClientJob, Executor
+from secure_fed.engine.execution import ClientJob, Executor
 from secure_fed.engine.layers import ProtocolSetup
 from secure_fed.engine.run_builder import build_run
 from secure_fed.engine.run_context import RunContext

@@ -125,7 +125,7 @@ class ChunkBatching:
 
 class VectorizedExecutor(Executor):
     """The clients of a chunk train together (exact lock-step SGD); the reference for equal results is
-    :class:`~secure_fed.engine.executors.SequentialExecutor`."""
+    :class:`~secure_fed.engine.execution.SequentialExecutor`."""
 
     name = "vectorized"
 

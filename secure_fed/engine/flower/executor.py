@@ -20,7 +20,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import registered_name
-from secure_fed.engine.executors import Channel, ClientJob, Executor
+from secure_fed.engine.execution import Channel, ClientJob, Executor
 from secure_fed.engine.flower.codec import decode, encode
 from secure_fed.engine.flower.run_checks import node_held_state
 from secure_fed.engine.run_context import RunContext
