@@ -3,3 +3,20 @@
 from importlib.metadata import version as _version
 
 __version__ = _version("secure-fed")  # one source: pyproject.toml's [project] version, through the installed metadata
+
+
+def __getattr__(name: str):
+    """``secure_fed.run``, ``secure_fed.load_config`` and ``secure_fed.Callback``, imported when first used (so that
+    ``import secure_fed`` stays light: the CLI checks a config before importing torch)."""
+    if name in ("run", "load_config"):
+        from secure_fed import api
+
+        return getattr(api, name)
+    if name == "Callback":
+        from secure_fed.engine.callbacks import Callback
+
+        return Callback
+    raise AttributeError(f"module 'secure_fed' has no attribute {name!r}")
+
+
+__all__ = ["Callback", "__version__", "load_config", "run"]

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from secure_fed.api import default_run_dir
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.io import check_writable_dir
 from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR
@@ -49,10 +50,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_dir_for(cfg, out: str | None) -> Path:
-    if out:
-        return Path(out)
-    name = cfg.output.name or f"{cfg.algorithm.name}-{cfg.dataset.name or 'data'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return Path(cfg.output.dir) / name
+    return Path(out) if out else default_run_dir(cfg)
 
 
 def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -169,10 +170,13 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return f"{source}: {path}: {msg}{tail}"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> CoreConfig:
-    """Load ``path`` (or the embedded default), apply overrides and validate."""
+def load_config(path: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | None = None) -> CoreConfig:
+    """Load ``path`` (or the embedded default), apply ``overrides`` (``key=value``, as ``--set``) and validate.
+    ``path`` may also be a mapping, read as the YAML document it stands for (sections left out take their defaults)."""
     if path is None:
         data, source = parse_yaml(default_config_text(), "default config"), "default config"
+    elif isinstance(path, Mapping):
+        data, source = copy.deepcopy(dict(path)), "the config mapping"
     else:
         data, source = _read_yaml(Path(path)), str(path)
     overrides = list(overrides or [])

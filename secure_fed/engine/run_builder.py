@@ -90,9 +90,12 @@ def declared_message_rules(cfg, algorithm, *, row_sparse: bool = False, deferred
     return down, up
 
 
-def build_run(cfg: ExperimentConfig, run_dir: str | Path, data_root: str | None = None, dataset: Any = None) -> RunParts:
+def build_run(
+    cfg: ExperimentConfig, run_dir: str | Path, data_root: str | None = None, dataset: Any = None, callbacks: Any = ()
+) -> RunParts:
     """A run's parts for ``cfg``, writing into ``run_dir``; ``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`)
-    replaces the configured one (shadow runs). A run that cannot fit in memory stops before anything is built."""
+    replaces the configured one (shadow runs); ``callbacks`` are the caller's own (the Python API's), run with the
+    registered ones. A run that cannot fit in memory stops before anything is built."""
     keep_freed_memory()  # a round's large tensors reuse freed memory instead of faulting pages in anew
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device)
@@ -125,7 +128,7 @@ def build_run(cfg: ExperimentConfig, run_dir: str | Path, data_root: str | None 
     # a batched group's updates deferred (:mod:`secure_fed.update_forms`) where nothing refuses it
     dense = dense_update_layers(cfg)
     row_sparse = isinstance(fed.x_test, SparseRows) and cfg.training.sparse_updates is not False and not dense
-    registered = build_callbacks(cfg)
+    registered = [*build_callbacks(cfg), *callbacks]
     names = [type(cb).__name__ for cb in registered]
     deferred = deferred_updates(cfg, dense_layers=dense, callbacks=names)
     if cfg.training.deferred_updates is True and registered:

@@ -46,6 +46,7 @@ from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.errors import RoundAborted, SecureFedError
 from secure_fed.io import check_writable_dir
+from secure_fed.run_files import PRIVACY_RECORD
 from secure_fed.run_status import COMPLETED, COMPLETED_WITH_ABORTS
 
 
@@ -57,6 +58,20 @@ class RunResult:
     messages: list[dict[str, Any]] | None = None
     #: private/summary.json: timing, setup facts and other statistics of private data (the operator's only)
     private: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The released model's test metrics (``summary.json``'s ``final``)."""
+        return self.summary.get("final", {})
+
+    @property
+    def privacy(self) -> dict[str, Any]:
+        """The released privacy report: ε, δ, the unit and, per adversary, what each ε holds against."""
+        return self.summary.get(PRIVACY_RECORD, {})
+
+    @property
+    def status(self) -> str:
+        return self.summary.get("status", "")
 
 
 @contextlib.contextmanager
@@ -103,9 +118,11 @@ class Experiment:
     setup_facts, flower_session = _Part("records.setup_facts"), _Part("records.flower_session")
     label_perm, executor = _Part("row_order.perm"), _Part("link.executor")
 
-    def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None):
-        """``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs)."""
-        parts = build_run(cfg, run_dir, data_root, dataset)
+    def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None,
+                 callbacks: Any = ()):  # fmt: skip
+        """``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs);
+        ``callbacks``: the caller's own, run with the registered ones."""
+        parts = build_run(cfg, run_dir, data_root, dataset, callbacks)
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         for cb in self.callbacks:
