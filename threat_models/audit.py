@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from secure_fed.progress import track
 from secure_fed.run_files import ATTACKS_RECORD, attacks_path
 from threat_models import ATTACKS
 from threat_models.context import AuditContext
@@ -44,7 +45,7 @@ def audit(
     names = names or ctx.cfg.attacks.names() or list(ATTACKS)
     out_dir = Path(out_dir) if out_dir is not None else attacks_path(ctx.exp.run_dir).parent
     results: dict[str, Any] = {}
-    for name in names:
+    for name in track(names, "audit: attacks"):  # a line at least every 10 s while a long attack runs
         cls = ATTACKS[name]
         attack = cls(getattr(ctx.cfg.attacks, name, None))
         t0 = time.perf_counter()

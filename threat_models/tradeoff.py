@@ -29,6 +29,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
+from secure_fed.progress import phase
 from secure_fed.run_files import ATTACKS_RECORD, PRIVATE_DIR, attacks_path
 from secure_fed.run_status import trained
 
@@ -179,23 +180,26 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     failed = []
     with ProcessPoolExecutor(workers) as pool:
         futures = [(pt, pool.submit(_job, args.config, pt[3], str(pt[4]), args.data_root, attacks, threads)) for pt in points]
-        for i, ((method, eps, seed, _, run_dir), fut) in enumerate(futures, 1):
-            try:
-                summary, secs = fut.result()
-            except SecureFedError as exc:  # a run that cannot start: reported, the rest of the study goes on
-                print(f"[{i}/{len(points)}] {method} ε={_label(eps)} seed {seed}: error: {exc}", file=sys.stderr, flush=True)
-                failed.append(run_dir)
-                continue
-            final = summary.get("final", {})
-            util = next((f"{k} {final[k]:.2f}" for k in ("P@1", "mAP", "GmAP") if k in final), summary["status"])
-            elapsed = time.time() - t0
-            eta = elapsed / i * (len(points) - i)
-            eps_run = summary.get("privacy", {}).get("epsilon", "inf")
-            eps_txt = eps_run if isinstance(eps_run, str) else f"{eps_run:.3g}"
-            print(f"[{i}/{len(points)}] {method} ε={_label(eps)} seed {seed}: {util}, ε spent {eps_txt} "
-                  f"({secs:.0f} s; study {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)", flush=True)  # fmt: skip
-            if summary["status"] in ("failed", "diverged"):
-                failed.append(run_dir)
+        with phase("tradeoff: runs", total=len(points)) as cells:  # after the submissions: the workers fork first
+            for i, ((method, eps, seed, _, run_dir), fut) in enumerate(futures, 1):
+                try:
+                    summary, secs = fut.result()
+                except SecureFedError as exc:  # a run that cannot start: reported, the rest of the study goes on
+                    print(f"[{i}/{len(points)}] {method} ε={_label(eps)} seed {seed}: error: {exc}", file=sys.stderr, flush=True)
+                    failed.append(run_dir)
+                    cells.advance()
+                    continue
+                final = summary.get("final", {})
+                util = next((f"{k} {final[k]:.2f}" for k in ("P@1", "mAP", "GmAP") if k in final), summary["status"])
+                elapsed = time.time() - t0
+                eta = elapsed / i * (len(points) - i)
+                eps_run = summary.get("privacy", {}).get("epsilon", "inf")
+                eps_txt = eps_run if isinstance(eps_run, str) else f"{eps_run:.3g}"
+                print(f"[{i}/{len(points)}] {method} ε={_label(eps)} seed {seed}: {util}, ε spent {eps_txt} "
+                      f"({secs:.0f} s; study {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)", flush=True)  # fmt: skip
+                if summary["status"] in ("failed", "diverged"):
+                    failed.append(run_dir)
+                cells.advance()  # a line on stderr at least every 10 s while the next cell runs (secure_fed.progress)
     done = [pt for pt in points if (pt[4] / "metrics.jsonl").is_file()]
     rows = [run_row(pt[4], method=pt[0], operator=True) for pt in done]
     for r, pt in zip(rows, done, strict=True):

@@ -44,6 +44,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from torch.nn import functional as F
 
 from secure_fed.data import Features, stack_rows
+from secure_fed.progress import track
 from threat_models.attack_specs import MEMBERSHIP_INFERENCE
 from threat_models.base import Attack, AttackResult
 
@@ -271,7 +272,7 @@ class _ShadowTrainer:
         self.dir.mkdir(parents=True, exist_ok=True)
         n = x.shape[0]
         scores, insides = [], []
-        for k in range(self.options.shadows):
+        for k in track(range(self.options.shadows), "membership inference: shadow models"):
             f = self.dir / f"shadow{k}.npz"
             inside = self.inside(k, n)
             cached = _load_cached(f, inside)
