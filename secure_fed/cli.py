@@ -22,6 +22,7 @@ import argparse
 import itertools
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -54,23 +55,24 @@ def _run_dir_for(cfg, out: str | None) -> Path:
 
 
 def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
+    """The end of a run on the console: what ran, the released metrics, the run directory, then the released privacy
+    record (the model's ε, one line per DP unit: δ, what it covers, the adversaries, what is not covered)."""
+    from secure_fed.privacy_lines import privacy_lines
+
     final = summary["final"]
     shown = ("mAP", "GmAP", "AmAP", "WmAP")
     metrics = "  ".join(f"{k} {v:.2f}" for k, v in final.items() if k.startswith("P@") or k in shown) or "(no evaluation)"
     cos = summary.get("W_mean_cos")
-    eps = summary[PRIVACY_RECORD]["epsilon"]
-    eps = f"{eps:.4g}" if isinstance(eps, float) else eps
     n = summary["rounds_completed"]
     print(
         f"{summary['algorithm']} on {summary['dataset']}: {n} round{'' if n == 1 else 's'} "
         f"in {private['wall_seconds']:.1f}s ({private['seconds_per_round']:.2f}s/round) [{summary['status']}]"
     )
-    print(f"  {metrics}" + (f"  mean cos(W) {cos:.3f}" if cos is not None else "") + f"  privacy: ε = {eps}")
-    if "why" in summary[PRIVACY_RECORD]:
-        print(f"  ε = ∞: {summary[PRIVACY_RECORD]['why']}")
+    print(f"  {metrics}" + (f"  mean cos(W) {cos:.3f}" if cos is not None else ""))
     print(f"  run directory: {run_dir} (private/ holds the operator's diagnostics: do not release it)")
     if "warning" in summary[PRIVACY_RECORD]:
         print(f"  warning: {summary[PRIVACY_RECORD]['warning']}")
+    print("\n".join(privacy_lines(summary[PRIVACY_RECORD])))
     if line := aborted_line(summary):
         print(line)
 
@@ -128,11 +130,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"--set training.rounds={exp.round + 10}, say)")  # fmt: skip
         else:
             print(f"no checkpoint in {run_dir}; starting from round 0")
-    result = exp.run()
+    result = exp.run()  # Ctrl-C in training: the run stops, checkpoints and reports itself "interrupted"
     _print_summary(result.summary, run_dir, result.private)
-    for cb in exp.callbacks:  # e.g. threat_models' attack taps run the configured attacks
-        cb.on_cli_run_end(exp.context(), result)
     status = result.summary["status"]
+    if status == "interrupted":
+        resume = f"secure-fed resume {shlex.quote(str(run_dir))}"
+        n = result.summary["rounds_completed"]
+        print(
+            f"interrupted after round {n}; its checkpoint is in {run_dir / 'checkpoints'}; to continue: {resume}", file=sys.stderr
+        )
+        return 130
+    try:
+        for cb in exp.callbacks:  # e.g. threat_models' attack taps run the configured attacks
+            cb.on_cli_run_end(exp.context(), result)
+    except KeyboardInterrupt:
+        print(f"interrupted after training: the run is complete in {run_dir}", file=sys.stderr)
+        return 130
     if status in ("failed", "diverged"):
         print(f"error: {result.summary['stop_reason']}", file=sys.stderr)
         return 1

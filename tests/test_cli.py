@@ -27,7 +27,7 @@ def test_run_default_with_overrides_writes_run_dir(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["algorithm"] == "fedalc" and summary["rounds_completed"] == 4
-    assert "ε = inf" in r.stdout
+    assert "privacy: ε = ∞" in r.stdout
     # a second run into the same directory is refused; resuming a finished run is a no-op that succeeds
     again = cli("run", *sets, "--out", str(tmp_path / "run"))
     assert again.returncode == 2 and "already holds a run" in again.stderr
@@ -287,3 +287,52 @@ def test_audit_of_a_named_attack_that_is_skipped_exits_non_zero(tmp_path, monkey
     assert err == f"error: --attacks token_linkage: skipped: {why}\n"
     assert main(["audit", str(run), "--attacks", "one_run_audit"]) == 0
     assert main(["audit", str(run), "--attacks", "all"]) == 0
+
+
+def test_ctrl_c_in_training_prints_the_resume_command_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
+    """A KeyboardInterrupt in round 2 (Ctrl-C): exit 130, the checkpoint in place, the resume command printed, and
+    that command continues the run to its end."""
+    from secure_fed import cli as cli_module
+    from secure_fed.engine.runner import Experiment
+
+    real = Experiment.train_round
+
+    def train_round(self):
+        if self.round == 2:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(Experiment, "train_round", train_round)
+    run = tmp_path / "run"
+    code = cli_module.main(["run", *[x for s in SMALL for x in ("--set", s)], "--out", str(run)])
+    out, err = capsys.readouterr()
+    assert code == 130
+    assert err.strip().splitlines()[-1].endswith(f"to continue: secure-fed resume {run}")
+    assert "interrupted after round 2" in err and "[interrupted]" in out
+    assert (run / "checkpoints" / "last.pt").is_file()
+    monkeypatch.setattr(Experiment, "train_round", real)
+    r = cli("resume", str(run))
+    assert r.returncode == 0 and "resuming" in r.stdout and "[completed]" in r.stdout
+    assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 4
+
+
+def test_the_last_lines_give_epsilon_delta_unit_and_adversaries(tmp_path):
+    """A client-level DP run ends with the released model's ε and δ and one line for the client unit: what it
+    covers, the adversary it holds against (the observer), the one it does not (the server, ε = ∞), what is not
+    covered; a run without DP ends with one line: ε = ∞ and why."""
+    sets = [x for s in [*SMALL, "training.rounds=2", "algorithm.name=fedavg", "protocols=[dp]",
+                        'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0}'] for x in ("--set", s)]  # fmt: skip
+    r = cli("run", *sets, "--out", str(tmp_path / "dp"))
+    assert r.returncode == 0, r.stderr
+    priv = json.loads((tmp_path / "dp" / "summary.json").read_text())["privacy"]
+    head, unit = r.stdout.strip().splitlines()[-2:]
+    assert head == f"  privacy: ε = {priv['epsilon']:.4g}, δ = 1e-05 per client for the released model"
+    assert unit.startswith(f"  privacy per client unit: ε = {priv['epsilon']:.4g}, δ = 1e-05 (rdp, 2 of 2 steps) over "
+                           "each client's whole update of θ and its class rows; holds against the observer (")  # fmt: skip
+    assert "; not against the server (ε = ∞: the server sees each clipped update before it adds the noise)" in unit
+    assert "per training instance, by group privacy over" in unit and unit.endswith("; not covered: nothing listed")
+
+    plain = cli("run", *[x for s in [*SMALL, "training.rounds=2"] for x in ("--set", s)], "--out", str(tmp_path / "plain"))
+    assert plain.returncode == 0, plain.stderr
+    last = plain.stdout.strip().splitlines()[-1]
+    assert last.startswith("  privacy: ε = ∞: ") and "privacy per" not in plain.stdout

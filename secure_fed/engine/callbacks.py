@@ -156,7 +156,9 @@ class TensorBoardLog(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar for the rounds (``output.progress``), with the training loss and the latest test metric."""
+    """A tqdm bar for the rounds (``output.progress``), with what the round's public record holds: ε spent so far
+    (the released ledger: per DP unit, and ∞ for the released model when no unit bounds it) and the latest test
+    metric. No private statistic: the training loss and clipping counts are the operator's diagnostics."""
 
     name = "progress_bar"
 
@@ -169,8 +171,16 @@ class ProgressBar(Callback):
         self.bar = tqdm(total=ctx.cfg.training.rounds, initial=ctx.round, desc=ctx.cfg.algorithm.name, unit="round",
                         mininterval=1.0)  # fmt: skip
 
-    def on_round_end(self, ctx, record, diagnostics) -> None:
-        post = {"loss": f"{diagnostics.get('train_loss', float('nan')):.4f}"}
+    def on_round_end(self, ctx, record, diagnostics) -> None:  # diagnostics: private, never shown
+        from secure_fed.privacy_lines import fmt_epsilon
+
+        priv = record.get(PRIVACY_RECORD) or {}
+        units = {k: v for k, v in priv.items() if isinstance(v, dict) and "epsilon" in v}
+        post = {}
+        if not units or fmt_epsilon(priv.get("epsilon")) == "∞":
+            post["ε"] = "∞"
+        for unit, u in units.items():
+            post[f"ε {unit}"] = fmt_epsilon(u["epsilon"])
         if "mAP" in record:
             head = next((k for k in record if k.startswith("P@")), "mAP")
             post[head] = f"{record[head]:.2f}"

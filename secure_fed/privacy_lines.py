@@ -1,0 +1,62 @@
+"""The console's privacy lines: what ``summary.json``'s released privacy record says, one line for the released
+model and one per DP unit (ε with δ, the unit and what it covers, the adversaries it holds against and those it
+does not, what is not covered). Torch-free; reads only the record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt_epsilon(eps: Any) -> str:
+    """``7.077``, ``∞`` (the record writes ε = ∞ as the string ``"inf"``)."""
+    if isinstance(eps, (int, float)) and eps != float("inf"):
+        return f"{eps:.4g}"
+    return "∞"
+
+
+def _adversary(name: str, adv: dict[str, Any], unit_eps: Any) -> tuple[bool, str]:
+    """(whether the unit's ε holds against this adversary, its text)."""
+    eps = adv.get("epsilon")
+    why = adv.get("why", "")
+    if fmt_epsilon(eps) != "∞" and eps == unit_eps:
+        return True, f"the {name} ({why})"
+    return False, f"the {name} (ε = {fmt_epsilon(eps)}: {why})"
+
+
+def unit_line(name: str, u: dict[str, Any]) -> str:
+    """One DP unit: ``privacy per client unit: ε = 7.077, δ = 1e-05 (rdp, 2 of 2 steps) over ...; holds against ...;
+    not against ...; not covered: ...``."""
+    eps = u.get("epsilon")
+    text = f"  privacy per {name} unit: ε = {fmt_epsilon(eps)}, δ = {u.get('delta'):g}"
+    steps = f", {u['steps']} of {u['planned_steps']} steps" if "steps" in u and "planned_steps" in u else ""
+    text += f" ({u.get('accountant', 'accountant?')}{steps})"
+    if u.get("scope"):
+        text += f" over {u['scope']}"
+    holds, against = [], []
+    for adv_name, adv in (u.get("adversaries") or {}).items():
+        ok, t = _adversary(adv_name, adv, eps)
+        (holds if ok else against).append(t)
+    text += "; holds against " + (" and ".join(holds) if holds else "no adversary the record names")
+    if against:
+        text += "; not against " + " and ".join(against)
+    if (inst := u.get("instance_level")) is not None:
+        text += (f"; per training instance, by group privacy over {inst['group_size']} units: "
+                 f"ε = {fmt_epsilon(inst['epsilon'])}, δ = {inst['delta']:.3g}")  # fmt: skip
+    covered = u.get("not_covered") or []
+    text += "; not covered: " + ("; ".join(covered) if covered else "nothing listed")
+    return text
+
+
+def privacy_lines(record: dict[str, Any]) -> list[str]:
+    """The released privacy record (``summary.json``'s ``privacy``) as console lines: the released model's ε (with
+    δ and unit, or ∞ and why), then one line per DP unit."""
+    units = record.get("units") or {}
+    eps = record.get("epsilon")
+    if not units:
+        why = record.get("note") or record.get("why") or "no differential privacy mechanism in this run"
+        return [f"  privacy: ε = ∞: {why}; nothing bounds what the released model and metrics reveal about the training data"]
+    if fmt_epsilon(eps) == "∞":
+        head = f"  privacy: ε = ∞ for the released model: {record.get('why', 'no unit bounds it')}"
+    else:
+        head = f"  privacy: ε = {fmt_epsilon(eps)}, δ = {record.get('delta'):g} per {record.get('unit')} for the released model"
+    return [head, *(unit_line(n, u) for n, u in units.items())]
