@@ -159,6 +159,11 @@ def test_switching_algorithm_drops_the_keys_given_for_the_previous_one():
     assert cfg.algorithm.name == "fedaws" and cfg.algorithm.reg_lr == 1e-3  # the file's, which fedaws takes
     assert not hasattr(cfg.algorithm, "normalize_gamma")
     assert load_config(overrides=["algorithm.name=fedavg"]).algorithm.model_dump() == {"name": "fedavg", "loss": "auto"}
+    # every switch counts, not only the last: a list that names the algorithm twice (a script's base overrides plus a
+    # cell's) drops the file's fedalc keys at the first
+    twice = load_config(overrides=["algorithm.name=fedavg", "training.rounds=2", "algorithm.name=fedavg"])
+    assert twice.algorithm.model_dump() == {"name": "fedavg", "loss": "auto"}
+    assert load_config(overrides=["algorithm.name=fedavg", "algorithm.name=flag"]).algorithm.name == "flag"
 
 
 THIRD_PARTY = """

@@ -100,22 +100,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``data`` with ``overrides`` applied, in order. ``--set algorithm.name=X`` (a sweep's cell too) switches the
+    """``data`` with ``overrides`` applied, in order. Each ``--set algorithm.name=X`` (a sweep's cell too) switches the
     algorithm: the ``algorithm:`` keys given before it (by the file, or by earlier ``--set``) that X does not take are
     left out, since they were the previous algorithm's; keys set after it are X's, refused if X does not take them."""
-    keys = [item.split("=", 1)[0].strip() for item in overrides]
-    switch = max((i for i, k in enumerate(keys) if k == "algorithm.name"), default=None)
-    if switch is None:
-        return apply_overrides(data, overrides)
-    before = apply_overrides(data, overrides[:switch])
-    switched = apply_overrides(before, overrides[switch : switch + 1])
-    old, new = before.get("algorithm"), switched.get("algorithm")
-    if isinstance(old, dict) and isinstance(new, dict):
-        name = new.get("name")
-        spec = algorithm_specs().get(name) if isinstance(name, str) else None
-        if spec is not None and old.get("name", DEFAULT_ALGORITHM) != name:
-            switched["algorithm"] = {k: v for k, v in new.items() if k in spec.params.model_fields}
-    return apply_overrides(switched, overrides[switch + 1 :])
+    out = data
+    for item in overrides:
+        before, out = out, apply_overrides(out, [item])
+        if item.split("=", 1)[0].strip() != "algorithm.name":
+            continue
+        old, new = before.get("algorithm"), out.get("algorithm")
+        if isinstance(old, dict) and isinstance(new, dict):
+            name = new.get("name")
+            spec = algorithm_specs().get(name) if isinstance(name, str) else None
+            if spec is not None and old.get("name", DEFAULT_ALGORITHM) != name:
+                out["algorithm"] = {k: v for k, v in new.items() if k in spec.params.model_fields}
+    return out
 
 
 def _algorithm_tag(loc: tuple) -> str | None:
