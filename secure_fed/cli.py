@@ -177,6 +177,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
     data = f"{d.format} data at {d.train or d.root}" if d.format else d.name
     print(f"{args.config}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
+    from secure_fed.config.choices import precision_line
+
+    print(precision_line(cfg, ds))
     from secure_fed.memory import check_memory, needs_torch, plan_memory
 
     later = "`secure-fed run` makes it before training and refuses a run that cannot fit"

@@ -1,12 +1,15 @@
 """What a config picks for its data, decided without torch: the encoder, its preprocessing and hidden widths
-(:func:`model_choice`), and whether input rows stay sparse (:func:`sparse_input_choice`). The engine builds what
-these name; ``secure-fed validate`` and the memory estimate (:mod:`secure_fed.memory`) read them without building."""
+(:func:`model_choice`), whether input rows stay sparse (:func:`sparse_input_choice`) and the precision clients train
+in (:func:`precision_choice`). The engine builds what these name; ``secure-fed validate`` and the memory estimate
+(:mod:`secure_fed.memory`) read them without building."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from secure_fed.config.schema import NO_WEIGHTS, RESNETS
+from secure_fed import hardware
+from secure_fed.config.schema import IMAGE_FORMATS, NO_WEIGHTS, RESNETS
 from secure_fed.errors import ConfigError
 from secure_fed.plugin_specs import public_preprocessing
 
@@ -73,6 +76,56 @@ def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str
     elif hidden is None:
         hidden = [1024, 1024] if name == "sparse_text" else [256]
     return name, prep, hidden
+
+
+def small_image_resnet(cfg: ExperimentConfig, ds: MultiLabelDataset) -> bool:
+    """Whether the config trains a ResNet on images of :data:`BF16_MIN_SIDE` px or less (where bf16 on CPU is broken)."""
+    name = cfg.model.name
+    if name == "auto":
+        name = "resnet18" if ds.feature_kind == "image" else name
+    return name in RESNETS and ds.image_shape is not None and min(ds.image_shape[1:]) <= BF16_MIN_SIDE
+
+
+def precision_choice(cfg: ExperimentConfig, ds: MultiLabelDataset, device_type: str, *, warn: bool = False) -> str:
+    """``fp32`` or ``bf16``, the precision the clients train in on a device of ``device_type``: ``auto`` is bf16 where
+    the device computes bf16 natively (:func:`secure_fed.hardware.resolve_precision`), except for a ResNet on small
+    images on CPU (fp32: see :func:`model_choice`); an explicit value as asked. ``warn``: an explicit bf16 on a device
+    that emulates it prints one warning line with the measured slowdown (the engine's, once a process)."""
+    requested = cfg.training.precision
+    if requested == "auto" and device_type == "cpu" and small_image_resnet(cfg, ds):
+        return "fp32"
+    if warn and requested == "bf16":
+        hardware.warn_emulated_bf16(device_type)
+    return hardware.resolve_precision(requested, device_type)
+
+
+def precision_line(cfg: ExperimentConfig, ds: MultiLabelDataset | None = None) -> str:
+    """``secure-fed validate``'s line on the precision the clients will train in on this machine, without torch: the
+    CPU's answer from its flags; on a GPU (``device: cuda``, or ``auto`` where one is found) the run decides when it
+    starts. ``ds``: the data (None: not read; images are taken at the side the config resizes them to)."""
+    requested = cfg.training.precision
+    if requested == "fp32":
+        return "precision: fp32"
+    flags = hardware.cpu_flags() or frozenset()
+    native = hardware.cpu_native_bf16()
+    why = (
+        f"this CPU computes bf16 natively: {', '.join(f for f in hardware.NATIVE_BF16_FLAGS if f in flags) or 'torch says so'}"
+        if native
+        else f"this CPU has none of {', '.join(hardware.NATIVE_BF16_FLAGS)}: bf16 is emulated"
+    )
+    gpu = "on a CUDA device the run decides when it starts (bf16 where the device computes it natively)"
+    if cfg.device == "cuda":
+        return f"precision: {requested}: {gpu}" if requested == "auto" else "precision: bf16 (on the CUDA device)"
+    on_gpu = "; " + gpu if cfg.device == "auto" and requested == "auto" else ""
+    if requested == "bf16":
+        slow = "" if native else ", many times slower than fp32 (`run` measures and warns)"
+        return f"precision: bf16 on CPU ({why}{slow})"
+    if ds is None and (cfg.dataset.name == "digit_mosaics" or cfg.dataset.format in IMAGE_FORMATS):  # images, not read
+        d = cfg.dataset
+        side = d.mosaics.grid * d.mosaics.tile_size if d.name == "digit_mosaics" else d.image_size
+        ds = SimpleNamespace(feature_kind="image", image_shape=(3, side, side))  # the side the run resizes to
+    resolved = precision_choice(cfg, ds, "cpu") if ds is not None else hardware.resolve_precision(requested, "cpu")
+    return f"precision: auto → {resolved} on CPU ({why}){on_gpu}"
 
 
 #: ``model.sparse_input: auto`` keeps rows sparse when the clients' dense float32 copies would exceed this

@@ -308,7 +308,12 @@ class TrainingConfig(_Strict):
     client_lr: float = Field(0.01, gt=0.0, le=1e3)
     client_momentum: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0, le=1e3)
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast client forward passes (fp32 weights)")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="bf16: autocast client forward passes (fp32 weights); auto: bf16 where the device computes it "
+        "natively (a CPU with avx512_bf16 or amx_bf16, a CUDA device with bf16), else fp32 (secure_fed.hardware); an "
+        "explicit bf16 where it is emulated warns with the measured slowdown",
+    )
     executor: Literal["sequential", "vectorized"] = Field(
         "sequential",
         description="how a round's clients run: sequential (the reference) or vectorized (a chunk of clients trains "

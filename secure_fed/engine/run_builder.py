@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
+from secure_fed.config.choices import precision_choice
 from secure_fed.config.schema import ExperimentConfig
 from secure_fed.engine.allocator import keep_freed_memory
 from secure_fed.engine.builders import (
@@ -154,7 +155,8 @@ def build_run(
     trainer.deferred_updates = deferred
     t = cfg.training
     local = LocalTraining(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.client_lr, optimizer=t.client_optimizer,
-                          momentum=t.client_momentum, weight_decay=t.weight_decay, precision=t.precision)  # fmt: skip
+                          momentum=t.client_momentum, weight_decay=t.weight_decay,
+                          precision=precision_choice(cfg, dataset, device.type, warn=True))  # fmt: skip
     # the built-in callbacks, then the registered ones (``secure_fed.callbacks`` entry points, e.g. the attack taps of
     # threat_models), then the checkpoint (which saves what the callbacks before it keep) and the summaries
     callbacks: list[Callback] = [

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from secure_fed.config.choices import precision_choice
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.evaluation import evaluated, selection_metric
 from secure_fed.engine.privacy_report import aborted_charge, privacy_summary
@@ -60,6 +61,8 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         "stop_reason": rec.stop_reason,
         "device": str(ctx.device),
         "executor": ctx.executor.name,
+        # the precision the clients trained in (training.precision resolved for the device: a fact of the hardware)
+        "precision": precision_choice(cfg, ctx.dataset, ctx.device.type),
         "num_clients": len(ctx.fed.clients),
         "dropped_labels": ctx.dataset.meta.get("dropped_labels", []),
     }

@@ -25,7 +25,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden_runs.json"
-CPU = ["device=cpu", "output.progress=false"]
+CPU = ["device=cpu", "output.progress=false", "training.precision=fp32"]  # recorded in fp32, on any CPU
 DP = ["algorithm.normalize_gamma=false", 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0}',
       'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}', "privacy.noise_seed=7"]  # fmt: skip
 

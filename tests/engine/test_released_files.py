@@ -29,7 +29,7 @@ METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client", "why"}
 METRICS_UNIT = {"epsilon", "delta", "steps"}
 # rounds_aborted: how many rounds a protocol could not finish (dropouts below the secure sum's threshold)
 SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds_aborted", "status", "final", "W_mean_cos",
-           "privacy", "protocols", "stop_reason", "device", "executor", "num_clients", "dropped_labels",
+           "privacy", "protocols", "stop_reason", "device", "executor", "precision", "num_clients", "dropped_labels",
            "target", "aborted_charge"}  # fmt: skip
 # aborted_charge: the ledger's steps at the aborted rounds (read from the released per-round ledger)
 ABORTED_CHARGE = {"steps", "of"}
