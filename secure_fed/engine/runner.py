@@ -46,6 +46,7 @@ from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.errors import RoundAborted, SecureFedError
 from secure_fed.io import check_writable_dir
+from secure_fed.progress import phase
 from secure_fed.run_files import PRIVACY_RECORD
 from secure_fed.run_status import COMPLETED, COMPLETED_WITH_ABORTS
 
@@ -175,15 +176,17 @@ class Experiment:
         if self.setup_facts is not None:
             return
         facts = {}
-        if self.stack:
+        if self.stack:  # the layers' one-off protocols (key agreement, row order): their elapsed time past 5 s
             ctx = ProtocolSetup(query=self.link.query_all, query_one=self.link.query_one, clients=self.fed.clients,
                                 label_names=list(self.dataset.label_names))  # fmt: skip
-            facts = self.stack.setup(ctx, on_row_order=self.row_order.apply)
+            with phase("protocol setup"):
+                facts = self.stack.setup(ctx, on_row_order=self.row_order.apply)
         query = self.stack.wrap_query(self.link.query_all)
         for cb in self.callbacks:
             query = cb.wrap_setup_query(query)
         ctx = SetupContext(query=query, num_labels=self.dataset.num_labels, W=self.W, device=self.device)
-        self.setup_facts = {**self.algorithm.setup(ctx), **facts}
+        with phase(f"{self.algorithm.name} setup"):  # e.g. label-set collection and index builds
+            self.setup_facts = {**self.algorithm.setup(ctx), **facts}
 
     def train_round(self) -> dict[str, Any]:
         """One round; a round a protocol aborts (:class:`RoundAborted`) changes nothing and is logged."""

@@ -120,3 +120,23 @@ def test_a_resume_may_not_change_a_layers_section_but_may_change_what_it_reports
     assert resume_change(base, small_config("secure_aggregation.clip_range=7")).startswith("secure_aggregation")
     assert resume_change(base, small_config("privacy.report_gdp=true")) is None
     assert resume_change(base, small_config("training.rounds=9")) is None
+
+
+def test_setup_phases_report_progress(tmp_path, monkeypatch):
+    """The layers' one-off protocols and the algorithm's setup (label sets, index builds) run inside progress phases
+    (secure_fed/progress.py prints their elapsed time once they pass 5 s)."""
+    import contextlib
+
+    from secure_fed.engine import runner
+    from tests.conftest import small_config
+
+    names = []
+
+    @contextlib.contextmanager
+    def recording(name, total=None, **kw):
+        names.append(name)
+        yield None
+
+    monkeypatch.setattr(runner, "phase", recording)
+    runner.Experiment(small_config('protocols=["keyed_hashing"]'), run_dir=tmp_path).setup()
+    assert names == ["protocol setup", "fedalc setup"]
