@@ -31,7 +31,7 @@ def format_epsilon(v: Any) -> str:
         return "?"
     if math.isinf(v):
         return "∞"
-    return f"{v:.1f}" if v >= 1 else f"{v:.2g}"
+    return f"{v:.1f}" if round(v, 2) >= 1 else f"{v:.2g}"
 
 
 def column_groups(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
