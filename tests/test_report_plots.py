@@ -126,4 +126,4 @@ def test_run_writes_report_png_into_its_run_directory(tmp_path):
     sets = [x for s in SMALL for x in ("--set", s)]
     code, out, err = cli("run", *sets, "--set", "training.rounds=2", "--out", str(tmp_path / "r"))
     assert code == 0, err
-    assert f"wrote {tmp_path / 'r' / 'report.png'}" in out and (tmp_path / "r" / "report.png").stat().st_size > 1000
+    assert (tmp_path / "r" / "report.png").stat().st_size > 1000

@@ -148,8 +148,9 @@ class RunReport(Callback):
 
     def on_cli_run_end(self, ctx, result) -> None:
         """``secure-fed run`` (and :func:`secure_fed.run`) leave the run's plots beside its files: ``report.png``
-        (the metrics against the round, its ε in the legend), drawn from the released files only."""
+        (the metrics against the round, its ε in the legend), drawn from the released files only; quietly (the
+        Python API prints nothing)."""
         from secure_fed.report import load_run, report
 
         if load_run(ctx.run_dir)[0]:  # an evaluated round to draw
-            print(f"wrote {report([ctx.run_dir], out=ctx.run_dir / 'report.png', table=False)}")
+            report([ctx.run_dir], out=ctx.run_dir / "report.png", table=False)
