@@ -35,9 +35,9 @@ import yaml
 
 from secure_fed.errors import SecureFedError
 from secure_fed.plugin_specs import layer_specs
-from secure_fed.report import load_run
 from secure_fed.report_columns import EPSILON_COLUMNS, column_groups, columns, format_epsilon
 from secure_fed.run_files import ATTACKS_RECORD, OPERATOR_PREFIX, PRIVACY_RECORD, PRIVATE_DIR, attacks_path
+from secure_fed.run_history import load_run
 
 OPERATOR_DIR = PRIVATE_DIR
 OPERATOR_NOTE = ("operator-only: the operator.… columns and the attack plots are computed from the members (each run's "
