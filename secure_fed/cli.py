@@ -3,7 +3,7 @@
     secure-fed run [CONFIG] [--set key.path=value ...] [--data-root DIR] [--out DIR]
     secure-fed resume RUN_DIR            (same as: secure-fed run --resume RUN_DIR)
     secure-fed sweep [CONFIG] --grid key=v1,v2 [--grid ...] [--seeds 0,1,2] [--out DIR]
-    secure-fed report RUN_DIR [RUN_DIR ...] [--out FILE.png]
+    secure-fed report RUN_DIR [RUN_DIR ...] [--out FILE.png] [--vary KEY] [--allow-mixed]
     secure-fed validate CONFIG [--set ...]
     secure-fed partition CONFIG [--set ...] [--data-root DIR] [--out DIR]
     secure-fed audit RUN_DIR [--attacks a,b] [--data-root DIR]
@@ -382,26 +382,35 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise SecureFedError(f"--out {out}: expected the path of a .png file to write")
         check_writable_dir(out.parent, what="--out's folder")
     from secure_fed.html_report import has_operator_columns, html_report, released, run_row
+    from secure_fed.report_setup import mixed_runs_message, setup_differences
 
     runs = [Path(d) for d in args.run_dirs]
     rows = [run_row(d, operator=True) for d in runs]  # every run loads before anything is written
     if not any(load_run(d)[0] for d in runs):
         raise SecureFedError(f"nothing to report: no evaluated round in {', '.join(map(str, runs))} (metrics.jsonl)")
+    vary = tuple(args.vary)
+    diffs = setup_differences(runs, vary=vary)  # runs drawn side by side differ only in ε, seed and what --vary names
+    warning = mixed_runs_message(diffs) if diffs else None
+    if warning and not args.allow_mixed:
+        raise SecureFedError(f"{warning} (report runs of one setup, name a swept setting with --vary KEY, or pass "
+                             "--allow-mixed to draw them under a warning)")  # fmt: skip
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     folder = out.parent if out is not None else runs[0]
     if out is None:
         check_writable_dir(runs[0], what="run directory")  # report.png and report.html go there
     operator = has_operator_columns(rows)  # the audits' results: computed from the members, a page for the operator only
     if operator:
         check_writable_dir(folder / PRIVATE_DIR, what="the report's private/ folder")
-    path = report(runs, out=out)
+    path = report(runs, out=out, warning=warning, vary=vary)
     print(f"wrote {path}")
     title = f"secure-fed report: {len(runs)} run(s)"
-    page = html_report(runs, path.with_suffix(".html"), title=title, rows=[released(r) for r in rows])
+    page = html_report(runs, path.with_suffix(".html"), title=title, rows=[released(r) for r in rows], warning=warning)
     print(f"wrote {page} (open it in a browser: sortable table, plots embedded)")
     if operator:
         private = path.parent / PRIVATE_DIR / path.with_suffix(".html").name
         private.parent.mkdir(parents=True, exist_ok=True)
-        page = html_report(runs, private, title=f"{title}, with the audits (operator-only)", rows=rows)
+        page = html_report(runs, private, title=f"{title}, with the audits (operator-only)", rows=rows, warning=warning)
         print(f"wrote {page} (operator-only: with the audits' results; do not release it)")
     return 0
 
@@ -522,6 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="plot metrics of one or more runs (report.png) and compare them (report.html)")
     p.add_argument("run_dirs", nargs="+", help="one or more run directories")
     p.add_argument("--out", default=None, help="PNG path (default: report.png in the first run directory)")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY",
+                   help="a setting swept besides ε and seed (e.g. algorithm.lam): may differ; in the legends")  # fmt: skip
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="draw runs that differ in more than ε and seed, under a warning (default: refuse them)")  # fmt: skip
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("export", help="write a finished run's release-safe model (θ, W, public config, privacy report)")

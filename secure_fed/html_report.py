@@ -1,7 +1,9 @@
 """A self-contained HTML page that compares runs: one table row per run, plots embedded.
 
 ``secure-fed report RUN…`` and ``secure-fed tradeoff`` write the same page (``report.html``): no network, no
-external file — the plots are PNGs in ``data:`` URLs, the table sorts with a few lines of inline script (click
+external file — the plots are inline SVG (their curves, bands, error bars and legends are elements a browser test
+finds: ``curve-…``, ``band-…``, ``cibar-…``, ``legend``), the table (its columns grouped: setup, privacy, utility,
+attacks; ε written ``4.0`` / ``∞``) sorts with a few lines of inline script (click
 a column header), and a filter box narrows the rows. Each run contributes what its released files hold:
 ``summary.json`` (method, seed, status, ε, δ, σ, the ledger's target ε, final metrics) and ``config.yaml`` (seed,
 protocols; for a run in progress, the target ε its accounting layer's spec reads there: ``LayerSpec.target_epsilons``).
@@ -12,15 +14,14 @@ under a ``private/`` directory, never beside the released files.
 
 Plots, where the runs have what they need:
 
-* utility vs ε, one line per method, mean over seeds with a min–max band (ε = ∞ at the right end);
-* (operator) attack success vs ε against the attack's chance level;
+* utility vs ε, one line per method, mean over seeds with a seed min–max band (ε = ∞ at the right end);
+* (operator) attack success vs ε against the attack's chance level, each run's 95% CI as an error bar;
 * (operator) the one-run audit's ε lower bound against the accountant's ε (it must stay under the diagonal);
 * a metric against the round, one line per (method, ε), mean over seeds.
 """
 
 from __future__ import annotations
 
-import base64
 import csv
 import html
 import io
@@ -34,8 +35,9 @@ import yaml
 
 from secure_fed.errors import SecureFedError
 from secure_fed.plugin_specs import layer_specs
-from secure_fed.report import load_run
+from secure_fed.report_columns import EPSILON_COLUMNS, column_groups, columns, format_epsilon
 from secure_fed.run_files import ATTACKS_RECORD, OPERATOR_PREFIX, PRIVACY_RECORD, PRIVATE_DIR, attacks_path
+from secure_fed.run_history import load_run
 
 OPERATOR_DIR = PRIVATE_DIR
 OPERATOR_NOTE = ("operator-only: the operator.… columns and the attack plots are computed from the members (each run's "
@@ -107,10 +109,16 @@ def run_row(run_dir: Path, *, method: str | None = None, operator: bool = False)
         "epsilon": _num(priv.get("epsilon", "inf" if not dp else None)),
         "delta": priv.get("delta"),
         "sigma": sigma,
+        "unit": priv.get("unit"),
+        "accountant": unit.get("accountant"),
+        "adversaries": "; ".join(f"{name} {format_epsilon(a.get('epsilon'))}" for name, a in unit.get("adversaries", {}).items())
+        or None,
     }
     per_round = ("round", PRIVACY_RECORD)
     final = summary.get("final") or ({k: v for k, v in history[-1].items() if k not in per_round} if history else {})
     row.update({k: v for k, v in final.items() if isinstance(v, (int, float))})
+    if isinstance(summary.get("W_mean_cos"), (int, float)):
+        row["W_mean_cos"] = summary["W_mean_cos"]
     if operator:
         row.update(operator_columns(run_dir))
     row["run_dir"] = str(run_dir)
@@ -155,7 +163,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(v, dict):
             out.update(_flatten(v, key + "."))
         elif isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
-            out[key] = f"[{v[0]:.3f}, {v[1]:.3f}]"  # a confidence interval
+            out[key] = (float(v[0]), float(v[1]))  # a confidence interval
         elif isinstance(v, (int, float, str, bool)) or v is None:
             out[key] = v
     return out
@@ -170,24 +178,36 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: ("inf" if isinstance(r.get(k), float) and math.isinf(r[k]) else r.get(k, "")) for k in cols})
+            w.writerow({k: _csv_value(r.get(k, "")) for k in cols})
     return path
 
 
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    if isinstance(v, tuple):
+        return _interval(v)
+    return v
+
+
+def _interval(v: tuple[float, float]) -> str:
+    return f"[{v[0]:.3f}, {v[1]:.3f}]"
+
+
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    first = ["method", "target_epsilon", "epsilon", "delta", "sigma", "seed", "status", "rounds"]
-    rest = sorted({k for r in rows for k in r} - set(first) - {"run", "run_dir"})
-    metrics = [k for k in rest if "." not in k]
-    attacks = [k for k in rest if "." in k]
-    return ["run", *first, *metrics, *attacks]
+    return columns(rows)
 
 
 # ------------------------------------------------------------------------------------------------ plots
+#: how the bands of the ε plots are computed (said in their legends, titles and the page)
+BAND = "seed min–max"
+
+
 def _eps_x(values: list[float]) -> tuple[dict[float, float], list[float], list[str]]:
     """x positions for ε values: log scale, ∞ one step beyond the largest finite ε."""
     finite = sorted({v for v in values if math.isfinite(v) and v > 0})
     pos = {v: v for v in finite}
-    ticks, labels = list(finite), [f"{v:g}" for v in finite]
+    ticks, labels = list(finite), [format_epsilon(v) for v in finite]
     if any(math.isinf(v) for v in values):
         inf_x = (finite[-1] * 2.0) if finite else 1.0
         pos[math.inf] = inf_x
@@ -202,31 +222,61 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _svg(plt, fig) -> str:
+    """The figure as an inline ``<svg>`` element: text kept as text (legends searchable), the plot's parts as groups
+    with ids (``curve-…``, ``band-…``, ``cibar-…``, ``legend``) that a browser test can find."""
+    buf = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "secure-fed"}):
+        fig.savefig(buf, format="svg")
+    text = buf.getvalue()
+    return text[text.index("<svg") :]
+
+
 def _utility_key(rows: list[dict[str, Any]]) -> str | None:
     return next((k for k in UTILITY_KEYS if any(isinstance(r.get(k), (int, float)) for r in rows)), None)
 
 
-def _by_method_eps(rows, key) -> dict[str, dict[float, list[float]]]:
-    out: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+def _by_method_eps(rows, key) -> dict[str, dict[float, list[dict[str, Any]]]]:
+    out: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        v = _num(r.get(key))
-        if math.isfinite(v):
-            out[r["method"]][r["target_epsilon"]].append(v)
+        if math.isfinite(_num(r.get(key))):
+            out[r["method"]][r["target_epsilon"]].append(r)
     return out
 
 
-def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None):
+def _legend(ax, **kw) -> None:
+    ax.legend(**kw).set_gid("legend")
+
+
+def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None, ci_key=None):
+    """``key`` against the target ε, one curve per method (the mean over seeds) in its seed min–max band; with
+    ``ci_key``, each run's value with its confidence interval as an error bar."""
     groups = _by_method_eps(rows, key)
     if not groups:
         return None
     pos, ticks, labels = _eps_x([r["target_epsilon"] for r in rows])
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
-    for method, by_eps in sorted(groups.items()):
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i, (method, by_eps) in enumerate(sorted(groups.items())):
         eps = sorted(e for e in by_eps if e in pos)
         xs = [pos[e] for e in eps]
-        mean = [sum(by_eps[e]) / len(by_eps[e]) for e in eps]
-        ax.plot(xs, mean, marker="o", label=method)
-        ax.fill_between(xs, [min(by_eps[e]) for e in eps], [max(by_eps[e]) for e in eps], alpha=0.2)
+        vals = [[_num(r[key]) for r in by_eps[e]] for e in eps]
+        seeds = max(len(v) for v in vals)
+        shown = ", ".join(format_epsilon(e) for e in eps)
+        (line,) = ax.plot(xs, [sum(v) / len(v) for v in vals], marker="o",
+                          label=f"{method}: mean over {seeds} seed(s), ε = {shown}")  # fmt: skip
+        line.set_gid(f"curve-{i}")
+        band = ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals], alpha=0.2, color=line.get_color(),
+                               label=f"{method}: {BAND} over seeds")  # fmt: skip
+        band.set_gid(f"band-{i}")
+        if ci_key:
+            pts = [(pos[e] * (1 + 0.04 * (j - (len(by_eps[e]) - 1) / 2)), _num(r[key]), r.get(ci_key))
+                   for e in eps for j, r in enumerate(by_eps[e])]  # fmt: skip
+            pts = [(x, y, ci) for x, y, ci in pts if isinstance(ci, (tuple, list)) and len(ci) == 2]
+            if pts:
+                err = [[max(y - ci[0], 0.0) for _, y, ci in pts], [max(ci[1] - y, 0.0) for _, y, ci in pts]]
+                bars = ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=err, fmt="none", capsize=3,
+                                   color=line.get_color(), label=f"{method}: each run's 95% CI")  # fmt: skip
+                bars.lines[2][0].set_gid(f"cibar-{i}")
     if chance_key:
         ch = [_num(r.get(chance_key)) for r in rows if math.isfinite(_num(r.get(chance_key)))]
         if ch:
@@ -237,7 +287,7 @@ def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None):
         ax.minorticks_off()
     ax.set(xlabel="target ε", ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -256,7 +306,7 @@ def _audit_plot(plt, rows):
     ax.plot([0, top], [0, top], color="grey", ls="--", label="lower bound = accountant ε")
     ax.set(xlabel="accountant ε", ylabel="audit ε lower bound (one run)", title="one-run audit vs accountant")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -271,22 +321,24 @@ def _round_plot(plt, rows, key):
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
-    for (method, eps), runs in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for i, ((method, eps), runs) in enumerate(sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][1]))):
         by_round: dict[int, list[float]] = defaultdict(list)
         for pts in runs:
             for rd, v in pts:
                 by_round[rd].append(v)
         rounds = sorted(by_round)
-        ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds], marker=".", label=f"{method}, ε={eps:g}")
+        (line,) = ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds], marker=".",
+                          label=f"{method}, ε = {format_epsilon(eps)}")  # fmt: skip
+        line.set_gid(f"curve-{i}")
     ax.set(xlabel="round", ylabel=key, title=f"{key} by round (mean over seeds)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    _legend(ax, fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
 
 
-def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes]]:
-    """``(file name, title, PNG bytes)`` for every plot the rows support."""
+def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes, str]]:
+    """``(file name, title, PNG bytes, inline SVG)`` for every plot the rows support."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -296,19 +348,21 @@ def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes]]:
     util = _utility_key(rows)
     figs = []
     if util:
-        figs.append(("utility_vs_epsilon.png", f"{util} vs ε",
-                     _eps_plot(plt, rows, util, ylabel=util, title=f"utility ({util}) vs ε; band: seed min–max")))  # fmt: skip
+        figs.append(("utility_vs_epsilon.png", f"{util} vs ε (curve: mean over seeds; band: {BAND})",
+                     _eps_plot(plt, rows, util, ylabel=util, title=f"utility ({util}) vs ε; band: {BAND}")))  # fmt: skip
     attack_keys = sorted({k for r in rows for k in r if k.endswith(".auc") and not k.endswith(".chance")})
     for k in attack_keys:
         name = k.removeprefix(OPERATOR_PREFIX)
-        fig = _eps_plot(plt, rows, k, ylabel=name, title=f"attack success ({name}) vs ε", chance_key=f"{k}.chance")
-        figs.append((f"attack_{name.replace('.', '_')}_vs_epsilon.png", f"{name} vs ε (operator-only)", fig))
+        fig = _eps_plot(plt, rows, k, ylabel=name, title=f"attack success ({name}) vs ε; bars: 95% CI",
+                        chance_key=f"{k}.chance", ci_key=f"{k}_ci95")  # fmt: skip
+        figs.append((f"attack_{name.replace('.', '_')}_vs_epsilon.png",
+                     f"{name} vs ε (bars: each run's 95% CI; band: {BAND}; operator-only)", fig))  # fmt: skip
     figs.append(("audit_vs_accountant.png", "audit lower bound vs accountant ε (operator-only)", _audit_plot(plt, rows)))
     if util:
         figs.append(("metric_vs_round.png", f"{util} by round", _round_plot(plt, rows, util)))
     for name, title, fig in figs:
         if fig is not None:
-            out.append((name, title, _png(fig)))
+            out.append((name, title, _png(fig), _svg(plt, fig)))
             plt.close(fig)
     return out
 
@@ -325,7 +379,7 @@ function sortBy(th){const table=th.closest('table');const i=Array.from(th.parent
  rows.forEach(r=>body.appendChild(r));}
 function filterRows(box){const q=box.value.toLowerCase();document.querySelectorAll('#runs tbody tr').forEach(
  r=>{r.style.display=r.textContent.toLowerCase().includes(q)?'':'none';});}
-document.querySelectorAll('#runs th').forEach(th=>th.addEventListener('click',()=>sortBy(th)));
+document.querySelectorAll('#runs tr.cols th').forEach(th=>th.addEventListener('click',()=>sortBy(th)));
 document.getElementById('filter').addEventListener('input',e=>filterRows(e.target));
 """
 
@@ -333,18 +387,24 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
 h1{font-size:1.4em} h2{font-size:1.1em;margin-top:1.6em}
 .plots{display:flex;flex-wrap:wrap;gap:16px} figure{margin:0} figcaption{font-size:.85em;color:#555}
+figure svg{max-width:100%;height:auto}
 table{border-collapse:collapse;font-size:.82em}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
-th{background:#f3f3f3;cursor:pointer;position:sticky;top:0}
+th{background:#f3f3f3;position:sticky;top:0} tr.cols th{cursor:pointer;top:1.6em} tr.groups th{text-align:center}
 th[data-asc='1']::after{content:' ▲'} th[data-asc='0']::after{content:' ▼'}
 td.t{text-align:left} .wrap{max-height:70vh;overflow:auto} .note{color:#555;font-size:.9em;max-width:60em}
+.warning{color:#b00020;font-weight:bold}
 """
 
 
-def _cell(v: Any) -> tuple[str, str]:
+def _cell(v: Any, column: str = "") -> tuple[str, str]:
     """(display text, sort value)."""
+    if column in EPSILON_COLUMNS and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return format_epsilon(v), ("1e308" if math.isinf(v) else repr(float(v)))
     if isinstance(v, bool):
         return str(v), str(v)
+    if isinstance(v, tuple):
+        return _interval(v), repr(v[0])
     if isinstance(v, float):
         if math.isinf(v):
             return "∞", "1e308"
@@ -356,32 +416,36 @@ def _cell(v: Any) -> tuple[str, str]:
     return ("" if v is None else str(v)), ("" if v is None else str(v))
 
 
-def write_html(rows: list[dict[str, Any]], out: Path, *, title: str, plots: list[tuple[str, str, bytes]],
-               notes: list[str] | None = None) -> Path:  # fmt: skip
-    """The self-contained page (``report.html``)."""
-    cols = _columns(rows)
+def write_html(rows: list[dict[str, Any]], out: Path, *, title: str, plots: list[tuple[str, str, bytes, str]],
+               notes: list[str] | None = None, warning: str | None = None) -> Path:  # fmt: skip
+    """The self-contained page (``report.html``): the plots inline as SVG, the table's columns in groups."""
+    groups = column_groups(rows)
+    cols = [c for _, cs in groups for c in cs]
+    group_head = "".join(f'<th colspan="{len(cs)}">{html.escape(g)}</th>' for g, cs in groups)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = []
     for r in rows:
         cells = []
         for c in cols:
-            text, key = _cell(r.get(c))
+            text, key = _cell(r.get(c), c)
             cls = ' class="t"' if isinstance(r.get(c), str) else ""
             cells.append(f'<td{cls} data-v="{html.escape(key, quote=True)}">{html.escape(text)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     figs = "".join(
-        f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        f"<figcaption>{html.escape(t)}</figcaption></figure>"
-        for _, t, png in plots
+        f'<figure data-plot="{html.escape(name, quote=True)}">{svg}<figcaption>{html.escape(t)}</figcaption></figure>'
+        for name, t, _, svg in plots
     )
     note = "".join(f'<p class="note">{html.escape(n)}</p>' for n in (notes or []))
+    if warning:
+        note = f'<p class="note warning" id="warning">warning: {html.escape(warning)}</p>' + note
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{_STYLE}</style></head>
 <body><h1>{html.escape(title)}</h1>{note}
 <h2>Plots</h2><div class="plots">{figs or "<p>(no plot: the runs have no evaluated metric yet)</p>"}</div>
 <h2>Runs ({len(rows)})</h2><p><input id="filter" type="search" placeholder="filter rows…"> click a column to sort</p>
-<div class="wrap"><table id="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>
+<div class="wrap"><table id="runs"><thead><tr class="groups">{group_head}</tr><tr class="cols">{head}</tr></thead>
+<tbody>{"".join(body)}</tbody></table></div>
 <script>{_SCRIPT}</script></body></html>
 """
     out.write_text(page, encoding="utf-8")
@@ -389,11 +453,12 @@ def write_html(rows: list[dict[str, Any]], out: Path, *, title: str, plots: list
 
 
 def html_report(run_dirs: list[Path], out: Path, *, title: str = "secure-fed runs", methods: dict[str, str] | None = None,
-                notes: list[str] | None = None, plots_dir: Path | None = None,
-                rows: list[dict[str, Any]] | None = None, operator: bool = False) -> Path:  # fmt: skip
+                notes: list[str] | None = None, plots_dir: Path | None = None, rows: list[dict[str, Any]] | None = None,
+                operator: bool = False, warning: str | None = None) -> Path:  # fmt: skip
     """Rows, plots and the page for ``run_dirs`` (``methods``: run dir → method label, default the algorithm; ``rows``:
-    rows already built, e.g. with the swept target ε; ``operator``: with the audits' columns). With ``plots_dir`` the
-    PNGs are also written there as files. A page with operator-only columns must be written under ``private/``."""
+    rows already built, e.g. with the swept target ε; ``operator``: with the audits' columns; ``warning``: the runs do
+    not compare, said at the top). With ``plots_dir`` the PNGs are also written there as files. A page with
+    operator-only columns must be written under ``private/``."""
     if rows is None:
         rows = [run_row(Path(d), method=(methods or {}).get(str(d)), operator=operator) for d in run_dirs]
     if has_operator_columns(rows):
@@ -403,6 +468,6 @@ def html_report(run_dirs: list[Path], out: Path, *, title: str = "secure-fed run
     plots = make_plots(rows)
     if plots_dir is not None:
         plots_dir.mkdir(parents=True, exist_ok=True)
-        for name, _, png in plots:
+        for name, _, png, _ in plots:
             (plots_dir / name).write_bytes(png)
-    return write_html(rows, out, title=title, plots=plots, notes=notes)
+    return write_html(rows, out, title=title, plots=plots, notes=notes, warning=warning)

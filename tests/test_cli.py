@@ -133,7 +133,7 @@ def test_sweep_and_report(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert [row["point"]["algorithm.lam"] for row in rows] == ["1", "100"]
-    rep = cli("report", *(row["run_dir"] for row in rows), "--out", str(tmp_path / "r.png"))
+    rep = cli("report", *(row["run_dir"] for row in rows), "--vary", "algorithm.lam", "--out", str(tmp_path / "r.png"))
     assert rep.returncode == 0 and (tmp_path / "r.png").stat().st_size > 1000
 
 

@@ -1,6 +1,7 @@
 """report.html in a real headless browser (Chromium through Selenium): it renders with no console error, every
-image loads, the table has one row per run and sorts when a header is clicked. A screenshot is saved as an
-artifact (``$SECURE_FED_ARTIFACTS``, default ``test-artifacts/`` in the repository).
+plot is drawn, the table has one row per run and sorts when a header is clicked; on a trade-off study's page the
+plots' parts are found and measured as drawn (a curve, its seed band, legend entries naming ε, the attack AUC's CI
+bars). Screenshots are saved as artifacts (``$SECURE_FED_ARTIFACTS``, default ``test-artifacts/`` in the repository).
 
 The browser comes from the Debian packages (``apt-get install chromium chromium-driver``, in the README's test
 set-up). Without it the test fails under ``CI=true`` and is skipped elsewhere."""
@@ -114,8 +115,10 @@ def test_report_html_renders_in_a_headless_browser(tmp_path, runs):
         assert driver.title == "browser test"
         errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
         assert not errors, errors
-        images = driver.execute_script("return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt]);")
-        assert len(images) >= 3 and all(c and w > 0 for c, w, _ in images), images
+        plots = driver.execute_script(
+            "return Array.from(document.querySelectorAll('figure svg')).map(s => s.getBoundingClientRect().width);"
+        )
+        assert len(plots) >= 3 and all(w > 100 for w in plots), plots
         rows = driver.execute_script("return document.querySelectorAll('#runs tbody tr').length;")
         assert rows == len(runs)
         # sorting: click the ε header twice; the first and last rows swap between ascending and descending
@@ -133,5 +136,61 @@ def test_report_html_renders_in_a_headless_browser(tmp_path, runs):
         driver.execute_script("window.scrollTo(0, 0);")
         assert driver.save_screenshot(str(art / "report_html.png"))
         assert (art / "report_html.png").stat().st_size > 10_000
+    finally:
+        driver.quit()
+
+
+#: the plots' parts as drawn: (figure, its parts' group-id prefix) → [drawn width, drawn height] of each part
+_PARTS = """
+const out = {};
+for (const fig of document.querySelectorAll('figure[data-plot]')) {
+  const parts = {};
+  for (const g of fig.querySelectorAll('svg g[id]')) {
+    const kind = g.id.split('-')[0];
+    if (!['curve', 'band', 'cibar', 'legend'].includes(kind)) continue;
+    const r = g.getBoundingClientRect();
+    (parts[kind] = parts[kind] || []).push({w: r.width, h: r.height, paths: g.querySelectorAll('path').length,
+                                           text: Array.from(g.querySelectorAll('text')).map(t => t.textContent)});
+  }
+  out[fig.dataset.plot] = parts;
+}
+return out;
+"""
+
+
+def test_tradeoff_page_shows_the_curve_its_seed_bands_epsilon_legends_and_ci_bars(tmp_path):
+    """A trade-off study's operator page (two methods × ε ∈ {1, 4, ∞} × two seeds, each run audited) in Chromium:
+    a screenshot, then the structure as drawn: each method's curve and its seed band (with height: the seeds differ),
+    legend entries naming ε and the band, one CI bar per run on the attack plot."""
+    from tests.report_runs import fake_run
+
+    grid = [(m, e, s) for m in ("fedaws", "fedalc") for e in (1.0, 4.0, math.inf) for s in (0, 1)]
+    runs = [fake_run(tmp_path, f"{m}-{e}-{s}", eps=e, seed=s, method=m, p1=40 + 3 * s + (10 if math.isinf(e) else e),
+                     auc=0.52 + 0.02 * s) for m, e, s in grid]  # fmt: skip
+    (tmp_path / "private").mkdir()
+    page = html_report(runs, tmp_path / "private" / "report.html", title="trade-off", operator=True)
+    driver = _browser()
+    try:
+        driver.get(page.as_uri())
+        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not errors, errors
+        art = Path(os.environ.get("SECURE_FED_ARTIFACTS", REPO / "test-artifacts"))
+        art.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(art / "tradeoff_html.png"))
+        assert (art / "tradeoff_html.png").stat().st_size > 10_000
+        parts = driver.execute_script(_PARTS)
+        util = parts["utility_vs_epsilon.png"]
+        assert len(util["curve"]) == 2 and all(c["paths"] and c["w"] > 50 for c in util["curve"])
+        assert len(util["band"]) == 2 and all(b["paths"] and b["w"] > 50 for b in util["band"])
+        # the band has a thickness: the seeds' spread, drawn taller than its curve (whose markers stick out of a line)
+        assert all(b["h"] > c["h"] + 20 for b, c in zip(util["band"], util["curve"], strict=True)), util
+        (legend,) = util["legend"]
+        assert sum("ε = 1.0, 4.0, ∞" in t for t in legend["text"]) == 2
+        assert sum("seed min–max" in t for t in legend["text"]) == 2 and legend["w"] > 0
+        attack = parts["attack_membership_inference_loss_auc_vs_epsilon.png"]
+        assert sum(b["paths"] for b in attack["cibar"]) == len(runs) and all(b["h"] > 5 for b in attack["cibar"])
+        assert any("95% CI" in t for t in attack["legend"][0]["text"])
+        (legend,) = parts["metric_vs_round.png"]["legend"]
+        assert len(legend["text"]) == 6 and all("ε = " in t for t in legend["text"])
     finally:
         driver.quit()

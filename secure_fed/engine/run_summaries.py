@@ -148,3 +148,12 @@ class RunReport(Callback):
         (ctx.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
         (ctx.run_dir / PRIVATE_DIR).mkdir(exist_ok=True)
         (ctx.run_dir / PRIVATE_DIR / "summary.json").write_text(json.dumps(self.private, indent=2, default=str))
+
+    def on_cli_run_end(self, ctx, result) -> None:
+        """``secure-fed run`` (and :func:`secure_fed.run`) leave the run's plots beside its files: ``report.png``
+        (the metrics against the round, its ε in the legend), drawn from the released files only; quietly (the
+        Python API prints nothing)."""
+        from secure_fed.report import load_run, report
+
+        if load_run(ctx.run_dir)[0]:  # an evaluated round to draw
+            report([ctx.run_dir], out=ctx.run_dir / "report.png", table=False)

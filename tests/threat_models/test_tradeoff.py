@@ -45,10 +45,14 @@ def test_tradeoff_runs_the_grid_then_skips_finished_runs(tmp_path):
     assert all((out / "runs" / r["run"] / "private" / "attacks.json").is_file() for r in rows)
     assert not list(out.glob("runs/*/attacks.json")) and not list(out.glob("runs/*/roc.png"))
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") >= 2 and '<table id="runs">' in page and "loss.auc" not in page
+    assert page.count("<figure data-plot=") >= 2 and '<table id="runs">' in page and "loss.auc" not in page
+    # the curve in its seed band, said to be one (the band's kind in the legend, the caption and the note)
+    assert 'id="curve-0"' in page and 'id="band-0"' in page and "fedaws: seed min–max over seeds" in page
+    assert "band: seed min–max" in page and "Bands: min–max over seeds [0]" in page
     assert (out / "utility_vs_epsilon.png").is_file() and not list(out.glob("attack_*.png"))
     private_page = (out / "private" / "report.html").read_text()
-    assert private_page.count("data:image/png;base64,") >= 3 and "operator.membership_inference.loss.auc" in private_page
+    assert private_page.count("<figure data-plot=") >= 3 and "operator.membership_inference.loss.auc" in private_page
+    assert 'id="cibar-0"' in private_page and "fedaws: each run's 95% CI</text>" in private_page  # the CI bars' legend
     assert list((out / "private").glob("attack_*.png"))
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
     again = _tradeoff(out)  # every run is finished: nothing retrains, the report is rewritten
