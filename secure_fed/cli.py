@@ -374,7 +374,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from secure_fed.report import load_run, report
+    from secure_fed.report import report
+    from secure_fed.run_history import load_run
 
     out = Path(args.out) if args.out else None
     if out is not None:

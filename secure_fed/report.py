@@ -8,7 +8,7 @@ from secure_fed.report_columns import format_epsilon
 from secure_fed.run_files import PRIVACY_RECORD
 from secure_fed.run_history import load_run
 
-__all__ = ["load_run", "print_table", "report", "report_figure"]
+__all__ = ["print_table", "report", "report_figure"]
 
 
 def _epsilon_label(summary: dict | None, cfg_eps: float) -> str:

@@ -153,7 +153,8 @@ class RunReport(Callback):
         """``secure-fed run`` (and :func:`secure_fed.run`) leave the run's plots beside its files: ``report.png``
         (the metrics against the round, its ε in the legend), drawn from the released files only; quietly (the
         Python API prints nothing)."""
-        from secure_fed.report import load_run, report
+        from secure_fed.report import report
+        from secure_fed.run_history import load_run
 
         if load_run(ctx.run_dir)[0]:  # an evaluated round to draw
             report([ctx.run_dir], out=ctx.run_dir / "report.png", table=False)
