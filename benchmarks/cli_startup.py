@@ -24,7 +24,7 @@ PROBE = (
     "from secure_fed.cli import main\n"
     "import contextlib, io\n"
     "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()): code = main(sys.argv[1:])\n"
-    "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('threat_models.attacks'))\n"
+    "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('threat_models.attacks.'))\n"
     "print('HEAVY', ','.join(heavy))"
 )
 
