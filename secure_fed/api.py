@@ -66,6 +66,7 @@ def run(
 
     exp = Experiment(cfg, run_dir=run_dir, data_root=data_root, callbacks=list(callbacks))
     result = exp.run(progress=progress)
-    for cb in exp.callbacks:
-        cb.on_cli_run_end(exp.context(), result)
+    if result.status != "interrupted":  # an interrupted run is resumed, not audited
+        for cb in exp.callbacks:
+            cb.on_cli_run_end(exp.context(), result)
     return result

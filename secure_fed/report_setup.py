@@ -23,8 +23,9 @@ import yaml
 
 from secure_fed.errors import SecureFedError
 
-#: dotted keys (and key prefixes) never compared: the seeds, and where a run executes
-IGNORED = ("seed", "privacy.noise_seed", "device", "output", "backend", "flower", "training.executor", "training.chunk_clients")
+#: dotted keys (and key prefixes) never compared: where a run executes; nor is any seed (a key named ``seed`` or
+#: ``*_seed``: the run's seed, and secret ones such as a DP noise seed, whose values a report must never print)
+IGNORED = ("device", "output", "backend", "flower", "training.executor", "training.chunk_clients")
 #: the privacy block settings that ε sets (σ is calibrated to the target ε)
 SWEPT_PRIVACY = ("target_epsilon", "noise_multiplier")
 
@@ -39,7 +40,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _ignored(key: str) -> bool:
-    return any(key == p or key.startswith(p + ".") for p in IGNORED)
+    last = key.rsplit(".", 1)[-1]
+    return last == "seed" or last.endswith("_seed") or any(key == p or key.startswith(p + ".") for p in IGNORED)
 
 
 def comparable_setup(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -59,9 +61,12 @@ def read_config(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        doc = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError:
         raise SecureFedError(f"{path}: not valid YAML") from None
+    if not isinstance(doc, dict):
+        raise SecureFedError(f"{path}: not a config (a YAML mapping of sections)")
+    return doc
 
 
 def _show(v: Any) -> str:

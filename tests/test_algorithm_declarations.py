@@ -233,3 +233,16 @@ def test_the_entry_points_list_the_builtins():
     eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["secure_fed.algorithms"]
     assert sorted(eps.values()) == sorted(BUILTIN)
     assert all(load_object(path).name == name for name, path in eps.items())
+
+
+def test_declarations_that_would_leave_a_release_outside_dp_are_refused():
+    """The DP layer noises row deltas only where W is not fixed, and DP-SGD covers the update, not a weight sent
+    beside it: a plugin cannot declare its way around either."""
+    from secure_fed.algorithms.capabilities import AlgorithmCapabilities
+
+    with pytest.raises(ValueError, match="fixed_w"):
+        AlgorithmCapabilities(has_rows=True, fixed_w=True, trains_rows=True)
+    with pytest.raises(ValueError, match="sends_weights"):
+        AlgorithmCapabilities(sends_weights=True)  # the default dp_units hold 'local'
+    AlgorithmCapabilities(sends_weights=True, dp_units=frozenset({"client"}))
+    AlgorithmCapabilities(has_rows=True, fixed_w=True, trains_rows=False)

@@ -88,3 +88,23 @@ def test_vary_lets_a_swept_setting_differ(tmp_path):
     code, out, err = cli("report", *map(str, runs), "--vary", "algorithm.lam")
     assert code == 0 and not err.strip(), err
     assert 'id="warning"' not in (runs[0] / "report.html").read_text()
+
+
+def test_no_seed_is_compared_or_printed():
+    """Seeds may differ between the runs of a study, and a secret seed's value must never reach a report."""
+    from secure_fed.report_setup import comparable_setup
+
+    cfg = {"seed": 1, "protocols": ["dp", "secure_aggregation"], "privacy": {"noise_seed": 7, "delta": 1e-5},
+           "secure_aggregation": {"graph_seed": 9, "k": 3}}  # fmt: skip
+    flat = comparable_setup(cfg)
+    assert "secure_aggregation.k" in flat and "privacy.delta" in flat
+    assert not any(k.rsplit(".", 1)[-1].endswith("seed") for k in flat), flat
+
+
+def test_a_config_that_is_not_a_mapping_is_one_error(tmp_path):
+    from secure_fed.errors import SecureFedError
+    from secure_fed.report_setup import read_config
+
+    (tmp_path / "config.yaml").write_text("- a\n- b\n")
+    with pytest.raises(SecureFedError, match="not a config"):
+        read_config(tmp_path)

@@ -59,6 +59,12 @@ class AlgorithmCapabilities:
             raise ValueError("private_w_step is a W step over collected label sets: it needs collects_label_sets")
         if ("instance" in self.dp_units) != self.private_w_step:
             raise ValueError("the instance DP unit covers the private W step: dp_units has 'instance' iff private_w_step")
+        if self.fixed_w and self.trains_rows:  # the DP layer noises row deltas only where W is not fixed
+            raise ValueError("fixed_w: W is fixed after setup, so its clients cannot train rows (trains_rows=False)")
+        if self.sends_weights and "local" in self.dp_units:  # DP-SGD covers the update, not a weight sent beside it
+            raise ValueError(
+                "sends_weights: the reported weight is outside DP-SGD in client training; drop 'local' from dp_units"
+            )
 
     @property
     def takes_layers(self) -> bool:

@@ -66,7 +66,9 @@ def frozen_on_resume() -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ..
     a layer's section keeps its meaning for the checkpoint whether or not the run lists the layer)."""
     specs = layer_specs().values()
     frozen = FROZEN_ON_RESUME + tuple(k for s in specs for k in s.frozen_on_resume if k not in FROZEN_ON_RESUME)
-    return tuple(dict.fromkeys(frozen)), MOVABLE_ON_RESUME + tuple(k for s in specs for k in s.movable_on_resume)
+    # a spec may free keys only inside the sections it froze itself (never the core's, never another layer's)
+    movable = tuple(k for s in specs for k in s.movable_on_resume if any(k[: len(f)] == f for f in s.frozen_on_resume))
+    return tuple(dict.fromkeys(frozen)), MOVABLE_ON_RESUME + movable
 
 
 def resume_change(recorded, cfg) -> str | None:

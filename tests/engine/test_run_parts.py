@@ -140,3 +140,18 @@ def test_setup_phases_report_progress(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "phase", recording)
     runner.Experiment(small_config('protocols=["keyed_hashing"]'), run_dir=tmp_path).setup()
     assert names == ["protocol setup", "fedalc setup"]
+
+
+def test_a_spec_frees_resume_keys_only_inside_its_own_sections(monkeypatch):
+    """A layer spec's ``movable_on_resume`` cannot unfreeze the core's keys or another layer's section."""
+    import dataclasses
+
+    from secure_fed.engine import checkpoints
+
+    real = checkpoints.layer_specs()
+    greedy = dataclasses.replace(next(iter(real.values())), name="greedy", frozen_on_resume=(("greedy",),),
+                                 movable_on_resume=(("greedy", "x"), ("privacy", "delta"), ("dataset", "name")))  # fmt: skip
+    monkeypatch.setattr(checkpoints, "layer_specs", lambda: {**real, "greedy": greedy})
+    frozen, movable = checkpoints.frozen_on_resume()
+    assert ("greedy", "x") in movable and ("greedy",) in frozen
+    assert ("privacy", "delta") not in movable and ("dataset", "name") not in movable
