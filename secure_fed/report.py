@@ -70,7 +70,7 @@ def print_table(rows: list[dict], metrics: list[str]) -> None:
     setup = f"{'run':<32} {'method':<10} {'seed':>4} {'rounds':>6}"
     privacy = f"{'unit':<9} {'ε':>5} {'δ':>7} {'σ':>7} {'accountant':<10}"
     names = " ".join(f"{m if m != 'W_mean_cos' else 'cos(W)':>7}" for m in metrics)
-    print(f"{'setup':<{len(setup)}} | {'privacy':<{len(privacy)}} | utility")
+    print(f"{'setup':<{len(setup)}} | {PRIVACY_RECORD:<{len(privacy)}} | utility")
     print(f"{setup} | {privacy} | {names}")
     for r in rows:
         delta = r.get("delta")

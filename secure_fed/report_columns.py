@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from secure_fed.run_files import OPERATOR_PREFIX
+from secure_fed.run_files import ATTACKS_RECORD, OPERATOR_PREFIX, PRIVACY_RECORD
 
 SETUP = ("run", "method", "seed", "status", "rounds")
 PRIVACY = ("unit", "target_epsilon", "epsilon", "delta", "sigma", "accountant", "adversaries")
@@ -43,7 +43,7 @@ def column_groups(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     rest = sorted(keys - set(setup) - set(privacy))
     attacks = [k for k in rest if k.startswith(OPERATOR_PREFIX)]
     utility = [k for k in rest if k not in attacks]
-    groups = [("setup", setup), ("privacy", privacy), ("utility", utility), ("attacks", attacks)]
+    groups = [("setup", setup), (PRIVACY_RECORD, privacy), ("utility", utility), (ATTACKS_RECORD, attacks)]
     return [(g, cols) for g, cols in groups if cols]
 
 
