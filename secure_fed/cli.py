@@ -210,8 +210,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     from secure_fed.config import load_config
     from secure_fed.data import partitioner_from_config
+    from secure_fed.data.from_config import build_dataset  # the engine's loader (torch-free)
     from secure_fed.data.heterogeneity import heterogeneity_report, write_report
-    from secure_fed.engine.builders import build_dataset  # the engine's loader; its module imports torch (~3 s)
     from secure_fed.plugin_specs import instance_bound
 
     cfg = load_config(args.config, args.overrides)

@@ -17,7 +17,7 @@ from torch import nn
 from secure_fed.algorithms import Algorithm, ClientData
 from secure_fed.algorithms.base import SharedRows
 from secure_fed.algorithms.registry import algorithm_specs
-from secure_fed.config.choices import SPARSE_AUTO_BYTES, model_choice, sparse_input_choice  # noqa: F401 (re-exported)
+from secure_fed.config.choices import model_choice, sparse_input_choice
 from secure_fed.config.schema import RESNETS, ExperimentConfig
 from secure_fed.data import (
     ClientShard,
@@ -26,7 +26,6 @@ from secure_fed.data import (
     partitioner_from_config,
 )
 from secure_fed.data.bounding import bound_labels, bounding_key
-from secure_fed.data.from_config import build_dataset  # noqa: F401 (re-exported: the engine's loader)
 from secure_fed.errors import ConfigError
 from secure_fed.models import Preprocessor, build_encoder
 from secure_fed.models.sparse_rows import SparseRows

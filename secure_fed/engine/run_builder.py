@@ -19,10 +19,10 @@ import torch
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.config.choices import precision_choice
 from secure_fed.config.schema import ExperimentConfig
+from secure_fed.data.from_config import build_dataset
 from secure_fed.engine.allocator import keep_freed_memory
 from secure_fed.engine.builders import (
     build_algorithm,
-    build_dataset,
     build_federation,
     build_model,
     resolve_device,

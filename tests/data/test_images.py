@@ -11,8 +11,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from secure_fed.config import load_config
+from secure_fed.data.from_config import build_dataset
 from secure_fed.data.images import VOC_CLASSES, MosaicSpec, load_coco, load_voc, make_digit_mosaics
-from secure_fed.engine.builders import build_dataset
 from secure_fed.errors import DataError
 
 # ------------------------------------------------------------------------------------------- digit mosaics

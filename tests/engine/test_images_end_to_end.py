@@ -12,8 +12,9 @@ import torchvision
 from sklearn.metrics import average_precision_score
 
 from secure_fed.config import load_config
+from secure_fed.config.choices import model_choice
+from secure_fed.data.from_config import build_dataset
 from secure_fed.engine import Experiment
-from secure_fed.engine.builders import build_dataset, model_choice
 from secure_fed.errors import ConfigError
 from tests.conftest import small_config
 
