@@ -53,6 +53,23 @@ def small_config(*overrides: str):
     return load_config(overrides=[*SMALL, *overrides])
 
 
+def register_plugins(monkeypatch, extra: dict[str, dict]) -> None:
+    """Add ``extra[group][name] = obj`` to the plugin registries for one test, as installed entry points would (the
+    registry as the core, the specs and the config schema read it; the config model rebuilt)."""
+    from secure_fed import plugins
+    from secure_fed.config import schema
+
+    real = plugins.registry
+
+    def registry(group):
+        return {**real(group), **extra.get(group, {})}
+
+    monkeypatch.setattr(plugins, "registry", registry)
+    monkeypatch.setattr("secure_fed.plugin_specs.registry", registry)
+    monkeypatch.setattr(schema, "registry", registry)
+    schema.experiment_config_model.cache_clear()
+
+
 def _data_root() -> Path | None:
     env = os.environ.get("SECURE_FED_DATA")
     for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "datasets"]:

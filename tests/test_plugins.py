@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from secure_fed import plugins
+from secure_fed.config import schema
 from secure_fed.engine import Experiment
 from secure_fed.engine.layers import ClientSide, Ledger, ProtocolLayer
 from secure_fed.errors import ConfigError
 from secure_fed.plugin_specs import LayerSpec
-from tests.conftest import small_config
+from tests.conftest import register_plugins, small_config
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -50,17 +50,10 @@ SPEC = LayerSpec(name="counting", threat_model="counts updates; protects nothing
 
 @pytest.fixture
 def registered(monkeypatch):
-    real = plugins.registry
-
-    def registry(group):
-        out = dict(real(group))
-        if group == "layers":
-            out["counting"] = SPEC
-        return out
-
-    monkeypatch.setattr(plugins, "registry", registry)
-    monkeypatch.setattr("secure_fed.plugin_specs.registry", registry)
+    register_plugins(monkeypatch, {"layers": {"counting": SPEC}})
     CountingLayer.updates = CountingLayer.rounds = 0
+    yield
+    schema.experiment_config_model.cache_clear()  # built with the test's registry
 
 
 def test_a_registered_layer_is_validated_built_and_wraps_the_clients(tmp_path, registered):

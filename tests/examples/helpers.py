@@ -80,11 +80,3 @@ def validate(path_entries: list[str], *overrides: str) -> tuple[int, str]:
         cwd=REPO, env=_env(path_entries), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     return proc.returncode, proc.stderr
-
-
-def assert_one_error_line(code: int, err: str, *needles: str) -> None:
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from tests.examples.helpers import CLIENT_DP, assert_one_error_line, norm, run, uplinks, validate
+from tests.config.test_bad_input import assert_one_error_line
+from tests.examples.helpers import CLIENT_DP, norm, run, uplinks, validate
 
 MAX_NORM = 0.05  # below the clients' update norms on the small default (~0.1-0.4), below dp's clip_norm 1.0
 

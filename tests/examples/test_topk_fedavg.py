@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from tests.examples.helpers import CLIENT_DP, assert_one_error_line, run_fresh, validate
+from tests.config.test_bad_input import assert_one_error_line
+from tests.examples.helpers import CLIENT_DP, run_fresh, validate
 
 DENSITY = 0.05
 

@@ -13,12 +13,11 @@ import pytest
 import torch
 from pydantic import BaseModel, Field
 
-from secure_fed import plugins
 from secure_fed.config import schema
 from secure_fed.engine import Experiment
 from secure_fed.engine.layers import ClientSide, LayerState, Ledger, ProtocolLayer, ProtocolStack, SetupResult
 from secure_fed.plugin_specs import LayerSpec, layer_specs
-from tests.conftest import small_config
+from tests.conftest import register_plugins, small_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_HOOKS = 8
@@ -149,20 +148,7 @@ CLIPPING = LayerSpec(name="clipping", threat_model="bounds each client's θ upda
 
 @pytest.fixture
 def clipping_registered(monkeypatch):
-    real = plugins.registry
-
-    def registry(group):
-        out = dict(real(group))
-        if group == "layers":
-            out["clipping"] = CLIPPING
-        if group == "config_sections":
-            out["clipping"] = ClippingSection
-        return out
-
-    monkeypatch.setattr(plugins, "registry", registry)
-    monkeypatch.setattr("secure_fed.plugin_specs.registry", registry)
-    monkeypatch.setattr(schema, "registry", registry)
-    schema.experiment_config_model.cache_clear()
+    register_plugins(monkeypatch, {"layers": {"clipping": CLIPPING}, "config_sections": {"clipping": ClippingSection}})
     ClippingLayer.norms = []
     yield
     schema.experiment_config_model.cache_clear()
