@@ -22,33 +22,12 @@ import torch
 
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.run_context import RunContext
+from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.plugin_specs import layer_specs, privacy_accounting_layers
 from secure_fed.run_status import TRAINED
 
 CHECKPOINT_VERSION = 3
-
-
-def _to_cpu(obj: Any) -> Any:
-    """A copy of nested dicts/lists of tensors with every tensor on the CPU (portable checkpoints)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    return obj
-
-
-def to_device(obj: Any, device) -> Any:
-    """``obj`` with every tensor in it (nested in dicts, lists and tuples) moved to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device) for v in obj)
-    return obj
 
 
 #: what a resumed run may not change (`secure-fed resume RUN --set …`, a Flower resume, a sweep): the settings that
@@ -132,9 +111,9 @@ class Checkpointing(Callback):
             "round": rec.round,
             "theta": {n: t.cpu() for n, t in m.theta.items()},
             "W": None if m.W is None else m.W.cpu(),
-            "server_opt": _to_cpu(m.server_opt.state_dict()),
-            "row_opt": _to_cpu(m.row_opt.state_dict()),
-            "algorithm": _to_cpu(ctx.algorithm.state_dict()),
+            "server_opt": to_cpu(m.server_opt.state_dict()),
+            "row_opt": to_cpu(m.row_opt.state_dict()),
+            "algorithm": to_cpu(ctx.algorithm.state_dict()),
             "protocols": ctx.stack.state_dict(),
             "setup_facts": rec.setup_facts,
             "history": rec.history,
@@ -171,7 +150,7 @@ class Checkpointing(Callback):
         return {
             "protocols": ctx.stack.client_state_dict(),
             "label_perm": ctx.row_order.perm,
-            "client_state": {c.client_id: _to_cpu(c.state) for c in ctx.fed.clients if c.state},  # e.g. local's θ_c
+            "client_state": {c.client_id: to_cpu(c.state) for c in ctx.fed.clients if c.state},  # e.g. local's θ_c
         }
 
     def save(self, ctx: RunContext, name: str = "last.pt", *, side_files: bool = True) -> Path:

@@ -30,6 +30,7 @@ from secure_fed.algorithms.base import ClientFn
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.model_state import ModelState
 from secure_fed.engine.run_context import RunContext
+from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import PrivacyViolation
 from secure_fed.metrics import blocks as label_blocks
 from secure_fed.metrics import evaluate_scores, macro_average_precision
@@ -149,22 +150,6 @@ def selection_metric(cfg) -> str:
     return f"P@{min(cfg.evaluation.ks)}"
 
 
-def _cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
-    return obj
-
-
-def _to(obj: Any, device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
-
-
 class Evaluation(Callback):
     """Test metrics every ``evaluation.every`` rounds and after the last; a centralised baseline also scores its
     validation split to select the epoch it reports. A run stopped by its privacy budget evaluates the model as
@@ -210,11 +195,11 @@ class Evaluation(Callback):
                                 "W_mean_cos": m.mean_row_cosine()}  # fmt: skip
 
     def checkpoint_state(self, ctx) -> dict[str, Any]:
-        return {"best": _cpu(self.best)}
+        return {"best": to_cpu(self.best)}
 
     def load_checkpoint_state(self, ctx, state) -> None:
         best = state.get("best")
-        self.best = None if best is None else _to(best, ctx.device)
+        self.best = None if best is None else to_device(best, ctx.device)
 
 
 class ClientEvaluation(Callback):

@@ -31,8 +31,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from secure_fed.client_functions import apply_client_plan, resolve_client_function
-from secure_fed.engine.checkpoints import to_device
 from secure_fed.engine.flower.codec import decode, encode
+from secure_fed.engine.tensor_tree import to_device
 
 #: what a request's ``meta`` record may hold
 REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan", "session", "since"})
