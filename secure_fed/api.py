@@ -55,10 +55,11 @@ def run(
     already holds a run is refused (``secure-fed resume RUN_DIR`` continues it). As after ``secure-fed run``, the
     registered callbacks then finish their work (e.g. the configured attacks of ``threat_models``)."""
     from secure_fed.errors import SecureFedError
+    from secure_fed.run_files import holds_checkpoint
 
     cfg = load_config(config, overrides)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    if (run_dir / "checkpoints" / "last.pt").exists():
+    if holds_checkpoint(run_dir):
         raise SecureFedError(
             f"{run_dir} already holds a run; continue it with secure-fed resume {run_dir}, or give another run_dir"
         )

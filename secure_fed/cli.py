@@ -30,7 +30,7 @@ from pathlib import Path
 from secure_fed.api import default_run_dir
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.io import check_writable_dir
-from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR
+from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR, holds_checkpoint
 from secure_fed.run_status import trained
 
 
@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, args.overrides)
         run_dir = _run_dir_for(cfg, args.out)
-        if (run_dir / "checkpoints" / "last.pt").exists():
+        if holds_checkpoint(run_dir):
             raise SecureFedError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     check_writable_dir(run_dir)
     check_data_files(cfg)  # a data file that is not there: its error line before torch is imported (seconds)
@@ -458,7 +458,7 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     overrides.append(f"flower.num_supernodes={args.nodes}")
     cfg = load_config(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started
     run_dir = _run_dir_for(cfg, args.out)
-    if args.resume and not (run_dir / "checkpoints" / "last.pt").is_file():
+    if args.resume and not holds_checkpoint(run_dir):
         raise SecureFedError(f"--resume: {run_dir} holds no checkpoint to continue")
     if not args.resume and run_dir.exists() and any(run_dir.iterdir()):
         raise SecureFedError(f"--out {run_dir} is not empty; give a new run directory (or --resume to continue it)")

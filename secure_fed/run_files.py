@@ -20,6 +20,9 @@ OPERATOR_PREFIX = "operator."
 PRIVACY_RECORD = "privacy"
 #: the key of the audit's results in ``private/attacks.json`` (by attack name)
 ATTACKS_RECORD = "attacks"
+#: ``checkpoints/commit.json``: a checkpoint written in full but not yet moved in place (a crash in the moves);
+#: resuming completes it (:mod:`secure_fed.engine.checkpoint_commit`)
+CHECKPOINT_COMMIT = "commit.json"
 
 
 def private_dir(run_dir: str | Path) -> Path:
@@ -29,3 +32,10 @@ def private_dir(run_dir: str | Path) -> Path:
 def attacks_path(run_dir: str | Path) -> Path:
     """The run's audit results (operator-only): ``RUN/private/attacks.json``."""
     return private_dir(run_dir) / ATTACKS_FILE
+
+
+def holds_checkpoint(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint to continue: ``checkpoints/last.pt``, or one committed but not yet
+    moved in place (its first, interrupted by a crash)."""
+    ckpt = Path(run_dir) / "checkpoints"
+    return (ckpt / "last.pt").is_file() or (ckpt / CHECKPOINT_COMMIT).is_file()

@@ -4,8 +4,9 @@ A run directory's ``checkpoints/`` keeps each party's state apart: ``last.pt``/`
 (θ, W, optimiser moments, the algorithm's state, the privacy ledger, the records), ``clients.pt`` what the
 clients keep (protocol secrets, noise keys, the keyed label order), ``server_secrets.pt`` the server's
 private keys (the secret behind its DP noise and sampling), and each callback's files (e.g. the server's
-recorded view, the auditor's canaries). Every file is written to a temporary name and renamed, so a
-kill leaves the previous checkpoint whole; tensors are saved on the CPU (portable across devices).
+recorded view, the auditor's canaries). A checkpoint's files become current together
+(:mod:`~secure_fed.engine.checkpoint_commit`): a kill leaves the previous checkpoint whole, or the new one
+committed and completed on resume; tensors are saved on the CPU (portable across devices).
 
 The callback reads the run through its :class:`~secure_fed.engine.run_context.RunContext` (the model state, the
 records, the protocol stack's parties' state, the row order, the other callbacks' state) and keeps no state of
@@ -21,10 +22,12 @@ from typing import Any
 import torch
 
 from secure_fed.engine.callbacks import Callback
+from secure_fed.engine.checkpoint_commit import commit_files, finish_commit, lock_run_dir
 from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.plugin_specs import layer_specs, privacy_accounting_layers
+from secure_fed.run_files import CHECKPOINT_COMMIT
 from secure_fed.run_status import TRAINED
 
 CHECKPOINT_VERSION = 3
@@ -167,13 +170,8 @@ class Checkpointing(Callback):
             ]
             for cb in ctx.callbacks:  # e.g. the server's recorded view and the auditor's secrets, kept apart
                 files.extend(cb.state_files().items())
-        files.append((name, self.server_state(ctx)))  # the server's file last: it is what makes the checkpoint current
-        # every file is written in full first (the slow part), then all are moved in place: a crash while writing
-        # leaves the previous checkpoint whole; one between the moves (microseconds) is caught by the round stamps
-        for fname, state in files:
-            torch.save(state, ckpt_dir / (fname + ".tmp"))
-        for fname, _ in files:
-            (ckpt_dir / (fname + ".tmp")).replace(ckpt_dir / fname)
+        files.append((name, self.server_state(ctx)))
+        commit_files(ckpt_dir, files, ctx.round)  # all current together, or none (a crash in the moves is redone)
         return ckpt_dir / name
 
     # ----------------------------------------------------------------- resume
@@ -223,6 +221,9 @@ class Checkpointing(Callback):
         ckpt = ctx.run_dir / "checkpoints"
         path = ckpt / "last.pt"
         self.check_same_run(ctx)
+        if (ckpt / CHECKPOINT_COMMIT).is_file():  # a crash while its files were moved in place: finish the moves
+            with lock_run_dir(ctx.run_dir):
+                finish_commit(ckpt)
         if not path.is_file():
             self.check_fresh_start(ctx, ckpt)
             return False

@@ -24,7 +24,6 @@ summaries). The README's architecture table shows the same order.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from secure_fed.config import dump_config
 from secure_fed.config.schema import ExperimentConfig
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.callbacks import Callback, ProgressBar
+from secure_fed.engine.checkpoint_commit import lock_run_dir
 from secure_fed.engine.collector import long_lived_frozen
 from secure_fed.engine.evaluation import evaluate, model_scores
 from secure_fed.engine.execution import ClientJob, Executor
@@ -44,7 +44,7 @@ from secure_fed.engine.layers import ProtocolSetup
 from secure_fed.engine.run_builder import build_run
 from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
-from secure_fed.errors import RoundAborted, SecureFedError
+from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
 from secure_fed.progress import phase
 from secure_fed.run_files import PRIVACY_RECORD
@@ -73,26 +73,6 @@ class RunResult:
     @property
     def status(self) -> str:
         return self.summary.get("status", "")
-
-
-@contextlib.contextmanager
-def lock_run_dir(run_dir: Path):
-    """Hold an exclusive lock on ``run_dir`` (``fcntl.flock`` on ``RUN_DIR/.lock``, created with the directory) while
-    a run writes there: two processes training into one directory (a resume started while the run still goes)
-    would interleave their checkpoints. The second is refused with one line; the lock ends with the process."""
-    import fcntl
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SecureFedError(f"{run_dir} is in use by another secure-fed process (a run or a resume); wait for it "
-                                 "to end, or give another --out") from None  # fmt: skip
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class _Part:

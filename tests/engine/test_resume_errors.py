@@ -127,7 +127,7 @@ def test_a_second_process_writing_into_a_run_directory_in_use_is_refused(finishe
 
     run = _copy(finished, tmp_path)
     holder = subprocess.Popen(  # another process holds the run directory, as a running run does
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from secure_fed.engine.runner import "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from secure_fed.engine.checkpoint_commit import "
          "lock_run_dir\nwith lock_run_dir(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)", str(run)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

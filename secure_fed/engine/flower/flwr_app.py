@@ -64,12 +64,13 @@ def main(grid: Grid, context: Context) -> None:
     """Build the experiment from the run config and run it with its clients on the connected SuperNodes."""
     from secure_fed.engine.runner import Experiment
     from secure_fed.errors import SecureFedError
+    from secure_fed.run_files import holds_checkpoint
 
     rc = dict(context.run_config)
     cfg = config_from_run_config(rc)
     out = Path(_text(rc, "out") or f"runs/flwr-{context.run_id}")
     resume = _text(rc, "resume").lower() in ("1", "true", "yes")
-    held = (out / "checkpoints" / "last.pt").exists()
+    held = holds_checkpoint(out)
     if held and not resume:
         raise SecureFedError(f"out={out} already holds a run; pass resume=true to continue it, or another out")
     exp = Experiment(cfg, run_dir=out, data_root=_data_root(_text(rc, "data-root")))
