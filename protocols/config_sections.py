@@ -32,7 +32,8 @@ class _DPUnitConfig(_Strict):
 _BOUND = (
     "positive_only partition: the most clients (labels) one training instance may enter, a public bound that σ, the "
     "planned steps and ε are computed from (never the data's largest label count); an instance with more labels is "
-    "bounded by privacy.over_bound. Required by privacy.local; the client unit's instance-level report uses it"
+    "bounded by privacy.over_bound. Required by privacy.local; the client unit's instance-level report uses it. A "
+    "centralised trainer (the oracle as the central DP reference) bounds nothing: each instance is on it once"
 )
 
 

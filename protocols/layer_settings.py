@@ -56,6 +56,8 @@ class DPSettings:
     on_flower: bool
     #: secure aggregation's encoding ``(clip_range, frac_bits)`` when the stack lists it, else None
     encoding: tuple[float, int] | None
+    #: ``model.fixed_encoder``: θ's encoder is not trained (its released value is its data-independent initialisation)
+    fixed_encoder: bool = False
 
     @property
     def encoding_grid(self) -> float | None:
@@ -93,6 +95,7 @@ def dp_settings(cfg) -> DPSettings:
         instance_divisor=None if p.instance is None else p.instance.divisor(cfg.dataset),
         on_flower=cfg.backend == "flower",
         encoding=(cfg.secure_aggregation.clip_range, int(cfg.secure_aggregation.frac_bits)) if sa else None,
+        fixed_encoder=cfg.model.fixed_encoder,
     )
 
 

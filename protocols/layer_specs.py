@@ -106,8 +106,21 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "whole training split in the clear, and θ is trained on them, outside any ε; use auto (none for dense "
             "features under dp) or none"
         )
+    central = cfg.algorithm.capabilities.centralised  # one trainer holds every instance once, whole, and every row
+    if central:
+        if p.instance is not None or p.client is not None or p.local is None:
+            raise ValueError(
+                f"{algo} under dp is the central DP reference: DP-SGD on its one trainer, privacy.local only (no "
+                "privacy.instance or privacy.client: there are no clients and no server step)"
+            )
+        if cfg.algorithm.validation_fraction:
+            raise ValueError(
+                f"{algo} under dp: algorithm.validation_fraction {cfg.algorithm.validation_fraction:g} selects the "
+                "reported epoch on a split of the training data, a data-dependent choice outside ε; set it to 0 (the "
+                "last epoch is reported)"
+            )
     bound = p.max_labels_per_instance()
-    if bound is not None and cfg.partition.name != "positive_only":
+    if bound is not None and cfg.partition.name != "positive_only" and not central:
         raise ValueError(
             f"privacy.*.max_labels_per_instance {bound} bounds the clients an instance sits on in the positive_only "
             f"partition; in a {cfg.partition.name} partition each instance is on one client: remove it"
@@ -173,7 +186,7 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "privacy.local with training.sampling: proportional: clients are picked with probability ∝ their example "
             "count, which then shapes θ outside DP-SGD; use uniform or poisson sampling"
         )
-    if p.local is not None and cfg.model.family == "embedding" and cfg.partition.name != "positive_only":
+    if p.local is not None and cfg.model.family == "embedding" and cfg.partition.name != "positive_only" and not central:
         raise ValueError(
             f"privacy.local with model.family embedding on a {cfg.partition.name} partition: which class rows a client "
             "receives and trains is the set of labels in its data, visible outside DP-SGD; use model.family "
@@ -189,7 +202,7 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "privacy.local (DP-SGD in client training) cannot run on a ResNet: batch norm mixes a batch's samples, so no "
             "per-sample clip bounds one instance; use a model without batch norm (model.name: mlp | sparse_text)"
         )
-    if p.local is not None and bound is None and cfg.partition.name == "positive_only":
+    if p.local is not None and bound is None and cfg.partition.name == "positive_only" and not central:
         raise ValueError(
             "privacy.local on the positive_only partition needs privacy.local.max_labels_per_instance: an instance "
             "enters the training of every client of its labels, and the steps it enters must be counted from a public "
@@ -221,7 +234,10 @@ def _validate_dp(cfg, stack: list[str]) -> None:
 
 
 def _instance_bound(cfg) -> tuple[int, str] | None:
-    """The privacy section's contribution bound ``(m, rule)`` (``privacy.*.max_labels_per_instance``), or None."""
+    """The privacy section's contribution bound ``(m, rule)`` (``privacy.*.max_labels_per_instance``), or None. A
+    centralised trainer (the central DP reference) has each instance once, whole: it bounds nothing."""
+    if cfg.algorithm.capabilities.centralised:
+        return None
     m = cfg.privacy.max_labels_per_instance()
     return None if m is None else (m, cfg.privacy.over_bound)
 

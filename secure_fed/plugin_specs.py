@@ -137,9 +137,10 @@ def validate_stack(cfg) -> None:
     if dup:
         raise ValueError(f"protocol layer(s) {sorted(dup)} listed twice")
     caps = cfg.algorithm.capabilities
-    if stack and caps.centralised:
+    if stack and caps.centralised and not (stack == ["dp"] and caps.dp_units):
         raise ValueError(
-            f"{cfg.algorithm.name} is the non-private centralised upper bound with one client; protocol layers do not apply"
+            f"{cfg.algorithm.name} is the centralised upper bound with one trainer: no protocol layer applies"
+            + (" but dp (the central DP reference: privacy.local)" if caps.dp_units else "")
         )
     if stack and caps.shares_nothing:
         raise ValueError(

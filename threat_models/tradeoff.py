@@ -55,7 +55,7 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
     """The overrides that turn the base config into one grid point."""
     from protocols.layer_specs import LABEL_SET_ALGORITHMS
 
-    ov = [f"algorithm.name={method}", f"seed={seed}", "output.progress=false"]
+    ov = [f"algorithm.name={method}", f"seed={seed}", "output.progress=false", *central_reference(method)]
     if attacks:
         ov.append(f"attacks.run=[{', '.join(attacks)}]")
     p = base.privacy
@@ -76,13 +76,28 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
             + ("privacy.instance / privacy.local" if unit == "instance" else "privacy.client")
             + f" for {method}"
         )
+    # every block gets the target; the sweep calibrates the σ of the blocks the config leaves free, and a block that
+    # gives its σ keeps it (e.g. a heavily noised W step beside calibrated DP-SGD), unless every block gives one
+    free = [b for b in blocks if getattr(p, b).noise_multiplier is None] or blocks
     for b in blocks:
-        ov += [f"privacy.{b}.target_epsilon={eps:g}", f"privacy.{b}.noise_multiplier=null"]
+        ov.append(f"privacy.{b}.target_epsilon={eps:g}")
+        if b in free:
+            ov.append(f"privacy.{b}.noise_multiplier=null")
     if unit == "instance" and p.client is not None:
         ov.append("privacy.client=null")  # one unit swept at a time
     if unit == "client":
         ov += ["privacy.instance=null", "privacy.local=null"]
     return ov
+
+
+def central_reference(method: str) -> list[str]:
+    """A centralised method (the oracle) reports its last epoch at every ε of a study: under dp, an epoch selected on a
+    split of the training data would be a choice outside ε, and the ε = ∞ point is then the same recipe unnoised."""
+    from secure_fed.algorithms.registry import algorithm_specs
+
+    spec = algorithm_specs().get(method)
+    central = spec is not None and spec.capabilities.centralised and "validation_fraction" in spec.params.model_fields
+    return ["algorithm.validation_fraction=0"] if central else []
 
 
 def method_base(config: str | None, overrides: list[str], method: str):
@@ -94,7 +109,7 @@ def method_base(config: str | None, overrides: list[str], method: str):
 
     drop = [] if method in LABEL_SET_ALGORITHMS else ["privacy.instance=null"]
     try:
-        return load_config(config, [*overrides, f"algorithm.name={method}", *drop])
+        return load_config(config, [*overrides, f"algorithm.name={method}", *drop, *central_reference(method)])
     except ConfigError as exc:
         raise SecureFedError(f"--methods {method}: {exc}") from None
 

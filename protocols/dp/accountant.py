@@ -297,6 +297,8 @@ class PrivacyUnit:
         self.delta, self.accountant_name = float(delta), accountant
         self.target_epsilon = target_epsilon
         self.not_covered = list(not_covered or [])
+        #: released tensors no mechanism needs to cover (data-independent: e.g. a fixed encoder), named in the report
+        self.fixed: list[str] = []
         self.report_gdp = bool(report_gdp)
         self.mechanisms: dict[str, Mechanism] = {}
         self.primary = mechanism or name
@@ -417,6 +419,7 @@ class PrivacyUnit:
             ),  # fmt: skip
             "scope": self.scope,
             "not_covered": self.not_covered,
+            **({"fixed": self.fixed} if self.fixed else {}),
         }
         if len(self.mechanisms) > 1:
             out["mechanisms"] = {n: m.report() for n, m in self.mechanisms.items()}

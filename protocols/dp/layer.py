@@ -78,6 +78,8 @@ class DifferentialPrivacy(ProtocolLayer):
                 not_covered=not_cov,
             )
             self._check_share_range()
+        for unit in self.units.values():
+            unit.fixed = self.fixed_parts()
 
     @property
     def cfg(self) -> DPSettings:
@@ -136,6 +138,19 @@ class DifferentialPrivacy(ProtocolLayer):
         q = self.settings.privacy.local.batch_sample_rate
         return self.local_copies() * local_steps_per_round(local_epochs=self.settings.training.local_epochs, sample_rate=q)
 
+    def _trained_in_clients(self) -> str:
+        """What client training changes, as the report names it."""
+        if not self.settings.fixed_encoder:
+            return "θ and the client's class rows" if self.env.has_rows else "θ"
+        return "the client's class rows" if self.env.has_rows else "θ's linear head"
+
+    def fixed_parts(self) -> list[str]:
+        """The released tensors that no mechanism needs to cover: they do not depend on the training data."""
+        if not self.settings.fixed_encoder:
+            return []
+        return ["θ's encoder g_θ: fixed at its initialisation from the run's seed (model.fixed_encoder), never "
+                "trained, so the released value does not depend on the data (covered at no cost)"]  # fmt: skip
+
     def _instance_unit(self) -> PrivacyUnit:
         p = self.settings.privacy
         fixed = self.settings.algorithm.capabilities.fixed_w
@@ -152,7 +167,7 @@ class DifferentialPrivacy(ProtocolLayer):
             mechs.append({
                 "name": CLIENT_TRAINING, "cfg": p.local, "sample_rate": p.local.batch_sample_rate,
                 "planned_steps": self.settings.training.rounds * self.local_steps_per_round(),
-                "scope": f"DP-SGD in client training (θ and the client's class rows), per-sample clipping; one instance "
+                "scope": f"DP-SGD in client training ({self._trained_in_clients()}), per-sample clipping; one instance "
                          f"enters up to {self.local_copies()} clients' training a round (it sits on ≤ {k} clients), "
                          "each of their steps counted",
             })  # fmt: skip

@@ -142,6 +142,8 @@ def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None, *,
         return f"loss {req.payload['loss']!r}"
     if not facts.is_chain:
         return "model is not a chain of Linear and ReLU layers"
+    if not all(p.requires_grad for p in model.parameters()):
+        return "fixed parameters (model.fixed_encoder)"
     return None
 
 

@@ -23,6 +23,8 @@ def softmax_multilabel_loss(scores: torch.Tensor, pos: torch.Tensor, scale: floa
     posf = pos.to(scores.dtype)
     target = posf / posf.sum(dim=1, keepdim=True).clamp(min=1.0)
     logp = F.log_softmax(scale * scores, dim=1)
+    if scores.shape[0] == 1:  # one instance (DP-SGD's per-sample losses, under vmap: no boolean indexing); 0 without a positive
+        return -(target * logp).sum()
     has = posf.sum(dim=1) > 0
     return -(target * logp).sum(dim=1)[has].mean()
 

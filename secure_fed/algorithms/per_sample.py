@@ -138,9 +138,10 @@ def per_sample_gradients(
 
 # ------------------------------------------------------------------------------ the fast path for linear models
 def linear_only(model: nn.Module) -> bool:
-    """Every trainable parameter belongs to an ``nn.Linear`` (the MLP and sparse-text encoders, the linear head)."""
+    """Every trainable parameter belongs to an ``nn.Linear`` (the MLP and sparse-text encoders, the linear head); true
+    of a model with none (a fixed encoder: only the client's rows train)."""
     owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
-    return bool(owners) and all(isinstance(m, nn.Linear) for m in owners)
+    return all(isinstance(m, nn.Linear) for m in owners)
 
 
 def clipped_sum_linear(
@@ -171,7 +172,8 @@ def clipped_sum_linear(
     def keep(name):
         def hook(_m, inputs, output):
             acts[name] = inputs[0].detach()
-            output.register_hook(lambda g: outs.__setitem__(name, g.detach()))
+            if output.requires_grad:  # not below a fixed encoder's last trained layer (nothing to record there)
+                output.register_hook(lambda g: outs.__setitem__(name, g.detach()))
 
         return hook
 
@@ -214,6 +216,8 @@ def clipped_sum_linear(
     f = factors(sq.sqrt())
     sums: dict[str, torch.Tensor] = {}
     for n, m in linears.items():
+        if not any(p.requires_grad for p in m.parameters()):
+            continue
         g = outs[n].float() * f[:, None]
         prefix = f"{n}." if n else ""
         if m.weight.requires_grad:

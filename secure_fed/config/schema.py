@@ -218,7 +218,11 @@ class ModelConfig(_Strict):
     embedding_dim: int = Field(512, ge=2, le=MAX_WIDTH, description="d, the dimension of g(x) and of W's rows")
     embed_dim: int = Field(512, ge=2, le=MAX_WIDTH, description="sparse_text: width of the linear input embedding")
     hidden_dims: list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] | None = Field(
-        None, min_length=1, max_length=16, description="default: [1024, 1024] for sparse_text, [256] for mlp"
+        None,
+        min_length=0,
+        max_length=16,
+        description="default: [1024, 1024] for sparse_text, [256] for mlp; [] for a linear encoder (no ReLU layer: with "
+        "fixed_encoder, a data-independent random projection)",
     )
     preprocessing: Literal["auto", "rsqrt_nnz", "standardize", "image", "none"] = Field(
         "auto", description="auto: image for image data, rsqrt_nnz for sparse_text, else standardize"
@@ -235,6 +239,13 @@ class ModelConfig(_Strict):
         "or 'random'; required for a ResNet, since nothing can be downloaded",
     )  # fmt: skip
 
+    fixed_encoder: bool = Field(
+        False,
+        description="keep the encoder g_θ at its initialisation: it is not trained (clients' updates of it are exactly "
+        "zero), so only W's rows (embedding family) or the linear head (linear_head) learn: random features in the sense "
+        "of Tramèr & Boneh (2021). Seeded from the run's seed, it is data-independent, which the privacy report states "
+        "(ResNets are refused: their batch-norm statistics would still learn from the data)",
+    )
     ctran: CTranConfig = CTranConfig()
     text_encoder: str = Field(
         "all-MiniLM-L6-v2", min_length=1,
@@ -254,6 +265,13 @@ class ModelConfig(_Strict):
             raise ValueError(
                 f"model.family=ctran: model.embedding_dim ({self.embedding_dim}) must be a multiple of "
                 f"model.ctran.heads ({self.ctran.heads})"
+            )
+        if self.fixed_encoder and self.family == "ctran":
+            raise ValueError("model.fixed_encoder is for the embedding and linear_head families, not ctran")
+        if self.fixed_encoder and self.name in RESNETS:
+            raise ValueError(
+                f"model.fixed_encoder with {self.name}: its batch-norm statistics would still be trained by the clients' "
+                "forward passes (data-dependent); use sparse_text or mlp"
             )
         resnet = self.name in RESNETS
         if resnet and self.weights is None:

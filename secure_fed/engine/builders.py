@@ -90,7 +90,19 @@ def build_model(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str 
     if family.name == "ctran":
         return build_ctran(cfg, ds, cache_dir=cache_dir)
     encoder = build_encoder_for(cfg, ds)
+    if cfg.model.fixed_encoder:
+        fix_encoder(encoder)
     return family.build(encoder, num_labels=ds.num_labels, embedding_dim=cfg.model.embedding_dim)
+
+
+def fix_encoder(encoder: nn.Module) -> None:
+    """``model.fixed_encoder``: the encoder's parameters are not trained (``requires_grad`` off: the clients' updates
+    of them are exactly zero and the server keeps them as initialised). A batch-norm layer would still learn the
+    data's statistics in its forward passes, so it is refused."""
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in encoder.modules()):
+        raise ConfigError("model.fixed_encoder: the encoder has batch-norm layers, whose statistics the clients would train")
+    for p in encoder.parameters():
+        p.requires_grad_(False)
 
 
 def build_ctran(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:

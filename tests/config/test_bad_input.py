@@ -62,7 +62,7 @@ def write(tmp_path: Path, name: str, data: bytes | str) -> Path:
         (b"dataset: {synthetic: {num_labels: 4, num_groups: 9}}\n", "num_groups"),
         (b"training: [1, 2]\n", "training"),
         (b"- a\n- b\n", "top level"),
-        (b"model: {hidden_dims: []}\n", "model.hidden_dims"),
+        (b"model: {hidden_dims: [0]}\n", "model.hidden_dims"),
         (b"evaluation: {ks: [1, 1]}\n", "evaluation.ks"),
         (b"dataset: {name: digit_mosaics}\npartition: {name: iid}\nmodel: {name: auto}\n", "model.weights: random"),
     ],
@@ -77,7 +77,7 @@ def write(tmp_path: Path, name: str, data: bytes | str) -> Path:
         "groups>labels",
         "wrong-type",
         "list-top",
-        "empty-hidden",
+        "zero-width-hidden",
         "dup-ks",
         "images-no-weights",
     ],  # fmt: skip

@@ -35,7 +35,7 @@ SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds
 ABORTED_CHARGE = {"steps", "of"}
 SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning", "why"}
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
-        "target_epsilon", "sigma_calibrated", "scope", "not_covered", "sensitivity", "sensitivity_note", "adversaries",
+        "target_epsilon", "sigma_calibrated", "scope", "not_covered", "fixed", "sensitivity", "sensitivity_note", "adversaries",
         "instance_level", "warning", "stopped", "approximate", "mechanisms", "composition",
         "contribution_bound", "unnoised", "expected_batch_size"}  # fmt: skip
 # the instance unit's mechanisms (server's W step, DP-SGD in client training): configuration and accounting only

@@ -112,3 +112,34 @@ def test_fedaws_on_the_tradeoff_config_written_for_fedalc_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = list(csv.DictReader((tmp_path / "s" / "results.csv").open()))
     assert row["method"] == "fedaws" and 0 < float(row["epsilon"]) <= 4.0
+
+
+def test_a_block_that_gives_its_sigma_keeps_it_beside_a_calibrated_one():
+    """The private recipe fixes the W step's σ (heavy noise, little budget) and calibrates DP-SGD's: the sweep sets the
+    target on both blocks and frees only the σ the config leaves free."""
+    from secure_fed.config import load_config
+    from threat_models.tradeoff import point_overrides
+
+    base_ov = ["protocols=[dp]", "algorithm.normalize_gamma=false", 'privacy.instance={"noise_multiplier": 20.0}',
+               'privacy.local={"target_epsilon": 4.0, "max_labels_per_instance": 2}']  # fmt: skip
+    base = load_config(overrides=base_ov)
+    ov = point_overrides(base, method="fedalc", eps=1.0, seed=0, unit="instance", attacks=[])
+    cfg = load_config(overrides=[*base_ov, *ov])
+    assert cfg.privacy.instance.noise_multiplier == 20.0 and cfg.privacy.local.noise_multiplier is None
+    assert cfg.privacy.instance.target_epsilon == cfg.privacy.local.target_epsilon == 1.0
+
+
+def test_the_central_reference_reports_its_last_epoch_at_every_epsilon():
+    """An epoch selected on a split of the training data would be a choice outside ε: the oracle's points in a study
+    set validation_fraction 0, and under dp it validates as the central DP reference (privacy.local only)."""
+    from secure_fed.config import load_config
+    from threat_models.tradeoff import method_base, point_overrides
+
+    base_ov = ["protocols=[dp]", "algorithm.normalize_gamma=false", 'privacy.instance={"noise_multiplier": 20.0}',
+               'privacy.local={"target_epsilon": 4.0, "max_labels_per_instance": 2}']  # fmt: skip
+    base = method_base(None, base_ov, "oracle")
+    for eps in (2.0, float("inf")):
+        ov = point_overrides(base, method="oracle", eps=eps, seed=0, unit="instance", attacks=[])
+        assert "algorithm.validation_fraction=0" in ov
+        cfg = load_config(overrides=[*base_ov, *ov])
+        assert cfg.algorithm.validation_fraction == 0 and (cfg.privacy.local is None) == math.isinf(eps)

@@ -6,9 +6,12 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from secure_fed.algorithms.capabilities import AlgorithmCapabilities
+from secure_fed.algorithms.capabilities import DP_UNITS, AlgorithmCapabilities
 from secure_fed.algorithms.params.base import AlgorithmParams
 from secure_fed.algorithms.spec import AlgorithmSpec
+
+#: the one DP unit a central trainer takes: DP-SGD in its training (the ``privacy.local`` block), central DP-SGD
+CENTRAL_DP = DP_UNITS - {"instance", "client"}
 
 
 class CentralisedParams(AlgorithmParams):
@@ -28,7 +31,8 @@ class CentralisedParams(AlgorithmParams):
 class OracleParams(CentralisedParams):
     """``algorithm.name: oracle``: centralised training with all labels and negatives (the upper bound)."""
 
-    capabilities: ClassVar[AlgorithmCapabilities] = AlgorithmCapabilities(centralised=True, dp_units=frozenset())
+    #: under ``dp``, DP-SGD on the one trainer (``privacy.local``) is central DP-SGD: the central DP reference
+    capabilities: ClassVar[AlgorithmCapabilities] = AlgorithmCapabilities(centralised=True, dp_units=CENTRAL_DP)
     name: Literal["oracle"] = "oracle"  # type: ignore[assignment]
     oracle_loss: Literal["softmax", "contrastive"] = "softmax"
 
