@@ -177,3 +177,18 @@ def test_a_calibrated_sigma_that_leaves_no_update_noise_is_refused(tmp_path):
           'privacy.client={"target_epsilon": 1.0, "adaptive_clipping": {"count_noise_multiplier": 0.01}}']  # fmt: skip
     with pytest.raises(ConfigError, match="must exceed σ/2"):
         Experiment(small_config(*ov), run_dir=tmp_path).setup()
+
+
+def test_the_update_is_noised_at_sigma_delta_with_this_rounds_clip_norm(tmp_path, monkeypatch):
+    from protocols.dp import layer as dp_layer
+
+    seen = []
+    real = dp_layer.noise_aggregate
+    monkeypatch.setattr(dp_layer, "noise_aggregate", lambda agg, **kw: seen.append(kw) or real(agg, **kw))
+    e = Experiment(small_config(*ADAPTIVE), run_dir=tmp_path)
+    e.setup()
+    e.train_round()
+    e.train_round()
+    clip = _dp(e).adaptive[0]
+    assert [kw["noise_multiplier"] for kw in seen] == [ac.update_noise_multiplier(1.0, 2.0)] * 2
+    assert [kw["clip_norm"] for kw in seen] == [clip.by_round[0], clip.by_round[1]] and clip.by_round[0] != clip.by_round[1]
