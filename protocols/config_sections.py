@@ -80,6 +80,24 @@ class LocalDPConfig(_DPUnitConfig):
     max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
 
 
+class AdaptiveClippingConfig(_Strict):
+    """Adaptive clipping (Andrew et al. 2021, Algorithm 1): the clip norm follows a quantile of the update norms,
+    from noisy counts (:mod:`protocols.dp.adaptive_clipping`)."""
+
+    target_quantile: float = Field(
+        0.5, gt=0.0, lt=1.0, description="γ: the fraction of sampled clients whose update the clip norm should leave unclipped"
+    )
+    learning_rate: float = Field(
+        0.2, gt=0.0, le=10.0, description="η_C: the geometric update C ← C·exp(−η_C(b̃ − γ)) of the clip norm each round"
+    )
+    count_noise_multiplier: float = Field(
+        ..., gt=0.0, le=1e6,
+        description="σ_b: std of the Gaussian noise on the count of sampled clients below C (in clients); must exceed "
+        "σ/2. The update's noise multiplier becomes σ_Δ = (σ^-2 − (2σ_b)^-2)^-1/2 so that a round costs one Gaussian "
+        "mechanism at σ (Theorem 1), which the accountant charges",
+    )  # fmt: skip
+
+
 class ClientDPConfig(_DPUnitConfig):
     """DP-FedAvg: each client's whole update (θ and its rows) clipped to C, Gaussian noise on the sum."""
 
@@ -96,6 +114,23 @@ class ClientDPConfig(_DPUnitConfig):
         "sensitivity stays C and no weight leaves the client outside the DP-protected update (required for flag)",
     )  # fmt: skip
     max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
+    adaptive_clipping: AdaptiveClippingConfig | None = Field(
+        None,
+        description="adaptive clipping (Andrew et al. 2021): clip_norm is the initial C, then C follows target_quantile "
+        "of the update norms through a noisy count of clients below it, released per round (privacy.client.clip_norm "
+        "on each metrics line); null: the fixed clip_norm. Needs noise: server without a secure-sum layer",
+    )
+
+    @model_validator(mode="after")
+    def _count_noise_defines_update_noise(self) -> ClientDPConfig:
+        a, sigma = self.adaptive_clipping, self.noise_multiplier
+        if a is not None and sigma is not None and not a.count_noise_multiplier > sigma / 2:
+            raise ValueError(
+                f"privacy.client.adaptive_clipping.count_noise_multiplier {a.count_noise_multiplier:g} must exceed "
+                f"noise_multiplier/2 = {sigma / 2:g}: the update's noise multiplier (σ^-2 − (2σ_b)^-2)^-1/2 is undefined "
+                "otherwise (Andrew et al. 2021, Theorem 1)"
+            )
+        return self
 
 
 class PrivacyConfig(_Strict):

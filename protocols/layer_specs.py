@@ -164,6 +164,17 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             )
         if p.client.noise_multiplier is not None and (why := noise_share_range_error(cfg, p.client.noise_multiplier)):
             raise ValueError(why)  # a calibrated σ is checked when the dp layer is built
+        if p.client.adaptive_clipping is not None and (p.client.noise == "clients" or summing):
+            raise ValueError(
+                "privacy.client.adaptive_clipping with a secure sum (privacy.client.noise: clients, secure_aggregation or "
+                "ckks): each client's clip bit would have to enter the secure sum with its own noise share, which is not "
+                "implemented; use privacy.client.noise: server without a secure-sum layer, or a fixed clip_norm"
+            )
+        if p.client.adaptive_clipping is not None and cfg.backend == "flower":
+            raise ValueError(
+                "privacy.client.adaptive_clipping with backend: flower: a node checks the round's clip norm against its "
+                "own settings and cannot know C_t; run in process, or use a fixed clip_norm"
+            )
         if (t.client_fraction < 1.0 or t.clients_per_round is not None) and t.sampling != "poisson":
             raise ValueError(
                 "privacy.client with training.client_fraction < 1 (or training.clients_per_round) needs "

@@ -109,6 +109,10 @@ DP_CONFIGS: dict[str, list[str]] = {
         "algorithm.name=fedaws", 'protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}',
         "training.client_fraction=0.5", "training.sampling=poisson",
     ],
+    "client_adaptive_clipping_poisson": [
+        "algorithm.name=fedavg", 'protocols=["dp"]', "training.client_fraction=0.5", "training.sampling=poisson",
+        'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5, "adaptive_clipping": {"count_noise_multiplier": 2.0}}',
+    ],
     "client_noise_secagg": [
         "algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]',
         'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}',

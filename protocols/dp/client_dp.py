@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from protocols.dp.adaptive_clipping import BIT_KEY, clip_bit
 from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap, snap_and_noise
 from protocols.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
@@ -66,11 +67,16 @@ def cap_weight(reply: Payload, weight_cap: float) -> Payload:
 
 
 @client_step("dp.clip")
-def clip_step(reply: Payload, *, clip_norm: float, weight_cap: float | None = None) -> Payload:
+def clip_step(reply: Payload, *, clip_norm: float, weight_cap: float | None = None, report_bit: bool = False) -> Payload:
     """Client side, the client-level DP step of every round: clip the update to ``clip_norm``, then (FLAG) bound
-    its weight by ``weight_cap``. Registered, so a remote client runs it from the round's plan."""
-    reply = clip_update(dense_update(reply), clip_norm)
-    return cap_weight(reply, weight_cap) if weight_cap is not None else reply
+    its weight by ``weight_cap``; with ``report_bit`` (adaptive clipping) also report the centred bit of whether the
+    update was within ``clip_norm`` (:func:`protocols.dp.adaptive_clipping.clip_bit`). Registered, so a remote
+    client runs it from the round's plan."""
+    reply = dense_update(reply)
+    bit = clip_bit(update_norm(reply), clip_norm) if report_bit else None
+    reply = clip_update(reply, clip_norm)
+    reply = cap_weight(reply, weight_cap) if weight_cap is not None else reply
+    return reply if bit is None else {**reply, BIT_KEY: bit}
 
 
 log = logging.getLogger(__name__)

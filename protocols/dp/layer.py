@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocols.dp import adaptive_clipping
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
 from protocols.dp.client_dp import add_client_noise, noise_aggregate, update_norm
 from protocols.dp.discrete_gaussian import noisy_sum
@@ -60,6 +61,7 @@ class DifferentialPrivacy(ProtocolLayer):
             for cid in range(env.num_clients):
                 self.client_stream(cid)
         self.units: dict[str, PrivacyUnit] = {}
+        self.adaptive: tuple[adaptive_clipping.AdaptiveClip, float] | None = None
         self.charged_round = -1  #: the last round whose steps the ledger holds
         if p.instance is not None or p.local is not None:
             self.units["instance"] = self._instance_unit()
@@ -78,6 +80,8 @@ class DifferentialPrivacy(ProtocolLayer):
                 not_covered=not_cov,
             )
             self._check_share_range()
+            # adaptive clipping (privacy.client.adaptive_clipping): (C_t, σ_Δ), or None (a fixed clip norm)
+            self.adaptive = adaptive_clipping.adaptive_clip(p.client, self.units["client"].sigma, q * env.num_clients)
         for unit in self.units.values():
             unit.fixed = self.fixed_parts()
 
@@ -294,12 +298,16 @@ class DifferentialPrivacy(ProtocolLayer):
         # aborts it (dropouts below the secure sum's threshold) is observable, so an aborted round is charged too
         if first:
             unit.step()
+        if self.adaptive is not None:  # this round's C_t (the same one when a resumed run re-runs the round)
+            unit.mechanism().clip_norm = self.adaptive[0].open(round_idx)
         layer = self
 
         on_clients = self.settings.privacy.client.noise == "clients"
         noise_rows = self.noise_rows
 
         class _Noise(RoundWrapper):
+            bit_sum = 0.0  #: adaptive clipping: Σ of the submitted clients' centred bits
+
             def client_mod(self, fn: ClientFn) -> ClientFn:
                 """Client side: clip the whole update to S (FLAG: its eq. 2 weight bounded inside, ``weight_cap``);
                 with ``noise: clients`` also add this client's noise share, from its own secret stream. The steps
@@ -335,6 +343,12 @@ class DifferentialPrivacy(ProtocolLayer):
                             f"client {cid}'s update carries weight {reply['weight']}: under client DP a weight is "
                             "capped inside the clipped update and reported as 1 (privacy.client.weight_cap)"
                         )
+                if layer.adaptive is not None:
+                    reply = dict(reply)
+                    bit = reply.pop(adaptive_clipping.BIT_KEY, None)
+                    if bit not in (adaptive_clipping.BIT_BELOW, adaptive_clipping.BIT_ABOVE):  # the count's sensitivity
+                        raise PrivacyViolation(f"client {cid}'s clip bit is {bit!r}, not ±1/2: refused")
+                    self.bit_sum += bit
                 self.inner.submit(cid, reply)
 
             def post_own(self, agg: Aggregate) -> Aggregate:
@@ -342,11 +356,14 @@ class DifferentialPrivacy(ProtocolLayer):
                 # an empty cohort (Poisson sampling) has no one to add noise shares: the server draws the whole
                 # σS itself, so the release is the sampled Gaussian mechanism's on an empty sample, as accounted
                 out = noise_aggregate(
-                    agg, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma,
+                    agg, clip_norm=unit.clip_norm,
+                    noise_multiplier=unit.sigma if layer.adaptive is None else layer.adaptive[1],  # σ_Δ: Theorem 1
                     expected_clients=q * layer.env.num_clients, expected_per_row=q * layer.env.clients_per_row.float(),
                     noise_rows=noise_rows, stream=layer.server_stream, label=f"client noise r{round_idx}",
                     server_noise=not on_clients or agg.num_clients == 0,
                 )  # fmt: skip
+                if layer.adaptive is not None:
+                    layer.adaptive[0].close(round_idx, self.bit_sum, layer.server_stream, f"clip bit r{round_idx}")
                 return out
 
         return _Noise(inner)
@@ -370,6 +387,8 @@ class DifferentialPrivacy(ProtocolLayer):
         if unit is None:
             return inner
         step: dict[str, Any] = {"op": "dp.clip", "clip_norm": float(unit.clip_norm)}
+        if self.adaptive is not None:
+            step["report_bit"] = True
         if self.settings.privacy.client.weight_cap is not None:
             step["weight_cap"] = float(self.settings.privacy.client.weight_cap)
         steps = [step]
@@ -503,6 +522,9 @@ class DifferentialPrivacy(ProtocolLayer):
                             "that puts each instance on one client); removing it replaces each of those clients' updates, "
                             f"two add/remove steps each, so client-level DP covers it by group privacy over {2 * k} units",
                 }  # fmt: skip
+            if name == "client" and self.adaptive is not None:
+                clip, update_sigma = self.adaptive
+                rep["adaptive_clipping"] = adaptive_clipping.released(clip, sigma=u.sigma, update_sigma=update_sigma)
             if self.server_stream.derived_from_seed:
                 rep["warning"] = NOISE_SEED_WARNING
             out[name] = rep
@@ -515,6 +537,7 @@ class DifferentialPrivacy(ProtocolLayer):
             "units": {n: u.state_dict() for n, u in self.units.items()},
             "pretrain_stopped": getattr(self, "pretrain_stopped", None),
             "charged_round": self.charged_round,
+            **({"adaptive_clip": self.adaptive[0].state_dict()} if self.adaptive is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -522,6 +545,11 @@ class DifferentialPrivacy(ProtocolLayer):
             self.units[n].load_state_dict(s)
         self.pretrain_stopped = state.get("pretrain_stopped")
         self.charged_round = int(state.get("charged_round", -1))
+        if self.adaptive is not None and "adaptive_clip" in state:
+            clip = self.adaptive[0]
+            clip.load_state_dict(state["adaptive_clip"])
+            if clip.by_round:  # the report's clip norm: the last opened round's
+                self.units["client"].mechanism().clip_norm = clip.by_round[max(clip.by_round)]
 
     # the secrets: the server's in its private checkpoint (server_secrets.pt), the clients' in clients.pt
     def secret_state_dict(self) -> dict[str, Any]:

@@ -35,6 +35,8 @@ def privacy_now(units: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out["epsilon"], out["why"] = "inf", why
     for name, u in units.items():
         out[name] = {"epsilon": u["epsilon"], "delta": u["delta"], "steps": u["steps"]}
+        if "adaptive_clipping" in u:  # a clip norm that changes each round, from DP-protected values: released
+            out[name]["clip_norm"] = u["clip_norm"]
     return out
 
 

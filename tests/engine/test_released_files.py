@@ -26,7 +26,8 @@ EVAL |= {"GmAP", "GmAP_std", "GmAP_worst"}
 METRICS_LINE = {"round", "W_mean_cos", "privacy"} | EVAL
 # why: the one line saying which un-noised step makes the top-level ε ∞ (config facts only)
 METRICS_PRIVACY = {"epsilon", "delta", "unit", "instance", "client", "why"}
-METRICS_UNIT = {"epsilon", "delta", "steps"}
+# clip_norm: adaptive clipping's C_t, a function of noisy (DP-protected) counts and public constants
+METRICS_UNIT = {"epsilon", "delta", "steps", "clip_norm"}
 # rounds_aborted: how many rounds a protocol could not finish (dropouts below the secure sum's threshold)
 SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds_aborted", "status", "final", "W_mean_cos",
            "privacy", "protocols", "stop_reason", "device", "executor", "precision", "num_clients", "dropped_labels",
@@ -37,7 +38,10 @@ SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning", "why"
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
         "target_epsilon", "sigma_calibrated", "scope", "not_covered", "fixed", "sensitivity", "sensitivity_note", "adversaries",
         "instance_level", "warning", "stopped", "approximate", "mechanisms", "composition",
-        "contribution_bound", "unnoised", "expected_batch_size"}  # fmt: skip
+        "contribution_bound", "unnoised", "expected_batch_size", "adaptive_clipping"}  # fmt: skip
+# adaptive clipping: the released C_t (from noisy counts), its public settings and the noise split of Theorem 1
+ADAPTIVE_CLIPPING = {"clip_norm_by_round", "next_clip_norm", "target_quantile", "learning_rate", "count_noise_std",
+                     "expected_clients", "update_noise_multiplier", "note"}  # fmt: skip
 # the instance unit's mechanisms (server's W step, DP-SGD in client training): configuration and accounting only
 MECHANISM = {"scope", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps", "sigma_calibrated",
              "sensitivity", "sensitivity_note", "expected_batch_size"}  # fmt: skip
@@ -62,6 +66,7 @@ def _check_unit(unit: dict, where: str) -> None:
         _check(adv, ADVERSARY, f"{where}.adversaries.{name}")
     _check(unit.get("instance_level", {}), INSTANCE_LEVEL, f"{where}.instance_level")
     _check(unit.get("contribution_bound", {}), CONTRIBUTION_BOUND, f"{where}.contribution_bound")
+    _check(unit.get("adaptive_clipping", {}), ADAPTIVE_CLIPPING, f"{where}.adaptive_clipping")
     for name, mech in unit.get("mechanisms", {}).items():
         assert name in ("server_w_step", "client_training")
         _check(mech, MECHANISM, f"{where}.mechanisms.{name}")
