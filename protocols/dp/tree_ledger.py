@@ -30,7 +30,7 @@ class TreeUnit(PrivacyUnit):
     def report(self) -> dict[str, Any]:
         out = super().report()
         k = gaussian_equivalents(self.steps, self.tree_rounds)
-        out["mechanism"] = {
+        out["tree"] = {
             "name": "DP-FTRL, binary tree aggregation (Kairouz et al. 2021)",
             "sampling_amplification": False,
             "participation": "every client in every round (no client sampling; no amplification by sampling is used)",
