@@ -225,3 +225,14 @@ def test_bad_tree_configs_are_one_error_line(tmp_path, extra, needle):
 def test_default_mechanism_is_gaussian():
     cfg = small_config('protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0}')
     assert cfg.privacy.client.mechanism == "gaussian" and cfg.privacy.client.tree_restart_every is None
+
+
+def test_a_resumed_run_draws_node_noise_from_the_checkpointed_secret(tmp_path):
+    """Without privacy.noise_seed the server's key is fresh: on resume the node noise must come from the key in
+    server_secrets.pt (the nodes the interrupted tree still uses are redrawn from it), not from a new key."""
+    ov = [x for x in TREE if not x.startswith("privacy.noise_seed")]
+    Experiment(small_config(*ov, "training.rounds=3", "output.checkpoint_every=3"), run_dir=tmp_path).run(progress=False)
+    e = Experiment(small_config(*ov, "training.rounds=6", "output.checkpoint_every=3"), run_dir=tmp_path)
+    assert e.resume()
+    (dp,) = [la for la in e.stack.layers if la.name == "dp"]
+    assert dp.tree_noise.stream is dp.server_stream
