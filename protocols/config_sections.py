@@ -132,6 +132,39 @@ class ClientDPConfig(_DPUnitConfig):
             )
         return self
 
+    mechanism: Literal["gaussian", "tree"] = Field(
+        "gaussian",
+        description="gaussian: independent noise on each round's sum (DP-FedAvg), amplified by Poisson client sampling "
+        "when client_fraction < 1; tree: DP-FTRL (Kairouz et al. 2021): every client in every round (no sampling, no "
+        "amplification), the server releases noisy prefix sums of the rounds' clipped sums by binary tree aggregation "
+        "(node noise N(0, σ²C²) on the public grid, each prefix the sum of ≤ ⌈log2(T+1)⌉ nodes) and θ_t = θ_0 + "
+        "η·(noisy prefix)/N (needs training.server_optimizer.name: fedavg, client_fraction 1, noise: server); ε is one "
+        "Gaussian at σ/√K, K = Σ over the released nodes of (rounds in the node)²",
+    )
+    tree_restart_every: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="mechanism: tree — rounds per tree (a new tree, from zero noise, after each R rounds: the paper's "
+        "restart); null: one tree over the run. With every client in every round K grows like (2/3)·R² a tree, so R = 1 "
+        "is the plain Gaussian without sampling and larger R only adds ε; the tree pays off when each client is in "
+        "few leaves of a tree",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _tree_options(self) -> ClientDPConfig:
+        if self.tree_restart_every is not None and self.mechanism != "tree":
+            raise ValueError("privacy.client.tree_restart_every applies to mechanism: tree only")
+        if self.mechanism == "tree" and self.adaptive_clipping is not None:
+            raise ValueError(
+                "privacy.client.mechanism: tree with adaptive_clipping: a node's sensitivity is the clip norm of every round "
+                "it sums, one fixed C; use one of the two"
+            )
+        if self.mechanism == "tree" and self.noise == "clients":
+            raise ValueError(
+                "privacy.client.mechanism: tree with noise: clients: the tree's node noise is drawn once by the server and "
+                "reused by later prefix sums; clients' one-round shares cannot form it; use noise: server"
+            )
+        return self
+
 
 class PrivacyConfig(_Strict):
     """Differential privacy settings; active only when ``dp`` is listed in ``protocols``."""

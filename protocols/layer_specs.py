@@ -135,6 +135,11 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             raise ValueError(why)
     if p.client is not None:
         t = cfg.training
+        if p.client.mechanism == "tree":
+            from protocols.dp.tree_ledger import tree_config_error
+
+            if why := tree_config_error(cfg):
+                raise ValueError(why)
         if t.aggregation != "uniform":
             raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
         if algo in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is None:
@@ -381,7 +386,13 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
             mechs.append(("client_training", p.local, p.local.batch_sample_rate, steps))
         block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
         unit_lines("instance", block, mechs, note)
-    if p.client is not None:
+    if p.client is not None and p.client.mechanism == "tree":
+        from protocols.dp.tree_aggregation import gaussian_equivalents
+
+        k = gaussian_equivalents(t.rounds, p.client.tree_restart_every or t.rounds)
+        unit_lines("client", "client", [("client update (DP-FTRL tree, K Gaussian equivalents)", p.client, 1.0, k)],
+                   "no sampling amplification: every client in every round")  # fmt: skip
+    elif p.client is not None:
         unit_lines("client", "client", [("client update", p.client, t.client_fraction, t.rounds)])
     return lines
 

@@ -14,6 +14,8 @@ from protocols.dp.client_dp import add_client_noise, noise_aggregate, update_nor
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
+from protocols.dp.tree_aggregation import TreeNoise, tree_release
+from protocols.dp.tree_ledger import tree_client_unit
 from protocols.layer_settings import DPSettings
 from protocols.layer_specs import share_range_error
 from protocols.randomness import SecretStream
@@ -71,14 +73,12 @@ class DifferentialPrivacy(ProtocolLayer):
             if settings.label_set_algorithm:
                 not_cov.append("label-set collection: a client's tokens shape W through the server regulariser "
                                "(covered per instance by privacy.instance, not per client)")  # fmt: skip
-            self.units["client"] = self._unit(
-                "client",
-                p.client,
-                q,
-                settings.training.rounds,
-                scope="each client's whole update of θ and its class rows",
-                not_covered=not_cov,
-            )
+            scope = "each client's whole update of θ and its class rows"
+            if p.client.mechanism == "tree":
+                self.units["client"] = self._tree_unit(scope, not_cov)
+            else:
+                self.units["client"] = self._unit("client", p.client, q, settings.training.rounds, scope=scope,
+                                                  not_covered=not_cov)  # fmt: skip
             self._check_share_range()
             # adaptive clipping (privacy.client.adaptive_clipping): (C_t, σ_Δ), or None (a fixed clip norm)
             self.adaptive = adaptive_clipping.adaptive_clip(p.client, self.units["client"].sigma, q * env.num_clients)
@@ -242,6 +242,17 @@ class DifferentialPrivacy(ProtocolLayer):
             not_covered=not_covered, report_gdp=p.report_gdp,
         )  # fmt: skip
 
+    def _tree_unit(self, scope: str, not_covered: list[str]) -> PrivacyUnit:
+        """The client unit under ``mechanism: tree`` (DP-FTRL, :mod:`protocols.dp.tree_ledger`), and its node noise."""
+        p = self.settings.privacy
+        try:
+            unit = tree_client_unit(ucfg=p.client, delta=p.delta, accountant=p.accountant, rounds=self.settings.training.rounds,
+                                    scope=scope, not_covered=not_covered, report_gdp=p.report_gdp)  # fmt: skip
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"privacy.client.target_epsilon: {exc}") from None
+        self.tree_noise = TreeNoise(self.server_stream, "client tree noise")
+        return unit
+
     # ---------------------------------------------------------------- instance-level (server side)
     def wrap_algorithm(self, algorithm: Algorithm) -> None:
         """Wrap the algorithm's W step over label sets (its declared ``w_step``) with DP-SGD over label sets."""
@@ -303,6 +314,7 @@ class DifferentialPrivacy(ProtocolLayer):
         layer = self
 
         on_clients = self.settings.privacy.client.noise == "clients"
+        tree = self.settings.privacy.client.mechanism == "tree"
         noise_rows = self.noise_rows
 
         class _Noise(RoundWrapper):
@@ -353,6 +365,9 @@ class DifferentialPrivacy(ProtocolLayer):
 
             def post_own(self, agg: Aggregate) -> Aggregate:
                 q = unit.sample_rate
+                if tree:  # DP-FTRL: the leaf plus the tree's noise increment; denominators as below (q = 1)
+                    tree_release(agg, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma, noise=layer.tree_noise,
+                                 round_idx=round_idx, tree_rounds=unit.tree_rounds, noise_rows=noise_rows)  # fmt: skip
                 # an empty cohort (Poisson sampling) has no one to add noise shares: the server draws the whole
                 # σS itself, so the release is the sampled Gaussian mechanism's on an empty sample, as accounted
                 out = noise_aggregate(
@@ -360,7 +375,7 @@ class DifferentialPrivacy(ProtocolLayer):
                     noise_multiplier=unit.sigma if layer.adaptive is None else layer.adaptive[1],  # σ_Δ: Theorem 1
                     expected_clients=q * layer.env.num_clients, expected_per_row=q * layer.env.clients_per_row.float(),
                     noise_rows=noise_rows, stream=layer.server_stream, label=f"client noise r{round_idx}",
-                    server_noise=not on_clients or agg.num_clients == 0,
+                    server_noise=not tree and (not on_clients or agg.num_clients == 0),
                 )  # fmt: skip
                 if layer.adaptive is not None:
                     layer.adaptive[0].close(round_idx, self.bit_sum, layer.server_stream, f"clip bit r{round_idx}")
@@ -558,6 +573,8 @@ class DifferentialPrivacy(ProtocolLayer):
     def load_secret_state_dict(self, state: dict[str, Any]) -> None:
         if "server" in state:
             self.server_stream = SecretStream.from_state_dict(state["server"])
+            if hasattr(self, "tree_noise"):  # node noise is addressed by node: redrawn from the restored key
+                self.tree_noise = TreeNoise(self.server_stream, self.tree_noise.label)
 
     def check_round_payload(self, cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:
         """Client side, on a remote node: a client's DP randomness (its noise share, its DP-SGD batches and noise)
