@@ -532,7 +532,6 @@ class DifferentialPrivacy(ProtocolLayer):
                         "its one client's gradient sum, hence in the round's secure sum, whose noise (the clients' shares, "
                         "≥ t of them) is σ(C + γ√d); against the server this holds only with the secure sum"
                     )
-                    target["noise"] = "shares"
             if (bound := self.settings.privacy.max_labels_per_instance()) is not None and name in ("instance", "client"):
                 rep["contribution_bound"] = {"max_labels_per_instance": bound, "over_bound": self.settings.privacy.over_bound}
             observer = {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"}
