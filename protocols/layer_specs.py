@@ -197,7 +197,7 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "enters the training of every client of its labels, and the steps it enters must be counted from a public "
             "bound m (instances with more labels are bounded, see privacy.over_bound), never from the data"
         )
-    if why := local_shares_error(cfg, stack, bound):
+    if why := local_shares_error(p.local, cfg.training, stack=stack, with_client_unit=p.client is not None, bound=bound):
         raise ValueError(why)
     if p.local is not None and p.local.noise_multiplier is not None and "secure_aggregation" in stack:
         s = cfg.secure_aggregation  # privacy.local.noise: shares travel in the encoding (a calibrated σ: at build)

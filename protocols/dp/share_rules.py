@@ -16,18 +16,19 @@ def local_steps(local_epochs: int, sample_rate: float) -> int:
     return int(local_epochs) * max(1, round(1.0 / float(sample_rate)))
 
 
-def local_shares_error(cfg, stack: list[str], bound: int | None) -> str | None:
-    """Why ``cfg`` cannot run ``privacy.local.noise: shares``, or None (also None when the option is not set).
+def local_shares_error(loc, training, *, stack: list[str], with_client_unit: bool, bound: int | None) -> str | None:
+    """Why a config cannot run ``privacy.local.noise: shares``, or None (also None when the option is not set):
+    ``loc`` its ``privacy.local`` section, ``training`` its ``training`` section, ``stack`` its protocols,
+    ``with_client_unit`` whether ``privacy.client`` is set, ``bound`` the run's ``max_labels_per_instance``.
 
     The shares add up to the accounted noise only in an exact sum of one noisy gradient sum per client: secure
     aggregation (integer sums; CKKS decrypts approximately), one local step a round (a second step would start from
     the first's lightly-noised model), a plain SGD step the server can apply to the sum, each instance on one client
     (its copies on k clients would enter the one sum with sensitivity kC), and no client-level clip of the noised
     sum (a data-dependent scaling of each client's share)."""
-    loc = cfg.privacy.local
     if loc is None or loc.noise != "shares":
         return None
-    t = cfg.training
+    t = training
     if "ckks" in stack:
         return (
             f"{OPTION} with ckks: CKKS decrypts approximately, so the sum the key holders return carries data-dependent "
@@ -52,7 +53,7 @@ def local_shares_error(cfg, stack: list[str], bound: int | None) -> str | None:
             f"plain SGD; training.client_optimizer {t.client_optimizer}, client_momentum {t.client_momentum:g}, "
             f"weight_decay {t.weight_decay:g} would not be what runs: use sgd with momentum 0 and weight_decay 0"
         )
-    if cfg.privacy.client is not None:
+    if with_client_unit:
         return (
             f"{OPTION} with privacy.client: the client-level clip would rescale each client's noised sum by a "
             "data-dependent factor, and the shares would no longer add up to the accounted noise; use one of them"
