@@ -144,3 +144,29 @@ def test_default_noise_is_local(tmp_path):
     assert cfg.privacy.local.noise == "local"
     dp = Experiment(cfg, run_dir=tmp_path).stack.by_name()["dp"]
     assert not dp.local_shares and type(dp.local_privatizer(0, 0)) is LocalDPSGD
+
+
+def test_a_calibrated_sigma_whose_shares_the_encoding_would_clip_is_refused_when_the_layer_is_built(tmp_path):
+    """σ unknown when the config is read (calibrated to target_epsilon): the dp layer checks the range with it."""
+    calibrated = SHARES_SET.replace(f"noise_multiplier: {SIGMA}", "target_epsilon: 2")
+    cfg = small_config(*BASE, f"privacy.local={calibrated}", "training.rounds=1", "secure_aggregation.clip_range=5")
+    with pytest.raises(ConfigError, match=r"clip_range 5 would clip the clients' noise shares: under privacy.local"):
+        Experiment(cfg, run_dir=tmp_path)
+
+
+def test_a_clipped_sum_beyond_the_encodings_room_is_clamped_before_the_share():
+    """A client's clipped sum can exceed C (it sums a batch): each coordinate is clamped to ±(R − 10σ(C + γ√d)), so
+    value plus share stays inside secure aggregation's range R (clamping is 1-Lipschitz: sensitivity stays C)."""
+    from protocols.dp.local_shares import share_reply
+
+    theta = {"w": torch.zeros(4, 5)}
+    sums = {"w": torch.tensor([1e6, -1e6, 0.25, 0.0] * 5, dtype=torch.float64).reshape(4, 5)}
+    R, sigma = 100.0, 2.0
+    out = share_reply({"theta_delta": theta, "loss": 3.0}, sums, std=0.0, sigma=sigma, rows_shape=None,
+                      stream=SecretStream.for_party(1, "c"), label="x", clip_norm=CLIP, finest_grid=2.0**-24,
+                      clip_range=R)  # fmt: skip
+    grid, corrected = release_grid(CLIP, 20, 2.0**-24)
+    bound = R - 10 * sigma * corrected
+    w = out["theta_delta"]["w"].flatten()  # on the public grid: within half a step of ∓bound
+    assert w[0].item() == pytest.approx(-bound, abs=grid) and w[1].item() == pytest.approx(bound, abs=grid)
+    assert w[2].item() == -0.25 and out["loss"] == 0.0
