@@ -78,6 +78,15 @@ class LocalDPConfig(_DPUnitConfig):
         "(Poisson sampling, from the client's own secret); a local epoch is round(1/q) steps",
     )  # fmt: skip
     max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
+    noise: Literal["local", "shares"] = Field(
+        "local",
+        description="local: each client adds the full discrete Gaussian noise σ(C + γ√d) to each of its steps (DP-SGD "
+        "as Opacus runs it); shares: distributed DP-FedSGD — each client runs one step a round (local_epochs 1, "
+        "batch_sample_rate > 2/3), adds a discrete Gaussian share of std σ(C + γ√d)/√t to its clipped gradient sum and "
+        "sends that sum through a secure sum of ≥ t updates, so the round's sum carries the noise once (the cohort's "
+        "√n-fold less than local); needs secure_aggregation (CKKS decrypts approximately), plain client SGD, one client "
+        "per instance, and privacy.client unset; the ε holds against the server only with the secure sum",
+    )
 
 
 class AdaptiveClippingConfig(_Strict):

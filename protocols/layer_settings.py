@@ -26,13 +26,15 @@ class TrainingFacts:
     aggregation: str
     #: ``cohort_size(num_clients)``: clients a fixed-size round samples (``TrainingConfig.cohort_size``)
     cohort_size: Callable[[int], int]
+    #: ``training.client_lr``: the server turns ``privacy.local.noise: shares``' summed gradient into the step
+    client_lr: float = 0.01
 
     @classmethod
     def of(cls, training: Any) -> TrainingFacts:
         t = training
         return cls(rounds=t.rounds, client_fraction=t.client_fraction, clients_per_round=t.clients_per_round,
                    sampling=t.sampling, local_epochs=t.local_epochs, batch_size=t.batch_size,
-                   aggregation=t.aggregation, cohort_size=t.cohort_size)  # fmt: skip
+                   aggregation=t.aggregation, cohort_size=t.cohort_size, client_lr=t.client_lr)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+from protocols.dp.share_rules import local_shares_error
 from protocols.layer_settings import ckks_settings, dp_settings, keyed_hashing_settings, secure_aggregation_settings
 from secure_fed.algorithms.registry import AlgorithmsWith
 from secure_fed.kernel_sizes import per_set_chunk_bytes
@@ -48,8 +49,8 @@ def share_range_error(client, encoding: tuple[float, int] | None, sigma: float, 
     at setup). With ``dim`` (the update's coordinates, known once the model is built) the share's std is the
     grid-corrected σ·(S + γ√d) of the discrete Gaussian release (:mod:`protocols.dp.discrete_gaussian`;
     γ ≥ 2^-frac_bits)."""
-    p = client
-    if p is None or p.noise != "clients" or encoding is None:
+    p = client  # privacy.client, or privacy.local (its noise: shares travel the same way)
+    if p is None or p.noise not in ("clients", "shares") or encoding is None:
         return None
     R, frac_bits = encoding
     sens = p.clip_norm
@@ -62,8 +63,9 @@ def share_range_error(client, encoding: tuple[float, int] | None, sigma: float, 
     if R >= need:
         return None
     return (
-        f"secure_aggregation.clip_range {R:g} would clip the clients' noise shares: under privacy.client.noise: "
-        f"clients a value can reach clip_norm + {SHARE_RANGE_SIGMAS:g}σ·(clip_norm + γ√d) = {need:.6g} (clip_norm "
+        f"secure_aggregation.clip_range {R:g} would clip the clients' noise shares: under privacy."
+        f"{'client' if p.noise == 'clients' else 'local'}.noise: {p.noise} a value can reach clip_norm + "
+        f"{SHARE_RANGE_SIGMAS:g}σ·(clip_norm + γ√d) = {need:.6g} (clip_norm "
         f"{p.clip_norm:g}, σ {sigma:.4g}, the grid's γ√d {sens - p.clip_norm:.3g}); raise clip_range to at least that "
         "(lowering frac_bits to fit)"
     )
@@ -224,6 +226,12 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "enters the training of every client of its labels, and the steps it enters must be counted from a public "
             "bound m (instances with more labels are bounded, see privacy.over_bound), never from the data"
         )
+    if why := local_shares_error(p.local, cfg.training, stack=stack, with_client_unit=p.client is not None, bound=bound):
+        raise ValueError(why)
+    if p.local is not None and p.local.noise_multiplier is not None and "secure_aggregation" in stack:
+        s = cfg.secure_aggregation  # privacy.local.noise: shares travel in the encoding (a calibrated σ: at build)
+        if why := share_range_error(p.local, (s.clip_range, int(s.frac_bits)), p.local.noise_multiplier):
+            raise ValueError(why)
     for name, unit, q in (("instance", p.instance, getattr(p.instance, "sample_rate", None)),
                           ("local", p.local, getattr(p.local, "batch_sample_rate", None)),
                           ("client", p.client, cfg.training.client_fraction)):  # fmt: skip
@@ -384,6 +392,11 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
                 note = ("positive_only partition with no public bound: an instance may sit on one client per label, so k "
                         "is the number of labels; set privacy.*.max_labels_per_instance for a smaller bound")  # fmt: skip
             mechs.append(("client_training", p.local, p.local.batch_sample_rate, steps))
+            if p.local.noise == "shares":
+                note += ("; " if note else "") + (
+                    "privacy.local.noise: shares: one step a round, each client adds a 1/√t share of the noise, so "
+                    "against the server this ε holds only with the secure sum"
+                )
         block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
         unit_lines("instance", block, mechs, note)
     if p.client is not None and p.client.mechanism == "tree":
@@ -435,7 +448,8 @@ DP = LayerSpec(
         "DP-FedAvg) or any one instance (DP-SGD on the server's W update over label sets, and DP-SGD inside client "
         "training, composed in one ledger) to an observer of the release; "
         "noise and sampling come from secrets of the party that draws them. Against the server: the instance unit gives "
-        "nothing (it holds the label sets), the client unit holds only with noise: clients under a secure sum, without "
+        "nothing (it holds the label sets; with privacy.local.noise: shares and no privacy.instance it holds, only "
+        "with the secure sum), the client unit holds only with noise: clients under a secure sum, without "
         "amplification by sampling."
     ),
     implementation="protocols.dp.layer:DifferentialPrivacy",

@@ -14,6 +14,7 @@ from protocols.dp.client_dp import add_client_noise, noise_aggregate, update_nor
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
+from protocols.dp.local_shares import SHARE_STEP, LocalSharesRound, LocalShareSums, share_reply, share_std
 from protocols.dp.tree_aggregation import TreeNoise, tree_release
 from protocols.dp.tree_ledger import tree_client_unit
 from protocols.layer_settings import DPSettings
@@ -57,6 +58,9 @@ class DifferentialPrivacy(ProtocolLayer):
         self._client_streams: dict[int, SecretStream] = {}
         #: client side: each client's trained rounds → the SHA-256 of the payload and plan it trained that round on
         self._trained: dict[int, dict[int, bytes]] = {}
+        #: client side, ``privacy.local.noise: shares``: each client's clipped gradient sum of the round, until its
+        #: share step sends it
+        self._local_sums: dict[int, dict[str, torch.Tensor]] = {}
         if self.client_state_on_nodes and not settings.on_flower:
             # in process, every client's key now, so the first checkpoint holds them all (exact resume); on Flower
             # each node draws its own clients' keys when they first train and keeps them in its state
@@ -67,6 +71,8 @@ class DifferentialPrivacy(ProtocolLayer):
         self.charged_round = -1  #: the last round whose steps the ledger holds
         if p.instance is not None or p.local is not None:
             self.units["instance"] = self._instance_unit()
+            if self.local_shares:
+                self._check_local_shares()
         if p.client is not None:
             q = settings.training.client_fraction
             not_cov = []
@@ -116,6 +122,26 @@ class DifferentialPrivacy(ProtocolLayer):
         layout = self.env.update_layout()
         dim = sum(s.stop - s.start for s in layout.segments().values()) if self.env.theta else None
         if why := share_range_error(self.settings.privacy.client, self.settings.encoding, self.units["client"].sigma, dim):
+            raise ConfigError(why)
+
+    @property
+    def local_shares(self) -> bool:
+        """``privacy.local.noise: shares``: distributed DP-FedSGD (:mod:`protocols.dp.local_shares`)."""
+        return self.settings.privacy.local is not None and self.settings.privacy.local.noise == "shares"
+
+    def _check_local_shares(self) -> None:
+        """One copy of an instance per round (the one sum holds every copy: k copies would be sensitivity kC), and
+        shares that pass secure aggregation's encoding unclipped at the calibrated σ."""
+        if (k := self.local_copies()) != 1:
+            raise ConfigError(
+                f"privacy.local.noise: shares: an instance enters up to {k} clients' training a round, and all of them "
+                f"enter the one noised sum (sensitivity {k}C): use a partition with each instance on one client "
+                "(privacy.local.max_labels_per_instance: 1 on positive_only) or noise: local"
+            )
+        layout = self.env.update_layout()
+        dim = sum(s.stop - s.start for s in layout.segments().values()) if self.env.theta else None
+        sigma = self.units["instance"].mechanism(CLIENT_TRAINING).sigma
+        if why := share_range_error(self.settings.privacy.local, self.settings.encoding, sigma, dim):
             raise ConfigError(why)
 
     # ---------------------------------------------------------------- the instance unit: every mechanism an instance enters
@@ -175,6 +201,12 @@ class DifferentialPrivacy(ProtocolLayer):
                          f"enters up to {self.local_copies()} clients' training a round (it sits on ≤ {k} clients), "
                          "each of their steps counted",
             })  # fmt: skip
+            if p.local.noise == "shares":
+                mechs[-1]["scope"] = (
+                    "distributed DP-FedSGD in client training (θ and the client's class rows): per-sample clipping, one "
+                    "step a round, each client's discrete Gaussian noise share σ(C + γ√d)/√t on its clipped gradient sum, "
+                    "summed by secure aggregation over ≥ t survivors; one instance on one client"
+                )
         target = next((m["cfg"].target_epsilon for m in mechs if m["cfg"].target_epsilon is not None), None)
         free = [m for m in mechs if m["cfg"].noise_multiplier is None]
         if free and target is None:
@@ -290,10 +322,12 @@ class DifferentialPrivacy(ProtocolLayer):
         if loc is None:
             return None
         mech = self.units["instance"].mechanism(CLIENT_TRAINING)
-        return LocalDPSGD(
-            clip_norm=mech.clip_norm, noise_multiplier=mech.sigma, sample_rate=mech.sample_rate,
-            divisor=self.settings.training.batch_size, stream=self.client_stream(cid), label=f"dp-sgd r{round_idx}",
-        )  # fmt: skip
+        kw = {"clip_norm": mech.clip_norm, "noise_multiplier": mech.sigma, "sample_rate": mech.sample_rate,
+              "divisor": self.settings.training.batch_size, "stream": self.client_stream(cid),
+              "label": f"dp-sgd r{round_idx}"}  # fmt: skip
+        if self.local_shares:  # its clipped sum, kept for the share step (local_share_step)
+            return LocalShareSums(sink=lambda sums: self._local_sums.__setitem__(int(cid), sums), **kw)
+        return LocalDPSGD(**kw)
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         # a round is charged once: a run interrupted inside round r (checkpointed with r charged) re-runs r after
@@ -302,6 +336,8 @@ class DifferentialPrivacy(ProtocolLayer):
         self.charged_round = max(self.charged_round, round_idx)
         if self.settings.privacy.local is not None and first:  # before the clients train (an aborted round used the data)
             self.units["instance"].step(self.local_steps_per_round(), CLIENT_TRAINING)
+        if self.local_shares:
+            return LocalSharesRound(inner, layer=self, round_idx=round_idx)
         unit = self.units.get("client")
         if unit is None:
             return inner
@@ -398,6 +434,14 @@ class DifferentialPrivacy(ProtocolLayer):
         server's plan) the standard deviation is a range: at most σ·S (t ≥ 1) and at least σ·S/√t with the t the
         node's own state knows (its SecAgg threshold), else σ·S/√N, N the federation's clients (no sum holds more);
         a relative 1e-9 of slack on both ends (the node calibrates σ itself)."""
+        if self.local_shares:  # (privacy.client is refused with it)
+            full = self.units["instance"].mechanism(CLIENT_TRAINING).sigma * self.settings.privacy.local.clip_norm
+            return [{
+                "op": SHARE_STEP,
+                "std": share_std(full, min_summands, on_node=on_node, num_clients=self.env.num_clients),
+                "rows": [self.env.num_labels, self.env.embedding_dim] if self.noise_rows else None,
+                "label": f"local share r{round_idx}",
+            }, *inner]  # fmt: skip
         unit = self.units.get("client")
         if unit is None:
             return inner
@@ -434,6 +478,21 @@ class DifferentialPrivacy(ProtocolLayer):
             clip_norm=self.units["client"].clip_norm, finest_grid=self.settings.encoding_grid,
         )  # fmt: skip
 
+    @client_side
+    def local_share_step(self, reply: Payload, data: ClientData, *, std: float, rows: list[int] | None, label: str) -> Payload:
+        """Client side, ``privacy.local.noise: shares`` (a plan step): the client's clipped gradient sum of this round
+        (kept by its :class:`~protocols.dp.local_shares.LocalShareSums`) with its noise share, from its own secret
+        stream, in place of the trained update (:func:`~protocols.dp.local_shares.share_reply`)."""
+        sums = self._local_sums.pop(int(data.client_id), None)
+        if sums is None:
+            raise RuntimeError(f"client {data.client_id}: no clipped gradient sum this round (privacy.local.noise: shares)")
+        mech = self.units["instance"].mechanism(CLIENT_TRAINING)
+        return share_reply(
+            reply, sums, std=std, sigma=mech.sigma, rows_shape=None if rows is None else (int(rows[0]), int(rows[1])),
+            stream=self.client_stream(data.client_id), label=label, clip_norm=mech.clip_norm,
+            finest_grid=self.settings.encoding_grid, clip_range=self.settings.encoding[0],
+        )  # fmt: skip
+
     def client_stream(self, cid: int) -> SecretStream:
         """Client side: client ``cid``'s own secret (fresh from os.urandom unless privacy.noise_seed is set)."""
         if cid not in self._client_streams:
@@ -466,6 +525,13 @@ class DifferentialPrivacy(ProtocolLayer):
         if name == "instance":
             if SERVER_STEP in unit.mechanisms:
                 return {"epsilon": "inf", "why": "the server holds the label sets it collected and adds the noise itself"}
+            if self.local_shares:
+                # the server obtains only the secure sum, whose noise with ≥ t survivors is the accounted σ(C + γ√d);
+                # each batch is Poisson-sampled from its client's secret, so sampling amplifies against it too
+                return {"epsilon": reported(unit.epsilon()), "why": "only with the secure sum: noise shares of std "
+                        "σ(C + γ√d)/√t under secure aggregation, whose sum over ≥ t survivors carries the accounted "
+                        "noise (one client's own sum is only lightly noised); batches are sampled from each client's "
+                        "secret and the loss is not sent"}  # fmt: skip
             return {"epsilon": "inf", "why": "each client's update is a function of its noisy DP-SGD steps (batches and "
                     "noise are the client's secrets), but its training loss and example count reach the server in the "
                     "clear (or, under a secure sum, their sums), outside DP-SGD"}  # fmt: skip
@@ -509,6 +575,12 @@ class DifferentialPrivacy(ProtocolLayer):
                     "C per step: adding or removing the instance adds or removes one clipped per-sample gradient; it "
                     f"enters up to {self.local_copies()} clients' training a round, each of those steps counted"
                 )
+                if self.local_shares:
+                    target["sensitivity_note"] = (
+                        "C per round: adding or removing the instance adds or removes one clipped per-sample gradient in "
+                        "its one client's gradient sum, hence in the round's secure sum, whose noise (the clients' shares, "
+                        "≥ t of them) is σ(C + γ√d); against the server this holds only with the secure sum"
+                    )
             if (bound := self.settings.privacy.max_labels_per_instance()) is not None and name in ("instance", "client"):
                 rep["contribution_bound"] = {"max_labels_per_instance": bound, "over_bound": self.settings.privacy.over_bound}
             observer = {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"}
