@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,6 +38,13 @@ class OneRunAuditConfig(_Strict):
     canaries: int = Field(1000, ge=0, description="m Dirac canaries in θ, each inserted with probability ½ (0: off)")
     canary_norm: float | None = Field(None, gt=0.0, description="size of a canary; default privacy.client.clip_norm, else 0.05")
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    reference: Literal["initial", "noise_free_replay"] = Field(
+        "initial",
+        description="what a canary's coordinate is compared with: initial (θ⁰, W⁰: the data's own update stays in the "
+        "score) or noise_free_replay (the auditor, who knows every other training instance as DP's adversary may, "
+        "replays the run without canaries and with negligible noise, σ = 1e-9, and subtracts its model: the score is "
+        "then the canary plus the noise; exact for a run whose sampling does not depend on secrets, e.g. full batches)",
+    )
 
 
 class UpdateInversionConfig(_Strict):

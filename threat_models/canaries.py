@@ -37,6 +37,9 @@ import torch
 from secure_fed.algorithms.base import ClientFn
 from secure_fed.models.sparse_rows import dense_delta
 
+#: the canaries' name for the owner client's class row (instance canaries in the positive-only setting)
+ROWS = "rows"
+
 
 class DiracCanaries:
     """``m`` canaries in the flattened θ (parameters in their named order)."""
@@ -50,12 +53,19 @@ class DiracCanaries:
         num_clients: int,
         seed: int | None = None,
         unit: str = "client",
+        own_rows: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         """``seed`` None (the default) draws fresh OS entropy; an integer is for tests only. ``unit``: ``client``
-        (update canaries) or ``instance`` (gradient canaries inside DP-SGD)."""
+        (update canaries) or ``instance`` (gradient canaries inside DP-SGD). ``own_rows`` (instance canaries of the
+        positive-only setting, where each client trains its one class row): ``(row, W⁰)``, each client's row index
+        in the released W and the initial W (public): the canaries' space then also holds the owner's row (the
+        parameter ``rows``), the only trained tensor when the encoder is fixed."""
         if unit not in ("client", "instance"):
             raise ValueError(f"canary unit {unit!r}: client or instance")
         self.m, self.norm, self.unit = int(m), float(norm), unit
+        theta_shapes = dict(theta_shapes)
+        if own_rows is not None:  # every client's row: a canary there belongs to that row's client
+            theta_shapes[ROWS] = (len(own_rows[0]), int(own_rows[1].shape[1]))
         self.names = list(theta_shapes)
         sizes = [int(np.prod(s)) for s in theta_shapes.values()]
         self.offsets = np.cumsum([0, *sizes])
@@ -66,6 +76,18 @@ class DiracCanaries:
         self.owner = rng.integers(num_clients, size=self.m)
         #: the auditor's secret behind each canary's Poisson draws (instance canaries)
         self.sampling_key = int(rng.integers(2**63))
+        #: row canaries: the owner's row in the released W, and its initial value at the canary's coordinate
+        self.row, self.start, self.row_dim = None, None, None
+        if own_rows is not None:
+            rows, W0 = own_rows
+            self.row_dim = int(W0.shape[1])
+            at = [self._locate(int(j)) for j in self.coords]
+            for i, (name, off) in enumerate(at):
+                if name == ROWS:  # the coordinate's row decides its owner
+                    self.owner[i] = off // self.row_dim
+            self.row = np.asarray(rows)[self.owner]
+            self.start = np.array([float(W0[r, off % self.row_dim]) if name == ROWS else 0.0
+                                   for r, (name, off) in zip(self.row, at, strict=True)])  # fmt: skip
 
     def _locate(self, coord: int) -> tuple[str, int]:
         k = int(np.searchsorted(self.offsets, coord, side="right") - 1)
@@ -100,22 +122,38 @@ class DiracCanaries:
             return privatizer
         return _CanaryPrivatizer(privatizer, self, own, cid, round_idx)
 
-    def scores(self, theta: dict[str, torch.Tensor], theta0: dict[str, torch.Tensor]) -> np.ndarray:
-        """``s_i · (θ − θ⁰)[j_i]`` for every canary (inserted or not)."""
-        flat = torch.cat([(theta[n].detach().double().cpu() - theta0[n].detach().double().cpu()).reshape(-1) for n in self.names])
-        return self.signs * flat[torch.as_tensor(self.coords)].numpy()
+    def scores(
+        self,
+        theta: dict[str, torch.Tensor],
+        theta0: dict[str, torch.Tensor],
+        W: torch.Tensor | None = None,
+        W_ref: torch.Tensor | None = None,
+    ) -> np.ndarray:
+        """``s_i · (θ − θ⁰)[j_i]`` for every canary (inserted or not); a row canary's ``s_i · (W − W⁰)[row, j_i]``,
+        or ``s_i · (W − W_ref)[row, j_i]`` against a reference model (the audit's noise-free replay)."""
+        out = np.zeros(self.m)
+        for i, coord in enumerate(self.coords):
+            name, off = self._locate(int(coord))
+            if name == ROWS:
+                if W is None:
+                    raise ValueError("row canaries are scored on W: the view has none")
+                ref = float(self.start[i]) if W_ref is None else float(W_ref[int(self.row[i]), off % self.row_dim])
+                out[i] = float(W[int(self.row[i]), off % self.row_dim]) - ref
+            else:
+                out[i] = float(theta[name].reshape(-1)[off]) - float(theta0[name].reshape(-1)[off])
+        return self.signs * out
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "m": self.m, "norm": self.norm, "names": self.names, "offsets": self.offsets, "coords": self.coords,
             "signs": self.signs, "included": self.included, "owner": self.owner, "unit": self.unit,
-            "sampling_key": self.sampling_key,
+            "sampling_key": self.sampling_key, "row": self.row, "start": self.start, "row_dim": self.row_dim,
         }  # fmt: skip
 
     @classmethod
     def from_state_dict(cls, st: dict[str, Any]) -> DiracCanaries:
         c = cls.__new__(cls)
-        c.unit, c.sampling_key = "client", 0
+        c.unit, c.sampling_key, c.row, c.start, c.row_dim = "client", 0, None, None, None
         for k, v in st.items():
             setattr(c, k, v)
         return c
@@ -150,6 +188,8 @@ class _CanaryPrivatizer:
             norm = min(self.c.norm, self.clip_norm)  # a canary is a clipped gradient: its norm is at most C
             for i in sampled:
                 name, off = self.c._locate(int(self.c.coords[i]))
+                if name == ROWS:  # the client's own row (its one row in the positive-only setting)
+                    off %= self.c.row_dim
                 if name not in sums:
                     raise RuntimeError(f"canary parameter {name} is not trained by the client")
                 sums[name].view(-1)[off] -= float(self.c.signs[i]) * norm  # descent moves θ_j by +s·lr·C/B

@@ -11,8 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.checkpoints import load_checkpoint_file
+from secure_fed.errors import ConfigError
 from threat_models.canaries import DiracCanaries
 from threat_models.views import ServerTap
 
@@ -38,9 +41,20 @@ class AttackRecording(Callback):
             # under DP-SGD in client training the canaries are instances (gradient canaries of norm C)
             unit = "instance" if local is not None else "client"
             norm = audit.canary_norm or (local.clip_norm if local is not None else client.clip_norm if client else 0.05)
+            # the trained tensors: θ's (a fixed encoder's are not), and under DP-SGD in the positive-only setting the
+            # owner's class row (each client trains its one row)
+            trained = {n for n, p in exp.model.encoder.named_parameters() if p.requires_grad}
+            rows = None
+            if unit == "instance" and exp.W is not None and self.cfg.partition.name == "positive_only":
+                if "keyed_hashing" in self.cfg.protocols:
+                    raise ConfigError("one_run_audit under privacy.local with keyed_hashing: row canaries need each "
+                                      "client's row in the released W's order; audit without keyed_hashing")  # fmt: skip
+                owner_row = [int(c.known_labels[0]) for c in exp.fed.clients]
+                rows = (np.asarray(owner_row), exp.W.detach().double().cpu().numpy())
             self.canaries = DiracCanaries(
                 m=audit.canaries, norm=norm, num_clients=len(exp.fed.clients),
-                theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items()}, unit=unit,
+                theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items() if n in trained}, unit=unit,
+                own_rows=rows,
             )  # fmt: skip
 
     def wrap_setup_query(self, query):

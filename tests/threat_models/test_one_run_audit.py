@@ -130,3 +130,47 @@ def test_weak_noise_run_with_four_canaries_reports_the_audit_vacuous(tmp_path):
     r = res["one_run_audit"]
     assert r["metrics"]["vacuous"] is True and r["metrics"]["epsilon_lower_bound"] == 0.0
     assert "vacuous" in r["details"]["audit_delta"]["why"]
+
+
+# the private recipe's shape on synthetic data: a fixed encoder (only each client's class row trains), one full-batch
+# DP-SGD step a round; the canaries are instances whose clipped gradient sits in their owner's row
+ROWS = ["training.rounds=1", "model.fixed_encoder=true", "model.hidden_dims=[]", "algorithm.name=fedaws",
+        "training.batch_size=512", "training.client_lr=100", "training.server_optimizer.name=fedavg",
+        "training.server_optimizer.lr=1.0", "protocols=[dp]", "attacks.one_run_audit.canaries=1000",
+        "model.embedding_dim=256"]  # fmt: skip
+LOCAL = '"clip_norm": 1.0, "batch_sample_rate": 1.0, "max_labels_per_instance": 3'
+
+
+@pytest.mark.parametrize("reference", ["initial", "noise_free_replay"])
+def test_row_canaries_audit_dp_sgd_below_its_epsilon_and_the_unnoised_control_above(tmp_path, reference):
+    """At ε = 2 the bound stays below the ledger's ε; with the noise removed (σ = 1e-9, the control) it must rise above
+    2. Only the replay reference takes the data's own update out of the score: against θ⁰/W⁰ the control stays weak
+    (the data's update at a coordinate is several canaries large)."""
+    ref = f"attacks.one_run_audit.reference={reference}"
+    _, res = _audited(tmp_path / "dp", *ROWS, ref, f'privacy.local={{{LOCAL}, "target_epsilon": 2}}', attacks="one_run_audit")
+    m = res["one_run_audit"]["metrics"]
+    assert m["epsilon_lower_bound"] < float(m["accountant_epsilon"]) <= 2.0 + 1e-6
+    _, res = _audited(tmp_path / "ctrl", *ROWS, ref, f"privacy.local={{{LOCAL}, \"noise_multiplier\": 1e-9}}",
+                      attacks="one_run_audit")  # fmt: skip
+    control = res["one_run_audit"]["metrics"]["epsilon_lower_bound"]
+    assert (control > 2.0) == (reference == "noise_free_replay"), control
+
+
+def test_row_canaries_are_scored_in_their_owners_row():
+    import numpy as np
+    import torch
+
+    from threat_models.canaries import ROWS as ROW_SPACE
+    from threat_models.canaries import DiracCanaries
+
+    W0 = np.random.default_rng(0).normal(size=(5, 4))
+    c = DiracCanaries(m=20, norm=1.0, theta_shapes={}, num_clients=5, seed=3, unit="instance",
+                      own_rows=(np.array([4, 3, 2, 1, 0]), W0))  # fmt: skip
+    assert all(c._locate(int(j))[0] == ROW_SPACE for j in c.coords)
+    W = torch.tensor(W0).clone()
+    i = 7
+    off = c._locate(int(c.coords[i]))[1] % 4
+    assert c.owner[i] == int(c.coords[i]) // 4 and c.row[i] == 4 - c.owner[i]  # client k's row is 4 − k
+    W[int(c.row[i]), off] += 2.5
+    s = c.scores({}, {}, W)
+    assert s[i] == pytest.approx(2.5 * c.signs[i]) and np.count_nonzero(s) == 1

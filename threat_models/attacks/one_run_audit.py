@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -208,6 +209,33 @@ def audit_plan(*, m: int, confidence: float, unit: str, report: dict | None) -> 
     return plan
 
 
+def noise_free_replay(ctx) -> dict:
+    """The auditor's reference model: the same run (config, data, seed) without the canaries and with every DP noise
+    multiplier at 1e-9, trained in a temporary directory. DP's adversary may know every training instance but the
+    canaries; subtracting this model leaves each canary's coordinate with the canary, the noise, and what the run's
+    secret sampling changed (nothing for full batches)."""
+    import tempfile
+
+    import yaml
+
+    from secure_fed.config import dump_config, load_config
+    from secure_fed.engine import Experiment
+    from threat_models.context import AuditContext
+
+    doc = yaml.safe_load(dump_config(ctx.cfg))
+    doc["attacks"] = {"run": []}
+    doc["output"] = {**doc.get("output", {}), "progress": False, "tensorboard": False}
+    for block in ("instance", "local", "client"):
+        b = (doc.get("privacy") or {}).get(block)
+        if b:
+            b.update(noise_multiplier=1e-9, target_epsilon=None)
+    with tempfile.TemporaryDirectory(prefix="secure-fed-audit-replay-") as tmp:
+        exp = Experiment(load_config(doc), run_dir=Path(tmp) / "run", dataset=ctx.dataset)
+        exp.run(progress=False)
+        view = AuditContext(exp).observer_view()  # the replay's released model, rows in label order as the run's
+    return {"theta": view.theta, "W": view.W}
+
+
 class OneRunAudit(Attack):
     spec = ONE_RUN_AUDIT
 
@@ -225,12 +253,18 @@ class OneRunAudit(Attack):
         unit = getattr(c, "unit", "client")
         report = ctx.privacy().get("units", {}).get(unit)
         plan = audit_plan(m=int(c.m), confidence=self.options.confidence, unit=unit, report=report)
-        return {"canaries": DiracCanaries.from_state_dict({**secret, "included": None})}, {
+        reference = noise_free_replay(ctx) if self.options.reference == "noise_free_replay" else None
+        plan["reference"] = self.options.reference
+        return {"canaries": DiracCanaries.from_state_dict({**secret, "included": None}), "reference": reference}, {
             "included": st["included"], "plan": plan, "confidence": self.options.confidence,
         }  # fmt: skip
 
     def run(self, view, aux):
-        scores = aux["canaries"].scores(view.theta, view.theta0)
+        ref = aux.get("reference")
+        if ref is None:
+            scores = aux["canaries"].scores(view.theta, view.theta0, view.W)
+        else:  # the replay's model in place of the initial one: the data's own update cancels
+            scores = aux["canaries"].scores(view.theta, ref["theta"], view.W, W_ref=ref["W"])
         return {"scores": scores}
 
     def score(self, guess, truth):
