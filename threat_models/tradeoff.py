@@ -100,6 +100,27 @@ def central_reference(method: str) -> list[str]:
     return ["algorithm.validation_fraction=0"] if central else []
 
 
+def central_reference_method(config: str | None, overrides: list[str], methods: list[str], *, unit: str) -> tuple[list[str], str]:
+    """``--reference auto``: the central DP reference (``oracle``: the same network and levers, DP-SGD on one trainer
+    at the same ε and accountant) beside positive-only federated methods swept at the instance unit, so a reader sees
+    the price of federation apart from the price of privacy. Returns the methods to add and a line saying why."""
+    from secure_fed.algorithms.registry import algorithm_specs
+
+    if "oracle" in methods or "oracle" not in algorithm_specs():
+        return [], "the central DP reference (oracle) is among the methods"
+    if unit != "instance":
+        return [], "no central DP reference: it is drawn for the instance unit"
+    try:
+        base = method_base(config, overrides, "oracle")
+    except SecureFedError as exc:
+        return [], f"no central DP reference: the config does not run as the oracle ({exc})"
+    if base.partition.name != "positive_only":
+        return [], "no central DP reference: it is drawn for the positive-only setting (the oracle's)"
+    if base.privacy.local is None:
+        return [], "no central DP reference: it needs privacy.local (DP-SGD on its one trainer)"
+    return ["oracle"], "the central DP reference (oracle, DP-SGD on one trainer) is drawn beside them (--reference none: not)"
+
+
 def method_base(config: str | None, overrides: list[str], method: str):
     """The base config read as ``method``'s: a method without a server step over label sets is read without
     ``privacy.instance``, which its config may not set (a config written for fedalc, swept with fedaws as well)."""
@@ -162,6 +183,10 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     methods = [m for m in (args.methods or "").split(",") if m]
     if not methods:
         methods = [load_config(args.config, args.overrides).algorithm.name]
+    if args.reference == "auto":
+        extra, why = central_reference_method(args.config, args.overrides, methods, unit=args.unit)
+        methods += extra
+        print(f"tradeoff: {why}", flush=True)
     specs = attack_specs()
     attacks = [a for a in (args.attacks or "").split(",") if a]
     for a in attacks:
@@ -251,6 +276,9 @@ def register(sub) -> None:
     p.add_argument("--methods", default=None, help="comma-separated algorithm names (default: the config's)")
     p.add_argument("--attacks", default="", help="comma-separated attacks to run on every run (e.g. membership_inference)")
     p.add_argument("--unit", choices=["instance", "client"], default="instance", help="the privacy unit whose ε is swept")
+    p.add_argument("--reference", choices=["auto", "none"], default="auto",
+                   help="auto: add the central DP reference (oracle) beside positive-only methods swept at the instance "
+                        "unit when the config sets privacy.local; none: only --methods")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value in every run (repeatable)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="processes (default: the cores, at most one per run)")

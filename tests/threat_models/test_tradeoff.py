@@ -20,7 +20,8 @@ def _tradeoff(out: Path, *extra: str) -> subprocess.CompletedProcess:
                         'privacy.local={"batch_sample_rate": 0.5, "noise_multiplier": 1.0, '
                         '"max_labels_per_instance": 8}'] for x in ("--set", o)]  # fmt: skip
     args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", "--methods", "fedaws", "--epsilons", "4,inf",
-            "--seeds", "0", "--attacks", "membership_inference", "--workers", "1", *sets, "--out", str(out), *extra]  # fmt: skip
+            "--seeds", "0", "--attacks", "membership_inference", "--workers", "1", "--reference", "none", *sets,
+            "--out", str(out), *extra]  # fmt: skip
     return subprocess.run(args, capture_output=True, text=True, cwd=REPO)
 
 
@@ -107,7 +108,8 @@ def test_fedaws_on_the_tradeoff_config_written_for_fedalc_runs(tmp_path):
     assert cfg.algorithm.name == "fedaws" and cfg.privacy.instance is None and cfg.privacy.local.target_epsilon == 4.0
     tiny = ["training.rounds=1", "evaluation.every=1", "dataset.synthetic.num_train=300", "dataset.synthetic.num_test=100"]
     args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", config, "--methods", "fedaws", "--epsilons", "4",
-            "--seeds", "0", "--workers", "1", *[x for o in tiny for x in ("--set", o)], "--out", str(tmp_path / "s")]  # fmt: skip
+            "--seeds", "0", "--workers", "1", "--reference", "none", *[x for o in tiny for x in ("--set", o)],
+            "--out", str(tmp_path / "s")]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = list(csv.DictReader((tmp_path / "s" / "results.csv").open()))
@@ -143,3 +145,15 @@ def test_the_central_reference_reports_its_last_epoch_at_every_epsilon():
         assert "algorithm.validation_fraction=0" in ov
         cfg = load_config(overrides=[*base_ov, *ov])
         assert cfg.algorithm.validation_fraction == 0 and (cfg.privacy.local is None) == math.isinf(eps)
+
+
+def test_the_central_dp_reference_is_drawn_beside_positive_only_methods():
+    from threat_models.tradeoff import central_reference_method
+
+    local = ["protocols=[dp]", 'privacy.local={"target_epsilon": 4.0, "max_labels_per_instance": 2}']
+    assert central_reference_method(None, local, ["fedaws"], unit="instance")[0] == ["oracle"]
+    assert central_reference_method(None, local, ["fedaws", "oracle"], unit="instance")[0] == []
+    assert central_reference_method(None, local, ["fedaws"], unit="client")[0] == []
+    extra, why = central_reference_method(None, ["protocols=[dp]", 'privacy.client={"target_epsilon": 4.0}'], ["fedaws"],
+                                          unit="instance")  # fmt: skip
+    assert extra == [] and "does not run as the oracle" in why and "privacy.local only" in why
