@@ -407,6 +407,13 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
                    "no sampling amplification: every client in every round")  # fmt: skip
     elif p.client is not None:
         unit_lines("client", "client", [("client update", p.client, t.client_fraction, t.rounds)])
+    if cfg.model.fixed_encoder:
+        lines.append("dp: the encoder g_θ is fixed at its initialisation from the seed (model.fixed_encoder): never trained, "
+                     "independent of the data, so every unit covers it at no cost; only "
+                     + ("W's rows" if cfg.model.family == "embedding" else "the linear head") + " learn")  # fmt: skip
+    if cfg.algorithm.capabilities.centralised:
+        lines.append(f"dp: {cfg.algorithm.name} under dp is the central DP reference: DP-SGD on one trainer that holds "
+                     "every instance once (no contribution bound)")  # fmt: skip
     return lines
 
 

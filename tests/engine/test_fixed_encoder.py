@@ -72,3 +72,15 @@ def test_rows_only_dp_sgd_clips_the_rows_gradient_of_each_instance():
 def test_a_fixed_encoder_that_would_still_learn_is_refused(bad):
     with pytest.raises(ConfigError, match="fixed_encoder"):
         small_config("model.fixed_encoder=true", *bad)
+
+
+def test_validate_says_the_encoder_is_fixed_and_what_learns():
+    from tests.config.test_bad_input import cli
+
+    dp = ['protocols=["dp"]', "algorithm.name=fedaws",
+          'privacy.local={"noise_multiplier": 1.0, "batch_sample_rate": 1.0, "max_labels_per_instance": 3}']  # fmt: skip
+    code, out, err = cli("validate", *[x for s in [*dp, "model.fixed_encoder=true"] for x in ("--set", s)])
+    assert code == 0, err
+    assert "encoder g_θ is fixed at its initialisation" in out and "only W's rows learn" in out
+    code, out, _ = cli("validate", *[x for s in dp for x in ("--set", s)])
+    assert code == 0 and "is fixed" not in out
