@@ -121,6 +121,13 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 "reported epoch on a split of the training data, a data-dependent choice outside ε; set it to 0 (the "
                 "last epoch is reported)"
             )
+    if cfg.model.fixed_encoder and (p.client is not None or (p.local is not None and p.local.noise == "shares")):
+        which = "privacy.client" if p.client is not None else "privacy.local.noise: shares"
+        raise ValueError(
+            f"model.fixed_encoder with {which}: its noise goes on every coordinate of θ's update, the fixed encoder's "
+            "too, so the released encoder would not be its initialisation; use privacy.local with noise: local (DP-SGD "
+            "noises only what is trained)"
+        )
     bound = p.max_labels_per_instance()
     if bound is not None and cfg.partition.name != "positive_only" and not central:
         raise ValueError(

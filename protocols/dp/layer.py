@@ -203,7 +203,7 @@ class DifferentialPrivacy(ProtocolLayer):
             })  # fmt: skip
             if p.local.noise == "shares":
                 mechs[-1]["scope"] = (
-                    "distributed DP-FedSGD in client training (θ and the client's class rows): per-sample clipping, one "
+                    f"distributed DP-FedSGD in client training ({self._trained_in_clients()}): per-sample clipping, one "
                     "step a round, each client's discrete Gaussian noise share σ(C + γ√d)/√t on its clipped gradient sum, "
                     "summed by secure aggregation over ≥ t survivors; one instance on one client"
                 )

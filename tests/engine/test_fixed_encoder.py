@@ -68,19 +68,32 @@ def test_rows_only_dp_sgd_clips_the_rows_gradient_of_each_instance():
     torch.testing.assert_close(sums["rows"], want, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("bad", [["model.family=ctran"], ["model.name=resnet18", "model.weights=random"]])
+CLIENT_DP = ['protocols=["dp"]', "algorithm.name=fedaws", 'privacy.client={"noise_multiplier": 1.0}']
+SHARES = ['protocols=["dp", "secure_aggregation"]', "algorithm.name=fedaws", "training.local_epochs=1",
+          'privacy.local={"noise_multiplier": 1.0, "batch_sample_rate": 1.0, "max_labels_per_instance": 1, '
+          '"noise": "shares"}']  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["model.family=ctran"], ["model.name=resnet18", "model.weights=random"], CLIENT_DP, SHARES],
+    ids=["ctran", "resnet", "client-dp-noise-on-theta", "shares-noise-on-theta"],
+)
 def test_a_fixed_encoder_that_would_still_learn_is_refused(bad):
     with pytest.raises(ConfigError, match="fixed_encoder"):
         small_config("model.fixed_encoder=true", *bad)
 
 
-def test_validate_says_the_encoder_is_fixed_and_what_learns():
+def test_validate_says_the_encoder_is_fixed_and_what_learns(tmp_path):
     from tests.config.test_bad_input import cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("seed: 0\n")
 
     dp = ['protocols=["dp"]', "algorithm.name=fedaws",
           'privacy.local={"noise_multiplier": 1.0, "batch_sample_rate": 1.0, "max_labels_per_instance": 3}']  # fmt: skip
-    code, out, err = cli("validate", *[x for s in [*dp, "model.fixed_encoder=true"] for x in ("--set", s)])
+    code, out, err = cli("validate", str(cfg), *[x for s in [*dp, "model.fixed_encoder=true"] for x in ("--set", s)])
     assert code == 0, err
     assert "encoder g_θ is fixed at its initialisation" in out and "only W's rows learn" in out
-    code, out, _ = cli("validate", *[x for s in dp for x in ("--set", s)])
+    code, out, _ = cli("validate", str(cfg), *[x for s in dp for x in ("--set", s)])
     assert code == 0 and "is fixed" not in out
