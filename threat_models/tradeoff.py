@@ -92,7 +92,8 @@ def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, atta
 
 def central_reference(method: str) -> list[str]:
     """A centralised method (the oracle) reports its last epoch at every ε of a study: under dp, an epoch selected on a
-    split of the training data would be a choice outside ε, and the ε = ∞ point is then the same recipe unnoised."""
+    split of the training data would be a choice outside ε, and the ε = ∞ point (the run without the dp layer) reports
+    its last epoch too."""
     from secure_fed.algorithms.registry import algorithm_specs
 
     spec = algorithm_specs().get(method)
