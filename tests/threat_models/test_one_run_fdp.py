@@ -134,10 +134,10 @@ def test_ledger_mu_only_for_full_batch_gaussians():
     assert gdp_mu_of_ledger([(2.0, 0.5, 4)]) is None and gdp_mu_of_ledger([]) is None
 
 
-def test_full_batch_dp_sgd_run_gdp_bound_positive_where_steinke_is_zero_and_below_the_accountant(tmp_path):
+def test_full_batch_dp_sgd_run_gdp_bound_above_steinkes_at_the_same_delta_and_below_the_accountant(tmp_path):
     """The private recipe's shape on synthetic data (one full-batch DP-SGD step, row canaries, noise-free replay) at
-    ε = 4: its ledger is one Gaussian, so its exact μ is known; the GDP bound is > 0 where Steinke et al.'s is 0, and
-    both μ and ε stay below the accountant's."""
+    ε = 4: its ledger is one Gaussian, so its exact μ is known. The GDP bound stays below the accountant's μ and ε and,
+    at the audit's δ, is above Steinke et al.'s from the same guesses (0.32 here)."""
     from tests.threat_models.test_attacks import _audited
 
     _, res = _audited(tmp_path, *ROWS, "attacks.one_run_audit.reference=noise_free_replay",
@@ -145,6 +145,7 @@ def test_full_batch_dp_sgd_run_gdp_bound_positive_where_steinke_is_zero_and_belo
     r = res["one_run_audit"]
     m, g = r["metrics"], r["details"]["gdp"]
     assert g["relation"] == "add/remove" and g["confidence"] == 0.95 and g["accountant_mu"] is not None
-    assert m["epsilon_lower_bound"] == 0.0 < m["gdp_mu_lower_bound"] <= g["accountant_mu"]
+    assert 0.0 < m["gdp_mu_lower_bound"] <= g["accountant_mu"]
     assert 0.0 < m["epsilon_lower_bound_gdp"] <= float(m["relation_epsilon"]) and m["gdp_exceeds_accountant"] is False
-    assert float(m["relation_epsilon"]) == pytest.approx(4.0, rel=1e-3)
+    assert 3.9 < float(m["relation_epsilon"]) <= 4.0 + 1e-6
+    assert g["epsilon_at_audit_delta"] > m["epsilon_lower_bound"] > 0.0, (g, m)
