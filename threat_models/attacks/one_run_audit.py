@@ -39,6 +39,15 @@ gives the ε compared with (∞ where the e^ε factor allows none: very weak
 noise). The report says which δ was used, whether the ledger's own δ would
 have been vacuous, and whether the audit is vacuous even so (too few
 canaries: for every k even 2k right guesses cannot reject ε = 0).
+
+**The tight (f-DP) bound.** The same guesses also give the largest μ whose
+μ-GDP they reject (Mahloujifar, Melis & Chaudhuri 2024,
+:mod:`threat_models.one_run_fdp`), at the same per-k level:
+``gdp_mu_lower_bound``, and ``epsilon_lower_bound_gdp``, the ε of that μ-GDP at
+the relation's own δ, compared with the relation's ε (and, for a ledger of
+full-batch Gaussians only, μ with the ledger's exact μ). Its test has no δ
+term, so it is not swamped where Steinke et al.'s is; its ε is a lower bound
+for a Gaussian trade-off curve and an estimate under that assumption otherwise.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from scipy import stats
 
 from threat_models.attack_specs import ONE_RUN_AUDIT
 from threat_models.base import Attack, AttackResult
+from threat_models.one_run_fdp import epsilon_from_gdp, gdp_mu_lower_bound, gdp_mu_of_ledger
 
 
 def p_value(*, m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -179,7 +189,7 @@ def audit_plan(*, m: int, confidence: float, unit: str, report: dict | None) -> 
     if not math.isfinite(rel_eps):
         rel_delta = 0.0  # no DP for this unit: nothing to compare with, the pure (δ = 0) bound
     plan = {"unit": unit, "relation": "replacement" if unit == "client" else "add/remove", "level": level,
-            "ledger_epsilon": eps, "ledger_delta": delta, "relation_delta": rel_delta,
+            "ledger_epsilon": eps, "ledger_delta": delta, "relation_epsilon": rel_eps, "relation_delta": rel_delta,
             "vacuous_at_relation_delta": vacuous(m=m, delta=rel_delta, level=level)}  # fmt: skip
     with warnings.catch_warnings():  # Opacus's notes on the ledger's own ε were shown when training reported it
         warnings.simplefilter("ignore")
@@ -203,10 +213,22 @@ def audit_plan(*, m: int, confidence: float, unit: str, report: dict | None) -> 
                         "the level; compared with the accountant's ε at that δ"
                         + ("" if math.isfinite(comp_eps) else " (∞: no δ' makes (1 + e^ε(δ'))·δ' that small)"))  # fmt: skip
     plan["vacuous"] = vacuous(m=m, delta=plan["delta"], level=level)
+    plan["gdp"] = gdp_plan(unit=unit, history=history, rel_eps=rel_eps, rel_delta=rel_delta, ledger_delta=delta)
     if plan["vacuous"]:
         plan["why"] += (f"; vacuous: with m = {m}, for every k in {guess_counts(m)} even 2k right guesses of 2k cannot "
                         f"reject ε = 0 at level {level:.3g}, so the bound is 0 whatever the run")  # fmt: skip
     return plan
+
+
+def gdp_plan(*, unit: str, history, rel_eps: float, rel_delta: float, ledger_delta: float) -> dict:
+    """What the f-DP (Gaussian) bound is compared with: the relation's own (ε, δ) (its ε(μ) is converted at that δ,
+    no audit δ is needed: the GDP test has none), and, for a ledger of full-batch Gaussians only, the exact μ
+    (add/remove √(Σ steps/σ²); ×2 for a client's replacement: the replaced update moves by up to twice the clip)."""
+    mu = gdp_mu_of_ledger(history) if math.isfinite(rel_eps) else None
+    if mu is not None and unit == "client":
+        mu = 2.0 * mu
+    delta = rel_delta if rel_delta > 0 else (ledger_delta if ledger_delta > 0 else 1e-5)
+    return {"delta": delta, "epsilon": rel_eps, "accountant_mu": mu}
 
 
 def noise_free_replay(ctx) -> dict:
@@ -274,20 +296,37 @@ class OneRunAudit(Attack):
         delta, level, ks = plan["delta"], plan["level"], guess_counts(m)
         order = np.argsort(-s, kind="stable")
         best = {"epsilon_lower_bound": 0.0, "guesses": 0, "correct": 0, "k": 0}
+        best_gdp = {"mu": 0.0, "guesses": 0, "correct": 0, "k": 0}
         for k in ks:
             top, bottom = order[:k], order[m - k :]
             v = int(inc[top].sum() + (~inc[bottom]).sum())
             lb = epsilon_lower_bound(m=m, r=2 * k, v=v, delta=delta, level=level)
             if lb > best["epsilon_lower_bound"]:
                 best = {"epsilon_lower_bound": lb, "guesses": 2 * k, "correct": v, "k": k}
+            mu = gdp_mu_lower_bound(m=m, r=2 * k, v=v, level=level)
+            if mu > best_gdp["mu"]:
+                best_gdp = {"mu": mu, "guesses": 2 * k, "correct": v, "k": k}
         lb = best["epsilon_lower_bound"]
+        gdp = plan["gdp"]
+        mu_lb = best_gdp["mu"]
+        eps_gdp = epsilon_from_gdp(mu_lb, gdp["delta"])
+        acct_mu = gdp["accountant_mu"]
+        gdp_exceeds = bool(eps_gdp > gdp["epsilon"] or (acct_mu is not None and mu_lb > acct_mu))
         return AttackResult(
             attack=self.name, role=self.role.value,
             metrics={"epsilon_lower_bound": lb, "accountant_epsilon": plan["ledger_epsilon"],
                      "replacement_epsilon": plan["epsilon"], "exceeds_accountant": bool(lb > plan["epsilon"]),
-                     "vacuous": plan["vacuous"]},
-            chance={"epsilon_lower_bound": 0.0},
+                     "vacuous": plan["vacuous"], "gdp_mu_lower_bound": mu_lb, "epsilon_lower_bound_gdp": eps_gdp,
+                     "relation_epsilon": gdp["epsilon"], "gdp_exceeds_accountant": gdp_exceeds},
+            chance={"epsilon_lower_bound": 0.0, "gdp_mu_lower_bound": 0.0, "epsilon_lower_bound_gdp": 0.0},
             details={"canaries": m, "inserted": int(inc.sum()), "confidence": truth["confidence"], "delta": delta,
-                     "unit": plan["unit"], "audit_delta": {k: v for k, v in plan.items() if k != "unit"},
-                     "k_tried": ks, **{k: v for k, v in best.items() if k != "epsilon_lower_bound"}},
+                     "unit": plan["unit"], "audit_delta": {k: v for k, v in plan.items() if k not in ("unit", "gdp")},
+                     "k_tried": ks, **{k: v for k, v in best.items() if k != "epsilon_lower_bound"},
+                     "gdp": {"method": "Mahloujifar, Melis & Chaudhuri 2024: μ-GDP rejected by the f-DP one-run test",
+                             "confidence": truth["confidence"], "level_per_k": level, "relation": plan["relation"],
+                             "delta": gdp["delta"], "relation_epsilon": gdp["epsilon"], "accountant_mu": acct_mu,
+                             "epsilon_at_audit_delta": epsilon_from_gdp(mu_lb, delta) if delta > 0 else None,
+                             "note": "ε at the relation's δ of the largest rejected μ: a lower bound for a Gaussian "
+                                     "trade-off curve (full-batch Gaussian sums), an estimate otherwise",
+                             **{k: v for k, v in best_gdp.items() if k != "mu"}}},
         )  # fmt: skip
