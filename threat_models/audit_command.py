@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
@@ -11,7 +12,56 @@ from secure_fed.plugin_specs import attack_specs
 from secure_fed.run_files import attacks_path
 
 
+def parse_bugs(text: str) -> tuple[str, ...]:
+    """``--bugs``: comma-separated planted bugs, ``all``, or ``none`` (the control only)."""
+    from threat_models.self_test import BUGS
+
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    if names == ["all"]:
+        return BUGS
+    if names == ["none"]:
+        return ()
+    if not names:
+        raise SecureFedError(f"--bugs {text!r}: name at least one planted bug, all, or none")
+    if bad := [b for b in names if b not in BUGS]:
+        raise SecureFedError("--bugs: " + unknown_name("planted bug", bad[0], dict.fromkeys(BUGS)))
+    return tuple(names)
+
+
+def cmd_self_test(args: argparse.Namespace) -> int:
+    """``secure-fed audit --self-test``: the control and each planted bug, audited; a table; exit 1 if a bug is not
+    caught or the control is flagged (:mod:`threat_models.self_test`)."""
+    if args.run_dir is not None or args.attacks is not None:
+        raise SecureFedError("--self-test trains its own runs: give no run directory and no --attacks")
+    if args.control_runs < 0:
+        raise SecureFedError(f"--control-runs {args.control_runs}: 0 or more")
+    if not (0.0 < args.epsilon < math.inf):
+        raise SecureFedError(f"--epsilon {args.epsilon}: a positive, finite ε")
+    bugs = parse_bugs(args.bugs)
+    from threat_models import self_test
+
+    print(f"self-test of the one-run audit: claimed ε = {args.epsilon:g}, {args.control_runs} control run(s) and "
+          f"{len(bugs)} planted bug(s), each audited with {self_test.RECIPE_CANARIES} canaries "
+          "(noise-free replay reference)")  # fmt: skip
+    print(self_test.HEADER, flush=True)
+    results = self_test.self_test(
+        bugs, control_runs=args.control_runs, seed=args.seed, epsilon=args.epsilon,
+        on_result=lambda r: print(self_test.table_row(r), flush=True),
+    )  # fmt: skip
+    failed = [r for r in results if not r.ok]
+    conf = results[0].confidence if results else 0.95
+    if failed:
+        print(f"FAIL: {len(failed)} of {len(results)} (a bug not caught or the control flagged, at {conf:.0%} confidence)")
+        return 1
+    print(f"ok: every planted bug caught, the control never flagged (lower bounds at {conf:.0%} confidence)")
+    return 0
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
+    if args.self_test:
+        return cmd_self_test(args)
+    if args.run_dir is None:
+        raise SecureFedError("give a run directory to audit (or --self-test)")
     specs = attack_specs()
     names = None
     if args.attacks is not None:
@@ -44,9 +94,20 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("audit", help="run attacks (threat_models) on a finished run; writes RUN_DIR/private/attacks.json")
-    p.add_argument("run_dir", help="a finished run directory")
+    p.add_argument("run_dir", nargs="?", default=None, help="a finished run directory")
     p.add_argument(
         "--attacks", default=None, help="comma-separated attack names or 'all' (default: the run's attacks.run, else all)"
     )
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    g = p.add_argument_group("self-test (no run directory): planted mechanism bugs the one-run audit must catch")
+    g.add_argument("--self-test", action="store_true",
+                   help="train a small private recipe with each planted bug and the correct mechanism (the control); "
+                        "print bug, claimed ε, lower bound, caught; exit 1 if a bug is not caught or the control is "
+                        "flagged")  # fmt: skip
+    g.add_argument("--bugs", default="all", help="comma-separated planted bugs, all (default) or none")
+    g.add_argument(
+        "--control-runs", type=int, default=3, help="runs of the correct mechanism, seeds SEED, SEED+1, ... (default 3)"
+    )
+    g.add_argument("--epsilon", type=float, default=1.0, help="the claimed (configured) ε of every run (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="the first run seed (default 0)")
     p.set_defaults(func=cmd_audit)
