@@ -12,6 +12,7 @@ import torch
 from secure_fed.algorithms.losses import bce_loss
 from secure_fed.config import load_config
 from secure_fed.data.from_config import build_dataset
+from secure_fed.engine import Experiment
 from secure_fed.engine.builders import build_model
 from secure_fed.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from threat_models.attacks.gradient_inversion import (
@@ -84,3 +85,59 @@ def test_dp_noised_update_gives_no_better_than_the_mean_image(setting):
     noised = dp_noised(update, sigma=0.64, gen=torch.Generator().manual_seed(0))  # σ for ε = 8, δ = 1e-5, one release
     got, _ = _attack(setting, noised)
     assert got < baseline + 1, (got, baseline)
+
+
+@pytest.fixture
+def registered(tmp_path, monkeypatch):
+    """The attack's ``secure_fed.attacks`` entry point registered as ``pip install -e .`` leaves it."""
+    from secure_fed import plugins
+    from secure_fed.config import schema
+
+    info = tmp_path / "secure_fed_gradient_inversion-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: secure-fed-gradient-inversion\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[secure_fed.attacks]\ngradient_inversion = threat_models.attack_specs:GRADIENT_INVERSION\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins.registry.cache_clear()
+    schema.experiment_config_model.cache_clear()
+    yield
+    plugins.registry.cache_clear()
+    schema.experiment_config_model.cache_clear()
+
+
+#: 10 clients of 4 mosaics each, one plain-SGD step of the whole batch in the one round: the update is a gradient
+RUN = [
+    *MEASURE_CONFIG,
+    "dataset.mosaics={grid: 2, tile_size: 8, num_train: 40, num_test: 100}",
+    "partition.num_clients=10",
+    "training.rounds=1",
+    "training.local_epochs=1",
+    "training.batch_size=4",
+    "training.client_optimizer=sgd",
+    "training.client_lr=0.1",
+    "training.server_optimizer.name=fedavg",
+    "training.server_optimizer.lr=1.0",
+    "output.progress=false",
+    "attacks.run=[gradient_inversion]",
+    "attacks.gradient_inversion={targets: 2, steps: 200}",
+]
+
+
+@pytest.mark.parametrize("protocols", [[], ["secure_aggregation"]])
+def test_the_server_inverts_plain_uplinks_but_not_a_secure_sum(registered, tmp_path, protocols):
+    from threat_models.audit import audit
+    from threat_models.context import AuditContext
+
+    torch.set_num_threads(1)
+    exp = Experiment(load_config(overrides=[*RUN, f"protocols=[{','.join(protocols)}]"]), run_dir=tmp_path / "run")
+    exp.run(progress=False)
+    res = audit(AuditContext(exp), progress=False)["attacks"]["gradient_inversion"]
+    got, chance = res["metrics"]["psnr"], res["chance"]["psnr"]
+    if protocols:
+        assert res["metrics"]["source"] == "aggregate" and res["details"]["uplinks"] == "masked"
+        assert got < chance + 1, (got, chance)
+    else:
+        assert res["metrics"]["source"] == "individual"
+        assert got > chance + 8, (got, chance)

@@ -29,9 +29,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
+
+from secure_fed.algorithms.client import full_label_targets
+from secure_fed.algorithms.losses import LOSSES
+from secure_fed.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+from threat_models.attack_specs import GRADIENT_INVERSION
+from threat_models.base import Attack, AttackResult
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -143,6 +150,89 @@ def image_input(mean: Sequence[float], std: Sequence[float]) -> Callable[[torch.
     return lambda x: ((x - m) / s).flatten(1)
 
 
+# ---------------------------------------------------------------------------------------------------- the audit's attack
+def pixel_images(raw, shape: tuple[int, int, int]) -> torch.Tensor:
+    """Raw image rows (uint8, CSR or dense, channel-major) as pixel tensors ``(n, C, H, W)`` in [0, 1]."""
+    dense = raw.toarray() if sp.issparse(raw) else np.asarray(raw)
+    scale = 1 / 255 if dense.dtype == np.uint8 else 1.0
+    return torch.from_numpy(dense.astype(np.float32) * np.float32(scale)).view(-1, *shape)
+
+
+class GradientInversion(Attack):
+    """The server's attack on the captured round (the last run; record it with ``attacks.run`` set before training):
+    each of ``targets`` clients' own update when the wire carries it in the clear, else the cohort's sum attacked as
+    if it were the target's. A run of one local step of plain SGD (local_epochs 1, rows ≤ batch_size) is the
+    paper's setting; other recipes are attacked all the same (the update is then not one gradient)."""
+
+    spec = GRADIENT_INVERSION
+
+    def applies(self, ctx) -> str | None:
+        if ctx.dataset.feature_kind != "image" or ctx.dataset.image_shape is None:
+            return "needs image data (dataset.name: digit_mosaics, or dataset.format: voc | coco)"
+        if ctx.cfg.model.family != "linear_head":
+            return "needs model.family: linear_head (the model's scores are the logits the client's loss takes)"
+        if ctx.cfg.model.preprocessing not in ("auto", "image"):
+            return "needs the image preprocessing (model.preprocessing: auto or image)"
+        cap = None if ctx.tap is None else ctx.tap.capture
+        if cap is None:
+            return "the run recorded no round of uplinks (set attacks.run before training)"
+        if cap.get("aggregate_update") is None or cap.get("theta_start") is None:
+            return "the run recorded only the first parameter's update (put gradient_inversion in attacks.run before training)"
+        return None
+
+    def prepare(self, ctx):
+        shape = tuple(int(d) for d in ctx.dataset.image_shape)
+        o = self.options
+        targets = sorted(ctx.tap.capture["cohort"])[: o.targets]
+        clients = {cid: ctx.fed.clients[cid] for cid in targets}
+        images = {cid: pixel_images(c.raw, shape) for cid, c in clients.items()}
+        labels = {cid: full_label_targets(c).float().cpu() for cid, c in clients.items()}
+        n = {cid: min(len(images[cid]), ctx.cfg.training.batch_size, o.max_images) for cid in targets}
+        aux = {
+            "model": ctx.new_encoder(), "loss": LOSSES[ctx.exp.algorithm.client_loss], "shape": shape, "targets": targets,
+            "images_per_target": n, "mean_image": pixel_images(ctx.dataset.test.features, shape).mean(dim=0, keepdim=True),
+            # stated: one image's labels are read from the update; a batch's are given to the attacker
+            "given_labels": {cid: labels[cid][: n[cid]] for cid in targets if n[cid] > 1},
+            "steps": o.steps, "lr": o.lr, "tv": o.tv, "seed": int(ctx.cfg.seed),
+        }  # fmt: skip
+        return aux, {"images": images}
+
+    def run(self, view, aux):
+        cap = view.capture
+        model = aux["model"]
+        model.load_state_dict({k: v.float() for k, v in cap.theta_start.items()}, strict=False)
+        to_input = image_input(IMAGENET_MEAN, IMAGENET_STD)
+        source = "individual" if cap.updates is not None else "aggregate"
+        recon = {}
+        for i, cid in enumerate(aux["targets"]):
+            update = cap.updates[cid] if cap.updates is not None else cap.aggregate_update
+            labels = aux["given_labels"].get(cid)
+            if labels is None:
+                labels = labels_from_head_update(update["head.bias"])
+            recon[cid] = invert_gradients(model, aux["loss"], update, labels, aux["shape"], to_input, steps=aux["steps"],
+                                          lr=aux["lr"], tv=aux["tv"], seed=aux["seed"] + i)  # fmt: skip
+        return {"recon": recon, "source": source, "kind": cap.uplink_kind, "cohort": len(cap.cohort),
+                "mean_image": aux["mean_image"], "given": sorted(aux["given_labels"])}  # fmt: skip
+
+    def score(self, guess, truth):
+        rows, base = [], []
+        for cid, rec in guess["recon"].items():
+            x = truth["images"][cid]
+            s = matched_scores(rec, x)
+            rows.append((float(s["psnr"].mean()), float(s["ssim"].mean())))
+            m = guess["mean_image"].expand_as(x)
+            base.append((float(psnr(m, x).mean()), float(ssim(m, x).mean())))
+        r, b = np.array(rows), np.array(base)
+        key = guess["source"]
+        return AttackResult(
+            attack=self.name, role=self.role.value,
+            metrics={"psnr": float(r[:, 0].mean()), "ssim": float(r[:, 1].mean()), "source": key},
+            chance={"psnr": float(b[:, 0].mean()), "ssim": float(b[:, 1].mean()), "prior": "mean image of the test split"},
+            details={"uplinks": guess["kind"], "cohort": guess["cohort"], "targets": len(rows),
+                     "labels_given_for": guess["given"], "per_target_psnr": r[:, 0].tolist()},
+        )  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------- measurement
 #: the measured setting: 16×16 digit mosaics (2×2 tiles of 8 px), an MLP on the flattened pixels (no batch norm)
 MEASURE_CONFIG = [
@@ -182,11 +272,9 @@ def measure(
     clients' updates (the target's and ``cohort − 1`` others') attacked as one client's; ``random_init``: the attack's
     start without optimisation (a control). Labels: read from the head update for ``batch == 1``, else given."""
     from protocols.dp.accountant import calibrate_sigma
-    from secure_fed.algorithms.losses import LOSSES
     from secure_fed.config import load_config
     from secure_fed.data.from_config import build_dataset
     from secure_fed.engine.builders import build_model
-    from secure_fed.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 
     cfg = load_config(overrides=[*MEASURE_CONFIG, f"seed={seed}"])
     ds = build_dataset(cfg)
