@@ -9,6 +9,7 @@ attack                     role      measures
 ``membership_inference``   observer  (d) LOSS and LiRA (online, offline)
 ``one_run_audit``          auditor   (e) Steinke et al. one-run ε lower bound with canaries
 ``update_inversion``       server    (f) a client's vocabulary from its first-layer update
+``gradient_inversion``     server    (g) a client's images from its whole update (Geiping et al.)
 =========================  ========  ==========================================================
 
 Each attack sees only its role's view (:mod:`threat_models.views`); see

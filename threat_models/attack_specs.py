@@ -87,3 +87,13 @@ UPDATE_INVERSION = AttackSpec(
     description="recover each client's vocabulary from the first-layer columns its update touches",
     implementation="threat_models.attacks.update_inversion:UpdateInversion",
 )
+
+GRADIENT_INVERSION = AttackSpec(
+    name="gradient_inversion",
+    role="server",
+    needs="image data; whole uplinks of one round and θ as sent (recorded when configured before training); "
+    "the public architecture, loss and preprocessing; for a batch > 1 the target's labels (given); public images",
+    defended_by="dp (noise the server cannot remove: privacy.client.noise: clients) or secure_aggregation / ckks",
+    description="Geiping et al. 2020: images whose gradient matches a client's update in cosine, with a TV prior; PSNR/SSIM",
+    implementation="threat_models.attacks.gradient_inversion:GradientInversion",
+)

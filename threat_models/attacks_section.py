@@ -51,6 +51,14 @@ class UpdateInversionConfig(_Strict):
     targets: int = Field(10, ge=1, description="clients of the captured round whose updates are attacked")
 
 
+class GradientInversionConfig(_Strict):
+    targets: int = Field(4, ge=1, description="clients of the captured round whose images are reconstructed")
+    steps: int = Field(300, ge=1, le=100_000, description="Adam steps on the dummy images")
+    lr: float = Field(0.1, gt=0.0, description="Adam's step size (decayed ×0.1 at 3/8, 5/8 and 7/8 of the steps)")
+    tv: float = Field(1e-2, ge=0.0, description="weight of the total-variation prior")
+    max_images: int = Field(8, ge=1, le=64, description="dummy images per target at most (else the target's row count)")
+
+
 class AttacksConfig(_Strict):
     """Attacks and audits (``threat_models``) run on the finished run; ``secure-fed list`` shows them."""
 
@@ -60,6 +68,7 @@ class AttacksConfig(_Strict):
     membership_inference: MembershipInferenceConfig = MembershipInferenceConfig()
     one_run_audit: OneRunAuditConfig = OneRunAuditConfig()
     update_inversion: UpdateInversionConfig = UpdateInversionConfig()
+    gradient_inversion: GradientInversionConfig = GradientInversionConfig()
 
     @model_validator(mode="after")
     def _known(self) -> AttacksConfig:

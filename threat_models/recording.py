@@ -29,10 +29,13 @@ class AttackRecording(Callback):
         self.cfg = cfg
         self.tap: ServerTap | None = None
         self.canaries: DiracCanaries | None = None
+        self._exp = None
 
     def on_init(self, exp) -> None:
         first = next(iter(exp.theta))
-        self.tap = ServerTap(theta0=exp.theta, parameter=first)
+        # gradient inversion needs whole updates and θ at the captured round's start
+        self.tap = ServerTap(theta0=exp.theta, parameter=first, full="gradient_inversion" in self.cfg.attacks.names())
+        self._exp = exp
         audit = self.cfg.attacks.one_run_audit
         if "one_run_audit" in self.cfg.attacks.names() and audit.canaries > 0:
             dp = "dp" in self.cfg.protocols
@@ -75,7 +78,8 @@ class AttackRecording(Callback):
         self.tap.on_uplink(round_idx, cid, wire)
 
     def on_aggregate(self, round_idx: int, cohort: list[int], agg) -> None:
-        self.tap.on_aggregate(round_idx, cohort, agg.theta_sum if agg.num_clients else None)
+        theta = self._exp.theta if self.tap.full else None  # θ before the server's step: as sent this round
+        self.tap.on_aggregate(round_idx, cohort, agg.theta_sum if agg.num_clients else None, theta)
 
     def state_files(self) -> dict[str, Any]:
         files = {"server_view.pt": self.tap.state_dict()}  # the server's recorded view

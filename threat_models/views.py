@@ -32,6 +32,11 @@ class RoundCapture:
     uplink_kind: str  #: "plaintext", "masked" (secure aggregation) or "encrypted" (CKKS)
     individual: dict[int, torch.Tensor] | None  #: per-client Δ of ``parameter`` as sent; None unless plaintext
     aggregate: torch.Tensor  #: Σ over the cohort of Δ of ``parameter``, as the server obtains it
+    #: with a full capture (an attack that needs whole updates, e.g. gradient inversion): θ as the server sent it this
+    #: round, each client's Δθ of every parameter as sent (None unless plaintext) and the sum of every parameter
+    theta_start: dict[str, torch.Tensor] | None = None
+    updates: dict[int, dict[str, torch.Tensor]] | None = None
+    aggregate_update: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,10 @@ class ClientView:
 class ServerTap:
     """Engine-side recorder of the server's view (created when ``attacks.run`` is set)."""
 
-    def __init__(self, *, theta0: dict[str, torch.Tensor], parameter: str):
+    def __init__(self, *, theta0: dict[str, torch.Tensor], parameter: str, full: bool = False):
         self.theta0 = {n: t.detach().cpu().clone() for n, t in theta0.items()}
         self.parameter = parameter
+        self.full = full  #: also record θ at the round's start and whole updates (every parameter)
         self.token_messages: list[tuple[int, tuple[bytes, ...], int]] = []
         self._wire: dict[int, Any] = {}
         self.capture: dict[str, Any] | None = None
@@ -99,8 +105,12 @@ class ServerTap:
     def on_uplink(self, round_idx: int, cid: int, wire: dict[str, Any]) -> None:
         self._wire[int(cid)] = wire
 
-    def on_aggregate(self, round_idx: int, cohort: list[int], theta_sum: dict[str, torch.Tensor] | None) -> None:
-        """Keeps the latest round with at least one participant (a budget stop may end a run early)."""
+    def on_aggregate(
+        self, round_idx: int, cohort: list[int], theta_sum: dict[str, torch.Tensor] | None,
+        theta: dict[str, torch.Tensor] | None = None,
+    ) -> None:  # fmt: skip
+        """Keeps the latest round with at least one participant (a budget stop may end a run early); ``theta``: θ as
+        the server sent it this round (kept with a full capture)."""
         wires = self._wire
         if theta_sum is None:
             self._wire = {}
@@ -116,6 +126,11 @@ class ServerTap:
             "round": round_idx, "cohort": tuple(int(c) for c in cohort), "parameter": self.parameter,
             "uplink_kind": kind, "individual": indiv, "aggregate": agg,
         }  # fmt: skip
+        if self.full:
+            cpu = lambda d: {n: dense_delta(t).detach().cpu().clone() for n, t in d.items()}  # noqa: E731
+            self.capture["theta_start"] = None if theta is None else cpu(theta)
+            self.capture["updates"] = {cid: cpu(w["theta_delta"]) for cid, w in wires.items()} if plain else None
+            self.capture["aggregate_update"] = cpu(theta_sum)
         self._wire = {}
 
     def state_dict(self) -> dict[str, Any]:
