@@ -255,7 +255,7 @@ def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
     n = 20  # the synthetic default's clients; every one in a round (client_fraction 1)
     lines = layer_specs()["dp"].describe(cfg, n)
     # the layer as a run builds it: an instance sits on ≤ min(m, labels) = 3 clients (20 labels)
-    env = types.SimpleNamespace(num_clients=n, max_clients_per_instance=3, theta={}, update_layout=lambda: None)
+    env = types.SimpleNamespace(num_clients=n, max_clients_per_instance=3, theta={}, update_layout=lambda: None, has_rows=True)
     units = DifferentialPrivacy(layer_specs()["dp"].settings(cfg), env).units
     assert sorted(units) == ["client", "instance"] and len(lines) == 2
     for line, unit in zip(lines, [units["instance"], units["client"]], strict=True):
