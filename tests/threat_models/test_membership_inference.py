@@ -132,14 +132,17 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
     e.run(progress=False)
     res = audit(AuditContext(e), progress=False)["attacks"]["membership_inference"]
     m, d = res["metrics"], res["details"]
-    assert list(m) == ["loss", "lira_online", "lira_offline"]
+    assert list(m) == ["loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline"]
     for k in m:
         assert set(m[k]) == {"auc", "auc_ci95", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr"}
         assert 0.0 <= m[k]["auc_ci95"][0] <= m[k]["auc"] <= m[k]["auc_ci95"][1] <= 1.0
-    assert d["shadows"] == 2 and d["fixed_variance"] is True and set(d["fallback"]) == {"lira_online", "lira_offline"}
     n = d["members"] + d["non_members"]
+    assert d["shadows"] == 2 and d["fixed_variance"] is True
+    assert set(d["fallback"]) == {"lira_online", "lira_offline", "rmia_offline"}
+    assert d["rmia"] == {"offline_a": 0.3, "gamma": 1.0, "population": n}
     # with 2 shadows a target is IN both with probability ¼ and OUT of both with probability ¼
     assert 0.1 * n < d["fallback"]["lira_online"]["no_out_shadow"] == d["fallback"]["lira_offline"]["no_out_shadow"] < 0.4 * n
+    assert d["fallback"]["rmia_offline"] == {"no_out_shadow": d["fallback"]["lira_offline"]["no_out_shadow"]}
     assert 0.1 * n < d["fallback"]["lira_online"]["no_in_shadow"] < 0.4 * n
     assert (tmp_path / "run" / "private" / "roc.png").is_file()
     doc = json.loads((tmp_path / "run" / "private" / "attacks.json").read_text())

@@ -26,7 +26,12 @@ multi-label: with p = Σ_{y∈Y} softmax(16·s)_y over the cosine scores s,
   (the mean over all targets' shadow scores on it), and it is counted
   (``details["fallback"]``). The chance of either is 2^−K per target.
 
-Reported: for ``loss``, ``lira_online`` and ``lira_offline``, AUC with a
+* **RMIA** (Zarifzadeh et al. 2024; :mod:`threat_models.attacks.rmia_scores`), online and offline, from the
+  same shadows as LiRA (its reference models) and Pr(x|θ) = σ(φ): the fraction of population samples z (the
+  target pool itself) with (Pr(x|θ)/Pr(x)) / (Pr(z|θ)/Pr(z)) ≥ γ; Pr(x) the mean over all shadows (online) or
+  ½((1 + a)·Pr_OUT(x) + (1 − a)) from the OUT shadows (offline).
+
+Reported: for ``loss``, ``lira_online``, ``lira_offline``, ``rmia_online`` and ``rmia_offline``, AUC with a
 bootstrap 95% interval, TPR at 1% and 0.1% FPR, and the ROC on log axes
 (``roc.png``). Chance: AUC 0.5, TPR@x = x.
 """
@@ -46,6 +51,7 @@ from torch.nn import functional as F
 from secure_fed.data import Features, stack_rows
 from secure_fed.progress import track
 from threat_models.attack_specs import MEMBERSHIP_INFERENCE
+from threat_models.attacks.rmia_scores import rmia_offline, rmia_online
 from threat_models.base import Attack, AttackResult
 
 SCALE = 16.0
@@ -53,7 +59,7 @@ SCALE = 16.0
 FIXED_VARIANCE_BELOW = 64
 SIGMA_FLOOR = 1e-6
 #: the scores reported, in plotting order
-SCORES = ("loss", "lira_online", "lira_offline")
+SCORES = ("loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline")
 
 
 @torch.no_grad()
@@ -202,9 +208,14 @@ class MembershipInference(Attack):
             fixed = scores.shape[0] < FIXED_VARIANCE_BELOW
             out["lira_online"], fb_online = lira_online(phi, scores, inside, fixed_variance=fixed)
             out["lira_offline"], fb_offline = lira_offline(phi, scores, inside, fixed_variance=fixed)
+            o = self.options
+            pool = np.arange(phi.shape[0])  # Z: the target pool (the attacker's data), scored on θ and every shadow
+            out["rmia_online"], fb_rmia_on = rmia_online(phi, scores, inside, pool, gamma=o.rmia_gamma)
+            out["rmia_offline"], fb_rmia_off = rmia_offline(phi, scores, inside, pool, a=o.rmia_offline_a, gamma=o.rmia_gamma)
             out["shadows"] = int(scores.shape[0])
             out["fixed_variance"] = fixed
-            out["fallback"] = {"lira_online": fb_online, "lira_offline": fb_offline}
+            out["fallback"] = {"lira_online": fb_online, "lira_offline": fb_offline, "rmia_offline": fb_rmia_off}
+            out["rmia"] = {"offline_a": o.rmia_offline_a, "gamma": o.rmia_gamma, "population": int(pool.size)}
             out["in_shadows_per_target"] = float(inside.sum(axis=0).mean())
         return out
 
@@ -217,7 +228,7 @@ class MembershipInference(Attack):
         chance = {k: {"auc": 0.5, "tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.001} for k in metrics}
         details = {"members": int(member.sum()), "non_members": int((1 - member).sum()), "shadows": guess.get("shadows", 0)}
         if "fallback" in guess:
-            details.update({k: guess[k] for k in ("fixed_variance", "fallback", "in_shadows_per_target")})
+            details.update({k: guess[k] for k in ("fixed_variance", "fallback", "in_shadows_per_target", "rmia")})
         return AttackResult(
             attack=self.name, role=self.role.value, metrics=metrics, chance=chance, curves=curves, details=details
         )
