@@ -138,6 +138,16 @@ def add_client_noise(
     return out
 
 
+def released_sums(agg, *, noise_rows: bool, clip_norm: float, noise_multiplier: float) -> tuple[dict, float, float]:
+    """The aggregate's sums the server releases (θ's, and W's rows when they are noised too), the public grid γ over
+    all their coordinates and the noise std σ·(C + γ√d) on it (:func:`protocols.dp.discrete_gaussian.release_grid`)."""
+    sums = dict(agg.theta_sum)
+    if noise_rows:
+        sums["rows"] = agg.row_sum
+    grid, corrected = release_grid(clip_norm, sum(s.numel() for s in sums.values()))
+    return sums, grid, noise_multiplier * corrected
+
+
 def noise_aggregate(
     agg: Aggregate,
     *,
@@ -159,12 +169,7 @@ def noise_aggregate(
 
     ``stream`` is the server's secret; ``label`` names this round's draw."""
     if server_noise and noise_multiplier > 0.0:
-        sums = dict(agg.theta_sum)
-        if noise_rows:
-            sums["rows"] = agg.row_sum
-        d = sum(s.numel() for s in sums.values())
-        grid, corrected = release_grid(clip_norm, d)
-        std = noise_multiplier * corrected
+        sums, grid, std = released_sums(agg, noise_rows=noise_rows, clip_norm=clip_norm, noise_multiplier=noise_multiplier)
         for n, s in sums.items():
             s.copy_(snap_and_noise(s, std, grid, stream, f"{label} {n}"))
     agg.theta_denominator = float(expected_clients)

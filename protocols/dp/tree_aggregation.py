@@ -36,7 +36,8 @@ import math
 import numpy as np
 import torch
 
-from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap
+from protocols.dp.client_dp import released_sums
+from protocols.dp.discrete_gaussian import grid_noise, snap
 from protocols.randomness import SecretStream
 
 Node = tuple[int, int]  #: (level h, index j): the leaves [j·2^h, (j+1)·2^h)
@@ -146,12 +147,7 @@ def tree_release(
     """This round's release, in place on ``agg``'s sums: the clipped sum (the tree's leaf ``round_idx``) rounded to
     the public grid γ (sensitivity C over all the released coordinates), plus the tree's noise increment, so that
     the model, which adds every round's release, holds the noisy prefix sum (FTRL form)."""
-    sums = dict(agg.theta_sum)
-    if noise_rows:
-        sums["rows"] = agg.row_sum
-    d = sum(s.numel() for s in sums.values())
-    grid, corrected = release_grid(clip_norm, d)
-    std = noise_multiplier * corrected
+    sums, grid, std = released_sums(agg, noise_rows=noise_rows, clip_norm=clip_norm, noise_multiplier=noise_multiplier)
     for n, s in sums.items():
         inc = noise.increment(round_idx, tree_rounds, n, s.numel(), std, grid).reshape(s.shape).to(s.device)
         s.copy_(snap(s, grid).add_(inc))

@@ -10,6 +10,7 @@ from sklearn.metrics import roc_auc_score
 
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
+from tests.threat_models.test_membership_inference import _synthetic
 from threat_models.attacks.membership_inference import MembershipInference, roc_summary
 from threat_models.attacks.rmia_scores import pr_offline, pr_online, rmia_offline, rmia_online, rmia_score
 
@@ -70,13 +71,9 @@ def test_attack_scores_use_the_reference_likelihoods():
 
 
 def _planted(rng, *, n, K, gap, spread=2.0, noise=0.3):
-    """Targets of varied difficulty d; logit Pr(x|θ) = d + gap·[trained on x] + noise, for θ and each reference."""
-    member = rng.random(n) < 0.5
-    d = rng.normal(0.0, spread, n)
-    inside = rng.random((K, n)) < 0.5
-    S = d + gap * inside + rng.normal(0.0, noise, (K, n))
-    phi = d + gap * member + rng.normal(0.0, noise, n)
-    return phi, S, inside, member
+    """Targets of varied difficulty d; logit Pr(x|θ) = d + gap·[trained on x] + noise, for θ and each reference (the
+    membership-inference tests' planted signal, with less noise)."""
+    return _synthetic(rng, n=n, K=K, gap=gap, spread=spread, noise=noise)
 
 
 def test_rmia_finds_a_planted_signal_beyond_loss_and_stays_at_chance_without_one():
