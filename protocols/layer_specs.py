@@ -147,7 +147,7 @@ def _validate_dp(cfg, stack: list[str]) -> None:
         if p.client.mechanism == "tree":
             from protocols.dp.tree_ledger import tree_config_error
 
-            if why := tree_config_error(cfg):
+            if why := tree_config_error(cfg.training):
                 raise ValueError(why)
         if t.aggregation != "uniform":
             raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")

@@ -102,24 +102,30 @@ def central_reference(method: str) -> list[str]:
 
 
 def central_reference_method(config: str | None, overrides: list[str], methods: list[str], *, unit: str) -> tuple[list[str], str]:
-    """``--reference auto``: the central DP reference (``oracle``: the same network and levers, DP-SGD on one trainer
-    at the same ε and accountant) beside positive-only federated methods swept at the instance unit, so a reader sees
-    the price of federation apart from the price of privacy. Returns the methods to add and a line saying why."""
+    """``--reference auto``: the central DP reference (the centralised algorithm that takes DP-SGD on its one trainer,
+    ``oracle``: the same network and levers at the same ε and accountant) beside positive-only federated methods swept
+    at the instance unit, so a reader sees the price of federation apart from the price of privacy. Returns the
+    methods to add and a line saying why."""
     from secure_fed.algorithms.registry import algorithm_specs
 
-    if "oracle" in methods or "oracle" not in algorithm_specs():
-        return [], "the central DP reference (oracle) is among the methods"
+    refs = [name for name, spec in algorithm_specs().items() if spec.capabilities.centralised
+            and "local" in spec.capabilities.dp_units and spec.capabilities.setting != "general"]  # fmt: skip
+    if not refs:
+        return [], "no central DP reference: no registered centralised algorithm takes DP-SGD"
+    ref = refs[0]
+    if ref in methods:
+        return [], f"the central DP reference ({ref}) is among the methods"
     if unit != "instance":
         return [], "no central DP reference: it is drawn for the instance unit"
     try:
-        base = method_base(config, overrides, "oracle")
+        base = method_base(config, overrides, ref)
     except SecureFedError as exc:
-        return [], f"no central DP reference: the config does not run as the oracle ({exc})"
+        return [], f"no central DP reference: the config does not run as {ref} ({exc})"
     if base.partition.name != "positive_only":
-        return [], "no central DP reference: it is drawn for the positive-only setting (the oracle's)"
+        return [], f"no central DP reference: it is drawn for the positive-only setting ({ref}'s)"
     if base.privacy.local is None:
         return [], "no central DP reference: it needs privacy.local (DP-SGD on its one trainer)"
-    return ["oracle"], "the central DP reference (oracle, DP-SGD on one trainer) is drawn beside them (--reference none: not)"
+    return [ref], f"the central DP reference ({ref}, DP-SGD on one trainer) is drawn beside them (--reference none: not)"
 
 
 def method_base(config: str | None, overrides: list[str], method: str):

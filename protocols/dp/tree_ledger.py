@@ -67,11 +67,12 @@ def tree_client_unit(*, ucfg, delta: float, accountant: str, rounds: int, scope:
     )  # fmt: skip
 
 
-def tree_config_error(cfg) -> str | None:
-    """Why a config cannot run ``privacy.client.mechanism: tree``, or None: the ledger's K assumes every client in
-    every round (a random cohort would need amplification by sampling, which the tree's accounting does not use and
-    the fixed cohort would not give), and the FTRL form needs the server step x ← x + η·Δ (``fedavg``)."""
-    t = cfg.training
+def tree_config_error(training) -> str | None:
+    """Why a run's ``training`` section cannot run ``privacy.client.mechanism: tree``, or None: the ledger's K assumes
+    every client in every round (a random cohort would need amplification by sampling, which the tree's accounting
+    does not use and the fixed cohort would not give), and the FTRL form needs the server step x ← x + η·Δ
+    (``fedavg``)."""
+    t = training
     if t.client_fraction < 1.0 or t.clients_per_round is not None:
         return (
             f"privacy.client.mechanism: tree with training.client_fraction {t.client_fraction:g}"

@@ -53,7 +53,7 @@ def test_local_resumes_each_clients_own_model_exactly(tmp_path):
     ("overrides", "message"),
     [
         (["algorithm.name=local", 'protocols=["secure_aggregation"]'], "nothing to protect"),
-        (["algorithm.name=centralised", 'protocols=["secure_aggregation"]'], "protocol layers do not apply"),
+        (["algorithm.name=centralised", 'protocols=["secure_aggregation"]'], "no protocol layer applies"),
         (["algorithm.name=local", "model.family=embedding"], "set model.family: linear_head"),
         (["algorithm.name=centralised", "partition.name=positive_only"], "needs clients with full label vectors"),
     ],

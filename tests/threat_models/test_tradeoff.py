@@ -156,4 +156,4 @@ def test_the_central_dp_reference_is_drawn_beside_positive_only_methods():
     assert central_reference_method(None, local, ["fedaws"], unit="client")[0] == []
     extra, why = central_reference_method(None, ["protocols=[dp]", 'privacy.client={"target_epsilon": 4.0}'], ["fedaws"],
                                           unit="instance")  # fmt: skip
-    assert extra == [] and "does not run as the oracle" in why and "privacy.local only" in why
+    assert extra == [] and "does not run as oracle" in why and "privacy.local only" in why
