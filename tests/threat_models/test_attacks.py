@@ -83,8 +83,9 @@ def test_membership_inference_reports_loss_and_lira_with_shadows(tmp_path):
     _, res = _audited(tmp_path, "algorithm.name=oracle", "training.rounds=30", "training.local_epochs=3",
                       "attacks.membership_inference.shadows=2", attacks="membership_inference")  # fmt: skip
     m = res["membership_inference"]["metrics"]
-    assert set(m) == {"loss", "lira_online", "lira_offline"}
+    assert set(m) == {"loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline"}  # RMIA on LiRA's shadows
     assert res["membership_inference"]["details"]["shadows"] == 2
+    assert all(0.0 <= m[k]["auc"] <= 1.0 for k in ("rmia_online", "rmia_offline"))
     assert m["loss"]["auc"] > 0.5 and m["loss"]["auc_ci95"][0] <= m["loss"]["auc"] <= m["loss"]["auc_ci95"][1]
     assert (tmp_path / "private" / "roc.png").is_file() and not (tmp_path / "roc.png").exists()
 
