@@ -93,7 +93,8 @@ GRADIENT_INVERSION = AttackSpec(
     role="server",
     needs="image data; whole uplinks of one round and θ as sent (recorded when configured before training); "
     "the public architecture, loss and preprocessing; for a batch > 1 the target's labels (given); public images",
-    defended_by="dp (noise the server cannot remove: privacy.client.noise: clients) or secure_aggregation / ckks",
+    defended_by="dp (noise the server cannot remove: privacy.local (DP-SGD) or privacy.client.noise: clients) or "
+    "secure_aggregation / ckks",
     description="Geiping et al. 2020: images whose gradient matches a client's update in cosine, with a TV prior; PSNR/SSIM",
     implementation="threat_models.attacks.gradient_inversion:GradientInversion",
 )

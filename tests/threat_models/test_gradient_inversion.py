@@ -125,18 +125,32 @@ RUN = [
 ]
 
 
-@pytest.mark.parametrize("protocols", [[], ["secure_aggregation"]])
-def test_the_server_inverts_plain_uplinks_but_not_a_secure_sum(registered, tmp_path, protocols):
+#: DP-SGD in client training (one full-batch step, per-image clip 1, the client's own Gaussian noise) at ε = 8, and the
+#: same step with the noise off (the control: what the DP test's low score owes to the noise, not to the clip)
+DP_SGD = ["protocols=[dp]", "privacy.local={target_epsilon: 8, clip_norm: 1.0, batch_sample_rate: 1.0}"]
+DP_SGD_NOISE_OFF = ["protocols=[dp]", "privacy.local={noise_multiplier: 1e-9, clip_norm: 1.0, batch_sample_rate: 1.0}"]
+
+
+@pytest.mark.parametrize(
+    "case, extra",
+    [("plain", []), ("secure_sum", ["protocols=[secure_aggregation]"]), ("dp", DP_SGD), ("dp_noise_off", DP_SGD_NOISE_OFF)],
+)
+def test_the_server_inverts_plain_uplinks_but_not_a_secure_sum_or_dp_sgd(registered, tmp_path, case, extra):
     from threat_models.audit import audit
     from threat_models.context import AuditContext
 
     torch.set_num_threads(1)
-    exp = Experiment(load_config(overrides=[*RUN, f"protocols=[{','.join(protocols)}]"]), run_dir=tmp_path / "run")
+    exp = Experiment(load_config(overrides=[*RUN, *extra]), run_dir=tmp_path / "run")
     exp.run(progress=False)
-    res = audit(AuditContext(exp), progress=False)["attacks"]["gradient_inversion"]
+    ctx = AuditContext(exp)
+    res = audit(ctx, progress=False)["attacks"]["gradient_inversion"]
     got, chance = res["metrics"]["psnr"], res["chance"]["psnr"]
-    if protocols:
+    if case == "secure_sum":
         assert res["metrics"]["source"] == "aggregate" and res["details"]["uplinks"] == "masked"
+        assert got < chance + 1, (got, chance)
+    elif case == "dp":  # the server holds the client's own update, noised by the client: the noise is what it matches
+        assert ctx.privacy()["units"]["instance"]["epsilon"] <= 8.0
+        assert res["metrics"]["source"] == "individual"
         assert got < chance + 1, (got, chance)
     else:
         assert res["metrics"]["source"] == "individual"
