@@ -23,6 +23,11 @@ from threat_models.context import AuditContext
 from threat_models.plots import ROC_LABELS, plot_run
 
 
+def _ci(ci) -> str:
+    """`` [lo, hi]`` of a 95% interval, or nothing (a result written before intervals were reported)."""
+    return "" if not ci else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -113,7 +118,7 @@ def headline(name: str, entry: dict[str, Any]) -> str:
     if name == "membership_inference":
         parts = [
             f"{ROC_LABELS.get(k, k)} AUC {v['auc']:.3f} [{v['auc_ci95'][0]:.3f}, {v['auc_ci95'][1]:.3f}] "
-            f"TPR@1%FPR {v['tpr_at_1pct_fpr']:.3f}"
+            f"TPR@1%FPR {v['tpr_at_1pct_fpr']:.3f}{_ci(v.get('tpr_at_1pct_fpr_ci95'))}"
             for k, v in m.items()
         ]
         d = entry.get("details", {})

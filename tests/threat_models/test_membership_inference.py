@@ -134,7 +134,14 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
     m, d = res["metrics"], res["details"]
     assert list(m) == ["loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline"]
     for k in m:
-        assert set(m[k]) == {"auc", "auc_ci95", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr"}
+        assert set(m[k]) == {
+            "auc",
+            "auc_ci95",
+            "tpr_at_1pct_fpr",
+            "tpr_at_1pct_fpr_ci95",
+            "tpr_at_0.1pct_fpr",
+            "tpr_at_0.1pct_fpr_ci95",
+        }
         assert 0.0 <= m[k]["auc_ci95"][0] <= m[k]["auc"] <= m[k]["auc_ci95"][1] <= 1.0
     n = d["members"] + d["non_members"]
     assert d["shadows"] == 2 and d["fixed_variance"] is True

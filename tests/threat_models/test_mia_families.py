@@ -33,3 +33,23 @@ def test_every_score_on_every_model_family(tmp_path, family):
         lo, hi = m["auc_ci95"]
         assert 0.0 <= lo <= m["auc"] <= hi <= 1.0, (name, m)
     assert res["details"]["shadows"] == 2
+
+
+def test_tpr_intervals_cover_the_known_rate_of_a_planted_score():
+    """Members' scores N(2, 1), non-members' N(0, 1): TPR at FPR α is Φ(2 − Φ⁻¹(1 − α)) (0.372 at 1%, 0.135 at 0.1%);
+    the bootstrap intervals contain it and hold the sample's own estimate."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from threat_models.attacks.membership_inference import roc_summary
+
+    rng = np.random.default_rng(0)
+    n = 10_000
+    member = np.r_[np.ones(n, int), np.zeros(n, int)]
+    score = np.r_[rng.normal(2.0, 1.0, n), rng.normal(0.0, 1.0, n)]
+    m, _ = roc_summary(member, score, bootstrap=100, seed=1)
+    for key, alpha in (("tpr_at_1pct_fpr", 0.01), ("tpr_at_0.1pct_fpr", 0.001)):
+        lo, hi = m[f"{key}_ci95"]
+        want = norm.cdf(2.0 - norm.ppf(1.0 - alpha))
+        assert lo <= m[key] <= hi and lo <= want <= hi, (key, lo, m[key], hi, want)
+        assert hi - lo < 0.1

@@ -95,19 +95,23 @@ def tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
 
 
 def roc_summary(member: np.ndarray, score: np.ndarray, *, bootstrap: int, seed: int) -> tuple[dict, dict]:
+    """AUC and TPR at 1% and 0.1% FPR, each with a 95% percentile-bootstrap interval (``bootstrap`` resamples of the
+    targets with replacement; resamples holding one class only are skipped), and the ROC on a log-spaced FPR grid."""
     auc = float(roc_auc_score(member, score))
     rng = np.random.default_rng(seed)
     boots = []
     for _ in range(bootstrap):
         i = rng.integers(len(score), size=len(score))
         if member[i].min() != member[i].max():
-            boots.append(roc_auc_score(member[i], score[i]))
-    lo, hi = np.percentile(boots, [2.5, 97.5])
+            bf, bt, _ = roc_curve(member[i], score[i])
+            boots.append((roc_auc_score(member[i], score[i]), tpr_at(bf, bt, 0.01), tpr_at(bf, bt, 0.001)))
+    lo, hi = np.percentile(np.asarray(boots), [2.5, 97.5], axis=0)
     fpr, tpr, _ = roc_curve(member, score)
     grid = np.unique(np.r_[np.logspace(-4, 0, 120), 0.001, 0.01])
     curve = {"fpr": grid.tolist(), "tpr": [tpr_at(fpr, tpr, g) for g in grid]}
-    m = {"auc": auc, "auc_ci95": [float(lo), float(hi)], "tpr_at_1pct_fpr": tpr_at(fpr, tpr, 0.01),
-         "tpr_at_0.1pct_fpr": tpr_at(fpr, tpr, 0.001)}  # fmt: skip
+    m = {"auc": auc, "auc_ci95": [float(lo[0]), float(hi[0])],
+         "tpr_at_1pct_fpr": tpr_at(fpr, tpr, 0.01), "tpr_at_1pct_fpr_ci95": [float(lo[1]), float(hi[1])],
+         "tpr_at_0.1pct_fpr": tpr_at(fpr, tpr, 0.001), "tpr_at_0.1pct_fpr_ci95": [float(lo[2]), float(hi[2])]}  # fmt: skip
     return m, curve
 
 
