@@ -178,13 +178,14 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     from secure_fed.cli import _parse_seeds
     from secure_fed.config import load_config
     from secure_fed.errors import ConfigError
-    from secure_fed.html_report import has_operator_columns, html_report, released, run_row, write_csv
+    from secure_fed.html_report import run_row
     from secure_fed.io import check_writable_dir
     from secure_fed.plugin_specs import attack_specs
     from secure_fed.sweep import cached_summary
 
     if args.workers is not None and args.workers < 1:
         raise SecureFedError(f"--workers {args.workers}: give at least 1")
+    check_selection_options(args)
     eps_list = parse_epsilons(args.epsilons)
     seeds = _parse_seeds(args.seeds)
     methods = [m for m in (args.methods or "").split(",") if m]
@@ -217,7 +218,8 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
                     raise SecureFedError(
                         f"{method} at ε = {_label(eps)}, seed {seed} is listed twice (--methods, --epsilons, --seeds)"
                     )
-                cached_summary(cfg, run_dir)
+                if args.select != "private":  # a selected run's config is its candidate's (checked by its selection)
+                    cached_summary(cfg, run_dir)
                 points.append((method, eps, seed, ov, run_dir))
     workers = args.workers or max(1, min(len(points), (os.cpu_count() or 1)))
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -225,6 +227,11 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
           f"{workers} worker(s) × {threads} thread(s) → {out}", flush=True)  # fmt: skip
     t0 = time.time()
     failed = []
+    if args.select == "private":  # each point the best of K secret-drawn candidates, ε covering the selection
+        from threat_models.private_selection import run_selection
+
+        rows, runs, failed = run_selection(args, points, attacks=attacks, workers=workers, threads=threads, out=out)
+        return _write_study(args, out, methods, seeds, rows, runs, failed, len(points))
     with ProcessPoolExecutor(workers) as pool:
         futures = [(pt, pool.submit(_job, args.config, pt[3], str(pt[4]), args.data_root, attacks, threads)) for pt in points]
         with phase("tradeoff: runs", total=len(points)) as cells:  # after the submissions: the workers fork first
@@ -251,6 +258,30 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     rows = [run_row(pt[4], method=pt[0], operator=True) for pt in done]
     for r, pt in zip(rows, done, strict=True):
         r["target_epsilon"] = pt[1]
+    return _write_study(args, out, methods, seeds, rows, [pt[4] for pt in done], failed, len(points))
+
+
+def check_selection_options(args: argparse.Namespace) -> None:
+    """``--select private``'s options, checked before anything runs (one ``error:`` line, exit 2)."""
+    if args.select != "private":
+        if args.candidates:
+            raise SecureFedError("--candidates: give --select private (the grid is only searched by a private selection)")
+        return
+    from threat_models.private_selection import parse_candidates
+
+    parse_candidates(args.candidates)
+    if not (args.select_mean > 1 and math.isfinite(args.select_mean)):
+        raise SecureFedError(f"--select-mean {args.select_mean:g}: the mean number of runs must be > 1")
+    if not (args.select_eta >= 0 and math.isfinite(args.select_eta)):
+        raise SecureFedError(f"--select-eta {args.select_eta:g}: give η ≥ 0 (1: geometric, 0: logarithmic)")
+    if not (0 < args.select_fraction < 1):
+        raise SecureFedError(f"--select-fraction {args.select_fraction:g}: give a fraction in (0, 1)")
+
+
+def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: int) -> int:
+    """results.csv, the plots and report.html (and the operator's copies with the attacks' columns)."""
+    from secure_fed.html_report import has_operator_columns, html_report, released, write_csv
+
     out.mkdir(parents=True, exist_ok=True)
     public = [released(r) for r in rows]
     write_csv(public, out / "results.csv")
@@ -258,8 +289,9 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
         f"unit: {args.unit}; ε = ∞ runs have no dp layer. Bands: min–max over seeds {seeds}."
     )
+    if args.select == "private":
+        note += f" Private selection: {rows[0]['composed'] if rows else ''}; metrics on the report half of the test split."
     title = f"privacy/utility trade-off: {', '.join(methods)}"
-    runs = [pt[4] for pt in done]
     page = html_report(runs, out / "report.html", title=title, plots_dir=out, notes=[note], rows=public)
     print(f"wrote {out / 'results.csv'}, the plots and {page}")
     if has_operator_columns(rows):  # the attacks' results: computed from the members, for the operator only
@@ -270,7 +302,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
                            notes=[note], rows=rows)  # fmt: skip
         print(f"wrote {private / 'results.csv'}, the attack plots and {page} (operator-only: do not release {private})")
     if failed:
-        print(f"error: {len(failed)} of {len(points)} runs did not train ({failed[0]})", file=sys.stderr)
+        print(f"error: {len(failed)} of {n_points} runs did not train ({failed[0]})", file=sys.stderr)
         return 1
     return 0
 
@@ -290,5 +322,14 @@ def register(sub) -> None:
                    help="override a config value in every run (repeatable)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="processes (default: the cores, at most one per run)")
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    p.add_argument("--select", choices=["none", "private"], default="none",
+                   help="private: each point is the best of K ~ truncated negative binomial runs over --candidates, "
+                        "K secret, ε covering the selection (Papernot & Steinke 2022, Thm 2)")  # fmt: skip
+    p.add_argument("--candidates", action="append", default=[], metavar="KEY=V1,V2",
+                   help="with --select private: a grid axis of config overrides (repeatable)")  # fmt: skip
+    p.add_argument("--select-mean", type=float, default=3.0, help="with --select private: E[K], the mean number of runs")
+    p.add_argument("--select-eta", type=float, default=1.0, help="with --select private: η (1 geometric, 0 logarithmic)")
+    p.add_argument("--select-metric", default="P@1", help="with --select private: the score, on the selection test rows")
+    p.add_argument("--select-fraction", type=float, default=0.5, help="with --select private: the test split's selection share")
     p.add_argument("--out", required=True, help="study directory (runs/, results.csv, plots, report.html)")
     p.set_defaults(func=cmd_tradeoff)

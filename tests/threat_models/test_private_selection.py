@@ -1,0 +1,134 @@
+"""``tradeoff --select private``: the selection's ε (Papernot & Steinke Thm 2), its secret draw, and its options."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gaussian_rdp_at_q1_is_the_closed_form():
+    """With q = 1 one Gaussian step is (α, α/(2σ²))-RDP; T steps add up."""
+    from protocols.dp.private_selection import ORDERS, rdp_curve
+
+    curve = rdp_curve([(2.0, 1.0, 3)])
+    assert np.allclose(curve, [3 * a / (2 * 2.0**2) for a in ORDERS])
+
+
+def test_theorem_2_by_hand_for_the_geometric_distribution():
+    """η = 1, γ = 1/μ: ε'(λ) = ε(λ) + 2 min_λ̂ [(1 − 1/λ̂) ε(λ̂) + log(μ)/λ̂] + log μ/(λ − 1), Q the Gaussian at q = 1."""
+    from protocols.dp.private_selection import ORDERS, rdp_curve, selection_epsilon, selection_rdp
+
+    sigma, mu, delta = 3.0, 4.0, 1e-5
+    curve = rdp_curve([(sigma, 1.0, 1)])
+    lam = np.array(ORDERS)
+    hat = min((1 - 1 / b) * b / (2 * sigma**2) + math.log(mu) / b for b in ORDERS)
+    by_hand = lam / (2 * sigma**2) + 2 * hat + math.log(mu) / (lam - 1)
+    assert np.allclose(selection_rdp(curve, eta=1.0, gamma=1 / mu), by_hand)
+    # Opacus's conversion: ε = min_λ ε'(λ) + log((λ − 1)/λ) − (log δ + log λ)/(λ − 1)
+    conv = by_hand + np.log((lam - 1) / lam) - (math.log(delta) + np.log(lam)) / (lam - 1)
+    assert selection_epsilon([[(sigma, 1.0, 1)]], delta=delta, eta=1.0, gamma=1 / mu) == pytest.approx(conv.min())
+
+
+def test_the_selection_costs_more_than_one_run_and_more_with_more_runs():
+    from protocols.dp.private_selection import gamma_for_mean, rdp_curve, rdp_to_epsilon, selection_epsilon
+
+    h = [(1.2, 0.1, 100)]
+    one = rdp_to_epsilon(rdp_curve(h), 1e-5)
+    eps = [selection_epsilon([h], delta=1e-5, eta=1.0, gamma=gamma_for_mean(m, 1.0)) for m in (1.5, 3, 10, 100)]
+    assert one < eps[0] < eps[1] < eps[2] < eps[3]
+    # the worst candidate binds: a noisier second candidate changes nothing, a less noisy one raises ε
+    assert selection_epsilon([h, [(3.0, 0.1, 100)]], delta=1e-5, eta=1.0, gamma=1 / 3) == pytest.approx(eps[1])
+    assert selection_epsilon([h, [(0.8, 0.1, 100)]], delta=1e-5, eta=1.0, gamma=1 / 3) > eps[1]
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.5, 1.0, 2.0])
+def test_the_count_distribution_has_the_mean_it_is_given(eta):
+    from protocols.dp.private_selection import count_pmf, draw_count, expected_count, gamma_for_mean
+
+    gamma = gamma_for_mean(4.0, eta)
+    assert expected_count(eta, gamma) == pytest.approx(4.0)
+    ks = np.arange(1, 3000)
+    p = np.array([count_pmf(int(k), eta, gamma) for k in ks])
+    assert p.sum() == pytest.approx(1.0, abs=1e-6) and (p * ks).sum() == pytest.approx(4.0, rel=1e-4)
+    rng = random.Random(0)
+    assert np.mean([draw_count(rng, eta, gamma) for _ in range(4000)]) == pytest.approx(4.0, rel=0.1)
+
+
+def test_the_per_run_target_is_calibrated_so_the_total_holds():
+    from threat_models.private_selection import calibrate_per_run
+
+    plans = [([(0.5, 8, None)], 1e-5, "rdp"), ([(0.25, 16, None)], 1e-5, "rdp")]
+    eps_r, total = calibrate_per_run(4.0, plans, eta=1.0, gamma=1 / 3)
+    assert 0 < eps_r < 4.0 and 3.8 < total <= 4.0
+    eps_r10, _ = calibrate_per_run(4.0, plans, eta=1.0, gamma=1 / 10)
+    assert eps_r10 < eps_r  # more runs on average: less budget for each
+
+
+def test_k_and_the_candidates_come_from_the_secret_rng_and_are_reused_on_resume(tmp_path, monkeypatch):
+    """The draw uses secrets.SystemRandom (not the config seed): with it replaced, the draw is the replacement's;
+    the stored draw (mode 0600) is reused on a rerun, never redrawn."""
+    import secrets
+
+    from threat_models import private_selection as ps
+
+    calls = []
+
+    class Fixed(random.Random):
+        def __init__(self):
+            calls.append(1)
+            super().__init__(12345)
+
+    monkeypatch.setattr(secrets, "SystemRandom", Fixed)
+    d = ps.draw(tmp_path / "p", 5, eta=1.0, gamma=1 / 3)
+    rng = random.Random(12345)
+    from protocols.dp.private_selection import draw_count
+
+    k = draw_count(rng, 1.0, 1 / 3)
+    assert calls == [1] and d == {"K": k, "candidates": [rng.randrange(5) for _ in range(k)]}
+    path = tmp_path / "p" / "draw.json"
+    assert (os.stat(path).st_mode & 0o777) == 0o600 and (os.stat(path.parent).st_mode & 0o077) == 0
+    assert ps.draw(tmp_path / "p", 5, eta=1.0, gamma=1 / 3) == d and calls == [1]  # resumed: no second draw
+
+
+def test_two_draws_with_the_same_config_differ():
+    """The real RNG: 40 draws are not all equal (a draw from the config seed would be)."""
+    from protocols.dp.private_selection import draw_count
+    from threat_models.private_selection import secret_rng
+
+    assert len({tuple(draw_count(secret_rng(), 1.0, 0.1) for _ in range(5)) for _ in range(8)}) > 1
+
+
+def test_the_selection_and_report_rows_are_disjoint_and_public():
+    from threat_models.private_selection import split_rows
+
+    sel, rep = split_rows(200, 0, 0.5)
+    assert len(sel) == len(rep) == 100 and not set(sel) & set(rep) and set(sel) | set(rep) == set(range(200))
+    assert np.array_equal(split_rows(200, 0, 0.5)[0], sel)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--select", "private"], "--candidates"),
+        (["--select", "private", "--candidates", "training.client_lr"], "--candidates"),
+        (["--select", "private", "--candidates", "training.client_lr=0.1", "--select-mean", "1"], "--select-mean"),
+        (["--select", "private", "--candidates", "training.client_lr=0.1", "--select-eta", "-0.5"], "--select-eta"),
+        (["--candidates", "training.client_lr=0.1"], "--select private"),
+    ],
+)
+def test_bad_selection_options_are_one_line(tmp_path, extra, needle):
+    args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", "--epsilons", "4", "--seeds", "0", *extra,
+            "--out", str(tmp_path / "s")]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and err.startswith("error: ") and needle in err and "\n" not in err
+    assert not (tmp_path / "s").exists()

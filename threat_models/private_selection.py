@@ -1,0 +1,275 @@
+"""``secure-fed tradeoff --select private``: each (method, ε, seed) point is the best of K DP runs, tuning counted in ε.
+
+For every point, K ~ D_{η,γ} (mean ``--select-mean``) and K candidates (uniformly, with replacement, from the grid of
+``--candidates KEY=v1,v2,…``) are drawn by a **secret** RNG (:func:`secret_rng`: ``secrets.SystemRandom``, never the
+config seed) and stored in ``DIR.selection-private/POINT/draw.json`` (mode 0600, outside ``--out``), so that a
+rerun after an interruption reuses the draw (a redraw would be a second selection). Each candidate trains there as
+the ordinary run; the best by ``--select-metric`` on the *selection half* of the test split (public evaluation data,
+split by a public permutation of the seed) is moved to ``DIR/runs/POINT``; its released metrics in ``results.csv``
+are on the disjoint *report half*, so they are not biased by the choice. K, the unselected runs, their scores and
+the number of runs are never released: the unselected directories are removed.
+
+``--epsilons`` are the TOTAL ε (selection included, :mod:`protocols.dp.private_selection`, Theorem 2): each run's
+target ε is calibrated by bisection so that the selection over the grid's planned ledgers (public: config only)
+meets it. The CSV states what is composed and what is not (the seeds: each seed's selection is its own release).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from secure_fed.errors import SecureFedError
+
+#: the public permutation stream of the test split's selection / report halves (with the run's seed)
+SPLIT_STREAM = 29
+
+
+def secret_rng() -> random.Random:
+    """The RNG of K and the candidates: the OS's CSPRNG (DP randomness is secret; never the config seed)."""
+    return secrets.SystemRandom()
+
+
+def parse_candidates(specs: list[str]) -> list[list[str]]:
+    """``KEY=v1,v2`` (repeatable) → the grid: every combination, as override lists."""
+    axes = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not vals:
+            raise SecureFedError(f"--candidates {spec!r}: give KEY=v1,v2,… (a config key and at least one value)")
+        axes.append([f"{key.strip()}={v}" for v in vals])
+    if not axes:
+        raise SecureFedError("--select private needs --candidates KEY=v1,v2,… (the grid it selects from)")
+    return [list(c) for c in itertools.product(*axes)]
+
+
+def planned_parts(cfg, unit: str) -> tuple[list[tuple[float, int, float | None]], float, str]:
+    """The swept unit's mechanisms as planned by the run itself (built, not trained): (q, planned steps, σ or None
+    when calibrated), δ and the accountant. A function of the config only."""
+    from secure_fed.engine import Experiment
+
+    if unit == "client" and getattr(cfg.privacy.client, "mechanism", None) == "tree":
+        raise SecureFedError("--select private: the DP-FTRL tree ledger is not supported (its RDP is not (σ, q, steps))")
+    with tempfile.TemporaryDirectory(prefix="secure-fed-plan-") as tmp:
+        rep = Experiment(cfg, run_dir=tmp).privacy_summary().get("units", {}).get(unit)
+    if rep is None:
+        raise SecureFedError(f"--select private: the runs have no {unit} unit to account")
+    mechs = list(rep.get("mechanisms", {}).values()) or [rep]
+    parts = [(float(m["sample_rate"]), int(m["planned_steps"]), None if m["sigma_calibrated"] else float(m["noise_multiplier"]))
+             for m in mechs]  # fmt: skip
+    return parts, float(rep["delta"]), str(rep["accountant"])
+
+
+def planned_history(parts, *, target: float, delta: float, accountant: str) -> list[tuple[float, float, int]]:
+    """The (σ, q, steps) history of a run calibrated to ``target`` (the σ the run's own calibration finds)."""
+    from protocols.dp.accountant import calibrate_shared_sigma
+
+    shared = None
+    if any(s is None for _, _, s in parts):
+        shared = calibrate_shared_sigma(target_epsilon=target, delta=delta, parts=parts, accountant=accountant)
+    return [(s if s is not None else shared, q, n) for q, n, s in parts]
+
+
+def calibrate_per_run(total: float, plans: list, *, eta: float, gamma: float) -> tuple[float, float]:
+    """The largest per-run target ε (bisection, written with 6 significant digits as the runs read it) whose
+    selection over the grid's plans keeps the total ε ≤ ``total``; returns (per-run ε, total ε)."""
+    from protocols.dp.private_selection import selection_epsilon
+
+    delta = plans[0][1]
+
+    def total_at(eps_r: float) -> float:
+        try:
+            hists = [planned_history(p, target=eps_r, delta=d, accountant=a) for p, d, a in plans]
+        except (ValueError, RuntimeError):
+            return math.inf  # the target cannot be met by a run (too low)
+        return selection_epsilon(hists, delta=delta, eta=eta, gamma=gamma)
+
+    lo, hi = 0.0, total
+    for _ in range(18):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if total_at(mid) <= total else (lo, mid)
+    eps_r = float(f"{lo * (1 - 1e-5):g}")
+    got = total_at(eps_r) if eps_r > 0 else math.inf
+    if not got <= total:
+        raise SecureFedError(f"--epsilons {total:g}: no per-run ε keeps the selection within it (raise ε or lower --select-mean)")
+    return eps_r, got
+
+
+def write_private_json(path: Path, doc: dict[str, Any]) -> None:
+    """A secret file: created mode 0600 (in a 0700 directory)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def draw(scratch: Path, grid_size: int, *, eta: float, gamma: float) -> dict[str, Any]:
+    """The point's secret draw (K, the candidates' grid indices): the stored one if any, else a fresh one, stored."""
+    from protocols.dp.private_selection import draw_count
+
+    path = scratch / "draw.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    rng = secret_rng()
+    k = draw_count(rng, eta, gamma)
+    doc = {"K": k, "candidates": [rng.randrange(grid_size) for _ in range(k)]}
+    write_private_json(path, doc)
+    return doc
+
+
+def split_rows(n: int, seed: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The test split's selection rows and the disjoint report rows (a public permutation of the seed)."""
+    order = np.random.default_rng([seed, SPLIT_STREAM]).permutation(n)
+    k = max(1, min(n - 1, int(round(fraction * n))))
+    return np.sort(order[:k]), np.sort(order[k:])
+
+
+def half_metrics(run_dir: Path, seed: int, fraction: float, data_root: str | None) -> tuple[dict, dict, int]:
+    """The released model's metrics on the selection half and on the report half of its test split, and the
+    number of selection rows."""
+    import scipy.sparse as sp
+
+    from secure_fed.metrics import evaluate_scores
+    from threat_models.context import AuditContext
+
+    exp = AuditContext.from_run_dir(run_dir, data_root=data_root).exp
+    scores = exp.model_scores(exp.theta, exp.fed.x_test)
+    y = exp.fed.y_test.toarray() if sp.issparse(exp.fed.y_test) else np.asarray(exp.fed.y_test)
+    sel, rep = split_rows(len(y), seed, fraction)
+    ev = exp.cfg.evaluation
+    kw = {"ks": tuple(ev.ks), "threshold": ev.threshold}
+    return evaluate_scores(scores[sel], y[sel], **kw), evaluate_scores(scores[rep], y[rep], **kw), len(sel)
+
+
+COMPOSED = ("selection among the grid (Papernot & Steinke Thm 2, K secret) and each candidate's training; "
+            "not composed: the seeds (each seed's selection is a separate release: S seeds released compose S times), "
+            "the ε values of the curve, and the ε = inf reference")  # fmt: skip
+
+
+def run_selection(args, points: list, *, attacks: list[str], workers: int, threads: int, out: Path) -> tuple[list, list, list]:
+    """Run every point as a private selection (module docstring). ``points``: the tradeoff's (method, ε, seed,
+    overrides, run_dir) at the total ε. Returns (rows, released run dirs, failed points)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from protocols.dp.private_selection import gamma_for_mean
+    from secure_fed.config import load_config
+    from secure_fed.errors import ConfigError
+    from secure_fed.html_report import run_row
+    from threat_models.tradeoff import _job, _label, method_base, point_overrides
+
+    grid = parse_candidates(args.candidates)
+    eta, mean = args.select_eta, args.select_mean
+    gamma = gamma_for_mean(mean, eta)
+    scratch = Path(f"{out}.selection-private")
+    calib: dict[tuple[str, float], tuple[float, float]] = {}
+    plans_cache: dict[str, list] = {}
+    todo = []  # (point, eps_r, total, draw, [(candidate overrides, dir)])
+    for method, eps, seed, ov, run_dir in points:
+
+        def cfg_of(extra, ov=ov, method=method, eps=eps):
+            try:
+                return load_config(args.config, [*ov, *extra])
+            except ConfigError as exc:
+                raise SecureFedError(f"--candidates at {method}, ε = {_label(eps)}: {exc}") from None
+
+        if math.isinf(eps):
+            eps_r, total = math.inf, math.inf
+        elif (method, eps) not in calib:
+            if method not in plans_cache:
+                plans_cache[method] = [planned_parts(cfg_of(c), args.unit) for c in grid]
+            calib[(method, eps)] = calibrate_per_run(eps, plans_cache[method], eta=eta, gamma=gamma)
+        if not math.isinf(eps):
+            eps_r, total = calib[(method, eps)]
+        if (run_dir / "selection.json").is_file():  # selected and released before: nothing to run
+            todo.append(((method, eps, seed, ov, run_dir), eps_r, total, None, []))
+            continue
+        mb = method_base(args.config, args.overrides, method)
+        pov = [*args.overrides, *point_overrides(mb, method=method, eps=eps_r, seed=seed, unit=args.unit, attacks=attacks)]
+        pdir = scratch / run_dir.name
+        d = draw(pdir, len(grid), eta=eta, gamma=gamma)
+        cands = []
+        for j, gi in enumerate(d["candidates"]):
+            cov = [*pov, *grid[gi]]
+            cfg_of(grid[gi])
+            cands.append((grid[gi], cov, pdir / f"candidate-{j}"))
+        todo.append(((method, eps, seed, ov, run_dir), eps_r, total, d, cands))
+    rows, runs, failed = [], [], []
+    jobs = [c for t in todo for c in t[4]]
+    print(f"tradeoff: private selection (K ~ truncated negative binomial, η = {eta:g}, mean {mean:g}, over "
+          f"{len(grid)} candidate(s)); the runs of each point are kept private in {scratch}", flush=True)  # fmt: skip
+    with ProcessPoolExecutor(workers) as pool:
+        futures = {str(c[2]): pool.submit(_job, args.config, c[1], str(c[2]), args.data_root, [], threads) for c in jobs}
+        for (method, eps, seed, _, run_dir), eps_r, total, d, cands in todo:
+            if d is not None:
+                ok = True
+                for _, _, cdir in cands:
+                    try:
+                        summary, _ = futures[str(cdir)].result()
+                        ok = ok and summary["status"] not in ("failed", "diverged")
+                    except SecureFedError:
+                        ok = False
+                if not ok:  # the draw stays (private): a rerun resumes the same selection, never a new one
+                    print(f"{method} ε={_label(eps)} seed {seed}: error: a candidate did not train", flush=True)
+                    failed.append(run_dir)
+                    continue
+                scored = []
+                for grid_ov, _, cdir in cands:
+                    sel, rep, n = half_metrics(cdir, seed, args.select_fraction, args.data_root)
+                    if args.select_metric not in sel:
+                        raise SecureFedError(f"--select-metric {args.select_metric}: not a test metric here ({', '.join(sel)})")
+                    scored.append((sel[args.select_metric], grid_ov, cdir, rep))
+                best = max(range(len(scored)), key=lambda i: (scored[i][0], -i))
+                _, grid_ov, cdir, rep = scored[best]
+                info = {"selected": grid_ov, "per_run_target_epsilon": eps_r, "epsilon": total, "report_metrics": rep,
+                        "selection_rows": n, "select_metric": args.select_metric}  # fmt: skip
+                (cdir / "selection.json").write_text(json.dumps(info, default=str))
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(cdir, run_dir) if cdir.stat().st_dev == run_dir.parent.stat().st_dev else shutil.move(cdir, run_dir)
+                shutil.rmtree(scratch / run_dir.name)  # the unselected runs, their scores and the draw (K)
+                if attacks:
+                    from threat_models.audit import audit_run_dir
+
+                    audit_run_dir(str(run_dir), attacks, data_root=args.data_root, progress=False)
+            info = json.loads((run_dir / "selection.json").read_text())
+            rows.append(selected_row(run_row(run_dir, method=method, operator=True), run_dir, info, grid_size=len(grid),
+                                     eta=eta, mean=mean, target=eps))  # fmt: skip
+            runs.append(run_dir)
+            per_run = _label(info["per_run_target_epsilon"])
+            print(f"{method} ε={_label(eps)} seed {seed}: selected {' '.join(info['selected'])}, "
+                  f"ε {_label(info['epsilon'])} in all (each run's target {per_run})", flush=True)  # fmt: skip
+    if scratch.is_dir() and not any(scratch.iterdir()):
+        scratch.rmdir()
+    return rows, runs, failed
+
+
+def selected_row(row: dict[str, Any], run_dir: Path, info: dict[str, Any], *, grid_size: int, eta: float, mean: float,
+                 target: float) -> dict[str, Any]:  # fmt: skip
+    """The released row of a selected run: its metrics on the report half only, both ε, what is composed."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for k in summary.get("final", {}):
+        row.pop(k, None)  # the full test split's values include the selection half
+    row.update(info["report_metrics"])
+    row["per_run_epsilon"] = row.get("epsilon")
+    if row.get("adversaries"):
+        row["adversaries"] = f"per run: {row['adversaries']}"  # the run's own ledger; the selection's ε is `epsilon`
+    row["per_run_target_epsilon"] = info["per_run_target_epsilon"]
+    row["target_epsilon"] = target
+    row["epsilon"] = info["epsilon"] if math.isfinite(info["epsilon"]) else "inf"
+    row["selection"] = (f"private: best of K ~ truncated negative binomial (η {eta:g}, mean {mean:g}; K secret) over "
+                        f"{grid_size} candidate(s) by {info['select_metric']} on {info['selection_rows']} test rows")  # fmt: skip
+    row["selected"] = " ".join(info["selected"])
+    row["metrics_on"] = "the report half of the test split (disjoint from the selection rows)"
+    row["composed"] = COMPOSED
+    return row
