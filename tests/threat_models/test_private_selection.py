@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 import random
@@ -132,3 +133,26 @@ def test_bad_selection_options_are_one_line(tmp_path, extra, needle):
     err = done.stderr.strip()
     assert done.returncode == 2 and err.startswith("error: ") and needle in err and "\n" not in err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_private_selection_study_releases_one_row_per_point_and_nothing_of_the_rest(tmp_path):
+    """End to end, K secret (mean 2) over a 2-candidate grid: the released study holds one run per point and one row, the total ε ≤ the target and above the per-run ε, the row's
+    metrics from the report half, and no trace of K: no scratch directory, no candidate index in any released file."""
+    from tests.threat_models.test_tradeoff import _tradeoff
+
+    out = tmp_path / "study"
+    done = _tradeoff(out, "--select", "private", "--candidates", "training.client_lr=0.05,0.2", "--select-mean", "2",
+                     "--epsilons", "4", "--attacks", "")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 1
+    r = rows[0]
+    assert float(r["target_epsilon"]) == 4.0 and float(r["per_run_epsilon"]) < float(r["epsilon"]) <= 4.0
+    assert r["selected"] in ("training.client_lr=0.05", "training.client_lr=0.2")
+    assert "report half" in r["metrics_on"] and "seeds" in r["composed"]
+    assert [p.name for p in (out / "runs").iterdir()] == [r["run"]]
+    assert not Path(f"{out}.selection-private").exists()
+    for f in out.rglob("*"):
+        if f.is_file() and f.suffix in (".json", ".jsonl", ".csv", ".html", ".yaml", ".txt"):
+            text = f.read_text(errors="replace")
+            assert "candidate-" not in text and '"K"' not in text, f  # K or the chosen one's index would leak K
