@@ -8,6 +8,7 @@ attack                     role      measures
 ``embedding_identification`` server  (c) W row → label name from public per-label centroids
 ``membership_inference``   observer  (d) LOSS and LiRA (online, offline)
 ``one_run_audit``          auditor   (e) Steinke et al. one-run ε lower bound with canaries
+``canary_client_audit``    auditor   (e') Andrew et al. one-shot ε estimate with canary clients
 ``update_inversion``       server    (f) a client's vocabulary from its first-layer update
 ``gradient_inversion``     server    (g) a client's images from its whole update (Geiping et al.)
 =========================  ========  ==========================================================

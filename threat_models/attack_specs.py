@@ -79,6 +79,16 @@ ONE_RUN_AUDIT = AttackSpec(
     implementation="threat_models.attacks.one_run_audit:OneRunAudit",
 )
 
+CANARY_CLIENT_AUDIT = AttackSpec(
+    name="canary_client_audit",
+    role="auditor",
+    needs="canary clients inserted during training (attacks.canary_client_audit.canaries > 0), θ⁰ and the released θ",
+    defended_by="dp (privacy.client)",
+    description="Andrew et al. one-shot estimate: ε of the Gaussians fitted to inserted vs held-out canary clients' "
+    "cosines with the final model delta (an estimate, not a bound)",
+    implementation="threat_models.attacks.canary_client_audit:CanaryClientAudit",
+)
+
 UPDATE_INVERSION = AttackSpec(
     name="update_inversion",
     role="server",

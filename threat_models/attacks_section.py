@@ -51,6 +51,17 @@ class OneRunAuditConfig(_Strict):
     )
 
 
+class CanaryClientAuditConfig(_Strict):
+    canaries: int = Field(
+        20, ge=0, description="c of the run's clients made canary clients: each sampled one sends its canary, a random "
+        "unit direction in θ scaled to canary_norm, in place of its update (0: off)",
+    )  # fmt: skip
+    held_out: int = Field(200, ge=2, description="random directions never inserted: the null of the cosines")
+    canary_norm: float | None = Field(
+        None, gt=0.0, description="the canaries' L2 norm; default privacy.client.clip_norm, else 0.05"
+    )
+
+
 class UpdateInversionConfig(_Strict):
     targets: int = Field(10, ge=1, description="clients of the captured round whose updates are attacked")
 
@@ -71,6 +82,7 @@ class AttacksConfig(_Strict):
     label_deanonymization: LabelDeanonymizationConfig = LabelDeanonymizationConfig()
     membership_inference: MembershipInferenceConfig = MembershipInferenceConfig()
     one_run_audit: OneRunAuditConfig = OneRunAuditConfig()
+    canary_client_audit: CanaryClientAuditConfig = CanaryClientAuditConfig()
     update_inversion: UpdateInversionConfig = UpdateInversionConfig()
     gradient_inversion: GradientInversionConfig = GradientInversionConfig()
 

@@ -32,6 +32,8 @@ class AuditContext:
         #: the server's recorded view and the auditor's canaries (None when the run did not record them)
         self.tap = taps.tap if taps is not None else None
         self.canaries = taps.canaries if taps is not None else None
+        #: the canary clients (:mod:`threat_models.canary_clients`; None when the run inserted none)
+        self.canary_clients = taps.canary_clients if taps is not None else None
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, *, data_root: str | None = None, attacks: list[str] | None = None) -> AuditContext:
@@ -63,6 +65,8 @@ class AuditContext:
             ctx.tap = None  # trained without attacks configured: the server's view was not recorded
         if not (run_dir / "checkpoints" / "auditor.pt").is_file():
             ctx.canaries = None  # no canaries were inserted in this run
+        if not (run_dir / "checkpoints" / "auditor_canary_clients.pt").is_file():
+            ctx.canary_clients = None  # no canary clients were inserted in this run
         return ctx
 
     # ------------------------------------------------------------------ facts the simulator knows

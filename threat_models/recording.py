@@ -17,6 +17,7 @@ from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.checkpoints import load_checkpoint_file
 from secure_fed.errors import ConfigError
 from threat_models.canaries import DiracCanaries
+from threat_models.canary_clients import CanaryClients
 from threat_models.views import ServerTap
 
 
@@ -29,6 +30,7 @@ class AttackRecording(Callback):
         self.cfg = cfg
         self.tap: ServerTap | None = None
         self.canaries: DiracCanaries | None = None
+        self.canary_clients: CanaryClients | None = None
         self._exp = None
 
     def on_init(self, exp) -> None:
@@ -59,17 +61,20 @@ class AttackRecording(Callback):
                 theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items() if n in trained}, unit=unit,
                 own_rows=rows,
             )  # fmt: skip
+        self.canary_clients = canary_clients_for(self.cfg, exp)
 
     def wrap_setup_query(self, query):
         return self.tap.wrap_setup_query(query)
 
     def acts_on_clients(self) -> bool:
-        return self.canaries is not None
+        return self.canaries is not None or self.canary_clients is not None
 
     def client_mod(self, fn):
-        if self.canaries is None or self.canaries.unit != "client":
-            return fn
-        return self.canaries.client_mod(fn)
+        if self.canaries is not None and self.canaries.unit == "client":
+            fn = self.canaries.client_mod(fn)
+        if self.canary_clients is not None:  # outermost of the two: a canary client's reply is its canary alone
+            fn = self.canary_clients.client_mod(fn)
+        return fn
 
     def wrap_privatizer(self, cid: int, round_idx: int, privatizer):
         return privatizer if self.canaries is None else self.canaries.wrap_privatizer(cid, round_idx, privatizer)
@@ -85,6 +90,8 @@ class AttackRecording(Callback):
         files = {"server_view.pt": self.tap.state_dict()}  # the server's recorded view
         if self.canaries is not None:
             files["auditor.pt"] = {"canaries": self.canaries.state_dict()}  # the auditor's secrets
+        if self.canary_clients is not None:
+            files["auditor_canary_clients.pt"] = {"canary_clients": self.canary_clients.state_dict()}
         return files
 
     def load_state_files(self, checkpoint_dir: Path) -> None:
@@ -94,6 +101,28 @@ class AttackRecording(Callback):
         if self.canaries is not None and auditor.is_file():
             st = load_checkpoint_file(auditor)["canaries"]
             self.canaries = DiracCanaries.from_state_dict(st)
+        clients = checkpoint_dir / "auditor_canary_clients.pt"
+        if self.canary_clients is not None and clients.is_file():
+            self.canary_clients = CanaryClients.from_state_dict(load_checkpoint_file(clients)["canary_clients"])
+
+
+def canary_clients_for(cfg, exp) -> CanaryClients | None:
+    """The canary clients of ``canary_client_audit`` (client-level DP's audit: none under DP-SGD in client training,
+    whose unit is the instance), in θ's trained tensors, of norm ``canary_norm`` or else privacy.client.clip_norm."""
+    opts = cfg.attacks.canary_client_audit
+    if "canary_client_audit" not in cfg.attacks.names() or opts.canaries == 0:
+        return None
+    dp = "dp" in cfg.protocols
+    if dp and cfg.privacy.local is not None:
+        return None
+    client = cfg.privacy.client if dp else None
+    norm = opts.canary_norm or (client.clip_norm if client is not None else 0.05)
+    trained = {n for n, p in exp.model.encoder.named_parameters() if p.requires_grad}
+    num_clients = len(exp.fed.clients)
+    if opts.canaries > num_clients:
+        raise ConfigError(f"attacks.canary_client_audit.canaries = {opts.canaries}: at most the run's {num_clients} clients")
+    return CanaryClients(c=opts.canaries, held_out=opts.held_out, norm=norm, num_clients=num_clients,
+                         theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items() if n in trained})  # fmt: skip
 
 
 def recording_of(exp) -> AttackRecording | None:

@@ -121,6 +121,7 @@ def test_weak_noise_client_dp_run_gives_a_positive_bound_at_the_audit_delta(tmp_
     assert plan["relation_delta"] == 1.0 and plan["vacuous_at_relation_delta"] is True
     assert m["vacuous"] is False and d["delta"] == pytest.approx(plan["level"] / (4 * d["canaries"]))
     assert m["epsilon_lower_bound"] > 1.0
+    assert m["epsilon_lower_bound_at_relation_delta"] == 0.0  # Steinke et al.'s at the relation's δ (1): vacuous
     assert m["replacement_epsilon"] == "inf" and m["exceeds_accountant"] is False
     assert float(m["accountant_epsilon"]) == pytest.approx(float(e.privacy_summary()["units"]["client"]["epsilon"]))
 
