@@ -82,24 +82,55 @@ def planned_history(parts, *, target: float, delta: float, accountant: str) -> l
 
 
 def calibrate_per_run(total: float, plans: list, *, eta: float, gamma: float) -> tuple[float, float]:
-    """The largest per-run target ε (bisection, written with 6 significant digits as the runs read it) whose
-    selection over the grid's plans keeps the total ε ≤ ``total``; returns (per-run ε, total ε)."""
+    """The largest per-run target ε (written with 6 significant digits as the runs read it) whose selection over the
+    grid's plans keeps the total ε ≤ ``total``; returns (per-run ε, total ε).
+
+    Each evaluation calibrates every distinct plan's σ as its run will (a grid over, say, the learning rate alone has
+    one), so the search is a bracketed regula falsi (Illinois) in log ε rather than a bisection: a handful of
+    evaluations, stopped once the total is within 0.2% below the target."""
     from protocols.dp.private_selection import selection_epsilon
 
     delta = plans[0][1]
+    unique = list(dict.fromkeys((tuple(p), d, a) for p, d, a in plans))
+    memo: dict[float, float] = {}
 
     def total_at(eps_r: float) -> float:
-        try:
-            hists = [planned_history(p, target=eps_r, delta=d, accountant=a) for p, d, a in plans]
-        except (ValueError, RuntimeError):
-            return math.inf  # the target cannot be met by a run (too low)
-        return selection_epsilon(hists, delta=delta, eta=eta, gamma=gamma)
+        if eps_r not in memo:
+            try:
+                hists = [planned_history(list(p), target=eps_r, delta=d, accountant=a) for p, d, a in unique]
+                memo[eps_r] = selection_epsilon(hists, delta=delta, eta=eta, gamma=gamma)
+            except (ValueError, RuntimeError):
+                memo[eps_r] = math.inf  # the target cannot be met by a run (too low)
+        return memo[eps_r]
 
-    lo, hi = 0.0, total
-    for _ in range(18):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if total_at(mid) <= total else (lo, mid)
-    eps_r = float(f"{lo * (1 - 1e-5):g}")
+    def g(x: float) -> float:  # < 0: feasible
+        return math.log(total_at(math.exp(x))) - math.log(total) if math.isfinite(total_at(math.exp(x))) else math.inf
+
+    hi = math.log(total)  # one run alone already spends the total: the selection spends more
+    lo = hi - math.log(4.0)
+    while g(lo) > 0:
+        hi, lo = lo, lo - math.log(4.0)
+        if lo < math.log(total) - math.log(1e4):
+            raise SecureFedError(
+                f"--epsilons {total:g}: no per-run ε keeps the selection within it (raise ε or lower --select-mean)"
+            )
+    g_lo, g_hi, side = g(lo), g(hi), 0
+    for _ in range(40):
+        if g_lo > math.log(1 - 2e-3) or hi - lo < 1e-6:
+            break
+        x = hi - math.log(4.0) / 2 if not math.isfinite(g_hi) else (lo * g_hi - hi * g_lo) / (g_hi - g_lo)
+        gx = g(x)
+        if gx <= 0:
+            lo, g_lo = x, gx
+            if side == -1 and math.isfinite(g_hi):
+                g_hi /= 2  # Illinois: the stale end's value halved, so the bracket shrinks from both sides
+            side = -1
+        else:
+            hi, g_hi = x, gx
+            if side == 1:
+                g_lo /= 2
+            side = 1
+    eps_r = float(f"{math.exp(lo) * (1 - 1e-5):g}")
     got = total_at(eps_r) if eps_r > 0 else math.inf
     if not got <= total:
         raise SecureFedError(f"--epsilons {total:g}: no per-run ε keeps the selection within it (raise ε or lower --select-mean)")
