@@ -15,7 +15,9 @@ simulation of the Gaussian mechanism (c = 20, d = 1072, 12 rounds at q = ½, σ 
 6.2 and it exceeded the accountant's ε in 83% of seeds, where the equal-variance one had median 3.1 (21%).
 
 **An estimate, not a bound.** No confidence level enters: the Gaussians are fitted point estimates (the paper proves
-the estimate correct for the Gaussian mechanism as d → ∞), so it can fall on either side of the true ε. It is the
+the estimate correct for the Gaussian mechanism as d → ∞), so it can fall on either side of the true ε;
+``epsilon_estimate_ci95`` (a bootstrap over the canaries) states its sampling error, and ``exceeds_accountant``
+holds only when that whole interval lies above the ledger's ε. It is the
 **final-model variant** (the observer's view holds θ_T only; the all-iterates variant, max cosine over each round's
 model delta, needs the per-round models, which the view does not keep).
 
@@ -40,6 +42,8 @@ from threat_models.one_run_fdp import epsilon_from_gdp
 
 #: the δ of the estimate when the run has no client-level DP (no ledger δ to take)
 DEFAULT_DELTA = 1e-5
+#: resamples of the percentile bootstrap of the estimate's 95% interval
+BOOTSTRAP = 400
 
 
 def estimate(inserted: np.ndarray, held_out: np.ndarray, delta: float) -> dict[str, float]:
@@ -52,6 +56,22 @@ def estimate(inserted: np.ndarray, held_out: np.ndarray, delta: float) -> dict[s
     eps_eq = epsilon_from_gdp(mu, delta) if math.isfinite(mu) else math.inf
     return {"epsilon_estimate": eps_eq, "epsilon_estimate_unequal_variance": eps, "gdp_mu_estimate": mu,
             "mu_in": mu_in, "sigma_in": sd_in, "mu_out": mu_out, "sigma_out": sd_out}  # fmt: skip
+
+
+def estimate_interval(inserted: np.ndarray, held_out: np.ndarray, delta: float, *, resamples: int = BOOTSTRAP,
+                      seed: int = 0) -> tuple[float, float]:  # fmt: skip
+    """A 95% percentile-bootstrap interval of the equal-variance estimate: the inserted and the held-out cosines
+    resampled separately with replacement (the auditor's own computation on its own scores: a public seed is fine).
+    It states the sampling error of c fitted canaries; it is not a confidence bound on the mechanism's ε."""
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(resamples):
+        a = inserted[rng.integers(len(inserted), size=len(inserted))]
+        b = held_out[rng.integers(len(held_out), size=len(held_out))]
+        sd = float(np.std(b, ddof=1))
+        draws.append(epsilon_from_gdp(abs(float(a.mean() - b.mean())) / sd, delta) if sd > 0 else math.inf)
+    lo, hi = np.percentile(np.asarray(draws), [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 class CanaryClientAudit(Attack):
@@ -76,11 +96,15 @@ class CanaryClientAudit(Attack):
     def score(self, guess, truth):
         cos, c = np.asarray(guess["cosines"], float), int(truth["inserted"])
         est = estimate(cos[:c], cos[c:], truth["delta"])
+        lo, hi = estimate_interval(cos[:c], cos[c:], truth["delta"])
         acct = truth["accountant_epsilon"]
         return AttackResult(
             attack=self.name, role=self.role.value,
             metrics={**{k: est[k] for k in ("epsilon_estimate", "epsilon_estimate_unequal_variance", "gdp_mu_estimate")},
-                     "accountant_epsilon": acct, "exceeds_accountant": bool(est["epsilon_estimate"] > acct)},
+                     "epsilon_estimate_ci95": [lo, hi], "accountant_epsilon": acct,
+                     # a defect signal only when the whole interval lies above the ledger: the estimate itself sits
+                     # near the accountant's ε for a tight mechanism and falls on either side of it
+                     "exceeds_accountant": bool(lo > acct)},
             chance={"epsilon_estimate": 0.0, "epsilon_estimate_unequal_variance": 0.0, "gdp_mu_estimate": 0.0},
             details={"method": "Andrew et al. 2024 one-shot estimate (final-model variant): an estimate, not a bound; "
                                "no confidence level", "variant": "final_model", "inserted": c,
