@@ -136,8 +136,9 @@ def test_bad_selection_options_are_one_line(tmp_path, extra, needle):
 
 
 def test_a_private_selection_study_releases_one_row_per_point_and_nothing_of_the_rest(tmp_path):
-    """End to end, K secret (mean 2) over a 2-candidate grid: the released study holds one run per point and one row, the total ε ≤ the target and above the per-run ε, the row's
-    metrics from the report half, and no trace of K: no scratch directory, no candidate index in any released file."""
+    """End to end, K secret (mean 2) over a 2-candidate grid: the released study holds one run per point and one row,
+    the total ε ≤ the target and above the per-run ε, the row's metrics from the report half, and no trace of K: no
+    scratch directory, no candidate index in any released file."""
     from tests.threat_models.test_tradeoff import _tradeoff
 
     out = tmp_path / "study"
