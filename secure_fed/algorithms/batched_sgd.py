@@ -26,6 +26,10 @@ loss. The clients of a group run in lock step (step s of every client that has o
 is padded with rows that carry no label (masked out of the loss, so their gradient is exactly zero). The result
 equals the sequential trainer's up to floating-point reassociation (``tests/algorithms/test_batched_sgd.py``).
 
+Clients that start from different θ of the same shapes (a cohort of federations: membership inference's shadow
+runs, :mod:`threat_models.shadow_cohort`) train as one group too (``group_key(req, own_theta=True)``): the shared
+product x A₀ᵀ is then a batched product over the clients' own A₀, and each client's bias starts from its own θ.
+
 What it covers: models whose forward pass is a chain of ``nn.Linear`` and ``nn.ReLU`` modules (``model.chain()``:
 the text network and the MLPs, with either head), plain SGD (no momentum, no weight decay), no DP-SGD, no dropout,
 no label mask training, losses in :data:`MASKED_LOSSES`. :func:`unbatchable` names what rules a request out; the
@@ -147,10 +151,14 @@ def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None, *,
     return None
 
 
-def group_key(req: TrainRequest) -> tuple:
-    """Requests with equal keys run in one lock-step group (same θ storage, row count, loss and settings)."""
+def group_key(req: TrainRequest, *, own_theta: bool = False) -> tuple:
+    """Requests with equal keys run in one lock-step group (same θ storage, row count, loss and settings). With
+    ``own_theta`` (a cohort of federations, each client with its own θ), θ's names and shapes instead of its storage."""
     p = req.payload
-    theta_ptrs = tuple((n, t.data_ptr()) for n, t in sorted(p["theta"].items()))
+    if own_theta:
+        theta_ptrs = tuple((n, tuple(t.shape), t.dtype) for n, t in sorted(p["theta"].items()))
+    else:
+        theta_ptrs = tuple((n, t.data_ptr()) for n, t in sorted(p["theta"].items()))
     rows = p.get("rows")
     return (
         theta_ptrs,
@@ -160,6 +168,12 @@ def group_key(req: TrainRequest) -> tuple:
         req.hp,
         str(req.data.x.device),
     )
+
+
+def shares_theta(reqs: list[TrainRequest]) -> bool:
+    """Whether every request starts from the same θ storage (a round's clients); else each trains its own."""
+    ptrs = {tuple((n, t.data_ptr()) for n, t in sorted(r.payload["theta"].items())) for r in reqs}
+    return len(ptrs) <= 1
 
 
 class _Client:
@@ -247,11 +261,26 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
     steps = [clients[i].num_steps for i in order]
     G = len(order)
     layers = [(m, prefix) for m, prefix in chain if prefix is not None]
+    # one θ for the group (a round's clients), or each client its own (θs of equal shapes: a cohort of federations,
+    # :func:`shares_theta`); with its own, the shared product x A₀ᵀ becomes a batched one over the clients' A₀
+    own = not shares_theta(reqs)
+    thetas = [clients[i].req.payload["theta"] for i in order]
     A0 = [theta[f"{prefix}.weight"].detach() for _, prefix in layers]
+    if own:
+        A0 = [torch.stack([t[f"{prefix}.weight"].detach() for t in thetas]) for _, prefix in layers]
     acc = [a.dtype for a in A0]  # each layer's sum (shared product + history terms) in its weight's dtype
     # the weights as the products read them, cast once per group
     A0c = [a.to(product_dtype) if product_dtype is not None else a for a in A0]
-    bias = [theta[f"{prefix}.bias"].detach().expand(G, -1).clone() if m.bias is not None else None for m, prefix in layers]
+    bias = [
+        (
+            torch.stack([t[f"{prefix}.bias"].detach() for t in thetas])
+            if own
+            else theta[f"{prefix}.bias"].detach().expand(G, -1).clone()
+        )
+        if m.bias is not None
+        else None
+        for m, prefix in layers
+    ]
     rows = torch.stack([clients[i].req.payload["rows"] for i in order]).detach().clone() if has_rows else None
     rows0 = rows.clone() if rows is not None else None
     #: per layer: the active clients' history so far as segments of consecutive steps, (inputs (G_s, rows, in),
@@ -295,7 +324,10 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 # x A₀ᵀ + b + Σ_t (x X_tᵀ) D_t: each product in the product dtype, the sum in the weights' dtype (in
                 # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away); each
                 # term cast before it is added (an elementwise op on mixed dtypes runs several times slower)
-                y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1).to(acc[li])
+                if own:
+                    y = torch.bmm(hc, A0c[li][:Gs].transpose(1, 2)).to(acc[li])
+                else:
+                    y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1).to(acc[li])
                 if bias[li] is not None:
                     y.add_(bias[li][:Gs, None, :])
                 for X_h, D_h in hist[li]:  # a segment's steps: the sum over them inside one product
@@ -326,7 +358,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 # δ A₀ + Σ_t (δ D_tᵀ) X_t, summed in the product dtype (as autograd sums the input's gradients
                 # under autocast in the reference trainer)
                 gp = cast(g)
-                g = (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
+                g = torch.bmm(gp, A0c[li][:Gs]) if own else (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
                 for X_h, D_h in hist[li]:
                     g.add_(torch.bmm(torch.bmm(gp, D_h[:Gs].transpose(1, 2)), X_h[:Gs]))
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
@@ -371,7 +403,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                     A = theta[name]
                     delta[name] = DeferredDelta(group, i, name, A.shape, A.dtype) if deferred else group.dense(i, name)
                     if bias[li_] is not None:
-                        delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
+                        delta[f"{prefix}.bias"] = bias[li_][j] - c.req.payload["theta"][f"{prefix}.bias"]
             out: Payload = {
                 "theta_delta": {n: delta[n] for n in theta},
                 "num_examples": c.n,
@@ -482,6 +514,7 @@ __all__ = [
     "TrainRequest",
     "group_key",
     "linear_chain",
+    "shares_theta",
     "train_group",
     "unbatchable",
     "relative_error",
