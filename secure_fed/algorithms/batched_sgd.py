@@ -28,7 +28,8 @@ equals the sequential trainer's up to floating-point reassociation (``tests/algo
 
 Clients that start from different θ of the same shapes (a cohort of federations: membership inference's shadow
 runs, :mod:`threat_models.shadow_cohort`) train as one group too (``group_key(req, own_theta=True)``): the shared
-product x A₀ᵀ is then a batched product over the clients' own A₀, and each client's bias starts from its own θ.
+product x A₀ᵀ is then one product per θ over the rows of the clients that start from it (each θ held once), and each
+client's bias starts from its own θ.
 
 What it covers: models whose forward pass is a chain of ``nn.Linear`` and ``nn.ReLU`` modules (``model.chain()``:
 the text network and the MLPs, with either head), plain SGD (no momentum, no weight decay), no DP-SGD, no dropout,
@@ -176,6 +177,43 @@ def shares_theta(reqs: list[TrainRequest]) -> bool:
     return len(ptrs) <= 1
 
 
+class _ThetaPositions:
+    """A group whose clients start from several θ (a cohort of federations): the distinct θ, and for each the
+    positions (in lock-step order, ascending) of the clients that start from it. Each θ's weights are held once."""
+
+    def __init__(self, thetas: list[dict[str, torch.Tensor]]):
+        keys: dict[tuple, int] = {}
+        self.distinct: list[dict[str, torch.Tensor]] = []
+        which = []
+        for t in thetas:
+            key = tuple((n, v.data_ptr()) for n, v in sorted(t.items()))
+            if key not in keys:
+                keys[key] = len(self.distinct)
+                self.distinct.append(t)
+            which.append(keys[key])
+        dev = next(iter(thetas[0].values())).device
+        w = torch.tensor(which, dtype=torch.long)
+        self.positions = [torch.nonzero(w == u).squeeze(1).to(dev) for u in range(len(self.distinct))]
+        self._counts = [np.searchsorted(p.cpu().numpy(), np.arange(len(thetas) + 1)) for p in self.positions]
+
+    def product(self, h: torch.Tensor, A: torch.Tensor, Gs: int, *, transpose: bool) -> torch.Tensor:
+        """Per client position j < Gs, h[j] @ A[θ(j)]ᵀ (``transpose``) or h[j] @ A[θ(j)]: one product per θ over its
+        clients' rows stacked, as a round's shared product (``A``: the distinct θs' weights stacked)."""
+        out = None
+        for u, pos in enumerate(self.positions):
+            sel = pos[: int(self._counts[u][Gs])]
+            if sel.numel() == 0:
+                continue
+            hs = h.index_select(0, sel)
+            Au = A[u].T if transpose else A[u]
+            y = (hs.reshape(-1, hs.shape[-1]) @ Au).view(sel.numel(), h.shape[1], -1)
+            if out is None:
+                out = y.new_empty(Gs, h.shape[1], y.shape[-1])
+            out.index_copy_(0, sel, y)
+        assert out is not None
+        return out
+
+
 class _Client:
     """One client's schedule in a group: its batches (index tensors) and targets."""
 
@@ -261,13 +299,14 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
     steps = [clients[i].num_steps for i in order]
     G = len(order)
     layers = [(m, prefix) for m, prefix in chain if prefix is not None]
-    # one θ for the group (a round's clients), or each client its own (θs of equal shapes: a cohort of federations,
-    # :func:`shares_theta`); with its own, the shared product x A₀ᵀ becomes a batched one over the clients' A₀
+    # one θ for the group (a round's clients), or several (θs of equal shapes: a cohort of federations,
+    # :func:`shares_theta`); with several, the product x A₀ᵀ is one product per θ over the positions of its clients
     own = not shares_theta(reqs)
     thetas = [clients[i].req.payload["theta"] for i in order]
+    sharing = _ThetaPositions(thetas) if own else None
     A0 = [theta[f"{prefix}.weight"].detach() for _, prefix in layers]
-    if own:
-        A0 = [torch.stack([t[f"{prefix}.weight"].detach() for t in thetas]) for _, prefix in layers]
+    if sharing is not None:
+        A0 = [torch.stack([t[f"{prefix}.weight"].detach() for t in sharing.distinct]) for _, prefix in layers]
     acc = [a.dtype for a in A0]  # each layer's sum (shared product + history terms) in its weight's dtype
     # the weights as the products read them, cast once per group
     A0c = [a.to(product_dtype) if product_dtype is not None else a for a in A0]
@@ -324,8 +363,8 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 # x A₀ᵀ + b + Σ_t (x X_tᵀ) D_t: each product in the product dtype, the sum in the weights' dtype (in
                 # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away); each
                 # term cast before it is added (an elementwise op on mixed dtypes runs several times slower)
-                if own:
-                    y = torch.bmm(hc, A0c[li][:Gs].transpose(1, 2)).to(acc[li])
+                if sharing is not None:
+                    y = sharing.product(hc, A0c[li], Gs, transpose=True).to(acc[li])
                 else:
                     y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1).to(acc[li])
                 if bias[li] is not None:
@@ -358,7 +397,10 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 # δ A₀ + Σ_t (δ D_tᵀ) X_t, summed in the product dtype (as autograd sums the input's gradients
                 # under autocast in the reference trainer)
                 gp = cast(g)
-                g = torch.bmm(gp, A0c[li][:Gs]) if own else (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
+                if sharing is not None:
+                    g = sharing.product(gp, A0c[li], Gs, transpose=False)
+                else:
+                    g = (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
                 for X_h, D_h in hist[li]:
                     g.add_(torch.bmm(torch.bmm(gp, D_h[:Gs].transpose(1, 2)), X_h[:Gs]))
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
