@@ -136,7 +136,8 @@ def test_the_membership_inference_shadow_loop_reports_each_shadow(tmp_path, monk
     monkeypatch.setattr(Phase, "advance", spy)
     mi = "attacks.membership_inference"
     cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", "training.rounds=2",
-                       f"{mi}.shadows=3", f"{mi}.bootstrap=10", f"{mi}.shadow_dir={tmp_path / 'shadows'}")  # fmt: skip
+                       f"{mi}.shadows=3", f"{mi}.bootstrap=10", f"{mi}.shadow_dir={tmp_path / 'shadows'}",
+                       f"{mi}.shadow_cohort=1")  # fmt: skip
     e = Experiment(cfg, run_dir=tmp_path / "run")
     e.run(progress=False)
     attack = MembershipInference(cfg.attacks.membership_inference)
@@ -150,3 +151,31 @@ def test_the_membership_inference_shadow_loop_reports_each_shadow(tmp_path, monk
     shadows = [a for a in advances if a[0] == "membership inference: shadow models"]
     assert shadows == [("membership inference: shadow models", 3, k) for k in (1, 2, 3)]
     assert trained == [0, 1, 2]  # one advance after each shadow's training
+
+
+def test_the_shadow_cohort_reports_each_shadow_round(tmp_path, monkeypatch):
+    """Shadows trained as one cohort advance a phase per shadow round (K × rounds in all), as the rounds finish."""
+    from secure_fed.engine import Experiment
+    from tests.conftest import small_config
+    from threat_models.attacks.membership_inference import MembershipInference
+    from threat_models.context import AuditContext
+
+    advances: list[tuple[str, int | None, int]] = []
+    real = Phase.advance
+
+    def spy(self, n=1):
+        real(self, n)
+        advances.append((self.name, self.total, self.done))
+
+    monkeypatch.setattr(Phase, "advance", spy)
+    mi = "attacks.membership_inference"
+    cfg = small_config("attacks.run=[membership_inference]", "training.rounds=3", f"{mi}.shadows=2",
+                       f"{mi}.shadow_dir={tmp_path / 'shadows'}")  # fmt: skip
+    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e.run(progress=False)
+    aux, _ = MembershipInference(cfg.attacks.membership_inference).prepare(AuditContext(e))
+    aux["shadow"].run(aux["encoder"], aux["x"], aux["Y"])
+    name = "membership inference: shadow rounds (cohort)"
+    rounds = [a for a in advances if a[0] == name]
+    assert {a[1] for a in rounds} == {6} and [a[2] for a in rounds] == sorted({a[2] for a in rounds})
+    assert rounds[-1][2] == 6 and len(rounds) >= 3  # advanced as the rounds went, not once at the end

@@ -32,6 +32,9 @@ class MembershipInferenceConfig(_Strict):
     )
     bootstrap: int = Field(200, ge=10, description="bootstrap resamples for the AUC confidence interval")
     shadow_dir: str | None = Field(None, description="where shadow runs are cached (default RUN_DIR/shadows)")
+    shadow_cohort: int = Field(
+        16, ge=1, description="shadow runs trained together as one vectorised cohort, clients batched (1: one after another)"
+    )
     rmia_offline_a: float = Field(
         0.3, ge=0.0, le=1.0, description="offline RMIA's slope a: Pr(x) ≈ ½((1+a)·Pr_OUT(x) + (1−a)) (ML Privacy Meter's default)"
     )

@@ -26,6 +26,11 @@ loss. The clients of a group run in lock step (step s of every client that has o
 is padded with rows that carry no label (masked out of the loss, so their gradient is exactly zero). The result
 equals the sequential trainer's up to floating-point reassociation (``tests/algorithms/test_batched_sgd.py``).
 
+Clients that start from different θ of the same shapes (a cohort of federations: membership inference's shadow
+runs, :mod:`threat_models.shadow_cohort`) train as one group too (``group_key(req, own_theta=True)``): the shared
+product x A₀ᵀ is then one product per θ over the rows of the clients that start from it (each θ held once), and each
+client's bias starts from its own θ.
+
 What it covers: models whose forward pass is a chain of ``nn.Linear`` and ``nn.ReLU`` modules (``model.chain()``:
 the text network and the MLPs, with either head), plain SGD (no momentum, no weight decay), no DP-SGD, no dropout,
 no label mask training, losses in :data:`MASKED_LOSSES`. :func:`unbatchable` names what rules a request out; the
@@ -147,10 +152,14 @@ def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None, *,
     return None
 
 
-def group_key(req: TrainRequest) -> tuple:
-    """Requests with equal keys run in one lock-step group (same θ storage, row count, loss and settings)."""
+def group_key(req: TrainRequest, *, own_theta: bool = False) -> tuple:
+    """Requests with equal keys run in one lock-step group (same θ storage, row count, loss and settings). With
+    ``own_theta`` (a cohort of federations, each client with its own θ), θ's names and shapes instead of its storage."""
     p = req.payload
-    theta_ptrs = tuple((n, t.data_ptr()) for n, t in sorted(p["theta"].items()))
+    if own_theta:
+        theta_ptrs = tuple((n, tuple(t.shape), t.dtype) for n, t in sorted(p["theta"].items()))
+    else:
+        theta_ptrs = tuple((n, t.data_ptr()) for n, t in sorted(p["theta"].items()))
     rows = p.get("rows")
     return (
         theta_ptrs,
@@ -160,6 +169,49 @@ def group_key(req: TrainRequest) -> tuple:
         req.hp,
         str(req.data.x.device),
     )
+
+
+def shares_theta(reqs: list[TrainRequest]) -> bool:
+    """Whether every request starts from the same θ storage (a round's clients); else each trains its own."""
+    ptrs = {tuple((n, t.data_ptr()) for n, t in sorted(r.payload["theta"].items())) for r in reqs}
+    return len(ptrs) <= 1
+
+
+class _ThetaPositions:
+    """A group whose clients start from several θ (a cohort of federations): the distinct θ, and for each the
+    positions (in lock-step order, ascending) of the clients that start from it. Each θ's weights are held once."""
+
+    def __init__(self, thetas: list[dict[str, torch.Tensor]]):
+        keys: dict[tuple, int] = {}
+        self.distinct: list[dict[str, torch.Tensor]] = []
+        which = []
+        for t in thetas:
+            key = tuple((n, v.data_ptr()) for n, v in sorted(t.items()))
+            if key not in keys:
+                keys[key] = len(self.distinct)
+                self.distinct.append(t)
+            which.append(keys[key])
+        dev = next(iter(thetas[0].values())).device
+        w = torch.tensor(which, dtype=torch.long)
+        self.positions = [torch.nonzero(w == u).squeeze(1).to(dev) for u in range(len(self.distinct))]
+        self._counts = [np.searchsorted(p.cpu().numpy(), np.arange(len(thetas) + 1)) for p in self.positions]
+
+    def product(self, h: torch.Tensor, A: torch.Tensor, Gs: int, *, transpose: bool) -> torch.Tensor:
+        """Per client position j < Gs, h[j] @ A[θ(j)]ᵀ (``transpose``) or h[j] @ A[θ(j)]: one product per θ over its
+        clients' rows stacked, as a round's shared product (``A``: the distinct θs' weights stacked)."""
+        out = None
+        for u, pos in enumerate(self.positions):
+            sel = pos[: int(self._counts[u][Gs])]
+            if sel.numel() == 0:
+                continue
+            hs = h.index_select(0, sel)
+            Au = A[u].T if transpose else A[u]
+            y = (hs.reshape(-1, hs.shape[-1]) @ Au).view(sel.numel(), h.shape[1], -1)
+            if out is None:
+                out = y.new_empty(Gs, h.shape[1], y.shape[-1])
+            out.index_copy_(0, sel, y)
+        assert out is not None
+        return out
 
 
 class _Client:
@@ -247,11 +299,27 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
     steps = [clients[i].num_steps for i in order]
     G = len(order)
     layers = [(m, prefix) for m, prefix in chain if prefix is not None]
+    # one θ for the group (a round's clients), or several (θs of equal shapes: a cohort of federations,
+    # :func:`shares_theta`); with several, the product x A₀ᵀ is one product per θ over the positions of its clients
+    own = not shares_theta(reqs)
+    thetas = [clients[i].req.payload["theta"] for i in order]
+    sharing = _ThetaPositions(thetas) if own else None
     A0 = [theta[f"{prefix}.weight"].detach() for _, prefix in layers]
+    if sharing is not None:
+        A0 = [torch.stack([t[f"{prefix}.weight"].detach() for t in sharing.distinct]) for _, prefix in layers]
     acc = [a.dtype for a in A0]  # each layer's sum (shared product + history terms) in its weight's dtype
     # the weights as the products read them, cast once per group
     A0c = [a.to(product_dtype) if product_dtype is not None else a for a in A0]
-    bias = [theta[f"{prefix}.bias"].detach().expand(G, -1).clone() if m.bias is not None else None for m, prefix in layers]
+    bias = [
+        (
+            torch.stack([t[f"{prefix}.bias"].detach() for t in thetas])
+            if own
+            else theta[f"{prefix}.bias"].detach().expand(G, -1).clone()
+        )
+        if m.bias is not None
+        else None
+        for m, prefix in layers
+    ]
     rows = torch.stack([clients[i].req.payload["rows"] for i in order]).detach().clone() if has_rows else None
     rows0 = rows.clone() if rows is not None else None
     #: per layer: the active clients' history so far as segments of consecutive steps, (inputs (G_s, rows, in),
@@ -295,7 +363,10 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 # x A₀ᵀ + b + Σ_t (x X_tᵀ) D_t: each product in the product dtype, the sum in the weights' dtype (in
                 # bf16 the history terms are small beside x A₀ᵀ, and a bf16 sum would round most of them away); each
                 # term cast before it is added (an elementwise op on mixed dtypes runs several times slower)
-                y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1).to(acc[li])
+                if sharing is not None:
+                    y = sharing.product(hc, A0c[li], Gs, transpose=True).to(acc[li])
+                else:
+                    y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1).to(acc[li])
                 if bias[li] is not None:
                     y.add_(bias[li][:Gs, None, :])
                 for X_h, D_h in hist[li]:  # a segment's steps: the sum over them inside one product
@@ -326,7 +397,10 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 # δ A₀ + Σ_t (δ D_tᵀ) X_t, summed in the product dtype (as autograd sums the input's gradients
                 # under autocast in the reference trainer)
                 gp = cast(g)
-                g = (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
+                if sharing is not None:
+                    g = sharing.product(gp, A0c[li], Gs, transpose=False)
+                else:
+                    g = (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
                 for X_h, D_h in hist[li]:
                     g.add_(torch.bmm(torch.bmm(gp, D_h[:Gs].transpose(1, 2)), X_h[:Gs]))
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
@@ -371,7 +445,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                     A = theta[name]
                     delta[name] = DeferredDelta(group, i, name, A.shape, A.dtype) if deferred else group.dense(i, name)
                     if bias[li_] is not None:
-                        delta[f"{prefix}.bias"] = bias[li_][j] - theta[f"{prefix}.bias"]
+                        delta[f"{prefix}.bias"] = bias[li_][j] - c.req.payload["theta"][f"{prefix}.bias"]
             out: Payload = {
                 "theta_delta": {n: delta[n] for n in theta},
                 "num_examples": c.n,
@@ -482,6 +556,7 @@ __all__ = [
     "TrainRequest",
     "group_key",
     "linear_chain",
+    "shares_theta",
     "train_group",
     "unbatchable",
     "relative_error",

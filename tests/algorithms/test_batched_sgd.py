@@ -327,3 +327,27 @@ def test_a_group_keeps_its_lock_step_history_only_when_its_updates_are_deferred(
     model, _, _, _, _, reqs = _deferred_setup(torch.float64, epochs=1)
     train_group(model, CosineEmbedding(), reqs(), deferred=deferred)
     assert (kept[0] is not None and all(kept[0])) if deferred else kept == [None]
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_clients_with_their_own_theta_train_as_one_group_as_the_reference_does(epochs):
+    """A cohort of federations (membership inference's shadow runs): each client starts from its own θ (same shapes),
+    one group for all of them (``group_key(own_theta=True)``), each equal to its reference update."""
+    torch.manual_seed(0)
+    dt = torch.float64
+    model = SparseTextEncoder(20, embed_dim=16, hidden_dims=(32, 24), out_dim=8).to(dt)
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    clients = _clients(dt, num_labels=4, positive_only=True)
+    # each client its own θ: far enough apart that a product with another client's θ would show
+    thetas = {d.client_id: {n: t + 0.5 * torch.randn_like(t) for n, t in base.items()} for d in clients}
+    rows = F.normalize(torch.randn(4, 8, dtype=dt), dim=-1)
+
+    def payload(d):
+        k = d.known_labels
+        return {"theta": thetas[d.client_id], "rows": rows[k], "row_ids": k, "train_rows": True, "loss": "positive"}
+
+    hp = LocalTraining(batch_size=4, lr=0.3, epochs=epochs)
+    reqs = [TrainRequest(payload(d), d, hp, torch.Generator()) for d in clients]
+    assert not batched_sgd.shares_theta(reqs)
+    assert len({batched_sgd.group_key(r, own_theta=True) for r in reqs if r.data.num_examples}) == 1
+    _compare(model, CosineEmbedding(), clients, payload, hp, 1e-9)

@@ -49,7 +49,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from torch.nn import functional as F
 
 from secure_fed.data import Features, stack_rows
-from secure_fed.progress import track
+from secure_fed.progress import phase, track
 from threat_models.attack_specs import MEMBERSHIP_INFERENCE
 from threat_models.attacks.rmia_scores import rmia_offline, rmia_online
 from threat_models.base import Attack, AttackResult
@@ -257,7 +257,8 @@ class _ShadowTrainer:
         root = Path(options.shadow_dir) if options.shadow_dir else ctx.exp.run_dir / "shadows"
         self.dir = root / digest
 
-    def _train(self, k: int, inside: np.ndarray):
+    def _experiment(self, k: int, inside: np.ndarray):
+        """Shadow k's run, built (not trained): the recipe on its IN rows, its seed; and those rows' indices."""
         from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
         from secure_fed.engine import Experiment
 
@@ -271,38 +272,78 @@ class _ShadowTrainer:
         )  # fmt: skip
         # shadow runs train on the attacker's own data (``dataset=ds``), in this process whatever the target's backend
         cfg = self.cfg.model_copy(update={"seed": self.cfg.seed + 1000 + k, "backend": "inprocess"})
-        exp = Experiment(cfg, run_dir=self.dir / f"run{k}", dataset=ds)
-        exp.run(progress=False)
+        return Experiment(cfg, run_dir=self.dir / f"run{k}", dataset=ds), idx
+
+    @staticmethod
+    def _outcome(exp, idx: np.ndarray, inside: np.ndarray):
+        """A trained shadow's θ, its class rows in label order (or None), and the rows it really trained on."""
         perm = exp.label_perm
         W = None if exp.W is None else exp.W.detach().cpu()
         trained = np.zeros(len(inside), bool)  # the shadow's IN rows it really trained on (not its validation split)
         trained[idx[np.concatenate([s.indices for s in exp.fed.shards])]] = True
         return exp.theta, (W if perm is None or W is None else W[torch.as_tensor(perm)]), trained
 
+    def _train(self, k: int, inside: np.ndarray):
+        """Shadow k trained alone, with the recipe's own executor."""
+        exp, idx = self._experiment(k, inside)
+        exp.run(progress=False)
+        return self._outcome(exp, idx, inside)
+
     def inside(self, k: int, n: int) -> np.ndarray:
         """Shadow k's random half of the n targets (depends on k, not on K: a cache of fewer shadows is reused)."""
         return np.random.default_rng([self.cfg.seed, 0x5AD, k]).random(n) < 0.5
 
     def run(self, encoder, x, Y) -> tuple[np.ndarray, np.ndarray]:
+        """Every shadow's scores on the targets and the rows it trained on, (K, n) each: cached ones read back, the
+        others trained (:attr:`options.shadow_cohort` at a time as one cohort, or one after another) and cached as
+        each finishes."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        n = x.shape[0]
-        scores, insides = [], []
-        for k in track(range(self.options.shadows), "membership inference: shadow models"):
-            f = self.dir / f"shadow{k}.npz"
-            inside = self.inside(k, n)
-            cached = _load_cached(f, inside)
-            if cached is None:
-                theta, W, trained = self._train(k, inside)
-                s = logit_confidence(encoder, theta, W, x, Y)
-                tmp = f.with_name(f.name + ".part")
-                with open(tmp, "wb") as fh:
-                    np.savez(fh, score=s, inside=inside, trained=trained)
-                tmp.replace(f)  # a killed audit never leaves a truncated cache entry
-            else:
-                s, trained = cached
-            scores.append(s)
-            insides.append(trained)
-        return np.stack(scores), np.stack(insides)
+        n, K = x.shape[0], self.options.shadows
+        insides = [self.inside(k, n) for k in range(K)]
+        done: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for k in range(K):
+            cached = _load_cached(self._file(k), insides[k])
+            if cached is not None:
+                done[k] = cached
+        todo = [k for k in range(K) if k not in done]
+
+        def finish(k: int, theta, W, trained) -> None:
+            s = logit_confidence(encoder, theta, W, x, Y)
+            _save(self._file(k), s, insides[k], trained)
+            done[k] = (s, trained)
+
+        size = self.options.shadow_cohort
+        if size > 1 and len(todo) > 1:
+            from threat_models.shadow_cohort import train_shadows_together
+
+            rounds = self.cfg.training.rounds
+            with phase("membership inference: shadow rounds (cohort)", total=len(todo) * rounds) as bar:
+                for start in range(0, len(todo), size):
+                    part = todo[start : start + size]
+                    built = {k: self._experiment(k, insides[k]) for k in part}
+                    train_shadows_together(
+                        {k: e for k, (e, _) in built.items()},
+                        on_done=lambda k, e, built=built: finish(k, *self._outcome(e, built[k][1], insides[k])),
+                        progress=bar,
+                    )
+                    del built
+        else:
+            for k in track(range(K), "membership inference: shadow models"):  # a cached shadow advances it too
+                if k not in done:
+                    finish(k, *self._train(k, insides[k]))
+        return np.stack([done[k][0] for k in range(K)]), np.stack([done[k][1] for k in range(K)])
+
+    def _file(self, k: int) -> Path:
+        return self.dir / f"shadow{k}.npz"
+
+
+def _save(f: Path, score: np.ndarray, inside: np.ndarray, trained: np.ndarray) -> None:
+    """Cache one shadow's scores, its random half and the rows it trained on (atomically: a killed audit never
+    leaves a truncated entry)."""
+    tmp = f.with_name(f.name + ".part")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, score=score, inside=inside, trained=trained)
+    tmp.replace(f)
 
 
 def _load_cached(f: Path, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
