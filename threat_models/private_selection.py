@@ -40,6 +40,19 @@ def secret_rng() -> random.Random:
     return secrets.SystemRandom()
 
 
+#: top-level config keys a candidate grid may not set: they change the mechanism or its accounting, which the
+#: selection's ε takes from the point's own settings (privacy.<unit>.clip_norm is the one privacy key allowed)
+FORBIDDEN_CANDIDATE_KEYS = ("privacy", "protocols", "seed", "attacks")
+
+
+def candidate_key_allowed(key: str) -> bool:
+    """Whether a ``--candidates`` axis may vary ``key`` (a dotted config key)."""
+    head = key.split(".", 1)[0]
+    if head == "privacy":
+        return key.count(".") == 2 and key.endswith(".clip_norm")
+    return head not in FORBIDDEN_CANDIDATE_KEYS
+
+
 def parse_candidates(specs: list[str]) -> list[list[str]]:
     """``KEY=v1,v2`` (repeatable) → the grid: every combination, as override lists."""
     axes = []
@@ -48,7 +61,14 @@ def parse_candidates(specs: list[str]) -> list[list[str]]:
         vals = [v.strip() for v in values.split(",") if v.strip()]
         if not sep or not key.strip() or not vals:
             raise SecureFedError(f"--candidates {spec!r}: give KEY=v1,v2,… (a config key and at least one value)")
-        axes.append([f"{key.strip()}={v}" for v in vals])
+        key = key.strip()
+        if not candidate_key_allowed(key):
+            raise SecureFedError(
+                f"--candidates {key}: the grid may not set privacy.*, protocols, seed or attacks (the selection's ε is "
+                "computed from the point's own privacy settings; a clip norm, privacy.<unit>.clip_norm, is allowed: "
+                "the noise scales with it)"
+            )
+        axes.append([f"{key}={v}" for v in vals])
     if not axes:
         raise SecureFedError("--select private needs --candidates KEY=v1,v2,… (the grid it selects from)")
     return [list(c) for c in itertools.product(*axes)]
@@ -91,6 +111,8 @@ def calibrate_per_run(total: float, plans: list, *, eta: float, gamma: float) ->
     from protocols.dp.private_selection import selection_epsilon
 
     delta = plans[0][1]
+    if any(d != delta for _, d, _ in plans):
+        raise SecureFedError("--candidates: the candidates' runs have different δ (the selection needs one δ)")
     unique = list(dict.fromkeys((tuple(p), d, a) for p, d, a in plans))
     memo: dict[float, float] = {}
 
@@ -135,6 +157,26 @@ def calibrate_per_run(total: float, plans: list, *, eta: float, gamma: float) ->
     if not got <= total:
         raise SecureFedError(f"--epsilons {total:g}: no per-run ε keeps the selection within it (raise ε or lower --select-mean)")
     return eps_r, got
+
+
+def check_within_plan(cdir: Path, plan: tuple, eps_r: float, unit: str, cache: dict) -> None:
+    """Refuse to release a selection one of whose candidates spent more than the plan its ε was computed from: the
+    candidate's ledger (σ, q, steps) must have, at every Rényi order, an RDP no larger than its planned history at
+    the per-run target (fewer steps, a larger σ pass)."""
+    from protocols.dp.private_selection import rdp_curve
+    from threat_models.attacks.one_run_audit import ledger_history
+
+    parts, delta, accountant = plan
+    key = (tuple(parts), delta, accountant, eps_r)
+    if key not in cache:
+        cache[key] = planned_history(list(parts), target=eps_r, delta=delta, accountant=accountant)
+    report = json.loads((cdir / "summary.json").read_text()).get("privacy", {}).get("units", {}).get(unit)
+    spent = rdp_curve(ledger_history(report)) if report else np.full(1, math.inf)
+    if not np.all(spent <= rdp_curve(cache[key]) * (1 + 1e-9) + 1e-12):
+        raise SecureFedError(
+            "--select private: a candidate's run spent more than the plan the selection's ε was computed from "
+            "(its ledger is not within the planned (σ, q, steps)); nothing of this point is released"
+        )
 
 
 def write_private_json(path: Path, doc: dict[str, Any]) -> None:
@@ -186,7 +228,8 @@ def half_metrics(run_dir: Path, seed: int, fraction: float, data_root: str | Non
 
 COMPOSED = ("selection among the grid (Papernot & Steinke Thm 2, K secret) and each candidate's training; "
             "not composed: the seeds (each seed's selection is a separate release: S seeds released compose S times), "
-            "the ε values of the curve, and the ε = inf reference")  # fmt: skip
+            "the ε values of the curve, and the ε = inf reference; the selection score reads a half of the test "
+            "split, which is treated as public evaluation data (no ε covers it)")  # fmt: skip
 
 
 def run_selection(args, points: list, *, attacks: list[str], workers: int, threads: int, out: Path) -> tuple[list, list, list]:
@@ -204,8 +247,9 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
     eta, mean = args.select_eta, args.select_mean
     gamma = gamma_for_mean(mean, eta)
     scratch = Path(f"{out}.selection-private")
-    calib: dict[tuple[str, float], tuple[float, float]] = {}
-    plans_cache: dict[str, list] = {}
+    calib: dict[tuple, tuple[float, float]] = {}
+    plans_cache: dict[tuple[str, int], list] = {}
+    planned: dict[tuple, list] = {}  # (plan, per-run ε) → the planned (σ, q, steps) history a candidate must stay within
     todo = []  # (point, eps_r, total, draw, [(candidate overrides, dir)])
     for method, eps, seed, ov, run_dir in points:
 
@@ -217,12 +261,13 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
 
         if math.isinf(eps):
             eps_r, total = math.inf, math.inf
-        elif (method, eps) not in calib:
-            if method not in plans_cache:
-                plans_cache[method] = [planned_parts(cfg_of(c), args.unit) for c in grid]
-            calib[(method, eps)] = calibrate_per_run(eps, plans_cache[method], eta=eta, gamma=gamma)
-        if not math.isinf(eps):
-            eps_r, total = calib[(method, eps)]
+        else:  # the plans of this seed's runs (steps and q may depend on the seed's partition)
+            if (method, seed) not in plans_cache:
+                plans_cache[(method, seed)] = [planned_parts(cfg_of(c), args.unit) for c in grid]
+            key = (eps, tuple((tuple(p), d, a) for p, d, a in plans_cache[(method, seed)]))
+            if key not in calib:
+                calib[key] = calibrate_per_run(eps, plans_cache[(method, seed)], eta=eta, gamma=gamma)
+            eps_r, total = calib[key]
         if (run_dir / "selection.json").is_file():  # selected and released before: nothing to run
             todo.append(((method, eps, seed, ov, run_dir), eps_r, total, None, []))
             continue
@@ -244,23 +289,32 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
         futures = {str(c[2]): pool.submit(_job, args.config, c[1], str(c[2]), args.data_root, [], threads) for c in jobs}
         for (method, eps, seed, _, run_dir), eps_r, total, d, cands in todo:
             if d is not None:
-                ok = True
+                ok, statuses = True, {}
                 for _, _, cdir in cands:
                     try:
                         summary, _ = futures[str(cdir)].result()
-                        ok = ok and summary["status"] not in ("failed", "diverged")
+                        statuses[cdir] = summary["status"]
+                        ok = ok and summary["status"] != "failed"
                     except SecureFedError:
                         ok = False
                 if not ok:  # the draw stays (private): a rerun resumes the same selection, never a new one
                     print(f"{method} ε={_label(eps)} seed {seed}: error: a candidate did not train", flush=True)
                     failed.append(run_dir)
                     continue
+                if not math.isinf(eps):
+                    plans = plans_cache[(method, seed)]
+                    for grid_ov, _, cdir in cands:
+                        check_within_plan(cdir, plans[grid.index(grid_ov)], eps_r, args.unit, planned)
                 scored = []
                 for grid_ov, _, cdir in cands:
+                    # a diverged run is an outcome of training like any score: the lowest, never a reason to stop
                     sel, rep, n = half_metrics(cdir, seed, args.select_fraction, args.data_root)
                     if args.select_metric not in sel:
                         raise SecureFedError(f"--select-metric {args.select_metric}: not a test metric here ({', '.join(sel)})")
-                    scored.append((sel[args.select_metric], grid_ov, cdir, rep))
+                    score = sel[args.select_metric]
+                    if statuses[cdir] == "diverged" or not math.isfinite(score):
+                        score = -math.inf
+                    scored.append((score, grid_ov, cdir, rep))
                 best = max(range(len(scored)), key=lambda i: (scored[i][0], -i))
                 _, grid_ov, cdir, rep = scored[best]
                 info = {"selected": grid_ov, "per_run_target_epsilon": eps_r, "epsilon": total, "report_metrics": rep,

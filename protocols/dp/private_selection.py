@@ -64,7 +64,10 @@ def gamma_for_mean(mean: float, eta: float) -> float:
 
 
 def count_pmf(k: int, eta: float, gamma: float) -> float:
-    """P[K = k] of D_{η,γ}, k ≥ 1 (Papernot & Steinke, §2: ∝ (1 − γ)^k Π_{l<k} (l + η)/(l + 1))."""
+    """P[K = k] of D_{η,γ}, k ≥ 1 (Papernot & Steinke, §2: ∝ (1 − γ)^k Π_{l<k} (l + η)/(l + 1)). η ≥ 0 only here
+    (the theorem allows η ∈ (−1, 0), whose product has a negative first factor and is not computed in logs)."""
+    if eta < 0:
+        raise ValueError(f"η = {eta:g}: this implementation takes η ≥ 0 (1: geometric, 0: logarithmic)")
     if k < 1:
         return 0.0
     if eta == 0:

@@ -153,7 +153,55 @@ def test_a_private_selection_study_releases_one_row_per_point_and_nothing_of_the
     assert "report half" in r["metrics_on"] and "seeds" in r["composed"]
     assert [p.name for p in (out / "runs").iterdir()] == [r["run"]]
     assert not Path(f"{out}.selection-private").exists()
-    for f in out.rglob("*"):
-        if f.is_file() and f.suffix in (".json", ".jsonl", ".csv", ".html", ".yaml", ".txt"):
-            text = f.read_text(errors="replace")
-            assert "candidate-" not in text and '"K"' not in text, f  # K or the chosen one's index would leak K
+    assert not {"k", "K", "draw", "candidates_run"} & set(r)  # no column says how many runs there were
+    for f in out.rglob("*"):  # every file, checkpoints included: the chosen one's index would leak K
+        if f.is_file():
+            data = f.read_bytes()
+            assert b"candidate-" not in data and b"selection-private" not in data, f
+            if f.suffix in (".json", ".jsonl"):
+                assert '"K"' not in data.decode(errors="replace"), f
+    # the released metrics are the report half's, recomputed here from the released model
+    from threat_models.private_selection import half_metrics
+
+    _, report, _ = half_metrics(out / "runs" / r["run"], 0, 0.5, None)
+    assert float(r["P@1"]) == pytest.approx(report["P@1"])
+
+
+def test_the_grid_may_not_set_what_the_epsilon_is_computed_from():
+    """A candidate axis over privacy settings (other than a clip norm), protocols, the seed or the attacks would train
+    runs the selection's ε does not describe: refused before anything runs."""
+    from secure_fed.errors import SecureFedError
+    from threat_models.private_selection import parse_candidates
+
+    for bad in ("privacy.local.target_epsilon=50", "privacy.local.noise_multiplier=0.1", "privacy.delta=0.1",
+                "protocols=[]", "seed=1,2", "attacks.run=[]", "privacy.noise_seed=1"):  # fmt: skip
+        with pytest.raises(SecureFedError, match="may not set"):
+            parse_candidates([bad])
+    assert parse_candidates(["privacy.local.clip_norm=0.5,1", "training.client_lr=0.1"]) == [
+        ["privacy.local.clip_norm=0.5", "training.client_lr=0.1"],
+        ["privacy.local.clip_norm=1", "training.client_lr=0.1"],
+    ]
+
+
+def test_a_candidate_that_spent_more_than_its_plan_is_not_released(tmp_path):
+    """After training, every candidate's ledger must lie within the planned (σ, q, steps) the ε was computed from."""
+    import json
+
+    from secure_fed.errors import SecureFedError
+    from threat_models.private_selection import check_within_plan
+
+    plan = ([(0.5, 8, 2.0)], 1e-5, "rdp")  # a fixed σ: the planned history is (2.0, 0.5, 8)
+
+    def run(sigma, steps):
+        d = tmp_path / f"run-{sigma}-{steps}"
+        d.mkdir()
+        unit = {"epsilon": 1.0, "delta": 1e-5, "noise_multiplier": sigma, "sample_rate": 0.5, "steps": steps}
+        (d / "summary.json").write_text(json.dumps({"privacy": {"units": {"local": unit}}}))
+        return d
+
+    cache = {}
+    check_within_plan(run(2.0, 8), plan, 1.0, "local", cache)  # as planned
+    check_within_plan(run(2.5, 6), plan, 1.0, "local", cache)  # less: more noise, fewer steps
+    for sigma, steps in ((2.0, 9), (1.9, 8)):
+        with pytest.raises(SecureFedError, match="spent more than the plan"):
+            check_within_plan(run(sigma, steps), plan, 1.0, "local", cache)
