@@ -60,13 +60,13 @@ def pair_delta(eps: float, p: tuple[float, float], q: tuple[float, float]) -> fl
 
 
 def pair_epsilon(p: tuple[float, float], q: tuple[float, float], delta: float) -> float:
-    """The least ε ≥ 0 with the pair's δ(ε) ≤ ``delta`` (∞ if none below 10^4)."""
+    """The least ε ≥ 0 with the pair's δ(ε) ≤ ``delta`` (∞ if none up to 512: e^ε overflows a double past 709)."""
     if pair_delta(0.0, p, q) <= delta:
         return 0.0
     lo, hi = 0.0, 1.0
     while pair_delta(hi, p, q) > delta:
         lo, hi = hi, 2.0 * hi
-        if hi > 1e4:
+        if hi > 512.0:
             return math.inf
     while hi - lo > 1e-9 * max(1.0, hi):
         mid = 0.5 * (lo + hi)

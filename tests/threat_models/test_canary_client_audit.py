@@ -130,3 +130,13 @@ def test_the_interval_covers_the_simulated_mechanisms_epsilon():
         assert lo <= estimate(ins, out, 1e-5)["epsilon_estimate"] <= hi
         covered += lo <= want <= hi
     assert covered >= 24, covered
+
+
+def test_the_papers_closed_form_null_estimator():
+    """Andrew et al.'s estimator: the fitted inserted Gaussian against N(0, 1/d). Inserted cosines whose sample std is
+    exactly 1/√d make it the μ-GDP ε of μ = mean·√d (an independent closed form)."""
+    d = 2500
+    z = np.random.default_rng(0).standard_normal(30)
+    inserted = 0.04 + (z - z.mean()) / z.std(ddof=1) / math.sqrt(d)
+    got = estimate(inserted, np.zeros(5) + np.arange(5) * 1e-3, 1e-5, dim=d)["epsilon_estimate_closed_form_null"]
+    assert got == pytest.approx(epsilon_from_gdp(0.04 * math.sqrt(d), 1e-5), rel=1e-5)

@@ -14,6 +14,13 @@ ruled by the tails' variance ratio, and with c inserted canaries σ_in has a rel
 simulation of the Gaussian mechanism (c = 20, d = 1072, 12 rounds at q = ½, σ of ε = 4 at δ = 1e-5) its median was
 6.2 and it exceeded the accountant's ε in 83% of seeds, where the equal-variance one had median 3.1 (21%).
 
+**The paper's estimator, and the headline here.** Andrew et al.'s own estimator (their reference code) fits one
+Gaussian to the inserted cosines and compares it with the *closed-form* null N(0, 1/d) of a random direction's cosine,
+unequal variances: ``epsilon_estimate_closed_form_null``. With the few canaries a small run affords its tails are
+ruled by the fitted σ_in, and under Poisson sampling the inserted cosines are a mixture over how often a canary was
+sampled (σ_in > σ_out), which that ε reads as privacy loss in the tails; so the headline ``epsilon_estimate`` is the
+equal-variance deviation from the paper named above, and the paper's estimator is reported beside it.
+
 **An estimate, not a bound.** No confidence level enters: the Gaussians are fitted point estimates (the paper proves
 the estimate correct for the Gaussian mechanism as d → ∞), so it can fall on either side of the true ε;
 ``epsilon_estimate_ci95`` (a bootstrap over the canaries) states its sampling error, and ``exceeds_accountant``
@@ -46,16 +53,22 @@ DEFAULT_DELTA = 1e-5
 BOOTSTRAP = 400
 
 
-def estimate(inserted: np.ndarray, held_out: np.ndarray, delta: float) -> dict[str, float]:
+def estimate(inserted: np.ndarray, held_out: np.ndarray, delta: float, dim: int | None = None) -> dict[str, float]:
     """The Gaussians fitted to the two sets of cosines and the ε of telling them apart at ``delta``: equal variances
-    (μ-GDP with μ = (μ_in − μ_out)/σ_out, the estimate) and unequal variances (the fitted pair's own ε)."""
+    (μ-GDP with μ = (μ_in − μ_out)/σ_out, the estimate) and unequal variances (the fitted pair's own ε); with ``dim``
+    also the paper's own estimator, the fitted inserted Gaussian against the closed-form null N(0, 1/d) (Andrew et
+    al.'s reference code, ``epsilon_closed_form_null_gaussian_alt``, in its Gaussian approximation of the null)."""
     mu_in, sd_in = float(np.mean(inserted)), float(np.std(inserted, ddof=1))
     mu_out, sd_out = float(np.mean(held_out)), float(np.std(held_out, ddof=1))
     mu = abs(mu_in - mu_out) / sd_out if sd_out > 0 else math.inf
     eps = pair_epsilon((mu_in, sd_in), (mu_out, sd_out), delta) if sd_in > 0 and sd_out > 0 else math.inf
     eps_eq = epsilon_from_gdp(mu, delta) if math.isfinite(mu) else math.inf
-    return {"epsilon_estimate": eps_eq, "epsilon_estimate_unequal_variance": eps, "gdp_mu_estimate": mu,
-            "mu_in": mu_in, "sigma_in": sd_in, "mu_out": mu_out, "sigma_out": sd_out}  # fmt: skip
+    out = {"epsilon_estimate": eps_eq, "epsilon_estimate_unequal_variance": eps, "gdp_mu_estimate": mu,
+           "mu_in": mu_in, "sigma_in": sd_in, "mu_out": mu_out, "sigma_out": sd_out}  # fmt: skip
+    if dim is not None:
+        null = (0.0, 1.0 / math.sqrt(dim))
+        out["epsilon_estimate_closed_form_null"] = pair_epsilon((mu_in, sd_in), null, delta) if sd_in > 0 else math.inf
+    return out
 
 
 def estimate_interval(inserted: np.ndarray, held_out: np.ndarray, delta: float, *, resamples: int = BOOTSTRAP,
@@ -95,12 +108,13 @@ class CanaryClientAudit(Attack):
 
     def score(self, guess, truth):
         cos, c = np.asarray(guess["cosines"], float), int(truth["inserted"])
-        est = estimate(cos[:c], cos[c:], truth["delta"])
+        est = estimate(cos[:c], cos[c:], truth["delta"], dim=int(truth["dim"]))
         lo, hi = estimate_interval(cos[:c], cos[c:], truth["delta"])
         acct = truth["accountant_epsilon"]
         return AttackResult(
             attack=self.name, role=self.role.value,
-            metrics={**{k: est[k] for k in ("epsilon_estimate", "epsilon_estimate_unequal_variance", "gdp_mu_estimate")},
+            metrics={**{k: est[k] for k in ("epsilon_estimate", "epsilon_estimate_unequal_variance",
+                                             "epsilon_estimate_closed_form_null", "gdp_mu_estimate")},
                      "epsilon_estimate_ci95": [lo, hi], "accountant_epsilon": acct,
                      # a defect signal only when the whole interval lies above the ledger: the estimate itself sits
                      # near the accountant's ε for a tight mechanism and falls on either side of it
