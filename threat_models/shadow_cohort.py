@@ -36,6 +36,23 @@ from secure_fed.algorithms.batched_sgd import group_key, linear_chain, train_gro
 from secure_fed.engine.collector import long_lived_frozen
 from secure_fed.engine.vectorized import VectorizedExecutor
 
+#: the devices whose autocast state is thread-local torch state a coroutine switch must carry
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _thread_state() -> tuple:
+    """Torch's thread-local modes a coroutine may be inside when it switches (grad mode; autocast on and its dtype
+    per device): the coroutines share one thread, so each switch saves its side's state and restores it after."""
+    return torch.is_grad_enabled(), tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+
+
+def _restore_thread_state(state: tuple) -> None:
+    grad, autocast = state
+    torch.set_grad_enabled(grad)
+    for d, (on, dtype) in zip(_AUTOCAST_DEVICES, autocast, strict=True):
+        torch.set_autocast_enabled(d, on)
+        torch.set_autocast_dtype(d, dtype)
+
 
 class CohortExecutor(VectorizedExecutor):
     """One shadow's vectorised executor: its chunk's waiting clients are trained by the cohort, with the other
@@ -96,9 +113,9 @@ class ShadowCohort:
                 for i, m in enumerate(members):
                     if m.done:
                         continue
-                    grad = torch.is_grad_enabled()
+                    state = _thread_state()
                     out = m.glet.switch(replies[i])  # runs until it waits for training (returns None) or ends
-                    torch.set_grad_enabled(grad)
+                    _restore_thread_state(state)
                     replies[i] = None
                     if m.glet.dead:
                         m.done, m.result, m.waiting = True, out, None
@@ -119,9 +136,9 @@ class ShadowCohort:
         """Inside a member's coroutine: park its waiting clients and give control back until the cohort has
         trained them (the cohort resumes it with their replies)."""
         executor.member.waiting = waiting
-        grad = torch.is_grad_enabled()
+        state = _thread_state()
         replies = self._main.switch()
-        torch.set_grad_enabled(grad)
+        _restore_thread_state(state)
         return replies
 
     def _train_all(self, live: list[tuple[int, _Member]]) -> dict[int, dict[int, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
@@ -101,3 +102,31 @@ def test_cache_is_written_per_cohort_slice_and_a_killed_audit_resumes(tmp_path, 
         z = np.load(cache / f"shadow{k}.npz")
         np.testing.assert_array_equal(scores[k], z["score"])
         np.testing.assert_array_equal(trained[k], z["trained"])
+
+
+def test_a_switch_carries_each_coroutines_autocast_and_grad_mode():
+    """Coroutines share one thread: a shadow paused inside an autocast (or no-grad) block must not leave it on for the
+    cohort or the next shadow, and must find it on again when resumed."""
+    import greenlet
+
+    from threat_models.shadow_cohort import _restore_thread_state, _thread_state
+
+    main = greenlet.getcurrent()
+
+    def shadow():
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+            st = _thread_state()
+            main.switch()
+            _restore_thread_state(st)
+            return torch.is_autocast_enabled("cpu"), torch.is_grad_enabled()
+
+    g = greenlet.greenlet(shadow)
+    st = _thread_state()
+    g.switch()
+    _restore_thread_state(st)
+    assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()  # the cohort's side: its own modes
+    st = _thread_state()
+    inside = g.switch()
+    _restore_thread_state(st)
+    assert inside == (True, False)  # the shadow's side: its block's modes again
+    assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
