@@ -31,7 +31,7 @@ NOT_ALGORITHMS: dict[str, set[str]] = {
     "local": {
         "secure_fed/algorithms/capabilities.py", "secure_fed/html_report.py",
         "secure_fed/cli.py", "protocols/config_sections.py", "protocols/dp/layer.py", "protocols/layer_specs.py",
-        "threat_models/tradeoff.py", "threat_models/attacks/one_run_audit.py",
+        "threat_models/tradeoff.py", "threat_models/tradeoff_points.py", "threat_models/attacks/one_run_audit.py",
     },
 }  # fmt: skip
 

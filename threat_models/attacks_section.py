@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from secure_fed.errors import unknown_name
 from secure_fed.plugin_specs import attack_specs
@@ -55,10 +55,19 @@ class OneRunAuditConfig(_Strict):
 
 
 class CanaryClientAuditConfig(_Strict):
-    canaries: int = Field(
-        20, ge=0, description="c of the run's clients made canary clients: each sampled one sends its canary, a random "
-        "unit direction in θ scaled to canary_norm, in place of its update (0: off)",
+    canaries: int | Literal["auto"] = Field(
+        "auto", description="c of the run's clients made canary clients: each sampled one sends its canary, a random "
+        "unit direction in θ scaled to canary_norm, in place of its update (0: off; auto: min(20, a quarter of the "
+        "run's clients))",
     )  # fmt: skip
+
+    @field_validator("canaries")
+    @classmethod
+    def _non_negative(cls, v):
+        if v != "auto" and v < 0:
+            raise ValueError("give a count ≥ 0 (0: off) or auto")
+        return v
+
     held_out: int = Field(200, ge=2, description="random directions never inserted: the null of the cosines")
     canary_norm: float | None = Field(
         None, gt=0.0, description="the canaries' L2 norm; default privacy.client.clip_norm, else 0.05"

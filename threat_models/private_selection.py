@@ -241,7 +241,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
     from secure_fed.config import load_config
     from secure_fed.errors import ConfigError
     from secure_fed.html_report import run_row
-    from threat_models.tradeoff import _job, _label, method_base, point_overrides
+    from threat_models.tradeoff_points import _job, _label, method_base, point_overrides
 
     grid = parse_candidates(args.candidates)
     eta, mean = args.select_eta, args.select_mean

@@ -106,22 +106,29 @@ class AttackRecording(Callback):
             self.canary_clients = CanaryClients.from_state_dict(load_checkpoint_file(clients)["canary_clients"])
 
 
+#: ``canaries: auto``: this many canary clients, or a quarter of the run's clients when that is fewer
+AUTO_CANARY_CLIENTS = 20
+
+
 def canary_clients_for(cfg, exp) -> CanaryClients | None:
     """The canary clients of ``canary_client_audit`` (client-level DP's audit: none under DP-SGD in client training,
     whose unit is the instance), in θ's trained tensors, of norm ``canary_norm`` or else privacy.client.clip_norm."""
     opts = cfg.attacks.canary_client_audit
     if "canary_client_audit" not in cfg.attacks.names() or opts.canaries == 0:
         return None
+    num_clients = len(exp.fed.clients)
+    count = min(AUTO_CANARY_CLIENTS, num_clients // 4) if opts.canaries == "auto" else opts.canaries
+    if count == 0:
+        return None  # too few clients for auto: the audit reports it skipped (no canary clients were inserted)
     dp = "dp" in cfg.protocols
     if dp and cfg.privacy.local is not None:
         return None
     client = cfg.privacy.client if dp else None
     norm = opts.canary_norm or (client.clip_norm if client is not None else 0.05)
     trained = {n for n, p in exp.model.encoder.named_parameters() if p.requires_grad}
-    num_clients = len(exp.fed.clients)
-    if opts.canaries > num_clients:
-        raise ConfigError(f"attacks.canary_client_audit.canaries = {opts.canaries}: at most the run's {num_clients} clients")
-    return CanaryClients(c=opts.canaries, held_out=opts.held_out, norm=norm, num_clients=num_clients,
+    if count > num_clients:
+        raise ConfigError(f"attacks.canary_client_audit.canaries = {count}: at most the run's {num_clients} clients")
+    return CanaryClients(c=count, held_out=opts.held_out, norm=norm, num_clients=num_clients,
                          theta_shapes={n: tuple(t.shape) for n, t in exp.theta.items() if n in trained})  # fmt: skip
 
 

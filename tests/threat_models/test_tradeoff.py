@@ -75,7 +75,7 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, extra, needle):
 
 def test_grid_points_set_the_one_target_and_drop_what_a_method_lacks():
     from secure_fed.config import load_config
-    from threat_models.tradeoff import point_overrides
+    from threat_models.tradeoff_points import point_overrides
 
     base_ov = ['protocols=["dp", "secure_aggregation"]', "algorithm.normalize_gamma=false",
                'privacy.instance={"noise_multiplier": 2.0}',
@@ -97,7 +97,7 @@ def test_grid_points_set_the_one_target_and_drop_what_a_method_lacks():
 def test_fedaws_on_the_tradeoff_config_written_for_fedalc_runs(tmp_path):
     """tradeoff_synthetic.yaml sets privacy.instance (fedalc's label-set step), which fedaws refuses: the base of a
     method without that step is read without it, and its points drop it (was: exit 2 before anything ran)."""
-    from threat_models.tradeoff import method_base, point_overrides
+    from threat_models.tradeoff_points import method_base, point_overrides
 
     config = str(REPO / "experiments" / "configs" / "tradeoff_synthetic.yaml")
     base = method_base(config, [], "fedaws")
@@ -120,7 +120,7 @@ def test_a_block_that_gives_its_sigma_keeps_it_beside_a_calibrated_one():
     """The private recipe fixes the W step's σ (heavy noise, little budget) and calibrates DP-SGD's: the sweep sets the
     target on both blocks and frees only the σ the config leaves free."""
     from secure_fed.config import load_config
-    from threat_models.tradeoff import point_overrides
+    from threat_models.tradeoff_points import point_overrides
 
     base_ov = ["protocols=[dp]", "algorithm.normalize_gamma=false", 'privacy.instance={"noise_multiplier": 20.0}',
                'privacy.local={"target_epsilon": 4.0, "max_labels_per_instance": 2}']  # fmt: skip
@@ -135,7 +135,7 @@ def test_the_central_reference_reports_its_last_epoch_at_every_epsilon():
     """An epoch selected on a split of the training data would be a choice outside ε: the oracle's points in a study
     set validation_fraction 0, and under dp it validates as the central DP reference (privacy.local only)."""
     from secure_fed.config import load_config
-    from threat_models.tradeoff import method_base, point_overrides
+    from threat_models.tradeoff_points import method_base, point_overrides
 
     base_ov = ["protocols=[dp]", "algorithm.normalize_gamma=false", 'privacy.instance={"noise_multiplier": 20.0}',
                'privacy.local={"target_epsilon": 4.0, "max_labels_per_instance": 2}']  # fmt: skip
@@ -148,7 +148,7 @@ def test_the_central_reference_reports_its_last_epoch_at_every_epsilon():
 
 
 def test_the_central_dp_reference_is_drawn_beside_positive_only_methods():
-    from threat_models.tradeoff import central_reference_method
+    from threat_models.tradeoff_points import central_reference_method
 
     local = ["protocols=[dp]", 'privacy.local={"target_epsilon": 4.0, "max_labels_per_instance": 2}']
     assert central_reference_method(None, local, ["fedaws"], unit="instance")[0] == ["oracle"]

@@ -1,0 +1,156 @@
+"""The trade-off study's grid points: parsing ``--epsilons``, the overrides that make one (method, ε, seed) run out of
+the base config (the central reference's, a method's own base), and the job a worker process runs for one point.
+
+Shared by ``secure-fed tradeoff`` (:mod:`threat_models.tradeoff`) and its private selection
+(:mod:`threat_models.private_selection`), which trains each point's candidates with the same job.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from secure_fed.errors import SecureFedError
+from secure_fed.run_files import ATTACKS_RECORD, attacks_path
+from secure_fed.run_status import trained
+
+INSTANCE_BLOCKS = ("instance", "local")
+
+
+def parse_epsilons(text: str) -> list[float]:
+    out = []
+    for part in [p for p in text.split(",") if p.strip()]:
+        try:
+            v = float(part)
+        except ValueError:
+            raise SecureFedError(f"--epsilons {text!r}: {part!r} is not a number or inf") from None
+        if not (v > 0):
+            raise SecureFedError(f"--epsilons {text!r}: every ε must be > 0 (inf for no DP)")
+        out.append(v)
+    if not out:
+        raise SecureFedError(f"--epsilons {text!r}: give at least one ε")
+    return out
+
+
+def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, attacks: list[str]) -> list[str]:
+    """The overrides that turn the base config into one grid point."""
+    from protocols.layer_specs import LABEL_SET_ALGORITHMS
+
+    ov = [f"algorithm.name={method}", f"seed={seed}", "output.progress=false", *central_reference(method)]
+    if attacks:
+        ov.append(f"attacks.run=[{', '.join(attacks)}]")
+    p = base.privacy
+    stack = list(base.protocols)
+    if math.isinf(eps):
+        ov.append(f"protocols=[{', '.join(x for x in stack if x != 'dp')}]")
+        ov += ["privacy.instance=null", "privacy.local=null", "privacy.client=null"]
+        return ov
+    if "dp" not in stack:
+        raise SecureFedError("the tradeoff config must list 'dp' in protocols and configure the privacy unit it sweeps")
+    blocks = [b for b in (INSTANCE_BLOCKS if unit == "instance" else ("client",)) if getattr(p, b) is not None]
+    if method not in LABEL_SET_ALGORITHMS:  # its config may not set privacy.instance at all (the base is read without it)
+        blocks = [b for b in blocks if b != "instance"]
+        ov.append("privacy.instance=null")
+    if not blocks:
+        raise SecureFedError(
+            f"--unit {unit}: the config sets none of "
+            + ("privacy.instance / privacy.local" if unit == "instance" else "privacy.client")
+            + f" for {method}"
+        )
+    # every block gets the target; the sweep calibrates the σ of the blocks the config leaves free, and a block that
+    # gives its σ keeps it (e.g. a heavily noised W step beside calibrated DP-SGD), unless every block gives one
+    free = [b for b in blocks if getattr(p, b).noise_multiplier is None] or blocks
+    for b in blocks:
+        ov.append(f"privacy.{b}.target_epsilon={eps:g}")
+        if b in free:
+            ov.append(f"privacy.{b}.noise_multiplier=null")
+    if unit == "instance" and p.client is not None:
+        ov.append("privacy.client=null")  # one unit swept at a time
+    if unit == "client":
+        ov += ["privacy.instance=null", "privacy.local=null"]
+    return ov
+
+
+def central_reference(method: str) -> list[str]:
+    """A centralised method (the oracle) reports its last epoch at every ε of a study: under dp, an epoch selected on a
+    split of the training data would be a choice outside ε, and the ε = ∞ point (the run without the dp layer) reports
+    its last epoch too."""
+    from secure_fed.algorithms.registry import algorithm_specs
+
+    spec = algorithm_specs().get(method)
+    central = spec is not None and spec.capabilities.centralised and "validation_fraction" in spec.params.model_fields
+    return ["algorithm.validation_fraction=0"] if central else []
+
+
+def central_reference_method(config: str | None, overrides: list[str], methods: list[str], *, unit: str) -> tuple[list[str], str]:
+    """``--reference auto``: the central DP reference (the centralised algorithm that takes DP-SGD on its one trainer,
+    ``oracle``: the same network and levers at the same ε and accountant) beside positive-only federated methods swept
+    at the instance unit, so a reader sees the price of federation apart from the price of privacy. Returns the
+    methods to add and a line saying why."""
+    from secure_fed.algorithms.registry import algorithm_specs
+
+    refs = [name for name, spec in algorithm_specs().items() if spec.capabilities.centralised
+            and "local" in spec.capabilities.dp_units and spec.capabilities.setting != "general"]  # fmt: skip
+    if not refs:
+        return [], "no central DP reference: no registered centralised algorithm takes DP-SGD"
+    ref = refs[0]
+    if ref in methods:
+        return [], f"the central DP reference ({ref}) is among the methods"
+    if unit != "instance":
+        return [], "no central DP reference: it is drawn for the instance unit"
+    try:
+        base = method_base(config, overrides, ref)
+    except SecureFedError as exc:
+        return [], f"no central DP reference: the config does not run as {ref} ({exc})"
+    if base.partition.name != "positive_only":
+        return [], f"no central DP reference: it is drawn for the positive-only setting ({ref}'s)"
+    if base.privacy.local is None:
+        return [], "no central DP reference: it needs privacy.local (DP-SGD on its one trainer)"
+    return [ref], f"the central DP reference ({ref}, DP-SGD on one trainer) is drawn beside them (--reference none: not)"
+
+
+def method_base(config: str | None, overrides: list[str], method: str):
+    """The base config read as ``method``'s: a method without a server step over label sets is read without
+    ``privacy.instance``, which its config may not set (a config written for fedalc, swept with fedaws as well)."""
+    from protocols.layer_specs import LABEL_SET_ALGORITHMS
+    from secure_fed.config import load_config
+    from secure_fed.errors import ConfigError
+
+    drop = [] if method in LABEL_SET_ALGORITHMS else ["privacy.instance=null"]
+    try:
+        return load_config(config, [*overrides, f"algorithm.name={method}", *drop, *central_reference(method)])
+    except ConfigError as exc:
+        raise SecureFedError(f"--methods {method}: {exc}") from None
+
+
+def _label(eps: float) -> str:
+    return "inf" if math.isinf(eps) else f"{eps:g}"
+
+
+def _audited(run_dir: Path, attacks: list[str]) -> bool:
+    """The run's private/attacks.json already holds every requested attack."""
+    import json
+
+    path = attacks_path(run_dir)
+    try:
+        return path.is_file() and set(attacks) <= set(json.loads(path.read_text()).get(ATTACKS_RECORD, {}))
+    except json.JSONDecodeError:
+        return False
+
+
+def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str | None, attacks: list[str], threads: int):
+    """One grid point in a worker process: the run (cached / resumed), then its attacks (once)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from secure_fed.config import load_config
+    from secure_fed.sweep import run_cached
+
+    t0 = time.time()
+    summary = run_cached(load_config(config, overrides), run_dir, data_root=data_root)
+    if attacks and trained(summary["status"]) and not _audited(Path(run_dir), attacks):
+        from threat_models.audit import audit_run_dir
+
+        audit_run_dir(run_dir, attacks, data_root=data_root, progress=False)
+    return summary, time.time() - t0
