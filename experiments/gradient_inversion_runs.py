@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from threat_models.attacks.gradient_inversion import MEASURE_CONFIG
+from threat_models.attacks.gradient_inversion import MEASURE_CONFIG, ONE_STEP_ROUND
 
 CONDITIONS = {
     "none": lambda eps: [],
@@ -57,16 +57,8 @@ def run_overrides(batch: int, *, targets: int, steps: int, seed: int) -> list[st
     return [
         *MEASURE_CONFIG,
         f"dataset.mosaics={{grid: 2, tile_size: 8, num_train: {10 * batch}, num_test: 200}}",
-        "partition.num_clients=10",
-        "training.rounds=1",
-        "training.local_epochs=1",
+        *ONE_STEP_ROUND,
         f"training.batch_size={batch}",
-        "training.client_optimizer=sgd",
-        "training.client_lr=0.1",
-        "training.server_optimizer.name=fedavg",
-        "training.server_optimizer.lr=1.0",
-        "output.progress=false",
-        "attacks.run=[gradient_inversion]",
         f"attacks.gradient_inversion={{targets: {targets}, steps: {steps}}}",
         f"seed={seed}",
     ]

@@ -118,7 +118,21 @@ def test_duration(s, text):
     assert duration(s) == text
 
 
-def test_the_membership_inference_shadow_loop_reports_each_shadow(tmp_path, monkeypatch):
+@pytest.fixture
+def advances(monkeypatch) -> list[tuple[str, int | None, int]]:
+    """Every phase advance, as (phase name, total, done after it)."""
+    seen: list[tuple[str, int | None, int]] = []
+    real = Phase.advance
+
+    def spy(self, n=1):
+        real(self, n)
+        seen.append((self.name, self.total, self.done))
+
+    monkeypatch.setattr(Phase, "advance", spy)
+    return seen
+
+
+def test_the_membership_inference_shadow_loop_reports_each_shadow(tmp_path, monkeypatch, advances):
     """LiRA's shadow runs (minutes each on real data) advance a phase once per shadow, so a 16-shadow audit prints
     a line at least every 10 s (the heartbeat) and its ETA; a cached shadow advances it too."""
     from secure_fed.engine import Experiment
@@ -126,14 +140,6 @@ def test_the_membership_inference_shadow_loop_reports_each_shadow(tmp_path, monk
     from threat_models.attacks.membership_inference import MembershipInference
     from threat_models.context import AuditContext
 
-    advances: list[tuple[str, int | None, int]] = []
-    real = Phase.advance
-
-    def spy(self, n=1):
-        real(self, n)
-        advances.append((self.name, self.total, self.done))
-
-    monkeypatch.setattr(Phase, "advance", spy)
     mi = "attacks.membership_inference"
     cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", "training.rounds=2",
                        f"{mi}.shadows=3", f"{mi}.bootstrap=10", f"{mi}.shadow_dir={tmp_path / 'shadows'}",
@@ -153,21 +159,13 @@ def test_the_membership_inference_shadow_loop_reports_each_shadow(tmp_path, monk
     assert trained == [0, 1, 2]  # one advance after each shadow's training
 
 
-def test_the_shadow_cohort_reports_each_shadow_round(tmp_path, monkeypatch):
+def test_the_shadow_cohort_reports_each_shadow_round(tmp_path, monkeypatch, advances):
     """Shadows trained as one cohort advance a phase per shadow round (K × rounds in all), as the rounds finish."""
     from secure_fed.engine import Experiment
     from tests.conftest import small_config
     from threat_models.attacks.membership_inference import MembershipInference
     from threat_models.context import AuditContext
 
-    advances: list[tuple[str, int | None, int]] = []
-    real = Phase.advance
-
-    def spy(self, n=1):
-        real(self, n)
-        advances.append((self.name, self.total, self.done))
-
-    monkeypatch.setattr(Phase, "advance", spy)
     mi = "attacks.membership_inference"
     cfg = small_config("attacks.run=[membership_inference]", "training.rounds=3", f"{mi}.shadows=2",
                        f"{mi}.shadow_dir={tmp_path / 'shadows'}")  # fmt: skip

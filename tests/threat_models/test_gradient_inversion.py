@@ -17,6 +17,7 @@ from secure_fed.engine.builders import build_model
 from secure_fed.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from threat_models.attacks.gradient_inversion import (
     MEASURE_CONFIG,
+    ONE_STEP_ROUND,
     client_update,
     dp_noised,
     image_input,
@@ -111,16 +112,8 @@ def registered(tmp_path, monkeypatch):
 RUN = [
     *MEASURE_CONFIG,
     "dataset.mosaics={grid: 2, tile_size: 8, num_train: 40, num_test: 100}",
-    "partition.num_clients=10",
-    "training.rounds=1",
-    "training.local_epochs=1",
+    *ONE_STEP_ROUND,
     "training.batch_size=4",
-    "training.client_optimizer=sgd",
-    "training.client_lr=0.1",
-    "training.server_optimizer.name=fedavg",
-    "training.server_optimizer.lr=1.0",
-    "output.progress=false",
-    "attacks.run=[gradient_inversion]",
     "attacks.gradient_inversion={targets: 2, steps: 200}",
 ]
 

@@ -249,6 +249,21 @@ MEASURE_CONFIG = [
 ]
 
 
+#: one round in which each of 10 clients takes one plain-SGD step on its whole batch (``training.batch_size`` ≥ its
+#: rows), so that its update is −η times a gradient: the paper's setting, for the attack recorded before training
+ONE_STEP_ROUND = [
+    "partition.num_clients=10",
+    "training.rounds=1",
+    "training.local_epochs=1",
+    "training.client_optimizer=sgd",
+    "training.client_lr=0.1",
+    "training.server_optimizer.name=fedavg",
+    "training.server_optimizer.lr=1.0",
+    "output.progress=false",
+    "attacks.run=[gradient_inversion]",
+]
+
+
 def client_update(model, loss_fn, x, y, to_input, lr: float = 0.1) -> dict[str, torch.Tensor]:
     """A client's FedAvg update after one plain-SGD step on its whole batch: ``Δθ = −η·∇L``."""
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
