@@ -338,6 +338,7 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
 
     p, t = cfg.privacy, cfg.training
     lines: list[str] = []
+    planned: dict[str, tuple[float, float, int]] = {}  #: mechanism → its planned (σ, q, steps), for the graph
 
     def unit_lines(unit: str, block: str, mechs: list[tuple[str, object, float, int | None]], note: str = "") -> None:
         """``mechs``: (name, its config block, sample rate q, planned steps or None when unknown here)."""
@@ -362,6 +363,7 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
         for name, m, q, n in mechs:
             sigma = m.noise_multiplier if m.noise_multiplier is not None else shared
             history.append((sigma, q, n))
+            planned[name] = (sigma, q, n)
             parts.append(f"{name}: σ {sigma:.4g} ({'calibrated' if m.noise_multiplier is None else 'given'}), q {q:g}, "
                          f"{n:,} planned steps")  # fmt: skip
         eps = epsilon_of(history, p.delta, p.accountant)
@@ -414,6 +416,7 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
                    "no sampling amplification: every client in every round")  # fmt: skip
     elif p.client is not None:
         unit_lines("client", "client", [("client update", p.client, t.client_fraction, t.rounds)])
+    lines.extend(_planned_release_lines(cfg, num_clients, planned))
     if cfg.model.fixed_encoder:
         lines.append("dp: the encoder g_θ is fixed at its initialisation from the seed (model.fixed_encoder): never trained, "
                      "independent of the data, so every unit covers it at no cost; only "
@@ -422,6 +425,49 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
         lines.append(f"dp: {cfg.algorithm.name} under dp is the central DP reference: DP-SGD on one trainer that holds "
                      "every instance once (no contribution bound)")  # fmt: skip
     return lines
+
+
+def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float, float, int]]) -> list[str]:
+    """The released model's planned ε per unit against the observer, from the run's privacy-loss graph
+    (:mod:`protocols.dp.run_graph`) over the planned mechanisms, one line per unit: it differs from the unit's own
+    plan where another unit's mechanism reaches it (client-level noise per instance) or a channel is un-noised."""
+    from protocols.dp.run_graph import Gaussian, run_graph
+    from secure_fed.data import partitioner_from_config
+
+    p, t = cfg.privacy, cfg.training
+    if any(name not in planned for name in ("server_w_step", "client_training") if name in _planned_blocks(p)):
+        return []  # some step counts need the built data: said above
+    client_name = next((n for n in planned if n.startswith("client update")), None)
+    if p.client is not None and client_name is None:
+        return []
+    positive_only = partitioner_from_config(cfg.partition, seed=cfg.seed).positive_only
+    k = 1
+    if positive_only and not cfg.algorithm.capabilities.centralised:
+        bound = _instance_bound(cfg)
+        k = num_clients if bound is None else min(bound[0], num_clients)
+    g = lambda name: None if name not in planned else Gaussian(*planned[name])  # noqa: E731
+    graph = run_graph(
+        p, label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets, w_step=g("server_w_step"),
+        dp_sgd=g("client_training"), client=g(client_name) if client_name else None,
+        adaptive=p.client is not None and p.client.adaptive_clipping is not None, instance_group=k, population=num_clients,
+        cohort=None if t.sampling == "poisson" else t.cohort_size(num_clients),
+    )  # fmt: skip
+    units = (["instance"] if p.instance is not None or p.local is not None else []) + (["client"] if p.client else [])
+    lines = []
+    for unit in units:
+        res = graph.epsilon(unit, "observer", delta=p.delta, accountant=p.accountant)
+        eps = res["epsilon"]
+        shown = "∞" if eps == "inf" else f"{eps:.4g}"
+        how = res["why"] if "why" in res else "composes " + ", ".join(res["composed"])
+        if unit == "instance" and "client" in units and "why" not in res:
+            how += f" (client-level noise through a group of {k} clients, each substituted: protocols/dp/group_bound.py)"
+        lines.append(f"dp released model, per {unit} (observer): plans ε = {shown} at δ = {p.delta:g}: {how}")
+    return lines
+
+
+def _planned_blocks(p) -> tuple[str, ...]:
+    """The instance unit's mechanisms the config declares."""
+    return (("server_w_step",) if p.instance is not None else ()) + (("client_training",) if p.local is not None else ())
 
 
 def _target_epsilons(config: dict) -> dict[str, float]:

@@ -40,7 +40,7 @@ def unit_line(name: str, u: dict[str, Any]) -> str:
     if against:
         text += "; not against " + " and ".join(against)
     if (inst := u.get("instance_level")) is not None:
-        text += (f"; per training instance, by group privacy over {inst['group_size']} units: "
+        text += (f"; per training instance (on up to {inst['group_size']} clients), by the group bound: "
                  f"ε = {fmt_epsilon(inst['epsilon'])}, δ = {inst['delta']:.3g}")  # fmt: skip
     covered = u.get("not_covered") or []
     text += "; not covered: " + ("; ".join(covered) if covered else "nothing listed")

@@ -256,9 +256,10 @@ def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
     lines = layer_specs()["dp"].describe(cfg, n)
     # the layer as a run builds it: an instance sits on ≤ min(m, labels) = 3 clients (20 labels)
     env = types.SimpleNamespace(num_clients=n, max_clients_per_instance=3, theta={}, update_layout=lambda: None, has_rows=True)
-    units = DifferentialPrivacy(layer_specs()["dp"].settings(cfg), env).units
-    assert sorted(units) == ["client", "instance"] and len(lines) == 2
-    for line, unit in zip(lines, [units["instance"], units["client"]], strict=True):
+    layer = DifferentialPrivacy(layer_specs()["dp"].settings(cfg), env)
+    units = layer.units
+    assert sorted(units) == ["client", "instance"] and len(lines) == 4
+    for line, unit in zip(lines[:2], [units["instance"], units["client"]], strict=True):
         mechs = list(unit.mechanisms.values())
         shown = re.findall(r"σ ([\d.]+) \((?:calibrated|given)\), q ([\d.]+), ([\d,]+) planned steps", line)
         assert len(shown) == len(mechs), line
@@ -268,6 +269,14 @@ def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
         eps = epsilon_of([(m.sigma, m.sample_rate, m.planned_steps) for m in mechs], unit.delta, unit.accountant_name)
         assert float(re.search(r"plans ε = ([\d.e+]+)", line).group(1)) == pytest.approx(eps, rel=1e-3), line
     assert "60 planned steps" in lines[0] and "calibrated" in lines[0] and "(given)" in lines[1]
+    # the released model's planned ε per unit: the layer's own graph over its planned steps
+    graph = layer.privacy_graph(planned=True)
+    for line, unit in zip(lines[2:], ["instance", "client"], strict=True):
+        assert line.startswith(f"dp released model, per {unit} (observer): plans ε = ")
+        want = graph.epsilon(unit, "observer", delta=1e-5, accountant="rdp")["epsilon"]
+        got = line.split("plans ε = ")[1].split(" ")[0]
+        assert (got == "∞") if want == "inf" else float(got) == pytest.approx(want, rel=1e-3), line
+    assert "∞" not in lines[2] and "∞" in lines[3]  # the W step bounds instances, not clients
 
 
 def test_audit_of_a_named_attack_that_is_skipped_exits_non_zero(tmp_path, monkeypatch, capsys):
@@ -330,7 +339,8 @@ def test_the_last_lines_give_epsilon_delta_unit_and_adversaries(tmp_path):
     assert unit.startswith(f"  privacy per client unit: ε = {priv['epsilon']:.4g}, δ = 1e-05 (rdp, 2 of 2 steps) over "
                            "each client's whole update of θ and its class rows; holds against the observer (")  # fmt: skip
     assert "; not against the server (ε = ∞: the server sees each clipped update before it adds the noise)" in unit
-    assert "per training instance, by group privacy over" in unit and unit.endswith("; not covered: nothing listed")
+    assert "per training instance (on up to 8 clients), by the group bound" in unit
+    assert unit.endswith("; not covered: nothing listed")
 
     plain = cli("run", *[x for s in [*SMALL, "training.rounds=2"] for x in ("--set", s)], "--out", str(tmp_path / "plain"))
     assert plain.returncode == 0, plain.stderr

@@ -9,13 +9,15 @@ import numpy as np
 import torch
 
 from protocols.dp import adaptive_clipping
-from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma, epsilon_of, reported
+from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma
 from protocols.dp.client_dp import add_client_noise, noise_aggregate, update_norm
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set_step
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.local_shares import SHARE_STEP, LocalSharesRound, LocalShareSums, share_reply, share_std
-from protocols.dp.tree_aggregation import TreeNoise, tree_release
+from protocols.dp.privacy_graph import ADVERSARIES, Graph
+from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP, Gaussian, run_graph
+from protocols.dp.tree_aggregation import TreeNoise, gaussian_equivalents, tree_release
 from protocols.dp.tree_ledger import tree_client_unit
 from protocols.layer_settings import DPSettings
 from protocols.layer_specs import share_range_error
@@ -27,22 +29,13 @@ from secure_fed.engine.layers import Bounds, ClientSide, LayerState, Ledger, Pro
 from secure_fed.engine.message_digest import payload_digest
 from secure_fed.errors import ConfigError, PrivacyViolation
 
-#: the instance unit's mechanisms, as its report names them
-SERVER_STEP, CLIENT_TRAINING = "server_w_step", "client_training"
+#: the instance unit's mechanisms, as its report names them (:mod:`protocols.dp.run_graph`)
+CLIENT_TRAINING = CLIENT_STEP
 
 NOISE_SEED_WARNING = (
     "privacy.noise_seed is set: every noise and sampling draw follows from that number, so the reported ε does not "
     "hold against anyone who knows it (debugging only)"
 )
-
-
-def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
-    """(ε, δ)-DP for one unit gives (kε, k·e^{(k−1)ε}·δ) for a group of k units (Dwork & Roth, Thm 2.2)."""
-    if not math.isfinite(epsilon):
-        return math.inf, delta
-    eps_k = k * epsilon
-    delta_k = min(1.0, k * math.exp((k - 1) * epsilon) * delta) if (k - 1) * epsilon < 700 else 1.0
-    return eps_k, delta_k
 
 
 class DifferentialPrivacy(ProtocolLayer):
@@ -228,8 +221,9 @@ class DifferentialPrivacy(ProtocolLayer):
         if p.local is None:
             not_covered.append(
                 "client training on the instance (θ and class-row updates): "
-                + ("covered only through the client unit, by group privacy over the clients an instance sits on "
-                   "(units.client.instance_level)" if p.client is not None else "add privacy.local to cover it")
+                + ("outside this unit's ledger: the observer's ε composes the client unit's noise through the group of "
+                   "clients an instance sits on (units.client.instance_level)" if p.client is not None
+                   else "add privacy.local to cover it")
             )  # fmt: skip
         if p.instance is None and self.settings.label_set_algorithm:
             not_covered.append("label-set collection for the server's W update: add privacy.instance to cover it")
@@ -521,26 +515,48 @@ class DifferentialPrivacy(ProtocolLayer):
             plan[SERVER_STEP] = 1
         return inst.stop_reason(plan=plan) if plan else None
 
-    def _against_server(self, name: str, unit: PrivacyUnit) -> dict[str, Any]:
-        if name == "instance":
-            if SERVER_STEP in unit.mechanisms:
-                return {"epsilon": "inf", "why": "the server holds the label sets it collected and adds the noise itself"}
-            if self.local_shares:
-                # the server obtains only the secure sum, whose noise with ≥ t survivors is the accounted σ(C + γ√d);
-                # each batch is Poisson-sampled from its client's secret, so sampling amplifies against it too
-                return {"epsilon": reported(unit.epsilon()), "why": "only with the secure sum: noise shares of std "
-                        "σ(C + γ√d)/√t under secure aggregation, whose sum over ≥ t survivors carries the accounted "
-                        "noise (one client's own sum is only lightly noised); batches are sampled from each client's "
-                        "secret and the loss is not sent"}  # fmt: skip
-            return {"epsilon": "inf", "why": "each client's update is a function of its noisy DP-SGD steps (batches and "
-                    "noise are the client's secrets), but its training loss and example count reach the server in the "
-                    "clear (or, under a secure sum, their sums), outside DP-SGD"}  # fmt: skip
-        if self.settings.privacy.client.noise == "server":
-            return {"epsilon": "inf", "why": "the server sees each clipped update before it adds the noise"}
-        # noise: clients under a secure sum: every sum the server obtains carries ≥ σ²S² of noise, but the server
-        # knows who sent an update, so sampling does not amplify: the same steps at q = 1
-        eps = epsilon_of([(unit.sigma, 1.0, unit.steps)], unit.delta, unit.accountant_name) if unit.steps else 0.0
-        return {"epsilon": reported(eps), "why": "noise shares under a secure sum; the server knows the cohort, so q = 1"}
+    def privacy_graph(self, *, planned: bool = False) -> Graph:
+        """This run's privacy-loss graph (:mod:`protocols.dp.run_graph`): its mechanisms with the steps the ledgers
+        hold (``planned``: the steps they plan)."""
+        p, t = self.settings.privacy, self.settings.training
+        inst, client = self.units.get("instance"), self.units.get("client")
+
+        def numbers(m, steps: int) -> Gaussian:
+            return Gaussian(sigma=m.sigma, sample_rate=m.sample_rate, steps=steps)
+
+        def mech(name: str) -> Gaussian | None:
+            if inst is None or name not in inst.mechanisms:
+                return None
+            m = inst.mechanism(name)
+            return numbers(m, m.planned_steps if planned else m.steps)
+
+        client_numbers = None
+        if client is not None:
+            rounds = client.planned_steps if planned else client.steps
+            steps = gaussian_equivalents(rounds, client.tree_rounds) if p.client.mechanism == "tree" else rounds
+            client_numbers = numbers(client.mechanism(), steps)
+        n = self.env.num_clients
+        return run_graph(
+            p, label_set_algorithm=self.settings.label_set_algorithm, w_step=mech(SERVER_STEP), dp_sgd=mech(CLIENT_TRAINING),
+            client=client_numbers, adaptive=self.adaptive is not None, instance_group=self.env.max_clients_per_instance,
+            population=n, cohort=None if t.sampling == "poisson" else t.cohort_size(n),
+        )  # fmt: skip
+
+    def _adversary(self, graph: Graph, unit: str, adversary: str) -> dict[str, Any]:
+        """One unit's ε against one adversary, from the graph, with why it holds."""
+        u = self.units[unit]
+        res = graph.epsilon(unit, adversary, delta=u.delta, accountant=u.accountant_name)
+        if "why" in res:
+            return {"epsilon": res["epsilon"], "why": res["why"]}
+        sees = "sees the released θ, W and files" if adversary == "observer" else "sees every message"
+        out = {"epsilon": res["epsilon"], "why": f"{sees}; composes {', '.join(res['composed'])}"}
+        if res["accountant"] != u.accountant_name:
+            out["accountant"] = res["accountant"]
+        if unit == "instance" and "client" in self.units:
+            out["why"] += f" (client-level noise through a group of {graph.instance_group} clients: protocols/dp/group_bound.py)"
+        if res["notes"]:
+            out["why"] += "; " + "; ".join(res["notes"])
+        return out
 
     def privacy(self) -> dict[str, Any]:
         """Each unit's report. ``unnoised`` (in every unit's, the same list) names the steps that shape a released
@@ -557,6 +573,7 @@ class DifferentialPrivacy(ProtocolLayer):
                              "why": "client training is un-noised (θ and the class rows are trained without DP-SGD or "
                                     "client-level noise; privacy.local or privacy.client covers it)"})  # fmt: skip
         out = {}
+        graph = self.privacy_graph()
         for name, u in self.units.items():
             rep = u.report()
             rep["unnoised"] = [dict(x) for x in unnoised]
@@ -583,13 +600,9 @@ class DifferentialPrivacy(ProtocolLayer):
                     )
             if (bound := self.settings.privacy.max_labels_per_instance()) is not None and name in ("instance", "client"):
                 rep["contribution_bound"] = {"max_labels_per_instance": bound, "over_bound": self.settings.privacy.over_bound}
-            observer = {"epsilon": rep["epsilon"], "why": "sees the released θ, W and files; noise and sampling are secret"}
-            if unnoised:
-                observer = {"epsilon": "inf", "why": "; ".join(x["why"] for x in unnoised)}
-            rep["adversaries"] = {
-                "observer": observer,
-                "server": self._against_server(name, u),
-            }
+            rep["adversaries"] = {adv: self._adversary(graph, name, adv) for adv in ADVERSARIES}
+            if unnoised:  # the same verdict as the graph's, with every un-noised step named
+                rep["adversaries"]["observer"] = {"epsilon": "inf", "why": "; ".join(x["why"] for x in unnoised)}
             if name == "client" and self.settings.privacy.client.weight_cap is not None:
                 rep["sensitivity"] = u.clip_norm
                 rep["sensitivity_note"] = (
@@ -598,16 +611,18 @@ class DifferentialPrivacy(ProtocolLayer):
                     "only inside the noised sum"
                 )
             if name == "client":
-                # removing an instance changes (replaces) the data of each of the ≤ k clients holding it, and one
-                # replacement is two add/remove steps: group privacy over 2k units of the client ledger
                 k = int(self.env.max_clients_per_instance)
-                eps_k, delta_k = group_privacy(u.epsilon(), u.delta, 2 * k)
+                alone = Graph([m for m in graph.mechanisms if m.unit == "client"], {"client_training": ""},
+                              instance_group=k, population=graph.population, cohort=graph.cohort)  # fmt: skip
                 rep["instance_level"] = {
-                    "group_size": 2 * k, "epsilon": reported(eps_k), "delta": delta_k,
+                    "group_size": k,
+                    "epsilon": alone.epsilon("instance", "observer", delta=u.delta, accountant=u.accountant_name)["epsilon"],
+                    "delta": u.delta,
                     "note": f"one training instance sits on up to {k} clients (a public bound: in the positive-only "
                             "setting privacy.client.max_labels_per_instance, else the number of labels; 1 in a partition "
-                            "that puts each instance on one client); removing it replaces each of those clients' updates, "
-                            f"two add/remove steps each, so client-level DP covers it by group privacy over {2 * k} units",
+                            "that puts each instance on one client); removing it substitutes each of those clients' "
+                            "updates (a shift of at most 2C each, when sampled): the group bound of "
+                            "protocols/dp/group_bound.py, the client-level mechanism alone",
                 }  # fmt: skip
             if name == "client" and self.adaptive is not None:
                 clip, update_sigma = self.adaptive

@@ -30,7 +30,11 @@ def privacy_now(units: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if not units:
         return {"epsilon": "inf", "delta": None}
     primary = next(iter(units))  # the layers report their primary unit first
-    out: dict[str, Any] = {"epsilon": units[primary]["epsilon"], "delta": units[primary]["delta"], "unit": primary}
+    # the released model's ε: the observer's, which composes every mechanism the release reaches (a unit's own ledger
+    # may leave out another unit's mechanism that also covers it, e.g. client-level noise per instance)
+    observer = (units[primary].get("adversaries") or {}).get("observer") or {}
+    eps = observer.get("epsilon", units[primary]["epsilon"])
+    out: dict[str, Any] = {"epsilon": eps, "delta": units[primary]["delta"], "unit": primary}
     if why := unnoised_why(units):
         out["epsilon"], out["why"] = "inf", why
     for name, u in units.items():

@@ -4,12 +4,11 @@ two runs draw different noise, the draws are reproducible only from the drawing 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis import rdp as privacy_analysis
 from scipy import stats
 
 from protocols.dp.layer import DifferentialPrivacy
@@ -219,7 +218,7 @@ def test_epsilon_is_reported_per_adversary(tmp_path):
 
 @pytest.mark.parametrize("bound", [None, 2])
 def test_client_level_dp_reports_instance_level_group_privacy(tmp_path, bound):
-    """The group is twice the public bound on the clients an instance sits on: privacy.client.max_labels_per_instance,
+    """The group is the public bound on the clients an instance sits on: privacy.client.max_labels_per_instance,
     or without one the number of labels (every instance could have them all); never the data's largest label count."""
     ov = [] if bound is None else [f"privacy.client.max_labels_per_instance={bound}"]
     e = Experiment(small_config(*SERVER_NOISE, "training.rounds=2", *ov), run_dir=tmp_path)
@@ -230,12 +229,13 @@ def test_client_level_dp_reports_instance_level_group_privacy(tmp_path, bound):
     assert k != data_k  # the data's count would give another group
     # each client an instance sits on, counted from the shards: never more than k
     assert np.bincount(np.concatenate([sh.indices for sh in e.fed.shards])).max() <= k
-    # removing the instance replaces each of its k clients' data: 2 add/remove changes each, a group of 2k
-    g = 2 * k
-    assert unit["instance_level"]["group_size"] == g
-    eps, delta = unit["epsilon"], unit["delta"]
-    assert unit["instance_level"]["epsilon"] == pytest.approx(g * eps)
-    assert unit["instance_level"]["delta"] == pytest.approx(min(1.0, g * math.exp((g - 1) * eps) * delta))
+    # removing the instance substitutes each of its k clients' updates: the group bound over k clients, at q = 1
+    # (every client every round): the Gaussian at sensitivity 2kC, α(2k)²/(2σ²) per round, Opacus's conversion
+    assert unit["instance_level"]["group_size"] == k
+    rdp = [2 * a * (2 * k) ** 2 / (2 * 2.0**2) for a in RDPAccountant.DEFAULT_ALPHAS]  # 2 rounds, σ = 2
+    eps, _ = privacy_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=unit["delta"])
+    assert unit["instance_level"]["epsilon"] == pytest.approx(eps, rel=1e-9)
+    assert unit["instance_level"]["delta"] == unit["delta"]
 
 
 def _empty_cohort_round(tmp_path, *ov) -> tuple[Experiment, torch.Tensor]:

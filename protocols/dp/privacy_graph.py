@@ -1,0 +1,119 @@
+"""The privacy-loss graph: per unit and adversary, ε is the composition of every declared mechanism whose output
+that adversary reaches, each counted once, at the unit's sensitivity.
+
+Inputs: the declared mechanisms (:mod:`protocols.dp.mechanisms`), the run's channels (the paths by which training
+data reaches a released tensor) and its *leaks* (values that reach an adversary with no mechanism on them: for
+example the clear training loss a client sends under DP-SGD). The rules, the only ones in the code:
+
+1. A channel with a leak towards the adversary, or with no mechanism that protects against it, makes the ε ∞, with
+   its one-line why. A mechanism whose noise the adversary adds itself protects nothing against it.
+2. A mechanism covers the unit it is accounted for at group size 1. A client mechanism covers an instance through the
+   ``instance_group`` clients it sits on (each substituted: :mod:`protocols.dp.group_bound`). An instance mechanism
+   covers no client (unbounded group).
+3. Against an adversary that knows a mechanism's sample (the server draws the cohort, or sees who sent), q = 1.
+4. Mechanisms on one channel are in series: the channel's RDP is the smallest of theirs at each order (the release
+   is a post-processing of each one's output). Channels compose: their RDP curves add.
+5. When every channel is covered by exactly one mechanism of the unit itself at group 1, the unit's own accountant
+   (RDP or PRV, through Opacus) computes the ε of their joint (σ, q, steps) history; otherwise the RDP curve above
+   is converted (Opacus's conversion), and the report says ``accountant: rdp``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from opacus.accountants.analysis import rdp as privacy_analysis
+
+from protocols.dp.accountant import epsilon_of, reported
+from protocols.dp.mechanisms import CLIENT, INSTANCE, ORDERS, DPMechanism
+
+#: each channel, as a report's sentence names it
+CHANNEL_WORDS = {"label_sets": "W's label-set step", "client_training": "client training"}
+
+#: the adversaries the report names: whoever sees the released θ, W and files; the server, which sees the messages
+ADVERSARIES = ("observer", "server")
+
+
+@dataclass(frozen=True)
+class Leak:
+    """A value that reaches ``adversary`` through ``channel`` with no mechanism on it."""
+
+    channel: str
+    adversary: str
+    why: str
+
+
+@dataclass
+class Graph:
+    """A run's declared mechanisms, channels and leaks, and the public facts the group bound needs."""
+
+    mechanisms: list[DPMechanism]
+    channels: dict[str, str]  #: channel → why its data reaches a release with no mechanism, when it has none
+    leaks: list[Leak] = field(default_factory=list)
+    instance_group: int = 1  #: clients one instance sits on (a public bound)
+    population: int | None = None  #: the federation's clients (a fixed cohort's hypergeometric law)
+    cohort: int | None = None  #: a fixed cohort's size; None under Poisson sampling
+
+    def epsilon(self, unit: str, adversary: str, *, delta: float, accountant: str) -> dict[str, object]:
+        """``{"epsilon", "why"}`` (∞) or ``{"epsilon", "composed", "accountant", "notes"}`` for ``unit`` against
+        ``adversary`` (the module's rules)."""
+        if adversary not in ADVERSARIES:
+            raise ValueError(f"unknown adversary {adversary!r}; choose one of {ADVERSARIES}")
+        curves, own, composed, notes = [], [], [], []
+        for channel, uncovered in self.channels.items():
+            leak = next((x for x in self.leaks if x.channel == channel and x.adversary == adversary), None)
+            if leak is not None:
+                return {"epsilon": "inf", "why": leak.why}
+            candidates = [m for m in self.mechanisms if m.channel == channel and self._protects(m, adversary)]
+            usable = [(m, self._curve(m, unit, adversary)) for m in candidates]
+            usable = [(m, c) for m, c in usable if c is not None]
+            if not usable:
+                why = uncovered
+                if candidates:  # mechanisms there, but none bounds this unit (an instance step, per client)
+                    names = ", ".join(m.name for m in candidates)
+                    why = f"{CHANNEL_WORDS.get(channel, channel)} is covered per instance only ({names}): a client holds an unbounded number of instances"  # noqa: E501
+                elif adversary == "server" and (own := [m for m in self.mechanisms if m.channel == channel]):
+                    why = own[0].server_why or f"the server adds the noise of {own[0].name} itself and sees its input"
+                return {"epsilon": "inf", "why": why}
+            curves.append(np.min(np.stack([c for _, c in usable]), axis=0))
+            composed.extend(m.name for m, _ in usable)
+            notes.extend(m.server_note for m, _ in usable if adversary == "server" and m.server_note)
+            if len(usable) == 1 and usable[0][0].unit == unit:
+                own.append(usable[0][0])
+        if len(own) == len(self.channels) and own:  # rule 5: the unit's own accountant over its own history
+            history = [h for m in own for h in m.history(sample_rate=self._rate(m, adversary))]
+            eps = epsilon_of(history, delta, accountant) if history else 0.0
+            return {"epsilon": reported(eps), "composed": composed, "accountant": accountant, "notes": notes}
+        total = np.sum(np.stack(curves), axis=0) if curves else np.zeros(len(ORDERS))
+        if not np.any(total):
+            return {"epsilon": 0.0, "composed": composed, "accountant": "rdp", "notes": notes}
+        eps, _ = privacy_analysis.get_privacy_spent(orders=list(ORDERS), rdp=total, delta=delta)
+        return {"epsilon": reported(float(eps)), "composed": composed, "accountant": "rdp", "notes": notes}
+
+    @staticmethod
+    def _protects(m: DPMechanism, adversary: str) -> bool:
+        return not (adversary == "server" and m.noise_by == "server")
+
+    @staticmethod
+    def _rate(m: DPMechanism, adversary: str) -> float:
+        return 1.0 if adversary == "server" and m.sample_known_to_server else m.sample_rate
+
+    def _curve(self, m: DPMechanism, unit: str, adversary: str) -> np.ndarray | None:
+        """The mechanism's RDP curve for ``unit`` (None: it bounds no such unit)."""
+        q = self._rate(m, adversary)
+        if m.unit == unit:
+            return m.rdp(ORDERS, sample_rate=q)
+        if m.unit == CLIENT and unit == INSTANCE:
+            return m.group_rdp(ORDERS, group=self.instance_group, sample_rate=q, population=self.population,
+                               cohort=self.cohort)  # fmt: skip
+        return None
+
+
+def finite(eps: object) -> bool:
+    """Whether a reported ε (a number or ``"inf"``) is finite."""
+    return isinstance(eps, (int, float)) and math.isfinite(eps)
+
+
+__all__ = ["ADVERSARIES", "Graph", "Leak", "finite"]

@@ -1,0 +1,119 @@
+"""The privacy-loss graph (protocols/dp/privacy_graph.py, run_graph.py): the released model's ε per instance
+composes every mechanism the release reaches, each once, at the unit's sensitivity; checked against an independent
+computation (Opacus's RDP of the W step plus the group bound written out here with math.comb), so a mechanism
+dropped from the graph or a group size off by one fails."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis import rdp as privacy_analysis
+
+from protocols.dp.mechanisms import MECHANISMS, ORDERS
+from protocols.dp.privacy_graph import Graph
+from protocols.dp.run_graph import Gaussian, run_graph
+from secure_fed.config import load_config
+from secure_fed.engine import Experiment
+from tests.conftest import REPO, small_config
+
+#: the audit's configuration (issue 52): Bibtex FedALC, the W step at ε 4 and client-level DP at ε 4, q = 0.5
+INSTANCE_AND_CLIENT = ['privacy.client={"target_epsilon": 4, "clip_norm": 1, "max_labels_per_instance": 3}',
+                       "training.client_fraction=0.5", "training.sampling=poisson"]  # fmt: skip
+#: the privacy-loss distribution of the realised worst-case pair in that configuration, as the audit measured it
+#: (one instance alone in each of its 3 labels, removed; client step and W step): a lower bound of the true ε
+AUDIT_PLD_LOWER_BOUND = 6.25
+
+
+def independent_instance_epsilon(*, w: tuple[float, float, int], client: tuple[float, float, int], k: int, delta: float):
+    """Opacus's subsampled-Gaussian RDP for the W step plus, for the client steps, log E_j exp(2α(α−1)j²/σ²)/(α−1)
+    with j ~ Binomial(k, q), written out with math.comb; Opacus's RDP → (ε, δ) conversion."""
+    sw, qw, nw = w
+    sc, qc, nc = client
+    rdp = privacy_analysis.compute_rdp(q=qw, noise_multiplier=sw, steps=nw, orders=list(ORDERS))
+    for i, a in enumerate(ORDERS):
+        logs = [math.log(math.comb(k, j) * qc**j * (1 - qc) ** (k - j)) + 2 * a * (a - 1) * j * j / sc**2
+                for j in range(k + 1) if qc**j * (1 - qc) ** (k - j) > 0]  # fmt: skip
+        top = max(logs)
+        rdp[i] += nc * (top + math.log(sum(math.exp(x - top) for x in logs))) / (a - 1)
+    eps, _ = privacy_analysis.get_privacy_spent(orders=list(ORDERS), rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def _graph(privacy, *, w, client, k, label_sets=True) -> Graph:
+    return run_graph(privacy, label_set_algorithm=label_sets, w_step=None if w is None else Gaussian(*w), dp_sgd=None,
+                     client=None if client is None else Gaussian(*client), adaptive=False, instance_group=k, population=159,
+                     cohort=None)  # fmt: skip
+
+
+def test_instance_and_client_units_compose_per_instance_through_the_group_bound():
+    cfg = load_config(REPO / "experiments/configs/bibtex_fedalc_dp.yaml", INSTANCE_AND_CLIENT)
+    w, client = (1.484, 0.1, 100), (5.918, 0.5, 100)
+    g = _graph(cfg.privacy, w=w, client=client, k=3)
+    got = g.epsilon("instance", "observer", delta=1e-5, accountant="rdp")
+    want = independent_instance_epsilon(w=w, client=client, k=3, delta=1e-5)
+    assert got["epsilon"] == pytest.approx(want, rel=1e-9)
+    assert got["composed"] == ["server_w_step", "client"]
+    assert math.isfinite(want) and want >= AUDIT_PLD_LOWER_BOUND
+    # a group size off by one, or the client mechanism dropped, gives another (smaller) ε
+    assert want > independent_instance_epsilon(w=w, client=client, k=2, delta=1e-5) * 1.05
+    w_only = RDPAccountant()
+    w_only.history = [w]
+    assert want > w_only.get_epsilon(1e-5) + 1.0
+    # a client holds an unbounded number of label sets: the W step bounds no client
+    assert g.epsilon("client", "observer", delta=1e-5, accountant="rdp")["epsilon"] == "inf"
+    # the server adds both noises itself
+    assert g.epsilon("instance", "server", delta=1e-5, accountant="rdp")["epsilon"] == "inf"
+
+
+def test_validate_plans_the_released_models_epsilon_per_instance(capsys):
+    """``validate``'s line for the audit's configuration at its full 100 rounds on Bibtex's 159 clients (config and
+    public facts only): finite, at least the audit's worst-case PLD, and the independent composition of the planned σ."""
+    from protocols.layer_specs import _describe_dp
+
+    cfg = load_config(REPO / "experiments/configs/bibtex_fedalc_dp.yaml", INSTANCE_AND_CLIENT)
+    lines = _describe_dp(cfg, 159)
+    line = next(x for x in lines if x.startswith("dp released model, per instance (observer)"))
+    eps = float(line.split("plans ε = ")[1].split(" ")[0])
+    sigmas = {x.split(" unit")[0].split()[-1]: float(x.split("σ ")[1].split(" ")[0]) for x in lines if " unit: " in x}
+    want = independent_instance_epsilon(w=(sigmas["instance"], 0.1, 100), client=(sigmas["client"], 0.5, 100), k=3, delta=1e-5)
+    assert eps == pytest.approx(want, rel=2e-3)  # the line prints 4 significant digits; σ is printed to 4 too
+    assert AUDIT_PLD_LOWER_BOUND <= eps < 200
+
+
+def test_a_run_reports_the_composed_epsilon_for_the_released_model(tmp_path):
+    """End to end: the summary's top-level ε (the released model's) is the observer's, which composes the W step's
+    realised steps with the client steps through the group bound; the instance unit's own ledger stays the W step's."""
+    ov = ['protocols=["dp"]', "algorithm.normalize_gamma=false", "training.rounds=2",
+          'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}',
+          'privacy.client={"noise_multiplier": 3.0, "clip_norm": 1.0, "max_labels_per_instance": 2}',
+          "training.client_fraction=0.5", "training.sampling=poisson"]  # fmt: skip
+    res = Experiment(small_config(*ov), run_dir=tmp_path).run(progress=False)
+    priv = res.summary["privacy"]
+    inst = priv["units"]["instance"]
+    observer = inst["adversaries"]["observer"]
+    want = independent_instance_epsilon(w=(1.0, 0.2, inst["steps"]), client=(3.0, 0.5, 2), k=2, delta=1e-5)
+    assert observer["epsilon"] == pytest.approx(want, rel=1e-9)
+    assert priv["epsilon"] == observer["epsilon"] > inst["epsilon"]
+    assert priv["units"]["client"]["adversaries"]["observer"]["epsilon"] == "inf"
+    assert priv["units"]["client"]["instance_level"]["group_size"] == 2
+
+
+def test_every_registered_mechanism_is_declared_by_some_run():
+    """Each registered kind is one a run can declare (run_graph picks it from the settings), so none is dead."""
+    cfg = load_config(None, [])
+    seen = set()
+    for local_noise in ("local", "shares"):
+        for client_kw in ({"mechanism": "gaussian", "noise": "server"}, {"mechanism": "gaussian", "noise": "clients"},
+                          {"mechanism": "tree", "noise": "server"}):  # fmt: skip
+            for adaptive in (False, True):
+                p = cfg.privacy.model_copy(update={
+                    "local": type("L", (), {"noise": local_noise})(),
+                    "client": type("C", (), client_kw)(),
+                })  # fmt: skip
+                g = run_graph(p, label_set_algorithm=True, w_step=Gaussian(1.0, 0.1, 1), dp_sgd=Gaussian(1.0, 0.5, 1),
+                              client=Gaussian(1.0, 1.0, 1), adaptive=adaptive, instance_group=2, population=10,
+                              cohort=None)  # fmt: skip
+                seen.update(m.kind for m in g.mechanisms)
+    assert seen == set(MECHANISMS)
