@@ -329,6 +329,25 @@ def _describe_dp(cfg, num_clients: int) -> list[str]:
         return _describe_dp_lines(cfg, num_clients)
 
 
+def _released_model_line(cfg) -> str:
+    """The released model's ε (the observer's), planned: covered when every step that shapes θ and W has a DP
+    mechanism (:func:`protocols.dp.released_model.unnoised_steps_of_config`, the layer's own rule), else ∞ and why."""
+    from protocols.dp.released_model import unnoised_steps_of_config
+
+    p = cfg.privacy
+    units = [u for u, on in (("instance", p.instance is not None or p.local is not None), ("client", p.client is not None)) if on]
+    head = "dp released model (the observer: sees θ, W and the files): "
+    unnoised = unnoised_steps_of_config(cfg)
+    if not unnoised:
+        return (
+            head + "covered: every step that shapes θ and W has a DP mechanism; its ε is the observer's plan per "
+            f"{(units or ['dp'])[0]} above (dp released model, per {(units or ['dp'])[0]})"
+        )
+    released = " and ".join(dict.fromkeys("θ" if t == "theta" else t for x in unnoised for t in x["released"]))
+    return (head + f"ε = ∞: no ε bounds the released {released}: " + "; ".join(x["why"] for x in unnoised)
+            + f"; the {' and '.join(units) or 'dp'} unit's ε above covers only what that unit names")  # fmt: skip
+
+
 def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
     """Each DP unit's plan, as :class:`protocols.dp.layer.DifferentialPrivacy` builds it: per mechanism σ (given or
     calibrated by the layer's own functions), sample rate and planned steps, and the ε the unit plans over them.
@@ -424,6 +443,7 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
     if cfg.algorithm.capabilities.centralised:
         lines.append(f"dp: {cfg.algorithm.name} under dp is the central DP reference: DP-SGD on one trainer that holds "
                      "every instance once (no contribution bound)")  # fmt: skip
+    lines.append(_released_model_line(cfg))
     return lines
 
 

@@ -72,7 +72,7 @@ def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
     print(f"  run directory: {run_dir} (private/ holds the operator's diagnostics: do not release it)")
     if "warning" in summary[PRIVACY_RECORD]:
         print(f"  warning: {summary[PRIVACY_RECORD]['warning']}")
-    print("\n".join(privacy_lines(summary[PRIVACY_RECORD])))
+    print("\n".join(privacy_lines(summary[PRIVACY_RECORD], str(run_dir / "config.yaml"))))
     if line := aborted_line(summary):
         print(line)
 

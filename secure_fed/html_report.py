@@ -35,7 +35,7 @@ import yaml
 
 from secure_fed.errors import SecureFedError
 from secure_fed.plugin_specs import layer_specs
-from secure_fed.report_columns import EPSILON_COLUMNS, column_groups, columns, format_epsilon
+from secure_fed.report_columns import EPSILON_COLUMNS, column_groups, columns, epsilon_label, format_epsilon
 from secure_fed.run_files import ATTACKS_RECORD, OPERATOR_PREFIX, PRIVACY_RECORD, PRIVATE_DIR, attacks_path
 from secure_fed.run_history import load_run
 
@@ -236,11 +236,26 @@ def _utility_key(rows: list[dict[str, Any]]) -> str | None:
     return next((k for k in UTILITY_KEYS if any(isinstance(r.get(k), (int, float)) for r in rows)), None)
 
 
+def plotted_epsilon(row: dict[str, Any]) -> float:
+    """Where a run sits on the page's ε axes: its target ε, or ∞ when the released model's ε is ∞ (a unit whose
+    target covers only part of the run, e.g. W's label-set step alone, does not place the model at its target), so
+    that the page and ``report.png`` (whose legends name the released model's ε) agree."""
+    return math.inf if math.isinf(_num(row.get("epsilon"))) else row["target_epsilon"]
+
+
+def point_label(rows: list[dict[str, Any]]) -> str:
+    """The ε of the runs at one point of a plot, as :func:`~secure_fed.report_columns.epsilon_label` writes it: the
+    largest released ε among them (the bound that holds for each), beside their target when that differs."""
+    released = [e for r in rows if not math.isnan(e := _num(r.get("epsilon")))]
+    targets = {r["target_epsilon"] for r in rows}
+    return epsilon_label(max(released) if released else None, targets.pop() if len(targets) == 1 else None)
+
+
 def _by_method_eps(rows, key) -> dict[str, dict[float, list[dict[str, Any]]]]:
     out: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if math.isfinite(_num(r.get(key))):
-            out[r["method"]][r["target_epsilon"]].append(r)
+            out[r["method"]][plotted_epsilon(r)].append(r)
     return out
 
 
@@ -254,14 +269,14 @@ def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None, ci_key=None):
     groups = _by_method_eps(rows, key)
     if not groups:
         return None
-    pos, ticks, labels = _eps_x([r["target_epsilon"] for r in rows])
+    pos, ticks, labels = _eps_x([plotted_epsilon(r) for r in rows])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for i, (method, by_eps) in enumerate(sorted(groups.items())):
         eps = sorted(e for e in by_eps if e in pos)
         xs = [pos[e] for e in eps]
         vals = [[_num(r[key]) for r in by_eps[e]] for e in eps]
         seeds = max(len(v) for v in vals)
-        shown = ", ".join(format_epsilon(e) for e in eps)
+        shown = ", ".join(point_label(by_eps[e]) for e in eps)
         (line,) = ax.plot(xs, [sum(v) / len(v) for v in vals], marker="o",
                           label=f"{method}: mean over {seeds} seed(s), ε = {shown}")  # fmt: skip
         line.set_gid(f"curve-{i}")
@@ -285,7 +300,7 @@ def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None, ci_key=None):
         ax.set_xscale("log")
         ax.set_xticks(ticks, labels)
         ax.minorticks_off()
-    ax.set(xlabel="target ε", ylabel=ylabel, title=title)
+    ax.set(xlabel="target ε (∞: the released model's ε is ∞)", ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=7)
     fig.tight_layout()
@@ -313,11 +328,13 @@ def _audit_plot(plt, rows):
 
 def _round_plot(plt, rows, key):
     curves: dict[tuple[str, float], list[list[tuple[int, float]]]] = defaultdict(list)
+    at: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         history, _ = load_run(Path(r["run_dir"]))
         pts = [(h["round"], float(h[key])) for h in history if isinstance(h.get(key), (int, float))]
         if pts:
-            curves[(r["method"], r["target_epsilon"])].append(pts)
+            curves[(r["method"], plotted_epsilon(r))].append(pts)
+            at[(r["method"], plotted_epsilon(r))].append(r)
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
@@ -328,7 +345,7 @@ def _round_plot(plt, rows, key):
                 by_round[rd].append(v)
         rounds = sorted(by_round)
         (line,) = ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds], marker=".",
-                          label=f"{method}, ε = {format_epsilon(eps)}")  # fmt: skip
+                          label=f"{method}, ε = {point_label(at[(method, eps)])}")  # fmt: skip
         line.set_gid(f"curve-{i}")
     ax.set(xlabel="round", ylabel=key, title=f"{key} by round (mean over seeds)")
     ax.grid(alpha=0.3)

@@ -47,16 +47,32 @@ def unit_line(name: str, u: dict[str, Any]) -> str:
     return text
 
 
-def privacy_lines(record: dict[str, Any]) -> list[str]:
-    """The released privacy record (``summary.json``'s ``privacy``) as console lines: the released model's ε (with
-    δ and unit, or ∞ and why), then one line per DP unit."""
+#: short names of the steps a released tensor is shaped by without DP (the DP layer's ``unnoised`` list)
+_STEPS = {"label_set_collection": "W's label-set step", "client_training": "client training"}
+
+
+def infinity_line(record: dict[str, Any], config: str = "its config.yaml") -> str:
+    """The released model's ε = ∞ in one short sentence: which released tensors, which steps carry no noise, each
+    unit's ε for what it covers, and where the details are (``secure-fed validate`` on the run's config)."""
+    units = record.get("units") or {}
+    unnoised = next((u["unnoised"] for u in units.values() if u.get("unnoised")), [])
+    released = " and ".join(dict.fromkeys("θ" if t == "theta" else t for x in unnoised for t in x["released"])) or "model"
+    steps = " and ".join(_STEPS.get(x["step"], x["step"].replace("_", " ")) for x in unnoised) or "a released step"
+    eps = ", ".join(f"{name} unit ε = {fmt_epsilon(u.get('epsilon'))}" for name, u in units.items())
+    return (f"  privacy: ε = ∞ for the released {released}: {steps} {'has' if len(unnoised) < 2 else 'have'} no DP "
+            f"noise ({eps} covers only part); details: secure-fed validate {config}")  # fmt: skip
+
+
+def privacy_lines(record: dict[str, Any], config: str = "its config.yaml") -> list[str]:
+    """The released privacy record (``summary.json``'s ``privacy``) as console lines: the released model's ε with δ
+    and unit, then one line per DP unit; or, when the released model's ε is ∞, one short sentence (why, per unit,
+    is what ``secure-fed validate`` on ``config`` prints)."""
     units = record.get("units") or {}
     eps = record.get("epsilon")
     if not units:
         why = record.get("note") or record.get("why") or "no differential privacy mechanism in this run"
         return [f"  privacy: ε = ∞: {why}; nothing bounds what the released model and metrics reveal about the training data"]
     if fmt_epsilon(eps) == "∞":
-        head = f"  privacy: ε = ∞ for the released model: {record.get('why', 'no unit bounds it')}"
-    else:
-        head = f"  privacy: ε = {fmt_epsilon(eps)}, δ = {record.get('delta'):g} per {record.get('unit')} for the released model"
+        return [infinity_line(record, config)]
+    head = f"  privacy: ε = {fmt_epsilon(eps)}, δ = {record.get('delta'):g} per {record.get('unit')} for the released model"
     return [head, *(unit_line(n, u) for n, u in units.items())]

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from secure_fed.report_columns import format_epsilon
+from secure_fed.report_columns import epsilon_label, format_epsilon
 from secure_fed.run_files import PRIVACY_RECORD
 from secure_fed.run_history import load_run
 
 __all__ = ["print_table", "report", "report_figure"]
 
 
-def _epsilon_label(summary: dict | None, cfg_eps: float) -> str:
-    """``ε = 4.0`` (the accountant's ε, or the target for a run without a summary yet), ``ε = ∞`` without DP."""
-    eps = (summary or {}).get(PRIVACY_RECORD, {}).get("epsilon")
-    return f"ε = {format_epsilon(eps if eps is not None else cfg_eps)}"
+def _epsilon_label(summary: dict | None, row: dict) -> str:
+    """``ε = 4.0``: the released model's ε (the accountant's, ∞ when a step that shapes θ or W is un-noised), beside
+    the run's target when they differ (:func:`~secure_fed.report_columns.epsilon_label`, as ``report.html`` writes
+    it); the target for a run without a summary yet whose ledger is finite so far."""
+    released = row.get("epsilon")
+    if summary is None and not (isinstance(released, float) and math.isinf(released)):
+        released = None
+    return f"ε = {epsilon_label(released, row.get('target_epsilon'))}"
 
 
 def report(run_dirs: list[Path], *, out: Path | None = None, warning: str | None = None, table: bool = True,
@@ -51,7 +56,7 @@ def report_figure(run_dirs: list[Path], *, warning: str | None = None, vary: tup
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.9 if warning else 3.6))
     for (rd, history, summary), row in zip(runs, rows, strict=True):
         varied = "".join(f", {k} = {setting(rd, k)}" for k in vary)
-        label = f"{rd.name} ({_epsilon_label(summary, row['target_epsilon'])}{varied})"
+        label = f"{rd.name} ({_epsilon_label(summary, row)}{varied})"
         rounds = [h["round"] for h in history]
         for ax, (key, _) in zip(axes, panels, strict=False):
             ax.plot(rounds, [h.get(key, float("nan")) for h in history], marker=".", label=label)

@@ -34,6 +34,20 @@ def format_epsilon(v: Any) -> str:
     return f"{v:.1f}" if round(v, 2) >= 1 else f"{v:.2g}"
 
 
+def epsilon_label(released: Any, target: Any = None) -> str:
+    """The released model's ε as a plot's legend writes it, in ``report.png`` and ``report.html`` alike: ``4.0`` (the
+    run's target and what it released agree as written), ``1.8 (target 2.0)`` when they differ, ``∞ (unit target
+    2.0)`` when a DP unit's target covers only part of the run (the released model's ε is ∞); the target when the
+    released ε is not known yet (``?``: a run without a ledger line)."""
+    shown = format_epsilon(released)
+    goal = format_epsilon(target) if target is not None else "?"
+    if goal in ("?", shown):
+        return shown
+    if shown == "?":
+        return goal
+    return f"∞ (unit target {goal})" if shown == "∞" else f"{shown} (target {goal})"
+
+
 def column_groups(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     """``(group, columns)`` for the rows: setup, privacy, utility (the metrics), attacks (``operator.…``, with their
     confidence intervals); a group none of the rows has is left out."""

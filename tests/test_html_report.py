@@ -22,7 +22,8 @@ from tests.conftest import SMALL
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _browser():
+def _browser(width: int = 1400):
+    """Headless Chromium through Selenium, its window ``width`` px wide; fails under ``CI=true`` without the browser."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver = shutil.which("chromedriver")
     if not (chromium and driver):
@@ -35,7 +36,7 @@ def _browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--window-size={width},1000"):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=opts)

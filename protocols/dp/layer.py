@@ -16,6 +16,7 @@ from protocols.dp.label_set_dpsgd import SENSITIVITY_IN_CLIP_NORMS, dp_label_set
 from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_per_round
 from protocols.dp.local_shares import SHARE_STEP, LocalSharesRound, LocalShareSums, share_reply, share_std
 from protocols.dp.privacy_graph import ADVERSARIES, Graph
+from protocols.dp.released_model import unnoised_steps
 from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP, Gaussian, run_graph
 from protocols.dp.tree_aggregation import TreeNoise, gaussian_equivalents, tree_release
 from protocols.dp.tree_ledger import tree_client_unit
@@ -563,15 +564,11 @@ class DifferentialPrivacy(ProtocolLayer):
         tensor with no DP mechanism of this stack on them: with one, no unit's ε bounds what the released θ and W
         reveal (the observer's ε is ∞, and so is the run's top-level ε)."""
         inst = self.units.get("instance")
-        unnoised = []
-        if self.settings.label_set_algorithm and (inst is None or SERVER_STEP not in inst.mechanisms):
-            unnoised.append({"step": "label_set_collection", "released": ["W"],
-                             "why": "W's label-set step is un-noised (the server's W update reads the clients' label sets "
-                                    "in the clear; privacy.instance covers it)"})  # fmt: skip
-        if (inst is None or CLIENT_TRAINING not in inst.mechanisms) and "client" not in self.units:
-            unnoised.append({"step": "client_training", "released": ["theta", "W"],
-                             "why": "client training is un-noised (θ and the class rows are trained without DP-SGD or "
-                                    "client-level noise; privacy.local or privacy.client covers it)"})  # fmt: skip
+        unnoised = unnoised_steps(
+            collects_label_sets=self.settings.label_set_algorithm,
+            label_set_step_noised=inst is not None and SERVER_STEP in inst.mechanisms,
+            client_training_noised=(inst is not None and CLIENT_TRAINING in inst.mechanisms) or "client" in self.units,
+        )
         out = {}
         graph = self.privacy_graph()
         for name, u in self.units.items():

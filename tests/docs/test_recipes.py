@@ -53,3 +53,31 @@ def test_a_recipe_command_parses(command, monkeypatch):
     overrides = getattr(args, "overrides", None) or []
     if config is not None or overrides:
         load_config(config, overrides)
+
+
+def test_the_python_block_loads_an_exported_model(tmp_path, monkeypatch, capsys):
+    """The recipes' Python block (loading ``secure-fed export``'s file) runs on a freshly exported model: θ loads into
+    the encoder it rebuilds (strictly), and it prints the released ε and a ranking of the model's labels."""
+    import re
+
+    import torch
+
+    from secure_fed.cli import main
+    from tests.conftest import SMALL
+
+    (block,) = [b for b in re.findall(r"^```python\n(.*?)^```", page("recipes.md"), flags=re.S | re.M) if "export" in b
+                or "torch.load" in b]  # fmt: skip
+    run, model = tmp_path / "run", tmp_path / "model.pt"
+    from tests.test_privacy_lines import COVERED
+
+    sets = [*SMALL, "training.rounds=2", "model.name=sparse_text", "model.hidden_dims=[]", *COVERED]
+    assert main(["run", "--out", str(run), *[x for s in sets for x in ("--set", s)]]) == 0
+    assert main(["export", str(run), "--out", str(model)]) == 0
+    capsys.readouterr()
+    assert '"runs/first-dp.pt"' in block
+    exec(compile(block.replace('"runs/first-dp.pt"', repr(str(model))), "recipes.md", "exec"), {})  # noqa: S102
+    out = capsys.readouterr().out
+    doc = torch.load(model, weights_only=True)
+    assert f"released model: ε = {doc['privacy']['epsilon']}, δ = 1e-05" in out and doc["privacy"]["epsilon"] != "inf"
+    top = re.search(r"top 5 labels: \[([\d, ]+)\]", out).group(1).split(", ")
+    assert len(top) == 5 and all(0 <= int(i) < doc["W"].shape[0] for i in top)
