@@ -451,11 +451,12 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
     """The released model's planned ε per unit against the observer, from the run's privacy-loss graph
     (:mod:`protocols.dp.run_graph`) over the planned mechanisms, one line per unit: it differs from the unit's own
     plan where another unit's mechanism reaches it (client-level noise per instance) or a channel is un-noised."""
-    from protocols.dp.run_graph import Gaussian, run_graph
+    from protocols.dp.mechanisms import MECHANISMS
+    from protocols.dp.run_graph import mechanism_kind, run_graph
     from secure_fed.data import partitioner_from_config
 
     p, t = cfg.privacy, cfg.training
-    if any(name not in planned for name in ("server_w_step", "client_training") if name in _planned_blocks(p)):
+    if any(name not in planned for name in _planned_blocks(p)):
         return []  # some step counts need the built data: said above
     client_name = next((n for n in planned if n.startswith("client update")), None)
     if p.client is not None and client_name is None:
@@ -465,12 +466,18 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
     if positive_only and not cfg.algorithm.capabilities.centralised:
         bound = _instance_bound(cfg)
         k = num_clients if bound is None else min(bound[0], num_clients)
-    g = lambda name: None if name not in planned else Gaussian(*planned[name])  # noqa: E731
+    mechs = []
+    for name in _planned_blocks(p):
+        sigma, q, n = planned[name]
+        mechs.append(MECHANISMS[mechanism_kind(p, name)](name=name, sigma=sigma, sample_rate=q, steps=n, planned_steps=n))
+    if p.client is not None:
+        sigma, q, _ = planned[client_name]
+        extra = {"tree_rounds": p.client.tree_restart_every or t.rounds} if p.client.mechanism == "tree" else {}
+        mechs.append(MECHANISMS[mechanism_kind(p, "client")](name="client", sigma=sigma, sample_rate=q, steps=t.rounds,
+                                                            planned_steps=t.rounds, **extra))  # fmt: skip
     graph = run_graph(
-        p, label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets, w_step=g("server_w_step"),
-        dp_sgd=g("client_training"), client=g(client_name) if client_name else None,
-        adaptive=p.client is not None and p.client.adaptive_clipping is not None, instance_group=k, population=num_clients,
-        cohort=None if t.sampling == "poisson" else t.cohort_size(num_clients),
+        p, label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets, mechanisms=mechs, instance_group=k,
+        population=num_clients, cohort=None if t.sampling == "poisson" else t.cohort_size(num_clients),
     )  # fmt: skip
     units = (["instance"] if p.instance is not None or p.local is not None else []) + (["client"] if p.client else [])
     lines = []

@@ -25,6 +25,8 @@ from opacus.accountants import GaussianAccountant, RDPAccountant, create_account
 from opacus.accountants.analysis import rdp as privacy_analysis
 from opacus.accountants.utils import get_noise_multiplier
 
+from protocols.dp.mechanisms import MECHANISMS, DPMechanism
+
 #: accountant names accepted in YAML → Opacus mechanism names (the ones that may calibrate σ and stop training)
 ACCOUNTANTS = {"rdp": "rdp", "prv": "prv"}
 
@@ -235,28 +237,6 @@ def gdp_epsilon(history: list[tuple[float, float, int]], delta: float) -> tuple[
     return eps, " ".join(str(w.message) for w in caught)
 
 
-class Mechanism:
-    """One Gaussian mechanism a privacy unit's data goes through: DP-SGD steps at noise multiplier σ and sampling
-    rate q (the server's step on W over label sets; DP-SGD inside client training)."""
-
-    def __init__(
-        self, *, name: str, scope: str, sigma: float, sample_rate: float, clip_norm: float, calibrated: bool,
-        planned_steps: int,
-    ):  # fmt: skip
-        self.name, self.scope = name, scope
-        self.sigma, self.sample_rate, self.clip_norm = float(sigma), float(sample_rate), float(clip_norm)
-        self.calibrated = calibrated
-        self.planned_steps = int(planned_steps)
-        self.steps = 0
-
-    def report(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope, "noise_multiplier": self.sigma, "sample_rate": self.sample_rate,
-            "clip_norm": self.clip_norm, "steps": self.steps, "planned_steps": self.planned_steps,
-            "sigma_calibrated": self.calibrated,
-        }  # fmt: skip
-
-
 class PrivacyUnit:
     """The ledger of one privacy unit (``instance`` or ``client``): one ε for every mechanism its data goes through.
 
@@ -292,6 +272,8 @@ class PrivacyUnit:
         not_covered: list[str] | None = None,
         report_gdp: bool = False,
         mechanism: str | None = None,
+        kind: str | None = None,
+        mechanism_options: dict[str, Any] | None = None,
     ):
         self.name, self.scope = name, scope
         self.delta, self.accountant_name = float(delta), accountant
@@ -300,21 +282,25 @@ class PrivacyUnit:
         #: released tensors no mechanism needs to cover (data-independent: e.g. a fixed encoder), named in the report
         self.fixed: list[str] = []
         self.report_gdp = bool(report_gdp)
-        self.mechanisms: dict[str, Mechanism] = {}
+        self.mechanisms: dict[str, DPMechanism] = {}
         self.primary = mechanism or name
         self.add_mechanism(
-            self.primary, scope=scope, sigma=sigma, sample_rate=sample_rate, clip_norm=clip_norm, calibrated=calibrated,
-            planned_steps=planned_steps,
+            self.primary, kind=kind, scope=scope, sigma=sigma, sample_rate=sample_rate, clip_norm=clip_norm,
+            calibrated=calibrated, planned_steps=planned_steps, **(mechanism_options or {}),
         )  # fmt: skip
         self.accountant = make_accountant(accountant)
 
-    def add_mechanism(self, name: str, **kw: Any) -> Mechanism:
+    def add_mechanism(self, name: str, *, kind: str | None = None, **kw: Any) -> DPMechanism:
+        """Add a declared mechanism of the registered ``kind`` (:data:`protocols.dp.mechanisms.MECHANISMS`); None: an
+        undeclared subsampled Gaussian (a ledger outside a run, as the tests and the selection build)."""
         if name in self.mechanisms:
             raise ValueError(f"privacy unit {self.name!r} already has a mechanism {name!r}")
-        self.mechanisms[name] = m = Mechanism(name=name, **kw)
+        if kind is not None and kind not in MECHANISMS:
+            raise ValueError(f"unknown mechanism kind {kind!r}; registered: {sorted(MECHANISMS)}")
+        self.mechanisms[name] = m = (DPMechanism if kind is None else MECHANISMS[kind])(name=name, **kw)
         return m
 
-    def mechanism(self, name: str | None = None) -> Mechanism:
+    def mechanism(self, name: str | None = None) -> DPMechanism:
         return self.mechanisms[name or self.primary]
 
     # the first mechanism's numbers, as the reports and the single-mechanism callers read them

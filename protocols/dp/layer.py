@@ -17,8 +17,8 @@ from protocols.dp.local_dpsgd import LocalDPSGD, copies_per_round, local_steps_p
 from protocols.dp.local_shares import SHARE_STEP, LocalSharesRound, LocalShareSums, share_reply, share_std
 from protocols.dp.privacy_graph import ADVERSARIES, Graph
 from protocols.dp.released_model import unnoised_steps
-from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP, Gaussian, run_graph
-from protocols.dp.tree_aggregation import TreeNoise, gaussian_equivalents, tree_release
+from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP, mechanism_kind, run_graph
+from protocols.dp.tree_aggregation import TreeNoise, tree_release
 from protocols.dp.tree_ledger import tree_client_unit
 from protocols.layer_settings import DPSettings
 from protocols.layer_specs import share_range_error
@@ -232,7 +232,8 @@ class DifferentialPrivacy(ProtocolLayer):
         for m in mechs:
             sigma = m["cfg"].noise_multiplier if m["cfg"].noise_multiplier is not None else shared
             kw = {"scope": m["scope"], "sigma": sigma, "sample_rate": m["sample_rate"], "clip_norm": m["cfg"].clip_norm,
-                  "calibrated": m["cfg"].noise_multiplier is None, "planned_steps": m["planned_steps"]}  # fmt: skip
+                  "calibrated": m["cfg"].noise_multiplier is None, "planned_steps": m["planned_steps"],
+                  "kind": mechanism_kind(p, m["name"])}  # fmt: skip
             if unit is None:
                 unit = PrivacyUnit(
                     name="instance", delta=p.delta, accountant=p.accountant, target_epsilon=target,
@@ -266,7 +267,7 @@ class DifferentialPrivacy(ProtocolLayer):
         return PrivacyUnit(
             name=name, scope=scope, sigma=sigma, sample_rate=q, delta=p.delta, accountant=p.accountant,
             target_epsilon=ucfg.target_epsilon, clip_norm=ucfg.clip_norm, calibrated=calibrated, planned_steps=steps,
-            not_covered=not_covered, report_gdp=p.report_gdp,
+            not_covered=not_covered, report_gdp=p.report_gdp, kind=mechanism_kind(p, name),
         )  # fmt: skip
 
     def _tree_unit(self, scope: str, not_covered: list[str]) -> PrivacyUnit:
@@ -517,30 +518,14 @@ class DifferentialPrivacy(ProtocolLayer):
         return inst.stop_reason(plan=plan) if plan else None
 
     def privacy_graph(self, *, planned: bool = False) -> Graph:
-        """This run's privacy-loss graph (:mod:`protocols.dp.run_graph`): its mechanisms with the steps the ledgers
-        hold (``planned``: the steps they plan)."""
-        p, t = self.settings.privacy, self.settings.training
-        inst, client = self.units.get("instance"), self.units.get("client")
-
-        def numbers(m, steps: int) -> Gaussian:
-            return Gaussian(sigma=m.sigma, sample_rate=m.sample_rate, steps=steps)
-
-        def mech(name: str) -> Gaussian | None:
-            if inst is None or name not in inst.mechanisms:
-                return None
-            m = inst.mechanism(name)
-            return numbers(m, m.planned_steps if planned else m.steps)
-
-        client_numbers = None
-        if client is not None:
-            rounds = client.planned_steps if planned else client.steps
-            steps = gaussian_equivalents(rounds, client.tree_rounds) if p.client.mechanism == "tree" else rounds
-            client_numbers = numbers(client.mechanism(), steps)
-        n = self.env.num_clients
+        """This run's privacy-loss graph (:mod:`protocols.dp.run_graph`) over its units' declared mechanisms, at the
+        steps the ledgers hold (``planned``: the steps they plan)."""
+        t, n = self.settings.training, self.env.num_clients
+        mechs = [m.at(m.planned_steps) if planned else m for u in self.units.values() for m in u.mechanisms.values()]
         return run_graph(
-            p, label_set_algorithm=self.settings.label_set_algorithm, w_step=mech(SERVER_STEP), dp_sgd=mech(CLIENT_TRAINING),
-            client=client_numbers, adaptive=self.adaptive is not None, instance_group=self.env.max_clients_per_instance,
-            population=n, cohort=None if t.sampling == "poisson" else t.cohort_size(n),
+            self.settings.privacy, label_set_algorithm=self.settings.label_set_algorithm, mechanisms=mechs,
+            instance_group=self.env.max_clients_per_instance, population=n,
+            cohort=None if t.sampling == "poisson" else t.cohort_size(n),
         )  # fmt: skip
 
     def _adversary(self, graph: Graph, unit: str, adversary: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ channel's release is a post-processing of each one's output, so its RDP is at mo
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar
 
 import numpy as np
@@ -69,21 +70,45 @@ class DPMechanism:
     #: the condition under which it holds against the server, where it does
     server_note: ClassVar[str] = ""
 
-    def __init__(self, *, name: str, sigma: float, sample_rate: float, steps: int):
+    def __init__(self, *, name: str, sigma: float, sample_rate: float, steps: int = 0, planned_steps: int = 0,
+                 scope: str = "", clip_norm: float = 1.0, calibrated: bool = False):  # fmt: skip
         if not (sigma > 0.0 and 0.0 < sample_rate <= 1.0 and steps >= 0):
-            raise ValueError(f"{self.kind} {name!r}: σ {sigma}, q {sample_rate}, steps {steps} out of range")
-        self.name, self.sigma, self.sample_rate, self.steps = name, float(sigma), float(sample_rate), int(steps)
+            raise ValueError(f"{self.kind or 'mechanism'} {name!r}: σ {sigma}, q {sample_rate}, steps {steps} out of range")
+        self.name, self.scope = name, scope
+        self.sigma, self.sample_rate, self.clip_norm = float(sigma), float(sample_rate), float(clip_norm)
+        self.calibrated = bool(calibrated)
+        self.planned_steps, self.steps = int(planned_steps), int(steps)  #: the ledger's: steps it plans, steps it holds
+
+    def at(self, steps: int) -> DPMechanism:
+        """A copy that has run ``steps`` steps (the graph of a plan: ``at(planned_steps)``)."""
+        out = copy.copy(self)
+        out.steps = int(steps)
+        return out
+
+    def gaussian_steps(self, steps: int) -> int:
+        """The subsampled-Gaussian steps an accountant composes for ``steps`` of this mechanism's steps."""
+        return int(steps)
 
     def history(self, *, sample_rate: float | None = None) -> list[tuple[float, float, int]]:
         """The (σ, q, steps) entries an Opacus accountant composes for this mechanism's own unit."""
-        return [(self.sigma, self.sample_rate if sample_rate is None else sample_rate, self.steps)] if self.steps else []
+        n = self.gaussian_steps(self.steps)
+        return [(self.sigma, self.sample_rate if sample_rate is None else sample_rate, n)] if n else []
 
     def rdp(self, orders=ORDERS, *, sample_rate: float | None = None) -> np.ndarray:
         """Its own unit's RDP curve over its steps (add/remove at the accounted sensitivity)."""
         q = self.sample_rate if sample_rate is None else sample_rate
-        if not self.steps:
+        n = self.gaussian_steps(self.steps)
+        if not n:
             return np.zeros(len(orders))
-        return np.asarray(privacy_analysis.compute_rdp(q=q, noise_multiplier=self.sigma, steps=self.steps, orders=list(orders)))
+        return np.asarray(privacy_analysis.compute_rdp(q=q, noise_multiplier=self.sigma, steps=n, orders=list(orders)))
+
+    def report(self) -> dict[str, object]:
+        """The ledger's numbers for this mechanism, as a unit's report lists them."""
+        return {
+            "scope": self.scope, "noise_multiplier": self.sigma, "sample_rate": self.sample_rate,
+            "clip_norm": self.clip_norm, "steps": self.steps, "planned_steps": self.planned_steps,
+            "sigma_calibrated": self.calibrated,
+        }  # fmt: skip
 
     def group_rdp(self, orders=ORDERS, *, group: int, sample_rate: float | None = None, population: int | None = None,
                   cohort: int | None = None) -> np.ndarray:  # fmt: skip
@@ -138,7 +163,7 @@ class _ClientGaussian(DPMechanism):
                   cohort: int | None = None) -> np.ndarray:  # fmt: skip
         q = self.sample_rate if sample_rate is None else sample_rate
         pmf = cohort_count_pmf(group, sample_rate=q, population=population, cohort=None if q >= 1.0 else cohort)
-        return self.steps * group_substitution_rdp(self.sigma, pmf, orders)
+        return self.gaussian_steps(self.steps) * group_substitution_rdp(self.sigma, pmf, orders)
 
 
 @register_mechanism
@@ -172,9 +197,19 @@ class ClientTree(_ClientGaussian):
 
     kind, noise_by, sample_known_to_server = "client_tree", "server", True
 
+    def __init__(self, *, tree_rounds: int, **kw):
+        self.tree_rounds = int(tree_rounds)  #: rounds a tree covers before it restarts
+        super().__init__(**kw)
+
+    def gaussian_steps(self, steps: int) -> int:
+        """K: the Gaussian equivalents of ``steps`` rounds (:func:`protocols.dp.tree_aggregation.gaussian_equivalents`)."""
+        from protocols.dp.tree_aggregation import gaussian_equivalents  # torch: only where a tree is accounted
+
+        return gaussian_equivalents(steps, self.tree_rounds)
+
     def group_rdp(self, orders=ORDERS, *, group: int, sample_rate: float | None = None, population: int | None = None,
                   cohort: int | None = None) -> np.ndarray:  # fmt: skip
-        return self.steps * gaussian_rdp(substitution_sensitivity(group) / self.sigma, orders)
+        return self.gaussian_steps(self.steps) * gaussian_rdp(substitution_sensitivity(group) / self.sigma, orders)
 
 
 __all__ = [

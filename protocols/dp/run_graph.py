@@ -4,8 +4,6 @@ DP layer builds it from its ledgers (realised steps) and ``validate`` from the p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from protocols.dp.mechanisms import (
     CLIENT_TRAINING,
     LABEL_SETS,
@@ -32,36 +30,32 @@ LOSS_IN_CLEAR = ("each client's update is a function of its noisy DP-SGD steps (
                  "sum, their sums), outside DP-SGD")  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Gaussian:
-    """One mechanism's numbers: noise multiplier, sample rate, steps (Gaussian equivalents for the tree)."""
+def mechanism_kind(privacy, name: str) -> str:
+    """The registered kind (:data:`protocols.dp.mechanisms.MECHANISMS`) of the mechanism a run with this ``privacy``
+    section declares under ``name`` (the instance unit's ``server_w_step`` and ``client_training``; the client unit's
+    ``client``): the one place that maps settings to mechanisms."""
+    if name == SERVER_STEP:
+        return LabelSetWStep.kind
+    if name == CLIENT_STEP:
+        return (ClientDPSGDShares if privacy.local.noise == "shares" else ClientDPSGD).kind
+    c = privacy.client
+    if c.mechanism == "tree":
+        return ClientTree.kind
+    if c.adaptive_clipping is not None:
+        return AdaptiveClipping.kind
+    return (ClientNoiseShares if c.noise == "clients" else ClientServerNoise).kind
 
-    sigma: float
-    sample_rate: float
-    steps: int
 
-
-def run_graph(privacy, *, label_set_algorithm: bool, w_step: Gaussian | None, dp_sgd: Gaussian | None,
-              client: Gaussian | None, adaptive: bool, instance_group: int, population: int,
+def run_graph(privacy, *, label_set_algorithm: bool, mechanisms: list[DPMechanism], instance_group: int, population: int,
               cohort: int | None) -> Graph:  # fmt: skip
-    """The graph of a run whose ``privacy`` section (``privacy.local``, ``privacy.client``) and algorithm (whether it
-    collects label sets) are given, with each present mechanism's numbers. ``cohort``: a fixed cohort's size, None
-    under Poisson sampling."""
-    mechs: list[DPMechanism] = []
-    if w_step is not None:
-        mechs.append(LabelSetWStep(name=SERVER_STEP, **vars(w_step)))
-    shares = privacy.local is not None and privacy.local.noise == "shares"
-    if dp_sgd is not None:
-        mechs.append((ClientDPSGDShares if shares else ClientDPSGD)(name=CLIENT_STEP, **vars(dp_sgd)))
-    if client is not None:
-        c = privacy.client
-        cls = (ClientTree if c.mechanism == "tree" else AdaptiveClipping if adaptive
-               else ClientNoiseShares if c.noise == "clients" else ClientServerNoise)  # fmt: skip
-        mechs.append(cls(name="client", **vars(client)))
+    """The graph of a run whose ``privacy`` section and algorithm (whether it collects label sets) are given, over its
+    declared ``mechanisms`` (each with the steps to account: realised, or planned). ``cohort``: a fixed cohort's size,
+    None under Poisson sampling."""
     channels = {LABEL_SETS: UNNOISED_LABEL_SETS} if label_set_algorithm else {}
     channels[CLIENT_TRAINING] = UNNOISED_TRAINING
-    leaks = [Leak(CLIENT_TRAINING, "server", LOSS_IN_CLEAR)] if dp_sgd is not None and not shares else []
-    return Graph(mechs, channels, leaks, instance_group=int(instance_group), population=int(population), cohort=cohort)
+    leaks = [Leak(CLIENT_TRAINING, "server", LOSS_IN_CLEAR) for m in mechanisms if m.kind == ClientDPSGD.kind]
+    return Graph(list(mechanisms), channels, leaks[:1], instance_group=int(instance_group), population=int(population),
+                 cohort=cohort)  # fmt: skip
 
 
-__all__ = ["CLIENT_STEP", "SERVER_STEP", "Gaussian", "run_graph"]
+__all__ = ["CLIENT_STEP", "SERVER_STEP", "mechanism_kind", "run_graph"]

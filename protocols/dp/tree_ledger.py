@@ -19,7 +19,7 @@ class TreeUnit(PrivacyUnit):
 
     def __init__(self, *, tree_rounds: int, **kw: Any):
         self.tree_rounds = int(tree_rounds)
-        super().__init__(**kw)
+        super().__init__(kind="client_tree", mechanism_options={"tree_rounds": self.tree_rounds}, **kw)
 
     def _history_after(self, steps: dict[str, int]) -> list[tuple[float, float, int]]:
         m = self.mechanism()

@@ -11,9 +11,9 @@ import pytest
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 
-from protocols.dp.mechanisms import MECHANISMS, ORDERS
+from protocols.dp.mechanisms import MECHANISMS, ORDERS, ClientServerNoise, LabelSetWStep
 from protocols.dp.privacy_graph import Graph
-from protocols.dp.run_graph import Gaussian, run_graph
+from protocols.dp.run_graph import mechanism_kind, run_graph
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from tests.conftest import REPO, small_config
@@ -42,8 +42,12 @@ def independent_instance_epsilon(*, w: tuple[float, float, int], client: tuple[f
 
 
 def _graph(privacy, *, w, client, k, label_sets=True) -> Graph:
-    return run_graph(privacy, label_set_algorithm=label_sets, w_step=None if w is None else Gaussian(*w), dp_sgd=None,
-                     client=None if client is None else Gaussian(*client), adaptive=False, instance_group=k, population=159,
+    mechs = []
+    if w is not None:
+        mechs.append(LabelSetWStep(name="server_w_step", sigma=w[0], sample_rate=w[1], steps=w[2]))
+    if client is not None:
+        mechs.append(ClientServerNoise(name="client", sigma=client[0], sample_rate=client[1], steps=client[2]))
+    return run_graph(privacy, label_set_algorithm=label_sets, mechanisms=mechs, instance_group=k, population=159,
                      cohort=None)  # fmt: skip
 
 
@@ -101,19 +105,15 @@ def test_a_run_reports_the_composed_epsilon_for_the_released_model(tmp_path):
 
 
 def test_every_registered_mechanism_is_declared_by_some_run():
-    """Each registered kind is one a run can declare (run_graph picks it from the settings), so none is dead."""
-    cfg = load_config(None, [])
+    """Each registered kind is one a run's settings declare (run_graph.mechanism_kind), so none is dead."""
+    from types import SimpleNamespace as NS
+
     seen = set()
     for local_noise in ("local", "shares"):
-        for client_kw in ({"mechanism": "gaussian", "noise": "server"}, {"mechanism": "gaussian", "noise": "clients"},
-                          {"mechanism": "tree", "noise": "server"}):  # fmt: skip
-            for adaptive in (False, True):
-                p = cfg.privacy.model_copy(update={
-                    "local": type("L", (), {"noise": local_noise})(),
-                    "client": type("C", (), client_kw)(),
-                })  # fmt: skip
-                g = run_graph(p, label_set_algorithm=True, w_step=Gaussian(1.0, 0.1, 1), dp_sgd=Gaussian(1.0, 0.5, 1),
-                              client=Gaussian(1.0, 1.0, 1), adaptive=adaptive, instance_group=2, population=10,
-                              cohort=None)  # fmt: skip
-                seen.update(m.kind for m in g.mechanisms)
+        for client in (NS(mechanism="gaussian", noise="server", adaptive_clipping=None),
+                       NS(mechanism="gaussian", noise="clients", adaptive_clipping=None),
+                       NS(mechanism="gaussian", noise="server", adaptive_clipping=object()),
+                       NS(mechanism="tree", noise="server", adaptive_clipping=None)):  # fmt: skip
+            p = NS(local=NS(noise=local_noise), client=client)
+            seen.update(mechanism_kind(p, name) for name in ("server_w_step", "client_training", "client"))
     assert seen == set(MECHANISMS)
