@@ -336,3 +336,31 @@ def test_the_last_lines_give_epsilon_delta_unit_and_adversaries(tmp_path):
     assert plain.returncode == 0, plain.stderr
     last = plain.stdout.strip().splitlines()[-1]
     assert last.startswith("  privacy: ε = ∞: ") and "privacy per" not in plain.stdout
+
+
+def test_noise_multiplier_and_target_epsilon_together_is_a_cap_validate_states_and_the_run_keeps(tmp_path):
+    """Both in one block: σ as given, the target a cap (the ledger's stop). ``validate`` says so and after how many
+    steps the run stops; the run stops there (budget_exhausted)."""
+    import re
+
+    sets = [x for s in [*SMALL, "training.rounds=20", "algorithm.name=fedaws", "protocols=[dp]",
+                        "privacy.client={noise_multiplier: 2, target_epsilon: 8}"] for x in ("--set", s)]  # fmt: skip
+    v = cli("validate", *sets)
+    assert v.returncode == 0, v.stderr
+    m = re.search(r"target 8: a cap on the given σ: training stops before the step that would pass it, after (\d+) of "
+                  r"the 20 planned steps", v.stdout)  # fmt: skip
+    assert m, v.stdout
+    r = cli("run", *sets, "--out", str(tmp_path / "run"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "budget_exhausted" and summary["rounds_completed"] == int(m.group(1)), r.stdout
+
+
+def test_opacus_largest_order_warning_does_not_reach_run_or_validate(tmp_path):
+    """σ 20 at q 1: after one round the best Rényi order lies past Opacus's 63, where Opacus warned "Optimal order is
+    the largest alpha" into the run's output; the ledger's orders reach past it (protocols.dp.accountant.RDP_ORDERS)."""
+    sets = [x for s in [*SMALL, "training.rounds=2", "protocols=[dp]", "privacy.client={noise_multiplier: 20}"]
+            for x in ("--set", s)]  # fmt: skip
+    env = {"PYTHONWARNINGS": "default"}  # every warning shown, as a user's shell shows it
+    for r in (cli("validate", *sets, env=env), cli("run", *sets, "--out", str(tmp_path / "run"), env=env)):
+        assert r.returncode == 0, r.stderr
+        assert "Optimal order" not in r.stdout + r.stderr and "Warning" not in r.stderr, r.stderr

@@ -53,3 +53,14 @@ def test_a_recipe_command_parses(command, monkeypatch):
     overrides = getattr(args, "overrides", None) or []
     if config is not None or overrides:
         load_config(config, overrides)
+
+
+def test_the_attacks_list_of_a_set_is_quoted_in_every_page():
+    """``--set attacks.run=[all]`` unquoted is a glob to zsh ("no matches found"): the docs and the README quote it."""
+    import re
+
+    pages = [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
+    bare = [
+        f"{p.relative_to(REPO)}: {m.group(0)}" for p in pages for m in re.finditer(r"--set attacks\.run=\[[^\s]*", p.read_text())
+    ]
+    assert not bare, bare
