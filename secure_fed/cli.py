@@ -6,7 +6,7 @@
     secure-fed report RUN_DIR [RUN_DIR ...] [--out FILE.png] [--vary KEY] [--allow-mixed]
     secure-fed validate [CONFIG] [--set ...]
     secure-fed partition CONFIG [--set ...] [--data-root DIR] [--out DIR]
-    secure-fed audit RUN_DIR [--attacks a,b] [--data-root DIR]
+    secure-fed audit RUN_DIR [--attacks a,b] [--set attacks.KEY=VALUE ...] [--data-root DIR]
     secure-fed export RUN_DIR --out MODEL.pt
     secure-fed list
     secure-fed data download NAME [--root DIR] [--mirror URL]

@@ -364,3 +364,27 @@ def test_opacus_largest_order_warning_does_not_reach_run_or_validate(tmp_path):
     for r in (cli("validate", *sets, env=env), cli("run", *sets, "--out", str(tmp_path / "run"), env=env)):
         assert r.returncode == 0, r.stderr
         assert "Optimal order" not in r.stdout + r.stderr and "Warning" not in r.stderr, r.stderr
+
+
+def test_audit_announces_its_cost_first_takes_set_and_ends_with_a_verdict(tmp_path):
+    """`audit --attacks membership_inference --set attacks.membership_inference.shadows=2`: the estimate is the first
+    line, the verdict the last; the result's scores are the ones its spec declares (and `secure-fed list` shows)."""
+    from secure_fed.plugin_specs import attack_specs
+
+    sets = [x for s in SMALL for x in ("--set", s)]
+    run = tmp_path / "r"
+    assert cli("run", *sets, "--out", str(run)).returncode == 0
+    a = cli("audit", str(run), "--attacks", "membership_inference", "--set", "attacks.membership_inference.shadows=2")
+    assert a.returncode == 0, a.stderr
+    lines = a.stdout.strip().splitlines()
+    assert lines[0].startswith(f"audit of {run}: 1 attack(s); membership_inference trains 2 shadow runs × 4 rounds = 8 "
+                               "shadow rounds; estimated "), lines[0]  # fmt: skip
+    assert lines[-2] == "verdict:" and lines[-1].startswith("  membership_inference: "), lines[-2:]
+    assert ("leak:" in lines[-1]) != ("no leakage measurable" in lines[-1])
+    doc = json.loads((run / "private" / "attacks.json").read_text())["attacks"]["membership_inference"]
+    assert doc["details"]["shadows"] == 2
+    assert set(doc["metrics"]) == set(attack_specs()["membership_inference"].scores)
+    bad = cli("audit", str(run), "--set", "training.rounds=3")  # the run's own settings are what it trained with
+    assert bad.returncode == 2 and "attacks.* settings only" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    eq = cli("audit", str(run), "--set", "attacks.membership_inference.shadows")
+    assert eq.returncode == 2 and "missing '='" in eq.stderr
