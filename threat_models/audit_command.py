@@ -31,8 +31,8 @@ def parse_bugs(text: str) -> tuple[str, ...]:
 def cmd_self_test(args: argparse.Namespace) -> int:
     """``secure-fed audit --self-test``: the control and each planted bug, audited; a table; exit 1 if a bug is not
     caught or the control is flagged (:mod:`threat_models.self_test`)."""
-    if args.run_dir is not None or args.attacks is not None:
-        raise SecureFedError("--self-test trains its own runs: give no run directory and no --attacks")
+    if args.run_dir is not None or args.attacks is not None or args.overrides:
+        raise SecureFedError("--self-test trains its own runs: give no run directory, no --attacks and no --set")
     if args.control_runs < 0:
         raise SecureFedError(f"--control-runs {args.control_runs}: 0 or more")
     if not (0.0 < args.epsilon < math.inf):
