@@ -24,7 +24,11 @@ class _DPUnitConfig(_Strict):
         None, gt=0.0, le=1e6, description="σ; noise std is σ·C. Omit to calibrate from target_epsilon"
     )
     target_epsilon: float | None = Field(
-        None, gt=0.0, le=1e6, description="budget: calibrates σ if noise_multiplier is unset; enforced"
+        None,
+        gt=0.0,
+        le=1e6,
+        description="budget: calibrates σ if noise_multiplier is unset; beside a given noise_multiplier, a cap: training "
+        "stops before the step that would pass it (validate says after how many steps)",
     )
 
 

@@ -348,6 +348,24 @@ def _released_model_line(cfg) -> str:
             + f"; the {' and '.join(units) or 'dp'} unit's ε above covers only what that unit names")  # fmt: skip
 
 
+def _cap_text(history: list[tuple[float, float, int]], target: float, p) -> str:
+    """What a target beside given σ values does (``noise_multiplier`` and ``target_epsilon`` both set): it is a cap,
+    the ledger's stop; with one mechanism, the last planned step it allows."""
+    from protocols.dp.accountant import epsilon_of
+
+    head = "a cap on the given σ: training stops before the step that would pass it"
+    if epsilon_of(history, p.delta, p.accountant) <= target:
+        return head + "; the planned steps stay within it"
+    if len(history) > 1:
+        return head + ", before the planned steps end"
+    sigma, q, n = history[0]
+    lo, hi = 0, n  # ε(lo) ≤ target < ε(hi): the steps allowed, by bisection
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if epsilon_of([(sigma, q, mid)], p.delta, p.accountant) <= target else (lo, mid)
+    return head + f", after {lo:,} of the {n:,} planned steps"
+
+
 def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
     """Each DP unit's plan, as :class:`protocols.dp.layer.DifferentialPrivacy` builds it: per mechanism σ (given or
     calibrated by the layer's own functions), sample rate and planned steps, and the ε the unit plans over them.
@@ -387,6 +405,8 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
                          f"{n:,} planned steps")  # fmt: skip
         eps = epsilon_of(history, p.delta, p.accountant)
         goal = f" (target {target:g})" if target is not None else ""
+        if target is not None and not free:  # every σ given: the target calibrates nothing, it caps the run
+            goal = f" (target {target:g}: {_cap_text(history, target, p)})"
         lines.append(f"dp {unit} unit: {'; '.join(parts)} -> plans ε = {eps:.4g}{goal} at δ = {p.delta:g} ({p.accountant})"
                      + (f"; {note}" if note else ""))  # fmt: skip
 

@@ -4,9 +4,9 @@
     secure-fed resume RUN_DIR            (same as: secure-fed run --resume RUN_DIR)
     secure-fed sweep [CONFIG] --grid key=v1,v2 [--grid ...] [--seeds 0,1,2] [--out DIR]
     secure-fed report RUN_DIR [RUN_DIR ...] [--out FILE.png] [--vary KEY] [--allow-mixed]
-    secure-fed validate CONFIG [--set ...]
+    secure-fed validate [CONFIG] [--set ...]
     secure-fed partition CONFIG [--set ...] [--data-root DIR] [--out DIR]
-    secure-fed audit RUN_DIR [--attacks a,b] [--data-root DIR]
+    secure-fed audit RUN_DIR [--attacks a,b] [--set attacks.KEY=VALUE ...] [--data-root DIR]
     secure-fed export RUN_DIR --out MODEL.pt
     secure-fed list
     secure-fed data download NAME [--root DIR] [--mirror URL]
@@ -176,7 +176,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # the partition the run makes (e.g. a natural partition's client-id file is read and checked against the data)
         shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
     data = f"{d.format} data at {d.train or d.root}" if d.format else d.name
-    print(f"{args.config}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
+    print(f"{args.config or 'the embedded default'}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
     from secure_fed.config.choices import precision_line
 
     print(precision_line(cfg, ds))
@@ -543,8 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the model file to write, e.g. model.pt")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("validate", help="check a config without running it")
-    p.add_argument("config", help="config file")
+    p = sub.add_parser("validate", help="check a config without running it (the embedded default when CONFIG is omitted)")
+    p.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default, as for run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set training.rounds=10 (repeatable)")  # fmt: skip
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")

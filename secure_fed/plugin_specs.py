@@ -107,6 +107,9 @@ class AttackSpec:
     defended_by: str
     implementation: str
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the scores the attack reports: each key its result's ``metrics`` holds → the name ``description`` gives it
+    #: (``secure-fed list`` prints the description; a test holds the two to what the attack reports)
+    scores: dict[str, str] = field(default_factory=dict)
     #: ``memory(shape, cfg)``: the bytes the attack allocates at its peak for data of ``shape`` (a
     #: :class:`secure_fed.memory.DataShape`), so that a run too large for it is refused before it starts (None: small)
     memory: Any = None

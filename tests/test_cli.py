@@ -348,3 +348,55 @@ def test_the_last_lines_give_epsilon_delta_unit_and_adversaries(tmp_path):
     assert plain.returncode == 0, plain.stderr
     last = plain.stdout.strip().splitlines()[-1]
     assert last.startswith("  privacy: ε = ∞: ") and "privacy per" not in plain.stdout
+
+
+def test_noise_multiplier_and_target_epsilon_together_is_a_cap_validate_states_and_the_run_keeps(tmp_path):
+    """Both in one block: σ as given, the target a cap (the ledger's stop). ``validate`` says so and after how many
+    steps the run stops; the run stops there (budget_exhausted)."""
+    import re
+
+    sets = [x for s in [*SMALL, "training.rounds=20", "algorithm.name=fedaws", "protocols=[dp]",
+                        "privacy.client={noise_multiplier: 2, target_epsilon: 8}"] for x in ("--set", s)]  # fmt: skip
+    v = cli("validate", *sets)
+    assert v.returncode == 0, v.stderr
+    m = re.search(r"target 8: a cap on the given σ: training stops before the step that would pass it, after (\d+) of "
+                  r"the 20 planned steps", v.stdout)  # fmt: skip
+    assert m, v.stdout
+    r = cli("run", *sets, "--out", str(tmp_path / "run"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "budget_exhausted" and summary["rounds_completed"] == int(m.group(1)), r.stdout
+
+
+def test_opacus_largest_order_warning_does_not_reach_run_or_validate(tmp_path):
+    """σ 20 at q 1: after one round the best Rényi order lies past Opacus's 63, where Opacus warned "Optimal order is
+    the largest alpha" into the run's output; the ledger's orders reach past it (protocols.dp.accountant.RDP_ORDERS)."""
+    sets = [x for s in [*SMALL, "training.rounds=2", "protocols=[dp]", "privacy.client={noise_multiplier: 20}"]
+            for x in ("--set", s)]  # fmt: skip
+    env = {"PYTHONWARNINGS": "default"}  # every warning shown, as a user's shell shows it
+    for r in (cli("validate", *sets, env=env), cli("run", *sets, "--out", str(tmp_path / "run"), env=env)):
+        assert r.returncode == 0, r.stderr
+        assert "Optimal order" not in r.stdout + r.stderr and "Warning" not in r.stderr, r.stderr
+
+
+def test_audit_announces_its_cost_first_takes_set_and_ends_with_a_verdict(tmp_path):
+    """`audit --attacks membership_inference --set attacks.membership_inference.shadows=2`: the estimate is the first
+    line, the verdict the last; the result's scores are the ones its spec declares (and `secure-fed list` shows)."""
+    from secure_fed.plugin_specs import attack_specs
+
+    sets = [x for s in SMALL for x in ("--set", s)]
+    run = tmp_path / "r"
+    assert cli("run", *sets, "--out", str(run)).returncode == 0
+    a = cli("audit", str(run), "--attacks", "membership_inference", "--set", "attacks.membership_inference.shadows=2")
+    assert a.returncode == 0, a.stderr
+    lines = a.stdout.strip().splitlines()
+    assert lines[0].startswith(f"audit of {run}: 1 attack(s); membership_inference trains 2 shadow runs × 4 rounds = 8 "
+                               "shadow rounds; estimated "), lines[0]  # fmt: skip
+    assert lines[-2] == "verdict:" and lines[-1].startswith("  membership_inference: "), lines[-2:]
+    assert ("leak:" in lines[-1]) != ("no leakage measurable" in lines[-1])
+    doc = json.loads((run / "private" / "attacks.json").read_text())["attacks"]["membership_inference"]
+    assert doc["details"]["shadows"] == 2
+    assert set(doc["metrics"]) == set(attack_specs()["membership_inference"].scores)
+    bad = cli("audit", str(run), "--set", "training.rounds=3")  # the run's own settings are what it trained with
+    assert bad.returncode == 2 and "attacks.* settings only" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    eq = cli("audit", str(run), "--set", "attacks.membership_inference.shadows")
+    assert eq.returncode == 2 and "missing '='" in eq.stderr

@@ -36,7 +36,9 @@ TOKEN_LINKAGE = AttackSpec(
     role="server",
     needs="the label-set replies it received; a candidate pool holding part of the training instances plus distractors",
     defended_by="keyed_hashing",
-    description="recompute public SHA-256 tokens of candidate instances and link them to label sets and clients",
+    description="recompute public SHA-256 tokens of candidate instances and link them to label sets and clients; "
+    "reports the linked fraction of training instances and the precision of the links",
+    scores={"linked": "linked", "precision": "precision"},
     implementation="threat_models.attacks.token_linkage:TokenLinkage",
 )
 
@@ -45,7 +47,9 @@ LABEL_DEANONYMIZATION = AttackSpec(
     role="server",
     needs="the merged label sets (rows = W rows); public label co-occurrence from a disjoint split",
     defended_by="none fully: keyed_hashing pseudonyms hide names only up to co-occurrence structure",
-    description="match pseudonymised W rows to label names by frequency and co-occurrence graph matching",
+    description="match pseudonymised W rows to label names by frequency and co-occurrence graph matching; reports "
+    "the re-identified fraction of rows (top-1 and top-5)",
+    scores={"reidentified": "re-identified", "reidentified_top5": "top-5"},
     implementation="threat_models.attacks.label_deanonymization:LabelDeanonymization",
     memory=_deanonymization_bytes,
 )
@@ -55,7 +59,9 @@ EMBEDDING_IDENTIFICATION = AttackSpec(
     role="server",
     needs="θ and the W rows (or one client's row); auxiliary labelled data (the public test split)",
     defended_by="dp (privacy.client)",
-    description="name each class-embedding row by its similarity to public per-label centroids of g(x)",
+    description="name each class-embedding row by its similarity to public per-label centroids of g(x); reports "
+    "top-1 and top-5 accuracy",
+    scores={"top1": "top-1", "top5": "top-5"},
     implementation="threat_models.attacks.embedding_identification:EmbeddingIdentification",
     memory=_identification_bytes,
 )
@@ -63,9 +69,12 @@ EMBEDDING_IDENTIFICATION = AttackSpec(
 MEMBERSHIP_INFERENCE = AttackSpec(
     name="membership_inference",
     role="observer",
-    needs="the released θ and W; the target instances with their labels; for LiRA, the training recipe (public config)",
-    defended_by="dp (privacy.client; the instance unit covers only W's label-set step)",
-    description="LOSS threshold and LiRA (online and offline) with shadow runs; AUC, TPR at low FPR, log-scale ROC",
+    needs="the released θ and W; the target instances with their labels; for LiRA and RMIA, the training recipe (public config)",
+    defended_by="dp (privacy.client; or the instance unit, which covers W's label-set step and, with privacy.local, "
+    "DP-SGD in client training)",
+    description="LOSS threshold; with shadow runs, LiRA and RMIA (Zarifzadeh et al. 2024), each online and offline; "
+    "per score AUC and TPR at 1% and 0.1% FPR with bootstrap intervals, log-scale ROC",
+    scores={"loss": "LOSS", "lira_online": "LiRA", "lira_offline": "LiRA", "rmia_online": "RMIA", "rmia_offline": "RMIA"},
     implementation="threat_models.attacks.membership_inference:MembershipInference",
     memory=_membership_bytes,
 )
@@ -75,7 +84,9 @@ ONE_RUN_AUDIT = AttackSpec(
     role="auditor",
     needs="canaries inserted during training (attacks.one_run_audit.canaries > 0), θ⁰ and the released θ",
     defended_by="dp (privacy.client)",
-    description="Steinke et al. one-run audit with Dirac canaries: an empirical ε lower bound at 95% confidence",
+    description="Steinke et al. one-run audit with Dirac canaries: an empirical ε lower bound at 95% confidence "
+    "(and a GDP μ lower bound)",
+    scores={"epsilon_lower_bound": "ε lower bound", "gdp_mu_lower_bound": "μ lower bound"},
     implementation="threat_models.attacks.one_run_audit:OneRunAudit",
 )
 
@@ -85,7 +96,8 @@ CANARY_CLIENT_AUDIT = AttackSpec(
     needs="canary clients inserted during training (attacks.canary_client_audit.canaries > 0), θ⁰ and the released θ",
     defended_by="dp (privacy.client)",
     description="Andrew et al. one-shot estimate: ε of the Gaussians fitted to inserted vs held-out canary clients' "
-    "cosines with the final model delta (an estimate, not a bound)",
+    "cosines with the final model delta (an estimate, not a bound), with a bootstrap interval",
+    scores={"epsilon_estimate": "ε", "epsilon_estimate_ci95": "interval"},
     implementation="threat_models.attacks.canary_client_audit:CanaryClientAudit",
 )
 
@@ -94,7 +106,9 @@ UPDATE_INVERSION = AttackSpec(
     role="server",
     needs="the uplinks of one round as they cross the wire (the last round run); public feature frequencies",
     defended_by="secure_aggregation or ckks (the server gets only the cohort's sum)",
-    description="recover each client's vocabulary from the first-layer columns its update touches",
+    description="recover each client's vocabulary from the first-layer columns its update touches; reports the F1 "
+    "of the recovered words",
+    scores={"f1": "F1"},
     implementation="threat_models.attacks.update_inversion:UpdateInversion",
 )
 
@@ -106,5 +120,6 @@ GRADIENT_INVERSION = AttackSpec(
     defended_by="dp (noise the server cannot remove: privacy.local (DP-SGD) or privacy.client.noise: clients) or "
     "secure_aggregation / ckks",
     description="Geiping et al. 2020: images whose gradient matches a client's update in cosine, with a TV prior; PSNR/SSIM",
+    scores={"psnr": "PSNR", "ssim": "SSIM"},
     implementation="threat_models.attacks.gradient_inversion:GradientInversion",
 )

@@ -28,7 +28,9 @@ class LabelDeanonymizationConfig(_Strict):
 
 class MembershipInferenceConfig(_Strict):
     shadows: int = Field(
-        16, ge=0, description="LiRA shadow runs on random halves of the target pool (online and offline; 0: LOSS only)"
+        16,
+        ge=0,
+        description="shadow runs on random halves of the target pool, for LiRA and RMIA (online and offline; 0: LOSS only)",
     )
     bootstrap: int = Field(200, ge=10, description="bootstrap resamples for the AUC confidence interval")
     shadow_dir: str | None = Field(None, description="where shadow runs are cached (default RUN_DIR/shadows)")

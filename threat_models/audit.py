@@ -92,9 +92,11 @@ def audit(
 
 
 def audit_run_dir(
-    run_dir: str | Path, names: list[str] | None = None, *, data_root: str | None = None, progress: bool = True
-) -> dict[str, Any]:
-    ctx = AuditContext.from_run_dir(run_dir, data_root=data_root, attacks=names)
+    run_dir: str | Path, names: list[str] | None = None, *, data_root: str | None = None, progress: bool = True,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`audit` of a finished run; ``overrides``: ``attacks.*`` settings for this audit (``audit --set``)."""
+    ctx = AuditContext.from_run_dir(run_dir, data_root=data_root, attacks=names, overrides=overrides)
     return audit(ctx, names, progress=progress)
 
 

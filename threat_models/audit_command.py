@@ -31,8 +31,8 @@ def parse_bugs(text: str) -> tuple[str, ...]:
 def cmd_self_test(args: argparse.Namespace) -> int:
     """``secure-fed audit --self-test``: the control and each planted bug, audited; a table; exit 1 if a bug is not
     caught or the control is flagged (:mod:`threat_models.self_test`)."""
-    if args.run_dir is not None or args.attacks is not None:
-        raise SecureFedError("--self-test trains its own runs: give no run directory and no --attacks")
+    if args.run_dir is not None or args.attacks is not None or args.overrides:
+        raise SecureFedError("--self-test trains its own runs: give no run directory, no --attacks and no --set")
     if args.control_runs < 0:
         raise SecureFedError(f"--control-runs {args.control_runs}: 0 or more")
     if not (0.0 < args.epsilon < math.inf):
@@ -76,11 +76,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").is_file():
         raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
     check_writable_dir(attacks_path(run_dir).parent, what="run directory's private/")  # refused before any attack runs
-    from threat_models.audit import audit_run_dir, skipped_attacks
+    overrides = audit_overrides(args.overrides)
+    from secure_fed.config import load_config
+    from threat_models.audit_cost import estimate
 
-    print(f"auditing {run_dir}")
+    cfg = load_config(run_dir / "config.yaml", overrides)  # a bad --set: its error line before anything runs
+    chosen = names or cfg.attacks.names() or list(specs)
+    print(estimate(run_dir, cfg, chosen)[0], flush=True)  # the cost first, before torch is imported
+    from threat_models.audit import audit_run_dir, skipped_attacks
+    from threat_models.verdict import verdict_lines
+
     try:
-        doc = audit_run_dir(run_dir, names, data_root=args.data_root)
+        doc = audit_run_dir(run_dir, names, data_root=args.data_root, overrides=overrides)
     except FileNotFoundError as exc:
         raise SecureFedError(str(exc)) from exc
     print(f"wrote {attacks_path(run_dir)} (operator-only: computed from the members; do not release it)")
@@ -89,7 +96,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
             name, why = next(iter(skipped.items()))
             more = f" (and {len(skipped) - 1} more: {', '.join(list(skipped)[1:])})" if len(skipped) > 1 else ""
             raise SecureFedError(f"--attacks {name}: skipped: {why}{more}")
+    attacks = doc.get("attacks", {})
+    lines = verdict_lines(attacks, [n for n in chosen if n in attacks])
+    if lines:
+        print("verdict:")
+        print("\n".join(f"  {line}" for line in lines))
     return 0
+
+
+def audit_overrides(items: list[str]) -> list[str]:
+    """``audit --set``: ``attacks.*`` settings only (the run's other settings are what it trained with); the syntax
+    is run's (:func:`secure_fed.config.loader.check_override_syntax`)."""
+    from secure_fed.config.loader import check_override_syntax
+
+    check_override_syntax(items)
+    for item in items:
+        key = item.split("=", 1)[0].strip()
+        if not key.startswith("attacks.") or key == "attacks.run":
+            raise SecureFedError(
+                f"--set {item}: an audit changes attacks.* settings only (the run's other settings are what it "
+                "trained with; choose attacks with --attacks)"
+            )
+    return items
 
 
 def register(sub) -> None:
@@ -99,6 +127,9 @@ def register(sub) -> None:
         "--attacks", default=None, help="comma-separated attack names or 'all' (default: the run's attacks.run, else all)"
     )
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="an attacks.* setting for this audit, e.g. --set attacks.membership_inference.shadows=4 "
+                        "(repeatable)")  # fmt: skip
     g = p.add_argument_group("self-test (no run directory): planted mechanism bugs the one-run audit must catch")
     g.add_argument("--self-test", action="store_true",
                    help="train a small private recipe with each planted bug and the correct mechanism (the control); "

@@ -36,15 +36,19 @@ class AuditContext:
         self.canary_clients = taps.canary_clients if taps is not None else None
 
     @classmethod
-    def from_run_dir(cls, run_dir: str | Path, *, data_root: str | None = None, attacks: list[str] | None = None) -> AuditContext:
-        """Rebuild a finished run from ``RUN_DIR`` (config.yaml and checkpoints)."""
+    def from_run_dir(
+        cls, run_dir: str | Path, *, data_root: str | None = None, attacks: list[str] | None = None,
+        overrides: list[str] | None = None,
+    ) -> AuditContext:  # fmt: skip
+        """Rebuild a finished run from ``RUN_DIR`` (config.yaml and checkpoints); ``overrides`` (``attacks.*`` settings,
+        as ``audit --set``) apply to its config."""
         from secure_fed.config import load_config
         from secure_fed.engine import Experiment
 
         run_dir = Path(run_dir)
         if not (run_dir / "config.yaml").is_file():
             raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
-        overrides = [f"attacks.run=[{','.join(attacks)}]"] if attacks else []
+        overrides = [*(overrides or []), *([f"attacks.run=[{','.join(attacks)}]"] if attacks else [])]
         cfg = load_config(run_dir / "config.yaml", overrides)
         exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
         if not exp.resume():

@@ -67,7 +67,8 @@ def success_vs_epsilon(series: dict[str, list[tuple[float, float]]], path: str |
 
 
 #: legend names of the membership-inference scores, in drawing order ("lira": results written before online LiRA)
-ROC_LABELS = {"loss": "LOSS", "lira_online": "LiRA online", "lira_offline": "LiRA offline", "lira": "LiRA offline"}
+ROC_LABELS = {"loss": "LOSS", "lira_online": "LiRA online", "lira_offline": "LiRA offline", "lira": "LiRA offline",
+              "rmia_online": "RMIA online", "rmia_offline": "RMIA offline"}  # fmt: skip
 
 
 def plot_run(results: dict[str, Any], out_dir: str | Path) -> list[Path]:

@@ -25,7 +25,7 @@ from opacus.accountants import GaussianAccountant, RDPAccountant, create_account
 from opacus.accountants.analysis import rdp as privacy_analysis
 from opacus.accountants.utils import get_noise_multiplier
 
-from protocols.dp.mechanisms import MECHANISMS, DPMechanism
+from protocols.dp.mechanisms import MECHANISMS, RDP_ORDERS, DPMechanism
 
 #: accountant names accepted in YAML → Opacus mechanism names (the ones that may calibrate σ and stop training)
 ACCOUNTANTS = {"rdp": "rdp", "prv": "prv"}
@@ -48,6 +48,11 @@ _SIGMA_STEP, _MAX_SIGMA_STEPS = 1.005, 2000
 #: (σ 0.3) it gave 442.5
 PRV_MAX_RDP_EPSILON = 300.0
 
+#: Opacus's note that the best Rényi order is the grid's largest: past :data:`RDP_ORDERS`' 8192 it means ε < 0.0014,
+#: a valid bound whose looseness no report shows; and the PRV accountant raises it from the RDP bound it sizes its
+#: domain with (Opacus's own orders), which is not the ε it reports. Filtered there, and only there.
+_LARGEST_ORDER_WARNING = {"message": "Optimal order is the largest alpha", "category": UserWarning}
+
 
 def reported(epsilon: float) -> float | str:
     """ε as the reports write it: a number, or ``"inf"`` (JSON has no infinity)."""
@@ -63,9 +68,9 @@ def make_accountant(name: str):
 
 @functools.lru_cache(maxsize=4096)
 def _rdp_curve(sigma: float, q: float) -> np.ndarray:
-    """The RDP of one subsampled Gaussian step at Opacus's default orders (cached: every ledger query, and every
+    """The RDP of one subsampled Gaussian step at :data:`RDP_ORDERS` (cached: every ledger query, and every
     budget check of a long run, reuses it; RDP composes by adding these curves times the step counts)."""
-    curve = privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
+    curve = privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDP_ORDERS)
     curve.setflags(write=False)
     return curve
 
@@ -73,11 +78,17 @@ def _rdp_curve(sigma: float, q: float) -> np.ndarray:
 def _rdp_epsilon(history, delta: float) -> float:
     """The RDP accountant's ε of a (σ, q, steps) history: the same computation as Opacus's
     ``RDPAccountant.get_privacy_spent`` (the sum of each entry's RDP curve times its steps, in history order, then
-    ``get_privacy_spent``), with each one-step curve cached."""
+    ``get_privacy_spent``) over :data:`RDP_ORDERS`, with each one-step curve cached."""
     if not history:
         return 0.0
-    rdp = sum([_rdp_curve(float(s), float(q)) * n for s, q, n in history])
-    eps, _ = privacy_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+    return rdp_curve_epsilon(sum([_rdp_curve(float(s), float(q)) * n for s, q, n in history]), delta)
+
+
+def rdp_curve_epsilon(rdp, delta: float) -> float:
+    """ε at δ of an RDP curve over :data:`RDP_ORDERS` (Opacus's conversion; the largest-order note filtered, as above)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", **_LARGEST_ORDER_WARNING)
+        eps, _ = privacy_analysis.get_privacy_spent(orders=RDP_ORDERS, rdp=rdp, delta=delta)
     return float(eps)
 
 
@@ -87,7 +98,8 @@ def beyond_prv(history, delta: float) -> bool:
 
 
 def _get_epsilon(acc, delta: float) -> float:
-    """``acc.get_epsilon(delta)``; every warning passes except PRV's cosmetic log(1 - q) at q = 1 (named above).
+    """``acc.get_epsilon(delta)``; every warning passes except PRV's cosmetic log(1 - q) at q = 1 and the largest-order note
+    (both named above).
 
     RDP by :func:`_rdp_epsilon`. PRV only for histories whose RDP ε is at most :data:`PRV_MAX_RDP_EPSILON`; above it
     Opacus's PRV accountant returns inf or exhausts memory, so the RDP ε is returned instead: a valid upper bound of
@@ -97,6 +109,7 @@ def _get_epsilon(acc, delta: float) -> float:
     with warnings.catch_warnings():
         if acc.mechanism() == "prv" and any(float(q) >= 1.0 for _, q, _ in acc.history):
             warnings.filterwarnings("ignore", **_PRV_Q1_LOG_WARNING)
+        warnings.filterwarnings("ignore", **_LARGEST_ORDER_WARNING)  # the PRV domain's RDP sizing (named above)
         return float(acc.get_epsilon(delta))
 
 
@@ -130,6 +143,15 @@ def _solve_sigma(*, target_epsilon: float, delta: float, sample_rate: float, ste
         )
 
 
+def _calibration_floor(sample_rate: float, delta: float) -> float:
+    """The smallest ε Opacus's calibration can reach (one step at its ceiling σ = 1e6, over its own orders ≤ 63, whose
+    largest is then optimal: the note is the point here, so it is not shown)."""
+    curve = privacy_analysis.compute_rdp(q=sample_rate, noise_multiplier=1e6, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", **_LARGEST_ORDER_WARNING)
+        return float(privacy_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=curve, delta=delta)[0])
+
+
 def calibrate_sigma(*, target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
     """The smallest σ (to 0.5% of ε) whose ε after ``steps`` steps at rate q is ≤ the target by RDP *and* PRV.
 
@@ -147,7 +169,7 @@ def calibrate_sigma(*, target_epsilon: float, delta: float, sample_rate: float, 
     except ValueError:  # Opacus: "The privacy budget is too low." (no σ up to its ceiling of 1e6 reaches the target)
         raise ValueError(
             f"target ε {target_epsilon:g} cannot be met with σ ≤ 1e6 (δ = {delta:g}, q = {sample_rate:g}, {steps} steps; "
-            f"the RDP accountant certifies no ε below about {_rdp_epsilon([(1e6, sample_rate, 1)], delta):.3g} at this δ)"
+            f"the RDP accountant certifies no ε below about {_calibration_floor(sample_rate, delta):.3g} at this δ)"
         ) from None
     solved = {"rdp"}
     for _ in range(_MAX_SIGMA_STEPS):

@@ -24,9 +24,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from opacus.accountants.analysis import rdp as privacy_analysis
 
-from protocols.dp.accountant import epsilon_of, reported
+from protocols.dp.accountant import epsilon_of, rdp_curve_epsilon, reported
 from protocols.dp.mechanisms import CLIENT, INSTANCE, ORDERS, DPMechanism
 
 #: each channel, as a report's sentence names it
@@ -89,8 +88,8 @@ class Graph:
         total = np.sum(np.stack(curves), axis=0) if curves else np.zeros(len(ORDERS))
         if not np.any(total):
             return {"epsilon": 0.0, "composed": composed, "accountant": "rdp", "notes": notes}
-        eps, _ = privacy_analysis.get_privacy_spent(orders=list(ORDERS), rdp=total, delta=delta)
-        return {"epsilon": reported(float(eps)), "composed": composed, "accountant": "rdp", "notes": notes}
+        eps = rdp_curve_epsilon(total, delta)
+        return {"epsilon": reported(eps), "composed": composed, "accountant": "rdp", "notes": notes}
 
     @staticmethod
     def _protects(m: DPMechanism, adversary: str) -> bool:

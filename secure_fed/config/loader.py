@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import typing
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -129,19 +130,48 @@ def _plain_loc(loc: tuple) -> tuple:
     return (loc[0], *loc[2:]) if _algorithm_tag(loc) else loc
 
 
-def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds: itself, or the one model of an optional (``Model | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = [m for m in typing.get_args(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _section_model(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The model of the section that holds the key at ``loc`` (the last part), or None."""
     cur: Any = model
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
         field = getattr(cur, "model_fields", {}).get(part)
         if field is None:
-            return []
-        ann = field.annotation
-        cur = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            return None
+        cur = _model_in(field.annotation)
         if cur is None:
-            return []
-    return list(getattr(cur, "model_fields", {}))
+            return None
+    return cur
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    return list(getattr(_section_model(model, loc), "model_fields", {}))
+
+
+def _deeper_hints(model: type[BaseModel], loc: tuple) -> list[str]:
+    """For an unknown key with no close match in its own section: the keys of the section's sub-sections that match
+    it, as full paths (``privacy.epsilon`` → ``privacy.instance.target_epsilon``, ``privacy.local.target_epsilon``...)."""
+    section = _section_model(model, loc)
+    if section is None:
+        return []
+    word, prefix = str(loc[-1]), ".".join(str(p) for p in loc[:-1] if not isinstance(p, int))
+    hints = []
+    for name, field in section.model_fields.items():
+        sub = _model_in(field.annotation)
+        if sub is not None:
+            keys = list(sub.model_fields)
+            close = difflib.get_close_matches(word, keys, n=1) or [k for k in keys if word in k.split("_")]
+            hints += [f"{prefix}.{name}.{k}" if prefix else f"{name}.{k}" for k in close[:1]]
+    return hints
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
@@ -153,7 +183,10 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     if err["type"] == "extra_forbidden":
         known = list(algorithm_specs()[tag].params.model_fields) if tag else _known_keys(experiment_config_model(), loc)
         hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        deeper = [] if hint or tag else _deeper_hints(experiment_config_model(), loc)
         msg = "unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+        if deeper:
+            msg += " (did you mean " + " or ".join(f"'{h}'" for h in deeper) + "?)"
         if tag and not hint:
             msg += f"; algorithm.name={tag} takes {', '.join(k for k in known if k != 'name') or 'no other key'}"
         if len(loc) == 1 and not registry("config_sections"):
@@ -169,9 +202,20 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return f"{source}: {path}: {msg}{tail}"
 
 
+def check_override_syntax(overrides: list[str], path: Any = None) -> None:
+    """Each ``--set`` must be ``key.path=value``. Checked before the config file is read: ``--set training.rounds 5``
+    leaves ``5`` as the command's CONFIG argument, and its real mistake is the missing ``=``, not a missing file."""
+    for item in overrides:
+        if "=" not in item:
+            stray = isinstance(path, str | Path) and not Path(path).exists() and " " not in str(path)
+            fix = f"--set {item}={path}" if stray else f"--set {item}=VALUE"
+            raise ConfigError(f"--set {item}: missing '=' between the key and its value (write {fix}, with no space)")
+
+
 def load_config(path: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | None = None) -> CoreConfig:
     """Load ``path`` (or the embedded default), apply ``overrides`` (``key=value``, as ``--set``) and validate.
     ``path`` may also be a mapping, read as the YAML document it stands for (sections left out take their defaults)."""
+    check_override_syntax(list(overrides or []), path)
     if path is None:
         data, source = parse_yaml(default_config_text(), "default config"), "default config"
     elif isinstance(path, Mapping):

@@ -432,3 +432,30 @@ def test_a_missing_xc_file_hints_synth_xc_and_validate_never_says_valid(tmp_path
         code, out, err = cli(cmd, str(cfg))
         assert_one_error_line(code, err, f"data file not found: {tmp_path}/xc/train.txt")
         assert "secure-fed data synth-xc" in err and "valid" not in out
+
+
+# ---------------------------------------------------------------- the newcomer's edges (issue 53, point 5)
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_set_without_its_equals_sign_names_the_missing_equals_not_a_config_file(tmp_path, command):
+    """``--set training.rounds 5``: argparse leaves ``5`` as CONFIG; the mistake is the missing ``=``."""
+    code, out, err = cli(
+        command, "--set", "training.rounds", "5", "--out" if command == "run" else "--data-root", str(tmp_path / "o")
+    )
+    assert_one_error_line(code, err, "--set training.rounds: missing '='", "--set training.rounds=5")
+    assert "config file not found" not in err and not (tmp_path / "o").exists()
+
+
+def test_validate_without_a_config_checks_the_embedded_default_as_run_does():
+    code, out, err = cli("validate", "--set", "training.rounds=5")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("the embedded default: valid (fedalc on synthetic, 5 rounds)"), out
+
+
+def test_an_unknown_privacy_key_suggests_the_blocks_keys_it_may_mean():
+    code, _, err = cli("validate", "--set", "privacy.epsilon=2")
+    assert_one_error_line(code, err, "privacy.epsilon: unknown key", "did you mean", "'privacy.instance.target_epsilon'",
+                          "'privacy.local.target_epsilon'", "'privacy.client.target_epsilon'")  # fmt: skip
+    code, _, err = cli("validate", "--set", "privacy.client.target_epsilo=2")  # inside an optional block, too
+    assert_one_error_line(code, err, "privacy.client.target_epsilo: unknown key (did you mean 'target_epsilon'?)")

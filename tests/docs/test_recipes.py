@@ -81,3 +81,14 @@ def test_the_python_block_loads_an_exported_model(tmp_path, monkeypatch, capsys)
     assert f"released model: ε = {doc['privacy']['epsilon']}, δ = 1e-05" in out and doc["privacy"]["epsilon"] != "inf"
     top = re.search(r"top 5 labels: \[([\d, ]+)\]", out).group(1).split(", ")
     assert len(top) == 5 and all(0 <= int(i) < doc["W"].shape[0] for i in top)
+
+
+def test_the_attacks_list_of_a_set_is_quoted_in_every_page():
+    """``--set attacks.run=[all]`` unquoted is a glob to zsh ("no matches found"): the docs and the README quote it."""
+    import re
+
+    pages = [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
+    bare = [
+        f"{p.relative_to(REPO)}: {m.group(0)}" for p in pages for m in re.finditer(r"--set attacks\.run=\[[^\s]*", p.read_text())
+    ]
+    assert not bare, bare
