@@ -17,14 +17,13 @@ from protocols.dp.mechanisms import (
     LabelSetWStep,
 )
 from protocols.dp.privacy_graph import Graph, Leak
+from protocols.dp.released_model import CLIENT_TRAINING_STEP, LABEL_SET_STEP
 
 #: the instance unit's mechanisms, as its report names them
 SERVER_STEP, CLIENT_STEP = "server_w_step", "client_training"
 
-UNNOISED_LABEL_SETS = ("W's label-set step is un-noised (the server's W update reads the clients' label sets in the "
-                       "clear; privacy.instance covers it)")  # fmt: skip
-UNNOISED_TRAINING = ("client training is un-noised (θ and the class rows are trained without DP-SGD or client-level "
-                     "noise; privacy.local or privacy.client covers it)")  # fmt: skip
+#: why a channel with no mechanism leaves the released model uncovered (the words of protocols.dp.released_model)
+UNNOISED_LABEL_SETS, UNNOISED_TRAINING = LABEL_SET_STEP["why"], CLIENT_TRAINING_STEP["why"]
 LOSS_IN_CLEAR = ("each client's update is a function of its noisy DP-SGD steps (batches and noise are the client's "
                  "secrets), but its training loss and example count reach the server in the clear (or, under a secure "
                  "sum, their sums), outside DP-SGD")  # fmt: skip
