@@ -329,11 +329,22 @@ def _describe_dp(cfg, num_clients: int) -> list[str]:
         return _describe_dp_lines(cfg, num_clients)
 
 
+def unnoised_steps_of_config(cfg) -> list[dict]:
+    """:func:`protocols.dp.released_model.unnoised_steps` for a run's config with the ``dp`` layer (the layer's own
+    rule, from its settings)."""
+    p = cfg.privacy
+    from protocols.dp.released_model import unnoised_steps
+
+    return unnoised_steps(
+        collects_label_sets=cfg.algorithm.capabilities.collects_label_sets,
+        label_set_step_noised=p.instance is not None,
+        client_training_noised=p.local is not None or p.client is not None,
+    )
+
+
 def _released_model_line(cfg) -> str:
     """The released model's ε (the observer's), planned: covered when every step that shapes θ and W has a DP
-    mechanism (:func:`protocols.dp.released_model.unnoised_steps_of_config`, the layer's own rule), else ∞ and why."""
-    from protocols.dp.released_model import unnoised_steps_of_config
-
+    mechanism (:func:`unnoised_steps_of_config`, the layer's own rule), else ∞ and why."""
     p = cfg.privacy
     units = [u for u, on in (("instance", p.instance is not None or p.local is not None), ("client", p.client is not None)) if on]
     head = "dp released model (the observer: sees θ, W and the files): "

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from protocols.dp.released_model import unnoised_steps_of_config
+from protocols.layer_specs import unnoised_steps_of_config
 from secure_fed.privacy_lines import privacy_lines
 from tests.config.test_bad_input import cli
 from tests.conftest import SMALL

@@ -29,13 +29,3 @@ def unnoised_steps(
     if not client_training_noised:
         out.append(dict(CLIENT_TRAINING_STEP))
     return out
-
-
-def unnoised_steps_of_config(cfg) -> list[dict[str, Any]]:
-    """:func:`unnoised_steps` for a run's config with the ``dp`` layer (the layer's own rule, from its settings)."""
-    p = cfg.privacy
-    return unnoised_steps(
-        collects_label_sets=cfg.algorithm.capabilities.collects_label_sets,
-        label_set_step_noised=p.instance is not None,
-        client_training_noised=p.local is not None or p.client is not None,
-    )
