@@ -176,11 +176,10 @@ class ProgressBar(Callback):
 
         priv = record.get(PRIVACY_RECORD) or {}
         units = {k: v for k, v in priv.items() if isinstance(v, dict) and "epsilon" in v}
-        post = {}
-        if not units or fmt_epsilon(priv.get("epsilon")) == "∞":
-            post["ε"] = "∞"
+        # the released model's ε first (the observer's), then each unit's own ledger, named as a unit's
+        post = {"ε model": fmt_epsilon(priv.get("epsilon"))}
         for unit, u in units.items():
-            post[f"ε {unit}"] = fmt_epsilon(u["epsilon"])
+            post[f"{unit} unit"] = fmt_epsilon(u["epsilon"])
         if "mAP" in record:
             head = next((k for k in record if k.startswith("P@")), "mAP")
             post[head] = f"{record[head]:.2f}"

@@ -33,9 +33,9 @@ def _bar_text(capsys, record, diagnostics):
 def test_the_bar_shows_epsilon_spent_and_no_private_statistic(capsys):
     priv = {"epsilon": 3.98765, "delta": 1e-5, "unit": "client", "client": {"epsilon": 3.98765, "delta": 1e-5, "steps": 4}}
     text = _bar_text(capsys, {"round": 1, "P@1": 50.0, "mAP": 40.0, "privacy": priv}, {"train_loss": 0.123456})
-    assert "ε client=3.988" in text and "P@1=50.00" in text
+    assert "ε model=3.988" in text and "client unit=3.988" in text and "P@1=50.00" in text
     assert "loss" not in text and "0.123" not in text  # the training loss is a private diagnostic
     # no DP: ε = ∞; a unit that does not bound the released model: ∞ for the model beside the unit's own ε
-    assert "ε=∞" in _bar_text(capsys, {"round": 1, "privacy": {"epsilon": "inf", "delta": None}}, {})
+    assert "ε model=∞" in _bar_text(capsys, {"round": 1, "privacy": {"epsilon": "inf", "delta": None}}, {})
     text = _bar_text(capsys, {"round": 1, "privacy": {**priv, "epsilon": "inf", "why": "W un-noised"}}, {})
-    assert "ε=∞" in text and "ε client=3.988" in text
+    assert "ε model=∞" in text and "client unit=3.988" in text
