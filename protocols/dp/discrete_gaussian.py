@@ -277,12 +277,16 @@ def _check_index(k: torch.Tensor) -> None:
         raise ValueError("a value exceeds 2^52 grid steps: the grid is too fine for float64 to hold it exactly")
 
 
-def release_grid(sensitivity: float, dim: int, finest_grid: float | None = None) -> tuple[float, float]:
+def release_grid(sensitivity: float, dim: int, finest_grid: float | None = None, *, slack: float = 0.0) -> tuple[float, float]:
     """(γ, the noise std per unit σ) of a released sum of ``dim`` coordinates with L2 sensitivity ``sensitivity``:
-    γ = :func:`~protocols.dp.accountant.noise_grid` (at least ``finest_grid``), and Δ + γ√d, the sensitivity of the
-    rounded sum, which σ multiplies (:func:`~protocols.dp.accountant.grid_corrected_std`)."""
+    γ = :func:`~protocols.dp.accountant.noise_grid` (at least ``finest_grid``), and Δ + γ√d (+ ``slack``), the
+    sensitivity of the rounded sum, which σ multiplies (:func:`~protocols.dp.accountant.grid_corrected_std`).
+    ``slack`` is what the sum's own formation adds to Δ in the worst case (a float64 sum's proven error bound,
+    :func:`protocols.dp.exact_sums.float64_sum_slack`; 0 for an exact sum); the grid is chosen without it."""
+    if not (slack >= 0.0 and math.isfinite(slack)):
+        raise ValueError(f"release_grid: slack {slack} must be finite and ≥ 0")
     grid = noise_grid(sensitivity, dim, coarsest_below=finest_grid)
-    return grid, grid_sensitivity(sensitivity, grid, dim)
+    return grid, grid_sensitivity(sensitivity, grid, dim) + float(slack)
 
 
 def noisy_sum(total: torch.Tensor, *, sigma: float, sensitivity: float, stream: SecretStream, label: str) -> torch.Tensor:
