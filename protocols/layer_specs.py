@@ -367,7 +367,7 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
         eps = epsilon_of(history, p.delta, p.accountant)
         goal = f" (target {target:g})" if target is not None else ""
         lines.append(f"dp {unit} unit: {'; '.join(parts)} -> plans ε = {eps:.4g}{goal} at δ = {p.delta:g} ({p.accountant})"
-                     + (f"; {note}" if note else ""))  # fmt: skip
+                     + (f"; {note}" if note else "") + "; " + _discrete_gaussian_text(history, p.delta))  # fmt: skip
 
     if p.instance is not None or p.local is not None:
         mechs: list[tuple[str, object, float, int | None]] = []
@@ -422,6 +422,19 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
         lines.append(f"dp: {cfg.algorithm.name} under dp is the central DP reference: DP-SGD on one trainer that holds "
                      "every instance once (no contribution bound)")  # fmt: skip
     return lines
+
+
+def _discrete_gaussian_text(history: list[tuple[float, float, int]], delta: float) -> str:
+    """The unit's ε under the proven bound for the discrete Gaussian it draws (:mod:`protocols.dp.discrete_gaussian_accounting`:
+    Canonne–Kamath–Steinke's curve through Zhu & Wang's Theorem 6, integer orders), to stand beside the
+    continuous-Gaussian analysis's value, which the ledger uses."""
+    from protocols.dp.discrete_gaussian_accounting import discrete_gaussian_epsilon
+
+    proven = discrete_gaussian_epsilon(history, delta)
+    return (
+        f"discrete Gaussian, proven bound: ε = {proven:.4g} (CKS 2020 zCDP through Zhu & Wang 2019 Thm 6; the "
+        "ledger's ε is the continuous-Gaussian analysis)"
+    )
 
 
 def _target_epsilons(config: dict) -> dict[str, float]:

@@ -52,8 +52,9 @@ L2 sensitivity Δ has Rényi divergence at most αΔ²/(2σ²) at every order α
 Thm 4 in one dimension, Thm 15 for the multivariate product) — so it is ½(Δ/σ)²-zCDP and the Gaussian RDP curve is
 an upper bound for a full-batch step. For the Poisson-subsampled steps the ledger uses Opacus's subsampled-Gaussian
 RDP (or PRV) analysis at the same σ: that the discrete mechanism is dominated by the continuous one there too is the
-standard assumption of the distributed-discrete-Gaussian literature (Kairouz, Liu & Steinke 2021), stated here, not
-proven; at the grid steps used (std/γ ≥ 10^5) the two laws agree to within 10^-40 on every integer's relative
+standard assumption of the distributed-discrete-Gaussian literature (Kairouz, Liu & Steinke 2021), not proven; a
+proven bound (Zhu & Wang 2019, Thm 6, over CKS's curve) is :mod:`protocols.dp.discrete_gaussian_accounting`, which
+``validate`` prints beside the ledger's value; at the grid steps used (std/γ ≥ 10^5) the two laws agree to within 10^-40 on every integer's relative
 probability, by Poisson summation.
 
 **Noise shares** (``privacy.client.noise: clients``): each client adds γ·Z_i, Z_i ~ N_Z(0, s²), s the share's std in
