@@ -50,8 +50,9 @@ def main() -> None:
             p = discrete_gaussian_subsampled_rdp(sigma, q, [a])[0]
             c = privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=[a])[0]
             ratios.append(f"α={a}: {p / c:.3f}")
-        print(f"σ {sigma:g}, q {q:g}, {steps} steps ({what}): continuous ε {cont:.4f} (integer orders {cont_int:.4f}), "
-              f"proven ε {proven:.4f}, ratio {proven / cont:.3f}; one-step RDP proven/continuous {', '.join(ratios)}")  # fmt: skip
+        head = f"σ {sigma:g}, q {q:g}, {steps} steps ({what})"
+        print(f"{head}: continuous ε {cont:.4f} (integer orders {cont_int:.4f}), proven ε {proven:.4f}, "
+              f"ratio {proven / cont:.3f}; one-step RDP proven/continuous {', '.join(ratios)}")  # fmt: skip
 
 
 if __name__ == "__main__":

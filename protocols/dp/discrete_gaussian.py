@@ -54,8 +54,8 @@ an upper bound for a full-batch step. For the Poisson-subsampled steps the ledge
 RDP (or PRV) analysis at the same σ: that the discrete mechanism is dominated by the continuous one there too is the
 standard assumption of the distributed-discrete-Gaussian literature (Kairouz, Liu & Steinke 2021), not proven; a
 proven bound (Zhu & Wang 2019, Thm 6, over CKS's curve) is :mod:`protocols.dp.discrete_gaussian_accounting`, which
-``validate`` prints beside the ledger's value; at the grid steps used (std/γ ≥ 10^5) the two laws agree to within 10^-40 on every integer's relative
-probability, by Poisson summation.
+``validate`` prints beside the ledger's value. At the grid steps used (std/γ ≥ 10^5) the two laws agree to within
+10^-40 on every integer's relative probability, by Poisson summation.
 
 **Noise shares** (``privacy.client.noise: clients``): each client adds γ·Z_i, Z_i ~ N_Z(0, s²), s the share's std in
 grid units, inside secure aggregation, whose fixed-point encoding (2^-frac_bits ≤ γ) carries them exactly. The sum of
