@@ -419,7 +419,7 @@ def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
         if target is not None and not free:  # every σ given: the target calibrates nothing, it caps the run
             goal = f" (target {target:g}: {_cap_text(history, target, p)})"
         lines.append(f"dp {unit} unit: {'; '.join(parts)} -> plans ε = {eps:.4g}{goal} at δ = {p.delta:g} ({p.accountant})"
-                     + (f"; {note}" if note else ""))  # fmt: skip
+                     + (f"; {note}" if note else "") + "; " + _discrete_gaussian_text(history, p.delta))  # fmt: skip
 
     if p.instance is not None or p.local is not None:
         mechs: list[tuple[str, object, float, int | None]] = []
@@ -526,6 +526,19 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
 def _planned_blocks(p) -> tuple[str, ...]:
     """The instance unit's mechanisms the config declares."""
     return (("server_w_step",) if p.instance is not None else ()) + (("client_training",) if p.local is not None else ())
+
+
+def _discrete_gaussian_text(history: list[tuple[float, float, int]], delta: float) -> str:
+    """The unit's ε under the proven bound for the discrete Gaussian it draws (:mod:`protocols.dp.discrete_gaussian_accounting`:
+    Canonne–Kamath–Steinke's curve through Zhu & Wang's Theorem 6, integer orders), to stand beside the
+    continuous-Gaussian analysis's value, which the ledger uses."""
+    from protocols.dp.discrete_gaussian_accounting import discrete_gaussian_epsilon
+
+    proven = discrete_gaussian_epsilon(history, delta)
+    return (
+        f"discrete Gaussian, proven bound: ε = {proven:.4g} (CKS 2020 zCDP through Zhu & Wang 2019 Thm 6; the "
+        "ledger's ε is the continuous-Gaussian analysis)"
+    )
 
 
 def _target_epsilons(config: dict) -> dict[str, float]:

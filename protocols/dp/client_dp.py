@@ -21,6 +21,7 @@ import torch
 
 from protocols.dp.adaptive_clipping import BIT_KEY, clip_bit
 from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap, snap_and_noise
+from protocols.dp.exact_sums import CLIP_MARGIN
 from protocols.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import client_step
@@ -51,8 +52,10 @@ def scale_update(reply: Payload, f: float) -> Payload:
 
 
 def clip_update(reply: Payload, clip_norm: float) -> Payload:
-    """A copy of the reply whose (Δθ, Δrows) has L2 norm ≤ ``clip_norm``."""
-    return scale_update(reply, min(1.0, clip_norm / max(update_norm(reply), 1e-12)))
+    """A copy of the reply whose (Δθ, Δrows) has L2 norm ≤ ``clip_norm``, as computed: the factor keeps the margin
+    2^-20 of :func:`protocols.dp.exact_sums.clip_factors` (the float64 norm's error and the rounding of the scaled
+    float32 update, relative 2^-24, stay inside it)."""
+    return scale_update(reply, min(1.0, clip_norm * (1.0 - CLIP_MARGIN) / max(update_norm(reply), 1e-12)))
 
 
 def cap_weight(reply: Payload, weight_cap: float) -> Payload:
@@ -112,7 +115,7 @@ def update_dim(reply: Payload, rows_shape: tuple[int, int] | None) -> int:
 
 def add_client_noise(
     reply: Payload, *, std: float, rows_shape: tuple[int, int] | None, stream: SecretStream, label: str,
-    clip_norm: float, finest_grid: float | None = None,
+    clip_norm: float, finest_grid: float | None = None, slack: float = 0.0,
 ) -> Payload:  # fmt: skip
     """Distributed noise: this client's share on every coordinate of Δθ and, if ``rows_shape`` is given, of all C
     class rows (``row_noise``, added where the update is packed for the secure sum).
@@ -124,9 +127,13 @@ def add_client_noise(
     exactly, so the secure sum is exactly γ·(Σ rounded updates + Σ Z_c) (the sum of discrete Gaussian shares:
     :mod:`protocols.dp.discrete_gaussian`, Kairouz–Liu–Steinke 2021).
 
+    ``slack`` is what the update's own formation adds to its sensitivity in the worst case (``noise: shares``: the
+    clipped sum's per-sample grid rounding and float64 error, :func:`protocols.dp.local_shares.sum_slack`): the
+    share is then ``std``·(S + γ√d + slack)/S.
+
     ``stream`` is the client's own secret (never the server's, never the public seed)."""
     out = dense_update(reply)
-    grid, corrected = release_grid(clip_norm, update_dim(out, rows_shape), finest_grid)
+    grid, corrected = release_grid(clip_norm, update_dim(out, rows_shape), finest_grid, slack=slack)
     share = std * corrected / clip_norm
     if 0.0 < share < MIN_SHARE_GRID_STEPS * grid and not _warned_small_share:
         _warn_small_share(share, grid)

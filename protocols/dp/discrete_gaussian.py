@@ -52,9 +52,10 @@ L2 sensitivity Δ has Rényi divergence at most αΔ²/(2σ²) at every order α
 Thm 4 in one dimension, Thm 15 for the multivariate product) — so it is ½(Δ/σ)²-zCDP and the Gaussian RDP curve is
 an upper bound for a full-batch step. For the Poisson-subsampled steps the ledger uses Opacus's subsampled-Gaussian
 RDP (or PRV) analysis at the same σ: that the discrete mechanism is dominated by the continuous one there too is the
-standard assumption of the distributed-discrete-Gaussian literature (Kairouz, Liu & Steinke 2021), stated here, not
-proven; at the grid steps used (std/γ ≥ 10^5) the two laws agree to within 10^-40 on every integer's relative
-probability, by Poisson summation.
+standard assumption of the distributed-discrete-Gaussian literature (Kairouz, Liu & Steinke 2021), not proven; a
+proven bound (Zhu & Wang 2019, Thm 6, over CKS's curve) is :mod:`protocols.dp.discrete_gaussian_accounting`, which
+``validate`` prints beside the ledger's value. At the grid steps used (std/γ ≥ 10^5) the two laws agree to within
+10^-40 on every integer's relative probability, by Poisson summation.
 
 **Noise shares** (``privacy.client.noise: clients``): each client adds γ·Z_i, Z_i ~ N_Z(0, s²), s the share's std in
 grid units, inside secure aggregation, whose fixed-point encoding (2^-frac_bits ≤ γ) carries them exactly. The sum of
@@ -277,12 +278,16 @@ def _check_index(k: torch.Tensor) -> None:
         raise ValueError("a value exceeds 2^52 grid steps: the grid is too fine for float64 to hold it exactly")
 
 
-def release_grid(sensitivity: float, dim: int, finest_grid: float | None = None) -> tuple[float, float]:
+def release_grid(sensitivity: float, dim: int, finest_grid: float | None = None, *, slack: float = 0.0) -> tuple[float, float]:
     """(γ, the noise std per unit σ) of a released sum of ``dim`` coordinates with L2 sensitivity ``sensitivity``:
-    γ = :func:`~protocols.dp.accountant.noise_grid` (at least ``finest_grid``), and Δ + γ√d, the sensitivity of the
-    rounded sum, which σ multiplies (:func:`~protocols.dp.accountant.grid_corrected_std`)."""
+    γ = :func:`~protocols.dp.accountant.noise_grid` (at least ``finest_grid``), and Δ + γ√d (+ ``slack``), the
+    sensitivity of the rounded sum, which σ multiplies (:func:`~protocols.dp.accountant.grid_corrected_std`).
+    ``slack`` is what the sum's own formation adds to Δ in the worst case (a float64 sum's proven error bound,
+    :func:`protocols.dp.exact_sums.float64_sum_slack`; 0 for an exact sum); the grid is chosen without it."""
+    if not (slack >= 0.0 and math.isfinite(slack)):
+        raise ValueError(f"release_grid: slack {slack} must be finite and ≥ 0")
     grid = noise_grid(sensitivity, dim, coarsest_below=finest_grid)
-    return grid, grid_sensitivity(sensitivity, grid, dim)
+    return grid, grid_sensitivity(sensitivity, grid, dim) + float(slack)
 
 
 def noisy_sum(total: torch.Tensor, *, sigma: float, sensitivity: float, stream: SecretStream, label: str) -> torch.Tensor:

@@ -6,7 +6,8 @@ label-set collection); each step:
 1. Poisson-sample label sets with rate q;
 2. compute each sampled set's gradient G_j = ∇_W ℓ_j(W) (``regularizers.label_set_*_grads``)
    and clip it to L2 norm ≤ C;
-3. round the sum to the public grid γ and add discrete Gaussian noise of std σ·(2C + γ√d) to every entry
+3. sum them exactly (each clipped gradient rounded to the release grid γ on its own, the integer grid indices
+   summed in float64: :mod:`protocols.dp.exact_sums`) and add discrete Gaussian noise of std σ·(2C + γ√d) to every entry
    (:mod:`protocols.dp.discrete_gaussian`);
 4. divide by the public expected batch B̄ (``privacy.instance.expected_batch_size``, a config value,
    never the realised count of label sets) and step W ← normalize(W − λη·g̃).
@@ -36,12 +37,15 @@ the mechanism itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import scipy.sparse as sp
 import torch
 from torch.nn import functional as F
 
+from protocols.dp.discrete_gaussian import release_grid
+from protocols.dp.exact_sums import clip_factors, grid_clipped_sum, per_sample_norms64
 from secure_fed.kernel_sizes import PER_SET_CHUNK_ELEMENTS  # elements (chunk × C × d) of one chunk's per-set gradients
 
 #: ``per_set_grads(W)`` prepares everything that depends on W alone (pair gradients, neighbours) once per
@@ -82,7 +86,12 @@ def dp_label_set_step(
         batch = label_sets[pick.to(label_sets.device)].to(W.device)
     if chunk is None:  # the per-set gradients of a chunk are (chunk, C, d): keep them near PER_SET_CHUNK_ELEMENTS
         chunk = int(min(64, max(1, PER_SET_CHUNK_ELEMENTS // max(1, W.numel()))))
-    total = torch.zeros_like(W)
+    # the sum is exact: each set's clipped gradient rounded to the release grid on its own, the integer grid indices
+    # summed in float64 (protocols.dp.exact_sums; a merged set's replacement moves the sum by ≤ 2C + γ√d, the
+    # accounted sensitivity of the rounded sum), so the release's snap is the identity on it
+    private = noise_multiplier > 0.0 and math.isfinite(clip_norm)
+    grid = release_grid(SENSITIVITY_IN_CLIP_NORMS * clip_norm, W.numel())[0] if private else None
+    total = torch.zeros_like(W, dtype=torch.float64)
     clipped, norms_sum = 0, 0.0
     grads_of = per_set_grads(W)
     for start in range(0, batch.shape[0], chunk):
@@ -90,9 +99,12 @@ def dp_label_set_step(
         if sp.issparse(Yb):
             Yb = torch.from_numpy(Yb.toarray()).to(W.device)
         G = grads_of(Yb)
-        norms = G.flatten(1).norm(dim=1)
-        factor = (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
-        total += torch.einsum("b,brd->rd", factor, G)
+        norms = per_sample_norms64([G])
+        factor = clip_factors(norms, clip_norm)
+        if grid is not None:
+            total += grid_clipped_sum({"W": G}, factor, grid, clip_norm)["W"]
+        else:  # no DP: a plain float64 sum
+            total += torch.einsum("b,brd->rd", factor, G.double())
         clipped += int((norms > clip_norm).sum())
         norms_sum += float(norms.sum())
     noisy = noise(total, noise_multiplier, SENSITIVITY_IN_CLIP_NORMS * clip_norm).to(W.device, W.dtype)

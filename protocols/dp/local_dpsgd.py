@@ -21,9 +21,12 @@ is the layer's (:mod:`protocols.dp.layer`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap
+from protocols.dp.exact_sums import check_float_batch, clip_factors, float64_sum_slack, grid_clipped_sum, per_sample_norms64
 from protocols.randomness import SecretStream
 from secure_fed.algorithms.per_sample import GradientPrivatizer
 
@@ -34,9 +37,9 @@ def steps_per_epoch(sample_rate: float) -> int:
 
 
 def per_sample_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """(B,) norms ‖g_i‖ of the per-sample gradients, over every tensor of ``grads`` together."""
-    sq = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32) ** 2 for g in grads)
-    return sq.sqrt()
+    """(B,) float64 norms ‖g_i‖ of the per-sample gradients, over every tensor of ``grads`` together
+    (:func:`protocols.dp.exact_sums.per_sample_norms64`: float64, so that the clip holds for the computed vector)."""
+    return per_sample_norms64(grads)
 
 
 class LocalDPSGD(GradientPrivatizer):
@@ -63,21 +66,42 @@ class LocalDPSGD(GradientPrivatizer):
         return torch.from_numpy((u < self.sample_rate).nonzero()[0])
 
     def factors(self, norms: torch.Tensor) -> torch.Tensor:
-        return (self.clip_norm / (norms.float() + 1e-12)).clamp(max=1.0)
+        """(B,) float64 factors min(1, C(1 − 2^-20)/‖g_i‖) (:func:`~protocols.dp.exact_sums.clip_factors`: the computed
+        clipped vector's norm is ≤ C). The ghost-norm fast path calls this once for its whole batch, whose float64 sum
+        is accounted for at most :data:`~protocols.dp.exact_sums.MAX_FLOAT_BATCH` samples: a larger one is refused."""
+        check_float_batch(len(norms))
+        return clip_factors(norms, self.clip_norm)
+
+    def sum_grid(self, dim: int) -> float:
+        """The release grid γ of this client's step over ``dim`` trained coordinates (the one :meth:`finish` snaps to)."""
+        return release_grid(self.clip_norm, dim)[0]
 
     def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The chunk's clipped sum, exact: each sample's clipped vector rounded to the release grid on its own and the
+        integer grid indices summed in float64 (:func:`~protocols.dp.exact_sums.grid_clipped_sum`; a rounded vector
+        moves by ≤ γ√d/2, inside the accounted C + γ√d). Without DP (σ = 0 or C = ∞) a plain float64 sum."""
         f = self.factors(per_sample_norms(list(grads.values())))
-        return {n: torch.einsum("b,b...->...", f.to(g.dtype), g) for n, g in grads.items()}
+        if self.noise_multiplier == 0.0 or not math.isfinite(self.clip_norm):
+            return {n: torch.einsum("b,b...->...", f.to(g.device), g.double()) for n, g in grads.items()}
+        grid = self.sum_grid(sum(g[0].numel() for g in grads.values()))
+        return grid_clipped_sum(grads, f, grid, self.clip_norm)
+
+    def sensitivity_slack(self) -> float:
+        """What the sum's formation adds to C in the worst case: the ghost-norm fast path's float64 sum
+        (:func:`~protocols.dp.exact_sums.float64_sum_slack`, 2·γ_{N+1}·N·C ≈ 2^-20·C); the exact per-sample path
+        needs nothing, but which path runs is the model's, so every step's noise covers both."""
+        return float64_sum_slack(self.clip_norm)
 
     def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:
-        """The released step: the clipped sums rounded to the public grid γ and γ·Z added, Z discrete Gaussian of std
-        σ·(C + γ√d)/γ (:mod:`protocols.dp.discrete_gaussian`, one draw over every trained tensor in a fixed order),
-        then divided by the public divisor and held in each sum's dtype (post-processing of the on-grid values)."""
+        """The released step: the clipped sums (float64; exact, or within the float64 bound) rounded to the public grid
+        γ and γ·Z added, Z discrete Gaussian of std σ·(C + γ√d + slack)/γ (:mod:`protocols.dp.discrete_gaussian`, one
+        draw over every trained tensor in a fixed order), then divided by the public divisor and cast to the trained
+        parameters' dtype by the caller (post-processing of the on-grid values)."""
         names = sorted(sums)  # a fixed order of the one noise vector over every trained tensor
         sizes = [sums[n].numel() for n in names]
         if self.noise_multiplier == 0.0:  # no DP noise (ε = ∞): the plain clipped step
             return {n: sums[n] / self.divisor for n in names}
-        grid, corrected = release_grid(self.clip_norm, sum(sizes))
+        grid, corrected = release_grid(self.clip_norm, sum(sizes), slack=self.sensitivity_slack())
         z = grid_noise(sum(sizes), self.noise_multiplier * corrected, grid, self.stream, f"{self.label} {step} noise")
         out, at = {}, 0
         for n, k in zip(names, sizes, strict=True):

@@ -38,8 +38,10 @@ from collections.abc import Callable
 
 import torch
 
+from protocols.dp.accountant import GRID_CORRECTION_BITS
 from protocols.dp.client_dp import add_client_noise, update_dim
 from protocols.dp.discrete_gaussian import release_grid
+from protocols.dp.exact_sums import float64_sum_slack
 from protocols.dp.local_dpsgd import LocalDPSGD
 from protocols.layer_specs import SHARE_RANGE_SIGMAS
 from protocols.randomness import SecretStream
@@ -65,6 +67,14 @@ class LocalShareSums(LocalDPSGD):
         return {n: torch.zeros_like(s) for n, s in sums.items()}
 
 
+def sum_slack(clip_norm: float) -> float:
+    """What the client's clipped sum adds to C before the share's own grid, in the worst case: its samples' rounding
+    to the DP-SGD step's grid γ_q (≤ γ_q√d_q/2 ≤ 2^-11·C, :func:`~protocols.dp.accountant.noise_grid`'s bound; the
+    share's grid may be another, secure aggregation's 2^-frac_bits), plus the ghost-norm fast path's float64 error
+    bound (:func:`~protocols.dp.exact_sums.float64_sum_slack`); the share's std is σ(C + γ√d + this)/√t."""
+    return 2.0 ** -(GRID_CORRECTION_BITS + 1) * float(clip_norm) + float64_sum_slack(clip_norm)
+
+
 def share_std(full: float, min_summands: int | None, *, on_node: bool, num_clients: int) -> float | Bounds:
     """A share's standard deviation σC/√t in the round's plan (``full`` = σC), as ``noise: clients`` gives it: on a
     node checking the server's plan, a range from σC/√t (t its own threshold, else the federation's N) to σC."""
@@ -85,7 +95,8 @@ def share_reply(
     trainable parameters, ``rows``); a frozen parameter's delta is zero."""
     theta = reply["theta_delta"]
     d = update_dim(reply, rows_shape)
-    _, corrected = release_grid(clip_norm, d, finest_grid)
+    slack = sum_slack(clip_norm)
+    _, corrected = release_grid(clip_norm, d, finest_grid, slack=slack)
     bound = clip_range - SHARE_RANGE_SIGMAS * sigma * corrected
     if not bound > 0.0:
         raise ValueError(f"secure_aggregation.clip_range {clip_range:g} leaves no room for the noise shares")
@@ -101,7 +112,7 @@ def share_reply(
     elif "rows_delta" in out:
         out["rows_delta"] = torch.zeros_like(out["rows_delta"], dtype=torch.float64)
     return add_client_noise(out, std=std, rows_shape=rows_shape, stream=stream, label=label, clip_norm=clip_norm,
-                            finest_grid=finest_grid)  # fmt: skip
+                            finest_grid=finest_grid, slack=slack)  # fmt: skip
 
 
 class LocalSharesRound(RoundWrapper):
@@ -140,4 +151,4 @@ class LocalSharesRound(RoundWrapper):
         return agg
 
 
-__all__ = ["LocalShareSums", "LocalSharesRound", "SHARE_STEP", "share_reply", "share_std"]
+__all__ = ["LocalShareSums", "LocalSharesRound", "SHARE_STEP", "share_reply", "share_std", "sum_slack"]

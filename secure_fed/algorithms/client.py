@@ -251,7 +251,9 @@ class LocalTrainer:
         an empty Poisson batch, whose step is noise only)."""
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         trained = {**params, **({"rows": rows} if train_rows else {})}
-        sums = {n: torch.zeros_like(p) for n, p in trained.items()}
+        # float64: the privatizer's chunk sums are exact grid multiples (or float64 sums with a bounded error), and a
+        # float32 running sum would round them again
+        sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in trained.items()}
         losses: list[torch.Tensor] = []
         if len(idx) > 0:
             x, y = data.x[idx], targets[idx]

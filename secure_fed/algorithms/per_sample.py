@@ -195,15 +195,18 @@ def clipped_sum_linear(
     finally:
         for h in handles:
             h.remove()
-    sq = torch.zeros(B, device=x.device)
+    # float64 throughout (norms, factors, products, sums): the squares of float32 values are exact in float64, and the
+    # clipped sum is within a proven bound of the exact one, which the privatizer's noise covers (protocols/dp's
+    # exact_sums: 2·γ_{N+1}·N·C); a float32 sum's worst-case error would not be covered
+    sq = torch.zeros(B, device=x.device, dtype=torch.float64)
     for n, m in linears.items():
         if not any(p.requires_grad for p in m.parameters()):
             continue
-        a, g = acts[n], outs[n].float()
+        a, g = acts[n], outs[n].double()
         if isinstance(a, SparseRows):  # the sparse first layer: ‖a_i‖² over the row's non-zeros
-            a_sq = a.row_sq_norms().float()
+            a_sq = a.row_sq_norms(torch.float64)
         else:
-            a = a.float()
+            a = a.double()
             if a.dim() != 2:
                 raise ValueError(f"the linear fast path needs 2-D inputs; {n} got {tuple(a.shape)}")
             a_sq = a.pow(2).sum(1)
@@ -212,21 +215,21 @@ def clipped_sum_linear(
         if m.bias is not None and m.bias.requires_grad:
             sq += gn
     if rows_b is not None:
-        sq += rows_b.grad.reshape(B, -1).pow(2).sum(1)
-    f = factors(sq.sqrt())
+        sq += rows_b.grad.reshape(B, -1).double().pow(2).sum(1)
+    f = factors(sq.sqrt()).to(torch.float64)
     sums: dict[str, torch.Tensor] = {}
     for n, m in linears.items():
         if not any(p.requires_grad for p in m.parameters()):
             continue
-        g = outs[n].float() * f[:, None]
+        g = outs[n].double() * f[:, None]
         prefix = f"{n}." if n else ""
         if m.weight.requires_grad:
             a = acts[n]
-            sums[prefix + "weight"] = a.t_matmul(g) if isinstance(a, SparseRows) else g.T @ a.float()
+            sums[prefix + "weight"] = a.t_matmul(g) if isinstance(a, SparseRows) else g.T @ a.double()
         if m.bias is not None and m.bias.requires_grad:
             sums[prefix + "bias"] = g.sum(0)
     if rows_b is not None:
-        sums["rows"] = (rows_b.grad * f[:, None, None]).sum(0)
+        sums["rows"] = (rows_b.grad.double() * f[:, None, None]).sum(0)
     for p in model.parameters():
         p.grad = None  # the backward above left Σ ∇ℓ_i on the parameters: not the step's gradient
     return sums, losses.detach()

@@ -113,10 +113,11 @@ class SparseRows:
         lengths = self.indptr[1:] - self.indptr[:-1]
         return torch.repeat_interleave(torch.arange(n, device=self.device), lengths, output_size=self.nnz)
 
-    def row_sq_norms(self) -> torch.Tensor:
-        """(n,) ‖a_i‖² of each row."""
-        out = torch.zeros(len(self), dtype=self.values.dtype, device=self.device)
-        return out.index_add_(0, self.row_ids(), self.values * self.values)
+    def row_sq_norms(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """(n,) ‖a_i‖² of each row (in ``dtype``, default the values' own)."""
+        v = self.values if dtype is None else self.values.to(dtype)
+        out = torch.zeros(len(self), dtype=v.dtype, device=self.device)
+        return out.index_add_(0, self.row_ids(), v * v)
 
     def t_matmul(self, g: torch.Tensor) -> torch.Tensor:
         """``gᵀ A`` for ``g`` (n, e): an (e, D) matrix, the gradient of a bias-free linear layer's weight."""

@@ -41,8 +41,9 @@ def test_clip_sum_clips_each_sample_over_all_its_tensors():
         f = min(1.0, 1.0 / float(v.norm()))
         want_a += f * a[i]
         want_b += f * b[i]
-    torch.testing.assert_close(got["a"], want_a)
-    torch.testing.assert_close(got["b"], want_b)
+    # float64 sums of the float32 inputs, against float32 references; the clip keeps a 2^-20 margin (exact_sums)
+    torch.testing.assert_close(got["a"], want_a, check_dtype=False, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["b"], want_b, check_dtype=False, rtol=1e-5, atol=1e-6)
 
 
 def test_finish_adds_noise_of_std_sigma_c_over_the_public_divisor_from_the_stream():

@@ -157,7 +157,7 @@ def test_a_calibrated_sigma_whose_shares_the_encoding_would_clip_is_refused_when
 def test_a_clipped_sum_beyond_the_encodings_room_is_clamped_before_the_share():
     """A client's clipped sum can exceed C (it sums a batch): each coordinate is clamped to ±(R − 10σ(C + γ√d)), so
     value plus share stays inside secure aggregation's range R (clamping is 1-Lipschitz: sensitivity stays C)."""
-    from protocols.dp.local_shares import share_reply
+    from protocols.dp.local_shares import share_reply, sum_slack
 
     theta = {"w": torch.zeros(4, 5)}
     sums = {"w": torch.tensor([1e6, -1e6, 0.25, 0.0] * 5, dtype=torch.float64).reshape(4, 5)}
@@ -165,7 +165,7 @@ def test_a_clipped_sum_beyond_the_encodings_room_is_clamped_before_the_share():
     out = share_reply({"theta_delta": theta, "loss": 3.0}, sums, std=0.0, sigma=sigma, rows_shape=None,
                       stream=SecretStream.for_party(1, "c"), label="x", clip_norm=CLIP, finest_grid=2.0**-24,
                       clip_range=R)  # fmt: skip
-    grid, corrected = release_grid(CLIP, 20, 2.0**-24)
+    grid, corrected = release_grid(CLIP, 20, 2.0**-24, slack=sum_slack(CLIP))  # the sum's worst case in the std
     bound = R - 10 * sigma * corrected
     w = out["theta_delta"]["w"].flatten()  # on the public grid: within half a step of ∓bound
     assert w[0].item() == pytest.approx(-bound, abs=grid) and w[1].item() == pytest.approx(bound, abs=grid)
