@@ -519,6 +519,11 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
         how = res["why"] if "why" in res else "composes " + ", ".join(res["composed"])
         if unit == "instance" and "client" in units and "why" not in res:
             how += f" (client-level noise through a group of {k} clients, each substituted: protocols/dp/group_bound.py)"
+        blocks = (p.instance, p.local) if unit == "instance" else (p.client,)
+        target = next((b.target_epsilon for b in blocks if b is not None and b.target_epsilon is not None), None)
+        if target is not None and eps != "inf" and eps > target * (1 + 1e-3):
+            how += (f"; above the {unit} unit's target {target:g}, which bounds that unit's own ledger (its own "
+                    "mechanisms) and stops training on it, not what another unit's mechanisms add")  # fmt: skip
         lines.append(f"dp released model, per {unit} (observer): plans ε = {shown} at δ = {p.delta:g}: {how}")
     return lines
 

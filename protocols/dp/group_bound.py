@@ -34,31 +34,39 @@ from scipy.special import logsumexp
 from scipy.stats import binom, hypergeom
 
 
-def cohort_count_pmf(group: int, *, sample_rate: float, population: int | None = None, cohort: int | None = None) -> np.ndarray:
-    """P(j of the group's ``group`` clients are in a round's cohort), j = 0..group.
+def cohort_count_logpmf(group: int, *, sample_rate: float, population: int | None = None,
+                        cohort: int | None = None) -> np.ndarray:  # fmt: skip
+    """log P(j of the group's ``group`` clients are in a round's cohort), j = 0..group (−inf outside the support).
 
     Poisson sampling (``cohort`` None): Binomial(group, q). A fixed cohort of ``cohort`` clients drawn without
-    replacement from ``population``: Hypergeometric. q = 1: every client, j = group."""
+    replacement from ``population``: Hypergeometric. q = 1: every client, j = group. In log space: the large-j terms
+    dominate the bound at high orders and underflow as probabilities (binom.pmf(1000, 1000, 0.001) = 0.0)."""
     if group < 1:
         raise ValueError(f"group size {group} must be ≥ 1")
     j = np.arange(group + 1)
     if sample_rate >= 1.0 or (cohort is not None and population is not None and cohort >= population):
-        return (j == group).astype(float)
+        return np.where(j == group, 0.0, -np.inf)
     if cohort is not None:
         if population is None:
             raise ValueError("a fixed cohort needs the population size")
-        return hypergeom.pmf(j, population, group, cohort)
-    return binom.pmf(j, group, sample_rate)
+        return hypergeom.logpmf(j, population, group, cohort)
+    return binom.logpmf(j, group, sample_rate)
 
 
-def group_substitution_rdp(sigma: float, pmf: np.ndarray, orders) -> np.ndarray:
-    """ε_g(α) of one round (the module's group bound) at each order α > 1: ``pmf[j]`` = P(j of the group sampled),
-    noise multiplier ``sigma`` (noise std σC for clip norm C; each sampled member moves the sum by ≤ 2C)."""
+def cohort_count_pmf(group: int, **kw) -> np.ndarray:
+    """:func:`cohort_count_logpmf` as probabilities (for display and tests)."""
+    return np.exp(cohort_count_logpmf(group, **kw))
+
+
+def group_substitution_rdp(sigma: float, logpmf: np.ndarray, orders) -> np.ndarray:
+    """ε_g(α) of one round (the module's group bound) at each order α > 1: ``logpmf[j]`` = log P(j of the group
+    sampled), noise multiplier ``sigma`` (noise std σC for clip norm C; each sampled member moves the sum by ≤ 2C)."""
     if not sigma > 0.0:
         raise ValueError(f"noise multiplier {sigma} must be positive")
-    j = np.arange(len(pmf), dtype=float)
-    keep = pmf > 0.0
-    logw, jj = np.log(pmf[keep]), j[keep]
+    logpmf = np.asarray(logpmf, dtype=float)
+    j = np.arange(len(logpmf), dtype=float)
+    keep = np.isfinite(logpmf)  # only the support's complement (log 0) is dropped
+    logw, jj = logpmf[keep], j[keep]
     out = []
     for a in np.asarray(orders, dtype=float):
         if not a > 1.0:
@@ -78,4 +86,4 @@ def substitution_sensitivity(group: int) -> float:
     return 2.0 * group
 
 
-__all__ = ["cohort_count_pmf", "gaussian_rdp", "group_substitution_rdp", "substitution_sensitivity"]
+__all__ = ["cohort_count_logpmf", "cohort_count_pmf", "gaussian_rdp", "group_substitution_rdp", "substitution_sensitivity"]

@@ -26,7 +26,7 @@ import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 
-from protocols.dp.group_bound import cohort_count_pmf, gaussian_rdp, group_substitution_rdp, substitution_sensitivity
+from protocols.dp.group_bound import cohort_count_logpmf, gaussian_rdp, group_substitution_rdp, substitution_sensitivity
 
 #: the Rényi orders of the RDP ledger: Opacus's defaults (1.1 … 63) and larger ones. At strong noise and few steps
 #: (σ 20 at q 1 after one round; σ 3 at q 0.01 after 10 steps) the best order lies past 63, where Opacus warns
@@ -173,8 +173,8 @@ class _ClientGaussian(DPMechanism):
     def group_rdp(self, orders=ORDERS, *, group: int, sample_rate: float | None = None, population: int | None = None,
                   cohort: int | None = None) -> np.ndarray:  # fmt: skip
         q = self.sample_rate if sample_rate is None else sample_rate
-        pmf = cohort_count_pmf(group, sample_rate=q, population=population, cohort=None if q >= 1.0 else cohort)
-        return self.gaussian_steps(self.steps) * group_substitution_rdp(self.sigma, pmf, orders)
+        logpmf = cohort_count_logpmf(group, sample_rate=q, population=population, cohort=None if q >= 1.0 else cohort)
+        return self.gaussian_steps(self.steps) * group_substitution_rdp(self.sigma, logpmf, orders)
 
 
 @register_mechanism

@@ -15,7 +15,8 @@ example the clear training loss a client sends under DP-SGD). The rules, the onl
    is a post-processing of each one's output). Channels compose: their RDP curves add.
 5. When every channel is covered by exactly one mechanism of the unit itself at group 1, the unit's own accountant
    (RDP or PRV, through Opacus) computes the ε of their joint (σ, q, steps) history; otherwise the RDP curve above
-   is converted (Opacus's conversion), and the report says ``accountant: rdp``.
+   is converted (Opacus's conversion), and the report says ``accountant: rdp`` — unless the unit's own mechanisms
+   alone (one per channel) give a smaller ε by its own accountant (PRV), which also bounds the release.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Graph:
         ``adversary`` (the module's rules)."""
         if adversary not in ADVERSARIES:
             raise ValueError(f"unknown adversary {adversary!r}; choose one of {ADVERSARIES}")
-        curves, own, composed, notes = [], [], [], []
+        curves, own, own_views, composed, notes = [], [], [], [], []
         for channel, uncovered in self.channels.items():
             leak = next((x for x in self.leaks if x.channel == channel and x.adversary == adversary), None)
             if leak is not None:
@@ -81,15 +82,23 @@ class Graph:
             notes.extend(m.server_note for m, _ in usable if adversary == "server" and m.server_note)
             if len(usable) == 1 and usable[0][0].unit == unit:
                 own.append(usable[0][0])
+            mine = [m for m, _ in usable if m.unit == unit]
+            if len(mine) == 1:
+                own_views.append(mine[0])
         if len(own) == len(self.channels) and own:  # rule 5: the unit's own accountant over its own history
             history = [h for m in own for h in m.history(sample_rate=self._rate(m, adversary))]
             eps = epsilon_of(history, delta, accountant) if history else 0.0
             return {"epsilon": reported(eps), "composed": composed, "accountant": accountant, "notes": notes}
         total = np.sum(np.stack(curves), axis=0) if curves else np.zeros(len(ORDERS))
-        if not np.any(total):
-            return {"epsilon": 0.0, "composed": composed, "accountant": "rdp", "notes": notes}
-        eps = rdp_curve_epsilon(total, delta)
-        return {"epsilon": reported(eps), "composed": composed, "accountant": "rdp", "notes": notes}
+        eps = rdp_curve_epsilon(total, delta) if np.any(total) else 0.0
+        used = "rdp"
+        if len(own_views) == len(self.channels) and accountant != "rdp":  # the unit's own mechanisms alone, by its
+            # accountant, also bound the release (each channel's release is a post-processing of them): keep the smaller
+            history = [h for m in own_views for h in m.history(sample_rate=self._rate(m, adversary))]
+            own_eps = epsilon_of(history, delta, accountant)
+            if own_eps < eps:
+                eps, used = own_eps, accountant
+        return {"epsilon": reported(eps), "composed": composed, "accountant": used, "notes": notes}
 
     @staticmethod
     def _protects(m: DPMechanism, adversary: str) -> bool:

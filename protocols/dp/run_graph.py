@@ -52,8 +52,15 @@ def run_graph(privacy, *, label_set_algorithm: bool, mechanisms: list[DPMechanis
     None under Poisson sampling."""
     channels = {LABEL_SETS: UNNOISED_LABEL_SETS} if label_set_algorithm else {}
     channels[CLIENT_TRAINING] = UNNOISED_TRAINING
-    leaks = [Leak(CLIENT_TRAINING, "server", LOSS_IN_CLEAR) for m in mechanisms if m.kind == ClientDPSGD.kind]
-    return Graph(list(mechanisms), channels, leaks[:1], instance_group=int(instance_group), population=int(population),
+    kinds = {m.kind for m in mechanisms}
+    # under DP-SGD each client sends its training loss (and its example count) outside DP-SGD; with noise shares the
+    # loss is not sent (local shares: the share step; client shares: noise_share_step sends 0), and the count is 1
+    leaks = (
+        [Leak(CLIENT_TRAINING, "server", LOSS_IN_CLEAR)]
+        if ClientDPSGD.kind in kinds and ClientNoiseShares.kind not in kinds
+        else []
+    )
+    return Graph(list(mechanisms), channels, leaks, instance_group=int(instance_group), population=int(population),
                  cohort=cohort)  # fmt: skip
 
 

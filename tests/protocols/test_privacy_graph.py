@@ -11,8 +11,18 @@ import pytest
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 
-from protocols.dp.mechanisms import MECHANISMS, ORDERS, ClientServerNoise, LabelSetWStep
-from protocols.dp.privacy_graph import Graph
+from protocols.dp.accountant import epsilon_of
+from protocols.dp.mechanisms import (
+    MECHANISMS,
+    ORDERS,
+    ClientDPSGD,
+    ClientDPSGDShares,
+    ClientNoiseShares,
+    ClientServerNoise,
+    ClientTree,
+    LabelSetWStep,
+)
+from protocols.dp.privacy_graph import Graph, finite
 from protocols.dp.run_graph import mechanism_kind, run_graph
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
@@ -117,3 +127,66 @@ def test_every_registered_mechanism_is_declared_by_some_run():
             p = NS(local=NS(noise=local_noise), client=client)
             seen.update(mechanism_kind(p, name) for name in ("server_w_step", "client_training", "client"))
     assert seen == set(MECHANISMS)
+
+
+def _mech(cls, name, sigma, q, steps, **kw):
+    return cls(name=name, sigma=sigma, sample_rate=q, steps=steps, **kw)
+
+
+def test_the_tree_covers_an_instance_as_a_gaussian_at_twice_the_group():
+    """DP-FTRL with every client in every round: K Gaussian equivalents at sensitivity 2kC (each of the k clients
+    substituted), α(2k)²K/(2σ²); K = rounds with trees of one round."""
+    for rounds in (1, 4):
+        tree = _mech(ClientTree, "client", 3.0, 1.0, rounds, tree_rounds=1)
+        want = [rounds * a * (2 * 3) ** 2 / (2 * 3.0**2) for a in ORDERS]
+        assert tree.group_rdp(ORDERS, group=3) == pytest.approx(want, rel=1e-12)
+
+
+def test_dp_sgd_sends_the_loss_in_the_clear_unless_noise_shares_carry_it():
+    """Against the server, DP-SGD's channel leaks the clear loss (ε = ∞ with that why); local shares send no loss; with
+    client noise shares the loss is zeroed (noise_share_step), so client noise holds against the server at q = 1."""
+    from types import SimpleNamespace as NS
+
+    p = NS(local=NS(noise="local"), client=None)
+    g = run_graph(p, label_set_algorithm=False, mechanisms=[_mech(ClientDPSGD, "client_training", 1.0, 0.5, 10)],
+                  instance_group=1, population=10, cohort=None)  # fmt: skip
+    res = g.epsilon("instance", "server", delta=1e-5, accountant="rdp")
+    assert res["epsilon"] == "inf" and "training loss" in res["why"]
+    assert finite(g.epsilon("instance", "observer", delta=1e-5, accountant="rdp")["epsilon"])
+    shares = run_graph(p, label_set_algorithm=False, mechanisms=[_mech(ClientDPSGDShares, "client_training", 1.0, 0.5, 10)],
+                       instance_group=1, population=10, cohort=None)  # fmt: skip
+    assert finite(shares.epsilon("instance", "server", delta=1e-5, accountant="rdp")["epsilon"])
+    both = run_graph(p, label_set_algorithm=False, instance_group=1, population=10, cohort=None, mechanisms=[
+        _mech(ClientDPSGD, "client_training", 1.0, 0.5, 10), _mech(ClientNoiseShares, "client", 2.0, 0.5, 10)])  # fmt: skip
+    acc = RDPAccountant()
+    acc.history = [(2.0, 1.0, 10)]  # the server knows the cohort: q = 1
+    assert both.epsilon("client", "server", delta=1e-5, accountant="rdp")["epsilon"] == pytest.approx(acc.get_epsilon(1e-5))
+
+
+def test_mechanisms_in_series_count_the_smaller_curve_at_each_order():
+    """DP-SGD inside client training, then client-level noise on the update: the instance's ε is that of the
+    per-order minimum of the two curves (each alone bounds the release), at most each one's own ε."""
+    from types import SimpleNamespace as NS
+
+    dpsgd, client = _mech(ClientDPSGD, "client_training", 1.5, 0.5, 20), _mech(ClientServerNoise, "client", 5.0, 0.5, 10)
+    g = run_graph(NS(local=NS(noise="local"), client=None), label_set_algorithm=False, mechanisms=[dpsgd, client],
+                  instance_group=2, population=10, cohort=None)  # fmt: skip
+    got = g.epsilon("instance", "observer", delta=1e-5, accountant="rdp")["epsilon"]
+    a = privacy_analysis.compute_rdp(q=0.5, noise_multiplier=1.5, steps=20, orders=list(ORDERS))
+    b = [10 * independent_group_rdp(5.0, 0.5, 2, x) for x in ORDERS]
+    want, _ = privacy_analysis.get_privacy_spent(orders=list(ORDERS), rdp=[min(x, y) for x, y in zip(a, b, strict=True)],
+                                                 delta=1e-5)  # fmt: skip
+    only_a, _ = privacy_analysis.get_privacy_spent(orders=list(ORDERS), rdp=a, delta=1e-5)
+    only_b, _ = privacy_analysis.get_privacy_spent(orders=list(ORDERS), rdp=b, delta=1e-5)
+    # the two views give 9.19 and 9.87: the series is the smaller, never their composition or the larger
+    assert got == pytest.approx(want, rel=1e-9) and got <= min(only_a, only_b) * (1 + 1e-9) < max(only_a, only_b) - 0.5
+    # under PRV the unit's own mechanism alone (DP-SGD, by PRV) also bounds it: never above it
+    prv = g.epsilon("instance", "observer", delta=1e-5, accountant="prv")["epsilon"]
+    assert prv <= min(want, epsilon_of([(1.5, 0.5, 20)], 1e-5, "prv")) + 1e-12
+
+
+def independent_group_rdp(sigma: float, q: float, k: int, a: float) -> float:
+    """One round of the group bound at order a, written out with math.comb (log-sum-exp by hand)."""
+    logs = [math.log(math.comb(k, j) * q**j * (1 - q) ** (k - j)) + 2 * a * (a - 1) * j * j / sigma**2 for j in range(k + 1)]
+    top = max(logs)
+    return (top + math.log(sum(math.exp(x - top) for x in logs))) / (a - 1)
