@@ -25,7 +25,7 @@ from secure_fed.config import load_config
 from secure_fed.errors import SecureFedError
 from secure_fed.validation import validation_lines
 
-EXAMPLES = int(__import__("os").environ.get("HYP_N", 2000))
+EXAMPLES = 2000
 
 #: tiny synthetic data: the plan of each document, not the data, is under test
 BASE = {
