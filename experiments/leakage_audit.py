@@ -34,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from secure_fed.run_files import attacks_path
+from secure_fed.run_files import attacks_path, checkpoint_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CONFIGS, default_workers  # noqa: E402
@@ -96,7 +96,7 @@ def run_stack(stack: str, args: argparse.Namespace, threads: int) -> dict[str, A
         if not (run_dir / "summary.json").is_file():
             exp = Experiment(cfg, run_dir=run_dir, data_root=args.data_root)
             exp.setup()  # this stack's own setup (CKKS keys, label sets) …
-            state = torch.load(base / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+            state = torch.load(checkpoint_dir(base) / "last.pt", map_location="cpu", weights_only=False)
             state["setup_facts"], state["protocols"] = exp.setup_facts, exp.stack.state_dict()
             exp.load_state_dict(state)  # … then the shared first N − K rounds
             exp.run(progress=False)

@@ -85,6 +85,23 @@ def _first_step_epsilon(sigma: float, q: float, delta: float, accountant: str) -
     return epsilon_of([(sigma, q, 1)], delta, accountant)
 
 
+def _sigma_source_error(p) -> str | None:
+    """Why a DP mechanism has no σ: neither its ``noise_multiplier`` nor a target ε of its unit to calibrate it from
+    (the instance unit's one target may come from ``privacy.instance`` or ``privacy.local``); None when each has one."""
+    given = [u.target_epsilon for u in (p.instance, p.local) if u is not None and u.target_epsilon is not None]
+    for name, unit, target in (("instance", p.instance, given[0] if given else None),
+                               ("local", p.local, given[0] if given else None),
+                               ("client", p.client, p.client.target_epsilon if p.client is not None else None)):  # fmt: skip
+        if unit is None or unit.noise_multiplier is not None or target is not None:
+            continue
+        shared = " (the instance unit's one budget: neither privacy.instance nor privacy.local gives it)"
+        return (
+            f"privacy.{name} sets neither noise_multiplier nor target_epsilon{shared if name != 'client' else ''}: its σ "
+            "has nothing to come from; give noise_multiplier, or a target_epsilon to calibrate σ to"
+        )
+    return None
+
+
 def _validate_dp(cfg, stack: list[str]) -> None:
     p, algo = cfg.privacy, cfg.algorithm.name
     if "dp" not in stack:
@@ -93,6 +110,8 @@ def _validate_dp(cfg, stack: list[str]) -> None:
         return
     if p.instance is None and p.client is None and p.local is None:
         raise ValueError("'dp' is listed in protocols but none of privacy.instance, privacy.local, privacy.client is set")
+    if why := _sigma_source_error(p):
+        raise ValueError(why)
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):
         raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")

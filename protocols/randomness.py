@@ -5,7 +5,7 @@ Poisson subsampling amplifies nothing against one who can regenerate the sample.
 in secure-fed (noise on sums, each client's noise share, the label sets and clients a round
 samples) therefore comes from a :class:`SecretStream`: a 32-byte key from ``os.urandom`` held by
 the party that performs the draw — the server's key in its private checkpoint
-(``checkpoints/server_secrets.pt``), each client's key in the clients' own ``clients.pt`` — and
+(``private/checkpoints/server_secrets.pt``), each client's key in the clients' own ``clients.pt`` — and
 never in ``config.yaml``, ``summary.json``, ``metrics.jsonl``, a message or an attacker's view.
 
 Each draw is addressed by a label (``"client-noise r12 fc1.weight"``): the output is

@@ -30,7 +30,7 @@ from pathlib import Path
 from secure_fed.api import default_run_dir
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.io import check_writable_dir
-from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR, holds_checkpoint
+from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR, holds_checkpoint, operator_config_path
 from secure_fed.run_status import trained
 
 
@@ -104,13 +104,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SecureFedError("--out: empty path")
     if args.resume:
         run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise SecureFedError(f"cannot resume: {run_dir / 'config.yaml'} not found")
+        if not operator_config_path(run_dir).is_file():  # the config with its secret settings, under private/
+            raise SecureFedError(f"cannot resume: {operator_config_path(run_dir)} not found")
         if args.config:
             raise SecureFedError("give either CONFIG or --resume RUN_DIR, not both")
         if args.out is not None and Path(args.out).resolve() != run_dir.resolve():
             raise SecureFedError("--out cannot be combined with --resume: the run continues in RUN_DIR")
-        cfg = load_config(run_dir / "config.yaml", args.overrides)
+        cfg = load_config(operator_config_path(run_dir), args.overrides)
     else:
         cfg = load_config(args.config, args.overrides)
         run_dir = _run_dir_for(cfg, args.out)
@@ -159,48 +159,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from secure_fed.config import load_config
-    from secure_fed.config.schema import IMAGE_FORMATS
-    from secure_fed.data.from_config import build_dataset, check_data_files  # torch-free: validate stays fast
+    from secure_fed.validation import validation_lines
 
     cfg = load_config(args.config, args.overrides)
-    check_data_files(cfg)  # a configured file that is not there: its error line, and no "valid" before it
-    d = cfg.dataset
-    images = d.name == "digit_mosaics" or d.format in IMAGE_FORMATS
-    # data that cannot be read, or a partition that cannot be made: the run's own error line (exit 2), before "valid"
-    ds = None if images else build_dataset(cfg, args.data_root)
-    if ds is not None:
-        import numpy as np
-
-        from secure_fed.data import partitioner_from_config
-
-        # the partition the run makes (e.g. a natural partition's client-id file is read and checked against the data)
-        shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
-    data = f"{d.format} data at {d.train or d.root}" if d.format else d.name
-    print(f"{args.config or 'the embedded default'}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)")
-    from secure_fed.config.choices import precision_line
-
-    print(precision_line(cfg, ds))
-    from secure_fed.memory import check_memory, needs_torch, plan_memory
-
-    later = "`secure-fed run` makes it before training and refuses a run that cannot fit"
-    if ds is None:
-        print(f"memory estimate: not made here (image data are decoded with torch); {later}")
-        return 0
-    print(ds.describe())
-    from secure_fed.plugin_specs import layer_specs
-
-    for name in cfg.protocols:
-        spec = layer_specs().get(name)
-        if spec is not None and spec.describe is not None:
-            print("\n".join(spec.describe(cfg, len(shards))))
-    if needs_torch(cfg, ds):
-        print(f"memory estimate: not made here (counting this model's parameters needs torch); {later}")
-        return 0
-    est = plan_memory(cfg, ds, "cpu")  # validate checks host memory; a GPU run is checked when it starts there
-    note = "" if cfg.device == "cpu" else f" (device: {cfg.device}: checked against GPU memory when the run starts on one)"
-    print(f"estimated peak memory{note}:")
-    print("\n".join(est.lines()))
-    check_memory(est)  # the run's own refusal: one error line, exit 2
+    for line in validation_lines(cfg, args.data_root, source=args.config or "the embedded default"):
+        print(line)
     return 0
 
 
@@ -452,8 +415,8 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
         raise SecureFedError(f"--nodes {args.nodes}: at least 1 SuperNode")
     if args.resume and args.out is None:
         raise SecureFedError("--resume needs --out RUN_DIR: the run directory to continue")
-    if args.resume and args.config is None and (Path(args.out) / "config.yaml").is_file():
-        args.config = str(Path(args.out) / "config.yaml")  # the run's own config, not the embedded default
+    if args.resume and args.config is None and operator_config_path(args.out).is_file():
+        args.config = str(operator_config_path(args.out))  # the run's own config (secrets included), not the default
     overrides = [o for o in args.overrides if not o.startswith("backend=")]
     overrides.append(f"flower.num_supernodes={args.nodes}")
     cfg = load_config(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started
@@ -517,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("resume", help="continue a run from its last checkpoint")
-    p.add_argument("run_dir", help="a run directory (its config.yaml and checkpoints/last.pt)")
+    p.add_argument("run_dir", help="a run directory (its private/config.yaml and private/checkpoints/last.pt)")
     _add_run_args(p)
     p.set_defaults(func=cmd_resume)
 

@@ -1,6 +1,7 @@
 """``secure-fed export RUN --out model.pt``: the release-safe model file of a finished run.
 
-A run directory's checkpoints hold far more than the model: ``final.pt`` also carries the optimiser moments,
+A run directory's checkpoints (``private/checkpoints/``, never released) hold far more than the model: ``final.pt``
+also carries the optimiser moments,
 the algorithm's state (e.g. fedalc's label sets), the ledger and the records with their diagnostics; beside
 it lie the clients' and the server's secrets. The export holds exactly :data:`EXPORT_KEYS`:
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from secure_fed.errors import SecureFedError
-from secure_fed.run_files import PRIVACY_RECORD
+from secure_fed.run_files import PRIVACY_RECORD, checkpoint_dir
 from secure_fed.run_status import trained
 
 EXPORT_KEYS = ("theta", "W", "config", PRIVACY_RECORD)
@@ -46,7 +47,7 @@ def _finished(run_dir: Path) -> tuple[dict[str, Any], Path]:
         raise SecureFedError(f"cannot export {run_dir}: {summary_path} is not valid JSON") from None
     if not trained(summary.get("status")):
         raise SecureFedError(f"cannot export {run_dir}: it did not train to its end (status {summary.get('status')!r})")
-    final = run_dir / "checkpoints" / "final.pt"
+    final = checkpoint_dir(run_dir) / "final.pt"
     if not final.is_file():
         raise SecureFedError(f"cannot export {run_dir}: {final} is missing")
     return summary, final

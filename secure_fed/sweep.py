@@ -1,6 +1,6 @@
 """Cached, resumable runs for sweeps: the one implementation the CLI and the experiment scripts share.
 
-A run directory is reused only for the same resolved config: ``RUN_DIR/config.yaml`` must equal the
+A run directory is reused only for the same resolved config: ``RUN_DIR/private/config.yaml`` must equal the
 new config's dump, both read through the schema (every key; ``output.progress`` aside, which changes nothing
 but the terminal; keys added since the run was recorded take their defaults). A
 finished run is returned as is; an unfinished one resumes from its checkpoint; a directory holding a
@@ -37,10 +37,13 @@ def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
 
     Raises :class:`SecureFedError` when ``run_dir`` holds a run of another config."""
     from secure_fed.config import dump_config
+    from secure_fed.run_files import operator_config_path
 
     run_dir = Path(run_dir)
-    saved = run_dir / "config.yaml"
+    saved = operator_config_path(run_dir)  # the whole config: the released one lacks the secret settings
     if not saved.is_file():
+        if (run_dir / "config.yaml").is_file():
+            raise SecureFedError(f"{run_dir} holds a run without its {saved} (the operator's config); use another output")
         return None
     from secure_fed.config import load_config
     from secure_fed.errors import ConfigError

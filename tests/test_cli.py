@@ -179,7 +179,7 @@ def test_audit_errors_are_one_line(tmp_path):
     e = cli("audit", str(tmp_path / "r"), "--attacks", "")  # was read as "every attack" (16 shadow models)
     assert e.returncode == 2 and "name at least one attack" in e.stderr
     assert not (tmp_path / "r" / "private" / "attacks.json").exists()
-    final = tmp_path / "r" / "checkpoints" / "final.pt"
+    final = tmp_path / "r" / "private" / "checkpoints" / "final.pt"
     kept = final.read_bytes()
     final.write_bytes(b"x")  # a damaged released model: one line naming the file (was an UnpicklingError traceback)
     d = cli("audit", str(tmp_path / "r"), "--attacks", "embedding_identification")
@@ -325,7 +325,7 @@ def test_ctrl_c_in_training_prints_the_resume_command_and_keeps_the_checkpoint(t
     assert code == 130
     assert err.strip().splitlines()[-1].endswith(f"to continue: secure-fed resume {run}")
     assert "interrupted after round 2" in err and "[interrupted]" in out
-    assert (run / "checkpoints" / "last.pt").is_file()
+    assert (run / "private" / "checkpoints" / "last.pt").is_file()
     monkeypatch.setattr(Experiment, "train_round", real)
     r = cli("resume", str(run))
     assert r.returncode == 0 and "resuming" in r.stdout and "[completed]" in r.stdout

@@ -43,7 +43,7 @@ def test_export_holds_exactly_the_release_safe_parts(tmp_path):
     doc = torch.load(tmp_path / "model.pt", map_location="cpu", weights_only=True)  # plain tensors and data only
     assert set(doc) == {"theta", "W", "config", "privacy"}
 
-    final = torch.load(run / "checkpoints" / "final.pt", map_location="cpu", weights_only=False)
+    final = torch.load(run / "private" / "checkpoints" / "final.pt", map_location="cpu", weights_only=False)
     assert set(doc["theta"]) == set(final["theta"])
     for name, t in doc["theta"].items():
         assert torch.equal(t, final["theta"][name])
@@ -55,7 +55,7 @@ def test_export_holds_exactly_the_release_safe_parts(tmp_path):
     # clients' and the server's checkpoints
     private = [(p, t) for p, t in _tensors(final) if not p.startswith(("/theta/", "/W"))]
     for f in ("clients.pt", "server_secrets.pt"):
-        private += _tensors(torch.load(run / "checkpoints" / f, map_location="cpu", weights_only=False), f)
+        private += _tensors(torch.load(run / "private" / "checkpoints" / f, map_location="cpu", weights_only=False), f)
     assert any(p.endswith("label_sets") for p, _ in private)  # the check has the label sets to look for
     exported = _tensors({k: doc[k] for k in ("theta", "W")})
     for ep, e in exported:
@@ -81,7 +81,7 @@ def test_export_refuses_a_missing_or_unfinished_run_and_writes_nothing(tmp_path)
     code, _, err = cli("export", str(run), "--out", str(out))
     assert_one_error_line(code, err, "has not finished")
     summary.write_text(json.dumps(doc))
-    (run / "checkpoints" / "final.pt").unlink()
+    (run / "private" / "checkpoints" / "final.pt").unlink()
     code, _, err = cli("export", str(run), "--out", str(out))
     assert_one_error_line(code, err, "final.pt is missing")
     assert not out.exists() and not list(tmp_path.glob("model.pt*"))

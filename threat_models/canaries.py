@@ -20,7 +20,7 @@ add/remove relation of the instance unit, so the bound is compared with that uni
 
 The coordinates, signs, owners and bits are the auditor's secret: drawn from the
 operating system's entropy (never the run's public seed) and kept in
-``RUN_DIR/checkpoints/auditor.pt``.
+``RUN_DIR/private/checkpoints/auditor.pt``.
 
 The score of canary i after training is ``s_i · (θ_T − θ_0)[j_i]``. The auditor
 keeps the coordinates, signs and bits on its own side (``RUN_DIR/auditor.pt``).

@@ -10,7 +10,7 @@ cosines with the final model delta are the null (≈ N(0, 1/d) in dimension d).
 
 The directions, the canary clients and the held-out directions are the auditor's secret: drawn from the operating
 system's entropy (never the run's public seed; an integer seed is for tests only) and kept in
-``RUN_DIR/checkpoints/auditor.pt``. A direction is regenerated from its seed, so the state is small.
+``RUN_DIR/private/checkpoints/auditor.pt``. A direction is regenerated from its seed, so the state is small.
 """
 
 from __future__ import annotations

@@ -40,36 +40,41 @@ class AuditContext:
         cls, run_dir: str | Path, *, data_root: str | None = None, attacks: list[str] | None = None,
         overrides: list[str] | None = None,
     ) -> AuditContext:  # fmt: skip
-        """Rebuild a finished run from ``RUN_DIR`` (config.yaml and checkpoints); ``overrides`` (``attacks.*`` settings,
-        as ``audit --set``) apply to its config."""
+        """Rebuild a finished run from ``RUN_DIR`` (the operator's ``private/config.yaml`` and checkpoints);
+        ``overrides`` (``attacks.*`` settings, as ``audit --set``) apply to its config."""
         from secure_fed.config import load_config
         from secure_fed.engine import Experiment
+        from secure_fed.run_files import checkpoint_dir, operator_config_path
 
         run_dir = Path(run_dir)
         if not (run_dir / "config.yaml").is_file():
             raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
+        if not operator_config_path(run_dir).is_file():
+            raise SecureFedError(f"{run_dir} holds no {operator_config_path(run_dir)} (the operator's config, with the "
+                                 "checkpoints under private/): the run cannot be rebuilt from its released files")  # fmt: skip
         overrides = [*(overrides or []), *([f"attacks.run=[{','.join(attacks)}]"] if attacks else [])]
-        cfg = load_config(run_dir / "config.yaml", overrides)
+        cfg = load_config(operator_config_path(run_dir), overrides)
+        ckpt = checkpoint_dir(run_dir)
         exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
         if not exp.resume():
-            raise SecureFedError(f"{run_dir} has no checkpoint (checkpoints/last.pt); run it first")
+            raise SecureFedError(f"{run_dir} has no checkpoint (private/checkpoints/last.pt); run it first")
         summary = run_dir / "summary.json"
         if not summary.is_file():
             raise SecureFedError(f"{run_dir} has not finished (no summary.json); finish it with: secure-fed resume {run_dir}")
         status = json.loads(summary.read_text()).get("status")
         if status == "interrupted":  # the attacks would score a partial model, and their file outlive the finished run
             raise SecureFedError(f"{run_dir} has not finished (status interrupted); finish it with: secure-fed resume {run_dir}")
-        final = run_dir / "checkpoints" / "final.pt"
+        final = ckpt / "final.pt"
         if final.is_file():  # the released model (a centralised baseline's is the epoch it selected, not the last)
             sd = load_checkpoint_file(final)
             exp.theta = {n: t.to(exp.device) for n, t in sd["theta"].items()}
             exp.W = None if sd["W"] is None else sd["W"].to(exp.device)
         ctx = cls(exp)
-        if not (run_dir / "checkpoints" / "server_view.pt").is_file():
+        if not (ckpt / "server_view.pt").is_file():
             ctx.tap = None  # trained without attacks configured: the server's view was not recorded
-        if not (run_dir / "checkpoints" / "auditor.pt").is_file():
+        if not (ckpt / "auditor.pt").is_file():
             ctx.canaries = None  # no canaries were inserted in this run
-        if not (run_dir / "checkpoints" / "auditor_canary_clients.pt").is_file():
+        if not (ckpt / "auditor_canary_clients.pt").is_file():
             ctx.canary_clients = None  # no canary clients were inserted in this run
         return ctx
 

@@ -7,7 +7,10 @@ rerun after an interruption reuses the draw (a redraw would be a second selectio
 the ordinary run; the best by ``--select-metric`` on the *selection half* of the test split (public evaluation data,
 split by a public permutation of the seed) is moved to ``DIR/runs/POINT``; its released metrics in ``results.csv``
 are on the disjoint *report half*, so they are not biased by the choice. K, the unselected runs, their scores and
-the number of runs are never released: the unselected directories are removed.
+the number of runs are never released: the unselected directories are removed. Nor is it in when the released files
+were written: the selection is written once all K candidates are scored, so every released file and folder of the
+point (outside ``private/``) is stamped with the public time :data:`secure_fed.run_files.RELEASE_MTIME` once the
+point is done, and the study's own files once the study is (:func:`secure_fed.run_files.stamp_released`).
 
 ``--epsilons`` are the TOTAL ε (selection included, :mod:`protocols.dp.private_selection`, Theorem 2): each run's
 target ε is calibrated by bisection so that the selection over the grid's planned ledgers (public: config only)
@@ -241,6 +244,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
     from secure_fed.config import load_config
     from secure_fed.errors import ConfigError
     from secure_fed.html_report import run_row
+    from secure_fed.run_files import stamp_released
     from threat_models.tradeoff_points import _job, _label, method_base, point_overrides
 
     grid = parse_candidates(args.candidates)
@@ -327,6 +331,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
                     from threat_models.audit import audit_run_dir
 
                     audit_run_dir(str(run_dir), attacks, data_root=args.data_root, progress=False)
+                stamp_released(run_dir)  # its files' times would otherwise grow with K (issue 52)
             info = json.loads((run_dir / "selection.json").read_text())
             rows.append(selected_row(run_row(run_dir, method=method, operator=True), run_dir, info, grid_size=len(grid),
                                      eta=eta, mean=mean, target=eps))  # fmt: skip

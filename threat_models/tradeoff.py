@@ -88,10 +88,13 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     t0 = time.time()
     failed = []
     if args.select == "private":  # each point the best of K secret-drawn candidates, ε covering the selection
+        from secure_fed.run_files import stamp_released
         from threat_models.private_selection import run_selection
 
         rows, runs, failed = run_selection(args, points, attacks=attacks, workers=workers, threads=threads, out=out)
-        return _write_study(args, out, methods, seeds, rows, runs, failed, len(points))
+        status = _write_study(args, out, methods, seeds, rows, runs, failed, len(points))
+        stamp_released(out)  # when the study ended would tell the sum of the points' secret K
+        return status
     with ProcessPoolExecutor(workers) as pool:
         futures = [(pt, pool.submit(_job, args.config, pt[3], str(pt[4]), args.data_root, attacks, threads)) for pt in points]
         with phase("tradeoff: runs", total=len(points)) as cells:  # after the submissions: the workers fork first

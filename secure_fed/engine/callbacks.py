@@ -20,7 +20,7 @@ from secure_fed.algorithms.base import ClientFn
 from secure_fed.engine.aggregation import Aggregate
 from secure_fed.engine.run_context import RunContext
 from secure_fed.errors import PrivacyViolation
-from secure_fed.run_files import PRIVACY_RECORD
+from secure_fed.run_files import PRIVACY_RECORD, private_dir
 
 
 class Callback:
@@ -97,7 +97,7 @@ class Callback:
         taps run the configured attacks here)."""
 
     def state_files(self) -> dict[str, Any]:
-        """File name → state to save in ``checkpoints/`` beside the server's checkpoint (kept apart from it)."""
+        """File name → state to save in ``private/checkpoints/`` beside the server's checkpoint (kept apart from it)."""
         return {}
 
     def load_state_files(self, checkpoint_dir: Path) -> None:
@@ -125,9 +125,10 @@ def build_callbacks(cfg) -> list[Callback]:
 
 class TensorBoardLog(Callback):
     """``output.tensorboard``: the released metrics of each round and its (ε, δ) as TensorBoard scalars in
-    ``RUN_DIR/tensorboard/`` (``tensorboard --logdir RUN_DIR/tensorboard``). Only what ``metrics.jsonl`` holds:
-    the private diagnostics (training loss, clipping statistics) stay in ``private/``. A resumed run purges the
-    events after its checkpoint's round."""
+    ``RUN_DIR/private/tensorboard/`` (``tensorboard --logdir RUN_DIR/private/tensorboard``). Only what
+    ``metrics.jsonl`` holds, but under ``private/`` all the same: an event file's name and each event carry the wall
+    clock, i.e. how long each round trained, which depends on the data. A resumed run purges the events after its
+    checkpoint's round."""
 
     name = "tensorboard"
 
@@ -137,7 +138,7 @@ class TensorBoardLog(Callback):
     def on_run_start(self, ctx) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(ctx.run_dir / "tensorboard"), purge_step=ctx.round + 1)
+        self.writer = SummaryWriter(log_dir=str(private_dir(ctx.run_dir) / "tensorboard"), purge_step=ctx.round + 1)
 
     def on_round_end(self, ctx, record, diagnostics) -> None:
         step = int(record["round"])

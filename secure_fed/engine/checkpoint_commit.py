@@ -1,4 +1,4 @@
-"""One checkpoint's files, made current together: a redo record (``checkpoints/commit.json``) is the commit point.
+"""One checkpoint's files, made current together: a redo record (``private/checkpoints/commit.json``) is the commit point.
 
 A checkpoint is several files (the server's ``last.pt``, the clients' ``clients.pt``, the server's secrets, each
 callback's files) that must be of one round. :func:`commit_files` writes every file in full under a temporary name

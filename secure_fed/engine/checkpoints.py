@@ -1,11 +1,11 @@
 """What a checkpoint holds, and how a run saves and resumes it: the :class:`Checkpointing` callback.
 
-A run directory's ``checkpoints/`` keeps each party's state apart: ``last.pt``/``final.pt`` the server's
-(θ, W, optimiser moments, the algorithm's state, the privacy ledger, the records), ``clients.pt`` what the
-clients keep (protocol secrets, noise keys, the keyed label order), ``server_secrets.pt`` the server's
-private keys (the secret behind its DP noise and sampling), and each callback's files (e.g. the server's
-recorded view, the auditor's canaries). A checkpoint's files become current together
-(:mod:`~secure_fed.engine.checkpoint_commit`): a kill leaves the previous checkpoint whole, or the new one
+A run directory's ``private/checkpoints/`` (operator-only, never released) keeps each party's state apart:
+``last.pt``/``final.pt`` the server's (θ, W, optimiser moments, the algorithm's state, the privacy ledger, the
+records), ``clients.pt`` what the clients keep (protocol secrets, noise keys, the keyed label order),
+``server_secrets.pt`` the server's private keys (the secret behind its DP noise and sampling), and each
+callback's files (e.g. the server's recorded view, the auditor's canaries). A checkpoint's files become current
+together (:mod:`~secure_fed.engine.checkpoint_commit`): a kill leaves the previous checkpoint whole, or the new one
 committed and completed on resume; tensors are saved on the CPU (portable across devices).
 
 The callback reads the run through its :class:`~secure_fed.engine.run_context.RunContext` (the model state, the
@@ -27,7 +27,7 @@ from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import SecureFedError, one_line
 from secure_fed.plugin_specs import layer_specs, privacy_accounting_layers
-from secure_fed.run_files import CHECKPOINT_COMMIT
+from secure_fed.run_files import CHECKPOINT_COMMIT, checkpoint_dir, operator_config_path
 from secure_fed.run_status import TRAINED
 
 CHECKPOINT_VERSION = 3
@@ -160,7 +160,7 @@ class Checkpointing(Callback):
         """Save the server's state as ``name``, and (``side_files``) the other parties' files beside it; ``final.pt``
         is saved right after ``last.pt`` and passes ``side_files=False``, since those files have not changed."""
         ctx.records.bank_time()  # the training time so far goes into the checkpoint
-        ckpt_dir = ctx.run_dir / "checkpoints"
+        ckpt_dir = checkpoint_dir(ctx.run_dir)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         files = []
         if side_files:  # each stamped with the round, so that resume can tell files of two checkpoints apart
@@ -177,8 +177,9 @@ class Checkpointing(Callback):
     # ----------------------------------------------------------------- resume
     @staticmethod
     def check_same_run(ctx: RunContext) -> None:
-        """The config resumed with may not change what the run directory's checkpoint means (:func:`resume_change`)."""
-        saved = ctx.run_dir / "config.yaml"
+        """The config resumed with may not change what the run directory's checkpoint means (:func:`resume_change`),
+        against the operator's config (``private/config.yaml``: the released one lacks the secret settings)."""
+        saved = operator_config_path(ctx.run_dir)
         if not saved.is_file():
             return
         from secure_fed.config import load_config
@@ -186,7 +187,7 @@ class Checkpointing(Callback):
         try:
             recorded = load_config(saved)
         except SecureFedError as exc:
-            raise SecureFedError(f"cannot resume {ctx.run_dir}: its config.yaml no longer loads ({exc})") from None
+            raise SecureFedError(f"cannot resume {ctx.run_dir}: its private/config.yaml no longer loads ({exc})") from None
         if change := resume_change(recorded, ctx.cfg):
             raise SecureFedError(
                 f"cannot resume {ctx.run_dir} with {change}: the data, partition, model, algorithm, seed, protocol "
@@ -214,11 +215,11 @@ class Checkpointing(Callback):
             )
 
     def resume(self, ctx: RunContext) -> bool:
-        """Load ``checkpoints/last.pt`` if present; returns whether it did. A run that has no ``last.pt`` yet (stopped
+        """Load ``private/checkpoints/last.pt`` if present; returns whether it did. A run that has no ``last.pt`` yet (stopped
         before its first checkpoint, or diverged in it) starts afresh; one whose ``last.pt`` is gone although the
         run wrote it (its ``final.pt`` or ``summary.json`` is there), or whose checkpoint files are missing or do not
         read, is an error: never a silent restart, never a new secret in place of a lost one."""
-        ckpt = ctx.run_dir / "checkpoints"
+        ckpt = checkpoint_dir(ctx.run_dir)
         path = ckpt / "last.pt"
         self.check_same_run(ctx)
         if (ckpt / CHECKPOINT_COMMIT).is_file():  # a crash while its files were moved in place: finish the moves
@@ -247,7 +248,8 @@ class Checkpointing(Callback):
         if lost and ctx.cfg.backend != "flower":
             raise SecureFedError(
                 f"cannot resume {ctx.run_dir} in process: the clients' state of {', '.join(lost)} (keys, secret "
-                "streams or models) is not in checkpoints/clients.pt; the run's clients kept it on Flower nodes. Start a new run"
+                "streams or models) is not in private/checkpoints/clients.pt; the run's clients kept it on Flower nodes. "
+                "Start a new run"
             )
         sd = load_checkpoint_file(path)
         secrets = load_checkpoint_file(secrets_path) if secrets_path.is_file() else None
@@ -263,5 +265,5 @@ class Checkpointing(Callback):
         if secrets is not None:
             ctx.stack.load_secret_state_dict(secrets["protocols"])
         for cb in ctx.callbacks:
-            cb.load_state_files(ctx.run_dir / "checkpoints")
+            cb.load_state_files(ckpt)
         return True

@@ -47,8 +47,24 @@ from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
 from secure_fed.progress import phase
-from secure_fed.run_files import PRIVACY_RECORD
+from secure_fed.run_files import PRIVACY_RECORD, operator_config_path, released_config_path
 from secure_fed.run_status import COMPLETED, COMPLETED_WITH_ABORTS
+
+
+def write_run_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """The run's two configs: the operator's, whole (``private/config.yaml``: what a resume reads), and the released
+    one, less every setting its section marks secret (``config.yaml``: :mod:`secure_fed.secret_settings`, as
+    ``secure-fed export`` strips them)."""
+    import yaml
+
+    from secure_fed.config.schema import experiment_config_model
+    from secure_fed.secret_settings import secret_paths, without_secrets
+
+    text = dump_config(cfg)
+    operator_config_path(run_dir).parent.mkdir(parents=True, exist_ok=True)
+    operator_config_path(run_dir).write_text(text)
+    public = without_secrets(yaml.safe_load(text), secret_paths(experiment_config_model()))
+    released_config_path(run_dir).write_text(yaml.safe_dump(public, sort_keys=False))
 
 
 @dataclass
@@ -142,7 +158,7 @@ class Experiment:
         return self.callback("checkpointing").save(self.context(), name, side_files=side_files)
 
     def resume(self) -> bool:
-        """Load ``checkpoints/last.pt`` if present (:meth:`~secure_fed.engine.checkpoints.Checkpointing.resume`)."""
+        """Load ``private/checkpoints/last.pt`` if present (:meth:`~secure_fed.engine.checkpoints.Checkpointing.resume`)."""
         return self.callback("checkpointing").resume(self.context())
 
     def apply_row_order(self, perm) -> None:
@@ -297,7 +313,7 @@ class Experiment:
         return "completed"
 
     def _run_rounds(self, progress: bool | None) -> RunResult:
-        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+        write_run_config(self.run_dir, self.cfg)
         progress = self.cfg.output.progress if progress is None else progress
         callbacks = [*self.callbacks, *([ProgressBar()] if progress else [])]
         self.records.restart_clock()

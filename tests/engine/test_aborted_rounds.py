@@ -27,7 +27,7 @@ def test_some_rounds_aborted_by_secure_aggregation(tmp_path):
     aborted = sum("aborted" in d for d in diag)
     assert 0 < aborted < 6, "the config no longer aborts some but not all rounds: retune the dropout"
     assert summary["status"] == "completed_with_aborts" and summary["rounds_aborted"] == aborted
-    assert (run / "checkpoints" / "final.pt").is_file()  # finished: its model is written like a completed run's
+    assert (run / "private" / "checkpoints" / "final.pt").is_file()  # finished: its model is written like a completed run's
     # every round is charged, aborted or not: one step of the client unit at q = 1 (noise shares, fixed cohort)
     ref = RDPAccountant()
     for _ in range(6):

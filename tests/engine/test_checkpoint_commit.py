@@ -62,7 +62,7 @@ def test_a_crash_in_a_checkpoints_writes_resumes_exactly(uninterrupted, tmp_path
     with pytest.raises(Crash):
         exp.run(progress=False)
     monkeypatch.undo()
-    ckpt = run / "checkpoints"
+    ckpt = run / "private" / "checkpoints"
     if where == "moving":  # the committed checkpoint is half in place: its first file new, last.pt not yet
         assert (ckpt / "commit.json").is_file() and moved[-1] == "clients.pt"
         assert torch.load(ckpt / "clients.pt", weights_only=False)["round"] == at_round

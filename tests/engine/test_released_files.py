@@ -110,7 +110,7 @@ def check_released_files(run_dir: Path) -> None:
 def test_released_files_hold_only_public_or_dp_protected_values(tmp_path, name):
     exp = Experiment(small_config(*DP_CONFIGS[name], "training.rounds=2", "evaluation.every=1"), run_dir=tmp_path)
     exp.run(progress=False)
-    assert {p.name for p in tmp_path.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "private",
+    assert {p.name for p in tmp_path.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "private",
                                                    ".lock"}  # fmt: skip
     assert (tmp_path / ".lock").stat().st_size == 0  # the run directory's lock holds nothing
     check_released_files(tmp_path)
@@ -131,7 +131,7 @@ def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, nam
     ov = [*DP_CONFIGS[name], "training.rounds=2", "output.log_messages=true", "attacks.run=[update_inversion]"]
     exp = Experiment(small_config(*ov), run_dir=tmp_path)
     exp.run(progress=False)
-    assert (tmp_path / "checkpoints" / "server_view.pt").is_file()
+    assert (tmp_path / "private" / "checkpoints" / "server_view.pt").is_file()
     (tmp_path / "messages.pkl").write_bytes(pickle.dumps(exp.messages, protocol=4))  # searched with the files below
     dp = next(layer for layer in exp.stack.layers if isinstance(layer, DifferentialPrivacy))
     server_key = dp.server_stream.state_dict()["key"]
@@ -145,10 +145,10 @@ def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, nam
             for key in holders:  # raw, or as pickle protocol 2 stores bytes (latin-1 text in UTF-8)
                 if key in blob or key.decode("latin-1").encode("utf-8") in blob:
                     holders[key].add(str(path.relative_to(tmp_path)))
-    assert holders[server_key] == {"checkpoints/server_secrets.pt"}
+    assert holders[server_key] == {"private/checkpoints/server_secrets.pt"}
     for key in client_keys:  # noise shares and client DP-SGD: each client's own key, in the clients' storage only
-        assert holders[key] == {"checkpoints/clients.pt"}
+        assert holders[key] == {"private/checkpoints/clients.pt"}
     assert bool(client_keys) == (name in ("client_noise_secagg", "local_fedaws_ckks"))
     for key in graph_keys:
-        assert holders[key] == {"checkpoints/server_secrets.pt"}
+        assert holders[key] == {"private/checkpoints/server_secrets.pt"}
     assert bool(graph_keys) == (name == "client_noise_secagg")

@@ -37,7 +37,7 @@ def _unchanged(run):
 @pytest.mark.parametrize("name", ["last.pt", "clients.pt", "server_secrets.pt"])
 def test_a_damaged_checkpoint_file_is_one_line_naming_it(finished, tmp_path, name):
     run = _copy(finished, tmp_path)
-    (run / "checkpoints" / name).write_bytes(b"garbage")
+    (run / "private" / "checkpoints" / name).write_bytes(b"garbage")
     before = _unchanged(run)
     assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], name, "not a readable checkpoint")
     assert _unchanged(run) == before
@@ -46,7 +46,7 @@ def test_a_damaged_checkpoint_file_is_one_line_naming_it(finished, tmp_path, nam
 @pytest.mark.parametrize("name", ["clients.pt", "server_secrets.pt"])
 def test_a_missing_secrets_file_is_refused_not_replaced_by_a_fresh_secret(finished, tmp_path, name):
     run = _copy(finished, tmp_path)
-    (run / "checkpoints" / name).unlink()
+    (run / "private" / "checkpoints" / name).unlink()
     before = _unchanged(run)
     assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], name, "missing")
     assert _unchanged(run) == before
@@ -54,7 +54,7 @@ def test_a_missing_secrets_file_is_refused_not_replaced_by_a_fresh_secret(finish
 
 def test_a_finished_run_whose_last_checkpoint_is_gone_does_not_restart_from_round_0(finished, tmp_path):
     run = _copy(finished, tmp_path)
-    (run / "checkpoints" / "last.pt").unlink()
+    (run / "private" / "checkpoints" / "last.pt").unlink()
     before = _unchanged(run)
     assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], "last.pt is missing")
     assert _unchanged(run) == before
@@ -91,7 +91,7 @@ def test_out_with_resume_or_empty_is_one_line(finished, tmp_path, out):
 def test_a_dp_run_that_released_rounds_before_losing_its_checkpoints_does_not_start_again(finished, tmp_path):
     """Training again from round 0 with a fresh ledger would spend the budget twice and report it once."""
     run = _copy(finished, tmp_path)
-    for f in ("checkpoints/last.pt", "checkpoints/final.pt", "summary.json"):
+    for f in ("private/checkpoints/last.pt", "private/checkpoints/final.pt", "summary.json"):
         (run / f).unlink()
     assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], "spend its privacy budget twice")
 
@@ -101,7 +101,7 @@ def test_checkpoint_files_of_two_rounds_are_refused(finished, tmp_path):
     import torch
 
     run = _copy(finished, tmp_path)
-    clients = run / "checkpoints" / "clients.pt"
+    clients = run / "private" / "checkpoints" / "clients.pt"
     state = torch.load(clients, weights_only=False)
     torch.save({**state, "round": state["round"] - 1}, clients)
     assert_one_error_line(*cli("resume", str(run), "--set", "training.rounds=3")[::2], "last.pt is of round 2",
@@ -112,7 +112,7 @@ def test_a_run_without_dp_and_without_a_checkpoint_starts_again(tmp_path):
     run = tmp_path / "run"
     sets = [x for s in [*SMALL, "training.rounds=2"] for x in ("--set", s)]
     assert cli("run", *sets, "--out", str(run))[0] == 0
-    for f in ("checkpoints/last.pt", "checkpoints/final.pt", "summary.json"):
+    for f in ("private/checkpoints/last.pt", "private/checkpoints/final.pt", "summary.json"):
         (run / f).unlink()
     code, out, err = cli("resume", str(run))
     assert code == 0, err

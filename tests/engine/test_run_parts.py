@@ -101,7 +101,7 @@ def test_callbacks_get_the_run_context_never_the_run(tmp_path):
     hooks = {h for h, _ in seen}
     assert hooks == {"on_init", "on_run_start", "on_record", "on_round_end", "on_run_end", "on_release", "checkpoint_state"}
     assert all(type(ctx) is RunContext for _, ctx in seen)
-    assert result.summary["rounds_completed"] == 2 and (tmp_path / "checkpoints" / "final.pt").is_file()
+    assert result.summary["rounds_completed"] == 2 and (tmp_path / "private" / "checkpoints" / "final.pt").is_file()
 
 
 def test_the_core_names_no_layer_section_and_each_layer_freezes_its_own():

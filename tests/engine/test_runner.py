@@ -12,8 +12,8 @@ from tests.conftest import small_config
 
 def test_run_directory_contents(tmp_path):
     res = Experiment(small_config(), run_dir=tmp_path).run(progress=False)
-    assert {p.name for p in tmp_path.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints"}
-    assert (tmp_path / "checkpoints" / "final.pt").is_file()
+    assert {p.name for p in tmp_path.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "private"}
+    assert (tmp_path / "private" / "checkpoints" / "final.pt").is_file()
     summary = json.loads((tmp_path / "summary.json").read_text())
     for key in ("algorithm", "dataset", "rounds_completed", "final", "privacy"):
         assert key in summary
@@ -124,16 +124,16 @@ def test_evaluation_cut_offs_without_one_work(tmp_path):
 
 
 def test_the_sweep_cache_reuses_a_run_recorded_before_new_keys_existed(tmp_path):
-    """A finished run whose config.yaml lacks keys added later (their defaults apply) is a cache hit."""
+    """A finished run whose private/config.yaml lacks keys added later (their defaults apply) is a cache hit."""
     import yaml
 
     from secure_fed.sweep import cached_summary
 
     cfg = small_config("training.rounds=1")
     Experiment(cfg, run_dir=tmp_path).run(progress=False)
-    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    saved = yaml.safe_load((tmp_path / "private" / "config.yaml").read_text())
     del saved["algorithm"]["ann_nprobe"], saved["dataset"]["drop_empty_labels"]  # as an older version wrote
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    (tmp_path / "private" / "config.yaml").write_text(yaml.safe_dump(saved))
     assert cached_summary(cfg, tmp_path)["status"] == "completed"
     with pytest.raises(Exception, match="another config"):
         cached_summary(small_config("training.rounds=2"), tmp_path)
@@ -154,7 +154,7 @@ def test_a_diverged_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
     e.trainer.update = poisoned
     s = e.run(progress=False).summary
     assert s["status"] == "diverged" and s["rounds_completed"] == 3 and "round 3" in s["stop_reason"]
-    ck = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)
+    ck = torch.load(tmp_path / "private" / "checkpoints" / "last.pt", weights_only=False)
     assert ck["round"] == 2 and all(torch.isfinite(t).all() for t in ck["theta"].values())
     diag = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
     assert [d["round"] for d in diag] == [1, 2, 3]
@@ -165,7 +165,7 @@ def test_an_audit_of_a_finished_oracle_sees_the_selected_model(tmp_path):
 
     e = Experiment(small_config("algorithm.name=oracle", "training.rounds=6", "evaluation.every=1"), run_dir=tmp_path)
     s = e.run(progress=False).summary
-    final = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=False)
+    final = torch.load(tmp_path / "private" / "checkpoints" / "final.pt", weights_only=False)
     ctx = AuditContext.from_run_dir(tmp_path)
     assert torch.equal(ctx.exp.W.cpu(), final["W"]) and 1 <= s["selected_round"] <= 6
 

@@ -19,7 +19,7 @@ def test_scalars_equal_metrics_jsonl_and_hold_nothing_private(tmp_path):
                                  'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5, '
                                  '"max_labels_per_instance": 8}'])  # fmt: skip
     Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
-    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc = EventAccumulator(str(tmp_path / "run" / "private" / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -36,4 +36,4 @@ def test_scalars_equal_metrics_jsonl_and_hold_nothing_private(tmp_path):
 
 def test_tensorboard_off_writes_nothing(tmp_path):
     Experiment(load_config(overrides=[*SMALL, "training.rounds=1"]), run_dir=tmp_path / "run").run(progress=False)
-    assert not (tmp_path / "run" / "tensorboard").exists()
+    assert not (tmp_path / "run" / "private" / "tensorboard").exists()

@@ -356,9 +356,9 @@ def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
             assert not _holds(blob, s), f"a client secret is in the {where}"
     for name in ("last.pt", "final.pt"):
         for s in secrets:
-            assert not _file_holds(tmp_path / "checkpoints" / name, s), f"a client secret is in checkpoint {name}"
+            assert not _file_holds(tmp_path / "private" / "checkpoints" / name, s), f"a client secret is in checkpoint {name}"
     # the clients' own storage does hold them (so resume works): the same check finds them there
-    assert all(_file_holds(tmp_path / "checkpoints" / "clients.pt", k) for k in [*run_keys, *noise_keys])
+    assert all(_file_holds(tmp_path / "private" / "checkpoints" / "clients.pt", k) for k in [*run_keys, *noise_keys])
 
 
 @pytest.mark.parametrize("layer", ["secure_aggregation", "ckks"])

@@ -239,7 +239,7 @@ def test_the_layer_signs_checks_and_keeps_the_signing_keys_on_the_client_side(tm
     for key in private:  # in the run's files: only in the clients' own storage
         holders = {str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file()
                    and (key in (blob := f.read_bytes()) or key.decode("latin-1").encode("utf-8") in blob)}  # fmt: skip
-        assert holders == {"checkpoints/clients.pt"}, holders
+        assert holders == {"private/checkpoints/clients.pt"}, holders
 
 
 def test_client_state_resumes_exactly_mid_round():

@@ -167,8 +167,8 @@ def test_a_tree_run_completes_with_finite_epsilon_and_resumes_exactly(tmp_path):
     resumed = e.run(progress=False).summary
     assert resumed["privacy"]["units"]["client"]["epsilon"] == c["epsilon"]
     assert resumed["final"] == full["final"]
-    a = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=False)
-    b = torch.load(tmp_path / "part" / "checkpoints" / "last.pt", weights_only=False)
+    a = torch.load(tmp_path / "full" / "private" / "checkpoints" / "last.pt", weights_only=False)
+    b = torch.load(tmp_path / "part" / "private" / "checkpoints" / "last.pt", weights_only=False)
     ta, tb = a["theta"], b["theta"]
     assert ta.keys() == tb.keys() and all(torch.equal(ta[n], tb[n]) for n in ta)
 

@@ -205,3 +205,37 @@ def test_a_candidate_that_spent_more_than_its_plan_is_not_released(tmp_path):
     for sigma, steps in ((2.0, 9), (1.9, 8)):
         with pytest.raises(SecureFedError, match="spent more than the plan"):
             check_within_plan(run(sigma, steps), plan, 1.0, "local", cache)
+
+
+def _released_times(out: Path) -> dict[str, int]:
+    """The modification time of every released path of a study: the study folder and all under it, except under
+    private/. (Not the access time: stamped as well, but any later read, this listing's included, sets it.)"""
+    found = {".": out.stat().st_mtime_ns}
+    for p in out.rglob("*"):
+        if "private" not in p.relative_to(out).parts:
+            found[p.relative_to(out).as_posix()] = p.lstat().st_mtime_ns
+    return found
+
+
+def test_the_released_files_times_do_not_depend_on_k(tmp_path, monkeypatch):
+    """The selection is written after all K candidates are scored, so its time (and the study's) would grow with K:
+    issue 52 measured 6.7 s at K = 1 and 51.0 s at K = 7 between summary.json and selection.json. Every released file
+    and folder carries the public RELEASE_MTIME instead: K = 1 and K = 3 (the draw fixed here) leave the same times."""
+    import threat_models.private_selection as ps
+    from secure_fed.cli import main
+    from secure_fed.run_files import RELEASE_MTIME
+    from tests.conftest import SMALL
+
+    times = {}
+    for k in (1, 3):
+        monkeypatch.setattr(ps, "draw", lambda scratch, grid_size, k=k, **_: {"K": k, "candidates": [0] * k})
+        out = tmp_path / f"k{k}"
+        sets = [x for o in [*SMALL, "training.rounds=1", "algorithm.name=fedavg"] for x in ("--set", o)]
+        code = main(["tradeoff", "--methods", "fedavg", "--epsilons", "inf", "--seeds", "0", "--attacks", "", "--workers",
+                     "1", "--reference", "none", "--select", "private", "--candidates", "training.client_lr=0.05",
+                     *sets, "--out", str(out)])  # fmt: skip
+        assert code == 0
+        times[k] = _released_times(out)
+        assert any(p.endswith("selection.json") for p in times[k]) and any(p.endswith("summary.json") for p in times[k])
+    assert times[1] == times[3]
+    assert set(times[1].values()) == {RELEASE_MTIME * 10**9}

@@ -58,9 +58,9 @@ def test_keyed_hashing_view_holds_tokens_and_row_numbers_only(tmp_path):
     blob = _blob(dataclasses.asdict(view))
     for s in secrets:
         assert not _holds(blob, s)
-        assert not _file_holds(tmp_path / "checkpoints" / "server_view.pt", s)
+        assert not _file_holds(tmp_path / "private" / "checkpoints" / "server_view.pt", s)
     # … and the same search finds the run key where the clients keep it
-    assert any(_file_holds(tmp_path / "checkpoints" / "clients.pt", s) for s in secrets)
+    assert any(_file_holds(tmp_path / "private" / "checkpoints" / "clients.pt", s) for s in secrets)
 
 
 def test_clear_labels_give_the_server_names_and_plain_tokens(tmp_path):

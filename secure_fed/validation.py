@@ -1,0 +1,60 @@
+"""What ``secure-fed validate`` checks after a config loads, as lines to print (torch-free).
+
+:func:`validation_lines` is the command's whole path short of training: the configured files, the data and the
+partition the run makes, each listed layer's plan (the DP layer's σ, calibrated to the target ε by the layer's own
+functions, its planned steps and ε) and the memory estimate. Bad input ends in a
+:class:`~secure_fed.errors.SecureFedError` (the command's one ``error:`` line), never another exception; the
+property-based test of the privacy and protocol sections (``tests/config/test_config_sections_property.py``) calls
+it in process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+def validation_lines(cfg, data_root: str | None = None, *, source: str = "config") -> Iterator[str]:
+    """The lines ``secure-fed validate`` prints for the loaded ``cfg``, each yielded once its check has passed (so a
+    refusal comes after the lines of the checks before it, as the command prints them)."""
+    from secure_fed.config.schema import IMAGE_FORMATS
+    from secure_fed.data.from_config import build_dataset, check_data_files  # torch-free: validate stays fast
+
+    check_data_files(cfg)  # a configured file that is not there: its error line, and no "valid" before it
+    d = cfg.dataset
+    images = d.name == "digit_mosaics" or d.format in IMAGE_FORMATS
+    # data that cannot be read, or a partition that cannot be made: the run's own error line (exit 2), before "valid"
+    ds = None if images else build_dataset(cfg, data_root)
+    shards = None
+    if ds is not None:
+        import numpy as np
+
+        from secure_fed.data import partitioner_from_config
+
+        # the partition the run makes (e.g. a natural partition's client-id file is read and checked against the data)
+        shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(ds.train, np.random.default_rng([cfg.seed, 11]))
+    data = f"{d.format} data at {d.train or d.root}" if d.format else d.name
+    yield f"{source}: valid ({cfg.algorithm.name} on {data}, {cfg.training.rounds} rounds)"
+    from secure_fed.config.choices import precision_line
+
+    yield precision_line(cfg, ds)
+    from secure_fed.memory import check_memory, needs_torch, plan_memory
+
+    later = "`secure-fed run` makes it before training and refuses a run that cannot fit"
+    if ds is None:
+        yield f"memory estimate: not made here (image data are decoded with torch); {later}"
+        return
+    yield ds.describe()
+    from secure_fed.plugin_specs import layer_specs
+
+    for name in cfg.protocols:
+        spec = layer_specs().get(name)
+        if spec is not None and spec.describe is not None:
+            yield "\n".join(spec.describe(cfg, len(shards)))
+    if needs_torch(cfg, ds):
+        yield f"memory estimate: not made here (counting this model's parameters needs torch); {later}"
+        return
+    est = plan_memory(cfg, ds, "cpu")  # validate checks host memory; a GPU run is checked when it starts there
+    note = "" if cfg.device == "cpu" else f" (device: {cfg.device}: checked against GPU memory when the run starts on one)"
+    yield f"estimated peak memory{note}:"
+    yield "\n".join(est.lines())
+    check_memory(est)  # the run's own refusal: one error line, exit 2
