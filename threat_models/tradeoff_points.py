@@ -118,6 +118,15 @@ def method_base(config: str | None, overrides: list[str], method: str):
     from secure_fed.errors import ConfigError
 
     drop = [] if method in LABEL_SET_ALGORITHMS else ["privacy.instance=null"]
+    if drop:  # the instance unit's one budget may sit on privacy.instance: it moves to privacy.local with the drop
+        try:
+            raw = load_config(config, [*overrides, *central_reference(method)])
+        except ConfigError as exc:
+            raise SecureFedError(f"--methods {method}: {exc}") from None
+        inst, loc = raw.privacy.instance, raw.privacy.local
+        if inst is not None and inst.target_epsilon is not None and loc is not None and loc.noise_multiplier is None \
+                and loc.target_epsilon is None:  # fmt: skip
+            drop.append(f"privacy.local.target_epsilon={inst.target_epsilon}")
     try:
         return load_config(config, [*overrides, f"algorithm.name={method}", *drop, *central_reference(method)])
     except ConfigError as exc:
