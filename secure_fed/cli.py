@@ -180,6 +180,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from secure_fed.config.choices import precision_line
 
     print(precision_line(cfg, ds))
+    from secure_fed.threads import env_threads_ceiling, threads_line, threads_record, usable_cpus
+
+    clients = len(shards) if ds is not None else usable_cpus()  # image data unread: Flower's nodes fill the CPUs at most
+    print(threads_line(threads_record(cfg, clients, ceiling=env_threads_ceiling())))
     from secure_fed.memory import check_memory, needs_torch, plan_memory
 
     later = "`secure-fed run` makes it before training and refuses a run that cannot fit"
