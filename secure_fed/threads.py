@@ -3,14 +3,16 @@
 **Threads.** ``training.threads: auto`` (the default) picks :func:`auto_threads`: the CPUs this process may run on
 (``os.sched_getaffinity``, not the machine's count: a container or ``taskset`` gives fewer), less the CPUs that the
 run's other processes keep busy (Flower's simulated nodes: :func:`secure_fed.engine.flower.simulation.ray_cpus`),
-less one for everything else on the machine, and never more than torch's count when the run starts (a caller that
-set fewer keeps them: ``OMP_NUM_THREADS``, the worker share of ``tradeoff --workers``, the experiment scripts and
-pytest-xdist, each of which sets ``torch.set_num_threads`` in its workers). A number is used as given.
+less one for everything else on the machine, at least 1, and never more than torch's count when the run starts (a
+caller that set fewer keeps them: ``OMP_NUM_THREADS``, the worker share of ``tradeoff --workers``, the experiment
+scripts and pytest-xdist, each of which sets ``torch.set_num_threads`` in its workers). A number is used as given.
 
 Why one less: a parallel region waits for its slowest thread, so a thread that shares its core with another busy
-process stalls every region. On the project's 2-core machine the embedded default run took 3.2–5.7 s a round with
-torch's default two threads beside other work, against 0.33 s with one (issue 53; ``benchmarks/threads.py``
-measures it: docs/performance.md).
+process stalls every region; with libgomp's default spinning the embedded default run took 3.2–5.7 s a round at
+two threads beside other work on the project's 2-core machine, against 0.33 s with one (issue 53). With passive
+waiting, one thread was faster there than two while the machine's other work was moderate; beside a busy process on
+each core two threads were faster, presumably because they take a larger share of the contended cores, which ``auto`` does not
+reach for (``benchmarks/threads.py``; docs/performance.md has the figures).
 
 **Wait policy.** OpenMP threads that finish a region spin for a while before sleeping; beside other busy processes
 the spinning takes the cores they need. torch's Linux wheels bring GNU OpenMP (libgomp, which MKL's threading uses
@@ -97,7 +99,8 @@ def auto_threads(*, cpus: int, others: int = 0, ceiling: int | None = None) -> t
     why = f"{cpus} usable CPU{'s' if cpus != 1 else ''}"
     if others:
         why += f", {others} for the run's other processes"
-    why += ", one left for the rest of the machine"
+    if free > 1:
+        why += ", one left for the rest of the machine"
     if ceiling is not None and ceiling < n:
         n, why = ceiling, why + f"; capped at torch's {ceiling} set before the run"
     return n, why

@@ -40,7 +40,7 @@ def test_a_bad_thread_count_is_one_error_line(value, capsys):
         (16, 0, None, 15),
         (16, 0, 8, 8),  # torch's count before the run (a physical-core count, OMP_NUM_THREADS, a worker's share)
         (16, 0, 1, 1),
-        (8, 4, None, 3),  # Flower's nodes keep 4 CPUs busy
+        (8, 3, None, 4),  # Flower's nodes keep 3 CPUs busy
         (4, 4, None, 1),
     ],
 )
@@ -48,6 +48,7 @@ def test_auto_threads(cpus, others, ceiling, expected):
     n, why = threads.auto_threads(cpus=cpus, others=others, ceiling=ceiling)
     assert n == expected
     assert f"{cpus} usable CPU" in why
+    assert ("one left" in why) == (cpus - others > 1)
 
 
 def test_auto_reads_the_affinity_and_flower_nodes(monkeypatch):
@@ -100,7 +101,7 @@ def test_a_run_trains_at_the_pick_records_it_and_puts_the_count_back(tmp_path, m
     try:
         exp = Experiment(small_config("training.rounds=2"), run_dir=tmp_path / "run", callbacks=[Spy()])
         exp.run(progress=False)
-        assert seen == [3, 3]  # auto on 4 CPUs would be 3: the ceiling (torch's 3) keeps it
+        assert seen == [3, 3]  # auto on 4 CPUs would be 3 or 4: the ceiling (torch's 3) keeps 3
         assert torch.get_num_threads() == 3
         seen.clear()
         exp = Experiment(small_config("training.rounds=2", "training.threads=2"), run_dir=tmp_path / "two", callbacks=[Spy()])
@@ -121,6 +122,11 @@ def test_validate_prints_the_pick(capsys, monkeypatch):
     line = next(o for o in out if o.startswith("threads: "))
     assert line.startswith("threads: auto → 1 torch thread (2 usable CPUs, one left for the rest of the machine); ")
     assert "OMP_WAIT_POLICY=" in line
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the count torch would start with
+    assert main(["validate", str(REPO / "secure_fed/config/default.yaml")]) == 0
+    line = next(o for o in capsys.readouterr().out.splitlines() if o.startswith("threads: "))
+    assert line.startswith("threads: auto → 3 torch threads (8 usable CPUs, one left for the rest of the machine; capped at ")
 
 
 #: run in a fresh interpreter: note OMP_WAIT_POLICY when torch is first imported, run the CLI (SMALL, 1 round), then
