@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from secure_fed.engine import Experiment
 
     over = [f"training.rounds={args.rounds}", f"device={args.device}", "output.progress=false",
-            "attacks.run=[membership_inference]"]  # fmt: skip
+            "attacks.run=[membership_inference]", *([f"training.threads={args.threads}"] if args.threads else [])]  # fmt: skip
     path = CONFIGS / "bibtex_fedalc.yaml" if args.dataset == "bibtex" else None
     cfg = load_config(path, over) if path else load_config(overrides=over)
     tmp = Path(tempfile.mkdtemp(prefix="secure-fed-shadows-"))

@@ -2,6 +2,12 @@
 
 from importlib.metadata import version as _version
 
+from secure_fed.threads import set_wait_policy as _set_wait_policy
+
+# OpenMP's wait policy is read when torch is imported: set it first (unless the user did), for this process and the
+# ones it starts (secure_fed.threads)
+_set_wait_policy()
+
 __version__ = _version("secure-fed")  # one source: pyproject.toml's [project] version, through the installed metadata
 
 

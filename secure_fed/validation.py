@@ -37,6 +37,10 @@ def validation_lines(cfg, data_root: str | None = None, *, source: str = "config
     from secure_fed.config.choices import precision_line
 
     yield precision_line(cfg, ds)
+    from secure_fed.threads import env_threads_ceiling, threads_line, threads_record, usable_cpus
+
+    clients = len(shards) if shards is not None else usable_cpus()  # image data unread: Flower's nodes fill the CPUs at most
+    yield threads_line(threads_record(cfg, clients, ceiling=env_threads_ceiling()))
     from secure_fed.memory import check_memory, needs_torch, plan_memory
 
     later = "`secure-fed run` makes it before training and refuses a run that cannot fit"

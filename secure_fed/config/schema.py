@@ -332,6 +332,14 @@ class TrainingConfig(_Strict):
         "natively (a CPU with avx512_bf16 or amx_bf16, a CUDA device with bf16), else fp32 (secure_fed.hardware); an "
         "explicit bf16 where it is emulated warns with the measured slowdown",
     )
+    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="torch's intra-op threads in the run's process; auto: the CPUs this process may run on "
+        "(its affinity), less those the run's other processes keep busy (Flower's nodes), less one for the rest of the "
+        "machine, at least 1 and never more than torch's count when the run starts (OMP_NUM_THREADS, a worker's share); "
+        "secure-fed also sets OMP_WAIT_POLICY=PASSIVE before torch is imported unless the environment sets it or "
+        "GOMP_SPINCOUNT (secure_fed.threads); validate prints the pick, summary.json records it",
+    )
     executor: Literal["sequential", "vectorized"] = Field(
         "sequential",
         description="how a round's clients run: sequential (the reference) or vectorized (a chunk of clients trains "
@@ -355,6 +363,14 @@ class TrainingConfig(_Strict):
         None, ge=1, le=1024, description="vectorized: clients trained together at most (default: fit a quarter of free memory)"
     )
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, v: Any) -> Any:
+        """One clear line for a bad thread count (the union's own message names both of its branches)."""
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024):
+            return v
+        raise ValueError("give auto or a whole number from 1 to 1024")
 
     def cohort_size(self, num_clients: int) -> int:
         """Clients a fixed-size round samples: ``clients_per_round`` (at most N), else ⌈client_fraction·N⌉ (under

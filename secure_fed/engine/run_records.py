@@ -27,6 +27,9 @@ class RunRecords:
     #: on Flower: a public token naming this run to the nodes, under which each keeps its clients' state on its own
     #: storage (kept in the checkpoint, so a resumed run finds the nodes' state again)
     flower_session: str | None = None
+    #: the torch threads this stretch of training runs with (secure_fed.threads.threads_record; not checkpointed: a
+    #: resumed run picks them again on its machine)
+    threads: dict[str, Any] | None = None
     wall_before: float = 0.0  #: wall seconds of training in earlier stretches (before a resume, or a checkpoint)
     t0: float = field(default_factory=time.perf_counter)  #: wall clock at the start of the current stretch
 

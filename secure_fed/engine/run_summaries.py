@@ -63,6 +63,8 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         "executor": ctx.executor.name,
         # the precision the clients trained in (training.precision resolved for the device: a fact of the hardware)
         "precision": precision_choice(cfg, ctx.dataset, ctx.device.type),
+        # torch's threads and OpenMP's wait policy (training.threads resolved for this machine: a fact of the hardware)
+        "threads": rec.threads,
         "num_clients": len(ctx.fed.clients),
         "dropped_labels": ctx.dataset.meta.get("dropped_labels", []),
     }

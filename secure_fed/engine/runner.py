@@ -49,6 +49,7 @@ from secure_fed.io import check_writable_dir
 from secure_fed.progress import phase
 from secure_fed.run_files import PRIVACY_RECORD, operator_config_path, released_config_path
 from secure_fed.run_status import COMPLETED, COMPLETED_WITH_ABORTS
+from secure_fed.threads import run_threads
 
 
 def write_run_config(run_dir: Path, cfg: ExperimentConfig) -> None:
@@ -264,12 +265,15 @@ class Experiment:
 
     def run(self, *, progress: bool | None = None) -> RunResult:
         """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files: in
-        this process, or with the clients on Flower nodes (``backend: flower``)."""
-        if self.cfg.backend == "flower":
-            from secure_fed.engine.flower.simulation import run_on_flower
+        this process, or with the clients on Flower nodes (``backend: flower``); torch's threads meanwhile are what
+        ``training.threads`` picks (:func:`secure_fed.threads.run_threads`), as before afterwards."""
+        with run_threads(self.cfg, len(self.fed.clients)) as picked:
+            self.records.threads = picked
+            if self.cfg.backend == "flower":
+                from secure_fed.engine.flower.simulation import run_on_flower
 
-            return run_on_flower(self, progress=progress)
-        return self.run_rounds(progress=progress)
+                return run_on_flower(self, progress=progress)
+            return self.run_rounds(progress=progress)
 
     def run_rounds(self, *, progress: bool | None = None, executor: Executor | None = None) -> RunResult:
         """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files; the

@@ -31,7 +31,9 @@ METRICS_UNIT = {"epsilon", "delta", "steps", "clip_norm"}
 # rounds_aborted: how many rounds a protocol could not finish (dropouts below the secure sum's threshold)
 SUMMARY = {"algorithm", "dataset", "rounds_completed", "rounds_planned", "rounds_aborted", "status", "final", "W_mean_cos",
            "privacy", "protocols", "stop_reason", "device", "executor", "precision", "num_clients", "dropped_labels",
-           "target", "aborted_charge"}  # fmt: skip
+           "target", "aborted_charge", "threads"}  # fmt: skip
+# threads: training.threads and what it picked from the machine's CPU count, and the OpenMP variables (no data)
+THREADS = {"setting", "torch_threads", "why", "cpus", "wait_policy"}
 # aborted_charge: the ledger's steps at the aborted rounds (read from the released per-round ledger)
 ABORTED_CHARGE = {"steps", "of"}
 SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning", "why"}
@@ -97,6 +99,8 @@ def check_released_files(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     _check(summary, SUMMARY, "summary.json")
     _check(summary["final"], EVAL, "summary.json final")
+    _check(summary["threads"], THREADS, "summary.json threads")
+    _check(summary["threads"]["wait_policy"], {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "set_by"}, "summary.json wait policy")
     for unit, charge in summary.get("aborted_charge", {}).items():
         assert unit in summary["privacy"]["units"]
         _check(charge, ABORTED_CHARGE, f"summary.json aborted_charge.{unit}")

@@ -10,7 +10,6 @@ CPUs each, and the ServerApp runs the rounds through them.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from secure_fed.config import dump_config
 from secure_fed.engine.flower.run_checks import check_flower_start, client_side_callbacks, node_held_state
+from secure_fed.threads import flower_cpus, usable_cpus
 
 
 def node_storage_dir(run_dir) -> Path:
@@ -31,8 +31,7 @@ def ray_cpus(nodes: int, client_cpus: float) -> int:
     """The CPUs the simulation gives Ray: those this process may run on, and no more than ``nodes`` ClientApps of
     ``client_cpus`` each use. Flower starts one actor per ``client_cpus`` of them up front, each loading torch and
     a copy of the run, so a 4-node run on a 64-core machine starts 4 actors, not 64."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(usable, math.ceil(nodes * client_cpus)))
+    return flower_cpus(nodes, client_cpus, usable_cpus())
 
 
 def run_on_flower(exp, *, progress: bool | None, client_app=None):

@@ -41,7 +41,7 @@ def test_default_run_on_flower_equals_in_process_and_resumes_from_its_checkpoint
         local_exp = Experiment(load_config(None, ["training.rounds=10", *EVERY5]), run_dir=tmp_path / "local")
         local = local_exp.run(progress=False)
     finally:
-        torch.set_num_threads(threads)  # the bit-exact golden runs later in the session need the default again
+        torch.set_num_threads(threads)  # later tests in the session run at the default again
     # 7 messages in flight at most: each round's 40 clients go out in 6 batches, replies summed in cohort order
     common = ["backend=flower", "flower.max_in_flight=7", *EVERY5]  # the resume reads the first run's last.pt
     first = Experiment(load_config(None, [*common, "training.rounds=5"]), run_dir=tmp_path / "flower")
