@@ -19,9 +19,7 @@ For a combination (:mod:`tests.protocols.worst_case_combinations`) on small synt
    realised mechanisms on a pair with the noiseless differences observed: each release projected on the direction of
    its difference (a post-processing), its Poisson sampling (of the pair's k clients, or of the one instance) a
    mixture, binned (a post-processing), composed over its steps; on a channel with mechanisms in series (DP-SGD,
-   then client-level noise), the smaller one. A difference is taken at most at the accounted sensitivity
-   (:data:`CAPS`: beyond it, it is not the instance's alone) and, for a client mechanism, over the k clients that
-   moved most.
+   then client-level noise), the smaller one; for a client mechanism, over the k clients that moved most.
 5. **(c) upper bound.** The reported ε is at most an independent composition of the mechanisms the pair reaches,
    each counted once: ``dp_accounting``'s RDP of the subsampled Gaussians and the group bound for client mechanisms
    written out here (log E_j exp(2α(α−1)j²/σ²)/(α−1), j ~ Binomial(k, q)), at Opacus's orders, converted by
@@ -31,6 +29,9 @@ For a combination (:mod:`tests.protocols.worst_case_combinations`) on small synt
    is ∞ exactly where it is ∞. This, not (b), is what a mechanism dropped from the graph or a group one too small
    fails: the realised pair moves a client's clipped update by ≪ 2C (measured: 0.07 to 0.94 C), so its PLD sits far
    below the group bound's ε, which assumes 2C per client.
+7. **(e) sensitivity.** No mechanism's noiseless release moves by more than its accounted sensitivity
+   (:data:`SENSITIVITY`). A general partition (iid, cmda) deals instances by the data set's size, so both neighbours
+   run on D's partition (``partition: natural``, :func:`_same_clients`): D⁻ is D less one instance on the same clients.
 
 ``check(combination, tmp)`` returns a :class:`Verdict` whose ``failures`` list names every violated assertion.
 """
@@ -62,7 +63,7 @@ from secure_fed.config import load_config
 from secure_fed.data import MultiLabelSplit
 from secure_fed.data.from_config import build_dataset
 from secure_fed.engine import Experiment
-from tests.protocols.worst_case_combinations import CLIENT_CLIP, Combination
+from tests.protocols.worst_case_combinations import CLIENT_CLIP, GENERAL, INSTANCE_CLIP, LOCAL_CLIP, Combination
 
 #: the scale of r's features: its per-sample gradients and its clients' updates far above the clip norm
 FEATURE_SCALE = 1000.0
@@ -433,11 +434,11 @@ def _group_rdp(sigma: float, q: float, k: int, steps: int) -> np.ndarray:
 #: the sampling rates and step counts the combinations configure (tests/protocols/worst_case_combinations.py), in
 #: one round: the W step once, DP-SGD round(1/q) steps on each of the k clients an instance enters
 W_RATE, LOCAL_RATE, CLIENT_RATE, W_STEPS_PER_ROUND = 0.5, 0.5, 0.75, 1
-#: the largest shift of each mechanism's release by one instance, in clip norms (the accounted sensitivities: the W
-#: step 2C, a DP-SGD step C, a substituted client 2C). An observed noiseless difference above it is not r's alone:
-#: a general partition (iid, cmda) re-deals every instance when one is removed, and a shared random stream (C-Tran's
-#: label masks) shifts for the instances after r; the lower bound uses the capped value (figures keep the raw one)
-CAPS = {"w_step": 2.0, "dp_sgd": 1.0, "client": 2.0}
+#: the largest shift of each mechanism's release by one instance, in clip norms: the accounted sensitivities (the W
+#: step 2C, a DP-SGD step C, a substituted client 2C); (e) fails a noiseless difference above it (relative slack for
+#: float32 sums)
+SENSITIVITY = {"w_step": 2.0, "dp_sgd": 1.0, "client": 2.0}
+SENSITIVITY_SLACK = 1e-5
 
 #: the mechanisms' declared noise and sampling, written out here (not read from protocols.dp.mechanisms): who adds the
 #: noise, and whether the server knows the sample
@@ -446,18 +447,43 @@ SAMPLE_KNOWN_TO_SERVER = {"w_step", "client_server_noise", "client_noise_shares"
 CLIENT_KINDS = {"client_server_noise", "client_noise_shares", "adaptive_clipping", "client_tree"}
 
 
+def _same_clients(c: Combination, cfg, d, r: int, tmp: Path):
+    """side → the run's config. A general partition (iid, cmda) deals the instances to clients from the data set's
+    size, so D⁻ would be dealt anew: both neighbours run instead on D's partition, read from a client-id file
+    (``partition: natural``, the same path in both configs, so config.yaml stays identical), D⁻'s without r's line."""
+    if c.family not in GENERAL:
+        return lambda side: cfg
+    from secure_fed.data import partitioner_from_config
+
+    shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(d.train, np.random.default_rng([cfg.seed, 11]))
+    ids = np.empty(d.train.num_instances, dtype=np.int64)
+    for s in shards:
+        ids[s.indices] = s.client_id
+    path = tmp / "client_ids.txt"
+    side_cfg = load_config(overrides=[*c.overrides(), "partition.name=natural", f"partition.client_ids_file={path}"])
+
+    def config_for(side: str):
+        rows = ids if side == "D" else np.delete(ids, r)
+        tmp.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{i}\n" for i in rows))
+        return side_cfg
+
+    return config_for
+
+
 def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Verdict:
     """Run the worst-case check of ``c`` under ``tmp``; ``mutate(monkeypatch)`` applies a mutant to every run."""
     v = Verdict(c)
     cfg = load_config(overrides=c.overrides())
     d, minus, r, labels = worst_case_pair(cfg, c.bound)
     v.figures["removed"] = {"index": r, "labels": [int(x) for x in labels]}
+    config_for = _same_clients(c, cfg, d, r, tmp)
     runs = {}
     for noise_off, (side, ds) in product((False, True), (("D-", minus), ("D", d))):  # D⁻ first
         tag = ("off-" if noise_off else "") + side.replace("-", "minus")
         others = runs[(True, "D-")][1].w_sets[0] if noise_off and side == "D" and runs[(True, "D-")][1].w_sets else None
-        runs[(noise_off, side)] = (*run_round(cfg, ds, tmp / tag, noise_off=noise_off, mutate=mutate, other_sets=others),
-                                   tmp / tag)  # fmt: skip
+        exp_rec = run_round(config_for(side), ds, tmp / tag, noise_off=noise_off, mutate=mutate, other_sets=others)
+        runs[(noise_off, side)] = (*exp_rec, tmp / tag)
     # (a)
     v.failures += released_diff({side: (runs[(False, side)][0], runs[(False, side)][2]) for side in ("D", "D-")})
     summary = json.loads((runs[(False, "D")][2] / "summary.json").read_text())
@@ -471,17 +497,18 @@ def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Ver
     else:  # client-level DP alone: the instance's ε is the client unit's instance-level one, for the observer
         reported = {"observer": units["client"]["instance_level"]["epsilon"]}
     v.figures["reported"] = reported
-    # the realised mechanisms: noiseless differences (at most the accounted sensitivity: beyond it a difference is
-    # not r's alone, see :data:`CAPS`), their noise std, their steps (the public count the accounting must charge)
+    # the realised mechanisms: noiseless differences, their noise std, their steps (the public count the accounting
+    # must charge); (e) a difference above the accounted sensitivity
     off = {s: runs[(True, s)][1] for s in ("D", "D-")}
     k = c.bound or 1
     mechs = []  # (kind, channel, 1-D shifts on D, on D⁻, q, std, steps)
-    raw = {}
+    over = []  # (kind, observed difference, accounted sensitivity)
     kinds = c.kinds
     if "w_step" in kinds and off["D"].w_step:
         (a, std), b = off["D"].w_step[0], off["D"].w_without[0]
-        raw["w_step"] = dist = float(np.linalg.norm(a - b))
-        mechs.append(("w_step", "label_sets", [min(dist, CAPS["w_step"])], [0.0], W_RATE, std, W_STEPS_PER_ROUND))
+        dist = float(np.linalg.norm(a - b))
+        mechs.append(("w_step", "label_sets", [dist], [0.0], W_RATE, std, W_STEPS_PER_ROUND))
+        over.append(("w_step", dist, SENSITIVITY["w_step"] * INSTANCE_CLIP))
     local = kinds & {"dp_sgd", "dp_sgd_shares"}
     if local:
         kind = local.pop()
@@ -492,9 +519,9 @@ def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Ver
                 dists.append(dd)
                 std = seq[0][1]
         if dists:
-            raw[kind] = max(dists)
             q, per_client = (1.0, 1) if kind == "dp_sgd_shares" else (LOCAL_RATE, round(1 / LOCAL_RATE))
-            mechs.append((kind, "client_training", [min(max(dists), CAPS["dp_sgd"])], [0.0], q, std, k * per_client))
+            mechs.append((kind, "client_training", [max(dists)], [0.0], q, std, k * per_client))
+            over.append((kind, max(dists), SENSITIVITY["dp_sgd"] * LOCAL_CLIP))
     client = kinds & CLIENT_KINDS
     if client and off["D"].client_std:
         kind = client.pop()
@@ -509,16 +536,19 @@ def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Ver
             u = total / np.linalg.norm(total)
             x = [float(vecs["D"][cid] @ u) for cid in moved]
             y = [float(vecs["D-"][cid] @ u) for cid in moved]
-            raw[kind] = [round(a - b, 6) for a, b in zip(x, y, strict=True)]
-            cap = CAPS["client"] * CLIENT_CLIP
-            y = [a - max(-cap, min(cap, a - b)) for a, b in zip(x, y, strict=True)]
+            over += [(kind, float(np.linalg.norm(vecs["D"][cid] - vecs["D-"][cid])), SENSITIVITY["client"] * CLIENT_CLIP)
+                     for cid in moved]  # fmt: skip
             q = 1.0 if kind == "client_tree" else CLIENT_RATE
             mechs.append((kind, "client_training", x, y, q, std, 1))
     v.figures["mechanisms"] = [
-        {"kind": m[0], "shift": [round(x - y, 6) for x, y in zip(m[2], m[3], strict=True)], "raw_shift": raw.get(m[0]),
+        {"kind": m[0], "shift": [round(x - y, 6) for x, y in zip(m[2], m[3], strict=True)],
          "q": m[4], "std": m[5], "steps": m[6]}
         for m in mechs
     ]  # fmt: skip
+    for kind, seen, bound in over:
+        if seen > bound * (1 + SENSITIVITY_SLACK):
+            v.failures.append(f"(e) {kind}: one instance moves its noiseless release by {seen:.6g}, above the accounted "
+                              f"sensitivity {bound:g}")  # fmt: skip
     differing = {m[0] for m in mechs}
     for adv in reported:
         lower = lower_bound(mechs, adv, delta)

@@ -21,6 +21,8 @@ from secure_fed.errors import SecureFedError
 BOUND, BOUND_SHARES = 2, 1
 #: the client-level clip norm: below the updates' norms (0.1 to 0.3 in round 1 here), so every update is clipped
 CLIENT_CLIP = 0.02
+#: the W step's and DP-SGD's clip norms
+INSTANCE_CLIP = LOCAL_CLIP = 1.0
 
 #: one round on a small synthetic data set (6 labels: 6 clients in the positive-only setting)
 BASE = [
