@@ -135,7 +135,11 @@ def test_a_mechanism_dropped_from_the_graph_fails_the_check(tmp_path):
     real = layer.run_graph
 
     def mutate(mp):
-        mp.setattr(layer, "run_graph", lambda p, **kw: real(p, **{**kw, "w_step": None, "label_set_algorithm": False}))
+        def dropped(p, **kw):
+            mechs = [m for m in kw["mechanisms"] if m.kind != "w_step"]
+            return real(p, **{**kw, "mechanisms": mechs, "label_set_algorithm": False})
+
+        mp.setattr(layer, "run_graph", dropped)
 
     v = check(BOTH, tmp_path, mutate=mutate)
     assert any(f.startswith("(d) observer") for f in v.failures), v.failures

@@ -81,9 +81,6 @@ BINS_PER_STD = 40
 #: the fields of the released files that may differ between the neighbours, each recomputed from θ, W and the public
 #: test split: the evaluation metrics (metrics.jsonl, summary.json's ``final``) and W's mean cosine
 ALLOWLIST = ("final", "W_mean_cos", "<metrics>")
-#: released folders the check does not diff: issue 52's finding 2 (checkpoints/ sits outside private/ but holds
-#: private data and the secrets); the ``release`` branch moves it under private/, after which this goes
-NOT_YET_PRIVATE = ("checkpoints",)
 
 
 @dataclass
@@ -307,14 +304,15 @@ def _released(run_dir: Path) -> dict[str, bytes]:
     out = {}
     for f in sorted(run_dir.rglob("*")):
         rel = f.relative_to(run_dir)
-        if f.is_file() and rel.parts[0] != "private" and rel.parts[0] not in NOT_YET_PRIVATE and rel.name != ".lock":
+        if f.is_file() and rel.parts[0] != "private" and rel.name != ".lock":
             out[str(rel)] = f.read_bytes()
     return out
 
 
 def _recomputed_metrics(exp: Experiment, run_dir: Path) -> tuple[dict, float | None]:
-    """The evaluation metrics of the released θ and W (the final checkpoint's) on the public test split."""
-    final = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=False)
+    """The evaluation metrics of the released θ and W (the final checkpoint's, which ``secure-fed export`` releases) on
+    the public test split."""
+    final = torch.load(run_dir / "private" / "checkpoints" / "final.pt", map_location="cpu", weights_only=False)
     for n, t in final["theta"].items():
         exp.model.theta[n].data.copy_(t)
     cos = None
@@ -605,8 +603,8 @@ def independent_upper(c: Combination, mechs, adversary: str, delta: float, *, la
     ``label_sets``: whether W's label-set channel counts (not for the client unit's instance-level ε, which is the
     client-level mechanism's alone)."""
     channels = {"label_sets", "client_training"} if c.family == "fedalc" and label_sets else {"client_training"}
-    if adversary == "server" and "dp_sgd" in c.kinds:
-        return math.inf  # the clients' training loss reaches the server in the clear
+    if adversary == "server" and "dp_sgd" in c.kinds and "client_noise_shares" not in c.kinds:
+        return math.inf  # the clients' training loss reaches the server in the clear (not sent with noise shares)
     curves: dict[str, np.ndarray] = {}
     k = c.bound or 1
     for kind, channel, _sp, _sq, q, _std, steps in mechs:
