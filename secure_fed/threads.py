@@ -10,10 +10,9 @@ scripts and pytest-xdist, each of which sets ``torch.set_num_threads`` in its wo
 Why one less: a parallel region waits for its slowest thread, so a thread that shares its core with another busy
 process stalls every region; with libgomp's default spinning the embedded default run took 3.2–5.7 s a round at
 two threads beside other work on the project's 2-core machine, against 0.33 s with one (issue 53). With passive
-waiting, one thread was faster than two on an otherwise idle machine; beside a busy process on each core two threads
-were faster, presumably because they take a larger share of the contended cores. So ``auto`` looks at the processes
-running when the run starts (:func:`busy_elsewhere`, the kernel's runnable count): none besides it, one CPU left
-free; some, a thread per free CPU (``benchmarks/threads.py``; docs/performance.md has the figures).
+waiting, one thread was faster there than two while the machine's other work was moderate; beside a busy process on
+each core two threads were faster, presumably because they take a larger share of the contended cores, which ``auto`` does not
+reach for (``benchmarks/threads.py``; docs/performance.md has the figures).
 
 **Wait policy.** OpenMP threads that finish a region spin for a while before sleeping; beside other busy processes
 the spinning takes the cores they need. torch's Linux wheels bring GNU OpenMP (libgomp, which MKL's threading uses
@@ -92,42 +91,15 @@ def other_processes_cpus(cfg, num_clients: int, cpus: int) -> int:
     return flower_cpus(cfg.flower.num_supernodes or num_clients, cfg.flower.client_cpus, cpus)
 
 
-def busy_elsewhere(samples: int = 21, interval: float = 0.01, *, stat: str = "/proc/stat") -> int:
-    """Processes running besides this one, now: the median over ``samples`` reads of the kernel's ``procs_running``
-    (runnable tasks, this one included) ``interval`` seconds apart, less one. 0 where the kernel does not say (not
-    Linux). The load average would lag a load that began seconds ago by most of a minute."""
-    import statistics
-    import time
-
-    seen = []
-    for i in range(samples):
-        try:
-            with open(stat) as f:
-                line = next((x for x in f if x.startswith("procs_running ")), None)
-        except OSError:
-            return 0
-        if line is None:
-            return 0
-        seen.append(int(line.split()[1]))
-        if i + 1 < samples:
-            time.sleep(interval)
-    return max(0, int(statistics.median(seen)) - 1)
-
-
-def auto_threads(*, cpus: int, others: int = 0, ceiling: int | None = None, busy: int = 0) -> tuple[int, str]:
+def auto_threads(*, cpus: int, others: int = 0, ceiling: int | None = None) -> tuple[int, str]:
     """``training.threads: auto``: ``cpus`` (the process may use) less ``others`` (CPUs the run's other processes
-    keep busy); then one less for the rest of the machine when nothing else is running (``busy``, processes running
-    besides this one at the start: :func:`busy_elsewhere`), all of them when something is (with passive waits the
-    threads take their share of the contended cores, where one thread would get half a core); at least 1 and at
-    most ``ceiling`` (torch's count before the run); and why, in words."""
+    keep busy) less one, at least 1 and at most ``ceiling`` (torch's count before the run); and why, in words."""
     free = max(1, cpus - others)
-    n = free if busy > 0 else max(1, free - 1)
+    n = max(1, free - 1)
     why = f"{cpus} usable CPU{'s' if cpus != 1 else ''}"
     if others:
         why += f", {others} for the run's other processes"
-    if free > 1 and busy > 0:
-        why += f", {busy} other process{'es' if busy != 1 else ''} running at the start: a thread per free CPU"
-    elif free > 1:
+    if free > 1:
         why += ", one left for the rest of the machine"
     if ceiling is not None and ceiling < n:
         n, why = ceiling, why + f"; capped at torch's {ceiling} set before the run"
@@ -140,8 +112,7 @@ def resolve_threads(setting: int | str, *, others: int = 0, ceiling: int | None 
     (``cpus``: :func:`usable_cpus` when None)."""
     if setting != "auto":
         return int(setting), "training.threads"
-    cpus = usable_cpus() if cpus is None else cpus
-    return auto_threads(cpus=cpus, others=others, ceiling=ceiling, busy=busy_elsewhere() if cpus - others > 1 else 0)
+    return auto_threads(cpus=usable_cpus() if cpus is None else cpus, others=others, ceiling=ceiling)
 
 
 @contextlib.contextmanager

@@ -51,29 +51,7 @@ def test_auto_threads(cpus, others, ceiling, expected):
     assert ("one left" in why) == (cpus - others > 1)
 
 
-@pytest.mark.parametrize(("cpus", "others", "busy", "expected"), [(2, 0, 0, 1), (2, 0, 2, 2), (2, 0, 1, 2), (16, 0, 3, 16),
-                                                                 (8, 3, 1, 5), (1, 0, 4, 1)])  # fmt: skip
-def test_auto_takes_every_free_cpu_beside_other_running_processes(cpus, others, busy, expected):
-    """Nothing else running: one CPU left free; something running: a thread per free CPU (passive waits share them)."""
-    n, why = threads.auto_threads(cpus=cpus, others=others, busy=busy)
-    assert n == expected
-    assert ("running at the start" in why) == (busy > 0 and cpus - others > 1)
-
-
-def test_busy_elsewhere_reads_the_kernels_runnable_count(tmp_path):
-    """The median of procs_running over the samples, less this process; 0 where the file or the line is missing."""
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  1 2 3\nprocs_running 3\nprocs_blocked 0\n")
-    assert threads.busy_elsewhere(samples=3, interval=0.0, stat=str(stat)) == 2
-    stat.write_text("procs_running 1\n")
-    assert threads.busy_elsewhere(samples=3, interval=0.0, stat=str(stat)) == 0
-    stat.write_text("cpu 1\n")
-    assert threads.busy_elsewhere(samples=3, interval=0.0, stat=str(stat)) == 0
-    assert threads.busy_elsewhere(samples=1, stat=str(tmp_path / "none")) == 0
-
-
 def test_auto_reads_the_affinity_and_flower_nodes(monkeypatch):
-    monkeypatch.setattr(threads, "busy_elsewhere", lambda *a, **k: 0)  # an idle machine, whatever runs beside the test
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     assert threads.usable_cpus() == 8
     assert threads.threads_record(small_config(), 8)["torch_threads"] == 7
@@ -137,7 +115,6 @@ def test_a_run_trains_at_the_pick_records_it_and_puts_the_count_back(tmp_path, m
 
 
 def test_validate_prints_the_pick(capsys, monkeypatch):
-    monkeypatch.setattr(threads, "busy_elsewhere", lambda *a, **k: 0)  # an idle machine, whatever runs beside the test
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert main(["validate", str(REPO / "secure_fed/config/default.yaml")]) == 0
