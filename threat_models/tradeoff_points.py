@@ -115,18 +115,19 @@ def method_base(config: str | None, overrides: list[str], method: str):
     ``privacy.instance``, which its config may not set (a config written for fedalc, swept with fedaws as well)."""
     from protocols.layer_specs import LABEL_SET_ALGORITHMS
     from secure_fed.config import load_config
+    from secure_fed.config.loader import raw_config
     from secure_fed.errors import ConfigError
 
     drop = [] if method in LABEL_SET_ALGORITHMS else ["privacy.instance=null"]
     if drop:  # the instance unit's one budget may sit on privacy.instance: it moves to privacy.local with the drop
         try:
-            raw = load_config(config, [*overrides, *central_reference(method)])
+            privacy = raw_config(config, overrides).get("privacy") or {}
         except ConfigError as exc:
             raise SecureFedError(f"--methods {method}: {exc}") from None
-        inst, loc = raw.privacy.instance, raw.privacy.local
-        if inst is not None and inst.target_epsilon is not None and loc is not None and loc.noise_multiplier is None \
-                and loc.target_epsilon is None:  # fmt: skip
-            drop.append(f"privacy.local.target_epsilon={inst.target_epsilon}")
+        inst, loc = privacy.get("instance"), privacy.get("local")
+        if isinstance(inst, dict) and inst.get("target_epsilon") is not None and isinstance(loc, dict) \
+                and loc.get("noise_multiplier") is None and loc.get("target_epsilon") is None:  # fmt: skip
+            drop.append(f"privacy.local.target_epsilon={inst['target_epsilon']}")
     try:
         return load_config(config, [*overrides, f"algorithm.name={method}", *drop, *central_reference(method)])
     except ConfigError as exc:

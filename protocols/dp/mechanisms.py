@@ -27,6 +27,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 
 from protocols.dp.group_bound import cohort_count_logpmf, gaussian_rdp, group_substitution_rdp, substitution_sensitivity
+from protocols.dp.tree_counts import gaussian_equivalents
 
 #: the Rényi orders of the RDP ledger: Opacus's defaults (1.1 … 63) and larger ones. At strong noise and few steps
 #: (σ 20 at q 1 after one round; σ 3 at q 0.01 after 10 steps) the best order lies past 63, where Opacus warns
@@ -213,9 +214,7 @@ class ClientTree(_ClientGaussian):
         super().__init__(**kw)
 
     def gaussian_steps(self, steps: int) -> int:
-        """K: the Gaussian equivalents of ``steps`` rounds (:func:`protocols.dp.tree_aggregation.gaussian_equivalents`)."""
-        from protocols.dp.tree_aggregation import gaussian_equivalents  # torch: only where a tree is accounted
-
+        """K: the Gaussian equivalents of ``steps`` rounds (:func:`protocols.dp.tree_counts.gaussian_equivalents`)."""
         return gaussian_equivalents(steps, self.tree_rounds)
 
     def group_rdp(self, orders=ORDERS, *, group: int, sample_rate: float | None = None, population: int | None = None,

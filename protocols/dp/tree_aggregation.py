@@ -38,6 +38,7 @@ import torch
 
 from protocols.dp.client_dp import released_sums
 from protocols.dp.discrete_gaussian import grid_noise, snap
+from protocols.dp.tree_counts import full_participation_sq, gaussian_equivalents  # noqa: F401 (re-exported)
 from protocols.randomness import SecretStream
 
 Node = tuple[int, int]  #: (level h, index j): the leaves [j·2^h, (j+1)·2^h)
@@ -75,23 +76,10 @@ def sensitivity_sq(participation: set[int] | list[int], t: int) -> int:
     return total
 
 
-def full_participation_sq(t: int) -> int:
-    """:func:`sensitivity_sq` of a client in every one of the first ``t`` leaves, in closed form: the used nodes of
-    level h number ⌊(⌊t/2^h⌋ + 1)/2⌋, each holding 2^h of its contributions."""
-    return sum(((t >> h) + 1) // 2 * 4**h for h in range(int(t).bit_length()))
-
-
 def single_participation_equivalents(leaves: int, trees: int = 1) -> int:
     """K for a client in one leaf of each of ``trees`` trees of ``leaves`` leaves (the paper's restart case):
     ⌈log2(n+1)⌉ a tree."""
     return trees * tree_depth(leaves)
-
-
-def gaussian_equivalents(rounds: int, tree_rounds: int) -> int:
-    """K after ``rounds`` rounds with every client in every round, trees of ``tree_rounds`` rounds: the run is one
-    Gaussian mechanism of noise multiplier σ/√K (ρ-zCDP with ρ = K/(2σ²))."""
-    full, rest = divmod(int(rounds), int(tree_rounds))
-    return full * full_participation_sq(tree_rounds) + full_participation_sq(rest)
 
 
 def zcdp_rho(noise_multiplier: float, equivalents: int) -> float:

@@ -212,6 +212,14 @@ def check_override_syntax(overrides: list[str], path: Any = None) -> None:
             raise ConfigError(f"--set {item}: missing '=' between the key and its value (write {fix}, with no space)")
 
 
+def raw_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The YAML document ``path`` (or the embedded default) with ``overrides`` applied, as plain data: not validated
+    (what a caller reads before it decides further overrides)."""
+    check_override_syntax(list(overrides or []), path)
+    data = parse_yaml(default_config_text(), "default config") if path is None else _read_yaml(Path(path))
+    return _apply(data or {}, list(overrides or []))
+
+
 def load_config(path: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | None = None) -> CoreConfig:
     """Load ``path`` (or the embedded default), apply ``overrides`` (``key=value``, as ``--set``) and validate.
     ``path`` may also be a mapping, read as the YAML document it stands for (sections left out take their defaults)."""
