@@ -74,8 +74,9 @@ class Graph:
                 if candidates:  # mechanisms there, but none bounds this unit (an instance step, per client)
                     names = ", ".join(m.name for m in candidates)
                     why = f"{CHANNEL_WORDS.get(channel, channel)} is covered per instance only ({names}): a client holds an unbounded number of instances"  # noqa: E501
-                elif adversary == "server" and (own := [m for m in self.mechanisms if m.channel == channel]):
-                    why = own[0].server_why or f"the server adds the noise of {own[0].name} itself and sees its input"
+                elif adversary == "server" and (on_channel := [m for m in self.mechanisms if m.channel == channel]):
+                    first = on_channel[0]
+                    why = first.server_why or f"the server adds the noise of {first.name} itself and sees its input"
                 return {"epsilon": "inf", "why": why}
             curves.append(np.min(np.stack([c for _, c in usable]), axis=0))
             composed.extend(m.name for m, _ in usable)
