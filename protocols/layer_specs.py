@@ -241,6 +241,12 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             f"privacy.local with {algo}: its clients weight their update by eq. 2's w, computed from their labels and "
             "sent outside DP-SGD; use privacy.client with weight_cap (client-level DP) for it"
         )
+    if p.local is not None and cfg.model.family == "ctran" and cfg.model.ctran.dropout not in ("auto", 0, 0.0):
+        raise ValueError(
+            f"privacy.local with model.ctran.dropout {cfg.model.ctran.dropout}: DP-SGD's steps run without dropout (its "
+            "masks come in batch order, so removing one instance would change every later sample's gradient); set "
+            "model.ctran.dropout: auto or 0"
+        )
     if p.local is not None and _has_batch_norm(cfg):
         raise ValueError(
             "privacy.local (DP-SGD in client training) cannot run on a ResNet: batch norm mixes a batch's samples, so no "

@@ -93,6 +93,23 @@ class SecretStream:
         to 1.0 in float64, which Box–Muller maps to a radius of 0: harmless)."""
         return ((self._words(label, n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
+    def keyed_uniform(self, keys: np.ndarray, m: int, label: str) -> np.ndarray:
+        """``(len(keys), m)`` draws uniform on (0, 1), row i a function of the secret, ``label`` and ``keys[i]`` alone
+        (uint64): AES-256 keyed by HKDF(key, label) as a pseudo-random function of the 16-byte block (keys[i], j),
+        two 53-bit draws a block. Rows of distinct keys are independent; a row does not depend on which other keys
+        are drawn or in which order, so the draws of an instance (keyed by its content,
+        :func:`secure_fed.algorithms.instance_keys.instance_keys`) stay with it when another instance is added or
+        removed."""
+        keys = np.ascontiguousarray(np.asarray(keys, dtype=np.uint64).reshape(-1))
+        blocks = (int(m) + 1) // 2
+        plain = np.empty((len(keys), blocks, 2), dtype="<u8")
+        plain[:, :, 0] = keys[:, None]
+        plain[:, :, 1] = np.arange(blocks, dtype=np.uint64)[None, :]
+        key = hkdf(self._key, info=b"secure-fed keyed draw " + label.encode())
+        enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+        words = np.frombuffer(enc.update(plain.tobytes()) + enc.finalize(), dtype="<u8").reshape(len(keys), 2 * blocks)
+        return ((words[:, : int(m)] >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
     def gaussian(self, shape: tuple[int, ...] | torch.Size, label: str, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """Standard normals of ``shape`` (CPU) by the Box–Muller transform of secret uniforms.
 

@@ -65,6 +65,12 @@ class LocalDPSGD(GradientPrivatizer):
         u = self.stream.uniform(n, f"{self.label} {step} sample")
         return torch.from_numpy((u < self.sample_rate).nonzero()[0])
 
+    def instance_uniforms(self, keys, m: int, step: str) -> torch.Tensor:
+        """Per-instance uniforms from the client's secret, keyed by each instance's content key
+        (:meth:`~protocols.randomness.SecretStream.keyed_uniform`): removing an instance leaves every other
+        instance's draws as they were."""
+        return torch.from_numpy(self.stream.keyed_uniform(keys, m, f"{self.label} {step} per-instance"))
+
     def factors(self, norms: torch.Tensor) -> torch.Tensor:
         """(B,) float64 factors min(1, C(1 − 2^-20)/‖g_i‖) (:func:`~protocols.dp.exact_sums.clip_factors`: the computed
         clipped vector's norm is ≤ C). The ghost-norm fast path calls this once for its whole batch, whose float64 sum

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from secure_fed.algorithms.base import ClientData, Payload
+from secure_fed.algorithms.instance_keys import instance_keys
 from secure_fed.algorithms.label_sets import TOKENIZERS
 from secure_fed.algorithms.losses import LOSSES
 from secure_fed.algorithms.per_sample import (
@@ -197,6 +198,8 @@ class LocalTrainer:
         total, steps = 0.0, 0
         uncertain = self._ca_mle(payload) if "ca_mle_tau" in payload else None
         self.model.train()
+        if privatizer is not None:
+            no_dropout(self.model)
         random_mask = bool(payload.get("ca_mle_random_mask", True))
         for epoch in range(hp.epochs):
             if privatizer is None:
@@ -258,10 +261,12 @@ class LocalTrainer:
         if len(idx) > 0:
             x, y = data.x[idx], targets[idx]
             states = None
-            if self.family.label_masked:
+            if self.family.label_masked:  # the label mask drawn per instance (keyed by content), never by position
+                keys = instance_keys(x, y)
                 states = self.family.label_states(
-                    self.model, x, y, generator=generator, uncertain=uncertain, random_mask=random_mask
-                )
+                    self.model, x, y, generator=None, uncertain=uncertain, random_mask=random_mask,
+                    uniforms=privatizer.instance_uniforms(keys, y.shape[1] + 1, step),
+                )  # fmt: skip
 
             def add(grads: dict[str, torch.Tensor], batch_losses: torch.Tensor) -> None:
                 for n, g in privatizer.clip_sum(grads).items():
@@ -310,6 +315,19 @@ class LocalTrainer:
             return ca_mle_unknown(p, tau, eps)
 
         return uncertain
+
+
+def no_dropout(model: nn.Module) -> None:
+    """DP-SGD's steps run without dropout: its masks come from torch's generator in batch order (one per position
+    under ``vmap``), so removing one instance would hand every later sample another's mask and change its clipped
+    gradient. Every dropout of ``model`` (``nn.Dropout``'s ``p``, ``nn.MultiheadAttention``'s ``dropout``) is set to 0;
+    the model is the trainer's working model (θ is loaded into it each update), and under ``privacy.local`` every
+    update it runs is private (``model.ctran.dropout`` above 0 is refused there)."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        elif isinstance(m, nn.MultiheadAttention):
+            m.dropout = 0.0
 
 
 def full_label_targets(data: ClientData) -> torch.Tensor:

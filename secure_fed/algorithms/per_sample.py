@@ -13,6 +13,7 @@ the label states drawn for it (C-Tran, states drawn once per batch outside ``vma
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -40,6 +41,12 @@ class GradientPrivatizer(ABC):
     @abstractmethod
     def batch(self, n: int, step: str) -> torch.Tensor:
         """Indices (into the client's ``n`` examples) of this step's batch."""
+
+    def instance_uniforms(self, keys, m: int, step: str) -> torch.Tensor:
+        """``(len(keys), m)`` float64 uniforms on (0, 1) for the per-sample randomness of this step (C-Tran's label
+        mask), row i a function of the client's secret, ``step`` and ``keys[i]`` alone (the instance's content key,
+        :func:`secure_fed.algorithms.instance_keys.instance_keys`), never of the batch order."""
+        raise NotImplementedError(f"{type(self).__name__} draws no per-instance randomness (needed by label-masked models)")
 
     @abstractmethod
     def factors(self, norms: torch.Tensor) -> torch.Tensor:
@@ -128,7 +135,9 @@ def per_sample_gradients(
     r = rows.detach() if rows is not None else None
     for s in range(0, x.shape[0], chunk):
         sl = slice(s, s + chunk)
-        grads, losses = per(p_named, r, x[sl], targets[sl], states[sl] if masked else None)
+        with warnings.catch_warnings():  # torch's note that attention has no batching rule under vmap (it loops)
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented")
+            grads, losses = per(p_named, r, x[sl], targets[sl], states[sl] if masked else None)
         gp, gr = grads if with_rows else (grads, None)
         out = {n: gp[f"model.{n}"] for n in params}
         if gr is not None:

@@ -193,7 +193,24 @@ class CTranConfig(_Strict):
 
     layers: int = Field(3, ge=1, le=24, description="transformer encoder layers")
     heads: int = Field(4, ge=1, le=64, description="attention heads (model.embedding_dim must be a multiple)")
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    dropout: float | Literal["auto"] = Field(
+        "auto",
+        description="dropout of the transformer; auto: 0.1, and none in DP-SGD's steps (privacy.local), whose per-sample "
+        "draws must not follow the batch order; a number above 0 with privacy.local is refused",
+    )
+
+    @field_validator("dropout")
+    @classmethod
+    def _dropout_range(cls, v):
+        if v != "auto" and not 0.0 <= v < 1.0:
+            raise ValueError(f"model.ctran.dropout must be auto or in [0, 1), not {v}")
+        return v
+
+    @property
+    def dropout_rate(self) -> float:
+        """The dropout the model is built with (``auto`` → 0.1)."""
+        return 0.1 if self.dropout == "auto" else float(self.dropout)
+
     min_unknown: float = Field(
         0.25, ge=0.0, le=1.0, description="label mask training: at least this share of a sample's labels is unknown"
     )

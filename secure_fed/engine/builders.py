@@ -131,7 +131,7 @@ def build_ctran(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str 
             token_size, feature_major = 6, True  # 49 blocks × 6 colour moments, moment-major (see ctran's docstring)
         tokens = ChunkTokens(ds.num_features, token_size=token_size, width=width, feature_major=feature_major)
     model = CTran(
-        tokens, num_labels=ds.num_labels, width=width, layers=c.layers, heads=c.heads, dropout=c.dropout,
+        tokens, num_labels=ds.num_labels, width=width, layers=c.layers, heads=c.heads, dropout=c.dropout_rate,
         min_unknown=c.min_unknown, label_source="learned" if text is None else "text",
         text_dim=None if text is None else int(text[0].shape[1]),
     )  # fmt: skip

@@ -196,7 +196,23 @@ def label_mask_states(targets: torch.Tensor, min_unknown: float, generator: torc
     low = max(1, math.ceil(min_unknown * L))
     n_unknown = torch.randint(low, L + 1, (B, 1), generator=generator)
     ranks = torch.rand(B, L, generator=generator).argsort(dim=1).argsort(dim=1)  # a random order of each row
-    unknown = (ranks < n_unknown).to(targets.device)
+    return _states(targets, ranks < n_unknown)
+
+
+def label_mask_states_keyed(targets: torch.Tensor, min_unknown: float, uniforms: torch.Tensor) -> torch.Tensor:
+    """:func:`label_mask_states` from given ``(B, L + 1)`` uniforms, row i drawn for sample i alone (under DP-SGD:
+    keyed by the instance, :meth:`~secure_fed.algorithms.per_sample.GradientPrivatizer.instance_uniforms`): the
+    number of unknown labels from column 0, the order of the labels from the rest."""
+    B, L = targets.shape
+    low = max(1, math.ceil(min_unknown * L))
+    u = uniforms.to(torch.float64)
+    n_unknown = (low + (u[:, :1] * (L + 1 - low)).floor().long()).clamp(max=L)
+    ranks = u[:, 1:].argsort(dim=1).argsort(dim=1)
+    return _states(targets, ranks < n_unknown)
+
+
+def _states(targets: torch.Tensor, unknown: torch.Tensor) -> torch.Tensor:
+    unknown = unknown.to(targets.device)
     known_state = torch.where(targets.bool(), POSITIVE, NEGATIVE)
     return torch.where(unknown, UNKNOWN, known_state)
 

@@ -151,18 +151,23 @@ class CTranFamily(ModelFamily):
         x: torch.Tensor,
         targets: torch.Tensor,
         *,
-        generator: torch.Generator,
+        generator: torch.Generator | None,
         uncertain=None,
         random_mask: bool = True,
+        uniforms: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Label mask training's input states for a batch: from :func:`~secure_fed.models.ctran.label_mask_states`;
+        """Label mask training's input states for a batch: from :func:`~secure_fed.models.ctran.label_mask_states`
+        (from ``generator``), or, given ``uniforms`` (``(B, L + 1)``, drawn per instance under DP-SGD), from
+        :func:`~secure_fed.models.ctran.label_mask_states_keyed`;
         labels in ``uncertain(x)`` (CA-MLE's mask, or None) become unknown too. With CA-MLE and
         ``random_mask=False`` there is no random mask: only the uncertain labels are unknown and every other label
         is given with its true state (the FedLGT paper's §3.3 wording)."""
-        from secure_fed.models.ctran import NEGATIVE, POSITIVE, UNKNOWN, label_mask_states
+        from secure_fed.models.ctran import NEGATIVE, POSITIVE, UNKNOWN, label_mask_states, label_mask_states_keyed
 
         if uncertain is not None and not random_mask:
             states = torch.where(targets.bool(), POSITIVE, NEGATIVE)
+        elif uniforms is not None:
+            states = label_mask_states_keyed(targets, model.min_unknown, uniforms)
         else:
             states = label_mask_states(targets, model.min_unknown, generator)
         if uncertain is not None:

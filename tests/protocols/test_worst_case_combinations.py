@@ -72,14 +72,7 @@ def test_the_cover_covers_every_pair_of_accepted_values(accepted):
 
 #: defects the check finds on main (reported to the lead, not fixed here): a combination's failures must start with
 #: the listed prefix, and it must still fail (a fixed defect fails the test until its entry is removed)
-KNOWN_DEFECTS = {
-    # FedLGT (C-Tran) with privacy.local on a general partition: one DP-SGD step's noiseless clipped sum moves by
-    # 1.83 C when the instance is removed, not ≤ C (1.60 C with C-Tran's label masks made position-independent), so
-    # the other samples' per-sample gradients change with it. Suspected: the client's label set (the labels its rows
-    # have: {0..5} with r, {0, 3, 4} without) shapes every sample's loss, the reason validate refuses privacy.local
-    # for the embedding family on iid/cmda partitions; the ctran family is not refused
-    "fedlgt_general-off-local-": "(e) dp_sgd",
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def _known(name: str) -> str | None:
