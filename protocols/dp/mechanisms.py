@@ -52,6 +52,11 @@ INSTANCE, CLIENT = "instance", "client"
 MECHANISMS: dict[str, type[DPMechanism]] = {}
 
 
+def run_mechanisms() -> set[str]:
+    """The registered kinds a run's privacy graph composes (``level = "run"``; private selection composes runs)."""
+    return {k for k, cls in MECHANISMS.items() if cls.level == "run"}
+
+
 def register_mechanism(cls: type[DPMechanism]) -> type[DPMechanism]:
     """Register a mechanism class under its ``kind`` (a class decorator)."""
     if not getattr(cls, "kind", None):
@@ -81,6 +86,8 @@ class DPMechanism:
     server_why: ClassVar[str] = ""
     #: the condition under which it holds against the server, where it does
     server_note: ClassVar[str] = ""
+    #: ``run``: one run's privacy graph composes it; ``study``: it composes whole runs (private selection)
+    level: ClassVar[str] = "run"
 
     def __init__(self, *, name: str, sigma: float, sample_rate: float, steps: int = 0, planned_steps: int = 0,
                  scope: str = "", clip_norm: float = 1.0, calibrated: bool = False):  # fmt: skip

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import math
 import random
+from typing import ClassVar
 
 import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
+
+from protocols.dp.mechanisms import INSTANCE, DPMechanism, register_mechanism
 
 #: the Rényi orders of every curve here (Opacus's, as the ledgers use)
 ORDERS = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
@@ -98,10 +101,60 @@ def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
     return float(eps)
 
 
+@register_mechanism
+class PrivateSelection(DPMechanism):
+    """The declared mechanism of ``tradeoff --select private``: the best of K ~ D_{η,γ} DP runs, each a candidate
+    drawn from a public grid.
+
+    Declaration: it releases the best run's released files (θ, W, the report) and nothing of the others (K, the
+    unselected runs and their scores stay in the study's private scratch); its unit is each candidate run's unit
+    (the instance); its randomness is K and the candidates' draws, from a secret RNG; it adds no noise of its own (the
+    candidates' mechanisms do). Its curve is Theorem 2's over Q's curve, Q's curve the order-wise maximum of the
+    candidates' curves (:func:`rdp_curve` of each one's (σ, q, steps) history).
+
+    ``level = "study"``: it composes runs, not the mechanisms inside one run, so no run's privacy graph holds it and
+    the per-run worst-case check (tests/protocols/test_worst_case_combinations.py) has no combination for it; its
+    own tests recompute Theorem 2 (tests/protocols/test_private_selection_mechanism.py)."""
+
+    kind: ClassVar[str] = "private_selection"
+    unit: ClassVar[str] = INSTANCE
+    channel: ClassVar[str] = "selection"
+    releases: ClassVar[tuple[str, ...]] = ("the selected run's released files",)
+    noise_by: ClassVar[str] = "none (K and the draws from a secret RNG; the candidates' own mechanisms add the noise)"
+    sample_known_to_server: ClassVar[bool] = False
+    level: ClassVar[str] = "study"
+
+    def __init__(self, *, histories: list[list[tuple[float, float, int]]], eta: float, gamma: float, name: str = "selection"):
+        if not histories:
+            raise ValueError("private selection: no candidate")
+        expected_count(eta, gamma)  # η, γ in range
+        self.name, self.scope, self.eta, self.gamma = name, "study", float(eta), float(gamma)
+        self.histories = [list(h) for h in histories]
+        self.sigma = min((float(sg) for h in self.histories for sg, _, n in h if n > 0), default=math.inf)
+        self.sample_rate, self.clip_norm, self.calibrated = 1.0, math.nan, False
+        self.steps = self.planned_steps = max(sum(int(n) for _, _, n in h) for h in self.histories)
+
+    def history(self, *, sample_rate: float | None = None):
+        raise NotImplementedError("private selection is no subsampled Gaussian: its curve is Theorem 2's (rdp())")
+
+    def rdp(self, orders=ORDERS, *, sample_rate: float | None = None) -> np.ndarray:
+        """Theorem 2's curve at :data:`ORDERS` (the only orders its ε̂ minimisation is defined over here)."""
+        if tuple(float(a) for a in orders) != ORDERS:
+            raise ValueError("private selection's curve is computed at protocols.dp.private_selection.ORDERS")
+        curve = np.max(np.stack([rdp_curve(h) for h in self.histories]), axis=0)
+        return selection_rdp(curve, eta=self.eta, gamma=self.gamma)
+
+    def epsilon(self, delta: float) -> float:
+        """ε at ``delta`` (Opacus's conversion of :meth:`rdp`)."""
+        return rdp_to_epsilon(self.rdp(), delta)
+
+    def declaration(self) -> dict[str, object]:
+        return {"kind": self.kind, "unit": self.unit, "channel": self.channel, "releases": list(self.releases),
+                "noise_by": self.noise_by, "eta": self.eta, "gamma": self.gamma, "candidates": len(self.histories),
+                "level": self.level}  # fmt: skip
+
+
 def selection_epsilon(histories: list[list[tuple[float, float, int]]], *, delta: float, eta: float, gamma: float) -> float:
     """The ε (at δ) of the private selection among candidates with these (σ, q, steps) histories (one per candidate
-    of the grid): their curves' order-wise maximum, Theorem 2, the conversion."""
-    if not histories:
-        raise ValueError("no candidate")
-    curve = np.max(np.stack([rdp_curve(h) for h in histories]), axis=0)
-    return rdp_to_epsilon(selection_rdp(curve, eta=eta, gamma=gamma), delta)
+    of the grid): the declared :class:`PrivateSelection`'s curve, converted."""
+    return PrivateSelection(histories=histories, eta=eta, gamma=gamma).epsilon(delta)
