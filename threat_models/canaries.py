@@ -176,6 +176,9 @@ class _CanaryPrivatizer:
     def factors(self, norms):
         return self.inner.factors(norms)
 
+    def instance_uniforms(self, keys, m: int, step: str):
+        return self.inner.instance_uniforms(keys, m, step)
+
     def clip_sum(self, grads):
         return self.inner.clip_sum(grads)
 

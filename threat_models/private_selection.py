@@ -84,6 +84,14 @@ def planned_parts(cfg, unit: str) -> tuple[list[tuple[float, int, float | None]]
 
     if unit == "client" and getattr(cfg.privacy.client, "mechanism", None) == "tree":
         raise SecureFedError("--select private: the DP-FTRL tree ledger is not supported (its RDP is not (σ, q, steps))")
+    p = cfg.privacy
+    if p.client is not None and (p.instance is not None or p.local is not None):
+        # per instance, the released model also spends the client mechanism (through a group of clients); per client, the
+        # instance mechanisms cover nothing (ε ∞): either way more than the one unit's ledger the selection accounts
+        raise SecureFedError(
+            f"--select private: the runs have instance and client units, and the released model's ε per {unit} composes "
+            f"more than the {unit} unit's own ledger, which is all the selection accounts; select with one DP unit"
+        )
     with tempfile.TemporaryDirectory(prefix="secure-fed-plan-") as tmp:
         rep = Experiment(cfg, run_dir=tmp).privacy_summary().get("units", {}).get(unit)
     if rep is None:

@@ -25,7 +25,7 @@ from opacus.accountants import GaussianAccountant, RDPAccountant, create_account
 from opacus.accountants.analysis import rdp as privacy_analysis
 from opacus.accountants.utils import get_noise_multiplier
 
-from protocols.dp.mechanisms import MECHANISMS, RDP_ORDERS, DPMechanism
+from protocols.dp.mechanisms import MECHANISMS, RDP_ORDERS, DPMechanism, run_mechanisms
 
 #: accountant names accepted in YAML → Opacus mechanism names (the ones that may calibrate σ and stop training)
 ACCOUNTANTS = {"rdp": "rdp", "prv": "prv"}
@@ -319,8 +319,8 @@ class PrivacyUnit:
         undeclared subsampled Gaussian (a ledger outside a run, as the tests and the selection build)."""
         if name in self.mechanisms:
             raise ValueError(f"privacy unit {self.name!r} already has a mechanism {name!r}")
-        if kind is not None and kind not in MECHANISMS:
-            raise ValueError(f"unknown mechanism kind {kind!r}; registered: {sorted(MECHANISMS)}")
+        if kind is not None and kind not in run_mechanisms():
+            raise ValueError(f"unknown mechanism kind {kind!r} for a run's ledger; registered: {sorted(run_mechanisms())}")
         self.mechanisms[name] = m = (DPMechanism if kind is None else MECHANISMS[kind])(name=name, **kw)
         return m
 

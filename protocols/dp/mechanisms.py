@@ -61,6 +61,8 @@ def register_mechanism(cls: type[DPMechanism]) -> type[DPMechanism]:
     """Register a mechanism class under its ``kind`` (a class decorator)."""
     if not getattr(cls, "kind", None):
         raise ValueError(f"{cls.__name__} declares no kind")
+    if cls.level not in ("run", "study"):
+        raise ValueError(f"{cls.__name__}: level must be run or study, not {cls.level!r}")
     if cls.kind in MECHANISMS and MECHANISMS[cls.kind] is not cls:
         raise ValueError(f"a mechanism of kind {cls.kind!r} is already registered ({MECHANISMS[cls.kind].__name__})")
     MECHANISMS[cls.kind] = cls

@@ -31,7 +31,7 @@ import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 
-from protocols.dp.mechanisms import INSTANCE, DPMechanism, register_mechanism
+from protocols.dp.mechanisms import CLIENT, INSTANCE, DPMechanism, register_mechanism
 
 #: the Rényi orders of every curve here (Opacus's, as the ledgers use)
 ORDERS = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
@@ -117,22 +117,31 @@ class PrivateSelection(DPMechanism):
     own tests recompute Theorem 2 (tests/protocols/test_private_selection_mechanism.py)."""
 
     kind: ClassVar[str] = "private_selection"
-    unit: ClassVar[str] = INSTANCE
+    unit: ClassVar[str] = INSTANCE  # the class's default; an instance takes the candidates' unit (``unit=``)
     channel: ClassVar[str] = "selection"
     releases: ClassVar[tuple[str, ...]] = ("the selected run's released files",)
     noise_by: ClassVar[str] = "none (K and the draws from a secret RNG; the candidates' own mechanisms add the noise)"
     sample_known_to_server: ClassVar[bool] = False
     level: ClassVar[str] = "study"
 
-    def __init__(self, *, histories: list[list[tuple[float, float, int]]], eta: float, gamma: float, name: str = "selection"):
+    def __init__(self, *, histories: list[list[tuple[float, float, int]]], eta: float, gamma: float,
+                 unit: str = INSTANCE, name: str = "selection"):  # fmt: skip
         if not histories:
             raise ValueError("private selection: no candidate")
+        if unit not in (INSTANCE, CLIENT):
+            raise ValueError(f"private selection: unit {unit!r} is neither {INSTANCE} nor {CLIENT}")
         expected_count(eta, gamma)  # η, γ in range
-        self.name, self.scope, self.eta, self.gamma = name, "study", float(eta), float(gamma)
+        self.name, self.scope, self.eta, self.gamma, self.unit = name, "study", float(eta), float(gamma), unit
         self.histories = [list(h) for h in histories]
-        self.sigma = min((float(sg) for h in self.histories for sg, _, n in h if n > 0), default=math.inf)
-        self.sample_rate, self.clip_norm, self.calibrated = 1.0, math.nan, False
+        # no σ or q of its own: the Gaussian fields of the base class are not figures of this mechanism
+        self.sigma = self.sample_rate = self.clip_norm = math.nan
+        self.calibrated = False
         self.steps = self.planned_steps = max(sum(int(n) for _, _, n in h) for h in self.histories)
+
+    def report(self) -> dict[str, object]:
+        """Its own figures: η, γ, E[K], the candidates (no σ or q of its own)."""
+        return {"scope": self.scope, "eta": self.eta, "gamma": self.gamma,
+                "expected_runs": expected_count(self.eta, self.gamma), "candidates": len(self.histories)}  # fmt: skip
 
     def history(self, *, sample_rate: float | None = None):
         raise NotImplementedError("private selection is no subsampled Gaussian: its curve is Theorem 2's (rdp())")

@@ -76,7 +76,7 @@ class LocalTrainer:
         self.batching = batching
         #: dropout draws from torch's global generator; such a model gets it seeded from the client's own generator
         #: for each update (exact resume, and a run does not depend on what else the process did)
-        self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+        self.has_dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
         #: DP-SGD without per-sample gradients (ghost norms) when every trainable parameter is a linear layer's
         self.linear_fast_path = linear_only(model) and (self.family.name in ("embedding", "linear_head"))
         #: the weights of the model's sparse-input layers (their updates may travel as touched columns)
@@ -252,6 +252,7 @@ class LocalTrainer:
         """One DP-SGD step: per-sample gradients of the batch, clipped and summed chunk by chunk, then the
         privatizer's noise; the result becomes each parameter's ``.grad``. Returns the batch's mean loss (None for
         an empty Poisson batch, whose step is noise only)."""
+        rng = torch.get_rng_state()  # a per-sample draw from torch's generator would follow the batch position
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         trained = {**params, **({"rows": rows} if train_rows else {})}
         # float64: the privatizer's chunk sums are exact grid multiples (or float64 sums with a bounded error), and a
@@ -286,6 +287,11 @@ class LocalTrainer:
                     family=self.family, model=self.model, params=params, rows=rows,
                     x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add,
                 )  # fmt: skip
+        if not torch.equal(rng, torch.get_rng_state()):
+            raise RuntimeError(
+                "a DP-SGD step drew from torch's global generator (dropout or another random op in the model): such draws "
+                "follow the batch position, so one instance would change other samples' gradients; remove the random op"
+            )
         step_grads = privatizer.finish(sums, step)
         for n, p in trained.items():
             p.grad = step_grads[n].to(p.dtype).reshape(p.shape)
@@ -320,11 +326,11 @@ class LocalTrainer:
 def no_dropout(model: nn.Module) -> None:
     """DP-SGD's steps run without dropout: its masks come from torch's generator in batch order (one per position
     under ``vmap``), so removing one instance would hand every later sample another's mask and change its clipped
-    gradient. Every dropout of ``model`` (``nn.Dropout``'s ``p``, ``nn.MultiheadAttention``'s ``dropout``) is set to 0;
+    gradient. Every dropout of ``model`` (each dropout module's ``p``, ``nn.MultiheadAttention``'s ``dropout``) is set to 0;
     the model is the trainer's working model (θ is loaded into it each update), and under ``privacy.local`` every
     update it runs is private (``model.ctran.dropout`` above 0 is refused there)."""
     for m in model.modules():
-        if isinstance(m, nn.Dropout):
+        if isinstance(m, nn.modules.dropout._DropoutNd):  # Dropout, Dropout1d/2d/3d, AlphaDropout, …
             m.p = 0.0
         elif isinstance(m, nn.MultiheadAttention):
             m.dropout = 0.0

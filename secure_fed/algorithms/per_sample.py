@@ -8,7 +8,8 @@ per-sample clipping, the noise, the accounting — belongs to the layer that sup
 
 A sample's own loss is the family's loss on a batch of that one sample: the hinge on its positive labels
 (embedding family), BCE/ASL over its label vector (linear head), or the loss on its unknown labels under
-the label states drawn for it (C-Tran, states drawn once per batch outside ``vmap``).
+the label states drawn for it (C-Tran: drawn outside ``vmap``, per instance from the client's secret keyed by the
+instance's content, :meth:`GradientPrivatizer.instance_uniforms`). DP-SGD's steps run without dropout.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ def per_sample_gradients(
     """Per-sample gradients of each sample's own loss w.r.t. ``params`` (and ``rows`` when given), chunk by chunk.
 
     For each chunk of at most ``chunk`` samples, calls ``on_chunk(grads, losses)``: ``grads`` maps each name of
-    ``params`` (and ``rows``) to its ``(b, *shape)`` gradients; ``losses`` is ``(b,)``. Dropout draws
-    differ per sample (``randomness="different"``, from torch's generator, which the trainer seeds).
+    ``params`` (and ``rows``) to its ``(b, *shape)`` gradients; ``losses`` is ``(b,)``. The trainer turns dropout
+    off under DP-SGD (its draws would follow the batch position), and a private step that draws from torch's global
+    generator raises (``randomness="different"`` only matters for a model that draws anyway).
     """
     from secure_fed.models.ctran import UNKNOWN, masked_loss
 

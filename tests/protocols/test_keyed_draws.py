@@ -105,3 +105,35 @@ def test_dp_sgd_turns_every_dropout_off():
     rates = [mod.p for mod in m.modules() if isinstance(mod, torch.nn.Dropout)]
     rates += [mod.dropout for mod in m.modules() if isinstance(mod, torch.nn.MultiheadAttention)]
     assert rates and all(r == 0.0 for r in rates)
+
+
+def test_a_private_step_that_draws_from_torchs_generator_raises(monkeypatch, tmp_path):
+    """The guard behind no_dropout: a C-Tran forward that draws (dropout re-enabled inside the step) makes the DP-SGD
+    step raise instead of releasing batch-order randomness."""
+    from secure_fed.algorithms import client as client_mod
+
+    monkeypatch.setattr(client_mod, "no_dropout", lambda model: None)  # the mutant: dropout left on
+    from tests.protocols.worst_case_combinations import Combination
+
+    c = Combination("fedlgt_general", "off", "local", "off", "trained", "none")
+    from secure_fed.engine import Experiment
+
+    cfg = load_config(overrides=[*c.overrides(), "model.ctran.dropout=auto"])
+    with pytest.raises(RuntimeError, match="drew from torch's global generator"):
+        Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
+
+
+def test_each_step_draws_afresh_and_the_canary_wrapper_passes_the_draws_through():
+    from threat_models.canaries import _CanaryPrivatizer
+
+    p = LocalDPSGD(clip_norm=1.0, noise_multiplier=1.0, sample_rate=0.5, divisor=8, label="r3",
+                   stream=SecretStream.from_noise_seed(1, "client 0"))  # fmt: skip
+    keys = np.array([5, 6, 7], dtype=np.uint64)
+    a, b = p.instance_uniforms(keys, 4, "e0 s0"), p.instance_uniforms(keys, 4, "e0 s1")
+    assert not torch.equal(a, b)  # another step, other masks
+    other_round = LocalDPSGD(clip_norm=1.0, noise_multiplier=1.0, sample_rate=0.5, divisor=8, label="r4",
+                             stream=SecretStream.from_noise_seed(1, "client 0"))  # fmt: skip
+    assert not torch.equal(a, other_round.instance_uniforms(keys, 4, "e0 s0"))  # another round, other masks
+    wrapped = _CanaryPrivatizer.__new__(_CanaryPrivatizer)
+    wrapped.inner = p
+    assert torch.equal(wrapped.instance_uniforms(keys, 4, "e0 s0"), a)
