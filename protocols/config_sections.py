@@ -183,7 +183,11 @@ class PrivacyConfig(_Strict):
     """Differential privacy settings; active only when ``dp`` is listed in ``protocols``."""
 
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
-    accountant: Literal["rdp", "prv"] = Field("rdp", description="the accountant that calibrates σ, stops and reports")
+    accountant: Literal["rdp", "prv", "pld"] = Field(
+        "rdp",
+        description="the accountant that stops and reports (rdp: Opacus RDP; prv: Opacus PRV; pld: dp-accounting's "
+        "privacy-loss distribution); σ is calibrated by RDP, verified by PRV and by it",
+    )
     report_gdp: bool = Field(
         False, description="also report Opacus's GDP ε (an approximation that can understate ε; never used to calibrate or stop)"
     )
@@ -242,7 +246,7 @@ class PrivacyConfig(_Strict):
         if v == "gdp":
             raise ValueError(
                 "gdp is an approximation that can understate ε (at σ 1.23, q 0.1, 50 steps: GDP 2.84 against PRV 3.53), "
-                "so it may not calibrate σ or stop training; use rdp or prv, and set privacy.report_gdp: true to see it"
+                "so it may not calibrate σ or stop training; use rdp, prv or pld, and set privacy.report_gdp: true to see it"
             )
         return v
 

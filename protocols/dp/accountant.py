@@ -1,11 +1,12 @@
-"""Privacy accounting: one ledger per privacy unit, backed by Opacus accountants.
+"""Privacy accounting: one ledger per privacy unit, backed by a registered accountant
+(:mod:`protocols.dp.accountants`: ``rdp`` by default, ``prv`` or ``pld``).
 
-:class:`PrivacyUnit` records (σ, q) for each step of its mechanism in an Opacus
-accountant (``rdp`` by default, or ``prv``) and answers "what is ε now" and
-"what would ε be after one more step" — the latter is how training stops
-*before* a step that would exceed the budget. :func:`calibrate_sigma` is the
-third of (ε, δ, σ) from the other two, over the planned steps, and the σ it
-returns keeps ε within the target by *both* accountants.
+:class:`PrivacyUnit` records (σ, q) for each step of its mechanisms in its accountant and answers "what is ε now"
+and "what would ε be after one more step" — the latter is how training stops *before* a step that would exceed the
+budget. :func:`calibrate_sigma` is the third of (ε, δ, σ) from the other two, over the planned steps, and the σ it
+returns keeps ε within the target by RDP and PRV (every accountant whose class ``bounds_every_calibration``) and by
+the run's own accountant: σ is solved by RDP, then verified by the others and raised where one still exceeds the
+target. :func:`make_accountant` and :func:`epsilon_of` go through the registry; no accountant is named here.
 
 Opacus's GDP accountant is not an accountant here: it is a central-limit
 approximation that can understate ε (at σ 1.23, q 0.1, 50 steps, δ 1e-5:
@@ -15,43 +16,22 @@ own warning, for comparison only; it never calibrates σ and never stops trainin
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-from opacus.accountants import GaussianAccountant, RDPAccountant, create_accountant
+from opacus.accountants import GaussianAccountant, RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 from opacus.accountants.utils import get_noise_multiplier
 
+from protocols.dp.accountants import ACCOUNTANTS, accountant_class, epsilon_of, make_accountant
+from protocols.dp.accountants.prv import PRV_MAX_RDP_EPSILON
+from protocols.dp.accountants.rdp import LARGEST_ORDER_WARNING, rdp_curve_epsilon
 from protocols.dp.mechanisms import MECHANISMS, RDP_ORDERS, DPMechanism, run_mechanisms
-
-#: accountant names accepted in YAML → Opacus mechanism names (the ones that may calibrate σ and stop training)
-ACCOUNTANTS = {"rdp": "rdp", "prv": "prv"}
-
-#: the one numerical warning filtered out (see :func:`_get_epsilon`): with q = 1 Opacus's PRV evaluates
-#: ``np.log(1 - q)`` = log 0 = -inf on purpose (the support bound of the privacy loss); the -inf is handled
-#: correctly by the ``np.where`` around it, so numpy's "divide by zero" RuntimeWarning carries no information.
-_PRV_Q1_LOG_WARNING = {
-    "message": "divide by zero encountered in log",
-    "category": RuntimeWarning,
-    "module": r"opacus\.accountants\.analysis\.prv\.prvs",
-}
 
 #: the step by which :func:`calibrate_sigma` raises σ when an accountant still exceeds the target, and how often
 _SIGMA_STEP, _MAX_SIGMA_STEPS = 1.005, 2000
-
-#: the largest RDP ε of a history whose PRV ε is computed (beyond it the PRV accountant reports RDP's ε, a valid and
-#: looser upper bound): Opacus's PRV accountant (its default ε error 0.01)
-#: returned inf at RDP ε 937 (σ 0.2, q 1, 60 steps, δ 1e-5) and ran out of memory at 3,412 (σ 0.1); at RDP ε 455
-#: (σ 0.3) it gave 442.5
-PRV_MAX_RDP_EPSILON = 300.0
-
-#: Opacus's note that the best Rényi order is the grid's largest: past :data:`RDP_ORDERS`' 8192 it means ε < 0.0014,
-#: a valid bound whose looseness no report shows; and the PRV accountant raises it from the RDP bound it sizes its
-#: domain with (Opacus's own orders), which is not the ε it reports. Filtered there, and only there.
-_LARGEST_ORDER_WARNING = {"message": "Optimal order is the largest alpha", "category": UserWarning}
 
 
 def reported(epsilon: float) -> float | str:
@@ -59,87 +39,48 @@ def reported(epsilon: float) -> float | str:
     return epsilon if math.isfinite(epsilon) else "inf"
 
 
-def make_accountant(name: str):
-    """A fresh Opacus accountant (``rdp`` or ``prv``). Its warnings reach the caller."""
-    if name not in ACCOUNTANTS:
-        raise ValueError(f"unknown accountant {name!r}; choose one of {sorted(ACCOUNTANTS)}")
-    return create_accountant(ACCOUNTANTS[name])
+def must_hold(accountant: str) -> list[str]:
+    """The accountants a calibrated σ must satisfy: every registered one that ``bounds_every_calibration`` (RDP and
+    PRV), then the run's ``accountant`` (validated: ValueError for a name not registered)."""
+    accountant_class(accountant)
+    names = [name for name, cls in ACCOUNTANTS.items() if cls.bounds_every_calibration]
+    return names + ([accountant] if accountant not in names else [])
 
 
-@functools.lru_cache(maxsize=4096)
-def _rdp_curve(sigma: float, q: float) -> np.ndarray:
-    """The RDP of one subsampled Gaussian step at :data:`RDP_ORDERS` (cached: every ledger query, and every
-    budget check of a long run, reuses it; RDP composes by adding these curves times the step counts)."""
-    curve = privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDP_ORDERS)
-    curve.setflags(write=False)
-    return curve
+def _bisect_up(eps: Callable[[float], float], target: float, sigma: float) -> float:
+    """The smallest σ' ≥ σ (to 0.1%, by bisection on log σ) with ``eps(σ') ≤ target``, for an ε decreasing in σ."""
+    lo, hi = sigma, sigma * 2.0
+    while eps(hi) > target:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e6:
+            raise ValueError(f"target ε {target:g} cannot be met with σ ≤ 1e6")
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if eps(mid) <= target else (mid, hi)
+    return hi
 
 
-def _rdp_epsilon(history, delta: float) -> float:
-    """The RDP accountant's ε of a (σ, q, steps) history: the same computation as Opacus's
-    ``RDPAccountant.get_privacy_spent`` (the sum of each entry's RDP curve times its steps, in history order, then
-    ``get_privacy_spent``) over :data:`RDP_ORDERS`, with each one-step curve cached."""
-    if not history:
-        return 0.0
-    return rdp_curve_epsilon(sum([_rdp_curve(float(s), float(q)) * n for s, q, n in history]), delta)
+def _solve_sigma(*, target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str,
+                 above: float = 0.0) -> float:  # fmt: skip
+    """The smallest σ (to 0.5% of ε, or 0.1% of σ) whose ε by ``accountant`` is ≤ the target: Opacus's bisection for
+    an accountant with an Opacus name (``opacus_name``), else :func:`_bisect_up` from ``above`` (a σ known to exceed it).
 
-
-def rdp_curve_epsilon(rdp, delta: float) -> float:
-    """ε at δ of an RDP curve over :data:`RDP_ORDERS` (Opacus's conversion; the largest-order note filtered, as above)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", **_LARGEST_ORDER_WARNING)
-        # a huge ε (a large group under client-level noise) is best at the smallest order: a valid, looser bound
-        warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha", category=UserWarning)
-        eps, _ = privacy_analysis.get_privacy_spent(orders=RDP_ORDERS, rdp=rdp, delta=delta)
-    return float(eps)
-
-
-def beyond_prv(history, delta: float) -> bool:
-    """Whether a history's ε is past :data:`PRV_MAX_RDP_EPSILON` by RDP, where the PRV accountant reports RDP's bound."""
-    return _rdp_epsilon(history, delta) > PRV_MAX_RDP_EPSILON
-
-
-def _get_epsilon(acc, delta: float) -> float:
-    """``acc.get_epsilon(delta)``; every warning passes except PRV's cosmetic log(1 - q) at q = 1 and the largest-order note
-    (both named above).
-
-    RDP by :func:`_rdp_epsilon`. PRV only for histories whose RDP ε is at most :data:`PRV_MAX_RDP_EPSILON`; above it
-    Opacus's PRV accountant returns inf or exhausts memory, so the RDP ε is returned instead: a valid upper bound of
-    the same ε (never smaller than the truth, only looser than PRV would be), which :func:`beyond_prv` flags."""
-    if acc.mechanism() == "rdp" or beyond_prv(acc.history, delta):
-        return _rdp_epsilon(acc.history, delta)
-    with warnings.catch_warnings():
-        if acc.mechanism() == "prv" and any(float(q) >= 1.0 for _, q, _ in acc.history):
-            warnings.filterwarnings("ignore", **_PRV_Q1_LOG_WARNING)
-        warnings.filterwarnings("ignore", **_LARGEST_ORDER_WARNING)  # the PRV domain's RDP sizing (named above)
-        return float(acc.get_epsilon(delta))
-
-
-def epsilon_of(history: list[tuple[float, float, int]], delta: float, accountant: str) -> float:
-    """ε of a (σ, q, steps) history, computed by a fresh Opacus accountant (``rdp`` or ``prv``)."""
-    acc = make_accountant(accountant)
-    if not history:
-        return 0.0
-    acc.history = [tuple(h) for h in history]
-    return _get_epsilon(acc, delta)
-
-
-def _solve_sigma(*, target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
-    """Opacus's bisection: the smallest σ (to 0.5% of ε) whose ε by ``accountant`` is ≤ the target.
-
-    Warnings raised while Opacus probes trial σ values (e.g. "optimal order is the largest alpha" at the
-    σ = 20 it starts from) describe those trial values, not the answer, and are dropped here; the answer is
+    Warnings raised while the trial σ values are probed (e.g. "optimal order is the largest alpha" at the
+    σ = 20 Opacus starts from) describe those trial values, not the answer, and are dropped here; the answer is
     re-evaluated by :func:`calibrate_sigma` outside this function, where its warnings are shown.
     """
+    opacus_name = accountant_class(accountant).opacus_name
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
+        if opacus_name is None:
+            return _bisect_up(lambda s: epsilon_of([(s, sample_rate, steps)], delta, accountant), target_epsilon, above)
         return float(
             get_noise_multiplier(
                 target_epsilon=target_epsilon,
                 target_delta=delta,
                 sample_rate=sample_rate,
                 steps=steps,
-                accountant=ACCOUNTANTS[accountant],
+                accountant=opacus_name,
                 epsilon_tolerance=0.005 * target_epsilon,
             )
         )
@@ -150,21 +91,21 @@ def _calibration_floor(sample_rate: float, delta: float) -> float:
     largest is then optimal: the note is the point here, so it is not shown)."""
     curve = privacy_analysis.compute_rdp(q=sample_rate, noise_multiplier=1e6, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", **_LARGEST_ORDER_WARNING)
+        warnings.filterwarnings("ignore", **LARGEST_ORDER_WARNING)
         return float(privacy_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=curve, delta=delta)[0])
 
 
 def calibrate_sigma(*, target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
-    """The smallest σ (to 0.5% of ε) whose ε after ``steps`` steps at rate q is ≤ the target by RDP *and* PRV.
+    """The smallest σ (to 0.5% of ε) whose ε after ``steps`` steps at rate q is ≤ the target by RDP, PRV and the run's
+    ``accountant`` (:func:`must_hold`).
 
     σ is first solved with Opacus's ``get_noise_multiplier`` for the RDP accountant (cheap, and in practice
-    the binding one: RDP's ε is above PRV's), then checked with both accountants. An accountant that still
-    exceeds the target gets its own solve (σ becomes the larger of the two), and if rounding still leaves
-    one above the target σ is raised by 0.5% steps until both hold. The answer is therefore the same for
-    ``accountant="rdp"`` and ``"prv"`` (the name is validated); ``prv`` still governs the ledger and stopping.
+    the binding one: RDP's ε is above PRV's and PLD's), then checked with the others. An accountant that still
+    exceeds the target gets its own solve (σ becomes the larger), and if rounding still leaves one above the target
+    σ is raised by 0.5% steps until all hold. The answer is therefore the same for ``rdp`` and ``prv``, and for
+    ``pld`` wherever PLD's ε is below RDP's (everywhere measured); the name governs the ledger and stopping.
     """
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"unknown accountant {accountant!r}; choose one of {sorted(ACCOUNTANTS)}")
+    names = must_hold(accountant)
     kw = {"target_epsilon": target_epsilon, "delta": delta, "sample_rate": sample_rate, "steps": steps}
     try:
         sigma = _solve_sigma(**kw, accountant="rdp")
@@ -175,17 +116,18 @@ def calibrate_sigma(*, target_epsilon: float, delta: float, sample_rate: float, 
         ) from None
     solved = {"rdp"}
     for _ in range(_MAX_SIGMA_STEPS):
-        over = [name for name in ACCOUNTANTS if epsilon_of([(sigma, sample_rate, steps)], delta, name) > target_epsilon]
+        over = [name for name in names if epsilon_of([(sigma, sample_rate, steps)], delta, name) > target_epsilon]
         if not over:
             return sigma
         fresh = [name for name in over if name not in solved]
         if fresh:
             solved.update(fresh)
-            sigma = max([sigma] + [_solve_sigma(**kw, accountant=name) for name in fresh])
+            sigma = max([sigma] + [_solve_sigma(**kw, accountant=name, above=sigma) for name in fresh])
         else:
             sigma *= _SIGMA_STEP
     raise RuntimeError(
-        f"no σ ≤ {sigma:g} keeps ε ≤ {target_epsilon:g} by both rdp and prv (δ = {delta:g}, q = {sample_rate:g}, {steps} steps)"
+        f"no σ ≤ {sigma:g} keeps ε ≤ {target_epsilon:g} by {' and '.join(names)} "
+        f"(δ = {delta:g}, q = {sample_rate:g}, {steps} steps)"
     )
 
 
@@ -193,14 +135,13 @@ def calibrate_shared_sigma(
     *, target_epsilon: float, delta: float, parts: list[tuple[float, int, float | None]], accountant: str
 ) -> float:
     """One σ for every mechanism of a unit that has none, so that the composition of all of them over their planned
-    steps keeps ε ≤ the target by RDP *and* PRV.
+    steps keeps ε ≤ the target by RDP, PRV and the run's ``accountant`` (:func:`must_hold`).
 
     ``parts`` holds each mechanism's (sample rate q, planned steps, σ or None); the ones with None share the answer.
     With a single part this is :func:`calibrate_sigma`. Raises ValueError when the mechanisms with a fixed σ
     already exceed the target over their planned steps (no σ for the others can help).
     """
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"unknown accountant {accountant!r}; choose one of {sorted(ACCOUNTANTS)}")
+    names = must_hold(accountant)
     free = [(q, n) for q, n, s in parts if s is None and n > 0]
     fixed = [(float(s), q, n) for q, n, s in parts if s is not None and n > 0]
     if not free:
@@ -208,7 +149,7 @@ def calibrate_shared_sigma(
     if len(free) == 1 and not fixed:
         q, n = free[0]
         return calibrate_sigma(target_epsilon=target_epsilon, delta=delta, sample_rate=q, steps=n, accountant=accountant)
-    worst = max(epsilon_of(fixed, delta, name) for name in ACCOUNTANTS) if fixed else 0.0
+    worst = max(epsilon_of(fixed, delta, name) for name in names) if fixed else 0.0
     if worst >= target_epsilon:
         raise ValueError(
             f"target ε {target_epsilon:g} cannot be met: the mechanisms with a fixed noise_multiplier already spend "
@@ -229,11 +170,14 @@ def calibrate_shared_sigma(
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if eps(mid, "rdp") <= target_epsilon else (mid, hi)
     sigma = hi
+    for name in names:  # another accountant still above the target: its own bisection from there
+        if eps(sigma, name) > target_epsilon:
+            sigma = _bisect_up(lambda s, name=name: eps(s, name), target_epsilon, sigma)
     for _ in range(_MAX_SIGMA_STEPS):
-        if all(eps(sigma, name) <= target_epsilon for name in ACCOUNTANTS):
+        if all(eps(sigma, name) <= target_epsilon for name in names):
             return sigma
         sigma *= _SIGMA_STEP
-    raise RuntimeError(f"no σ ≤ {sigma:g} keeps ε ≤ {target_epsilon:g} by both rdp and prv")
+    raise RuntimeError(f"no σ ≤ {sigma:g} keeps ε ≤ {target_epsilon:g} by {' and '.join(names)}")
 
 
 def gdp_epsilon(history: list[tuple[float, float, int]], delta: float) -> tuple[float, str]:
@@ -274,7 +218,8 @@ class PrivacyUnit:
         scope: which mechanism the ε covers, in words.
         sigma, sample_rate: the first mechanism's noise multiplier and sampling rate.
         delta, target_epsilon: the budget (target may be None: no enforcement).
-        accountant: ``rdp`` or ``prv``: the accountant of the ledger, the report and the stopping rule.
+        accountant: a registered accountant's name (``rdp``, ``prv``, ``pld``): the accountant of the ledger, the
+            report and the stopping rule.
         not_covered: data uses outside this unit's mechanisms (reported, never hidden).
         report_gdp: also report Opacus's approximate GDP ε (with its warning) under ``"approximate"``.
         mechanism: the first mechanism's name (default: the unit's).
@@ -353,9 +298,7 @@ class PrivacyUnit:
         return self.mechanism().steps
 
     def epsilon(self) -> float:
-        if not self.accountant.history:
-            return 0.0
-        return _get_epsilon(self.accountant, self.delta)
+        return self.accountant.get_epsilon(self.delta)
 
     def _history_after(self, steps: dict[str, int]) -> list[tuple[float, float, int]]:
         hist = [tuple(h) for h in self.accountant.history]
@@ -423,8 +366,11 @@ class PrivacyUnit:
             "target_epsilon": self.target_epsilon,
             "sigma_calibrated": self.calibrated,
             **(
-                {"epsilon_bound": f"RDP's (ε is past what the PRV accountant computes: RDP ε > {PRV_MAX_RDP_EPSILON:g})"}
-                if self.accountant_name == "prv" and beyond_prv(self.accountant.history, self.delta)
+                {
+                    "epsilon_bound": f"RDP's (ε is past what the {self.accountant.title} accountant computes: "
+                    f"RDP ε > {self.accountant.max_rdp_epsilon:g})"
+                }
+                if self.accountant.beyond_range(self.delta)
                 else {}
             ),  # fmt: skip
             "scope": self.scope,
@@ -452,8 +398,7 @@ class PrivacyUnit:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.accountant = make_accountant(self.accountant_name)
-        self.accountant.history = [tuple(h) for h in state["history"]]
+        self.accountant = make_accountant(self.accountant_name, state["history"])
         mech = state.get("mechanisms") or {self.primary: {"steps": state["steps"], "sigma": state["sigma"]}}
         for n, st in mech.items():
             self.mechanisms[n].steps = int(st["steps"])
@@ -496,3 +441,10 @@ def grid_corrected_std(sigma: float, sensitivity: float, grid: float, dim: int) 
     :func:`noise_grid` the factor (1 + γ√d/Δ) is at most 1 + 2^-10 (Bibtex's W step, Δ = 2C, d = 159·512: γ = 2^-8
     for C = 1000, factor 1.00056; a 3.45M-coordinate DP-SGD sum at C = 1: γ = 2^-21, factor 1.00089)."""
     return float(sigma) * grid_sensitivity(sensitivity, grid, dim)
+
+
+__all__ = [
+    "ACCOUNTANTS", "GRID_CORRECTION_BITS", "PRV_MAX_RDP_EPSILON", "RDP_ORDERS", "PrivacyUnit", "calibrate_shared_sigma",
+    "calibrate_sigma", "epsilon_of", "gdp_epsilon", "grid_corrected_std", "grid_sensitivity", "make_accountant",
+    "must_hold", "noise_grid", "rdp_curve_epsilon", "reported",
+]  # fmt: skip

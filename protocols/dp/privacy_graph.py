@@ -14,9 +14,17 @@ example the clear training loss a client sends under DP-SGD). The rules, the onl
 4. Mechanisms on one channel are in series: the channel's RDP is the smallest of theirs at each order (the release
    is a post-processing of each one's output). Channels compose: their RDP curves add.
 5. When every channel is covered by exactly one mechanism of the unit itself at group 1, the unit's own accountant
-   (RDP or PRV, through Opacus) computes the ε of their joint (σ, q, steps) history; otherwise the RDP curve above
-   is converted (Opacus's conversion), and the report says ``accountant: rdp`` — unless the unit's own mechanisms
-   alone (one per channel) give a smaller ε by its own accountant (PRV), which also bounds the release.
+   (any registered one: RDP, PRV, PLD; :mod:`protocols.dp.accountants`) computes the ε of their joint (σ, q, steps)
+   history; otherwise the RDP curve above is converted (Opacus's conversion), and the report says ``accountant:
+   rdp`` — unless the unit's own mechanisms alone (one per channel) give a smaller ε by its own accountant (PRV or
+   PLD), which also bounds the release.
+
+Where the accountants apply: to histories of Poisson-subsampled Gaussian steps (σ, q, steps), which every
+mechanism gives for its own unit (:meth:`~protocols.dp.mechanisms.DPMechanism.history`). A curve that is no such
+history — a client mechanism's group bound for an instance (:mod:`protocols.dp.group_bound`, an RDP curve only), or
+the series minimum of several mechanisms on one channel — is never handed to PRV or PLD: it is composed and
+converted by RDP (a valid bound), and the adversary's entry names ``accountant: rdp`` beside the unit's own. No other
+accountant is substituted silently.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols.dp.accountant import epsilon_of, rdp_curve_epsilon, reported
+from protocols.dp.accountant import reported
+from protocols.dp.accountants import epsilon_of
+from protocols.dp.accountants.rdp import rdp_curve_epsilon
 from protocols.dp.mechanisms import CLIENT, INSTANCE, ORDERS, DPMechanism
 
 #: each channel, as a report's sentence names it

@@ -151,7 +151,7 @@ def test_calibration_is_the_same_for_rdp_and_prv():
 
 
 def test_unknown_accountant_is_refused():
-    assert set(ACCOUNTANTS) == {"rdp", "prv"}
+    assert set(ACCOUNTANTS) == {"rdp", "prv", "pld"}
     for bad in ("gdp", "moments"):
         with pytest.raises(ValueError):
             make_accountant(bad)
@@ -251,7 +251,7 @@ def test_beyond_its_range_the_prv_accountant_reports_the_rdp_bound_flagged():
 
 def test_an_epsilon_past_the_grids_largest_order_is_reported_quietly():
     """σ 1e4 at q 1: the best order lies past 8192 too; ε (< 0.0014 at δ 1e-5) is still a valid, looser bound, and
-    Opacus's note about it is not shown (protocols.dp.accountant._LARGEST_ORDER_WARNING)."""
+    Opacus's note about it is not shown (protocols.dp.accountants.rdp.LARGEST_ORDER_WARNING)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         eps = epsilon_of([(1e4, 1.0, 1)], DELTA, "rdp")
