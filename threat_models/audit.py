@@ -19,7 +19,6 @@ from typing import Any
 from secure_fed.plugin_specs import attack_specs
 from secure_fed.progress import track
 from secure_fed.run_files import ATTACKS_RECORD, attacks_path
-from threat_models import ATTACKS
 from threat_models.attacks_section import attack_settings
 from threat_models.context import AuditContext
 
@@ -43,11 +42,12 @@ def audit(
 ) -> dict[str, Any]:
     """Run ``names`` (default: the config's ``attacks.run``) on ``ctx``; write ``attacks.json`` and ``roc.png`` in
     ``out_dir`` (default: the run's operator-only ``private/``)."""
-    names = names or ctx.cfg.attacks.names() or list(ATTACKS)
+    specs = attack_specs()  # read now, not when this module was imported: attacks registered since count
+    names = names or ctx.cfg.attacks.names() or list(specs)
     out_dir = Path(out_dir) if out_dir is not None else attacks_path(ctx.exp.run_dir).parent
     results: dict[str, Any] = {}
     for name in track(names, "audit: attacks"):  # a line at least every 10 s while a long attack runs
-        cls = ATTACKS[name]
+        cls = specs[name].load()
         attack = cls(attack_settings(ctx.cfg, name))
         t0 = time.perf_counter()
         why = attack.applies(ctx)
