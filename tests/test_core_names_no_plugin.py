@@ -82,13 +82,12 @@ def attack_owners() -> dict[str, set[str]]:
     (an older install's metadata may still point at the compatibility module ``threat_models.attack_specs``)."""
     import tomllib
 
-    from secure_fed.plugin_specs import attack_specs
+    from secure_fed.plugins import load_object
 
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["secure_fed.attacks"]
-    specs = attack_specs()
     owners = {}
     for name, value in eps.items():
-        modules = {value.partition(":")[0], specs[name].implementation.partition(":")[0]}
+        modules = {value.partition(":")[0], load_object(value).implementation.partition(":")[0]}
         owners[name] = {m.replace(".", "/") + ".py" for m in modules}
     return owners
 
