@@ -234,3 +234,53 @@ def test_a_third_party_attack_is_built_with_its_settings_and_gives_its_headline(
     entry = doc["attacks"]["probe_attack"]
     assert entry["metrics"] == {"k": 7} and headline("probe_attack", entry) == "probe k=7"
     assert headline("probe_attack", {"skipped": "why"}) == "skipped: why"
+
+
+# ---------------------------------------------------------------- what the recording does with the recorders
+
+
+class _Wrapper:
+    """Secrets whose ``client_mod`` notes, on each call of the wrapped function, that it ran (outer first)."""
+
+    def __init__(self, tag, trace):
+        self.tag, self.trace = tag, trace
+
+    def client_mod(self, fn):
+        def wrapped(*a):
+            self.trace.append(self.tag)
+            return fn(*a)
+
+        return wrapped
+
+
+def test_a_recorder_whose_reply_replaces_the_clients_wraps_outermost():
+    from threat_models.recorder import Recorder
+    from threat_models.recording import AttackRecording
+
+    trace = []
+    rec = AttackRecording(load_config())
+    rec.recorders = {  # the outermost one first in order: the recording, not the order, puts it outside
+        "outer": Recorder(secrets=_Wrapper("outer", trace), file="o.pt", outermost=True),
+        "inner": Recorder(secrets=_Wrapper("inner", trace), file="i.pt"),
+        "off": Recorder(secrets=_Wrapper("off", trace), file="f.pt", wraps_clients=False),
+    }
+    rec.client_mod(lambda: trace.append("client"))()
+    assert trace == ["outer", "inner", "client"] and rec.acts_on_clients()
+
+
+def test_an_audit_of_an_attack_the_run_did_not_insert_for_finds_nothing_inserted(tmp_path):
+    """Trained without ``one_run_audit`` listed, the run holds no canaries: an audit that lists it now builds fresh
+    ones when the run is rebuilt, and must not score them (the attack reports itself skipped)."""
+    from secure_fed.engine import Experiment
+    from tests.conftest import SMALL
+    from threat_models.audit import audit
+    from threat_models.context import AuditContext
+
+    run = tmp_path / "run"
+    Experiment(load_config(overrides=[*SMALL, "attacks.run=[token_linkage]", "training.rounds=2"]), run_dir=run).run(
+        progress=False
+    )
+    ctx = AuditContext.from_run_dir(run, attacks=["one_run_audit"])
+    assert ctx.inserted("one_run_audit") is None
+    res = audit(ctx, ["one_run_audit"], out_dir=tmp_path / "audit", progress=False)["attacks"]["one_run_audit"]
+    assert res["skipped"].startswith("no canaries were inserted")
