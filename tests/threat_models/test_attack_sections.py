@@ -9,6 +9,7 @@ headline with no change to the product.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -25,6 +26,30 @@ from secure_fed.plugin_specs import attack_specs
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
+
+
+@pytest.fixture(autouse=True)
+def _pyproject_attacks(tmp_path_factory, monkeypatch):
+    """The attacks ``pyproject.toml`` registers, as ``pip install -e .`` leaves them (an install made before an
+    attack's entry point was added lacks it; the docs may show its settings)."""
+    import tomllib
+
+    from secure_fed import plugins
+    from secure_fed.config import schema
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["secure_fed.attacks"]
+    site = tmp_path_factory.mktemp("site")
+    info = site / "secure_fed_attacks-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: secure-fed-attacks\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[secure_fed.attacks]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))  # the CLI's too
+    plugins.registry.cache_clear()
+    schema.experiment_config_model.cache_clear()
+    yield
+    plugins.registry.cache_clear()
+    schema.experiment_config_model.cache_clear()
 
 
 def _holds(section: dict, given: dict) -> None:

@@ -7,7 +7,9 @@ also mean that the local recipe does not scale with the data, e.g. a fixed numbe
 first`` the norm is over θ's first parameter, which the server's tap records in every audited run; with ``parameters:
 all`` it is over every parameter, whose whole uplinks the attack asks to be recorded during training (its spec's
 ``records``). Under ``secure_aggregation`` or ``ckks`` the server holds the cohort's sum only and the attack reports
-itself skipped; ``dp`` (``privacy.client``) clips every update to one norm, which flattens the ranking.
+itself skipped; ``dp`` (``privacy.client``) clips every update to norm ≤ ``clip_norm``, which ties the clipped ones
+and weakens the ranking without stopping it (the default config at 20 rounds, ``parameters: all``: ρ 0.91 without
+``dp``, 0.29 with ``privacy.client = {noise_multiplier: 1.0, clip_norm: 0.1}``).
 
 The spec, the settings and the attack are this one module, registered by one entry point; the spec's part imports
 no torch (the attack reads tensors through their methods).
@@ -53,7 +55,8 @@ SPEC = AttackSpec(
     name="data_size_ranking",
     role="server",
     needs="the plaintext uplinks of one round (the last round run; whole uplinks with parameters: all); nothing else",
-    defended_by="secure_aggregation or ckks (the server gets only the cohort's sum); dp (privacy.client) clips the norms",
+    defended_by="secure_aggregation or ckks (the server gets only the cohort's sum); dp (privacy.client) clipping only "
+    "weakens it",
     description="rank the clients of a round by the norm of their update as a guess of their data sizes; reports "
     "Spearman's ρ between the ranking and the true sizes",
     scores={"spearman": "Spearman's ρ"},
