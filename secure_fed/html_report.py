@@ -308,8 +308,14 @@ def _eps_plot(plt, rows, key, *, ylabel, title, chance_key=None, ci_key=None):
 
 
 def _audit_plot(plt, rows):
-    bound = f"{OPERATOR_PREFIX}one_run_audit.epsilon_lower_bound"
-    pts = [(_num(r.get("epsilon")), _num(r.get(bound)), r["method"]) for r in rows]
+    """Every audit's ε lower bound (an attack result's ``epsilon_lower_bound``, e.g. the one-run audit's) against the
+    accountant's ε, one series per method (and attack, where several report a bound)."""
+    bounds = sorted({k for r in rows for k in r if k.startswith(OPERATOR_PREFIX) and k.endswith(".epsilon_lower_bound")})
+
+    def series(r, k):
+        return r["method"] if len(bounds) == 1 else f"{r['method']} ({k.removeprefix(OPERATOR_PREFIX).split('.')[0]})"
+
+    pts = [(_num(r.get("epsilon")), _num(r.get(k)), series(r, k)) for k in bounds for r in rows]
     pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
     if not pts:
         return None

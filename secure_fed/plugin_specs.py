@@ -98,7 +98,9 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class AttackSpec:
-    """An attack or audit, for ``secure-fed list`` and for validating ``attacks.run``."""
+    """An attack or audit, for ``secure-fed list``, for validating ``attacks.run`` and its own ``attacks.<name>:``
+    section, and for what an audit asks of it (what it records during training, its headline, plots and cost): the
+    one place the rest of the code learns about an attack."""
 
     name: str
     role: str
@@ -113,6 +115,23 @@ class AttackSpec:
     #: ``memory(shape, cfg)``: the bytes the attack allocates at its peak for data of ``shape`` (a
     #: :class:`secure_fed.memory.DataShape`), so that a run too large for it is refused before it starts (None: small)
     memory: Any = None
+    #: the pydantic model of the attack's own settings, the YAML section ``attacks.<name>:`` (light: pydantic and the
+    #: standard library); the attack is built with the validated section. None: the attack takes no settings
+    settings: type | None = None
+    #: ``records(settings, cfg, exp)``: what the attack must see or insert during training when ``attacks.run`` lists
+    #: it (a :class:`threat_models.recorder.Recorder`: whole uplinks, canaries), or None for nothing beyond the server's
+    #: recorded view; called when the run starts. None: it needs nothing recorded
+    records: Callable[[Any, Any, Any], Any] | None = None
+    #: ``headline(entry)``: the one line an audit prints for the attack's result (``entry``: its ``attacks.json``
+    #: record, with ``metrics``, ``chance`` and ``details``; never a skipped one). None: the metrics as JSON
+    headline: Callable[[dict[str, Any]], str] | None = None
+    #: the names plots and verdicts give the attack's scores, by the key its result's ``metrics`` holds (default: the key)
+    score_labels: dict[str, str] = field(default_factory=dict)
+    #: ``plot(entry, out_dir)``: the plots of one result (paths written in ``out_dir``), or None for none
+    plot: Callable[[dict[str, Any], Any], list] | None = None
+    #: ``cost(settings, cfg, run_dir)``: what the attack trains beyond scoring, as ``(words, training rounds, hint)``
+    #: for the time estimate an audit prints first (``hint``: how to make it cheaper, or ""); None: scoring only
+    cost: Callable[[Any, Any, Any], tuple[str, int, str]] | None = None
 
     def load(self) -> type:
         return load_object(self.implementation)

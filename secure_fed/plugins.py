@@ -5,7 +5,8 @@ the core reads them here, by group, and never names a module above it. The group
 
 =================================  =====================================================================
 ``secure_fed.layers``              a :class:`~secure_fed.engine.layers.LayerSpec` per protocol layer
-``secure_fed.attacks``             an attack spec (name, role, description) per attack, for ``list``
+``secure_fed.attacks``             an attack spec per attack: name, role, description, its settings section,
+                                   what it records during training, its headline
 ``secure_fed.config_sections``     a pydantic model per top-level YAML section a plugin owns
 ``secure_fed.callbacks``           ``factory(cfg) -> Callback | None``, called for every run
 ``secure_fed.commands``            ``register(subparsers)``: extra ``secure-fed`` sub-commands

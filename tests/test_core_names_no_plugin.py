@@ -62,3 +62,97 @@ def test_the_scan_sees_keys_getattr_and_attributes():
     src = 'a = cfg.get("privacy")\nb = cfg["attacks"]\nc = getattr(cfg, "ckks", None)\nd = cfg.keyed_hashing.x\ne = "dp"\n'
     names = {"attacks", "ckks", "keyed_hashing", "privacy", "secure_aggregation"}
     assert naming_sites(src, names) == [(1, "'privacy'"), (2, "'attacks'"), (3, "'ckks'"), (4, ".keyed_hashing")]
+
+
+# ---------------------------------------------------------------- attacks: nothing outside an attack's modules names it
+
+#: the product's packages scanned for attack names
+PRODUCT = ("secure_fed", "protocols", "threat_models")
+
+#: ``(file, attack)`` allowed to name an attack outside its modules, each for its reason
+ATTACK_ALLOWED: dict[tuple[str, str], str] = {
+    ("threat_models/self_test.py", "one_run_audit"): "the self-test of the one-run audit: its recipe is a config listing "
+    "that attack (a user of it, as a config in experiments/ is)",
+}
+
+
+def attack_owners() -> dict[str, set[str]]:
+    """Attack → the files of its own modules: its spec's module (its entry point in ``pyproject.toml``) and its
+    implementation (the spec's ``implementation``). Read from ``pyproject.toml``, the registration the commit holds
+    (an older install's metadata may still point at the compatibility module ``threat_models.attack_specs``)."""
+    import tomllib
+
+    from secure_fed.plugins import load_object
+
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["secure_fed.attacks"]
+    owners = {}
+    for name, value in eps.items():
+        modules = {value.partition(":")[0], load_object(value).implementation.partition(":")[0]}
+        owners[name] = {m.replace(".", "/") + ".py" for m in modules}
+    return owners
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of each docstring node (prose that documents, e.g. a cross-reference to an attack's module)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                out.add(id(first.value))
+    return out
+
+
+def attack_naming_sites(source: str, names: set[str]) -> list[tuple[int, str, str]]:
+    """``(line, attack, what)`` for each place in ``source`` that names an attack: a string (not a docstring) holding
+    its name as a word (``"one_run_audit"``, ``f"attacks.one_run_audit.canaries"``), an identifier or attribute named
+    as it (``cfg.attacks.one_run_audit``), its spec's constant (``ONE_RUN_AUDIT``), or an import of its modules
+    (``threat_models.attacks.one_run_audit``, ``…_spec``)."""
+    import re
+
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    words = {n: re.compile(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])") for n in names}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            out += [(node.lineno, n, repr(node.value)[:60]) for n, w in words.items() if w.search(node.value)]
+        elif isinstance(node, ast.Name | ast.Attribute):
+            ident = node.id if isinstance(node, ast.Name) else node.attr
+            out += [(node.lineno, n, ident) for n in names if ident in (n, n.upper())]
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            paths = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            paths += [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and node.module else []
+            for path in paths:
+                parts = set(path.split("."))
+                out += [(node.lineno, n, path) for n in names if parts & {n, f"{n}_spec", n.upper()}]
+    return sorted(set(out))
+
+
+def test_the_scan_sees_an_attacks_names_strings_and_imports_but_not_its_docstrings():
+    src = (
+        '"""Module docs may cite ``one_run_audit``."""\n'
+        'a = cfg.attacks.one_run_audit.canaries\nb = "attacks.run=[x,one_run_audit]"\n'
+        "from threat_models.attacks.one_run_audit_spec import SPEC\nfrom threat_models.attack_specs import ONE_RUN_AUDIT\n"
+        'c = "one_run_audits"\n'
+        "def f():\n"
+        '    """one_run_audit in a docstring"""\n'
+    )
+    sites = attack_naming_sites(src, {"one_run_audit"})
+    assert sorted({line for line, _, _ in sites}) == [2, 3, 4, 5], sites
+
+
+def test_no_product_module_names_an_attack_outside_its_own_modules():
+    """Each attack's name is written in its own modules only (spec and implementation); the core, the audit harness,
+    the recording, the config section and the other attacks reach it through its spec (docstrings excepted)."""
+    owners = attack_owners()
+    assert set(owners) >= {"membership_inference", "one_run_audit", "canary_client_audit", "gradient_inversion"}
+    found = []
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for line, name, what in attack_naming_sites(path.read_text(), set(owners)):
+                if rel not in owners[name] and (rel, name) not in ATTACK_ALLOWED:
+                    found.append(f"{rel}:{line}: {name} ({what})")
+    print("\n".join(found))
+    assert not found, f"{len(found)} place(s) name an attack outside its own modules:\n" + "\n".join(found)

@@ -69,8 +69,21 @@ def test_the_command_reports_the_pyproject_version(installed, tmp_path):
 def test_entry_points_and_the_default_config_come_with_the_wheel(installed, tmp_path):
     listing = _run(installed, "secure-fed", "list", cwd=tmp_path)
     assert listing.returncode == 0, listing.stderr
-    for name in ("dp", "secure_aggregation", "ckks", "keyed_hashing", "membership_inference", "fedalc", "flag"):
+    for name in (
+        "dp",
+        "secure_aggregation",
+        "ckks",
+        "keyed_hashing",
+        "membership_inference",
+        "data_size_ranking",
+        "fedalc",
+        "flag",
+    ):
         assert name in listing.stdout, name
+    # an attack's own section, read from its spec's settings through the wheel's entry points
+    code = "import secure_fed.config as c; print(c.load_config(None, ['attacks.data_size_ranking.parameters=all']).attacks)"
+    section = _run(installed, "python", "-c", code, cwd=tmp_path)
+    assert section.returncode == 0 and "data_size_ranking=DataSizeRankingConfig(parameters='all'" in section.stdout, section
     # the embedded default, read from the wheel's package data
     code = "import secure_fed.config as c; cfg = c.load_config(None); print(cfg.algorithm.name, len(c.default_config_text()))"
     default = _run(installed, "python", "-c", code, cwd=tmp_path)

@@ -1,22 +1,13 @@
 """Attack simulators and privacy audits: what each protocol layer protects, measured.
 
-=========================  ========  ==========================================================
-attack                     role      measures
-=========================  ========  ==========================================================
-``token_linkage``          server    (a) dictionary attack on FedALC's label-set tokens
-``label_deanonymization``  server    (b) pseudonym → label name by co-occurrence graph matching
-``embedding_identification`` server  (c) W row → label name from public per-label centroids
-``membership_inference``   observer  (d) LOSS and LiRA (online, offline)
-``one_run_audit``          auditor   (e) Steinke et al. one-run ε lower bound with canaries
-``canary_client_audit``    auditor   (e') Andrew et al. one-shot ε estimate with canary clients
-``update_inversion``       server    (f) a client's vocabulary from its first-layer update
-``gradient_inversion``     server    (g) a client's images from its whole update (Geiping et al.)
-=========================  ========  ==========================================================
+Each attack owns its module (``threat_models/attacks/<name>.py``) and its light spec (``<name>_spec.py``: the
+metadata, its settings section ``attacks.<name>:``, what it records during training, its headline); ``secure-fed
+list`` lists the registered ones with the role each takes and what it measures.
 
 Each attack sees only its role's view (:mod:`threat_models.views`); see
 :mod:`threat_models.base` for the interface and :func:`threat_models.audit.audit`
 for the harness; the core finds attacks through the ``secure_fed.attacks`` entry points
-(:mod:`threat_models.attack_specs`). In YAML: ``attacks: {run: [all]}``; on a finished run:
+(each attack's ``SPEC``). In YAML: ``attacks: {run: [all]}``; on a finished run:
 ``secure-fed audit RUN_DIR``.
 """
 

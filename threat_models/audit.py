@@ -16,16 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from secure_fed.plugin_specs import attack_specs
 from secure_fed.progress import track
 from secure_fed.run_files import ATTACKS_RECORD, attacks_path
-from threat_models import ATTACKS
+from threat_models.attacks_section import attack_settings
 from threat_models.context import AuditContext
-from threat_models.plots import ROC_LABELS, plot_run
-
-
-def _ci(ci) -> str:
-    """`` [lo, hi]`` of a 95% interval, or nothing (a result written before intervals were reported)."""
-    return "" if not ci else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def _jsonable(x: Any) -> Any:
@@ -47,12 +42,13 @@ def audit(
 ) -> dict[str, Any]:
     """Run ``names`` (default: the config's ``attacks.run``) on ``ctx``; write ``attacks.json`` and ``roc.png`` in
     ``out_dir`` (default: the run's operator-only ``private/``)."""
-    names = names or ctx.cfg.attacks.names() or list(ATTACKS)
+    specs = attack_specs()  # read now, not when this module was imported: attacks registered since count
+    names = names or ctx.cfg.attacks.names() or list(specs)
     out_dir = Path(out_dir) if out_dir is not None else attacks_path(ctx.exp.run_dir).parent
     results: dict[str, Any] = {}
     for name in track(names, "audit: attacks"):  # a line at least every 10 s while a long attack runs
-        cls = ATTACKS[name]
-        attack = cls(getattr(ctx.cfg.attacks, name, None))
+        cls = specs[name].load()
+        attack = cls(attack_settings(ctx.cfg, name))
         t0 = time.perf_counter()
         why = attack.applies(ctx)
         if why is not None:
@@ -91,6 +87,17 @@ def audit(
     return doc
 
 
+def plot_run(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """The plots of one audited run: each attack's own (its spec's ``plot``; e.g. ``roc.png``), for those that ran."""
+    specs = attack_specs()
+    paths: list[Path] = []
+    for name, entry in results.items():
+        spec = specs.get(name)
+        if spec is not None and spec.plot is not None and "skipped" not in entry:
+            paths += spec.plot(entry, out_dir)
+    return paths
+
+
 def audit_run_dir(
     run_dir: str | Path, names: list[str] | None = None, *, data_root: str | None = None, progress: bool = True,
     overrides: list[str] | None = None,
@@ -107,35 +114,10 @@ def skipped_attacks(doc: dict[str, Any], names: list[str] | None) -> dict[str, s
 
 
 def headline(name: str, entry: dict[str, Any]) -> str:
-    """One line per attack: its main metric against chance."""
+    """One line per attack: its main metric against chance (its spec's ``headline``; else its metrics as JSON)."""
     if "skipped" in entry:
         return f"skipped: {entry['skipped']}"
-    m, c = entry["metrics"], entry["chance"]
-    if name == "token_linkage":
-        return f"linked {m['linked']:.3f} (chance {c['linked']:.1e}), precision {m['precision']:.3f}"
-    if name == "label_deanonymization":
-        return f"re-identified {m['reidentified']:.3f} (chance {c['reidentified']:.4f}), top-5 {m['reidentified_top5']:.3f}"
-    if name == "embedding_identification":
-        return f"top-1 {m['top1']:.3f}, top-5 {m['top5']:.3f} (chance {c['top1']:.4f} / {c['top5']:.4f})"
-    if name == "membership_inference":
-        parts = [
-            f"{ROC_LABELS.get(k, k)} AUC {v['auc']:.3f} [{v['auc_ci95'][0]:.3f}, {v['auc_ci95'][1]:.3f}] "
-            f"TPR@1%FPR {v['tpr_at_1pct_fpr']:.3f}{_ci(v.get('tpr_at_1pct_fpr_ci95'))}"
-            for k, v in m.items()
-        ]
-        d = entry.get("details", {})
-        if d.get("shadows"):
-            on, off = d.get("fallback", {}).get("lira_online", {}), d.get("fallback", {}).get("lira_offline", {})
-            parts.append(f"{d['shadows']} shadows (fallback: online {on.get('no_in_shadow', 0)} no-IN/"
-                         f"{on.get('no_out_shadow', 0)} no-OUT, offline {off.get('no_out_shadow', 0)} no-OUT)")  # fmt: skip
-        return "; ".join(parts)
-    if name == "one_run_audit":
-        return (
-            f"ε lower bound {m['epsilon_lower_bound']:.3f} ≤ ε {m['replacement_epsilon']} at the audit's δ "
-            f"(ledger ε {m['accountant_epsilon']}){' — vacuous: no outcome could give a bound > 0' if m.get('vacuous') else ''}"
-        )
-    if name == "update_inversion":
-        ind = m.get("individual")
-        s = f"individual F1 {ind['f1']:.3f}, " if ind else ""
-        return s + f"aggregate F1 {m['aggregate']['f1']:.3f} (no-update guess {c['f1']:.3f})"
-    return json.dumps(m)[:120]
+    spec = attack_specs().get(name)
+    if spec is not None and spec.headline is not None:
+        return spec.headline(entry)
+    return json.dumps(entry["metrics"])[:120]

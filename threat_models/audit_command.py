@@ -128,8 +128,8 @@ def register(sub) -> None:
     )
     p.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="an attacks.* setting for this audit, e.g. --set attacks.membership_inference.shadows=4 "
-                        "(repeatable)")  # fmt: skip
+                   help="an attacks.NAME.KEY setting of an attack for this audit (repeatable; the keys: "
+                        "secure-fed list and the config reference)")  # fmt: skip
     g = p.add_argument_group("self-test (no run directory): planted mechanism bugs the one-run audit must catch")
     g.add_argument("--self-test", action="store_true",
                    help="train a small private recipe with each planted bug and the correct mechanism (the control); "

@@ -1,7 +1,7 @@
 """The simulator's knowledge of a finished run, and the views it hands to attackers.
 
 :class:`AuditContext` holds everything: the data, the partition, the label
-re-indexing, the server's recorded view, the auditor's canaries. Attacks use it
+re-indexing, the server's recorded view, what the attacks inserted (the auditor's canaries). Attacks use it
 only in :meth:`~threat_models.base.Attack.prepare` (to build auxiliary
 knowledge and ground truth); their attacking step sees one view.
 """
@@ -29,11 +29,11 @@ class AuditContext:
         self.dataset = exp.dataset
         self.fed = exp.fed
         taps = recording_of(exp)
-        #: the server's recorded view and the auditor's canaries (None when the run did not record them)
+        #: the server's recorded view (None when the run did not record it)
         self.tap = taps.tap if taps is not None else None
-        self.canaries = taps.canaries if taps is not None else None
-        #: the canary clients (:mod:`threat_models.canary_clients`; None when the run inserted none)
-        self.canary_clients = taps.canary_clients if taps is not None else None
+        #: attack name → what it inserted into training (e.g. the auditor's canaries; :meth:`inserted`)
+        self.insertions: dict[str, Any] = taps.inserted() if taps is not None else {}
+        self._files = {n: r.file for n, r in taps.recorders.items()} if taps is not None else {}
 
     @classmethod
     def from_run_dir(
@@ -72,11 +72,14 @@ class AuditContext:
         ctx = cls(exp)
         if not (ckpt / "server_view.pt").is_file():
             ctx.tap = None  # trained without attacks configured: the server's view was not recorded
-        if not (ckpt / "auditor.pt").is_file():
-            ctx.canaries = None  # no canaries were inserted in this run
-        if not (ckpt / "auditor_canary_clients.pt").is_file():
-            ctx.canary_clients = None  # no canary clients were inserted in this run
+        for name in [n for n in ctx.insertions if not (ckpt / ctx._files[n]).is_file()]:
+            del ctx.insertions[name]  # trained without this attack listed: it inserted nothing in this run
         return ctx
+
+    def inserted(self, attack: str) -> Any:
+        """What ``attack`` inserted into this run's training and kept (its recorder's secrets, e.g. canaries), or
+        None when it inserted nothing (not listed in ``attacks.run`` before training, or its settings turned it off)."""
+        return self.insertions.get(attack)
 
     # ------------------------------------------------------------------ facts the simulator knows
     @property

@@ -87,6 +87,12 @@ def epsilon_from_gdp(mu: float, delta: float) -> float:
     return float(brentq(lambda e: gdp_log_delta(e, mu) - target, 0.0, hi, xtol=1e-10, rtol=1e-12))
 
 
+def ledger_history(report: dict) -> list[tuple[float, float, int]]:
+    """The (σ, q, steps) of each mechanism of a privacy unit's report (its ledger composes them)."""
+    mechs = report.get("mechanisms") or {"": report}
+    return [(float(x["noise_multiplier"]), float(x["sample_rate"]), int(x["steps"])) for x in mechs.values() if int(x["steps"])]
+
+
 def gdp_mu_of_ledger(history) -> float | None:
     """The exact μ of a ledger of full-batch Gaussian mechanisms (every q = 1): √(Σ steps/σ²) under add/remove;
     None when any mechanism is subsampled (its trade-off curve is then not Gaussian)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 
 def _plt():
@@ -64,21 +63,3 @@ def success_vs_epsilon(series: dict[str, list[tuple[float, float]]], path: str |
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
-
-
-#: legend names of the membership-inference scores, in drawing order ("lira": results written before online LiRA)
-ROC_LABELS = {"loss": "LOSS", "lira_online": "LiRA online", "lira_offline": "LiRA offline", "lira": "LiRA offline",
-              "rmia_online": "RMIA online", "rmia_offline": "RMIA offline"}  # fmt: skip
-
-
-def plot_run(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """The plots for one audited run: ``roc.png`` (LOSS, online and offline LiRA) when membership inference ran."""
-    mi = results.get("membership_inference", {})
-    curves = mi.get("curves") or {}
-    if not curves:
-        return []
-    order = [k for k in ROC_LABELS if k in curves] + [k for k in curves if k not in ROC_LABELS]
-    labelled = {f"{ROC_LABELS.get(k, k)} (AUC {mi['metrics'][k]['auc']:.3f})": curves[k] for k in order}
-    shadows = (mi.get("details") or {}).get("shadows")
-    title = f"membership inference ({shadows} shadows)" if shadows else "membership inference"
-    return [roc_plot(labelled, Path(out_dir) / "roc.png", title=title)]

@@ -175,7 +175,7 @@ def check_within_plan(cdir: Path, plan: tuple, eps_r: float, unit: str, cache: d
     candidate's ledger (σ, q, steps) must have, at every Rényi order, an RDP no larger than its planned history at
     the per-run target (fewer steps, a larger σ pass)."""
     from protocols.dp.private_selection import rdp_curve
-    from threat_models.attacks.one_run_audit import ledger_history
+    from threat_models.one_run_fdp import ledger_history
 
     parts, delta, accountant = plan
     key = (tuple(parts), delta, accountant, eps_r)

@@ -1,7 +1,7 @@
 """``secure-fed tradeoff``: the privacy/utility study as one command.
 
     secure-fed tradeoff CONFIG --epsilons 0.5,1,2,4,8,inf --seeds 0,1,2 [--methods fedalc,fedaws]
-                       [--attacks membership_inference,one_run_audit] [--set key=value …] [--workers N] --out DIR
+                       [--attacks NAME,NAME] [--set key=value …] [--workers N] --out DIR
 
 For every (method, ε, seed) it runs CONFIG with the method as ``algorithm.name``, the seed, and ε as the
 target of the privacy unit the config's DP protects (the instance unit: ``privacy.instance`` and
@@ -176,7 +176,7 @@ def register(sub) -> None:
     p.add_argument("--epsilons", default="1,2,4,8,inf", help="target ε values; inf = the run without the dp layer")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--methods", default=None, help="comma-separated algorithm names (default: the config's)")
-    p.add_argument("--attacks", default="", help="comma-separated attacks to run on every run (e.g. membership_inference)")
+    p.add_argument("--attacks", default="", help="comma-separated attacks to run on every run (secure-fed list names them)")
     p.add_argument("--unit", choices=["instance", "client"], default="instance", help="the privacy unit whose ε is swept")
     p.add_argument("--reference", choices=["auto", "none"], default="auto",
                    help="auto: add the central DP reference (oracle) beside positive-only methods swept at the instance "

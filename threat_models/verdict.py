@@ -1,14 +1,15 @@
 """The audit's last lines: one verdict per attack, on a named primary score, the multiple comparisons accounted for.
 
-Membership inference judges the AUC of each score it reports (LOSS, LiRA online and offline, RMIA online and
-offline). Every AUC judged in one audit is one comparison of the family: each interval is taken at
+A verdict reads the shape of an attack's scores, never its name. An attack that reports AUCs with 95% intervals
+(membership inference: LOSS, LiRA online and offline, RMIA online and offline) is judged on each of them. Every AUC
+judged in one audit is one comparison of the family: each interval is taken at
 1 − α/m (Bonferroni, family level 1 − α), so "some score leaks" is claimed at the family's level however many
 scores were tried. The attack records 95% percentile-bootstrap intervals; the Bonferroni interval is that
 interval widened by a normal approximation (its half-widths × z(1 − α/2m) / z(0.975)).
 
-The one-run audit's ε lower bound already holds at its configured confidence over the guess counts it tried
-(Bonferroni inside the attack); it is judged as it stands. An attack without an interval on its score gets no
-verdict, and the line says so.
+An ε lower bound (``epsilon_lower_bound``, the one-run audit's) already holds at its configured confidence over the
+guess counts it tried (Bonferroni inside the attack); it is judged as it stands. An attack without an interval on
+its score gets no verdict, and the line says so.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from statistics import NormalDist
 from typing import Any
 
-from threat_models.plots import ROC_LABELS
+from secure_fed.plugin_specs import attack_specs
 
 #: the family's error rate: every verdict line holds together at 1 − FAMILY_ALPHA
 FAMILY_ALPHA = 0.05
@@ -35,7 +36,7 @@ def _auc_judgements(attacks: dict[str, Any]) -> list[tuple[str, str, dict]]:
     """(attack, score, its metrics) of every AUC with an interval in the audit: the family's comparisons."""
     out = []
     for name, entry in attacks.items():
-        if name != "membership_inference" or "skipped" in entry:
+        if "skipped" in entry:
             continue
         for score, m in entry.get("metrics", {}).items():
             if isinstance(m, dict) and "auc_ci95" in m:
@@ -43,7 +44,13 @@ def _auc_judgements(attacks: dict[str, Any]) -> list[tuple[str, str, dict]]:
     return out
 
 
-def _mia_line(judged: list[tuple[str, dict]], m: int, alpha: float) -> str:
+def _label(name: str, score: str) -> str:
+    """The name attack ``name`` gives its score ``score`` (its spec's ``score_labels``), else the key."""
+    spec = attack_specs().get(name)
+    return spec.score_labels.get(score, score) if spec is not None else score
+
+
+def _auc_line(name: str, judged: list[tuple[str, dict]], m: int, alpha: float) -> str:
     level = f"primary score: AUC; Bonferroni over the audit's {m} AUC{'s' if m != 1 else ''}, each at {1 - alpha / m:.2%}"
     rows = []
     for score, met in judged:
@@ -55,22 +62,22 @@ def _mia_line(judged: list[tuple[str, dict]], m: int, alpha: float) -> str:
         tpr = met.get("tpr_at_1pct_fpr")
         more = f"; TPR at 1% FPR {tpr:.3f}" if tpr is not None else ""
         others = f" ({len(leaking)} of {len(rows)} scores above 0.5)" if len(rows) > 1 else ""
-        return (f"membership_inference: leak: {ROC_LABELS.get(score, score)} AUC {met['auc']:.3f} [{lo:.3f}, {hi:.3f}] "
+        return (f"{name}: leak: {_label(name, score)} AUC {met['auc']:.3f} [{lo:.3f}, {hi:.3f}] "
                 f"lies above 0.5{others}{more} ({level})")  # fmt: skip
     lo, hi, score, met = max(rows, key=lambda r: r[3]["auc"])
     every = "every AUC interval contains 0.5" if all(r[0] <= 0.5 <= r[1] for r in rows) else "no AUC interval lies above 0.5"
-    return (f"membership_inference: no leakage measurable at this power: {every}; the highest, "
-            f"{ROC_LABELS.get(score, score)} AUC {met['auc']:.3f} [{lo:.3f}, {hi:.3f}] ({level})")  # fmt: skip
+    return (f"{name}: no leakage measurable at this power: {every}; the highest, "
+            f"{_label(name, score)} AUC {met['auc']:.3f} [{lo:.3f}, {hi:.3f}] ({level})")  # fmt: skip
 
 
-def _one_run_line(entry: dict) -> str:
+def _lower_bound_line(name: str, entry: dict) -> str:
     m = entry["metrics"]
     conf = entry.get("details", {}).get("confidence", 0.95)
     lb = float(m["epsilon_lower_bound"])
     how = f"primary score: the ε lower bound at {conf:.0%} confidence, Bonferroni over its guess counts inside the attack"
     if lb > 0:
-        return f"one_run_audit: leak: ε ≥ {lb:.3f} (the model reveals whether canaries were inserted; {how})"
-    return f"one_run_audit: no leakage measurable at this power: the ε lower bound is 0 ({how})"
+        return f"{name}: leak: ε ≥ {lb:.3f} (the model reveals whether canaries were inserted; {how})"
+    return f"{name}: no leakage measurable at this power: the ε lower bound is 0 ({how})"
 
 
 def verdict_lines(attacks: dict[str, Any], names: list[str] | None = None, alpha: float = FAMILY_ALPHA) -> list[str]:
@@ -82,11 +89,11 @@ def verdict_lines(attacks: dict[str, Any], names: list[str] | None = None, alpha
         entry = attacks[name]
         if "skipped" in entry:
             continue
-        if name == "membership_inference":
-            judged = [(s, m) for a, s, m in aucs if a == name]
-            lines.append(_mia_line(judged, len(aucs), alpha) if judged else f"{name}: no verdict: no AUC interval recorded")
-        elif name == "one_run_audit" and "epsilon_lower_bound" in entry.get("metrics", {}):
-            lines.append(_one_run_line(entry))
+        judged = [(s, m) for a, s, m in aucs if a == name]
+        if judged:
+            lines.append(_auc_line(name, judged, len(aucs), alpha))
+        elif "epsilon_lower_bound" in entry.get("metrics", {}):
+            lines.append(_lower_bound_line(name, entry))
         else:
             lines.append(f"{name}: no verdict: it reports its rates beside chance, with no interval to judge them by")
     return lines

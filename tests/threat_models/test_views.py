@@ -120,6 +120,7 @@ def test_each_attack_gets_its_roles_view_and_no_ground_truth(tmp_path, monkeypat
     atk = ATTACKS["one_run_audit"](cfg.attacks.one_run_audit)
     aux, truth = atk.prepare(ctx)
     g1 = atk.run(ctx.observer_view(), aux)
-    ctx.canaries.included = ~ctx.canaries.included
+    canaries = ctx.inserted("one_run_audit")
+    canaries.included = ~canaries.included
     g2 = atk.run(ctx.observer_view(), aux)
     assert np.array_equal(g1["scores"], g2["scores"])

@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from threat_models.attack_specs import CANARY_CLIENT_AUDIT
+from threat_models.attacks.canary_client_audit_spec import SPEC
 from threat_models.base import Attack, AttackResult
 from threat_models.gaussian_pair_epsilon import pair_epsilon
 from threat_models.one_run_fdp import epsilon_from_gdp
@@ -88,10 +88,10 @@ def estimate_interval(inserted: np.ndarray, held_out: np.ndarray, delta: float, 
 
 
 class CanaryClientAudit(Attack):
-    spec = CANARY_CLIENT_AUDIT
+    spec = SPEC
 
     def applies(self, ctx) -> str | None:
-        if ctx.canary_clients is None:
+        if ctx.inserted(self.name) is None:
             return ("no canary clients were inserted (set attacks.run to include canary_client_audit, canaries > 0, "
                     "before training; not under privacy.local, whose unit is the instance)")  # fmt: skip
         return None
@@ -100,7 +100,7 @@ class CanaryClientAudit(Attack):
         report = ctx.privacy().get("units", {}).get("client")
         eps = float(report["epsilon"]) if report is not None else math.inf
         delta = float(report["delta"]) if report is not None and float(report["delta"]) > 0 else DEFAULT_DELTA
-        cc = ctx.canary_clients
+        cc = ctx.inserted(self.name)
         return {"canary_clients": cc}, {"inserted": cc.c, "accountant_epsilon": eps, "delta": delta, "dim": cc.dim}
 
     def run(self, view, aux):

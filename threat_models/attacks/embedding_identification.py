@@ -20,12 +20,12 @@ from scipy.optimize import linear_sum_assignment
 from torch.nn import functional as F
 
 from secure_fed.models.sparse_rows import split_rows
-from threat_models.attack_specs import EMBEDDING_IDENTIFICATION
+from threat_models.attacks.embedding_identification_spec import SPEC
 from threat_models.base import Attack, AttackResult, label_of_row
 
 
 class EmbeddingIdentification(Attack):
-    spec = EMBEDDING_IDENTIFICATION
+    spec = SPEC
 
     def applies(self, ctx) -> str | None:
         if ctx.exp.W is None:

@@ -37,7 +37,7 @@ from scipy.optimize import linear_sum_assignment
 from secure_fed.algorithms.client import full_label_targets
 from secure_fed.algorithms.losses import LOSSES
 from secure_fed.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
-from threat_models.attack_specs import GRADIENT_INVERSION
+from threat_models.attacks.gradient_inversion_spec import SPEC
 from threat_models.base import Attack, AttackResult
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -164,7 +164,7 @@ class GradientInversion(Attack):
     if it were the target's. A run of one local step of plain SGD (local_epochs 1, rows ≤ batch_size) is the
     paper's setting; other recipes are attacked all the same (the update is then not one gradient)."""
 
-    spec = GRADIENT_INVERSION
+    spec = SPEC
 
     def applies(self, ctx) -> str | None:
         if ctx.dataset.feature_kind != "image" or ctx.dataset.image_shape is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from threat_models.attack_specs import LABEL_DEANONYMIZATION
+from threat_models.attacks.label_deanonymization_spec import SPEC
 from threat_models.base import Attack, AttackResult, label_of_row
 
 
@@ -58,7 +58,7 @@ def match_by_cooccurrence(Y_server: np.ndarray, Y_public: np.ndarray, *, iterati
 
 
 class LabelDeanonymization(Attack):
-    spec = LABEL_DEANONYMIZATION
+    spec = SPEC
 
     def applies(self, ctx) -> str | None:
         if getattr(ctx.exp.algorithm, "label_sets", None) is None:

@@ -50,7 +50,7 @@ from torch.nn import functional as F
 
 from secure_fed.data import Features, stack_rows
 from secure_fed.progress import phase, track
-from threat_models.attack_specs import MEMBERSHIP_INFERENCE
+from threat_models.attacks.membership_inference_spec import SPEC
 from threat_models.attacks.rmia_scores import rmia_offline, rmia_online
 from threat_models.base import Attack, AttackResult
 
@@ -184,7 +184,7 @@ def lira_offline(phi, shadow_scores, inside, *, fixed_variance: bool | None = No
 
 
 class MembershipInference(Attack):
-    spec = MEMBERSHIP_INFERENCE
+    spec = SPEC
 
     def prepare(self, ctx):
         ds, fed = ctx.dataset, ctx.fed

@@ -61,9 +61,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from threat_models.attack_specs import ONE_RUN_AUDIT
+from threat_models.attacks.one_run_audit_spec import SPEC
 from threat_models.base import Attack, AttackResult
-from threat_models.one_run_fdp import epsilon_from_gdp, gdp_mu_lower_bound, gdp_mu_of_ledger
+from threat_models.one_run_fdp import epsilon_from_gdp, gdp_mu_lower_bound, gdp_mu_of_ledger, ledger_history
 
 
 def p_value(*, m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -120,12 +120,6 @@ def delta_cap(m: int, level: float) -> float:
 def vacuous(*, m: int, delta: float, level: float) -> bool:
     """Whether no outcome can give a bound > 0: for every k, even 2k right guesses of 2k fail to reject ε = 0."""
     return all(p_value(m=m, r=2 * k, v=2 * k, eps=0.0, delta=delta) >= level for k in guess_counts(m))
-
-
-def ledger_history(report: dict) -> list[tuple[float, float, int]]:
-    """The (σ, q, steps) of each mechanism of a privacy unit's report (its ledger composes them)."""
-    mechs = report.get("mechanisms") or {"": report}
-    return [(float(x["noise_multiplier"]), float(x["sample_rate"]), int(x["steps"])) for x in mechs.values() if int(x["steps"])]
 
 
 def _epsilon(history, delta: float, accountant: str) -> float:
@@ -261,15 +255,15 @@ def noise_free_replay(ctx) -> dict:
 
 
 class OneRunAudit(Attack):
-    spec = ONE_RUN_AUDIT
+    spec = SPEC
 
     def applies(self, ctx) -> str | None:
-        if ctx.canaries is None:
+        if ctx.inserted(self.name) is None:
             return "no canaries were inserted (set attacks.run to include one_run_audit, canaries > 0, before training)"
         return None
 
     def prepare(self, ctx):
-        c = ctx.canaries
+        c = ctx.inserted(self.name)
         st = c.state_dict()
         secret = {k: v for k, v in st.items() if k != "included"}  # the guess must not read the bits
         from threat_models.canaries import DiracCanaries

@@ -22,12 +22,12 @@ import numpy as np
 
 from secure_fed.algorithms.label_sets import Sha256Tokenizer
 from secure_fed.data import stack_rows
-from threat_models.attack_specs import TOKEN_LINKAGE
+from threat_models.attacks.token_linkage_spec import SPEC
 from threat_models.base import Attack, AttackResult
 
 
 class TokenLinkage(Attack):
-    spec = TOKEN_LINKAGE
+    spec = SPEC
 
     def applies(self, ctx) -> str | None:
         if getattr(ctx.exp.algorithm, "label_sets", None) is None:

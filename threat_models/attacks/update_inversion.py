@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from threat_models.attack_specs import UPDATE_INVERSION
+from threat_models.attacks.update_inversion_spec import SPEC
 from threat_models.base import Attack, AttackResult
 
 
@@ -44,7 +44,7 @@ def prf(guess: np.ndarray, true: np.ndarray) -> tuple[float, float, float]:
 
 
 class UpdateInversion(Attack):
-    spec = UPDATE_INVERSION
+    spec = SPEC
 
     def applies(self, ctx) -> str | None:
         tap = ctx.tap
