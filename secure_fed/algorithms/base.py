@@ -5,6 +5,7 @@ server optimiser. An algorithm says
 
 * what the server sends a client (:meth:`Algorithm.downlink`),
 * which loss clients minimise and whether they train their class row(s),
+* what a client minimises beyond the loss, through the trainer's hooks (:meth:`Algorithm.client_objective`),
 * what the server does to W after aggregation (:meth:`Algorithm.server_step`),
 * any one-off protocol before round 0 (:meth:`Algorithm.setup`).
 
@@ -26,6 +27,7 @@ from secure_fed.messages import Number, Params, RowIds, Rows, Rules, Setting, Vi
 from secure_fed.models.sparse_rows import apply_delta
 
 if TYPE_CHECKING:
+    from secure_fed.algorithms.objective import ClientObjective
     from secure_fed.algorithms.params.base import AlgorithmParams
     from secure_fed.config.schema import AlgorithmConfig
 
@@ -130,8 +132,11 @@ class SetupContext:
         num_labels: int,
         W: torch.Tensor,
         device: torch.device,
+        num_clients: int = 0,
     ):
         self.query = query
+        #: N, how many clients the federation has (public)
+        self.num_clients = num_clients
         self.num_labels = num_labels
         self.W = W
         self.device = device
@@ -212,6 +217,13 @@ class Algorithm:
         payload's θ). Runs on the client with only its own data; its reply is checked against
         :attr:`uplink_rules`. Default: the trainer's reply as is."""
         return train(payload)
+
+    def client_objective(self, payload: Payload, data: ClientData) -> ClientObjective | None:
+        """Client side: the hooks this algorithm adds to the client's local training this round
+        (:class:`~secure_fed.algorithms.objective.ClientObjective`: a per-example term, a weight term, the client's
+        own state), or None for the loss alone (the default). Called on the client, with its own data; the
+        trainer calls the hooks on every path (sequential, DP-SGD, vectorised)."""
+        return None
 
     def client_model(self, payload: Payload, data: ClientData, reply: Payload) -> dict[str, torch.Tensor]:
         """Client side: θ of the client's own model after :meth:`client_update` (what AmAP evaluates on the

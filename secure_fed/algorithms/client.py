@@ -17,7 +17,9 @@ from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.instance_keys import instance_keys
 from secure_fed.algorithms.label_sets import TOKENIZERS
 from secure_fed.algorithms.losses import LOSSES
+from secure_fed.algorithms.objective import ClientObjective, ObjectiveContext
 from secure_fed.algorithms.per_sample import (
+    Encoded,
     GradientPrivatizer,
     clipped_sum_linear,
     forbid_batch_norm,
@@ -54,6 +56,7 @@ class Batching(Protocol):
         hp: LocalTraining,
         generator: torch.Generator,
         privatizer: GradientPrivatizer | None,
+        objective: ClientObjective | None = None,
     ) -> Payload:
         """The client's update: trained with the other clients' requests, or at once (``trainer.update_one``)."""
 
@@ -110,6 +113,7 @@ class LocalTrainer:
         hp: LocalTraining,
         generator: torch.Generator,
         privatizer: GradientPrivatizer | None = None,
+        objective: ClientObjective | None = None,
     ) -> Payload:
         """One client's local update; returns deltas for θ and its own rows (when it received rows).
 
@@ -117,11 +121,14 @@ class LocalTrainer:
         samples and the gradient is the one it returns from the per-sample gradients (clipped, noised).
 
         With a :attr:`batching` (the vectorised executor's) the request goes there, which trains it with the round's
-        other clients (same result up to floating-point reassociation) or, where it cannot, calls :meth:`update_one`."""
+        other clients (same result up to floating-point reassociation) or, where it cannot, calls :meth:`update_one`.
+
+        ``objective``: the algorithm's hooks into the client's training (:mod:`secure_fed.algorithms.objective`), on
+        every path."""
         if self.batching is not None:
             # the client's rows read once (shared storage gathers them on each read; the group indexes them every step)
-            return self.batching.submit(self, payload, data.with_rows_read(), hp, generator, privatizer)
-        return self.update_one(payload, data, hp, generator, privatizer)
+            return self.batching.submit(self, payload, data.with_rows_read(), hp, generator, privatizer, objective)
+        return self.update_one(payload, data, hp, generator, privatizer, objective)
 
     def update_one(
         self,
@@ -130,18 +137,28 @@ class LocalTrainer:
         hp: LocalTraining,
         generator: torch.Generator,
         privatizer: GradientPrivatizer | None = None,
+        objective: ClientObjective | None = None,
     ) -> Payload:
         """One client's local update on the working model (the reference trainer)."""
         data = data.with_rows_read()
         if privatizer is not None:
             forbid_batch_norm(self.model)
+        ctx = None
+        if objective is not None:
+            theta = {n: t.detach() for n, t in payload["theta"].items()}
+            ctx = ObjectiveContext(theta, data.state, float(hp.lr), data.num_examples, private=privatizer is not None)
+            objective.begin(ctx)
         if not self.has_dropout:
-            return self._update(payload, data, hp, generator, privatizer)
-        seed = int(torch.randint(2**62, (1,), generator=generator))
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):  # torch.manual_seed reseeds every device's generator
-            torch.manual_seed(seed)
-            return self._update(payload, data, hp, generator, privatizer)
+            reply = self._update(payload, data, hp, generator, privatizer, objective, ctx)
+        else:
+            seed = int(torch.randint(2**62, (1,), generator=generator))
+            devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+            with torch.random.fork_rng(devices=devices):  # torch.manual_seed reseeds every device's generator
+                torch.manual_seed(seed)
+                reply = self._update(payload, data, hp, generator, privatizer, objective, ctx)
+        if objective is not None:
+            objective.end(ctx, {n: t.detach() for n, t in reply["theta_delta"].items()})
+        return reply
 
     def _update(
         self,
@@ -150,6 +167,8 @@ class LocalTrainer:
         hp: LocalTraining,
         generator: torch.Generator,
         privatizer: GradientPrivatizer | None = None,
+        objective: ClientObjective | None = None,
+        ctx: ObjectiveContext | None = None,
     ) -> Payload:
         self._load(payload["theta"])
         has_rows = "rows" in payload
@@ -161,14 +180,16 @@ class LocalTrainer:
         targets = data.pos if has_rows else full_label_targets(data)
         params = list(self.model.parameters()) + ([rows] if train_rows else [])
         # sparse input rows, plain SGD: the first layer's step is fused into its backward (the batch's columns only)
+        # (not with an objective's weight term, which is added to the gradient after the backward)
         plain_sgd = hp.optimizer == "sgd" and not hp.momentum and not hp.weight_decay and privatizer is None
+        plain_sgd = plain_sgd and not (objective is not None and objective.weight_only)
         set_fused_sgd(self.model, hp.lr if plain_sgd else None)
         # plain SGD on sparse rows changes a sparse-input table only at the columns of the client's features: its
         # update is those columns (the others' deltas are exact zeros)
         row_sparse = self.row_sparse_updates and plain_sgd and isinstance(data.x, SparseRows) and bool(self.sparse_tables)
         cols = torch.unique(data.x.indices) if row_sparse else None  # sorted, distinct
         try:
-            return self._train(payload, data, hp, generator, privatizer, rows, train_rows, targets, params, cols)
+            return self._train(payload, data, hp, generator, privatizer, rows, train_rows, targets, params, cols, objective, ctx)
         finally:
             set_fused_sgd(self.model, None)
 
@@ -188,7 +209,9 @@ class LocalTrainer:
             self._clean[n] = (weakref.ref(start), start._version)
         return out
 
-    def _train(self, payload, data, hp, generator, privatizer, rows, train_rows, targets, params, cols=None) -> Payload:
+    def _train(
+        self, payload, data, hp, generator, privatizer, rows, train_rows, targets, params, cols=None, objective=None, ctx=None
+    ) -> Payload:
         if hp.optimizer == "adam":
             opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
         else:
@@ -211,8 +234,11 @@ class LocalTrainer:
                 if privatizer is not None:
                     loss = self._private_step(
                         data, targets, idx, rows, train_rows, loss_fn, hp, generator, uncertain, random_mask,
-                        privatizer, f"e{epoch} s{s}",
+                        privatizer, f"e{epoch} s{s}", objective, ctx,
                     )  # fmt: skip
+                    if objective is not None:
+                        self._add_weight_term(objective, ctx)  # after the noise: post-processing
+                        ctx.steps += 1
                     opt.step()
                     if loss is not None:
                         total += loss
@@ -233,8 +259,13 @@ class LocalTrainer:
                         out = self.family.forward(self.model, data.x[idx])
                 if not self.family.label_masked:
                     loss = loss_fn(self.family.score(out, rows), targets[idx])
+                if objective is not None and objective.per_example:
+                    loss = loss + objective.per_example_term(self._represent, data.x[idx], targets[idx], ctx).mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                if objective is not None:
+                    self._add_weight_term(objective, ctx)
+                    ctx.steps += 1
                 opt.step()
                 total += float(loss.detach())
                 steps += 1
@@ -246,8 +277,30 @@ class LocalTrainer:
                 reply["row_ids"] = payload["row_ids"]
         return reply
 
+    def _represent(self, x: torch.Tensor, theta: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The working model's representation of ``x`` (the family's encoder output): with its own weights, or with
+        the fixed weights ``theta`` (no gradient; eval-free: the model's mode is unchanged)."""
+        if theta is None:
+            return self.family.forward(self.model, x)
+        from torch.func import functional_call
+
+        with torch.no_grad():
+            return functional_call(Encoded(self.family, self.model), {f"model.{n}": t for n, t in theta.items()}, (x,))
+
+    @torch.no_grad()
+    def _add_weight_term(self, objective: ClientObjective, ctx: ObjectiveContext) -> None:
+        """The objective's weight term added to each parameter's ``.grad`` (after the backward, or after DP-SGD's
+        noise)."""
+        if not objective.weight_only:
+            return
+        params = dict(self.model.named_parameters())
+        for n, t in objective.weight_term({n: p.detach() for n, p in params.items()}, ctx).items():
+            p = params[n]
+            p.grad = t.to(p.dtype).clone() if p.grad is None else p.grad + t.to(p.dtype)
+
     def _private_step(
         self, data, targets, idx, rows, train_rows, loss_fn, hp, generator, uncertain, random_mask, privatizer, step,
+        objective=None, ctx=None,
     ) -> float | None:  # fmt: skip
         """One DP-SGD step: per-sample gradients of the batch, clipped and summed chunk by chunk, then the
         privatizer's noise; the result becomes each parameter's ``.grad``. Returns the batch's mean loss (None for
@@ -274,7 +327,10 @@ class LocalTrainer:
                     sums[n] += g.to(sums[n].dtype)
                 losses.append(batch_losses.float())
 
-            if self.linear_fast_path and states is None:
+            extra = None
+            if objective is not None and objective.per_example:  # inside each example's loss: inside the clip
+                extra = lambda represent, xb, yb: objective.per_example_term(represent, xb, yb, ctx)  # noqa: E731
+            if self.linear_fast_path and states is None and extra is None:
                 clipped, batch_losses = clipped_sum_linear(
                     family=self.family, model=self.model, rows=rows, x=x, targets=y, loss_fn=loss_fn,
                     factors=privatizer.factors, precision=hp.precision,
@@ -285,7 +341,7 @@ class LocalTrainer:
             else:
                 per_sample_gradients(
                     family=self.family, model=self.model, params=params, rows=rows,
-                    x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add,
+                    x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add, extra=extra,
                 )  # fmt: skip
         if not torch.equal(rng, torch.get_rng_state()):
             raise RuntimeError(

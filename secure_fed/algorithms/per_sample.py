@@ -89,6 +89,19 @@ class _Scored(nn.Module):
         return self.family.score(self.family.forward(self.model, x), rows)
 
 
+class Encoded(nn.Module):
+    """The family's encoder output (its representation of a batch) as one module, so ``functional_call`` can swap
+    θ in (``model.<name>``)."""
+
+    def __init__(self, family, model: nn.Module):
+        super().__init__()
+        self.family = family
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.family.forward(self.model, x)
+
+
 def per_sample_gradients(
     *,
     family,
@@ -102,6 +115,7 @@ def per_sample_gradients(
     precision: str = "fp32",
     on_chunk: Callable[[dict[str, torch.Tensor], torch.Tensor], None],
     chunk: int = DEFAULT_CHUNK,
+    extra: Callable | None = None,
 ) -> None:
     """Per-sample gradients of each sample's own loss w.r.t. ``params`` (and ``rows`` when given), chunk by chunk.
 
@@ -109,6 +123,10 @@ def per_sample_gradients(
     ``params`` (and ``rows``) to its ``(b, *shape)`` gradients; ``losses`` is ``(b,)``. The trainer turns dropout
     off under DP-SGD (its draws would follow the batch position), and a private step that draws from torch's global
     generator raises (``randomness="different"`` only matters for a model that draws anyway).
+
+    ``extra(represent, x, y)``: a client objective's per-example term (:mod:`secure_fed.algorithms.objective`),
+    added to each sample's loss, so its gradient is clipped with the loss's; ``represent(x, theta=None)`` is the
+    model's representation with the weights being differentiated (or with fixed weights ``theta``).
     """
     from secure_fed.models.ctran import UNKNOWN, masked_loss
 
@@ -119,6 +137,7 @@ def per_sample_gradients(
             "set model.sparse_input: false"
         )
     scored = _Scored(family, model)
+    encoded = Encoded(family, model)
     masked = states is not None
 
     def loss_one(p: dict[str, torch.Tensor], r, xi, yi, si):
@@ -127,6 +146,13 @@ def per_sample_gradients(
         with torch.autocast(xb.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = functional_call(scored, p, (xb, r, sb))
         loss = masked_loss(loss_fn, out.float(), yb, sb == UNKNOWN) if masked else loss_fn(out, yb)
+        if extra is not None:
+
+            def represent(xr: torch.Tensor, theta: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                weights = p if theta is None else {f"model.{n}": t.detach() for n, t in theta.items()}
+                return functional_call(encoded, weights, (xr,))
+
+            loss = loss + extra(represent, xb, yb).sum()
         return loss, loss.detach()
 
     with_rows = rows is not None and rows.requires_grad

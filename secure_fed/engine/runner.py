@@ -181,7 +181,8 @@ class Experiment:
         query = self.stack.wrap_query(self.link.query_all)
         for cb in self.callbacks:
             query = cb.wrap_setup_query(query)
-        ctx = SetupContext(query=query, num_labels=self.dataset.num_labels, W=self.W, device=self.device)
+        ctx = SetupContext(query=query, num_labels=self.dataset.num_labels, W=self.W, device=self.device,
+                           num_clients=len(self.fed.clients))  # fmt: skip
         with phase(f"{self.algorithm.name} setup"):  # e.g. label-set collection and index builds
             self.setup_facts = {**self.algorithm.setup(ctx), **facts}
 
@@ -223,7 +224,8 @@ class Experiment:
             if priv is not None:
                 for cb in self.callbacks:
                     priv = cb.wrap_privatizer(cid, round_idx, priv)
-            reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, gen, priv))
+            objective = self.algorithm.client_objective(p, d)  # client side: the algorithm's hooks into training
+            reply = self.algorithm.client_update(p, d, lambda q: self.trainer.update(q, d, self.local, gen, priv, objective))
             self.guard.check_up(cid, reply, record=False)  # the client's own update, before any protocol
             return reply
 

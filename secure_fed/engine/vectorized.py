@@ -13,7 +13,8 @@ settings) and resumes each client with its own result; its function then goes on
 clip …) and its wire message is yielded in cohort order, one at a time, as the engine expects.
 
 A request that the batched trainer does not cover (:func:`~secure_fed.algorithms.batched_sgd.unbatchable`:
-DP-SGD, momentum/Adam, dropout, label mask training, a model that is not a Linear/ReLU chain) runs at once with the
+DP-SGD, momentum/Adam, dropout, label mask training, a model that is not a Linear/ReLU chain; or one with a client
+objective, :mod:`secure_fed.algorithms.objective`, whose hooks the closed form has no place for) runs at once with the
 reference trainer, inside that client's own turn. It is counted by reason, logged once per reason, and reported in
 ``summary.json`` under ``executor``: nothing falls back silently.
 
@@ -39,6 +40,7 @@ import torch
 from secure_fed.algorithms.base import Payload
 from secure_fed.algorithms.batched_sgd import ModelFacts, TrainRequest, group_key, linear_chain, train_group, unbatchable
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
+from secure_fed.algorithms.objective import ClientObjective
 from secure_fed.algorithms.per_sample import GradientPrivatizer
 from secure_fed.engine.execution import Channel, ClientJob, Executor
 
@@ -116,10 +118,14 @@ class ChunkBatching:
         hp: LocalTraining,
         generator: torch.Generator,
         privatizer: GradientPrivatizer | None,
+        objective: ClientObjective | None = None,
     ) -> Payload:
         co = self.clients.get(greenlet.getcurrent())
         if co is None:  # not from a client of this chunk (e.g. the engine itself): train now
-            return trainer.update_one(payload, data, hp, generator, privatizer)
+            return trainer.update_one(payload, data, hp, generator, privatizer, objective)
+        if objective is not None:  # the closed form has no place for an objective's hooks: declared, counted
+            co._executor._count_unbatched(f"client objective {objective.name!r}")
+            return trainer.update_one(payload, data, hp, generator, privatizer, objective)
         return co.submit(trainer, TrainRequest(payload, data, hp, generator), privatizer)
 
 

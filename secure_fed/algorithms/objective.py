@@ -1,0 +1,84 @@
+"""The client objective: the hooks an algorithm implements into local training (:class:`ClientObjective`).
+
+Local training has one step (:class:`~secure_fed.algorithms.client.LocalTrainer`) on three paths: the sequential
+trainer, DP-SGD with per-sample gradients, and the vectorised executor's closed form. An algorithm changes what a
+client minimises only through these hooks, which every path calls the same way:
+
+* :meth:`ClientObjective.per_example_term`: a term of each example's loss (MOON's contrastive term). It is part
+  of the example's loss, so under DP-SGD it is inside the per-sample clip.
+* :meth:`ClientObjective.weight_term`: a gradient-like correction that depends only on the weights, the global
+  model and the client's own state (FedProx's μ(θ − θ_g), SCAFFOLD's c − c_i). It is added to the step's gradient;
+  under DP-SGD after the noise (post-processing of the private gradient: it reads no example).
+* :meth:`ClientObjective.begin` / :meth:`ClientObjective.end`: before and after the client's training, with its
+  own state (``ClientData.state``: kept on the client between rounds, saved with the clients' checkpoint, on Flower
+  kept on the node; an algorithm whose objective keeps state declares ``keeps_client_state``).
+
+Hooks see only the client's own data (the batch they are given), the global model (the θ the client received) and
+the client's own state: :class:`ObjectiveContext` holds nothing else.
+
+The vectorised executor trains a group of clients in one closed form that has no place for these hooks: a request
+with an objective runs one client at a time there, counted under the objective's reason in the summary's
+``executor`` record (:attr:`ClientObjective.name`), never silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+#: ``represent(x, theta=None)``: the model's representation of a batch (the family's encoder output), with the weights
+#: being trained (differentiable) or, with ``theta``, with those fixed weights (no gradient flows into them)
+Represent = Callable[..., torch.Tensor]
+
+
+@dataclass
+class ObjectiveContext:
+    """What a client's objective hooks may read: the global model, the client's own state, the step settings.
+
+    Attributes:
+        global_theta: θ as the client received it (the start of its training; detached).
+        state: the client's own state (``ClientData.state``), kept between rounds; hooks may write it.
+        lr: the local learning rate η.
+        num_examples: how many examples the client holds (its own fact).
+        steps: the optimiser steps taken so far in this update (set by the trainer; the total in :meth:`end`).
+        private: the steps are DP-SGD's (a per-example term is clipped and noised with the loss).
+    """
+
+    global_theta: dict[str, torch.Tensor]
+    state: dict[str, Any]
+    lr: float
+    num_examples: int
+    steps: int = 0
+    private: bool = False
+    #: the objective's own scratch for this update (e.g. tensors prepared in :meth:`ClientObjective.begin`)
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+
+class ClientObjective:
+    """Base class: no term, no state (local training unchanged). Subclasses override the hooks they use and say so
+    in :attr:`per_example` / :attr:`weight_only` (the trainer asks these before choosing a path)."""
+
+    #: a short name, used in the vectorised executor's reason for training the client one at a time
+    name: ClassVar[str] = "objective"
+    #: :meth:`per_example_term` returns a term (so DP-SGD computes per-sample gradients of loss + term)
+    per_example: ClassVar[bool] = False
+    #: :meth:`weight_term` returns a correction
+    weight_only: ClassVar[bool] = False
+
+    def begin(self, ctx: ObjectiveContext) -> None:
+        """Before the client's first step (read the client's state into ``ctx.scratch``)."""
+
+    def per_example_term(self, represent: Represent, x: torch.Tensor, y: torch.Tensor, ctx: ObjectiveContext) -> torch.Tensor:
+        """(b,) the term of each example of the batch ``x`` (labels ``y``), added to its loss."""
+        raise NotImplementedError
+
+    def weight_term(self, params: dict[str, torch.Tensor], ctx: ObjectiveContext) -> dict[str, torch.Tensor]:
+        """A correction per parameter name (a subset of θ's names), added to the step's gradient; ``params`` are the
+        current weights (detached)."""
+        raise NotImplementedError
+
+    def end(self, ctx: ObjectiveContext, theta_delta: dict[str, torch.Tensor]) -> None:
+        """After the client's last step, with its update (final − start, dense): update the client's state."""
