@@ -4,6 +4,7 @@ privatizer (full batch, zero noise) whose clip is either inactive or makes the d
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -83,8 +84,9 @@ def _setup(seed: int = 0):
     return model, theta, data
 
 
-def _train(model, theta, data, objective=None, privatizer=None, epochs=3):
+def _train(model, theta, data, objective=None, privatizer=None, epochs=3, fast=True):
     trainer = LocalTrainer(model, LinearHead())
+    trainer.linear_fast_path &= fast  # False: DP-SGD through per-sample gradients (vmap), as a non-linear model's
     hp = LocalTraining(epochs=epochs, batch_size=len(data.x), lr=LR)
     payload = {"theta": theta, "train_rows": False, "loss": "bce"}
     return trainer.update_one(payload, data, hp, torch.Generator().manual_seed(0), privatizer, objective)
@@ -133,11 +135,13 @@ def test_per_example_term_under_dp_sgd_is_inside_the_clip():
     assert 0 < norm <= 2 * LR * clip * (1 + 1e-6)
 
 
-def test_weight_term_under_dp_sgd_is_added_after_the_noise_unclipped():
+@pytest.mark.parametrize("fast", [True, False], ids=["ghost-norms", "per-sample"])
+def test_weight_term_under_dp_sgd_is_added_after_the_noise_unclipped(fast):
     """A clip that makes the data's gradient vanish (C = 1e-12) and a constant weight term: the update is the term's
     K·η steps exactly, not clipped (inside the clip it would be ~1e-12)."""
     model, theta, data = _setup(3)
-    delta = _train(model, theta, data, ConstantPull(0.25), FullBatch(len(data.x), clip=1e-12), epochs=3)["theta_delta"]
+    priv = FullBatch(len(data.x), clip=1e-12)
+    delta = _train(model, theta, data, ConstantPull(0.25), priv, epochs=3, fast=fast)["theta_delta"]
     for d in delta.values():
         torch.testing.assert_close(d, torch.full_like(d, -3 * LR * 0.25), atol=1e-6, rtol=0)  # fp32 steps
 
