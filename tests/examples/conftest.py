@@ -15,7 +15,7 @@ from secure_fed.config import schema
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "examples" / "plugins"
-PACKAGES = ("clipping_layer", "topk_fedavg")
+PACKAGES = ("clipping_layer", "topk_fedavg", "fedprox")
 
 
 def write_dist_info(where: Path, package: str) -> None:
@@ -37,7 +37,7 @@ def _clear_caches() -> None:
 
 @pytest.fixture
 def plugin_path(tmp_path, monkeypatch) -> list[str]:
-    """Both example packages registered in this process; returns the path entries (for a subprocess's PYTHONPATH)."""
+    """The example packages registered in this process; returns the path entries (for a subprocess's PYTHONPATH)."""
     dists = tmp_path / "site"
     for package in PACKAGES:
         write_dist_info(dists, package)

@@ -1,0 +1,5 @@
+"""FedProx (Li et al., MLSys 2020) as a plugin: ``algorithm: {name: fedprox, mu: 0.01}``.
+
+:mod:`.params` (light: pydantic) is what ``secure-fed validate`` imports; :mod:`.algorithm` (torch) only a run. Both
+import secure-fed through :mod:`secure_fed.plugin_api` alone.
+"""
