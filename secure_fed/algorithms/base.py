@@ -155,6 +155,8 @@ class Algorithm:
     #: its clients keep state between rounds (``ClientData.state``); on Flower it lives on the nodes (their
     #: ``context.state`` and own storage), and a node sends at most one message at a time
     keeps_client_state: ClassVar[bool] = False
+    #: the server reads each round's aggregate update of θ (:meth:`server_aggregate`)
+    reads_aggregate: ClassVar[bool] = False
     #: one client holding all data and all labels (the oracle)
     centralized: ClassVar[bool] = False
     #: the server's model is the algorithm's result (False for ``local``, where each client keeps its own and the
@@ -229,6 +231,12 @@ class Algorithm:
         """Client side: θ of the client's own model after :meth:`client_update` (what AmAP evaluates on the
         client's own test data). Default: the θ it received plus its update."""
         return {n: apply_delta(t, reply["theta_delta"][n]) for n, t in payload["theta"].items()}
+
+    def server_aggregate(self, theta_mean: dict[str, torch.Tensor], num_clients: int) -> None:
+        """Server side, when :attr:`reads_aggregate`: the round's mean update of θ as the server receives it (what the
+        layers release: under ``dp`` the noised sum over the denominator, under secure aggregation the unmasked sum),
+        before the server optimiser applies it, and how many clients it averages. Server state derived from it
+        (SCAFFOLD's control variate) is post-processing of that release. Default: nothing."""
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         """Modify W in place after aggregation; return stats to log. Default: nothing.

@@ -146,7 +146,9 @@ class LocalTrainer:
         ctx = None
         if objective is not None:
             theta = {n: t.detach() for n, t in payload["theta"].items()}
-            ctx = ObjectiveContext(theta, data.state, float(hp.lr), data.num_examples, private=privatizer is not None)
+            per_epoch = privatizer.steps_per_epoch() if privatizer is not None else -(-data.num_examples // hp.batch_size)
+            ctx = ObjectiveContext(theta, data.state, float(hp.lr), data.num_examples, hp.epochs * per_epoch,
+                                   private=privatizer is not None)  # fmt: skip
             objective.begin(ctx)
         if not self.has_dropout:
             reply = self._update(payload, data, hp, generator, privatizer, objective, ctx)

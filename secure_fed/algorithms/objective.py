@@ -43,6 +43,8 @@ class ObjectiveContext:
         state: the client's own state (``ClientData.state``), kept between rounds; hooks may write it.
         lr: the local learning rate η.
         num_examples: how many examples the client holds (its own fact).
+        planned_steps: the optimiser steps this update will take (epochs × batches per epoch; DP-SGD's: epochs × its
+            steps per epoch), known in :meth:`ClientObjective.begin`.
         steps: the optimiser steps taken so far in this update (set by the trainer; the total in :meth:`end`).
         private: the steps are DP-SGD's (a per-example term is clipped and noised with the loss).
     """
@@ -51,6 +53,7 @@ class ObjectiveContext:
     state: dict[str, Any]
     lr: float
     num_examples: int
+    planned_steps: int = 0
     steps: int = 0
     private: bool = False
     #: the objective's own scratch for this update (e.g. tensors prepared in :meth:`ClientObjective.begin`)
