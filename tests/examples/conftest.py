@@ -15,7 +15,7 @@ from secure_fed.config import schema
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "examples" / "plugins"
-PACKAGES = ("clipping_layer", "topk_fedavg", "fedprox", "scaffold")
+PACKAGES = ("clipping_layer", "topk_fedavg", "fedprox", "scaffold", "moon")
 
 
 def write_dist_info(where: Path, package: str) -> None:
