@@ -10,6 +10,7 @@ config paths) and an attribute read or write named like a section (``cfg.privacy
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from secure_fed.plugins import registry
@@ -156,3 +157,56 @@ def test_no_product_module_names_an_attack_outside_its_own_modules():
                     found.append(f"{rel}:{line}: {name} ({what})")
     print("\n".join(found))
     assert not found, f"{len(found)} place(s) name an attack outside its own modules:\n" + "\n".join(found)
+
+
+#: the example algorithm plugins (examples/plugins/) and what is theirs alone: the core reaches them only through
+#: the client objective's hooks and the algorithm's public methods (:mod:`secure_fed.plugin_api`)
+PLUGIN_ALGORITHM_WORDS = re.compile(r"\b(fedprox|scaffold|moon)\b|control[ _-]?variates?", re.IGNORECASE)
+#: identifiers (names, attributes, arguments, keywords, string keys) the core must not use: the plugins' settings
+PLUGIN_IDENTIFIERS = {"mu", "fedprox", "scaffold", "moon", "control", "control_variate", "control_variates", "c_i"}
+
+
+def plugin_algorithm_sites(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` for each place in ``source`` that names a plugin algorithm or its settings: the words anywhere
+    in the text (code, strings, docstrings, comments), and the identifiers of :data:`PLUGIN_IDENTIFIERS`."""
+    out = [(source.count("\n", 0, m.start()) + 1, m.group(0)) for m in PLUGIN_ALGORITHM_WORDS.finditer(source)]
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            names = [node.arg]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        out += [(node.lineno, repr(n)) for n in names if n.lower() in PLUGIN_IDENTIFIERS]
+    return sorted(out)
+
+
+def test_no_core_module_names_a_plugin_algorithm():
+    found = []
+    for path in sorted((ROOT / "secure_fed").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        found += [f"{rel}:{line}: {what}" for line, what in plugin_algorithm_sites(path.read_text())]
+    assert not found, f"{len(found)} place(s) in secure_fed/ name a plugin algorithm:\n" + "\n".join(found)
+
+
+def test_the_algorithm_scan_sees_words_identifiers_and_keys():
+    src = '"""FedProx."""\nx = cfg.mu\n# SCAFFOLD\ndef f(mu): pass\ng(c_i=1)\nd["moon"]\ny = "control variates"\n'
+    assert [line for line, _ in plugin_algorithm_sites(src)] == [1, 2, 3, 4, 5, 6, 6, 7]
+
+
+def test_the_example_plugins_import_secure_fed_through_the_public_api_only():
+    """Each of the objective plugins imports from ``secure_fed`` only :mod:`secure_fed.plugin_api`."""
+    for package in ("fedprox", "scaffold", "moon"):
+        files = sorted((ROOT / "examples" / "plugins" / package / package).glob("*.py"))
+        assert files
+        for path in files:
+            for node in ast.walk(ast.parse(path.read_text())):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                mods += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                for mod in mods:
+                    assert not mod.startswith("secure_fed") or mod == "secure_fed.plugin_api", f"{path}: imports {mod}"

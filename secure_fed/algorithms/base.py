@@ -236,7 +236,7 @@ class Algorithm:
         """Server side, when :attr:`reads_aggregate`: the round's mean update of θ as the server receives it (what the
         layers release: under ``dp`` the noised sum over the denominator, under secure aggregation the unmasked sum),
         before the server optimiser applies it, and how many clients it averages. Server state derived from it
-        (SCAFFOLD's control variate) is post-processing of that release. Default: nothing."""
+        (e.g. a correction the clients apply in the next round) is post-processing of that release. Default: nothing."""
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         """Modify W in place after aggregation; return stats to log. Default: nothing.

@@ -4,10 +4,12 @@ Local training has one step (:class:`~secure_fed.algorithms.client.LocalTrainer`
 trainer, DP-SGD with per-sample gradients, and the vectorised executor's closed form. An algorithm changes what a
 client minimises only through these hooks, which every path calls the same way:
 
-* :meth:`ClientObjective.per_example_term`: a term of each example's loss (MOON's contrastive term). It is part
+* :meth:`ClientObjective.per_example_term`: a term of each example's loss (e.g. a contrastive term between the
+  model's representation and the global model's). It is part
   of the example's loss, so under DP-SGD it is inside the per-sample clip.
 * :meth:`ClientObjective.weight_term`: a gradient-like correction that depends only on the weights, the global
-  model and the client's own state (FedProx's μ(θ − θ_g), SCAFFOLD's c − c_i). It is added to the step's gradient;
+  model and the client's own state (e.g. a proximal term's gradient towards the global model, or a constant
+  correction kept in the client's state). It is added to the step's gradient;
   under DP-SGD after the noise (post-processing of the private gradient: it reads no example).
 * :meth:`ClientObjective.begin` / :meth:`ClientObjective.end`: before and after the client's training, with its
   own state (``ClientData.state``: kept on the client between rounds, saved with the clients' checkpoint, on Flower
