@@ -136,7 +136,7 @@ def unbatchable(model: nn.Module, family, req: TrainRequest, privatizer=None, *,
         return "DP-SGD in client training"
     if hp.optimizer != "sgd" or hp.momentum or hp.weight_decay:
         return "client optimiser other than plain SGD"
-    if family.label_masked or "ca_mle_tau" in req.payload:
+    if family.label_masked:
         return "label mask training"
     facts = facts or ModelFacts.of(model)
     if facts.has_dropout:

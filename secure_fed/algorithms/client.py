@@ -221,11 +221,13 @@ class LocalTrainer:
         loss_fn = LOSSES[payload["loss"]]
         n = data.num_examples
         total, steps = 0.0, 0
-        uncertain = self._ca_mle(payload) if "ca_mle_tau" in payload else None
+        uncertain, random_mask = None, True
+        if objective is not None and objective.masks_labels:  # e.g. CA-MLE: labels the global model is unsure of
+            uncertain = objective.unknown_labels(self._global_probabilities(payload["theta"]), ctx)
+            random_mask = bool(objective.random_label_mask)
         self.model.train()
         if privatizer is not None:
             no_dropout(self.model)
-        random_mask = bool(payload.get("ca_mle_random_mask", True))
         for epoch in range(hp.epochs):
             if privatizer is None:
                 perm = torch.randperm(n, generator=generator).to(data.x.device)
@@ -355,18 +357,14 @@ class LocalTrainer:
             p.grad = step_grads[n].to(p.dtype).reshape(p.shape)
         return float(torch.cat(losses).mean()) if losses else None
 
-    def _ca_mle(self, payload: Payload):
-        """FedLGT's CA-MLE (eq. 4) on this client: the global model it received (θ of the payload, through the
-        working model with those weights, in eval mode, all labels unknown) scores every sample of a batch; the
-        labels it is uncertain about (|p − τ| ≤ ε) are returned as a mask. No new message: it uses the payload."""
+    def _global_probabilities(self, theta: dict[str, torch.Tensor]):
+        """``probabilities(x)``: the (b, C) probabilities of the global model the client received (θ, through the
+        working model with those weights, in eval mode, every label unknown) for a batch ``x``; what an objective's
+        :meth:`~secure_fed.algorithms.objective.ClientObjective.unknown_labels` reads (FedLGT's CA-MLE)."""
         from torch.func import functional_call
 
-        from secure_fed.models.ctran import ca_mle_unknown
-
-        theta, tau, eps = payload["theta"], float(payload["ca_mle_tau"]), float(payload["ca_mle_epsilon"])
-
         @torch.no_grad()
-        def uncertain(x: torch.Tensor) -> torch.Tensor:
+        def probabilities(x: torch.Tensor) -> torch.Tensor:
             was_training = self.model.training
             # eval mode: dropout off, and batch norm reads its running statistics, which are parameters in θ here
             # (FederatedBatchNorm2d): in training mode it would write the batch's statistics into the payload
@@ -376,9 +374,9 @@ class LocalTrainer:
                     p = torch.sigmoid(functional_call(self.model, theta, (x.float(),)).float())
             finally:
                 self.model.train(was_training)
-            return ca_mle_unknown(p, tau, eps)
+            return p
 
-        return uncertain
+        return probabilities
 
 
 def no_dropout(model: nn.Module) -> None:

@@ -72,6 +72,11 @@ class ClientObjective:
     per_example: ClassVar[bool] = False
     #: :meth:`weight_term` returns a correction
     weight_only: ClassVar[bool] = False
+    #: :meth:`unknown_labels` chooses labels to train on as unknown (a label-masked model family's training)
+    masks_labels: ClassVar[bool] = False
+    #: with :attr:`masks_labels`: the family's random label mask is kept, the chosen labels added to it (else only the
+    #: chosen labels are unknown)
+    random_label_mask: bool = True
 
     def begin(self, ctx: ObjectiveContext) -> None:
         """Before the client's first step (read the client's state into ``ctx.scratch``)."""
@@ -83,6 +88,14 @@ class ClientObjective:
     def weight_term(self, params: dict[str, torch.Tensor], ctx: ObjectiveContext) -> dict[str, torch.Tensor]:
         """A correction per parameter name (a subset of θ's names), added to the step's gradient; ``params`` are the
         current weights (detached)."""
+        raise NotImplementedError
+
+    def unknown_labels(
+        self, global_probabilities: Callable[[torch.Tensor], torch.Tensor], ctx: ObjectiveContext
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """For a label-masked model family: a function of a batch ``x`` giving the (b, C) bool mask of the labels to
+        train on as unknown, given ``global_probabilities(x)``, the (b, C) probabilities of the global model the
+        client received (fp32, eval mode, every label unknown)."""
         raise NotImplementedError
 
     def end(self, ctx: ObjectiveContext, theta_delta: dict[str, torch.Tensor]) -> None:

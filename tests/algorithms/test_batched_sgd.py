@@ -17,7 +17,7 @@ from secure_fed.algorithms.base import ClientData
 from secure_fed.algorithms.batched_sgd import TrainRequest, linear_chain, relative_error, train_group, unbatchable
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.models.encoders import MLPEncoder, SparseTextEncoder
-from secure_fed.models.families import CosineEmbedding, LinearHead
+from secure_fed.models.families import CosineEmbedding, CTranFamily, LinearHead
 from secure_fed.models.group_updates import DeferredDelta
 
 #: client sizes: ragged last batches, one client smaller than a batch, one with many steps (lock step + padding),
@@ -197,7 +197,7 @@ def test_what_the_batched_trainer_does_not_cover_is_named():
     assert "SGD" in unbatchable(model, fam, req(LocalTraining(weight_decay=0.1)))
     assert "SGD" in unbatchable(model, fam, req(LocalTraining(optimizer="adam")))
     assert "softmax" in unbatchable(model, fam, req(loss="softmax"))
-    assert "mask" in unbatchable(model, fam, req(ca_mle_tau=0.5))
+    assert "mask" in unbatchable(model, CTranFamily(), req())
     dropout = nn.Sequential(nn.Linear(6, 4), nn.Dropout(0.5))
     assert unbatchable(dropout, fam, req()) is not None
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from secure_fed.algorithms.client import LocalTrainer
+from secure_fed.algorithms.fedlgt import CaMle
 from secure_fed.algorithms.losses import LOSSES
 from secure_fed.models.ctran import (
     NEGATIVE,
@@ -117,7 +118,7 @@ def test_ca_mle_marks_every_sample_whose_global_probability_is_within_epsilon_of
     tau, eps = float(p.median()), 0.05
     expected = (p >= tau - eps) & (p <= tau + eps)
     worker.train()
-    got = trainer._ca_mle({"theta": theta, "ca_mle_tau": tau, "ca_mle_epsilon": eps})(x)
+    got = CaMle(tau, eps).unknown_labels(trainer._global_probabilities(theta), None)(x)
     assert torch.equal(got, expected)
     assert 0 < int(expected.sum()) < expected.numel()
     assert int(expected[1:].any(dim=1).sum()) > 10  # samples after the first are masked too
@@ -166,8 +167,7 @@ def test_ca_mle_leaves_the_payload_unchanged_with_batch_norm_statistics_in_theta
     theta = {n: p.detach().clone() for n, p in model.named_parameters()}
     before = {n: t.clone() for n, t in theta.items()}
     model.train()
-    mask = LocalTrainer(model, CTranFamily())._ca_mle({"theta": theta, "ca_mle_tau": 0.5, "ca_mle_epsilon": 0.1})(
-        torch.randn(8, 3 * 32 * 32) * 3
-    )
+    probabilities = LocalTrainer(model, CTranFamily())._global_probabilities(theta)
+    mask = CaMle(0.5, 0.1).unknown_labels(probabilities, None)(torch.randn(8, 3 * 32 * 32) * 3)
     assert mask.shape == (8, L)
     assert all(torch.equal(theta[n], before[n]) for n in theta)
