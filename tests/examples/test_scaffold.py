@@ -6,6 +6,7 @@ with secure aggregation, and on Flower."""
 
 from __future__ import annotations
 
+import json
 import math
 import types
 
@@ -132,3 +133,26 @@ def test_it_runs_under_client_dp_secure_aggregation_and_on_flower(tmp_path, plug
     assert all(n <= 1.0 * (1 + 1e-6) for _, _, n in runs[0]["sent"])  # dp's clip_norm
     assert runs[2]["summary"]["final"] == runs[3]["summary"]["final"]  # on Flower (state on the nodes) as in process
     assert runs[3]["summary"]["final"] != runs[4]["summary"]["final"]  # the correction changes training (round 2)
+
+
+def test_a_resumed_run_takes_up_the_control_variates_exactly(tmp_path, plugin_path):
+    """The clients' c_i (their state, in the clients' checkpoint) and the server's ĉ (the algorithm's state) survive a
+    checkpoint: 2 rounds, resume, 2 more equal 4 rounds at once."""
+    from scaffold.algorithm import STATE_KEY
+
+    from secure_fed.engine import Experiment
+    from tests.conftest import small_config
+
+    ov = ["algorithm.name=scaffold", "training.rounds=4", "evaluation.every=1", "output.checkpoint_every=2"]
+    a = Experiment(small_config(*ov), run_dir=tmp_path / "a")
+    a.run(progress=False)
+    Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "b").run(progress=False)
+    b = Experiment(small_config(*ov), run_dir=tmp_path / "b")
+    assert b.resume() and b.round == 2
+    b.run(progress=False)
+    for ca, cb in zip(a.fed.clients, b.fed.clients, strict=True):
+        assert all(torch.equal(ca.state[STATE_KEY][n], cb.state[STATE_KEY][n]) for n in ca.state[STATE_KEY])
+    assert all(torch.equal(a.algorithm.control[n], b.algorithm.control[n]) for n in a.algorithm.control)
+    read = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in "ab"]
+    assert [r["round"] for r in read[1]] == [1, 2, 3, 4]
+    assert [r["mAP"] for r in read[0]] == [r["mAP"] for r in read[1]]
