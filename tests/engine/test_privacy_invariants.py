@@ -141,8 +141,8 @@ def test_guard_stops_a_leaky_client_on_the_training_path(tmp_path):
     exp.setup()
     honest = exp.trainer.update
 
-    def foreign_row(payload, data, hp, gen, privatizer=None):
-        reply = honest(payload, data, hp, gen, privatizer)
+    def foreign_row(payload, data, hp, gen, privatizer=None, objective=None):
+        reply = honest(payload, data, hp, gen, privatizer, objective)
         other = (int(data.client_id) + 1) % len(exp.fed.clients)
         return {**reply, "row_ids": torch.tensor([other])}
 
@@ -150,8 +150,8 @@ def test_guard_stops_a_leaky_client_on_the_training_path(tmp_path):
     with pytest.raises(PrivacyViolation, match="do not belong"):
         exp.train_round()
 
-    def features(payload, data, hp, gen, privatizer=None):
-        return {**honest(payload, data, hp, gen, privatizer), "features": data.x}
+    def features(payload, data, hp, gen, privatizer=None, objective=None):
+        return {**honest(payload, data, hp, gen, privatizer, objective), "features": data.x}
 
     exp.trainer.update = features
     with pytest.raises(PrivacyViolation, match="not allowed"):

@@ -145,8 +145,8 @@ def test_a_diverged_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
     e.setup()
     real = e.trainer.update
 
-    def poisoned(payload, data, hp, gen, privatizer=None):  # round 3 sends a non-finite update
-        reply = real(payload, data, hp, gen, privatizer)
+    def poisoned(payload, data, hp, gen, privatizer=None, objective=None):  # round 3 sends a non-finite update
+        reply = real(payload, data, hp, gen, privatizer, objective)
         if e.round == 2:
             reply["theta_delta"] = {n: t * float("nan") for n, t in reply["theta_delta"].items()}
         return reply
