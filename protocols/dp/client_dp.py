@@ -14,7 +14,6 @@ sampled clients / population (Poisson sampling).
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
@@ -26,6 +25,7 @@ from protocols.randomness import SecretStream
 from secure_fed.algorithms.base import Payload
 from secure_fed.client_functions import client_step
 from secure_fed.engine.aggregation import Aggregate
+from secure_fed.errors import SecureFedError
 from secure_fed.models.sparse_rows import dense_delta
 
 
@@ -82,29 +82,24 @@ def clip_step(reply: Payload, *, clip_norm: float, weight_cap: float | None = No
     return reply if bit is None else {**reply, BIT_KEY: bit}
 
 
-log = logging.getLogger(__name__)
-
-#: the smallest noise share, in grid steps, without a warning: Kairouz–Liu–Steinke's τ is then below 10^-150 per
-#: summand (:func:`protocols.dp.discrete_gaussian.distributed_tau`), so the secure sum of the shares has the Rényi
-#: divergences of the discrete Gaussian of their total variance to double precision
+#: the smallest noise share, in grid steps: Kairouz–Liu–Steinke's τ is then below 10^-150 per summand
+#: (:func:`protocols.dp.discrete_gaussian.distributed_tau`), so the secure sum of the shares has the Rényi divergences of
+#: the discrete Gaussian of their total variance to double precision; the ledger's curve carries no τ, so a smaller
+#: share is refused (its ε would not hold)
 MIN_SHARE_GRID_STEPS = 6.0
 
 
-_warned_small_share = False
-
-
-def _warn_small_share(share: float, grid: float) -> None:
-    """Once a process: a share below :data:`MIN_SHARE_GRID_STEPS` grid steps. Then Kairouz–Liu–Steinke's correction
-    τ·d is not negligible and is not in the reported ε: this happens only at a σ whose ε is enormous anyway (on the
-    sensitivity's own grid, σ ≲ 6·2^-10·√(t/d)), or with a very coarse ``secure_aggregation.frac_bits``."""
-    global _warned_small_share
-    _warned_small_share = True
-    log.warning(
-        "warning: privacy.client.noise: clients: a noise share of std %.4g is %.3g steps of the grid %g; below %g steps "
-        "the secure sum of discrete Gaussian shares is not within a negligible distance of one (Kairouz, Liu & Steinke "
-        "2021), and the reported ε does not include the difference: raise secure_aggregation.frac_bits or σ",
-        share, share / grid, grid, MIN_SHARE_GRID_STEPS,
-    )  # fmt: skip
+def _refuse_small_share(share: float, grid: float) -> None:
+    """A share below :data:`MIN_SHARE_GRID_STEPS` grid steps: Kairouz–Liu–Steinke's correction τ·d is then not
+    negligible and the ledger does not carry it, so the client refuses to send the update (nothing is released). It
+    happens only at a σ whose ε is enormous anyway (on the sensitivity's own grid, σ ≲ 6·2^-10·√(t/d)), or with a
+    very coarse ``secure_aggregation.frac_bits``."""
+    raise SecureFedError(
+        f"privacy.client.noise: clients: a noise share of std {share:.4g} is {share / grid:.3g} steps of the grid {grid:g}; "
+        f"below {MIN_SHARE_GRID_STEPS:g} steps the secure sum of discrete Gaussian shares is not provably within a "
+        "negligible distance of one (Kairouz, Liu & Steinke 2021), which the reported ε assumes: raise "
+        "secure_aggregation.frac_bits or σ"
+    )
 
 
 def update_dim(reply: Payload, rows_shape: tuple[int, int] | None) -> int:
@@ -135,8 +130,8 @@ def add_client_noise(
     out = dense_update(reply)
     grid, corrected = release_grid(clip_norm, update_dim(out, rows_shape), finest_grid, slack=slack)
     share = std * corrected / clip_norm
-    if 0.0 < share < MIN_SHARE_GRID_STEPS * grid and not _warned_small_share:
-        _warn_small_share(share, grid)
+    if 0.0 < share < MIN_SHARE_GRID_STEPS * grid:
+        _refuse_small_share(share, grid)
     out["theta_delta"] = {n: snap_and_noise(t, share, grid, stream, f"{label} {n}") for n, t in out["theta_delta"].items()}
     if "rows_delta" in out:
         out["rows_delta"] = snap(out["rows_delta"], grid)

@@ -63,9 +63,9 @@ n such shares is not exactly a discrete Gaussian; Kairouz, Liu & Steinke, "The D
 Mechanism for Federated Learning with Secure Aggregation" (ICML 2021, Thm 1/Prop. 14) bound it: for integer shifts Δ,
 D_α(ΣZ + Δ ‖ ΣZ) ≤ α‖Δ‖²/(2ns²) + τ·d with τ = 10·Σ_{k=1}^{n−1} e^{−2π²s²·k/(k+1)} (:func:`distributed_tau`). From
 s = 6 on τ < 10^-150·n: the correction is below double precision and the ledger's continuous bound is the one used.
-On the sensitivity's own grid s ≈ σ·2^10·√(d/t), far above 6 at any σ worth accounting; a client warns (once) when
-its share is below 6 steps (``client_dp.MIN_SHARE_GRID_STEPS``: a σ near 0, or a very coarse ``frac_bits``), and
-then τ·d is not in the reported ε.
+On the sensitivity's own grid s ≈ σ·2^10·√(d/t), far above 6 at any σ worth accounting; a client refuses to send
+an update whose share is below 6 steps (``client_dp.MIN_SHARE_GRID_STEPS``: a σ near 0, or a very coarse
+``frac_bits``), since τ·d is not in the ledger's curve.
 """
 
 from __future__ import annotations

@@ -274,17 +274,16 @@ def test_no_dp_module_draws_floating_point_gaussians():
         assert ".gaussian(" not in src and "randn" not in src, mod.name
 
 
-def test_a_noise_share_of_a_few_grid_steps_is_warned_about(caplog, monkeypatch):
+def test_a_noise_share_of_a_few_grid_steps_is_refused():
     """Below 6 grid steps (a coarse encoding, a small share) the sum of discrete Gaussian shares is not provably a
-    discrete Gaussian to double precision (KLS 2021's τ): the client says so (once a process)."""
-    from protocols.dp import client_dp
+    discrete Gaussian to double precision (KLS 2021's τ), which the ledger's curve assumes: the client refuses to send
+    its update (one line naming frac_bits)."""
+    from secure_fed.errors import SecureFedError
 
-    monkeypatch.setattr(client_dp, "_warned_small_share", False)
     reply = {"theta_delta": {"w": torch.zeros(100)}, "loss": 0.0, "num_examples": 1}
     out = add_client_noise(reply, std=0.1, rows_shape=None, stream=_stream(30), label="s", clip_norm=1.0, finest_grid=2.0**-6)
-    assert dg.on_grid(out["theta_delta"]["w"], 2.0**-6) and not caplog.records  # 0.1·(1 + 2^-6·√100) / 2^-6 = 7.4 steps
-    add_client_noise(reply, std=0.1, rows_shape=None, stream=_stream(30), label="s", clip_norm=1.0, finest_grid=2.0**-5)
-    assert len(caplog.records) == 1 and "frac_bits" in caplog.records[0].getMessage()  # 2^-5: 4.2 steps
-    add_client_noise(reply, std=0.1, rows_shape=None, stream=_stream(30), label="s", clip_norm=1.0, finest_grid=2.0**-5)
-    assert len(caplog.records) == 1
+    assert dg.on_grid(out["theta_delta"]["w"], 2.0**-6)  # 0.1·(1 + 2^-6·√100) / 2^-6 = 7.4 steps
+    with pytest.raises(SecureFedError, match="frac_bits") as err:  # 2^-5: 4.2 steps
+        add_client_noise(reply, std=0.1, rows_shape=None, stream=_stream(30), label="s", clip_norm=1.0, finest_grid=2.0**-5)
+    assert "\n" not in str(err.value)
     assert dg.distributed_tau(6.0, 10**6) < 1e-140
