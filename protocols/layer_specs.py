@@ -560,15 +560,14 @@ def _planned_blocks(p) -> tuple[str, ...]:
 
 def _discrete_gaussian_text(history: list[tuple[float, float, int]], delta: float) -> str:
     """The unit's ε under the proven RDP of the discrete Gaussian it draws (:mod:`protocols.dp.discrete_gaussian_accounting`:
-    the subsampled Gaussian's integer-order value, exact for the discrete one; the RDP ledger's own value), beside the
-    continuous-Gaussian analysis at Opacus's fractional orders too (the ledger's value before that proof)."""
+    the subsampled Gaussian's value at integer orders, exact for the discrete one; the RDP ledger's own value), beside
+    the continuous-Gaussian analysis at every order of the grid (the ledger's value before that proof)."""
     from protocols.dp.discrete_gaussian_accounting import continuous_epsilon, discrete_gaussian_epsilon
 
     proven, cont = discrete_gaussian_epsilon(history, delta), continuous_epsilon(history, delta)
     return (
-        f"discrete Gaussian, proven bound: ε = {proven:.4g} (integer-order RDP, exact for the discrete Gaussian: "
-        f"protocols/dp/discrete_gaussian_accounting.py; the continuous-Gaussian analysis with fractional orders: "
-        f"ε = {cont:.4g})"
+        f"discrete Gaussian, proven bound: ε = {proven:.4g} (the RDP ledger's, proven for the discrete Gaussian: "
+        f"protocols/dp/discrete_gaussian_accounting.py; the continuous-Gaussian analysis at every order: ε = {cont:.4g})"
     )
 
 

@@ -1,4 +1,4 @@
-"""The Poisson-subsampled discrete Gaussian's RDP at integer orders, with its proof; and Zhu & Wang's general bound.
+"""The Poisson-subsampled discrete Gaussian's RDP, with its proof (exact at integer orders); and Zhu & Wang's bound.
 
 **The mechanism.** Every release is snap(S) + γ·Z (:mod:`protocols.dp.discrete_gaussian`): in grid units an
 integer vector u plus Z ~ N_Z(0, s²I_d), the discrete Gaussian on Z^d (P(z) ∝ exp(−‖z‖²/(2s²))), s = σR with R the
@@ -11,13 +11,14 @@ add/remove neighbours D' = D ∪ {x}, fix the others' sample: the outputs are P0
     ε_q(α) = 1/(α−1) · log A_α,   A_α = Σ_{l=0}^{α} C(α,l) (1−q)^{α−l} q^l exp(l(l−1)/(2σ²)),
 
 which is Mironov, Talwar & Zhang's integer-order value for the continuous sampled Gaussian ("Rényi Differential
-Privacy of the Sampled Gaussian Mechanism", 2019, §3.3; Opacus's ``_compute_log_a_for_int_alpha``). It is attained
-(the remove direction at ‖v‖ = R), so it is the tight RDP of the mechanism at those orders.
+Privacy of the Sampled Gaussian Mechanism", 2019, §3.3; Opacus's ``_compute_log_a_for_int_alpha``). Step 1 below is
+an equality, so a neighbour whose v has ‖v‖ = R attains it: no smaller curve is proven at these orders.
 
 *Step 0 (one pair).* M(D) and M(D') are mixtures, with the same weights, over the others' sample. For α > 1,
 exp((α−1)D_α(P‖Q)) = E_Q[(P/Q)^α] is the f-divergence of the convex f(x) = x^α, hence jointly convex (Csiszár 1967;
-for Rényi divergence, van Erven & Harremoës 2014, Thm 13): each direction is at most its largest value over the
-components. Translation by −u is a bijection of Z^d that moves P0, P1 together, so take u = 0.
+Liese & Vajda 2006), so D_α of the two mixtures is at most the largest D_α over the components (the joint
+quasi-convexity of Rényi divergence, van Erven & Harremoës 2014), in each direction. Translation by −u is a
+bijection of Z^d that moves P0, P1 together, so take u = 0.
 
 *Step 1 (remove direction, exact).* Let L = P1/P0. A_α := E_{P0}[(μ/P0)^α] = E_{P0}[(1 − q + qL)^α]
 = Σ_l C(α,l)(1−q)^{α−l} q^l M_l (binomial theorem, α an integer), M_l = Σ_{x∈Z^d} P0(x)^{1−l} P1(x)^l. Completing
@@ -49,13 +50,13 @@ M_l = exp((l−1)·D_l(P1‖P0)) ≤ exp((l−1)(l/(2σ²) + τ)) for l ≥ 2 (K
 Prop. 14: τ = d·10·Σ_{k=1}^{n−1} exp(−2π²s²·k/(k+1)), :func:`protocols.dp.discrete_gaussian.distributed_tau`), while
 M_0 = M_1 = 1 exactly. ``tau`` below is that τ; τ = 0 is the single draw of the theorem.
 
-**Fractional orders.** Step 1 needs an integer α; Step 2 holds at every real α ≥ 1. Between integers,
-α ↦ (α−1)D_α = log A_α is convex (Hölder; van Erven & Harremoës 2014, Thm 11), and log A_1 = log E[X] = 0, so for
+**Fractional orders.** Step 1 needs an integer α; Step 2 holds at every real α ≥ 1. α ↦ log A_α = log E_{P0}[X^α] is
+convex (Hölder: E[X^{λα₀+(1−λ)α₁}] ≤ E[X^{α₀}]^λ·E[X^{α₁}]^{1−λ}), and log A_1 = log E[X] = 0, so for
 k < α < k + 1, log A_α ≤ (k + 1 − α)·U_k + (α − k)·U_{k+1} with U_k any upper bound of log A_k (U_1 = 0): the ledger's
 fractional orders (Opacus's 1.1 … 10.9) carry that value. Without sampling (q = 1, τ = 0) the curve is α/(2σ²) at
 every real α (Canonne, Kamath & Steinke, NeurIPS 2020, Thm 4/15). Opacus's continuous value at a fractional order
-with q < 1 is not claimed for the discrete mechanism. Every value is then replaced by its minimum over the larger
-given orders (D_α is non-decreasing in α) and capped by the unsampled curve (joint convexity again).
+with q < 1 is not claimed for the discrete mechanism. (At the integer orders no cap by the unsampled curve is needed:
+A_α is a weighted mean of the M_l ≤ e^{(α−1)(α/(2σ²) + τ)}, so the curve is at most α/(2σ²) + τ by construction.)
 
 **Checks** (``tests/protocols/test_discrete_gaussian_accounting.py``): A_α and B_α summed over the lattice by brute
 force (d = 1, 2, 3, several v of one norm) against the formula and B_α ≤ A_α; the formula against Opacus and
@@ -145,23 +146,15 @@ def _log_a(sigma: float, q: float, a: int, tau: float) -> float:
     return float(np.logaddexp(0.0, m + math.log(float(np.exp(t - m).sum()))))
 
 
-def _integer_bound(sigma: float, q: float, k: int, tau: float) -> float:
-    """U_k ≥ log A_k at the integer order k ≥ 1: the theorem's (or the shares') value, capped by (k−1)·(k/(2σ²) + τ)
-    (the unsampled curve: joint convexity); U_1 = log E[X] = 0."""
-    if k == 1:
-        return 0.0
-    return min(_log_a(sigma, q, k, tau), (k - 1) * (k / (2.0 * sigma * sigma) + tau))
-
-
 @lru_cache(maxsize=4096)
 def _curve(sigma: float, q: float, tau: float, orders: tuple[float, ...]) -> tuple[float, ...]:
     if q == 1.0 and tau == 0.0:  # CKS 2020: α/(2σ²) at every real order
         return tuple(a / (2.0 * sigma * sigma) for a in orders)
-    u: dict[int, float] = {}
+    u: dict[int, float] = {1: 0.0}  # U_k ≥ log A_k; U_1 = log E[X] = 0
 
     def bound(k: int) -> float:
         if k not in u:
-            u[k] = (k - 1) * (k / (2.0 * sigma * sigma) + tau) if q == 1.0 else _integer_bound(sigma, q, k, tau)
+            u[k] = (k - 1) * (k / (2.0 * sigma * sigma) + tau) if q == 1.0 else _log_a(sigma, q, k, tau)
         return u[k]
 
     out = []
@@ -170,7 +163,7 @@ def _curve(sigma: float, q: float, tau: float, orders: tuple[float, ...]) -> tup
         lam = (k + 1) - a  # log A_α ≤ λ·U_k + (1 − λ)·U_{k+1} (log-convexity); λ = 1 at an integer
         log_a = bound(k) if lam == 1.0 else lam * bound(k) + (1.0 - lam) * bound(k + 1)
         out.append(log_a / (a - 1.0))
-    return tuple(_suffix_min(list(orders), np.array(out)))
+    return tuple(out)
 
 
 def discrete_gaussian_subsampled_rdp(sigma: float, q: float, orders: Sequence = LEDGER_ORDERS, tau: float = 0.0) -> np.ndarray:
