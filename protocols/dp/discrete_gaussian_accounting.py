@@ -55,8 +55,10 @@ convex (Hölder: E[X^{λα₀+(1−λ)α₁}] ≤ E[X^{α₀}]^λ·E[X^{α₁}]^
 k < α < k + 1, log A_α ≤ (k + 1 − α)·U_k + (α − k)·U_{k+1} with U_k any upper bound of log A_k (U_1 = 0): the ledger's
 fractional orders (Opacus's 1.1 … 10.9) carry that value. Without sampling (q = 1, τ = 0) the curve is α/(2σ²) at
 every real α (Canonne, Kamath & Steinke, NeurIPS 2020, Thm 4/15). Opacus's continuous value at a fractional order
-with q < 1 is not claimed for the discrete mechanism. (At the integer orders no cap by the unsampled curve is needed:
-A_α is a weighted mean of the M_l ≤ e^{(α−1)(α/(2σ²) + τ)}, so the curve is at most α/(2σ²) + τ by construction.)
+with q < 1 is not claimed for the discrete mechanism, and is not an upper bound in general: at α = 1.1, q = 0.01,
+σ = 0.233 (v = 3, s = 0.7) the lattice sum gives 0.069301 against the continuous 0.069018 (tested). (At the integer
+orders no cap by the unsampled curve is needed: A_α is a weighted mean of the M_l ≤ e^{(α−1)(α/(2σ²) + τ)}, so the
+curve is at most α/(2σ²) + τ by construction.)
 
 **Checks** (``tests/protocols/test_discrete_gaussian_accounting.py``): A_α and B_α summed over the lattice by brute
 force (d = 1, 2, 3, several v of one norm) against the formula and B_α ≤ A_α; the formula against Opacus and

@@ -90,6 +90,18 @@ def test_remove_direction_equals_the_continuous_integer_order_value_and_add_is_b
                 assert log_a / (a - 1) >= bound * (1 - 1e-3)
 
 
+def test_at_a_fractional_order_the_continuous_value_does_not_cover_the_discrete_gaussian():
+    """Why the fractional orders are interpolated: at α = 1.1, q = 0.01, v = 3, s = 0.7 (σ = 0.233) the discrete
+    Gaussian's remove direction, summed over the integers, is 0.069301, above Opacus's continuous value 0.069018 (an
+    mpmath quadrature of the continuous integral agrees with Opacus to 1e-11); the module's value covers it."""
+    lp0, log_l = _lattice(0.7, (3,), 12)
+    log_a, _ = _log_ab(lp0, log_l, 0.01, 1.1)
+    continuous = privacy_analysis.compute_rdp(q=0.01, noise_multiplier=0.7 / 3, steps=1, orders=[1.1])[0]
+    assert log_a / 0.1 == pytest.approx(0.069301214, rel=1e-6) and continuous == pytest.approx(0.069018283, rel=1e-6)
+    assert log_a / 0.1 > continuous * 1.004
+    assert log_a / 0.1 <= discrete_gaussian_subsampled_rdp(0.7 / 3, 0.01, [1.1])[0]
+
+
 def test_step_2_holds_for_symmetric_pairs_and_fails_without_symmetry():
     """Step 2 uses only the reflection: B_α ≤ A_α for a sum of discrete Gaussian shares (symmetric, not a discrete
     Gaussian) and for randomized response, at real orders too; for an asymmetric pair the add direction is larger."""
