@@ -3,10 +3,10 @@
 release draws (:mod:`protocols.dp.discrete_gaussian_accounting`: Opacus's value at the integer orders and at q = 1, a
 log-convex interpolation at the fractional orders with q < 1).
 
-ε of a history is the same computation as Opacus's ``RDPAccountant.get_privacy_spent`` (the sum of each entry's
-RDP curve times its steps, in history order, then Opacus's ``get_privacy_spent``) over :data:`RDP_ORDERS` (Opacus's
-orders 1.1 … 63 and larger ones, up to 8192), with each one-step curve cached: every ledger query, and every budget
-check of a long run, reuses it. RDP is also the reference bound of the other accountants past their range
+ε of a history is the computation of Opacus's ``RDPAccountant.get_privacy_spent`` (the sum of each entry's RDP
+curve times its steps, in history order, then Opacus's ``get_privacy_spent``) over :data:`RDP_ORDERS` (Opacus's
+orders 1.1 … 63 and larger ones, up to 8192) with the proven curve, each one-step curve cached: every ledger query,
+and every budget check of a long run, reuses it. RDP is also the reference bound of the other accountants past their range
 (:attr:`~protocols.dp.accountants.base.Accountant.max_rdp_epsilon`) and the privacy graph's conversion of curves that
 are no accountant's history.
 """
