@@ -268,7 +268,8 @@ def test_an_empty_poisson_cohort_releases_the_full_noise_and_is_charged(tmp_path
     ref = RDPAccountant()
     ref.step(noise_multiplier=sigma, sample_rate=q)
     assert _dp(e).units["client"].steps == 1
-    assert _dp(e).units["client"].epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+    ints = [a for a in RDP_ORDERS if float(a).is_integer()]  # q < 1: the ledger's curve is Opacus's at these orders
+    assert _dp(e).units["client"].epsilon() == pytest.approx(ref.get_epsilon(1e-5, alphas=ints), rel=1e-9)
 
 
 def test_a_round_the_secure_sum_aborts_is_still_charged(tmp_path):
