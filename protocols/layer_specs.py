@@ -559,15 +559,15 @@ def _planned_blocks(p) -> tuple[str, ...]:
 
 
 def _discrete_gaussian_text(history: list[tuple[float, float, int]], delta: float) -> str:
-    """The unit's ε under the proven bound for the discrete Gaussian it draws (:mod:`protocols.dp.discrete_gaussian_accounting`:
-    Canonne–Kamath–Steinke's curve through Zhu & Wang's Theorem 6, integer orders), to stand beside the
-    continuous-Gaussian analysis's value, which the ledger uses."""
-    from protocols.dp.discrete_gaussian_accounting import discrete_gaussian_epsilon
+    """The unit's ε under the proven RDP of the discrete Gaussian it draws (:mod:`protocols.dp.discrete_gaussian_accounting`:
+    the subsampled Gaussian's value at integer orders, exact for the discrete one; the RDP ledger's own value), beside
+    the continuous-Gaussian analysis at every order of the grid (the ledger's value before that proof)."""
+    from protocols.dp.discrete_gaussian_accounting import continuous_epsilon, discrete_gaussian_epsilon
 
-    proven = discrete_gaussian_epsilon(history, delta)
+    proven, cont = discrete_gaussian_epsilon(history, delta), continuous_epsilon(history, delta)
     return (
-        f"discrete Gaussian, proven bound: ε = {proven:.4g} (CKS 2020 zCDP through Zhu & Wang 2019 Thm 6; the "
-        "ledger's ε is the continuous-Gaussian analysis)"
+        f"discrete Gaussian, proven bound: ε = {proven:.4g} (the RDP ledger's, proven for the discrete Gaussian: "
+        f"protocols/dp/discrete_gaussian_accounting.py; the continuous-Gaussian analysis at every order: ε = {cont:.4g})"
     )
 
 

@@ -271,7 +271,7 @@ def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
             assert int(steps.replace(",", "")) == m.planned_steps
         eps = epsilon_of([(m.sigma, m.sample_rate, m.planned_steps) for m in mechs], unit.delta, unit.accountant_name)
         assert float(re.search(r"plans ε = ([\d.e+]+)", line).group(1)) == pytest.approx(eps, rel=1e-3), line
-        # the discrete Gaussian's proven bound beside it (Zhu–Wang Thm 6 over CKS 2020), never below it
+        # the discrete Gaussian's proven bound beside it: the RDP ledger's own value (integer-order RDP, exact for it)
         proven = discrete_gaussian_epsilon([(m.sigma, m.sample_rate, m.planned_steps) for m in mechs], unit.delta)
         shown = float(re.search(r"discrete Gaussian, proven bound: ε = ([\d.e+]+)", line).group(1))
         assert shown == pytest.approx(proven, rel=1e-3) and proven >= eps * (1 - 1e-3), line

@@ -10,7 +10,7 @@ target. :func:`make_accountant` and :func:`epsilon_of` go through the registry; 
 
 Opacus's GDP accountant is not an accountant here: it is a central-limit
 approximation that can understate ε (at σ 1.23, q 0.1, 50 steps, δ 1e-5:
-RDP 3.99, PRV 3.53, GDP 2.84). :func:`gdp_epsilon` reports it, with Opacus's
+RDP 4.00, PRV 3.53, GDP 2.84). :func:`gdp_epsilon` reports it, with Opacus's
 own warning, for comparison only; it never calibrates σ and never stops training.
 """
 

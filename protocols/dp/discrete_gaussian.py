@@ -50,11 +50,11 @@ sensitivity from Δ to Δ + γ√d (:func:`protocols.dp.accountant.grid_sensitiv
 mechanism, and γ is chosen so that the factor is at most 1 + 2^-10. The discrete Gaussian N_Z(0, σ²) with integer
 L2 sensitivity Δ has Rényi divergence at most αΔ²/(2σ²) at every order α — the continuous Gaussian's (CKS 2020,
 Thm 4 in one dimension, Thm 15 for the multivariate product) — so it is ½(Δ/σ)²-zCDP and the Gaussian RDP curve is
-an upper bound for a full-batch step. For the Poisson-subsampled steps the ledger uses Opacus's subsampled-Gaussian
-RDP (or PRV) analysis at the same σ: that the discrete mechanism is dominated by the continuous one there too is the
-standard assumption of the distributed-discrete-Gaussian literature (Kairouz, Liu & Steinke 2021), not proven; a
-proven bound (Zhu & Wang 2019, Thm 6, over CKS's curve) is :mod:`protocols.dp.discrete_gaussian_accounting`, which
-``validate`` prints beside the ledger's value. At the grid steps used (std/γ ≥ 10^5) the two laws agree to within
+an upper bound for a full-batch step. For the Poisson-subsampled steps the RDP ledger uses the subsampled Gaussian's
+RDP at the same σ, which :mod:`protocols.dp.discrete_gaussian_accounting` proves for the discrete Gaussian (exact at
+integer orders; the fractional ones interpolated); the PRV accountant is the continuous Gaussian's privacy-loss
+distribution, the standard assumption of the distributed-discrete-Gaussian literature (Kairouz, Liu & Steinke 2021),
+not proven for the discrete one. At the grid steps used (std/γ ≥ 10^5) the two laws agree to within
 10^-40 on every integer's relative probability, by Poisson summation.
 
 **Noise shares** (``privacy.client.noise: clients``): each client adds γ·Z_i, Z_i ~ N_Z(0, s²), s the share's std in

@@ -23,22 +23,14 @@ import copy
 from typing import ClassVar
 
 import numpy as np
-from opacus.accountants import RDPAccountant
-from opacus.accountants.analysis import rdp as privacy_analysis
 
+from protocols.dp.discrete_gaussian_accounting import LEDGER_ORDERS, discrete_gaussian_subsampled_rdp
 from protocols.dp.group_bound import cohort_count_logpmf, gaussian_rdp, group_substitution_rdp, substitution_sensitivity
 from protocols.dp.tree_counts import gaussian_equivalents
 
-#: the Rényi orders of the RDP ledger: Opacus's defaults (1.1 … 63) and larger ones. At strong noise and few steps
-#: (σ 20 at q 1 after one round; σ 3 at q 0.01 after 10 steps) the best order lies past 63, where Opacus warns
-#: "Optimal order is the largest alpha" and its ε is needlessly loose; up to 8192 the optimum lies inside the grid
-#: for every ε above log(1/δ)/8191 (0.0014 at δ 1e-5). Adding orders only lowers the minimum: an ε whose optimum was
-#: inside Opacus's grid is unchanged.
-RDP_ORDERS = (
-    *(float(a) for a in RDPAccountant.DEFAULT_ALPHAS),
-    *(float(a) for a in range(64, 128, 4)),
-    *(128.0, 160.0, 192.0, 256.0, 320.0, 384.0, 512.0, 768.0, 1024.0, 1536.0, 2048.0, 4096.0, 8192.0),
-)
+#: the Rényi orders of the RDP ledger (:data:`protocols.dp.discrete_gaussian_accounting.LEDGER_ORDERS`: Opacus's
+#: defaults 1.1 … 63 and larger ones up to 8192; the subsampled Gaussian's curve there is proven for the discrete one)
+RDP_ORDERS = LEDGER_ORDERS
 
 #: the Rényi orders every declared curve is evaluated at: the ledger's, so a unit's own curve is its ledger's
 ORDERS = RDP_ORDERS
@@ -121,7 +113,7 @@ class DPMechanism:
         n = self.gaussian_steps(self.steps)
         if not n:
             return np.zeros(len(orders))
-        return np.asarray(privacy_analysis.compute_rdp(q=q, noise_multiplier=self.sigma, steps=n, orders=list(orders)))
+        return n * discrete_gaussian_subsampled_rdp(self.sigma, q, orders)
 
     def report(self) -> dict[str, object]:
         """The ledger's numbers for this mechanism, as a unit's report lists them."""

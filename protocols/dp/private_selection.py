@@ -11,8 +11,10 @@ K times, release only the best output by a score. Papernot & Steinke's **Theorem
     E[K] = η(1 − γ) / (γ(1 − γ^η))  (η ≠ 0),   E[K] = (1/γ − 1) / log(1/γ)  (η = 0; E[K] = 1/γ at η = 1).
 
 Here Q's RDP curve is the maximum, order by order, of the grid candidates' curves (Q picks one of them at random; a
-mixture's Rényi divergence is at most the largest of its parts'), each the sum over the run's mechanisms of Opacus's
-subsampled-Gaussian RDP times its steps (:func:`rdp_curve`); ε̂ is the same curve at λ̂, minimised over λ̂ among the
+mixture's Rényi divergence is at most the largest of its parts'), each the sum over the run's mechanisms of the
+subsampled Gaussian's RDP times its steps, proven for the discrete Gaussian the runs draw
+(:func:`protocols.dp.discrete_gaussian_accounting.discrete_gaussian_subsampled_rdp`: Opacus's value at the integer
+orders and at q = 1, interpolated at the fractional ones; :func:`rdp_curve`); ε̂ is the same curve at λ̂, minimised over λ̂ among the
 orders for each λ; then Opacus's RDP → (ε, δ) conversion (``get_privacy_spent``), minimised over λ.
 
 The theorem covers the released best output and nothing else: K, the unselected runs, their scores and the number
@@ -31,6 +33,7 @@ import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 
+from protocols.dp.discrete_gaussian_accounting import discrete_gaussian_subsampled_rdp
 from protocols.dp.mechanisms import CLIENT, INSTANCE, DPMechanism, register_mechanism
 
 #: the Rényi orders of every curve here (Opacus's, as the ledgers use)
@@ -38,11 +41,12 @@ ORDERS = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
 
 
 def rdp_curve(history: list[tuple[float, float, int]]) -> np.ndarray:
-    """The RDP curve at :data:`ORDERS` of a (σ, q, steps) history: the sum of each entry's subsampled-Gaussian RDP."""
+    """The RDP curve at :data:`ORDERS` of a (σ, q, steps) history: the sum of each entry's subsampled-Gaussian RDP (the
+    discrete Gaussian's proven curve)."""
     out = np.zeros(len(ORDERS))
     for sigma, q, steps in history:
         if steps > 0:
-            out = out + np.asarray(privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=ORDERS))
+            out = out + steps * discrete_gaussian_subsampled_rdp(sigma, q, ORDERS)
     return out
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from protocols.dp.accountant import PrivacyUnit, calibrate_sigma, epsilon_of
+from protocols.dp.accountant import RDP_ORDERS, PrivacyUnit, calibrate_sigma, epsilon_of
 from protocols.dp.client_dp import clip_update, update_norm
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import dp_label_set_step
@@ -49,9 +49,12 @@ def test_ledger_epsilon_equals_opacus(acc):
     for _ in range(30):
         u.step()
         ref.step(noise_multiplier=1.1, sample_rate=0.05)
+    # RDP: Opacus's curve at the integer orders of the ledger's grid, where it is proven for the discrete Gaussian
+    # (protocols/dp/discrete_gaussian_accounting.py; its fractional orders are interpolated, and do not win here)
+    alphas = {"rdp": [a for a in RDP_ORDERS if float(a).is_integer()], "prv": None}[acc]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert u.epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+        assert u.epsilon() == pytest.approx(ref.get_epsilon(1e-5, **({"alphas": alphas} if alphas else {})), rel=1e-9)
 
 
 @pytest.mark.parametrize("acc", ["rdp", "prv"])

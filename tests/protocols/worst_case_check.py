@@ -408,10 +408,24 @@ def _mixture_pld(shifts_p, shifts_q, q: float, std: float, *, forward: bool):
 
 # ---------------------------------------------------------------------------------------------------- (c)
 def _sampled_gaussian_rdp(sigma: float, q: float, steps: int) -> np.ndarray:
-    acc = rdp_lib.RdpAccountant(orders=list(ORDERS))
-    event = GaussianDpEvent(sigma) if q >= 1.0 else PoissonSampledDpEvent(q, GaussianDpEvent(sigma))
-    acc.compose(event, steps)
-    return np.asarray(acc._rdp, dtype=float)  # the accountant's RDP curve at ORDERS
+    """dp_accounting's RDP curve at ORDERS; with q < 1, its values at the integer orders only, and at a fractional
+    order α between k and k + 1 the log-linear interpolation (α−1)ε(α) = (k+1−α)(k−1)ε(k) + (α−k)·k·ε(k+1): the
+    ledger's curve, proven for the discrete Gaussian (protocols/dp/discrete_gaussian_accounting.py)."""
+    if q >= 1.0:
+        acc = rdp_lib.RdpAccountant(orders=list(ORDERS))
+        acc.compose(GaussianDpEvent(sigma), steps)
+        return np.asarray(acc._rdp, dtype=float)  # the accountant's RDP curve at ORDERS
+    fractional = [a for a in ORDERS if not float(a).is_integer()]
+    around = {k for a in fractional for k in (math.floor(a), math.floor(a) + 1)} - {1}
+    needed = sorted({int(a) for a in ORDERS if float(a).is_integer()} | around)
+    acc = rdp_lib.RdpAccountant(orders=needed)
+    acc.compose(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps)
+    at = {1: 0.0, **dict(zip(needed, np.asarray(acc._rdp, dtype=float), strict=True))}
+    out = []
+    for a in ORDERS:
+        k, lam = math.floor(a), math.floor(a) + 1 - a
+        out.append(at[k] if lam == 1 else (lam * (k - 1) * at[k] + (1 - lam) * k * at[k + 1]) / (a - 1))
+    return np.asarray(out)
 
 
 def _group_rdp(sigma: float, q: float, k: int, steps: int) -> np.ndarray:

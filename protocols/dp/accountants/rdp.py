@@ -1,10 +1,12 @@
 """``rdp``: the Rényi-DP accountant (Mironov 2017; the Poisson-subsampled Gaussian's RDP by Mironov, Talwar & Zhang
-2019), Opacus's computation over the ledger's orders :data:`~protocols.dp.mechanisms.RDP_ORDERS`.
+2019) over the ledger's orders :data:`~protocols.dp.mechanisms.RDP_ORDERS`, proven for the discrete Gaussian every
+release draws (:mod:`protocols.dp.discrete_gaussian_accounting`: Opacus's value at the integer orders and at q = 1, a
+log-convex interpolation at the fractional orders with q < 1).
 
-ε of a history is the same computation as Opacus's ``RDPAccountant.get_privacy_spent`` (the sum of each entry's
-RDP curve times its steps, in history order, then Opacus's ``get_privacy_spent``) over :data:`RDP_ORDERS` (Opacus's
-orders 1.1 … 63 and larger ones, up to 8192), with each one-step curve cached: every ledger query, and every budget
-check of a long run, reuses it. RDP is also the reference bound of the other accountants past their range
+ε of a history is the computation of Opacus's ``RDPAccountant.get_privacy_spent`` (the sum of each entry's RDP
+curve times its steps, in history order, then Opacus's ``get_privacy_spent``) over :data:`RDP_ORDERS` (Opacus's
+orders 1.1 … 63 and larger ones, up to 8192) with the proven curve, each one-step curve cached: every ledger query,
+and every budget check of a long run, reuses it. RDP is also the reference bound of the other accountants past their range
 (:attr:`~protocols.dp.accountants.base.Accountant.max_rdp_epsilon`) and the privacy graph's conversion of curves that
 are no accountant's history.
 """
@@ -19,6 +21,7 @@ import numpy as np
 from opacus.accountants.analysis import rdp as privacy_analysis
 
 from protocols.dp.accountants.base import Accountant, Entry
+from protocols.dp.discrete_gaussian_accounting import discrete_gaussian_subsampled_rdp
 from protocols.dp.mechanisms import RDP_ORDERS
 
 #: Opacus's note that the best Rényi order is the grid's largest: past :data:`RDP_ORDERS`' 8192 it means ε < 0.0014,
@@ -29,9 +32,10 @@ LARGEST_ORDER_WARNING = {"message": "Optimal order is the largest alpha", "categ
 
 @functools.lru_cache(maxsize=4096)
 def rdp_curve(sigma: float, q: float) -> np.ndarray:
-    """The RDP of one subsampled Gaussian step at :data:`RDP_ORDERS` (cached, read-only; RDP composes by adding these
-    curves times the step counts)."""
-    curve = privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDP_ORDERS)
+    """The RDP of one subsampled Gaussian step at :data:`RDP_ORDERS`, proven for the discrete Gaussian
+    (:func:`protocols.dp.discrete_gaussian_accounting.discrete_gaussian_subsampled_rdp`; cached, read-only; RDP
+    composes by adding these curves times the step counts)."""
+    curve = discrete_gaussian_subsampled_rdp(sigma, q, RDP_ORDERS)
     curve.setflags(write=False)
     return curve
 
@@ -55,7 +59,7 @@ def rdp_epsilon(history: Iterable[Entry], delta: float) -> float:
 
 
 class RDPAccountant(Accountant):
-    """Opacus's RDP accountant at the ledger's orders (the module's docstring)."""
+    """The RDP accountant at the ledger's orders (the module's docstring)."""
 
     name, title, opacus_name, bounds_every_calibration = "rdp", "RDP", "rdp", True
 
