@@ -12,7 +12,8 @@ add/remove neighbours D' = D ∪ {x}, fix the others' sample: the outputs are P0
 
 which is Mironov, Talwar & Zhang's integer-order value for the continuous sampled Gaussian ("Rényi Differential
 Privacy of the Sampled Gaussian Mechanism", 2019, §3.3; Opacus's ``_compute_log_a_for_int_alpha``). Step 1 below is
-an equality, so a neighbour whose v has ‖v‖ = R attains it: no smaller curve is proven at these orders.
+an equality, so a neighbour whose ‖v‖ approaches R approaches it (R = Δ/γ + √d need not be the norm of a lattice
+vector): no smaller curve is proven at these orders.
 
 *Step 0 (one pair).* M(D) and M(D') are mixtures, with the same weights, over the others' sample. For α > 1,
 exp((α−1)D_α(P‖Q)) = E_Q[(P/Q)^α] is the f-divergence of the convex f(x) = x^α, hence jointly convex (Csiszár 1967;
@@ -27,7 +28,8 @@ with N = Σ_x e^{−‖x‖²/(2s²)} the normaliser of P0 and of P1 (v is a lat
 x ↦ x − lv is a bijection of Z^d and the sum is N: M_l = exp(l(l−1)‖v‖²/(2s²)), the continuous Gaussian's value.
 Every term of A_α grows with ‖v‖, and ‖v‖/s ≤ 1/σ: the worst case is the formula above.
 
-*Step 2 (add direction ≤ remove direction).* B_α := E_μ[(P0/μ)^α] = E_{P0}[X^{1−α}] with X = μ/P0 = 1 − q + qL, so
+*Step 2 (add direction ≤ remove direction; a lemma for every symmetric pair: P0 even, v a lattice point, so that the
+privacy loss is symmetric, P0(L = 1/ℓ) = ℓ·P0(L = ℓ)).* B_α := E_μ[(P0/μ)^α] = E_{P0}[X^{1−α}] with X = μ/P0 = 1 − q + qL, so
 A_α − B_α = E_{P0}[φ(X)] with φ(x) = x^α − x^{1−α}. This holds at every real α ≥ 1 and uses only symmetry:
  (a) ρ(x) = v − x is a bijection of Z^d with P0∘ρ = P1 and P1∘ρ = P0 (P0(v − x) ∝ e^{−‖x−v‖²/(2s²)}); hence
      L∘ρ = 1/L and P0(ρx) = L(x)·P0(x).
@@ -171,7 +173,7 @@ def _curve(sigma: float, q: float, tau: float, orders: tuple[float, ...]) -> tup
 def discrete_gaussian_subsampled_rdp(sigma: float, q: float, orders: Sequence = LEDGER_ORDERS, tau: float = 0.0) -> np.ndarray:
     """The module's theorem: the RDP, both directions, of one Poisson-subsampled (rate ``q``) discrete Gaussian step
     with noise multiplier ``sigma`` (std over the integer sensitivity), at ``orders`` (real, > 1). At an integer order
-    with ``tau`` = 0 it is Mironov–Talwar–Zhang's integer-order value (exact, attained); at a fractional order the
+    with ``tau`` = 0 it is Mironov–Talwar–Zhang's integer-order value (exact, approached as ‖v‖ → R); at a fractional order the
     log-convex interpolation of its integer neighbours (α/(2σ²) itself at q = 1); with Kairouz–Liu–Steinke's ``tau``
     (a sum of shares) an upper bound. q = 0: 0; σ = 0: ∞ (q > 0)."""
     if not (sigma >= 0.0 and math.isfinite(sigma)) or not (tau >= 0.0 and math.isfinite(tau)):
