@@ -355,16 +355,12 @@ def _describe_dp(cfg, num_clients: int) -> list[str]:
 
 
 def unnoised_steps_of_config(cfg) -> list[dict]:
-    """:func:`protocols.dp.released_model.unnoised_steps` for a run's config with the ``dp`` layer (the layer's own
-    rule, from its settings)."""
-    p = cfg.privacy
-    from protocols.dp.released_model import unnoised_steps
+    """:func:`protocols.dp.released_model.unnoised_steps` for a run's config with the ``dp`` layer: the channels its
+    declared mechanisms leave uncovered, by the privacy-loss graph's rule
+    (:func:`protocols.dp.run_graph.planned_unnoised_steps`)."""
+    from protocols.dp.run_graph import planned_unnoised_steps
 
-    return unnoised_steps(
-        collects_label_sets=cfg.algorithm.capabilities.collects_label_sets,
-        label_set_step_noised=p.instance is not None,
-        client_training_noised=p.local is not None or p.client is not None,
-    )
+    return planned_unnoised_steps(cfg.privacy, label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets)
 
 
 def _released_model_line(cfg) -> str:
@@ -508,11 +504,12 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
     (:mod:`protocols.dp.run_graph`) over the planned mechanisms, one line per unit: it differs from the unit's own
     plan where another unit's mechanism reaches it (client-level noise per instance) or a channel is un-noised."""
     from protocols.dp.mechanisms import MECHANISMS
-    from protocols.dp.run_graph import mechanism_kind, run_graph
+    from protocols.dp.run_graph import declared_names, mechanism_kind, run_graph
     from secure_fed.data import partitioner_from_config
 
     p, t = cfg.privacy, cfg.training
-    if any(name not in planned for name in _planned_blocks(p)):
+    instance_mechs = [name for name in declared_names(p) if name != "client"]  # the instance unit's
+    if any(name not in planned for name in instance_mechs):
         return []  # some step counts need the built data: said above
     client_name = next((n for n in planned if n.startswith("client update")), None)
     if p.client is not None and client_name is None:
@@ -523,7 +520,7 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
         bound = _instance_bound(cfg)
         k = num_clients if bound is None else min(bound[0], num_clients)
     mechs = []
-    for name in _planned_blocks(p):
+    for name in instance_mechs:
         sigma, q, n = planned[name]
         mechs.append(MECHANISMS[mechanism_kind(p, name)](name=name, sigma=sigma, sample_rate=q, steps=n, planned_steps=n))
     if p.client is not None:
@@ -551,11 +548,6 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
                     "mechanisms) and stops training on it, not what another unit's mechanisms add")  # fmt: skip
         lines.append(f"dp released model, per {unit} (observer): plans ε = {shown} at δ = {p.delta:g}: {how}")
     return lines
-
-
-def _planned_blocks(p) -> tuple[str, ...]:
-    """The instance unit's mechanisms the config declares."""
-    return (("server_w_step",) if p.instance is not None else ()) + (("client_training",) if p.local is not None else ())
 
 
 def _discrete_gaussian_text(history: list[tuple[float, float, int]], delta: float) -> str:

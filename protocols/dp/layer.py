@@ -548,14 +548,9 @@ class DifferentialPrivacy(ProtocolLayer):
         """Each unit's report. ``unnoised`` (in every unit's, the same list) names the steps that shape a released
         tensor with no DP mechanism of this stack on them: with one, no unit's ε bounds what the released θ and W
         reveal (the observer's ε is ∞, and so is the run's top-level ε)."""
-        inst = self.units.get("instance")
-        unnoised = unnoised_steps(
-            collects_label_sets=self.settings.label_set_algorithm,
-            label_set_step_noised=inst is not None and SERVER_STEP in inst.mechanisms,
-            client_training_noised=(inst is not None and CLIENT_TRAINING in inst.mechanisms) or "client" in self.units,
-        )
-        out = {}
         graph = self.privacy_graph()
+        unnoised = unnoised_steps(graph.uncovered("observer"))
+        out = {}
         for name, u in self.units.items():
             rep = u.report()
             rep["unnoised"] = [dict(x) for x in unnoised]
