@@ -73,14 +73,14 @@ def bench_dp_sgd(elements: int, reps: int) -> float:
 
 
 def bench_round(data_root: str, ab_rounds: int, reps: int) -> float:
-    from protocols.dp import layer as dp_layer
+    from protocols.dp import w_step_release
     from secure_fed.config import load_config
     from secure_fed.engine import Experiment
 
     cfg = load_config(ROOT / "experiments" / "configs" / "bibtex_fedalc_dp.yaml", ["device=cpu", "output.progress=false"])
     exp = Experiment(cfg, run_dir="/tmp/secure-fed-dp-noise-benchmark", data_root=data_root)
     exp.setup()
-    new_noise = dp_layer.noisy_sum
+    new_noise = w_step_release.noisy_sum
     calls: list[tuple[torch.Tensor, dict, float]] = []
 
     def timed(total, **kw):  # the W step's noise, timed inside the round
@@ -89,7 +89,7 @@ def bench_round(data_root: str, ab_rounds: int, reps: int) -> float:
         calls.append((total.clone(), kw, time.perf_counter() - t))
         return out
 
-    dp_layer.noisy_sum = timed
+    w_step_release.noisy_sum = timed
     try:
         exp.train_round()  # warm-up (label-set collection, first allocations)
         calls.clear()
@@ -115,7 +115,7 @@ def bench_round(data_root: str, ab_rounds: int, reps: int) -> float:
         times: dict[str, list[float]] = {"new": [], "old": []}
         for r in range(2 * ab_rounds):  # optional whole-round A/B (noisy under a shared CPU)
             which = "old" if r % 2 == 0 else "new"
-            dp_layer.noisy_sum = new_noise if which == "new" else old_noisy_sum
+            w_step_release.noisy_sum = new_noise if which == "new" else old_noisy_sum
             t = time.perf_counter()
             exp.train_round()
             times[which].append(time.perf_counter() - t)
@@ -124,7 +124,7 @@ def bench_round(data_root: str, ab_rounds: int, reps: int) -> float:
             a, b = statistics.mean(times["new"]), statistics.mean(times["old"])
             print(f"whole rounds, alternating: new {a:.2f}s, old {b:.2f}s (means of {ab_rounds}); ratio new/old {a / b:.3f}")
     finally:
-        dp_layer.noisy_sum = new_noise
+        w_step_release.noisy_sum = new_noise
     return implied
 
 

@@ -102,12 +102,9 @@ def _sigma_source_error(p) -> str | None:
     return None
 
 
-def _validate_dp(cfg, stack: list[str]) -> None:
-    p, algo = cfg.privacy, cfg.algorithm.name
-    if "dp" not in stack:
-        if p.instance is not None or p.client is not None or p.local is not None:
-            raise ValueError("privacy.instance / privacy.local / privacy.client is set but 'dp' is not listed in protocols")
-        return
+def _dp_stack_rules(cfg, stack: list[str]) -> None:
+    """A dp unit is set, each mechanism has a σ to come from, and dp comes before a secure sum."""
+    p = cfg.privacy
     if p.instance is None and p.client is None and p.local is None:
         raise ValueError("'dp' is listed in protocols but none of privacy.instance, privacy.local, privacy.client is set")
     if why := _sigma_source_error(p):
@@ -115,6 +112,11 @@ def _validate_dp(cfg, stack: list[str]) -> None:
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):
         raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")
+
+
+def _dp_public_inputs_rules(cfg, stack: list[str]) -> None:
+    """The W step's divisor and θ's input scaling are public, not statistics of the training data."""
+    p = cfg.privacy
     if p.instance is not None and p.instance.divisor(cfg.dataset) is None:
         raise ValueError(
             f"privacy.instance.expected_batch_size: auto needs a public training-set size, which {cfg.dataset.name} data "
@@ -127,6 +129,11 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "whole training split in the clear, and θ is trained on them, outside any ε; use auto (none for dense "
             "features under dp) or none"
         )
+
+
+def _central_reference_rules(cfg, stack: list[str]) -> None:
+    """The central DP reference (a centralised trainer): DP-SGD alone, no data-dependent choice of epoch."""
+    p, algo = cfg.privacy, cfg.algorithm.name
     central = cfg.algorithm.capabilities.centralised  # one trainer holds every instance once, whole, and every row
     if central:
         if p.instance is not None or p.client is not None or p.local is None:
@@ -140,6 +147,11 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 "reported epoch on a split of the training data, a data-dependent choice outside ε; set it to 0 (the "
                 "last epoch is reported)"
             )
+
+
+def _fixed_encoder_and_bound_rules(cfg, stack: list[str]) -> None:
+    """A fixed encoder only where no noise lands on it; a contribution bound only where it bounds something."""
+    p, central = cfg.privacy, cfg.algorithm.capabilities.centralised
     if cfg.model.fixed_encoder and (p.client is not None or (p.local is not None and p.local.noise == "shares")):
         which = "privacy.client" if p.client is not None else "privacy.local.noise: shares"
         raise ValueError(
@@ -153,6 +165,11 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             f"privacy.*.max_labels_per_instance {bound} bounds the clients an instance sits on in the positive_only "
             f"partition; in a {cfg.partition.name} partition each instance is on one client: remove it"
         )
+
+
+def _instance_unit_rules(cfg, stack: list[str]) -> None:
+    """privacy.instance: the algorithm has a private W step over label sets."""
+    p, algo = cfg.privacy, cfg.algorithm.name
     if p.instance is not None:
         if "instance" not in cfg.algorithm.capabilities.dp_units:
             raise ValueError(
@@ -161,59 +178,78 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             )
         if why := cfg.algorithm.private_w_step_error():
             raise ValueError(why)
-    if p.client is not None:
-        t = cfg.training
-        if p.client.mechanism == "tree":
-            from protocols.dp.tree_ledger import tree_config_error
 
-            if why := tree_config_error(cfg.training):
-                raise ValueError(why)
-        if t.aggregation != "uniform":
-            raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
-        if algo in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is None:
-            raise ValueError(
-                f"privacy.client with {algo}: its clients weight their update by eq. 2's w = Σ_l (positives of l)^α, which "
-                "has no bound; set privacy.client.weight_cap (a public W̄: each client scales its clipped update by "
-                "min(w, W̄)/W̄, e.g. W̄ = the number of labels at α = 0)"
-            )
-        if algo not in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is not None:
-            raise ValueError(f"privacy.client.weight_cap applies to algorithms whose clients report a weight (flag), not {algo}")
-        if p.client.noise == "clients" and not summing:
-            raise ValueError(
-                "privacy.client.noise: clients needs secure_aggregation after dp: each client adds only a "
-                "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
-            )
-        if p.client.noise == "clients" and cfg.model.family == "embedding" and cfg.partition.name != "positive_only":
-            raise ValueError(
-                f"privacy.client.noise: clients with model.family embedding on a {cfg.partition.name} partition: the secure "
-                "sum carries each row's count of clients that trained it (which labels the clients hold) exactly, outside "
-                "the noise; use model.family linear_head or ctran, or privacy.client.noise: server"
-            )
-        if p.client.noise == "clients" and summing == ["ckks"]:
-            raise ValueError(
-                "privacy.client.noise: clients with ckks: CKKS decrypts approximately, so the sum the key holders return "
-                "carries data-dependent approximation error and float decryption noise, not the discrete Gaussian "
-                "release the ledger accounts; use secure_aggregation (exact integer sums) or privacy.client.noise: server"
-            )
-        if p.client.noise_multiplier is not None and (why := noise_share_range_error(cfg, p.client.noise_multiplier)):
-            raise ValueError(why)  # a calibrated σ is checked when the dp layer is built
-        if p.client.adaptive_clipping is not None and (p.client.noise == "clients" or summing):
-            raise ValueError(
-                "privacy.client.adaptive_clipping with a secure sum (privacy.client.noise: clients, secure_aggregation or "
-                "ckks): each client's clip bit would have to enter the secure sum with its own noise share, which is not "
-                "implemented; use privacy.client.noise: server without a secure-sum layer, or a fixed clip_norm"
-            )
-        if p.client.adaptive_clipping is not None and cfg.backend == "flower":
-            raise ValueError(
-                "privacy.client.adaptive_clipping with backend: flower: a node checks the round's clip norm against its "
-                "own settings and cannot know C_t; run in process, or use a fixed clip_norm"
-            )
-        if (t.client_fraction < 1.0 or t.clients_per_round is not None) and t.sampling != "poisson":
-            raise ValueError(
-                "privacy.client with training.client_fraction < 1 (or training.clients_per_round) needs "
-                "training.sampling: poisson with client_fraction "
-                "(the accountant's subsampling amplification assumes Poisson sampling)"
-            )
+
+def _client_unit_rules(cfg, stack: list[str]) -> None:
+    """privacy.client: its mechanism's settings, uniform aggregation, a weight cap exactly where clients report a weight."""
+    p, algo = cfg.privacy, cfg.algorithm.name
+    if p.client is None:
+        return
+    t = cfg.training
+    if p.client.mechanism == "tree":
+        from protocols.dp.tree_ledger import tree_config_error
+
+        if why := tree_config_error(cfg.training):
+            raise ValueError(why)
+    if t.aggregation != "uniform":
+        raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
+    if algo in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is None:
+        raise ValueError(
+            f"privacy.client with {algo}: its clients weight their update by eq. 2's w = Σ_l (positives of l)^α, which "
+            "has no bound; set privacy.client.weight_cap (a public W̄: each client scales its clipped update by "
+            "min(w, W̄)/W̄, e.g. W̄ = the number of labels at α = 0)"
+        )
+    if algo not in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is not None:
+        raise ValueError(f"privacy.client.weight_cap applies to algorithms whose clients report a weight (flag), not {algo}")
+
+
+def _client_noise_rules(cfg, stack: list[str]) -> None:
+    """privacy.client: its noise shares in an exact secure sum, in range; adaptive clipping's limits; Poisson sampling."""
+    p = cfg.privacy
+    if p.client is None:
+        return
+    summing, t = [n for n in stack if n in SECURE_SUMS], cfg.training
+    if p.client.noise == "clients" and not summing:
+        raise ValueError(
+            "privacy.client.noise: clients needs secure_aggregation after dp: each client adds only a "
+            "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
+        )
+    if p.client.noise == "clients" and cfg.model.family == "embedding" and cfg.partition.name != "positive_only":
+        raise ValueError(
+            f"privacy.client.noise: clients with model.family embedding on a {cfg.partition.name} partition: the secure "
+            "sum carries each row's count of clients that trained it (which labels the clients hold) exactly, outside "
+            "the noise; use model.family linear_head or ctran, or privacy.client.noise: server"
+        )
+    if p.client.noise == "clients" and summing == ["ckks"]:
+        raise ValueError(
+            "privacy.client.noise: clients with ckks: CKKS decrypts approximately, so the sum the key holders return "
+            "carries data-dependent approximation error and float decryption noise, not the discrete Gaussian "
+            "release the ledger accounts; use secure_aggregation (exact integer sums) or privacy.client.noise: server"
+        )
+    if p.client.noise_multiplier is not None and (why := noise_share_range_error(cfg, p.client.noise_multiplier)):
+        raise ValueError(why)  # a calibrated σ is checked when the dp layer is built
+    if p.client.adaptive_clipping is not None and (p.client.noise == "clients" or summing):
+        raise ValueError(
+            "privacy.client.adaptive_clipping with a secure sum (privacy.client.noise: clients, secure_aggregation or "
+            "ckks): each client's clip bit would have to enter the secure sum with its own noise share, which is not "
+            "implemented; use privacy.client.noise: server without a secure-sum layer, or a fixed clip_norm"
+        )
+    if p.client.adaptive_clipping is not None and cfg.backend == "flower":
+        raise ValueError(
+            "privacy.client.adaptive_clipping with backend: flower: a node checks the round's clip norm against its "
+            "own settings and cannot know C_t; run in process, or use a fixed clip_norm"
+        )
+    if (t.client_fraction < 1.0 or t.clients_per_round is not None) and t.sampling != "poisson":
+        raise ValueError(
+            "privacy.client with training.client_fraction < 1 (or training.clients_per_round) needs "
+            "training.sampling: poisson with client_fraction "
+            "(the accountant's subsampling amplification assumes Poisson sampling)"
+        )
+
+
+def _local_unit_rules(cfg, stack: list[str]) -> None:
+    """privacy.local (DP-SGD in client training): nothing else shapes θ from the data (W update, weights, cohort, rows)."""
+    p, algo, central = cfg.privacy, cfg.algorithm.name, cfg.algorithm.capabilities.centralised
     if p.local is not None and p.instance is None and algo in LABEL_SET_ALGORITHMS:
         raise ValueError(
             f"privacy.local with {algo}: the server's W update also uses every instance, through its label set; add "
@@ -241,6 +277,12 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             f"privacy.local with {algo}: its clients weight their update by eq. 2's w, computed from their labels and "
             "sent outside DP-SGD; use privacy.client with weight_cap (client-level DP) for it"
         )
+
+
+def _local_training_rules(cfg, stack: list[str]) -> None:
+    """privacy.local: per-sample gradients that bound one instance, and a public bound on the clients it sits on."""
+    p, central = cfg.privacy, cfg.algorithm.capabilities.centralised
+    bound = p.max_labels_per_instance()
     if p.local is not None and cfg.model.family == "ctran" and cfg.model.ctran.dropout not in ("auto", 0, 0.0):
         raise ValueError(
             f"privacy.local with model.ctran.dropout {cfg.model.ctran.dropout}: DP-SGD's steps run without dropout (its "
@@ -258,12 +300,23 @@ def _validate_dp(cfg, stack: list[str]) -> None:
             "enters the training of every client of its labels, and the steps it enters must be counted from a public "
             "bound m (instances with more labels are bounded, see privacy.over_bound), never from the data"
         )
+
+
+def _local_shares_rules(cfg, stack: list[str]) -> None:
+    """privacy.local.noise: shares (:func:`protocols.dp.share_rules.local_shares_error`), its shares in range."""
+    p = cfg.privacy
+    bound = p.max_labels_per_instance()
     if why := local_shares_error(p.local, cfg.training, stack=stack, with_client_unit=p.client is not None, bound=bound):
         raise ValueError(why)
     if p.local is not None and p.local.noise_multiplier is not None and "secure_aggregation" in stack:
         s = cfg.secure_aggregation  # privacy.local.noise: shares travel in the encoding (a calibrated σ: at build)
         if why := share_range_error(p.local, (s.clip_range, int(s.frac_bits)), p.local.noise_multiplier):
             raise ValueError(why)
+
+
+def _target_epsilon_rules(cfg, stack: list[str]) -> None:
+    """Each unit's target ε can be met: by a calibrated σ (above RDP's floor), or past the given σ's first step."""
+    p = cfg.privacy
     for name, unit, q in (("instance", p.instance, getattr(p.instance, "sample_rate", None)),
                           ("local", p.local, getattr(p.local, "batch_sample_rate", None)),
                           ("client", p.client, cfg.training.client_fraction)):  # fmt: skip
@@ -287,6 +340,24 @@ def _validate_dp(cfg, stack: list[str]) -> None:
                 f"{unit.noise_multiplier:g} and sample rate {q:g} already spends ε = {eps1:.4g} (δ = {p.delta:g}, "
                 f"{p.accountant}); raise noise_multiplier, or omit it to calibrate σ to the target"
             )
+
+
+#: the dp layer's rules, by group, in the order they are checked: the first refusal is the config's error
+DP_RULES = (_dp_stack_rules, _dp_public_inputs_rules, _central_reference_rules, _fixed_encoder_and_bound_rules,
+            _instance_unit_rules, _client_unit_rules, _client_noise_rules, _local_unit_rules, _local_training_rules,
+            _local_shares_rules, _target_epsilon_rules)  # fmt: skip
+
+
+def _validate_dp(cfg, stack: list[str]) -> None:
+    """The dp layer's settings against the stack and the rest of the config: the privacy sections only with dp
+    listed, then each rule group of :data:`DP_RULES`."""
+    p = cfg.privacy
+    if "dp" not in stack:
+        if p.instance is not None or p.client is not None or p.local is not None:
+            raise ValueError("privacy.instance / privacy.local / privacy.client is set but 'dp' is not listed in protocols")
+        return
+    for rules in DP_RULES:
+        rules(cfg, stack)
 
 
 def _instance_bound(cfg) -> tuple[int, str] | None:
@@ -355,16 +426,12 @@ def _describe_dp(cfg, num_clients: int) -> list[str]:
 
 
 def unnoised_steps_of_config(cfg) -> list[dict]:
-    """:func:`protocols.dp.released_model.unnoised_steps` for a run's config with the ``dp`` layer (the layer's own
-    rule, from its settings)."""
-    p = cfg.privacy
-    from protocols.dp.released_model import unnoised_steps
+    """:func:`protocols.dp.released_model.unnoised_steps` for a run's config with the ``dp`` layer: the channels its
+    declared mechanisms leave uncovered, by the privacy-loss graph's rule
+    (:func:`protocols.dp.run_graph.planned_unnoised_steps`)."""
+    from protocols.dp.run_graph import planned_unnoised_steps
 
-    return unnoised_steps(
-        collects_label_sets=cfg.algorithm.capabilities.collects_label_sets,
-        label_set_step_noised=p.instance is not None,
-        client_training_noised=p.local is not None or p.client is not None,
-    )
+    return planned_unnoised_steps(cfg.privacy, label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets)
 
 
 def _released_model_line(cfg) -> str:
@@ -508,11 +575,12 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
     (:mod:`protocols.dp.run_graph`) over the planned mechanisms, one line per unit: it differs from the unit's own
     plan where another unit's mechanism reaches it (client-level noise per instance) or a channel is un-noised."""
     from protocols.dp.mechanisms import MECHANISMS
-    from protocols.dp.run_graph import mechanism_kind, run_graph
+    from protocols.dp.run_graph import declared_names, mechanism_kind, run_graph
     from secure_fed.data import partitioner_from_config
 
     p, t = cfg.privacy, cfg.training
-    if any(name not in planned for name in _planned_blocks(p)):
+    instance_mechs = [name for name in declared_names(p) if name != "client"]  # the instance unit's
+    if any(name not in planned for name in instance_mechs):
         return []  # some step counts need the built data: said above
     client_name = next((n for n in planned if n.startswith("client update")), None)
     if p.client is not None and client_name is None:
@@ -523,7 +591,7 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
         bound = _instance_bound(cfg)
         k = num_clients if bound is None else min(bound[0], num_clients)
     mechs = []
-    for name in _planned_blocks(p):
+    for name in instance_mechs:
         sigma, q, n = planned[name]
         mechs.append(MECHANISMS[mechanism_kind(p, name)](name=name, sigma=sigma, sample_rate=q, steps=n, planned_steps=n))
     if p.client is not None:
@@ -551,11 +619,6 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
                     "mechanisms) and stops training on it, not what another unit's mechanisms add")  # fmt: skip
         lines.append(f"dp released model, per {unit} (observer): plans ε = {shown} at δ = {p.delta:g}: {how}")
     return lines
-
-
-def _planned_blocks(p) -> tuple[str, ...]:
-    """The instance unit's mechanisms the config declares."""
-    return (("server_w_step",) if p.instance is not None else ()) + (("client_training",) if p.local is not None else ())
 
 
 def _discrete_gaussian_text(history: list[tuple[float, float, int]], delta: float) -> str:

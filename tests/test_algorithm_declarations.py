@@ -30,7 +30,7 @@ NOT_ALGORITHMS: dict[str, set[str]] = {
     # the local DP unit (privacy.local, the instance unit's client-training block) and `secure-fed flower local`
     "local": {
         "secure_fed/algorithms/capabilities.py", "secure_fed/html_report.py",
-        "secure_fed/cli.py", "protocols/config_sections.py", "protocols/dp/layer.py", "protocols/layer_specs.py",
+        "secure_fed/cli.py", "protocols/config_sections.py", "protocols/dp/privacy_units.py", "protocols/layer_specs.py",
         "threat_models/tradeoff.py", "threat_models/tradeoff_points.py", "threat_models/attacks/one_run_audit.py",
     },
 }  # fmt: skip

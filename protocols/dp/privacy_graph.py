@@ -6,7 +6,9 @@ data reaches a released tensor) and its *leaks* (values that reach an adversary 
 example the clear training loss a client sends under DP-SGD). The rules, the only ones in the code:
 
 1. A channel with a leak towards the adversary, or with no mechanism that protects against it, makes the ε ∞, with
-   its one-line why. A mechanism whose noise the adversary adds itself protects nothing against it.
+   its one-line why. A mechanism whose noise the adversary adds itself protects nothing against it
+   (:func:`protecting`; :func:`uncovered_channels` names the channels left with none, which the privacy report and
+   ``validate`` list as un-noised: :mod:`protocols.dp.released_model`).
 2. A mechanism covers the unit it is accounted for at group size 1. A client mechanism covers an instance through the
    ``instance_group`` clients it sits on (each substituted: :mod:`protocols.dp.group_bound`). An instance mechanism
    covers no client (unbounded group).
@@ -30,6 +32,7 @@ accountant is substituted silently.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +58,20 @@ class Leak:
     why: str
 
 
+def protecting(mechanisms: Iterable, channel: str, adversary: str) -> list:
+    """The ``mechanisms`` on ``channel`` that protect against ``adversary`` (rule 1): against the observer, every one;
+    against the server, those whose noise it does not add itself. Declared mechanisms or their classes (what a
+    config declares before σ is known): only ``channel`` and ``noise_by`` are read."""
+    return [m for m in mechanisms if m.channel == channel and not (adversary == "server" and m.noise_by == "server")]
+
+
+def uncovered_channels(channels: Iterable[str], mechanisms: Iterable, adversary: str) -> list[str]:
+    """The ``channels``, in their order, on which no mechanism protects against ``adversary`` (:func:`protecting`):
+    what reaches it there is un-noised."""
+    mechanisms = list(mechanisms)
+    return [c for c in channels if not protecting(mechanisms, c, adversary)]
+
+
 @dataclass
 class Graph:
     """A run's declared mechanisms, channels and leaks, and the public facts the group bound needs."""
@@ -76,7 +93,7 @@ class Graph:
             leak = next((x for x in self.leaks if x.channel == channel and x.adversary == adversary), None)
             if leak is not None:
                 return {"epsilon": "inf", "why": leak.why}
-            candidates = [m for m in self.mechanisms if m.channel == channel and self._protects(m, adversary)]
+            candidates = protecting(self.mechanisms, channel, adversary)
             usable = [(m, self._curve(m, unit, adversary)) for m in candidates]
             usable = [(m, c) for m, c in usable if c is not None]
             if not usable:
@@ -111,9 +128,9 @@ class Graph:
                 eps, used = own_eps, accountant
         return {"epsilon": reported(eps), "composed": composed, "accountant": used, "notes": notes}
 
-    @staticmethod
-    def _protects(m: DPMechanism, adversary: str) -> bool:
-        return not (adversary == "server" and m.noise_by == "server")
+    def uncovered(self, adversary: str) -> list[str]:
+        """The channels on which no declared mechanism protects against ``adversary`` (:func:`uncovered_channels`)."""
+        return uncovered_channels(self.channels, self.mechanisms, adversary)
 
     @staticmethod
     def _rate(m: DPMechanism, adversary: str) -> float:
@@ -135,4 +152,4 @@ def finite(eps: object) -> bool:
     return isinstance(eps, (int, float)) and math.isfinite(eps)
 
 
-__all__ = ["ADVERSARIES", "Graph", "Leak", "finite"]
+__all__ = ["ADVERSARIES", "Graph", "Leak", "finite", "protecting", "uncovered_channels"]

@@ -1,10 +1,16 @@
-"""What the released model's ε (the observer's: who sees θ, W and the files) depends on: every step that shapes a
-released tensor must carry a DP mechanism. One list of the steps that do not, from public settings alone, read by
-the layer's privacy report and by ``validate``'s plan, so the two cannot disagree. Torch-free."""
+"""What the released model's ε (the observer's: who sees θ, W and the files) depends on: every channel by which
+training data reaches a released tensor must carry a DP mechanism. Which channels a run leaves without one is the
+privacy-loss graph's rule (:func:`protocols.dp.privacy_graph.uncovered_channels`), applied to the layer's units by
+its privacy report and to the config's declared mechanisms by ``validate``'s plan
+(:func:`protocols.dp.run_graph.planned_unnoised_steps`), so the two cannot disagree; this module names each such
+channel as a step of the run."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+from protocols.dp.mechanisms import CLIENT_TRAINING, LABEL_SETS
 
 #: the W-shaping step of an algorithm that collects label sets (FedALC's server W update), without privacy.instance
 LABEL_SET_STEP = {"step": "label_set_collection", "released": ["W"],
@@ -14,18 +20,14 @@ LABEL_SET_STEP = {"step": "label_set_collection", "released": ["W"],
 CLIENT_TRAINING_STEP = {"step": "client_training", "released": ["theta", "W"],
                         "why": "client training is un-noised (θ and the class rows are trained without DP-SGD or "
                                "client-level noise; privacy.local or privacy.client covers it)"}  # fmt: skip
-#: short names of the steps, for the console's one-sentence ∞ line
-SHORT = {"label_set_collection": "W's label-set step", "client_training": "client training"}
+#: each channel's step
+STEPS = {LABEL_SETS: LABEL_SET_STEP, CLIENT_TRAINING: CLIENT_TRAINING_STEP}
 
 
-def unnoised_steps(
-    *, collects_label_sets: bool, label_set_step_noised: bool, client_training_noised: bool
-) -> list[dict[str, Any]]:
-    """The steps that shape a released tensor with no DP mechanism on them (``{"step", "released", "why"}`` each);
-    empty when the released θ and W are covered by the run's units."""
-    out = []
-    if collects_label_sets and not label_set_step_noised:
-        out.append(dict(LABEL_SET_STEP))
-    if not client_training_noised:
-        out.append(dict(CLIENT_TRAINING_STEP))
-    return out
+def unnoised_steps(uncovered: Iterable[str]) -> list[dict[str, Any]]:
+    """The steps that shape a released tensor with no DP mechanism on them (``{"step", "released", "why"}`` each), one
+    per ``uncovered`` channel; empty when the released θ and W are covered by the run's units."""
+    return [dict(STEPS[c]) for c in uncovered]
+
+
+__all__ = ["CLIENT_TRAINING_STEP", "LABEL_SET_STEP", "STEPS", "unnoised_steps"]

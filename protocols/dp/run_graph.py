@@ -7,6 +7,7 @@ from __future__ import annotations
 from protocols.dp.mechanisms import (
     CLIENT_TRAINING,
     LABEL_SETS,
+    MECHANISMS,
     AdaptiveClipping,
     ClientDPSGD,
     ClientDPSGDShares,
@@ -16,8 +17,8 @@ from protocols.dp.mechanisms import (
     DPMechanism,
     LabelSetWStep,
 )
-from protocols.dp.privacy_graph import Graph, Leak
-from protocols.dp.released_model import CLIENT_TRAINING_STEP, LABEL_SET_STEP
+from protocols.dp.privacy_graph import Graph, Leak, uncovered_channels
+from protocols.dp.released_model import CLIENT_TRAINING_STEP, LABEL_SET_STEP, unnoised_steps
 
 #: the instance unit's mechanisms, as its report names them
 SERVER_STEP, CLIENT_STEP = "server_w_step", "client_training"
@@ -45,13 +46,36 @@ def mechanism_kind(privacy, name: str) -> str:
     return (ClientNoiseShares if c.noise == "clients" else ClientServerNoise).kind
 
 
+def declared_names(privacy) -> list[str]:
+    """The mechanisms a run with this ``privacy`` section declares, by name (see :func:`mechanism_kind`)."""
+    return (
+        ([SERVER_STEP] if privacy.instance is not None else [])
+        + ([CLIENT_STEP] if privacy.local is not None else [])
+        + (["client"] if privacy.client is not None else [])
+    )
+
+
+def run_channels(label_set_algorithm: bool) -> dict[str, str]:
+    """A run's channels, each with why its data reaches a release un-noised when no mechanism covers it: W's
+    label-set step where the algorithm collects label sets, and client training."""
+    channels = {LABEL_SETS: UNNOISED_LABEL_SETS} if label_set_algorithm else {}
+    channels[CLIENT_TRAINING] = UNNOISED_TRAINING
+    return channels
+
+
+def planned_unnoised_steps(privacy, *, label_set_algorithm: bool) -> list[dict]:
+    """The un-noised steps (:func:`protocols.dp.released_model.unnoised_steps`) of a run's plan: the channels its
+    declared mechanisms' kinds leave uncovered against the observer, by the graph's rule (no σ needed)."""
+    kinds = [MECHANISMS[mechanism_kind(privacy, name)] for name in declared_names(privacy)]
+    return unnoised_steps(uncovered_channels(run_channels(label_set_algorithm), kinds, "observer"))
+
+
 def run_graph(privacy, *, label_set_algorithm: bool, mechanisms: list[DPMechanism], instance_group: int, population: int,
               cohort: int | None) -> Graph:  # fmt: skip
     """The graph of a run whose ``privacy`` section and algorithm (whether it collects label sets) are given, over its
     declared ``mechanisms`` (each with the steps to account: realised, or planned). ``cohort``: a fixed cohort's size,
     None under Poisson sampling."""
-    channels = {LABEL_SETS: UNNOISED_LABEL_SETS} if label_set_algorithm else {}
-    channels[CLIENT_TRAINING] = UNNOISED_TRAINING
+    channels = run_channels(label_set_algorithm)
     kinds = {m.kind for m in mechanisms}
     # under DP-SGD each client sends its training loss (and its example count) outside DP-SGD; with noise shares the
     # loss is not sent (local shares: the share step; client shares: noise_share_step sends 0), and the count is 1
@@ -64,4 +88,12 @@ def run_graph(privacy, *, label_set_algorithm: bool, mechanisms: list[DPMechanis
                  cohort=cohort)  # fmt: skip
 
 
-__all__ = ["CLIENT_STEP", "SERVER_STEP", "mechanism_kind", "run_graph"]
+__all__ = [
+    "CLIENT_STEP",
+    "SERVER_STEP",
+    "declared_names",
+    "mechanism_kind",
+    "planned_unnoised_steps",
+    "run_channels",
+    "run_graph",
+]

@@ -180,11 +180,11 @@ def test_a_calibrated_sigma_that_leaves_no_update_noise_is_refused(tmp_path):
 
 
 def test_the_update_is_noised_at_sigma_delta_with_this_rounds_clip_norm(tmp_path, monkeypatch):
-    from protocols.dp import layer as dp_layer
+    from protocols.dp import client_release
 
     seen = []
-    real = dp_layer.noise_aggregate
-    monkeypatch.setattr(dp_layer, "noise_aggregate", lambda agg, **kw: seen.append(kw) or real(agg, **kw))
+    real = client_release.noise_aggregate
+    monkeypatch.setattr(client_release, "noise_aggregate", lambda agg, **kw: seen.append(kw) or real(agg, **kw))
     e = Experiment(small_config(*ADAPTIVE), run_dir=tmp_path)
     e.setup()
     e.train_round()

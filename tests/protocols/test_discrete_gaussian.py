@@ -242,7 +242,7 @@ def test_dp_sgd_step_releases_grid_values_before_the_public_divisor(correction_b
 
 def test_the_server_w_step_releases_grid_values(monkeypatch, tmp_path):
     """The dp layer's W step forms its noisy sum with :func:`noisy_sum` (recorded here): on the grid of Δ = 2C."""
-    from protocols.dp import layer as dp_layer
+    from protocols.dp import w_step_release
     from secure_fed.engine import Experiment
     from tests.conftest import small_config
 
@@ -253,7 +253,7 @@ def test_the_server_w_step_releases_grid_values(monkeypatch, tmp_path):
         released.append((out, kw["sensitivity"], total.numel()))
         return out
 
-    monkeypatch.setattr(dp_layer, "noisy_sum", recording)
+    monkeypatch.setattr(w_step_release, "noisy_sum", recording)
     e = Experiment(small_config("protocols=[dp]", "training.rounds=1", "algorithm.normalize_gamma=false",
                                 'privacy.instance={"noise_multiplier": 1.0, "clip_norm": 0.7, "sample_rate": 0.5}'),
                    run_dir=tmp_path)  # fmt: skip

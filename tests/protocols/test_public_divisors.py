@@ -83,17 +83,17 @@ def test_client_level_row_divisors_are_one_per_label_in_the_positive_only_settin
 def test_the_client_level_mean_divides_by_config_facts_whatever_the_cohort(tmp_path, monkeypatch):
     """Under Poisson client sampling the realised cohort varies; the released mean's denominators do not: q·N for θ and
     q per row (one client per label), as set on the aggregate the engine divides by."""
-    import protocols.dp.layer as layer_mod
+    import protocols.dp.client_release as client_release
 
     seen = []
-    real = layer_mod.noise_aggregate
+    real = client_release.noise_aggregate
 
     def spy(agg, **kw):
         out = real(agg, **kw)
         seen.append((agg.num_clients, float(out.theta_denominator), out.row_denominator.clone()))
         return out
 
-    monkeypatch.setattr(layer_mod, "noise_aggregate", spy)
+    monkeypatch.setattr(client_release, "noise_aggregate", spy)
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp"]', "training.client_fraction=0.5",
                        "training.sampling=poisson", "training.rounds=4",
                        'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}')  # fmt: skip

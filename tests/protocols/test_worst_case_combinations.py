@@ -125,18 +125,18 @@ def test_the_check_passes_the_combination_the_mutants_break(tmp_path):
 
 
 def test_a_mechanism_dropped_from_the_graph_fails_the_check(tmp_path):
-    """run_graph as the DP layer calls it, without the W step (and its channel): the graph composes the client
-    mechanism alone."""
-    from protocols.dp import layer
+    """run_graph as the DP layer's report calls it, without the W step (and its channel): the graph composes the
+    client mechanism alone."""
+    from protocols.dp import privacy_report
 
-    real = layer.run_graph
+    real = privacy_report.run_graph
 
     def mutate(mp):
         def dropped(p, **kw):
             mechs = [m for m in kw["mechanisms"] if m.kind != "w_step"]
             return real(p, **{**kw, "mechanisms": mechs, "label_set_algorithm": False})
 
-        mp.setattr(layer, "run_graph", dropped)
+        mp.setattr(privacy_report, "run_graph", dropped)
 
     v = check(BOTH, tmp_path, mutate=mutate)
     assert any(f.startswith("(d) observer") for f in v.failures), v.failures
@@ -144,12 +144,12 @@ def test_a_mechanism_dropped_from_the_graph_fails_the_check(tmp_path):
 
 def test_a_group_size_off_by_one_fails_the_check(tmp_path):
     """The layer's instance group k → k − 1 (the clients one instance sits on, as the graph receives it)."""
-    from protocols.dp import layer
+    from protocols.dp import privacy_report
 
-    real = layer.run_graph
+    real = privacy_report.run_graph
 
     def mutate(mp):
-        mp.setattr(layer, "run_graph", lambda p, **kw: real(p, **{**kw, "instance_group": kw["instance_group"] - 1}))
+        mp.setattr(privacy_report, "run_graph", lambda p, **kw: real(p, **{**kw, "instance_group": kw["instance_group"] - 1}))
 
     v = check(BOTH, tmp_path, mutate=mutate)
     assert any(f.startswith("(d) observer") for f in v.failures), v.failures

@@ -190,7 +190,7 @@ def run_round(
     """Round 1 of ``cfg`` on ``ds``, with the mechanisms' inputs recorded (and the noise off, every draw taken).
     ``other_sets``: the neighbour's label sets; the W step's clipped sum is then also taken, at the same W, without
     the sets the neighbour lacks (the removed instance's contribution, free of what client training changed)."""
-    from protocols.dp import adaptive_clipping, discrete_gaussian, layer
+    from protocols.dp import adaptive_clipping, client_release, discrete_gaussian, layer, w_step_release
     from protocols.dp.client_dp import released_sums
     from protocols.dp.discrete_gaussian import release_grid
     from protocols.dp.local_dpsgd import LocalDPSGD
@@ -213,15 +213,15 @@ def run_round(
                 return uniform(self, n, label)
 
             mp.setattr(SecretStream, "uniform", every_draw_taken)
-        noisy_sum = layer.noisy_sum
+        noisy_sum = w_step_release.noisy_sum
 
         def w_noisy_sum(total, *, sigma, sensitivity, stream, label):
             rec.w_step.append((total.detach().double().cpu().reshape(-1).numpy().copy(),
                                sigma * release_grid(sensitivity, total.numel())[1]))  # fmt: skip
             return noisy_sum(total, sigma=sigma, sensitivity=sensitivity, stream=stream, label=label)
 
-        mp.setattr(layer, "noisy_sum", w_noisy_sum)
-        w_step = layer.dp_label_set_step
+        mp.setattr(w_step_release, "noisy_sum", w_noisy_sum)
+        w_step = w_step_release.dp_label_set_step
 
         def w_recorded(W, label_sets, per_set_grads, **kw):
             keys = _set_keys(label_sets)
@@ -239,7 +239,7 @@ def run_round(
                 rec.w_without.append(got[0])
             return w_step(W, label_sets, per_set_grads, **kw)
 
-        mp.setattr(layer, "dp_label_set_step", w_recorded)
+        mp.setattr(w_step_release, "dp_label_set_step", w_recorded)
         mp.setattr(adaptive_clipping, "noisy_sum", adaptive_clipping.noisy_sum)  # the count: not recorded
         privatizer = layer.DifferentialPrivacy.local_privatizer
 
@@ -260,7 +260,7 @@ def run_round(
                 return _finish(self, sums, step)
 
             mp.setattr(cls, "finish", recorded)
-        apply_plan = layer.apply_client_plan
+        apply_plan = client_release.apply_client_plan
 
         def plan(reply, steps, *, data, layers):
             out = apply_plan(reply, steps, data=data, layers=layers)
@@ -273,8 +273,8 @@ def run_round(
             rec.updates[int(data.client_id)] = upd
             return out
 
-        mp.setattr(layer, "apply_client_plan", plan)
-        aggregate = layer.noise_aggregate
+        mp.setattr(client_release, "apply_client_plan", plan)
+        aggregate = client_release.noise_aggregate
 
         def noised(agg, **kw):
             std = released_sums(
@@ -283,7 +283,7 @@ def run_round(
             rec.client_std.append((std, bool(kw["noise_rows"])))
             return aggregate(agg, **kw)
 
-        mp.setattr(layer, "noise_aggregate", noised)
+        mp.setattr(client_release, "noise_aggregate", noised)
         exp = Experiment(cfg, run_dir=run_dir, dataset=ds)
         exp.run(progress=False)
     return exp, rec
