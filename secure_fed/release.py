@@ -80,18 +80,28 @@ class UntaggedRelease(PrivacyViolation):
     """A release writer got a value without a tag (strict mode): a programming error in the writer."""
 
 
+#: how every finding's line begins (and so how a privacy report's why tells them from its own reasons)
+FINDING_PREFIX = "ε = ∞: "
+
+
 def untagged_line(file: str, field: str) -> str:
     """The one-line why of the ε an untagged field makes ∞."""
-    return f"ε = ∞: {file} field {field} is untagged"
+    return f"{FINDING_PREFIX}{file} field {field} is untagged"
+
+
+def findings_in(privacy: Mapping[str, Any]) -> list[str]:
+    """The release findings a privacy report's ``why`` carries (:func:`with_infinite_epsilon` put them there)."""
+    return [x for x in str(privacy.get("why") or "").split("; ") if x.startswith(FINDING_PREFIX)]
 
 
 def _walk(value: Any, file: str, path: str, found: list[tuple[str, bool]]) -> Any:
     """``value`` without its tags; a finding ``(line, raises)`` for each untagged field under ``path``."""
     if isinstance(value, Released):
         if value.tag == PROTECTED and value.why == NO_MECHANISM:
-            found.append((f"ε = ∞: {file} field {path} is released with no DP mechanism on it", False))
+            found.append((f"{FINDING_PREFIX}{file} field {path} is released with no DP mechanism on it", False))
         elif value.tag == PROTECTED and value.why not in _MECHANISMS:
-            found.append((f"ε = ∞: {file} field {path} names mechanism {value.why!r}, which is not registered", True))
+            line = f"{FINDING_PREFIX}{file} field {path} names mechanism {value.why!r}, which is not registered"
+            found.append((line, True))
         return _walk_tagged(value.value)
     if isinstance(value, Mapping):
         return {k: _walk(v, file, f"{path}.{k}" if path else str(k), found) for k, v in value.items()}
@@ -132,6 +142,7 @@ def with_infinite_epsilon(privacy: Mapping[str, Any] | None, findings: list[str]
 
 
 __all__ = [
-    "NO_MECHANISM", "PROTECTED", "PUBLIC", "RELEASED_MODEL", "STRICT_ENV", "Released", "UntaggedRelease",
-    "declare_mechanism", "protected", "public", "release_fields", "strict", "untagged_line", "with_infinite_epsilon",
+    "FINDING_PREFIX", "NO_MECHANISM", "PROTECTED", "PUBLIC", "RELEASED_MODEL", "STRICT_ENV", "Released",
+    "UntaggedRelease", "declare_mechanism", "findings_in", "protected", "public", "release_fields", "strict",
+    "untagged_line", "with_infinite_epsilon",
 ]  # fmt: skip

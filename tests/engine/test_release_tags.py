@@ -18,6 +18,7 @@ from secure_fed import release
 from secure_fed.engine import Experiment
 from secure_fed.engine.callbacks import Callback
 from secure_fed.export import export_model
+from secure_fed.privacy_lines import privacy_lines
 from secure_fed.release import NO_MECHANISM, PROTECTED, PUBLIC, RELEASED_MODEL, STRICT_ENV, Released, UntaggedRelease
 from tests.conftest import DP_CONFIGS, small_config
 
@@ -175,6 +176,9 @@ def test_an_untagged_metrics_field_makes_the_runs_epsilon_infinite_with_its_line
     assert all("train_loss" in x for x in lines)  # written as the writer asked, not hidden: the ε says what it costs
     model = torch.load(export_model(run, mutant_dir / "m.pt"), map_location="cpu", weights_only=False)
     assert model["privacy"]["epsilon"] == "inf" and model["privacy"]["why"] == LOSS_LINE
+    # the console says the same, not the un-noised-step sentence of another ∞ (this run's mechanisms cover θ and W)
+    assert privacy_lines(summary["privacy"]) == [f"  privacy: {LOSS_LINE}"]
+    assert privacy_lines(ref.privacy)[0].startswith("  privacy: ε = ")
 
 
 def test_strict_mode_refuses_the_untagged_field(mutant_dir):
