@@ -246,3 +246,25 @@ def test_client_models_metrics_are_released_only_with_no_mechanism_said(tmp_path
     assert "AmAP" in res.summary["final"] and res.privacy["epsilon"] == "inf"
     assert "ε = ∞: metrics.jsonl field AmAP is released with no DP mechanism on it" in res.privacy["why"]
     assert "ε = ∞: summary.json field final.WmAP is released with no DP mechanism on it" in res.privacy["why"]
+
+
+def test_the_private_selections_record_goes_through_the_gate(tmp_path, monkeypatch):
+    """``selection.json`` (threat_models/private_selection.py): the selected candidate is the private selection's
+    output, the rest public; a field added untagged makes its ε ∞ with the line (strict mode: raises)."""
+    from protocols.dp.private_selection import PrivateSelection
+    from threat_models.private_selection import selection_record, write_selection
+
+    tagged = selection_record(["training.client_lr=0.2"], 2.5, 4.0, {"P@1": 30.0}, 100, "P@1")
+    found: dict[str, Released] = {}
+    _tags(tagged, "", found)
+    assert found["selected"] == release.protected(["training.client_lr=0.2"], PrivateSelection.kind)
+    assert all(t.tag == PUBLIC for k, t in found.items() if k != "selected")
+    info = write_selection(tmp_path, tagged)
+    assert json.loads((tmp_path / "selection.json").read_text()) == info and info["epsilon"] == 4.0 and "why" not in info
+
+    leaky = {**tagged, "candidates_run": 3}  # the mutant: K, the one number the selection must keep secret
+    with pytest.raises(UntaggedRelease, match="selection.json field candidates_run is untagged"):
+        write_selection(tmp_path / "strict", leaky)
+    monkeypatch.setenv(STRICT_ENV, "0")
+    info = write_selection(tmp_path, leaky)
+    assert info["epsilon"] == float("inf") and info["why"] == "ε = ∞: selection.json field candidates_run is untagged"
