@@ -19,7 +19,7 @@ from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.evaluation import W_COSINE_WHY, evaluated, selection_metric, tagged_metric
 from secure_fed.engine.privacy_report import aborted_charge, privacy_summary, tagged_report
 from secure_fed.engine.run_context import RunContext
-from secure_fed.release import NO_MECHANISM, protected, public
+from secure_fed.release import NO_MECHANISM, protected, public, untagged_line
 from secure_fed.run_files import METRICS_FILE, PRIVACY_RECORD, PRIVATE_DIR, SUMMARY_FILE
 
 #: Keys of a ``metrics.jsonl`` line besides the evaluation metrics: public facts, and values computed from
@@ -70,7 +70,10 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         "rounds_planned": public(cfg.training.rounds, CONFIG),
         "rounds_aborted": public(rec.rounds_aborted, ABORTS),
         "status": public(status, STATUS),
-        "final": {k: tagged_metric(k, v) for k, v in final.items()},
+        # a metric keeps its tag from the metrics lines: one that came there untagged stays untagged here
+        "final": {
+            k: v if untagged_line(METRICS_FILE, k) in rec.release_findings else tagged_metric(k, v) for k, v in final.items()
+        },
         "W_mean_cos": public(cos, W_COSINE_WHY),
         PRIVACY_RECORD: tagged_report(privacy_summary(units), units),
         "protocols": public(list(cfg.protocols), CONFIG),
