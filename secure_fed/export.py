@@ -10,6 +10,10 @@ it lie the clients' and the server's secrets. The export holds exactly :data:`EX
 * ``config``: the run's config, less every setting its section marks secret
   (:mod:`secure_fed.secret_settings`: e.g. the seeds of DP noise or of secure aggregation's graph);
 * ``privacy``: the released privacy report (``summary.json``'s ``privacy``).
+
+The document goes through the release gate (:func:`secure_fed.release.release_fields`): θ and W are tagged as the
+released model, the config and the report public; a field left untagged makes the file's ε ∞ with its one-line why
+(strict mode: raises).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from secure_fed.errors import SecureFedError
-from secure_fed.run_files import PRIVACY_RECORD, checkpoint_dir
+from secure_fed.release import RELEASED_MODEL, protected, public, release_fields, with_infinite_epsilon
+from secure_fed.run_files import EXPORT_FILE, PRIVACY_RECORD, checkpoint_dir
 from secure_fed.run_status import trained
 
 EXPORT_KEYS = ("theta", "W", "config", PRIVACY_RECORD)
@@ -72,12 +77,15 @@ def export_model(run_dir: str | Path, out: str | Path) -> Path:
     except yaml.YAMLError:
         raise SecureFedError(f"cannot export {run_dir}: its config.yaml is not valid YAML") from None
     sd = load_checkpoint_file(final)
-    doc = {
-        "theta": {name: t.detach().clone() for name, t in sd["theta"].items()},
-        "W": None if sd.get("W") is None else sd["W"].detach().clone(),
-        "config": public_config(config),
-        PRIVACY_RECORD: summary[PRIVACY_RECORD],
+    tagged = {
+        "theta": protected({name: t.detach().clone() for name, t in sd["theta"].items()}, RELEASED_MODEL),
+        "W": protected(None if sd.get("W") is None else sd["W"].detach().clone(), RELEASED_MODEL),
+        "config": public(public_config(config), "the run's released config.yaml, less every setting marked secret"),
+        PRIVACY_RECORD: public(summary[PRIVACY_RECORD], "summary.json's privacy report, as the run released it"),
     }
+    doc, findings = release_fields(tagged, EXPORT_FILE)
+    if findings:
+        doc[PRIVACY_RECORD] = with_infinite_epsilon(doc[PRIVACY_RECORD], findings)
     assert tuple(doc) == EXPORT_KEYS
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from secure_fed.release import findings_in
+
 
 def fmt_epsilon(eps: Any) -> str:
     """``7.077``, ``∞`` (the record writes ε = ∞ as the string ``"inf"``)."""
@@ -66,13 +68,17 @@ def infinity_line(record: dict[str, Any], config: str = "its config.yaml") -> st
 def privacy_lines(record: dict[str, Any], config: str = "its config.yaml") -> list[str]:
     """The released privacy record (``summary.json``'s ``privacy``) as console lines: the released model's ε with δ
     and unit, then one line per DP unit; or, when the released model's ε is ∞, one short sentence (why, per unit,
-    is what ``secure-fed validate`` on ``config`` prints)."""
+    is what ``secure-fed validate`` on ``config`` prints); and a line for each release finding (a released field
+    without a tag: :mod:`secure_fed.release`), as the record's ``why`` gives it."""
     units = record.get("units") or {}
     eps = record.get("epsilon")
+    findings = [f"  privacy: {x}" for x in findings_in(record)]
     if not units:
         why = record.get("note") or record.get("why") or "no differential privacy mechanism in this run"
-        return [f"  privacy: ε = ∞: {why}; nothing bounds what the released model and metrics reveal about the training data"]
+        return [f"  privacy: ε = ∞: {why}; nothing bounds what the released model and metrics reveal about the training data",
+                *findings]  # fmt: skip
     if fmt_epsilon(eps) == "∞":
-        return [infinity_line(record, config)]
+        unnoised = any(u.get("unnoised") for u in units.values())
+        return [*([infinity_line(record, config)] if unnoised or not findings else []), *findings]
     head = f"  privacy: ε = {fmt_epsilon(eps)}, δ = {record.get('delta'):g} per {record.get('unit')} for the released model"
     return [head, *(unit_line(n, u) for n, u in units.items())]

@@ -29,6 +29,10 @@ CHECKPOINTS_DIR = "checkpoints"
 #: the run's config as given (with its secret settings), under ``private/``; the released ``config.yaml`` is its
 #: public part
 CONFIG_FILE = "config.yaml"
+#: the released per-round record and the run's released summary (the release writers' file names)
+METRICS_FILE, SUMMARY_FILE = "metrics.jsonl", "summary.json"
+#: the name the release gate gives the file ``secure-fed export`` writes (its path is the operator's choice)
+EXPORT_FILE = "export"
 #: ``private/checkpoints/commit.json``: a checkpoint written in full but not yet moved in place (a crash in the moves);
 #: resuming completes it (:mod:`secure_fed.engine.checkpoint_commit`)
 CHECKPOINT_COMMIT = "commit.json"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from secure_fed.config import load_config
+from secure_fed.release import STRICT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,6 +31,11 @@ def _share_cores_between_workers() -> None:
 
 
 _share_cores_between_workers()
+
+#: strict release (secure_fed.release): in the suite, a release writer given an untagged value raises, in this process
+#: and in every command a test starts (a run outside the suite makes its ε ∞ instead; tests/engine/test_release_tags.py
+#: turns strict mode off where it checks that)
+os.environ.setdefault(STRICT_ENV, "1")
 
 #: Overrides that shrink the embedded default to a sub-second experiment.
 SMALL = [

@@ -329,9 +329,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
                     scored.append((score, grid_ov, cdir, rep))
                 best = max(range(len(scored)), key=lambda i: (scored[i][0], -i))
                 _, grid_ov, cdir, rep = scored[best]
-                info = {"selected": grid_ov, "per_run_target_epsilon": eps_r, "epsilon": total, "report_metrics": rep,
-                        "selection_rows": n, "select_metric": args.select_metric}  # fmt: skip
-                (cdir / "selection.json").write_text(json.dumps(info, default=str))
+                write_selection(cdir, selection_record(grid_ov, eps_r, total, rep, n, args.select_metric))
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(cdir, run_dir) if cdir.stat().st_dev == run_dir.parent.stat().st_dev else shutil.move(cdir, run_dir)
                 shutil.rmtree(scratch / run_dir.name)  # the unselected runs, their scores and the draw (K)
@@ -350,6 +348,44 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
     if scratch.is_dir() and not any(scratch.iterdir()):
         scratch.rmdir()
     return rows, runs, failed
+
+
+#: the released record of a point's selection (in the selected run's folder)
+SELECTION_FILE = "selection.json"
+
+
+def selection_record(selected: list[str], per_run: float, total: float, report: dict[str, float], rows: int,
+                     metric: str) -> dict[str, Any]:  # fmt: skip
+    """``selection.json``'s fields, tagged for the release gate (:mod:`secure_fed.release`): the selected candidate
+    is the private selection's output; the rest is the config's, or the released model's on the public test split."""
+    from protocols.dp.private_selection import PrivateSelection
+    from secure_fed.release import protected, public
+
+    calibrated = "calibrated from the command's ε and the grid's planned ledgers (config only)"
+    return {
+        "selected": protected(selected, PrivateSelection.kind),
+        "per_run_target_epsilon": public(per_run, calibrated),
+        "epsilon": public(total, f"the selection's ε (Theorem 2), {calibrated}"),
+        "report_metrics": public(
+            report,
+            "metrics of the selected (released) model on the report half of the public "
+            "test split: a post-processing of DP outputs and public data",
+        ),  # fmt: skip
+        "selection_rows": public(rows, "the selection half's size: a public split of the public test split"),
+        "select_metric": public(metric, "the command's --select-metric"),
+    }
+
+
+def write_selection(run_dir: Path, tagged: dict[str, Any]) -> dict[str, Any]:
+    """Write ``selection.json`` through the release gate: an untagged field raises under strict mode, and otherwise
+    makes the file's ``epsilon`` ∞, with the finding as its one-line ``why``; returns what it wrote."""
+    from secure_fed.release import release_fields
+
+    info, findings = release_fields(tagged, SELECTION_FILE)
+    if findings:
+        info["epsilon"], info["why"] = math.inf, "; ".join(findings)
+    (run_dir / SELECTION_FILE).write_text(json.dumps(info, default=str))
+    return info
 
 
 def selected_row(row: dict[str, Any], run_dir: Path, info: dict[str, Any], *, grid_size: int, eta: float, mean: float,

@@ -79,7 +79,9 @@ class Callback:
 
     def on_record(self, ctx: RunContext, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
         """Add to a round's public record (``metrics.jsonl``: the released model's metrics, the privacy report
-        only) or to its private diagnostics, in callback order."""
+        only) or to its private diagnostics, in callback order. What goes in ``record`` is tagged
+        (:func:`secure_fed.release.public` or :func:`~secure_fed.release.protected`): an untagged value makes the
+        run's ε ∞ (strict mode: raises)."""
 
     def on_round_end(self, ctx: RunContext, record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
         """A round's public record (``metrics.jsonl``) and private diagnostics are complete."""

@@ -122,6 +122,7 @@ class Checkpointing(Callback):
             "history": rec.history,
             "diagnostics": rec.diagnostics,
             "rounds_aborted": rec.rounds_aborted,
+            "release_findings": rec.release_findings,
             **extra,
             "wall_seconds": rec.wall_before,
             "flower_session": rec.flower_session,
@@ -142,6 +143,7 @@ class Checkpointing(Callback):
         rec.history = sd["history"]
         rec.diagnostics = sd.get("diagnostics", [])
         rec.rounds_aborted = sd.get("rounds_aborted", 0)
+        rec.release_findings = list(sd.get("release_findings", []))
         for cb in ctx.callbacks:
             cb.load_checkpoint_state(ctx, sd)
         rec.wall_before = sd["wall_seconds"]

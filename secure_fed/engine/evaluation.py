@@ -35,6 +35,8 @@ from secure_fed.errors import PrivacyViolation
 from secure_fed.metrics import blocks as label_blocks
 from secure_fed.metrics import evaluate_scores, macro_average_precision
 from secure_fed.models.sparse_rows import SparseRows, split_rows
+from secure_fed.release import NO_MECHANISM, Released, protected, public
+from secure_fed.run_files import METRICS_FILE
 from secure_fed.run_status import TRAINED
 
 
@@ -128,14 +130,30 @@ def is_evaluation_round(cfg, completed: int) -> bool:
     return completed % cfg.evaluation.every == 0 or completed == cfg.training.rounds
 
 
+#: why a test metric of the released model may be released (:func:`secure_fed.release.public`)
+TEST_METRIC_WHY = "a metric of the released model on the public test split: a post-processing of DP outputs and public data"
+#: why W's mean row cosine may be released
+W_COSINE_WHY = "W's mean row cosine: a function of the released W"
+
+
+#: the metrics :class:`ClientEvaluation` adds: of the clients' own local models, which no DP mechanism covers
+CLIENT_MODEL_METRICS = ("AmAP", "AmAP_std", "WmAP")
+
+
+def tagged_metric(name: str, value: Any) -> Released:
+    """A released metric with its tag: the clients' own models' (:data:`CLIENT_MODEL_METRICS`) with no mechanism on
+    them, every other one the released model's on the public test split."""
+    return protected(value, NO_MECHANISM) if name in CLIENT_MODEL_METRICS else public(value, TEST_METRIC_WHY)
+
+
 def evaluation_record(ctx: RunContext) -> dict[str, Any]:
-    """A metrics line's evaluation: test metrics of the current model, and W's mean row cosine (none for an
-    algorithm without a global model, e.g. ``local``)."""
+    """A metrics line's evaluation, tagged for release (:mod:`secure_fed.release`): test metrics of the current
+    model, and W's mean row cosine (none for an algorithm without a global model, e.g. ``local``)."""
     if not ctx.algorithm.has_global_model:
         return {}
-    rec: dict[str, Any] = dict(evaluate(ctx.model, ctx.fed, ctx.cfg))
+    rec: dict[str, Any] = {k: public(v, TEST_METRIC_WHY) for k, v in evaluate(ctx.model, ctx.fed, ctx.cfg).items()}
     if ctx.model.W is not None:
-        rec["W_mean_cos"] = ctx.model.mean_row_cosine()
+        rec["W_mean_cos"] = public(ctx.model.mean_row_cosine(), W_COSINE_WHY)
     return rec
 
 
@@ -181,8 +199,9 @@ class Evaluation(Callback):
                          "W": None if m.W is None else m.W.clone()}  # fmt: skip
 
     def on_run_end(self, ctx, status) -> None:
-        if status == "budget_exhausted" and ctx.records.history and not evaluated(ctx.records.history[-1]):
-            ctx.records.history[-1].update(evaluation_record(ctx))
+        rec = ctx.records
+        if status == "budget_exhausted" and rec.history and not evaluated(rec.history[-1]):
+            rec.release(evaluation_record(ctx), METRICS_FILE, into=rec.history[-1])
 
     def on_release(self, ctx, status) -> None:
         """Report the selected epoch: θ, W back to the best validation snapshot, then its test metrics."""
@@ -263,6 +282,9 @@ class ClientEvaluation(Callback):
     def on_record(self, ctx, record, diagnostics) -> None:
         if self.ctx is None or not self.maps:
             return
-        stats = spread([self.maps[c] for c in sorted(self.maps)], "AmAP", worst="WmAP")
+        stats = spread([self.maps[c] for c in sorted(self.maps)], CLIENT_MODEL_METRICS[0], worst=CLIENT_MODEL_METRICS[2])
         self.maps = {}
-        (diagnostics if ctx.stack.accounting() else record).update(stats)
+        if ctx.stack.accounting():
+            diagnostics.update(stats)
+        else:  # no DP: ε is ∞ already, and the release says these values have no mechanism on them
+            record.update({k: tagged_metric(k, v) for k, v in stats.items()})

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from secure_fed.engine.callbacks import Callback
-from secure_fed.engine.privacy_report import privacy_now
+from secure_fed.engine.privacy_report import privacy_now, tagged_report
 from secure_fed.run_files import PRIVACY_RECORD
 
 
 class PrivacyRecord(Callback):
-    """Adds ``privacy`` (:func:`~secure_fed.engine.privacy_report.privacy_now`) to each round's record."""
+    """Adds ``privacy`` (:func:`~secure_fed.engine.privacy_report.privacy_now`, tagged) to each round's record."""
 
     name = "privacy_record"
 
     def on_record(self, ctx, record, diagnostics) -> None:
-        record[PRIVACY_RECORD] = privacy_now(ctx.stack.accounting())
+        units = ctx.stack.accounting()
+        record[PRIVACY_RECORD] = tagged_report(privacy_now(units), units)

@@ -1,12 +1,22 @@
 """The privacy report, from the protocol stack's per-unit ledger: ε and δ now (on every metrics line), the
 summary's report, and what the ledger charged for aborted rounds. Functions of public facts and of the DP
-ledger only."""
+ledger only; :func:`tagged_report` tags one for a release writer (:mod:`secure_fed.release`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from secure_fed.release import Released, protected, public
 from secure_fed.run_files import PRIVACY_RECORD
+
+#: why the privacy report may be released: what the accountant computes from the config and the declared mechanisms
+LEDGER_WHY = ("the privacy ledger: ε and δ the accountant computes from the config (σ, q, C, δ, public bounds) and the "
+              "public count of steps, and notes naming settings")  # fmt: skip
+#: the DP mechanism (its registered kind, and the report's key) whose outputs the report carries: adaptive clipping's
+#: clip norm C_t, a function of noisy counts (Andrew et al. 2021)
+ADAPTIVE_CLIPPING = "adaptive_clipping"
+#: what an adaptive-clipping unit's report holds of its mechanism's outputs: C_t now, each round's, and the next
+ADAPTIVE_OUTPUTS = ("clip_norm", "clip_norm_by_round", "next_clip_norm")
 
 
 def unnoised_why(units: dict[str, dict[str, Any]]) -> str | None:
@@ -39,7 +49,7 @@ def privacy_now(units: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out["epsilon"], out["why"] = "inf", why
     for name, u in units.items():
         out[name] = {"epsilon": u["epsilon"], "delta": u["delta"], "steps": u["steps"]}
-        if "adaptive_clipping" in u:  # a clip norm that changes each round, from DP-protected values: released
+        if ADAPTIVE_CLIPPING in u:  # a clip norm that changes each round, from DP-protected values: released
             out[name]["clip_norm"] = u["clip_norm"]
     return out
 
@@ -77,3 +87,32 @@ def aborted_charge(history: list[dict[str, Any]], diagnostics: list[dict[str, An
             before[name] = u["steps"]
     out = {name: {"steps": n, "of": before[name]} for name, n in charged.items() if n}
     return out or None
+
+
+def _tagged_unit(name: str, entry: dict[str, Any], units: dict[str, dict[str, Any]]) -> dict[str, Released]:
+    """A unit's entry of a report, each key tagged: adaptive clipping's C_t (every :data:`ADAPTIVE_OUTPUTS` key, at
+    the entry's top or in its ``adaptive_clipping`` part) is that mechanism's output; the rest is the ledger's."""
+    adaptive = ADAPTIVE_CLIPPING in units.get(name, {})
+
+    def tag(key: str, value: Any) -> Released:
+        return protected(value, ADAPTIVE_CLIPPING) if adaptive and key in ADAPTIVE_OUTPUTS else public(value, LEDGER_WHY)
+
+    out = {k: tag(k, v) for k, v in entry.items()}
+    if adaptive and isinstance(entry.get(ADAPTIVE_CLIPPING), dict):
+        out[ADAPTIVE_CLIPPING] = {k: tag(k, v) for k, v in entry[ADAPTIVE_CLIPPING].items()}  # type: ignore[assignment]
+    return out
+
+
+def tagged_report(report: dict[str, Any], units: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``report`` (:func:`privacy_now`'s or :func:`privacy_summary`'s, from ``units``) with every key tagged for a
+    release writer: the ledger's values public (:data:`LEDGER_WHY`), adaptive clipping's C_t protected by its
+    mechanism."""
+    out: dict[str, Any] = {}
+    for key, value in report.items():
+        if key == "units":
+            out[key] = {name: _tagged_unit(name, u, units) for name, u in value.items()}
+        elif key in units and isinstance(value, dict):  # a metrics line's per-unit entry
+            out[key] = _tagged_unit(key, value, units)
+        else:
+            out[key] = public(value, LEDGER_WHY)
+    return out

@@ -10,6 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from secure_fed.release import release_fields, with_infinite_epsilon
+from secure_fed.run_files import PRIVACY_RECORD
+
 
 @dataclass
 class RunRecords:
@@ -30,8 +33,27 @@ class RunRecords:
     #: the torch threads this stretch of training runs with (secure_fed.threads.threads_record; not checkpointed: a
     #: resumed run picks them again on its machine)
     threads: dict[str, Any] | None = None
+    #: the release gate's findings so far (:func:`secure_fed.release.release_fields`): each makes the run's ε ∞
+    release_findings: list[str] = field(default_factory=list)
     wall_before: float = 0.0  #: wall seconds of training in earlier stretches (before a resume, or a checkpoint)
     t0: float = field(default_factory=time.perf_counter)  #: wall clock at the start of the current stretch
+
+    def release(self, tagged: dict[str, Any], file: str, *, into: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A released document (``tagged``: field → :class:`~secure_fed.release.Released`) as ``file`` writes it:
+        the tags off, every finding kept in :attr:`release_findings`, and, once there is one, the document's privacy
+        report (if it has one) at ε = ∞ with the findings as its why. ``into``: a released document (already
+        through here) the fields are added to, in place; its report gets the new findings. Strict mode raises on an
+        untagged field."""
+        before = len(self.release_findings)
+        plain, found = release_fields(tagged, file)
+        self.release_findings += [x for x in found if x not in self.release_findings]
+        doc = plain if into is None else into
+        if into is not None:
+            into.update(plain)
+        new = self.release_findings if into is None else self.release_findings[before:]
+        if new and PRIVACY_RECORD in doc:
+            doc[PRIVACY_RECORD] = with_infinite_epsilon(doc[PRIVACY_RECORD], new)
+        return doc
 
     def elapsed(self) -> float:
         """Wall seconds of training so far, across resumes."""

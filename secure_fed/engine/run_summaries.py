@@ -16,10 +16,11 @@ from typing import Any
 
 from secure_fed.config.choices import precision_choice
 from secure_fed.engine.callbacks import Callback
-from secure_fed.engine.evaluation import evaluated, selection_metric
-from secure_fed.engine.privacy_report import aborted_charge, privacy_summary
+from secure_fed.engine.evaluation import W_COSINE_WHY, evaluated, selection_metric, tagged_metric
+from secure_fed.engine.privacy_report import aborted_charge, privacy_summary, tagged_report
 from secure_fed.engine.run_context import RunContext
-from secure_fed.run_files import PRIVACY_RECORD, PRIVATE_DIR
+from secure_fed.release import NO_MECHANISM, protected, public, untagged_line
+from secure_fed.run_files import METRICS_FILE, PRIVACY_RECORD, PRIVATE_DIR, SUMMARY_FILE
 
 #: Keys of a ``metrics.jsonl`` line besides the evaluation metrics: public facts, and values computed from
 #: the released model only. Everything else a round reports (losses, participant counts, clipping statistics,
@@ -39,48 +40,68 @@ def rounds_to_target(history: list[dict[str, Any]], metric: str, value: float | 
     return next((int(h["round"]) for h in history if metric in h and h[metric] >= value), None)
 
 
+#: why each of ``summary.json``'s fields may be released (:func:`secure_fed.release.public`)
+CONFIG = "the run's config"
+HARDWARE = "a fact of the hardware and the config (the machine the server runs on), not of the data"
+ROUNDS = "rounds run: the loop's public count (a budget stop is the ledger's, from the config)"
+ABORTS = ("rounds a protocol aborted: seen by every observer of the rounds (the ledger charges each like any other; "
+          "summary.json's aborted_charge)")  # fmt: skip
+STATUS = ("how the loop ended: completed, stopped by the ledger's budget (config), interrupted, or diverged (the "
+          "released model became non-finite: a function of it)")  # fmt: skip
+FEDERATION = "the federation's size: how many clients the config's partition makes of the dataset (a public fact)"
+DROPPED = "labels the dataset's public preparation dropped (the label space is public: it decides W's shape)"
+FROM_RELEASED = "read from the released metrics lines (their ledger's steps, their metrics): a post-processing of them"
+
+
 def summary(ctx: RunContext, status: str) -> dict[str, Any]:
-    """``summary.json``: public facts, the released model's final test metrics and the privacy report."""
+    """``summary.json``, tagged for the release gate (:mod:`secure_fed.release`): public facts, the released model's
+    final test metrics and the privacy report."""
     rec, cfg = ctx.records, ctx.cfg
     last = next((h for h in reversed(rec.history) if evaluated(h)), {})
     final = {k: last[k] for k in last if k not in PUBLIC_ROUND_KEYS}
     cos = last.get("W_mean_cos")
     if rec.selected is not None:  # a centralised baseline reports the epoch it selected on validation
         final, cos = rec.selected["metrics"], rec.selected["W_mean_cos"]
+    units = ctx.stack.accounting()
     out = {
-        "algorithm": cfg.algorithm.name,
-        "dataset": ctx.dataset.name,
-        "rounds_completed": rec.round,
-        "rounds_planned": cfg.training.rounds,
-        "rounds_aborted": rec.rounds_aborted,
-        "status": status,
-        "final": final,
-        "W_mean_cos": cos,
-        PRIVACY_RECORD: privacy_summary(ctx.stack.accounting()),
-        "protocols": list(cfg.protocols),
-        "stop_reason": rec.stop_reason,
-        "device": str(ctx.device),
-        "executor": ctx.executor.name,
+        "algorithm": public(cfg.algorithm.name, CONFIG),
+        "dataset": public(ctx.dataset.name, "the dataset's public name"),
+        "rounds_completed": public(rec.round, ROUNDS),
+        "rounds_planned": public(cfg.training.rounds, CONFIG),
+        "rounds_aborted": public(rec.rounds_aborted, ABORTS),
+        "status": public(status, STATUS),
+        # a metric keeps its tag from the metrics lines: one that came there untagged stays untagged here
+        "final": {
+            k: v if untagged_line(METRICS_FILE, k) in rec.release_findings else tagged_metric(k, v) for k, v in final.items()
+        },
+        "W_mean_cos": public(cos, W_COSINE_WHY),
+        PRIVACY_RECORD: tagged_report(privacy_summary(units), units),
+        "protocols": public(list(cfg.protocols), CONFIG),
+        "stop_reason": public(rec.stop_reason, f"why the loop stopped, if early: {STATUS}"),
+        "device": public(str(ctx.device), HARDWARE),
+        "executor": public(ctx.executor.name, HARDWARE),
         # the precision the clients trained in (training.precision resolved for the device: a fact of the hardware)
-        "precision": precision_choice(cfg, ctx.dataset, ctx.device.type),
+        "precision": public(precision_choice(cfg, ctx.dataset, ctx.device.type), HARDWARE),
         # torch's threads and OpenMP's wait policy (training.threads resolved for this machine: a fact of the hardware)
-        "threads": rec.threads,
-        "num_clients": len(ctx.fed.clients),
-        "dropped_labels": ctx.dataset.meta.get("dropped_labels", []),
+        "threads": public(rec.threads, HARDWARE),
+        "num_clients": public(len(ctx.fed.clients), FEDERATION),
+        "dropped_labels": public(ctx.dataset.meta.get("dropped_labels", []), DROPPED),
     }
     if charge := aborted_charge(rec.history, rec.diagnostics):
-        out["aborted_charge"] = charge
+        out["aborted_charge"] = public(charge, FROM_RELEASED)
     ev = cfg.evaluation
     if ev.target_value is not None:
-        out["target"] = {"metric": ev.target_metric, "value": ev.target_value,
-                         "rounds_to_target": rounds_to_target(rec.history, ev.target_metric, ev.target_value)}  # fmt: skip
+        target = {"metric": ev.target_metric, "value": ev.target_value,
+                  "rounds_to_target": rounds_to_target(rec.history, ev.target_metric, ev.target_value)}  # fmt: skip
         reported = sorted({k for h in rec.history for k in h if k not in ("round", PRIVACY_RECORD)})
         if reported and ev.target_metric not in reported:  # null would read as "never reached"
-            out["target"]["note"] = (f"no evaluated round reports {ev.target_metric!r} (evaluation.target_metric); "
-                                     f"this run's metrics: {', '.join(reported)}")  # fmt: skip
+            target["note"] = (f"no evaluated round reports {ev.target_metric!r} (evaluation.target_metric); "
+                              f"this run's metrics: {', '.join(reported)}")  # fmt: skip
+        out["target"] = public(target, f"{CONFIG} (evaluation.target_*), and the round {FROM_RELEASED}")
     if rec.selected is not None:
-        out["selected_round"] = rec.selected["round"]
-        out["selection"] = f"{selection_metric(cfg)} on a validation split of the training data"
+        # selected on a validation split of the training data, with no mechanism (refused under DP: ε is ∞ already)
+        out["selected_round"] = protected(rec.selected["round"], NO_MECHANISM)
+        out["selection"] = public(f"{selection_metric(cfg)} on a validation split of the training data", CONFIG)
     return out
 
 
@@ -108,7 +129,7 @@ class MetricsFiles(Callback):
     name = "metrics_files"
 
     def _paths(self, ctx) -> tuple[Path, Path]:
-        return ctx.run_dir / "metrics.jsonl", ctx.run_dir / PRIVATE_DIR / "diagnostics.jsonl"
+        return ctx.run_dir / METRICS_FILE, ctx.run_dir / PRIVATE_DIR / "diagnostics.jsonl"
 
     def rewrite(self, ctx) -> None:
         """Both files exactly as the run's records are now (atomically)."""
@@ -146,8 +167,11 @@ class RunReport(Callback):
         self.private: dict[str, Any] = {}
 
     def on_release(self, ctx, status) -> None:
-        self.summary, self.private = summary(ctx, status), private_summary(ctx)
-        (ctx.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
+        """Through the release gate (``records.release``): a field :func:`summary` left untagged, or any finding of
+        the run's other released files, makes the summary's ε ∞ with its one-line why."""
+        self.summary = ctx.records.release(summary(ctx, status), SUMMARY_FILE)
+        self.private = private_summary(ctx)
+        (ctx.run_dir / SUMMARY_FILE).write_text(json.dumps(self.summary, indent=2))
         (ctx.run_dir / PRIVATE_DIR).mkdir(exist_ok=True)
         (ctx.run_dir / PRIVATE_DIR / "summary.json").write_text(json.dumps(self.private, indent=2, default=str))
 

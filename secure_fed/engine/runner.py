@@ -43,19 +43,32 @@ from secure_fed.engine.execution import ClientJob, Executor
 from secure_fed.engine.layers import ProtocolSetup
 from secure_fed.engine.run_builder import build_run
 from secure_fed.engine.run_context import RunContext
+from secure_fed.engine.run_records import RunRecords
 from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
 from secure_fed.progress import phase
-from secure_fed.run_files import PRIVACY_RECORD, operator_config_path, released_config_path
+from secure_fed.release import public
+from secure_fed.run_files import CONFIG_FILE, METRICS_FILE, PRIVACY_RECORD, operator_config_path, released_config_path
 from secure_fed.run_status import COMPLETED, COMPLETED_WITH_ABORTS
 from secure_fed.threads import run_threads
 
+#: why a round's number may be released
+ROUND_WHY = "the round counter: public (the loop's, as the ledger's steps)"
+#: why the released config may be released (:func:`secure_fed.release.public`)
+CONFIG_WHY = "the run's config, less every setting its section marks secret (secure_fed.secret_settings)"
 
-def write_run_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+
+def tagged_config(public_doc: dict[str, Any]) -> dict[str, Any]:
+    """The released config, tagged for the release gate: each section public (:data:`CONFIG_WHY`)."""
+    return {section: public(value, CONFIG_WHY) for section, value in public_doc.items()}
+
+
+def write_run_config(run_dir: Path, cfg: ExperimentConfig, records: RunRecords) -> None:
     """The run's two configs: the operator's, whole (``private/config.yaml``: what a resume reads), and the released
     one, less every setting its section marks secret (``config.yaml``: :mod:`secure_fed.secret_settings`, as
-    ``secure-fed export`` strips them)."""
+    ``secure-fed export`` strips them), through the release gate (``records.release``: an untagged field makes the
+    run's ε ∞)."""
     import yaml
 
     from secure_fed.config.schema import experiment_config_model
@@ -64,8 +77,9 @@ def write_run_config(run_dir: Path, cfg: ExperimentConfig) -> None:
     text = dump_config(cfg)
     operator_config_path(run_dir).parent.mkdir(parents=True, exist_ok=True)
     operator_config_path(run_dir).write_text(text)
-    public = without_secrets(yaml.safe_load(text), secret_paths(experiment_config_model()))
-    released_config_path(run_dir).write_text(yaml.safe_dump(public, sort_keys=False))
+    public_doc = without_secrets(yaml.safe_load(text), secret_paths(experiment_config_model()))
+    released = records.release(tagged_config(public_doc), CONFIG_FILE)
+    released_config_path(run_dir).write_text(yaml.safe_dump(released, sort_keys=False))
 
 
 @dataclass
@@ -310,9 +324,10 @@ class Experiment:
                                     "learning rates or the regulariser's step)")  # fmt: skip
                 self.diagnostics.append(diag)  # kept in private/diagnostics.jsonl; no checkpoint of NaNs
                 return "diverged"
-            rec: dict[str, Any] = {"round": self.round}
-            for cb in callbacks:
-                cb.on_record(ctx, rec, diag)
+            tagged: dict[str, Any] = {"round": public(self.round, ROUND_WHY)}
+            for cb in callbacks:  # each adds tagged values (secure_fed.release)
+                cb.on_record(ctx, tagged, diag)
+            rec = self.records.release(tagged, METRICS_FILE)  # the release gate: the line as metrics.jsonl holds it
             diag["wall_seconds"] = self.records.elapsed()
             self.history.append(rec)
             self.diagnostics.append(diag)
@@ -321,7 +336,7 @@ class Experiment:
         return "completed"
 
     def _run_rounds(self, progress: bool | None) -> RunResult:
-        write_run_config(self.run_dir, self.cfg)
+        write_run_config(self.run_dir, self.cfg, self.records)
         progress = self.cfg.output.progress if progress is None else progress
         callbacks = [*self.callbacks, *([ProgressBar()] if progress else [])]
         self.records.restart_clock()
