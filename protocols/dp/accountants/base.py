@@ -24,6 +24,8 @@ import math
 from collections.abc import Iterable
 from typing import ClassVar
 
+from protocols.dp.accountants.rdp_curves import rdp_epsilon  # the reference bound past an accountant's range
+
 #: one ledger entry: (noise multiplier σ, sample rate q, steps)
 Entry = tuple[float, float, int]
 
@@ -83,8 +85,6 @@ class Accountant:
         """Whether the history's RDP ε at δ is past :attr:`max_rdp_epsilon`, where this accountant reports RDP's ε."""
         if self.max_rdp_epsilon is None:
             return False
-        from protocols.dp.accountants.rdp import rdp_epsilon  # the reference bound (rdp.py subclasses this module's class)
-
         return rdp_epsilon(self.entries(), delta) > self.max_rdp_epsilon
 
     def get_epsilon(self, delta: float) -> float:
@@ -95,8 +95,6 @@ class Accountant:
         if not entries:
             return 0.0
         if self.beyond_range(delta):
-            from protocols.dp.accountants.rdp import rdp_epsilon
-
             return rdp_epsilon(entries, delta)
         return float(self._epsilon(entries, float(delta)))
 
