@@ -129,6 +129,12 @@ def _dp_public_inputs_rules(cfg, stack: list[str]) -> None:
             "whole training split in the clear, and θ is trained on them, outside any ε; use auto (none for dense "
             "features under dp) or none"
         )
+    if cfg.dataset.drop_empty_labels is True:
+        raise ValueError(
+            "dataset.drop_empty_labels: true under dp: which labels have a training instance is a fact about the private "
+            "data (removing a label's only instance would drop the label and change W's shape), outside any ε; use auto "
+            "(every label kept under dp) or false"
+        )
 
 
 def _central_reference_rules(cfg, stack: list[str]) -> None:

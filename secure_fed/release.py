@@ -94,29 +94,38 @@ def findings_in(privacy: Mapping[str, Any]) -> list[str]:
     return [x for x in str(privacy.get("why") or "").split("; ") if x.startswith(FINDING_PREFIX)]
 
 
+def _check_tag(value: Released, file: str, path: str, found: list[tuple[str, bool]]) -> None:
+    """A finding for a tag that releases with no mechanism, or names one that is not registered."""
+    if value.tag == PROTECTED and value.why == NO_MECHANISM:
+        found.append((f"{FINDING_PREFIX}{file} field {path} is released with no DP mechanism on it", False))
+    elif value.tag == PROTECTED and value.why not in _MECHANISMS:
+        line = f"{FINDING_PREFIX}{file} field {path} names mechanism {value.why!r}, which is not registered"
+        found.append((line, True))
+
+
 def _walk(value: Any, file: str, path: str, found: list[tuple[str, bool]]) -> Any:
     """``value`` without its tags; a finding ``(line, raises)`` for each untagged field under ``path``."""
     if isinstance(value, Released):
-        if value.tag == PROTECTED and value.why == NO_MECHANISM:
-            found.append((f"{FINDING_PREFIX}{file} field {path} is released with no DP mechanism on it", False))
-        elif value.tag == PROTECTED and value.why not in _MECHANISMS:
-            line = f"{FINDING_PREFIX}{file} field {path} names mechanism {value.why!r}, which is not registered"
-            found.append((line, True))
-        return _walk_tagged(value.value)
+        _check_tag(value, file, path, found)
+        return _walk_tagged(value.value, file, path, found)
     if isinstance(value, Mapping):
         return {k: _walk(v, file, f"{path}.{k}" if path else str(k), found) for k, v in value.items()}
+    if isinstance(value, list | tuple) and value and all(isinstance(v, Released | Mapping) for v in value):
+        return type(value)(_walk(v, file, f"{path}[{i}]", found) for i, v in enumerate(value))
     found.append((untagged_line(file, path), True))
     return value
 
 
-def _walk_tagged(value: Any) -> Any:
-    """A tagged value without the tags nested inside it (a tag covers everything under it)."""
+def _walk_tagged(value: Any, file: str, path: str, found: list[tuple[str, bool]]) -> Any:
+    """A tagged value without the tags nested inside it: a tag covers everything under it, but a nested tag that
+    releases with no mechanism, or names an unregistered one, is still a finding."""
     if isinstance(value, Released):
-        return _walk_tagged(value.value)
+        _check_tag(value, file, path, found)
+        return _walk_tagged(value.value, file, path, found)
     if isinstance(value, Mapping):
-        return {k: _walk_tagged(v) for k, v in value.items()}
+        return {k: _walk_tagged(v, file, f"{path}.{k}", found) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_walk_tagged(v) for v in value)
+        return type(value)(_walk_tagged(v, file, f"{path}[{i}]", found) for i, v in enumerate(value))
     return value
 
 
@@ -133,12 +142,26 @@ def release_fields(doc: Mapping[str, Any], file: str) -> tuple[dict[str, Any], l
 
 def with_infinite_epsilon(privacy: Mapping[str, Any] | None, findings: list[str]) -> dict[str, Any]:
     """A privacy report (``summary.json``'s, a metrics line's, an export's) with ε = ∞ and the ``findings`` after
-    any ``why`` it already has, on one line; unchanged (a copy) without findings."""
+    any ``why`` it already has, on one line, and each unit's ε against each adversary (``units.*.adversaries``: the
+    released model's) ∞ with the same findings; a unit's own ledger ε stays (it still bounds what its mechanisms
+    spent). Unchanged (a copy) without findings."""
     out = dict(privacy or {"epsilon": "inf", "delta": None})
     if findings:
         out["epsilon"] = "inf"
         out["why"] = "; ".join([*([out["why"]] if out.get("why") else []), *findings])
+        units = out.get("units")
+        if isinstance(units, Mapping):
+            out["units"] = {name: _released_inf(u, findings) for name, u in units.items()}
     return out
+
+
+def _released_inf(unit: Any, findings: list[str]) -> Any:
+    """A unit's report with its released-model ε per adversary made ∞ by ``findings``."""
+    if not isinstance(unit, Mapping) or not isinstance(unit.get("adversaries"), Mapping):
+        return unit
+    why = "; ".join(findings)
+    return {**unit, "adversaries": {a: {**v, "epsilon": "inf", "why": why} if isinstance(v, Mapping) else v
+                                    for a, v in unit["adversaries"].items()}}  # fmt: skip
 
 
 __all__ = [

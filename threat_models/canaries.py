@@ -179,6 +179,10 @@ class _CanaryPrivatizer:
     def instance_uniforms(self, keys, m: int, step: str):
         return self.inner.instance_uniforms(keys, m, step)
 
+    @property
+    def applies_weight_terms(self) -> bool:
+        return self.inner.applies_weight_terms
+
     def clip_sum(self, grads):
         return self.inner.clip_sum(grads)
 

@@ -246,14 +246,13 @@ COMPOSED = ("selection among the grid (Papernot & Steinke Thm 2, K secret) and e
 def run_selection(args, points: list, *, attacks: list[str], workers: int, threads: int, out: Path) -> tuple[list, list, list]:
     """Run every point as a private selection (module docstring). ``points``: the tradeoff's (method, ε, seed,
     overrides, run_dir) at the total ε. Returns (rows, released run dirs, failed points)."""
-    from concurrent.futures import ProcessPoolExecutor
 
     from protocols.dp.private_selection import gamma_for_mean
     from secure_fed.config import load_config
     from secure_fed.errors import ConfigError
     from secure_fed.html_report import run_row
     from secure_fed.run_files import stamp_released
-    from threat_models.tradeoff_points import _job, _label, method_base, point_overrides
+    from threat_models.tradeoff_points import _job, _label, method_base, point_overrides, worker_pool
 
     grid = parse_candidates(args.candidates)
     eta, mean = args.select_eta, args.select_mean
@@ -297,7 +296,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
     jobs = [c for t in todo for c in t[4]]
     print(f"tradeoff: private selection (K ~ truncated negative binomial, η = {eta:g}, mean {mean:g}, over "
           f"{len(grid)} candidate(s)); the runs of each point are kept private in {scratch}", flush=True)  # fmt: skip
-    with ProcessPoolExecutor(workers) as pool:
+    with worker_pool(workers) as pool:
         futures = {str(c[2]): pool.submit(_job, args.config, c[1], str(c[2]), args.data_root, [], threads) for c in jobs}
         for (method, eps, seed, _, run_dir), eps_r, total, d, cands in todo:
             if d is not None:
@@ -384,7 +383,8 @@ def write_selection(run_dir: Path, tagged: dict[str, Any]) -> dict[str, Any]:
     info, findings = release_fields(tagged, SELECTION_FILE)
     if findings:
         info["epsilon"], info["why"] = math.inf, "; ".join(findings)
-    (run_dir / SELECTION_FILE).write_text(json.dumps(info, default=str))
+    shown = {**info, "epsilon": "inf"} if not math.isfinite(float(info["epsilon"])) else info  # as every report writes ∞
+    (run_dir / SELECTION_FILE).write_text(json.dumps(shown, default=str))
     return info
 
 
@@ -400,7 +400,7 @@ def selected_row(row: dict[str, Any], run_dir: Path, info: dict[str, Any], *, gr
         row["adversaries"] = f"per run: {row['adversaries']}"  # the run's own ledger; the selection's ε is `epsilon`
     row["per_run_target_epsilon"] = info["per_run_target_epsilon"]
     row["target_epsilon"] = target
-    row["epsilon"] = info["epsilon"] if math.isfinite(info["epsilon"]) else "inf"
+    row["epsilon"] = info["epsilon"] if math.isfinite(float(info["epsilon"])) else "inf"
     row["selection"] = (f"private: best of K ~ truncated negative binomial (η {eta:g}, mean {mean:g}; K secret) over "
                         f"{grid_size} candidate(s) by {info['select_metric']} on {info['selection_rows']} test rows")  # fmt: skip
     row["selected"] = " ".join(info["selected"])

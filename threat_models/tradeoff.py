@@ -25,13 +25,20 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from secure_fed.errors import SecureFedError, unknown_name
 from secure_fed.progress import phase
 from secure_fed.run_files import PRIVATE_DIR
-from threat_models.tradeoff_points import _job, _label, central_reference_method, method_base, parse_epsilons, point_overrides
+from threat_models.tradeoff_points import (
+    _job,
+    _label,
+    central_reference_method,
+    method_base,
+    parse_epsilons,
+    point_overrides,
+    worker_pool,
+)
 
 
 def cmd_tradeoff(args: argparse.Namespace) -> int:
@@ -95,9 +102,9 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         status = _write_study(args, out, methods, seeds, rows, runs, failed, len(points))
         stamp_released(out)  # when the study ended would tell the sum of the points' secret K
         return status
-    with ProcessPoolExecutor(workers) as pool:
+    with worker_pool(workers) as pool:
         futures = [(pt, pool.submit(_job, args.config, pt[3], str(pt[4]), args.data_root, attacks, threads)) for pt in points]
-        with phase("tradeoff: runs", total=len(points)) as cells:  # after the submissions: the workers fork first
+        with phase("tradeoff: runs", total=len(points)) as cells:  # after the submissions: the workers start first
             for i, ((method, eps, seed, _, run_dir), fut) in enumerate(futures, 1):
                 try:
                     summary, secs = fut.result()

@@ -149,6 +149,17 @@ def _audited(run_dir: Path, attacks: list[str]) -> bool:
         return False
 
 
+def worker_pool(workers: int):
+    """The study's process pool. Its workers start from a fork server, not by forking this process: a fork of a
+    process whose torch (OpenMP) thread pool already ran can die in the child when that child sets its own thread
+    count (seen as a BrokenProcessPool after other training in the same process), and a worker's run must not
+    depend on what its parent did before."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+
+
 def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str | None, attacks: list[str], threads: int):
     """One grid point in a worker process: the run (cached / resumed), then its attacks (once)."""
     import torch

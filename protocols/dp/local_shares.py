@@ -58,6 +58,8 @@ class LocalShareSums(LocalDPSGD):
     """Client side, ``noise: shares``: DP-SGD's Poisson batch and per-sample clipping, then, instead of a noisy local
     step, ``sink(clipped sums)`` (the layer keeps them for :func:`share_reply`) and a zero gradient."""
 
+    applies_weight_terms = False
+
     def __init__(self, *, sink: Callable[[dict[str, torch.Tensor]], None], **kw):
         super().__init__(**kw)
         self.sink = sink

@@ -232,11 +232,13 @@ class Algorithm:
         client's own test data). Default: the θ it received plus its update."""
         return {n: apply_delta(t, reply["theta_delta"][n]) for n, t in payload["theta"].items()}
 
-    def server_aggregate(self, theta_mean: dict[str, torch.Tensor], num_clients: int) -> None:
+    def server_aggregate(self, theta_mean: dict[str, torch.Tensor], num_clients: float) -> None:
         """Server side, when :attr:`reads_aggregate`: the round's mean update of θ as the server receives it (what the
         layers release: under ``dp`` the noised sum over the denominator, under secure aggregation the unmasked sum),
-        before the server optimiser applies it, and how many clients it averages. Server state derived from it
-        (e.g. a correction the clients apply in the next round) is post-processing of that release. Default: nothing."""
+        before the server optimiser applies it, and the count it averages over: under ``dp`` the layer's public fixed
+        denominator (q·N, never the realised number of updates, which a secret Poisson cohort and dropouts make
+        private), else the number of updates summed. Server state derived from them (e.g. a correction the clients
+        apply in the next round) is post-processing of that release. Default: nothing."""
 
     def server_step(self, W: torch.Tensor, round_idx: int, participating: torch.Tensor) -> dict[str, float]:
         """Modify W in place after aggregation; return stats to log. Default: nothing.

@@ -27,6 +27,7 @@ from secure_fed.algorithms.per_sample import (
     per_sample_gradients,
 )
 from secure_fed.client_functions import client_function
+from secure_fed.errors import SecureFedError
 from secure_fed.models.families import CosineEmbedding, ModelFamily
 from secure_fed.models.sparse_rows import RowSparseDelta, SparseInputLinear, SparseRows, set_fused_sgd
 
@@ -147,7 +148,14 @@ class LocalTrainer:
         if objective is not None:
             theta = {n: t.detach() for n, t in payload["theta"].items()}
             per_epoch = privatizer.steps_per_epoch() if privatizer is not None else -(-data.num_examples // hp.batch_size)
-            ctx = ObjectiveContext(theta, data.state, float(hp.lr), data.num_examples, hp.epochs * per_epoch,
+            if objective.weight_only and privatizer is not None and not privatizer.applies_weight_terms:
+                raise SecureFedError(
+                    f"client objective {type(objective).__name__}: its weight term needs a local step, but "
+                    f"{type(privatizer).__name__} sends the clipped sums instead (privacy.local.noise: shares), so the "
+                    "term would be dropped; use privacy.local.noise: local"
+                )
+            count = None if privatizer is not None else data.num_examples  # a private count under DP-SGD
+            ctx = ObjectiveContext(theta, data.state, float(hp.lr), count, hp.epochs * per_epoch,
                                    private=privatizer is not None)  # fmt: skip
             objective.begin(ctx)
         if not self.has_dropout:

@@ -44,7 +44,8 @@ class ObjectiveContext:
         global_theta: θ as the client received it (the start of its training; detached).
         state: the client's own state (``ClientData.state``), kept between rounds; hooks may write it.
         lr: the local learning rate η.
-        num_examples: how many examples the client holds (its own fact).
+        num_examples: how many examples the client holds (its own fact); None under DP-SGD, where it is a private
+            count that no hook's output may depend on outside the clip.
         planned_steps: the optimiser steps this update will take (epochs × batches per epoch; DP-SGD's: epochs × its
             steps per epoch), known in :meth:`ClientObjective.begin`.
         steps: the optimiser steps taken so far in this update (set by the trainer; the total in :meth:`end`).
@@ -54,7 +55,7 @@ class ObjectiveContext:
     global_theta: dict[str, torch.Tensor]
     state: dict[str, Any]
     lr: float
-    num_examples: int
+    num_examples: int | None
     planned_steps: int = 0
     steps: int = 0
     private: bool = False

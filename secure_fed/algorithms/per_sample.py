@@ -35,6 +35,10 @@ class GradientPrivatizer(ABC):
     ``step`` (epoch and step index), so a resumed run redraws exactly the same.
     """
 
+    #: whether its steps move the local model (False: it sends the clipped sums instead of stepping, so a client
+    #: objective's weight term, added to the step's gradient, would be lost: the trainer refuses such an objective)
+    applies_weight_terms: bool = True
+
     @abstractmethod
     def steps_per_epoch(self) -> int:
         """How many DP-SGD steps make one local epoch."""

@@ -105,8 +105,11 @@ class DatasetConfig(_Strict):
         [], description="arff: feature attributes to leave out, by name (e.g. genbase's protein identifier)"
     )
     feature_kind: Literal["auto", "sparse", "dense"] = "auto"
-    drop_empty_labels: bool = Field(
-        True, description="drop labels no training instance has (in train and test), with a one-line note"
+    drop_empty_labels: bool | Literal["auto"] = Field(
+        "auto",
+        description="drop labels no training instance has (in train and test), with a one-line note; auto: drop, "
+        "except under the dp layer, where which labels have a training instance is private (an instance that is its "
+        "label's only one would change W's shape), so every label is kept; true with dp is refused",
     )
     image_size: int = Field(
         224, ge=16, le=MAX_IMAGE_SIDE, description="voc, coco: images are resized to image_size × image_size pixels"

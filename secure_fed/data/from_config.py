@@ -16,12 +16,19 @@ if TYPE_CHECKING:
     from secure_fed.config.schema import ExperimentConfig
 
 
+def drop_empty_labels(cfg: ExperimentConfig) -> bool:
+    """``dataset.drop_empty_labels`` resolved: ``auto`` drops labels with no training instance unless the ``dp`` layer
+    is on (which labels have one is a fact about the private data, released through W's shape)."""
+    want = cfg.dataset.drop_empty_labels
+    return ("dp" not in cfg.protocols) if want == "auto" else bool(want)
+
+
 def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
     """The configured data; labels no training instance has are dropped (``dataset.drop_empty_labels``)."""
     ds = _load_dataset(cfg, data_root)
     if ds.train.labels.nnz == 0:
         raise DataError(f"{ds.name}: no training instance has a positive label; nothing can be learned")
-    if cfg.dataset.drop_empty_labels:
+    if drop_empty_labels(cfg):
         ds, dropped = ds.without_empty_labels()
         if dropped:
             shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")

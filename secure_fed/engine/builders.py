@@ -220,7 +220,9 @@ def build_federation(
         val, rest = np.sort(order[:n_val]), np.sort(order[n_val:])
         shards = [ClientShard(0, rest)]
     else:
-        if bound is not None and part.positive_only:  # a label the bound emptied keeps its client, with no data
+        # a label the bound emptied, or (under dp, where no label is dropped) one with no training instance, keeps
+        # its client, with no data: whether a run starts must not depend on one instance
+        if (bound is not None or "dp" in cfg.protocols) and part.positive_only:
             part.allow_empty = True
         shards = fed_shards if client_test is not None else part.partition(train, rng)
     sparse = sparse_input_choice(cfg, ds, sum(len(s.indices) for s in shards) + n_test)

@@ -264,8 +264,9 @@ class Experiment:
         for cb in self.callbacks:
             cb.on_aggregate(self.round, list(session.cohort), agg)
         if agg.num_clients > 0 or agg.theta_denominator is not None:
-            if algo.reads_aggregate:  # server state derived from the released mean
-                algo.server_aggregate(agg.theta_mean(), agg.num_clients)
+            if algo.reads_aggregate:  # server state derived from the released mean and a public count (DP: q·N)
+                count = agg.num_clients if agg.theta_denominator is None else agg.theta_denominator
+                algo.server_aggregate(agg.theta_mean(), count)
             self.model.apply(agg, trains_rows=algo.trains_rows, rows_by_optimizer=t.server_optimizer.apply_to_rows)
         labels = [self.fed.clients[int(c)].known_labels for c in session.cohort if int(c) not in session.dropped]
         loss = agg.loss_sum / agg.num_clients if agg.num_clients else float("nan")

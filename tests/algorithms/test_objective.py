@@ -160,3 +160,36 @@ def test_begin_and_end_see_the_clients_own_state_and_the_step_count():
     _train(model, theta, data, Magnet(0.0), epochs=3)
     _train(model, theta, data, Magnet(0.0), FullBatch(len(data.x), clip=1.0), epochs=2)
     assert data.state == {"begun": 2, "steps": 2}
+
+
+def test_a_weight_term_under_noise_shares_is_refused_and_dp_hides_the_count():
+    """Under ``privacy.local.noise: shares`` the client sends its clipped sums and takes no local step, so a weight
+    term would be dropped: refused, one line. Under DP-SGD the hooks do not see the client's example count."""
+    from protocols.dp.local_dpsgd import LocalDPSGD
+    from protocols.dp.local_shares import LocalShareSums
+    from protocols.randomness import SecretStream
+    from secure_fed.errors import SecureFedError
+
+    assert LocalDPSGD.applies_weight_terms and not LocalShareSums.applies_weight_terms
+    stream = SecretStream.from_noise_seed(1, "c")
+    shares = LocalShareSums(sink=lambda sums: None, clip_norm=1.0, noise_multiplier=1.0, sample_rate=1.0, divisor=4,
+                            stream=stream, label="r0")  # fmt: skip
+    seen = {}
+
+    class Weighted(ClientObjective):
+        weight_only = True
+
+        def begin(self, ctx):
+            seen["count"] = ctx.num_examples
+
+        def weight_term(self, params, ctx):
+            return {n: torch.zeros_like(p) for n, p in params.items()}
+
+    model, theta, data = _setup()
+    with pytest.raises(SecureFedError, match="noise: shares"):
+        _train(model, theta, data, Weighted(), shares, epochs=1)
+    local = LocalDPSGD(clip_norm=1.0, noise_multiplier=1.0, sample_rate=0.5, divisor=4, stream=stream, label="r0")
+    _train(model, theta, data, Weighted(), local, epochs=1)
+    assert seen["count"] is None
+    _train(model, theta, data, Weighted(), None, epochs=1)
+    assert seen["count"] == data.num_examples

@@ -68,3 +68,20 @@ def test_without_dropping_the_refusal_says_how_to_fix_it(tmp_path):
     err = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(err) == 1 and "drop_empty_labels" in err[0] and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_under_dp_every_label_is_kept_and_an_explicit_drop_is_refused(tmp_path):
+    """Which labels have a training instance is private under dp (removing a label's only instance would drop it and
+    change W's shape): auto keeps every label there, the empty label's client holds no data, and the run completes;
+    dataset.drop_empty_labels: true with dp is one error line."""
+    _fixture(tmp_path)
+    dp = ["--set", "algorithm.name=fedavg", "--set", 'protocols=["dp"]',
+          "--set", 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}']  # fmt: skip
+    r = _run(tmp_path, *dp)
+    assert r.returncode == 0, r.stderr
+    assert not [x for x in r.stdout.splitlines() if x.startswith("note: dropped")]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["dropped_labels"] == [] and summary["num_clients"] == 5 and summary["status"] == "completed"
+    bad = _run(tmp_path, *dp, "--set", "dataset.drop_empty_labels=true", "--out", str(tmp_path / "bad"))
+    err = [x for x in bad.stderr.splitlines() if x.strip()]
+    assert bad.returncode == 2 and len(err) == 1 and "drop_empty_labels" in err[0] and not (tmp_path / "bad").exists()

@@ -270,3 +270,42 @@ def test_the_private_selections_record_goes_through_the_gate(tmp_path, monkeypat
     monkeypatch.setenv(STRICT_ENV, "0")
     info = write_selection(tmp_path, leaky)
     assert info["epsilon"] == float("inf") and info["why"] == "ε = ∞: selection.json field candidates_run is untagged"
+
+
+def test_a_tag_does_not_hide_what_is_tagged_inside_it_and_lists_of_tags_unwrap(monkeypatch):
+    """An outer public tag over a value released with no mechanism (or naming an unregistered one) is still a finding;
+    a field that is a list of tagged values is unwrapped item by item (review of the gate)."""
+    from secure_fed import release
+
+    monkeypatch.delenv(release.STRICT_ENV, raising=False)
+    doc = {"a": release.public({"x": release.protected(1, release.NO_MECHANISM), "y": 2}, "config")}
+    plain, found = release.release_fields(doc, "summary.json")
+    assert plain == {"a": {"x": 1, "y": 2}} and any("a.x" in f and "no DP mechanism" in f for f in found)
+    plain, found = release.release_fields({"b": [release.public(1, "config"), release.public(2, "config")]}, "f.json")
+    assert plain == {"b": [1, 2]} and not found
+    _, found = release.release_fields({"c": [1, 2]}, "f.json")
+    assert found == [release.untagged_line("f.json", "c")]
+    _, found = release.release_fields({"d": release.public([release.protected(3, "bogus")], "config")}, "f.json")
+    assert any("bogus" in f for f in found)
+
+
+def test_a_finding_makes_every_released_model_epsilon_infinite():
+    from secure_fed import release
+
+    report = {
+        "epsilon": 3.0,
+        "delta": 1e-5,
+        "units": {
+            "instance": {
+                "epsilon": 3.0,
+                "adversaries": {
+                    "observer": {"epsilon": 3.0, "composed": ["w"]},
+                    "server": {"epsilon": "inf", "why": "its own noise"},
+                },
+            }
+        },
+    }
+    out = release.with_infinite_epsilon(report, ["ε = ∞: f field x is untagged"])
+    assert out["epsilon"] == "inf" and out["units"]["instance"]["epsilon"] == 3.0  # the ledger's own spend stays
+    assert {a["epsilon"] for a in out["units"]["instance"]["adversaries"].values()} == {"inf"}
+    assert report["units"]["instance"]["adversaries"]["observer"]["epsilon"] == 3.0  # the input is not changed

@@ -86,12 +86,16 @@ def _secagg_t(exp: Experiment) -> int:
 
 
 @pytest.mark.parametrize("seeded", [False, True])
-def test_client_noise_shares_cannot_be_regenerated_by_the_server(tmp_path, seeded):
+def test_client_noise_shares_cannot_be_regenerated_by_the_server(tmp_path, seeded, monkeypatch):
+    from protocols.dp import client_dp
+
     ov = [*CLIENT_NOISE, *(["privacy.noise_seed=99"] if seeded else [])]
     released = _released_update(tmp_path, "target", *ov)
-    truth = _released_update(
-        tmp_path, "truth", CLIENT_NOISE[0], 'privacy.client={"noise_multiplier": 1e-9, "clip_norm": 0.5, "noise": "clients"}'
-    )
+    with monkeypatch.context() as mp:  # the noiseless reference (σ 1e-9): its shares are far below the refused 6 steps
+        mp.setattr(client_dp, "MIN_SHARE_GRID_STEPS", 0.0)
+        truth = _released_update(
+            tmp_path, "truth", CLIENT_NOISE[0], 'privacy.client={"noise_multiplier": 1e-9, "clip_norm": 0.5, "noise": "clients"}'
+        )
     att = Experiment(small_config(*ONE_ROUND, *ov), run_dir=tmp_path / "attacker")
     n = len(att.fed.clients)
     noise_hat = _client_share_sum(att) / n  # fixed denominator q·N = N

@@ -78,9 +78,10 @@ class Scaffold(Algorithm):
     def client_objective(self, payload: Payload, data: ClientData) -> ClientObjective:
         return ControlVariates(payload["control"])
 
-    def server_aggregate(self, theta_mean: dict[str, torch.Tensor], num_clients: int) -> None:
-        """ĉ ← ĉ + (|S|/N)(−ĉ − Δ̄): the control variates' mean change, from the released mean update alone."""
-        if self.control is None or num_clients == 0:
+    def server_aggregate(self, theta_mean: dict[str, torch.Tensor], num_clients: float) -> None:
+        """ĉ ← ĉ + (|S|/N)(−ĉ − Δ̄): the control variates' mean change, from the released mean update and the public
+        count the core passes (under DP its fixed denominator q·N, so |S|/N is the public rate q)."""
+        if self.control is None or num_clients <= 0:
             return
         f = num_clients / max(self.num_clients, num_clients)
         self.control = {n: c + f * (-c - theta_mean[n].to(c.dtype)) for n, c in self.control.items()}
