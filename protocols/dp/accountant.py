@@ -320,11 +320,14 @@ class PrivacyUnit:
 
     def stop_reason(self, steps: int = 1, mechanism: str | None = None, *, plan: dict[str, int] | None = None) -> str | None:
         """Why the next ``steps`` steps of ``mechanism`` (or the steps of several mechanisms in ``plan``, name →
-        count) must not run (they would exceed the target), or None."""
+        count) must not run (they would exceed the target), or None. The budget is the proven one: a run whose
+        accountant is not ``rdp`` (PRV, PLD: the continuous Gaussian's, not proven for the discrete Gaussian every
+        release draws) also stops before the ledger's proven RDP ε would pass the target."""
         if self.target_epsilon is None:
             return None
         plan = plan if plan is not None else {mechanism or self.primary: steps}
-        nxt = epsilon_of(self._history_after(plan), self.delta, self.accountant_name)
+        after = self._history_after(plan)
+        nxt = max(epsilon_of(after, self.delta, name) for name in dict.fromkeys([self.accountant_name, "rdp"]))
         if nxt > self.target_epsilon:
             n = sum(plan.values())
             if len(self.mechanisms) == 1:

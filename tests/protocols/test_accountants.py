@@ -296,3 +296,18 @@ def test_a_run_with_pld_reports_a_finite_epsilon_at_most_the_rdp_runs(tmp_path):
     assert np.isfinite(pld["epsilon"]) and 0 < pld["epsilon"] < rdp["epsilon"]
     assert unit["epsilon"] == pytest.approx(google_pld([(2.0, 1.0, 4)]), abs=1e-8)
     assert rdp["units"]["client"]["epsilon"] == pytest.approx(opacus_rdp([(2.0, 1.0, 4)]), rel=1e-12)
+
+
+def test_a_pld_run_stops_at_the_proven_rdp_budget():
+    """PLD (the continuous Gaussian's) is below the proven RDP ledger; the budget stop is the proven one: with a target
+    between the two, a pld unit stops, naming the RDP ε past the target (σ 1, q 0.1: after 100 steps RDP ≈ 7.9, PLD ≈
+    7.0 at δ 1e-5)."""
+    from protocols.dp.accountant import PrivacyUnit, epsilon_of
+
+    u = PrivacyUnit(name="instance", scope="s", sigma=1.0, sample_rate=0.1, delta=DELTA, accountant="pld",
+                    target_epsilon=7.5, clip_norm=1.0, calibrated=False, planned_steps=100)  # fmt: skip
+    u.step(99)
+    rdp, pld = (epsilon_of([(1.0, 0.1, 100)], DELTA, n) for n in ("rdp", "pld"))
+    assert pld < 7.5 < rdp
+    why = u.stop_reason(1)
+    assert why is not None and f"{rdp:.4g}" in why
