@@ -338,6 +338,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
                     audit_run_dir(str(run_dir), attacks, data_root=args.data_root, progress=False)
                 stamp_released(run_dir)  # its files' times would otherwise grow with K (issue 52)
             info = json.loads((run_dir / "selection.json").read_text())
+            info["epsilon"] = float(info["epsilon"])  # written "inf" where the gate made it ∞
             rows.append(selected_row(run_row(run_dir, method=method, operator=True), run_dir, info, grid_size=len(grid),
                                      eta=eta, mean=mean, target=eps))  # fmt: skip
             runs.append(run_dir)

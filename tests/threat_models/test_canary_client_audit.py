@@ -11,8 +11,8 @@ import pytest
 from scipy import integrate, stats
 
 from tests.conftest import register_plugins, small_config
-from threat_models.attack_specs import CANARY_CLIENT_AUDIT
 from threat_models.attacks.canary_client_audit import estimate
+from threat_models.attacks.canary_client_audit_spec import SPEC as CANARY_CLIENT_AUDIT
 from threat_models.canary_clients import CanaryClients
 from threat_models.gaussian_pair_epsilon import hockey_stick, pair_epsilon
 from threat_models.one_run_fdp import epsilon_from_gdp
@@ -62,12 +62,10 @@ RUN = ["algorithm.name=fedavg", "partition.name=iid", "partition.num_clients=100
 def _estimated(monkeypatch, tmp_path, client: str):
     from secure_fed.engine import Experiment
     from threat_models import audit as harness
-    from threat_models.attacks.canary_client_audit import CanaryClientAudit
     from threat_models.context import AuditContext
 
-    # as the installed entry point will (pyproject.toml): the registry, and the harness's table read at its import
+    # as the installed entry point does (pyproject.toml): the audit reads the registry when it runs
     register_plugins(monkeypatch, {"attacks": {"canary_client_audit": CANARY_CLIENT_AUDIT}})
-    monkeypatch.setitem(harness.ATTACKS, "canary_client_audit", CanaryClientAudit)
     e = Experiment(small_config(*RUN, f"privacy.client={{{client}}}"), run_dir=tmp_path)
     e.run(progress=False)
     return e, harness.audit(AuditContext(e), progress=False)["attacks"]["canary_client_audit"]
