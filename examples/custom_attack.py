@@ -31,9 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from secure_fed.plugin_specs import AttackSpec
+from threat_models.attacks.data_size_ranking import spearman  # Spearman's ρ with average ranks for ties
 from threat_models.base import Attack, AttackResult
 
 SPEC = AttackSpec(
@@ -49,24 +48,6 @@ SMALL = {
     "dataset": {"synthetic": {"num_train": 400, "num_test": 200, "num_features": 16, "num_labels": 8, "num_groups": 2}},
     "model": {"embedding_dim": 16, "hidden_dims": [32]},
 }
-
-
-def ranks(x) -> np.ndarray:
-    """Average ranks (ties share their mean rank), for Spearman's correlation."""
-    x = np.asarray(x, dtype=float)
-    order = np.argsort(x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(len(x), dtype=float)
-    for v in np.unique(x):
-        r[x == v] = r[x == v].mean()
-    return r
-
-
-def spearman(a, b) -> float:
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return 0.0
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 class UpdateNormSize(Attack):

@@ -210,3 +210,24 @@ def test_the_cuda_switches_leave_cpu_runs_bit_identical(tmp_path, overrides):
     assert all(torch.equal(before.theta[k], after.theta[k]) for k in before.theta)
     assert (before.W is None and after.W is None) or torch.equal(before.W, after.W)
     assert before.history == after.history
+
+
+def test_server_aggregate_gets_the_public_count_under_client_level_dp(monkeypatch, tmp_path):
+    """An algorithm that reads the aggregate (SCAFFOLD's server step) is given DP's fixed public denominator (q·N), never
+    the realised number of updates, which a secret Poisson cohort makes private; without dp, the number summed."""
+    from secure_fed.algorithms.fedavg import FedAvg
+    from secure_fed.engine import Experiment
+
+    seen: list[float] = []
+    monkeypatch.setattr(FedAvg, "reads_aggregate", True)
+    monkeypatch.setattr(FedAvg, "server_aggregate", lambda self, theta_mean, count: seen.append(count))
+    base = ["algorithm.name=fedavg", "training.rounds=3", "training.client_fraction=0.5", "training.sampling=poisson"]
+    dp = ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}']
+    e = Experiment(small_config(*base, *dp), run_dir=tmp_path / "dp")
+    e.run(progress=False)
+    n = len(e.fed.clients)
+    assert seen and all(c == pytest.approx(0.5 * n) for c in seen)
+    seen.clear()
+    e = Experiment(small_config(*base), run_dir=tmp_path / "plain")
+    e.run(progress=False)
+    assert seen and all(float(c).is_integer() and 0 < c <= n for c in seen)
