@@ -1,0 +1,107 @@
+"""The one place a validated config becomes a :class:`~secure_fed.plan.RunPlan`: :func:`build_plan`.
+
+Each core section is copied into its frozen plan dataclass (lists become tuples, nested sections nested plans) and its
+``auto`` choices that the config alone decides are resolved here; each plugin section and the algorithm's parameters
+are deep-copied and frozen, so the plan shares no object with the config.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from functools import cache
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel
+
+from secure_fed import plan as P
+from secure_fed.config.schema import CoreConfig
+
+#: core section name -> its plan dataclass
+_CORE = {
+    "dataset": P.DatasetPlan,
+    "partition": P.PartitionPlan,
+    "model": P.ModelPlan,
+    "training": P.TrainingPlan,
+    "evaluation": P.EvaluationPlan,
+    "output": P.OutputPlan,
+    "flower": P.FlowerPlan,
+}
+#: nested core sections: (parent plan class, field) -> plan dataclass
+_NESTED = {
+    "synthetic": P.SyntheticPlan,
+    "mosaics": P.MosaicsPlan,
+    "ctran": P.CTranPlan,
+    "server_optimizer": P.ServerOptimizerPlan,
+}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def _copy(kind: type, section: BaseModel, **resolved: Any) -> Any:
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(kind):
+        if f.name in resolved:
+            values[f.name] = resolved[f.name]
+            continue
+        v = getattr(section, f.name)
+        values[f.name] = _copy(_NESTED[f.name], v) if f.name in _NESTED else _plain(v)
+    return kind(**values)
+
+
+@cache
+def _frozen_class(kind: type[BaseModel]) -> type[BaseModel]:
+    """``kind`` with assignment refused: a subclass, so ``isinstance`` and ``plan.part(kind)`` still hold."""
+    frozen = type(kind.__name__, (kind,), {"model_config": {**kind.model_config, "frozen": True}, "__module__": kind.__module__})
+    frozen.__qualname__ = kind.__qualname__
+    return frozen
+
+
+def _frozen_value(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return _frozen(value)
+    if isinstance(value, list | tuple):
+        return tuple(_frozen_value(v) for v in value)
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen_value(v) for k, v in value.items()})
+    return copy.deepcopy(value)
+
+
+def _frozen(model: BaseModel) -> BaseModel:
+    """A deep copy of ``model`` (nested models too) that refuses assignment; lists become tuples, dicts read-only."""
+    values = {name: _frozen_value(getattr(model, name)) for name in type(model).model_fields}
+    return _frozen_class(type(model)).model_construct(_fields_set=set(model.model_fields_set), **values)
+
+
+def build_plan(cfg: CoreConfig) -> P.RunPlan:
+    """The plan of a validated config (see the module docstring)."""
+    dp = "dp" in cfg.protocols
+    ds = cfg.dataset
+    drop = (not dp) if ds.drop_empty_labels == "auto" else bool(ds.drop_empty_labels)
+    ctran = cfg.model.ctran
+    ctran_plan = _copy(P.CTranPlan, ctran, dropout=ctran.dropout_rate, dropout_auto=ctran.dropout == "auto")
+    parts = {
+        "dataset": _copy(P.DatasetPlan, ds, drop_empty_labels=drop),
+        "partition": _copy(P.PartitionPlan, cfg.partition),
+        "model": _copy(P.ModelPlan, cfg.model, ctran=ctran_plan),
+        "training": _copy(P.TrainingPlan, cfg.training),
+        "evaluation": _copy(P.EvaluationPlan, cfg.evaluation),
+        "output": _copy(P.OutputPlan, cfg.output),
+        "flower": _copy(P.FlowerPlan, cfg.flower),
+    }
+    core = set(CoreConfig.model_fields)
+    sections = {name: _frozen(getattr(cfg, name)) for name in type(cfg).model_fields if name not in core}
+    return P.RunPlan(
+        seed=cfg.seed,
+        device=cfg.device,
+        backend=cfg.backend,
+        protocols=tuple(cfg.protocols),
+        algorithm=_frozen(cfg.algorithm),
+        sections=sections,
+        **parts,
+    )
