@@ -228,6 +228,9 @@ class RunPlan:
     evaluation: EvaluationPlan
     output: OutputPlan
     flower: FlowerPlan
+    #: the validated config as YAML (``dump_config``): what ``config.yaml`` records and a resume compares; never parsed
+    #: outside :mod:`secure_fed.config`
+    config_yaml: str = ""
     #: the plugins' sections by name (``privacy``, ``ckks``, ``attacks``, …): frozen copies of their own models
     sections: Mapping[str, BaseModel] = field(default_factory=dict)
 

@@ -1,12 +1,15 @@
 """Experiment configuration: schema, loading, overrides."""
 
 from secure_fed.config.loader import apply_overrides, default_config_text, dump_config, first_difference, load_config
+from secure_fed.config.plan_builder import build_plan, load_plan
 from secure_fed.config.schema import AlgorithmConfig, ExperimentConfig
 
 __all__ = [
     "AlgorithmConfig",
     "ExperimentConfig",
     "apply_overrides",
+    "build_plan",
+    "load_plan",
     "default_config_text",
     "dump_config",
     "first_difference",

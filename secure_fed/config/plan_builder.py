@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from secure_fed import plan as P
+from secure_fed.config.loader import dump_config, load_config
 from secure_fed.config.schema import CoreConfig
 
 #: core section name -> its plan dataclass
@@ -103,5 +104,12 @@ def build_plan(cfg: CoreConfig) -> P.RunPlan:
         protocols=tuple(cfg.protocols),
         algorithm=_frozen(cfg.algorithm),
         sections=sections,
+        config_yaml=dump_config(cfg),
         **parts,
     )
+
+
+def load_plan(source: Any = None, overrides: list[str] | None = None) -> P.RunPlan:
+    """The plan of ``source`` (a YAML path, a mapping, None: the embedded default) with ``overrides`` applied
+    (``load_config``'s one-line :class:`~secure_fed.errors.ConfigError` for a bad one)."""
+    return build_plan(load_config(source, overrides))
