@@ -97,6 +97,8 @@ def build_run(
     """A run's parts for ``plan``, writing into ``run_dir``; ``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`)
     replaces the configured one (shadow runs); ``callbacks`` are the caller's own (the Python API's), run with the
     registered ones. A run that cannot fit in memory stops before anything is built."""
+    if not isinstance(plan, RunPlan):  # the config object stays in the config package (issue 54)
+        raise TypeError(f"a run takes a RunPlan (secure_fed.config.build_plan(config)), not {type(plan).__name__}")
     keep_freed_memory()  # a round's large tensors reuse freed memory instead of faulting pages in anew
     run_dir = Path(run_dir)
     device = resolve_device(plan.device)

@@ -132,21 +132,16 @@ class Experiment:
 
     def __init__(self, plan: RunPlan, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None,
                  callbacks: Any = ()):  # fmt: skip
-        """``plan``: the run's plan (:func:`secure_fed.config.build_plan` of its validated config, or
-        :func:`secure_fed.config.load_plan`); ``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`) replaces
-        the configured one (shadow runs); ``callbacks``: the caller's own, run with the registered ones."""
-        if not isinstance(plan, RunPlan):
-            raise TypeError(f"Experiment takes a RunPlan (secure_fed.config.build_plan(config)), not {type(plan).__name__}")
+        """``plan``: the run's plan (:func:`secure_fed.config.load_plan`, :func:`~secure_fed.config.build_plan`); ``dataset``
+        (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs); ``callbacks``: the
+        caller's own, run with the registered ones."""
         parts = build_run(plan, run_dir, data_root, dataset, callbacks)
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         for cb in self.callbacks:
             cb.on_init(self.context())
 
-    @property
-    def cfg(self) -> RunPlan:
-        """TRANSITIONAL (removed once protocols/ and threat_models/ read ``exp.plan``): the plan, under its old name."""
-        return self.plan
+    cfg = property(lambda self: self.plan)  # TRANSITIONAL (removed once protocols/, threat_models/ read exp.plan)
 
     def context(self, callbacks: list[Callback] | None = None) -> RunContext:
         """What the callbacks read of the run now (:class:`~secure_fed.engine.run_context.RunContext`)."""
