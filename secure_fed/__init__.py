@@ -12,12 +12,16 @@ __version__ = _version("secure-fed")  # one source: pyproject.toml's [project] v
 
 
 def __getattr__(name: str):
-    """``secure_fed.run``, ``secure_fed.load_config`` and ``secure_fed.Callback``, imported when first used (so that
-    ``import secure_fed`` stays light: the CLI checks a config before importing torch)."""
-    if name in ("run", "load_config"):
-        from secure_fed import api
+    """``secure_fed.run``, ``secure_fed.load_config``, ``secure_fed.load_plan`` and ``secure_fed.Callback``, imported
+    when first used (so that ``import secure_fed`` stays light: the CLI checks a config before importing torch)."""
+    if name == "run":
+        from secure_fed.api import run
 
-        return getattr(api, name)
+        return run
+    if name in ("load_config", "load_plan"):
+        import secure_fed.config
+
+        return getattr(secure_fed.config, name)
     if name == "Callback":
         from secure_fed.engine.callbacks import Callback
 
@@ -25,4 +29,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'secure_fed' has no attribute {name!r}")
 
 
-__all__ = ["Callback", "__version__", "load_config", "run"]
+__all__ = ["Callback", "__version__", "load_config", "load_plan", "run"]

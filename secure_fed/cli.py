@@ -19,6 +19,7 @@ User mistakes (bad config, missing file) print one ``error:`` line and exit 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -50,8 +51,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _run_dir_for(cfg, out: str | None) -> Path:
-    return Path(out) if out else default_run_dir(cfg)
+def _run_dir_for(plan, out: str | None) -> Path:
+    return Path(out) if out else default_run_dir(plan)
 
 
 def _print_summary(summary: dict, run_dir: Path, private: dict) -> None:
@@ -97,7 +98,7 @@ def aborted_line(summary: dict) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.data.from_config import check_data_files
 
     if args.out is not None and not args.out.strip():
@@ -110,23 +111,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SecureFedError("give either CONFIG or --resume RUN_DIR, not both")
         if args.out is not None and Path(args.out).resolve() != run_dir.resolve():
             raise SecureFedError("--out cannot be combined with --resume: the run continues in RUN_DIR")
-        cfg = load_config(operator_config_path(run_dir), args.overrides)
+        plan = load_plan(operator_config_path(run_dir), args.overrides)
     else:
-        cfg = load_config(args.config, args.overrides)
-        run_dir = _run_dir_for(cfg, args.out)
+        plan = load_plan(args.config, args.overrides)
+        run_dir = _run_dir_for(plan, args.out)
         if holds_checkpoint(run_dir):
             raise SecureFedError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     check_writable_dir(run_dir)
-    check_data_files(cfg)  # a data file that is not there: its error line before torch is imported (seconds)
+    check_data_files(plan.dataset)  # a data file that is not there: its error line before torch is imported (seconds)
     from secure_fed.engine import Experiment  # imports torch: after every check the config and its files allow
 
-    exp = Experiment(cfg, run_dir=run_dir, data_root=args.data_root)
+    exp = Experiment(plan, run_dir=run_dir, data_root=args.data_root)
     print(exp.dataset.describe())
     if args.resume:
         if exp.resume():
             print(f"resuming {run_dir} from round {exp.round}")
-            if exp.round >= cfg.training.rounds:
-                print(f"  it has run all {cfg.training.rounds} planned rounds: nothing to train (to extend it, "
+            if exp.round >= plan.training.rounds:
+                print(f"  it has run all {plan.training.rounds} planned rounds: nothing to train (to extend it, "
                       f"--set training.rounds={exp.round + 10}, say)")  # fmt: skip
         else:
             print(f"no checkpoint in {run_dir}; starting from round 0")
@@ -158,11 +159,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.validation import validation_lines
 
-    cfg = load_config(args.config, args.overrides)
-    for line in validation_lines(cfg, args.data_root, source=args.config or "the embedded default"):
+    plan = load_plan(args.config, args.overrides)
+    for line in validation_lines(plan, args.data_root, source=args.config or "the embedded default"):
         print(line)
     return 0
 
@@ -171,31 +172,31 @@ def cmd_partition(args: argparse.Namespace) -> int:
     """Partition the configured training set and write its heterogeneity report (sizes, label skew, KL)."""
     import numpy as np
 
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.data import partitioner_from_config
     from secure_fed.data.from_config import build_dataset  # the engine's loader (torch-free)
     from secure_fed.data.heterogeneity import heterogeneity_report, write_report
     from secure_fed.plugin_specs import instance_bound
 
-    cfg = load_config(args.config, args.overrides)
-    name = cfg.partition.name
-    out = Path(args.out) if args.out else Path(cfg.output.dir) / f"partition-{cfg.dataset.name or 'data'}-{name}"
+    plan = load_plan(args.config, args.overrides)
+    name = plan.partition.name
+    out = Path(args.out) if args.out else Path(plan.output.dir) / f"partition-{plan.dataset.name or 'data'}-{name}"
     check_writable_dir(out, what="--out")
-    ds = build_dataset(cfg, args.data_root)
+    ds = build_dataset(plan, args.data_root)
     print(ds.describe())
-    rng = np.random.default_rng([cfg.seed, 11])  # the stream engine.builders.build_federation partitions with
-    part = partitioner_from_config(cfg.partition, seed=cfg.seed)
+    rng = np.random.default_rng([plan.seed, 11])  # the stream engine.builders.build_federation partitions with
+    part = partitioner_from_config(plan.partition, seed=plan.seed)
     train = ds.train
-    if part.positive_only and (bound := instance_bound(cfg)) is not None:  # the run's contribution bound, as it applies it
+    if part.positive_only and (bound := instance_bound(plan)) is not None:  # the run's contribution bound, as it applies it
         from secure_fed.data import MultiLabelSplit
         from secure_fed.data.bounding import bound_labels, bounding_key
 
-        labels, _ = bound_labels(train.labels, train.features, bound[0], bound[1], bounding_key(cfg.seed))
+        labels, _ = bound_labels(train.labels, train.features, bound[0], bound[1], bounding_key(plan.seed))
         train, part.allow_empty = MultiLabelSplit(train.features, labels), True
     shards = part.partition(train, rng)
     rep = heterogeneity_report(train.labels, shards, label_names=ds.label_names)
-    rep.update(dataset=ds.name, partition=cfg.partition.model_dump(), seed=cfg.seed)
-    json_path, png_path = write_report(rep, out, title=f"{ds.name}: {name}, {len(shards)} clients, seed {cfg.seed}")
+    rep.update(dataset=ds.name, partition=dataclasses.asdict(plan.partition), seed=plan.seed)
+    json_path, png_path = write_report(rep, out, title=f"{ds.name}: {name}, {len(shards)} clients, seed {plan.seed}")
     st = rep["size_stats"]
     print(f"{'partition':<14} {'clients':>7} {'size min':>8} {'median':>8} {'max':>8} {'total KL':>10} {'mean KL':>9}")
     print(f"{name:<14} {rep['num_clients']:>7} {st['min']:>8} {st['median']:>8g} {st['max']:>8} "
@@ -301,26 +302,26 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.sweep import cached_summary, run_cached
 
     grid = _parse_grid(args.grid)
     seeds = _parse_seeds(args.seeds)
-    base = load_config(args.config, args.overrides)
+    base = load_plan(args.config, args.overrides)
     out = Path(args.out or Path(base.output.dir) / f"sweep-{base.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable_dir(out, what="--out")
     combos = list(itertools.product(*[[(k, v) for v in vs] for k, vs in grid])) or [()]
     points = []
     for combo in combos:  # validate every point, and every cached run's config, before anything runs
         for seed in seeds:
-            cfg = load_config(args.config, list(args.overrides) + [f"{k}={v}" for k, v in combo] + [f"seed={seed}"])
+            plan = load_plan(args.config, list(args.overrides) + [f"{k}={v}" for k, v in combo] + [f"seed={seed}"])
             tag = "-".join(f"{k.split('.')[-1]}{v}" for k, v in combo) or "base"
             run_dir = out / f"{tag}-seed{seed}"
-            cached_summary(cfg, run_dir)
-            points.append((combo, seed, tag, cfg, run_dir))
+            cached_summary(plan, run_dir)
+            points.append((combo, seed, tag, plan, run_dir))
     rows = []
-    for i, (combo, seed, tag, cfg, run_dir) in enumerate(points, 1):
-        summary = run_cached(cfg, run_dir, data_root=args.data_root, progress=cfg.output.progress)
+    for i, (combo, seed, tag, plan, run_dir) in enumerate(points, 1):
+        summary = run_cached(plan, run_dir, data_root=args.data_root, progress=plan.output.progress)
         rows.append({"point": dict(combo), "seed": seed, "status": summary["status"], "final": summary["final"],
                      "run_dir": str(run_dir)})  # fmt: skip
         head = " ".join(f"{k} {v:.2f}" for k, v in summary["final"].items() if k.startswith("P@") or k == "mAP")
@@ -407,7 +408,7 @@ def cmd_flower_certificates(args: argparse.Namespace) -> int:
 
 def cmd_flower_local(args: argparse.Namespace) -> int:
     """A TLS SuperLink and N SuperNodes on this machine, one `flwr run` of the experiment, then shut down."""
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
 
     if not args.timeout > 0:
         raise SecureFedError(f"--timeout {args.timeout:g}: the run needs a positive number of seconds")
@@ -419,8 +420,8 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
         args.config = str(operator_config_path(args.out))  # the run's own config (secrets included), not the default
     overrides = [o for o in args.overrides if not o.startswith("backend=")]
     overrides.append(f"flower.num_supernodes={args.nodes}")
-    cfg = load_config(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started
-    run_dir = _run_dir_for(cfg, args.out)
+    plan = load_plan(args.config, [*overrides, "backend=flower"])  # a bad config stops here, nothing started
+    run_dir = _run_dir_for(plan, args.out)
     if args.resume and not holds_checkpoint(run_dir):
         raise SecureFedError(f"--resume: {run_dir} holds no checkpoint to continue")
     if not args.resume and run_dir.exists() and any(run_dir.iterdir()):

@@ -33,10 +33,10 @@ EXPORT_KEYS = ("theta", "W", "config", PRIVACY_RECORD)
 def public_config(doc: dict[str, Any]) -> dict[str, Any]:
     """The config mapping without the settings its sections mark secret (found in the config model, plugin sections
     included, so the core names none)."""
-    from secure_fed.config.schema import experiment_config_model
-    from secure_fed.secret_settings import secret_paths, without_secrets
+    from secure_fed.config import config_secret_paths
+    from secure_fed.secret_settings import without_secrets
 
-    return without_secrets(doc, secret_paths(experiment_config_model()))
+    return without_secrets(doc, config_secret_paths())
 
 
 def _finished(run_dir: Path) -> tuple[dict[str, Any], Path]:

@@ -1,7 +1,7 @@
 """The planned run's peak memory, estimated before anything is built, and the refusal of a run that cannot fit.
 
-:func:`estimate_memory` adds up the large allocations of a run from the config and the data's shape
-(:class:`DataShape`), term by term; :func:`check_memory` refuses a run whose estimate exceeds what the device has
+:func:`estimate_memory` adds up the large allocations of a run from its plan (:class:`~secure_fed.plan.RunPlan`) and
+the data's shape (:class:`DataShape`), term by term; :func:`check_memory` refuses a run whose estimate exceeds what the device has
 available with one :class:`~secure_fed.errors.ConfigError` naming the largest term, before the federation, the
 models or any file are made. ``secure-fed validate`` prints the terms (without importing torch, except to count
 a ResNet's or C-Tran's parameters).
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -66,6 +67,9 @@ from secure_fed.kernel_sizes import (  # noqa: F401 - the estimate's factors, re
     ROW_BLOCK_ELEMENTS,
     TOKEN_BYTES,
 )
+
+if TYPE_CHECKING:
+    from secure_fed.plan import RunPlan
 
 GB = 1e9
 #: float32 copies of θ held throughout (the server's θ, its scoring copy, the worker model, FedAdam's two moments)
@@ -167,49 +171,49 @@ class MemoryEstimate:
         return out
 
 
-def parameter_count(cfg, ds) -> int:
+def parameter_count(plan: RunPlan, ds) -> int:
     """θ's parameter count: in closed form for the text network and the MLP (with the embedding or linear-head
     family; torch is not imported), else from the model built on torch's meta device (no memory)."""
-    from secure_fed.config.choices import model_choice
+    from secure_fed.model_choices import model_choice
 
-    name, _, hidden = model_choice(cfg, ds)
-    d = cfg.model.embedding_dim
-    if name in ("sparse_text", "mlp") and cfg.model.family in ("embedding", "linear_head"):
-        widths = [cfg.model.embed_dim, *hidden] if name == "sparse_text" else [ds.num_features, *hidden]
-        n = ds.num_features * cfg.model.embed_dim if name == "sparse_text" else 0  # the text network's bias-free embed
+    name, _, hidden = model_choice(plan, ds)
+    d = plan.model.embedding_dim
+    if name in ("sparse_text", "mlp") and plan.model.family in ("embedding", "linear_head"):
+        widths = [plan.model.embed_dim, *hidden] if name == "sparse_text" else [ds.num_features, *hidden]
+        n = ds.num_features * plan.model.embed_dim if name == "sparse_text" else 0  # the text network's bias-free embed
         n += sum(a * b + b for a, b in zip(widths, [*widths[1:], d], strict=True))  # Linear layers with biases, the last one to d
-        if cfg.model.family == "linear_head":
+        if plan.model.family == "linear_head":
             n += d * ds.num_labels + ds.num_labels
         return n
     import torch
 
     from secure_fed.engine.builders import build_model
 
-    if cfg.model.family == "ctran" and cfg.algorithm.uses_text_encoder:
-        model = build_model(cfg, ds)  # the text encoder's weights load from disk, which the meta device cannot do
+    if plan.model.family == "ctran" and plan.algorithm.uses_text_encoder:
+        model = build_model(plan, ds)  # the text encoder's weights load from disk, which the meta device cannot do
     else:
         with torch.device("meta"):
-            model = build_model(cfg, ds)
+            model = build_model(plan, ds)
     return sum(p.numel() for p in model.parameters())
 
 
-def needs_torch(cfg, ds) -> bool:
+def needs_torch(plan: RunPlan, ds) -> bool:
     """Whether :func:`parameter_count` builds the model (ResNets, C-Tran) rather than counting in closed form."""
-    from secure_fed.config.choices import model_choice
+    from secure_fed.model_choices import model_choice
 
-    return model_choice(cfg, ds)[0] not in ("sparse_text", "mlp") or cfg.model.family not in ("embedding", "linear_head")
+    return model_choice(plan, ds)[0] not in ("sparse_text", "mlp") or plan.model.family not in ("embedding", "linear_head")
 
 
-def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, device: str = "cpu") -> MemoryEstimate:
+def estimate_memory(plan: RunPlan, shape: DataShape, *, params: int, sparse_rows: bool, device: str = "cpu") -> MemoryEstimate:
     """The planned run's large allocations (see the module docstring), in bytes per term."""
-    C, d, D = shape.labels, cfg.model.embedding_dim, shape.features
-    n_test = shape.test if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, shape.test)
+    C, d, D = shape.labels, plan.model.embedding_dim, shape.features
+    n_test = shape.test if plan.evaluation.max_test is None else min(plan.evaluation.max_test, shape.test)
     t: dict[str, float] = {}
     if shape.dense:
         t["data"] = (shape.train_values + shape.test_values) * shape.value_bytes + shape.label_entries * 13
     else:
         t["data"] = (shape.train_values + shape.test_values) * 8 + (shape.train + shape.test) * 16 + shape.label_entries * 13
-    positive_only = cfg.partition.name == "positive_only"
+    positive_only = plan.partition.name == "positive_only"
     client_rows = shape.label_entries if positive_only else shape.train
     if sparse_rows:
         t["client rows"] = shape.train_values * 12 + shape.train * 8
@@ -218,18 +222,18 @@ def estimate_memory(cfg, shape: DataShape, *, params: int, sparse_rows: bool, de
         t["test rows"] = n_test * D * 4
     t["model"] = MODEL_HELD * params * 4
     phase: dict[str, float] = {"round": MODEL_ROUND * params * 4}
-    has_rows = cfg.model.family == "embedding"
+    has_rows = plan.model.family == "embedding"
     if has_rows:
         t["row table"] = ROW_COPIES * C * d * 4
     from secure_fed.metrics.blocks import BLOCK_ELEMENTS, BYTES_PER_SCORE
 
     block = min(n_test * C, BLOCK_ELEMENTS) if has_rows else n_test * C
     phase["evaluation"] = block * BYTES_PER_SCORE + n_test * d * 4
-    held, transient = cfg.algorithm.memory_terms(cfg, shape)  # the algorithm's own terms (its declaration)
+    held, transient = plan.algorithm.memory_terms(plan, shape)  # the algorithm's own terms (its declaration)
     t.update(held)
     _add(phase, transient)
-    _add(phase, _layer_phases(cfg, shape, params, device))
-    sections, hints = _section_phases(cfg, shape)
+    _add(phase, _layer_phases(plan, shape, params, device))
+    sections, hints = _section_phases(plan, shape)
     phase.update(sections)
     host = available_bytes("cpu") if device.startswith("cuda") else None
     return MemoryEstimate(t, phase, available_bytes(device), device, host, hints)
@@ -241,20 +245,20 @@ def _add(phase: dict[str, float], more: dict[str, float]) -> None:
         phase[name] = phase.get(name, 0) + b
 
 
-def _layer_phases(cfg, shape: DataShape, params: int, device: str) -> dict[str, float]:
+def _layer_phases(plan: RunPlan, shape: DataShape, params: int, device: str) -> dict[str, float]:
     """The listed protocol layers' own terms (each registered layer declares its cost, if any: ``LayerSpec.memory``)."""
     from secure_fed.plugin_specs import layer_specs
 
     specs = layer_specs()
     out: dict[str, float] = {}
-    for name in cfg.protocols:
+    for name in plan.protocols:
         if name in specs and specs[name].memory is not None:
-            _add(out, specs[name].memory(cfg, shape, params, device))
+            _add(out, specs[name].memory(plan, shape, params, device))
     return out
 
 
-def _section_phases(cfg, shape: DataShape) -> tuple[dict[str, float], dict[str, str]]:
-    """The terms the plugins' config sections declare (a section model's ``memory_phases(cfg, shape)``, e.g. the
+def _section_phases(plan: RunPlan, shape: DataShape) -> tuple[dict[str, float], dict[str, str]]:
+    """The terms the plugins' config sections declare (a section model's ``memory_phases(plan, shape)``, e.g. the
     configured attacks' peaks, each from its ``AttackSpec.memory``), one phase each, and each term's hint (the
     section's ``memory_hint``: what to change when the term is too large)."""
     from secure_fed.plugins import registry
@@ -262,24 +266,24 @@ def _section_phases(cfg, shape: DataShape) -> tuple[dict[str, float], dict[str, 
     phases: dict[str, float] = {}
     hints: dict[str, str] = {}
     for name in registry("config_sections"):
-        section = getattr(cfg, name, None)
+        section = plan.sections.get(name)
         if hasattr(section, "memory_phases"):
-            terms = section.memory_phases(cfg, shape)
+            terms = section.memory_phases(plan, shape)
             phases.update(terms)
             hints.update(dict.fromkeys(terms, getattr(section, "memory_hint", "")))
     return phases, hints
 
 
-def plan_memory(cfg, ds, device) -> MemoryEstimate:
-    """The estimate for ``cfg`` on the loaded data ``ds`` and ``device`` (a torch device or its name)."""
-    from secure_fed.config.choices import model_choice, sparse_input_choice
+def plan_memory(plan: RunPlan, ds, device) -> MemoryEstimate:
+    """The estimate for ``plan`` on the loaded data ``ds`` and ``device`` (a torch device or its name)."""
+    from secure_fed.model_choices import model_choice, sparse_input_choice
 
     shape = DataShape.of(ds)
-    model_choice(cfg, ds)  # a config the data cannot run is its own error, before any estimate
-    rows = shape.label_entries if cfg.partition.name == "positive_only" else shape.train
-    n_test = shape.test if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, shape.test)
-    sparse = sparse_input_choice(cfg, ds, rows + n_test)
-    return estimate_memory(cfg, shape, params=parameter_count(cfg, ds), sparse_rows=sparse, device=str(device))
+    model_choice(plan, ds)  # a config the data cannot run is its own error, before any estimate
+    rows = shape.label_entries if plan.partition.name == "positive_only" else shape.train
+    n_test = shape.test if plan.evaluation.max_test is None else min(plan.evaluation.max_test, shape.test)
+    sparse = sparse_input_choice(plan, ds, rows + n_test)
+    return estimate_memory(plan, shape, params=parameter_count(plan, ds), sparse_rows=sparse, device=str(device))
 
 
 def available_bytes(device: str) -> float | None:

@@ -8,7 +8,7 @@ the core reads them here, by group, and never names a module above it. The group
 ``secure_fed.attacks``             an attack spec per attack: name, role, description, its settings section,
                                    what it records during training, its headline
 ``secure_fed.config_sections``     a pydantic model per top-level YAML section a plugin owns
-``secure_fed.callbacks``           ``factory(cfg) -> Callback | None``, called for every run
+``secure_fed.callbacks``           ``factory(plan) -> Callback | None``, called for every run
 ``secure_fed.commands``            ``register(subparsers)``: extra ``secure-fed`` sub-commands
 ``secure_fed.model_families``      a :class:`~secure_fed.models.families.ModelFamily` subclass per model family
 ``secure_fed.algorithms``          an :class:`~secure_fed.algorithms.spec.AlgorithmSpec` per algorithm (its params

@@ -1,8 +1,8 @@
 """Cached, resumable runs for sweeps: the one implementation the CLI and the experiment scripts share.
 
 A run directory is reused only for the same resolved config: ``RUN_DIR/private/config.yaml`` must equal the
-new config's dump, both read through the schema (every key; ``output.progress`` aside, which changes nothing
-but the terminal; keys added since the run was recorded take their defaults). A
+new plan's config (:attr:`~secure_fed.plan.RunPlan.config_yaml`), both read through the config package (every key;
+``output.progress`` aside, which changes nothing but the terminal; keys added since the run was recorded take their defaults). A
 finished run is returned as is; an unfinished one resumes from its checkpoint; a directory holding a
 run of another config is an error naming the first key that differs, never a silent reuse.
 """
@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from secure_fed.config.loader import first_difference
+from secure_fed.config import first_difference
 from secure_fed.errors import SecureFedError
 from secure_fed.run_status import TRAINED
+
+if TYPE_CHECKING:
+    from secure_fed.plan import RunPlan
 
 #: statuses after which a run is not resumed by a sweep (failed and diverged runs would only repeat the failure)
 FINISHED = (*TRAINED, "failed", "diverged")
@@ -32,11 +35,10 @@ def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
-    """The summary of a finished run of exactly ``cfg`` in ``run_dir``; None if there is none yet.
+def cached_summary(plan: RunPlan, run_dir: str | Path) -> dict[str, Any] | None:
+    """The summary of a finished run of exactly ``plan`` in ``run_dir``; None if there is none yet.
 
     Raises :class:`SecureFedError` when ``run_dir`` holds a run of another config."""
-    from secure_fed.config import dump_config
     from secure_fed.run_files import operator_config_path
 
     run_dir = Path(run_dir)
@@ -45,14 +47,14 @@ def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
         if (run_dir / "config.yaml").is_file():
             raise SecureFedError(f"{run_dir} holds a run without its {saved} (the operator's config); use another output")
         return None
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.errors import ConfigError
 
     try:  # through the schema, so that keys added since the run was recorded take their defaults
-        recorded = load_config(saved)
+        recorded = load_plan(saved)
     except ConfigError as exc:
         raise SecureFedError(f"{run_dir} holds a run whose config no longer loads ({exc}); use another output") from None
-    old, new = _comparable(yaml.safe_load(dump_config(recorded))), _comparable(yaml.safe_load(dump_config(cfg)))
+    old, new = _comparable(yaml.safe_load(recorded.config_yaml)), _comparable(yaml.safe_load(plan.config_yaml))
     if old != new:
         raise SecureFedError(f"{run_dir} holds a run of another config ({first_difference(old, new)}); use another output")
     done = run_dir / "summary.json"
@@ -63,13 +65,13 @@ def cached_summary(cfg, run_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def run_cached(cfg, run_dir: str | Path, *, data_root: str | None = None, progress: bool = False) -> dict[str, Any]:
-    """Run ``cfg`` in ``run_dir`` unless a finished run of the same config is there; resume an unfinished one."""
+def run_cached(plan: RunPlan, run_dir: str | Path, *, data_root: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """Run ``plan`` in ``run_dir`` unless a finished run of the same config is there; resume an unfinished one."""
     from secure_fed.engine import Experiment
 
-    summary = cached_summary(cfg, run_dir)
+    summary = cached_summary(plan, run_dir)
     if summary is not None:
         return summary
-    exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
+    exp = Experiment(plan, run_dir=run_dir, data_root=data_root)
     exp.resume()
     return exp.run(progress=progress).summary

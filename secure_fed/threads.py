@@ -30,7 +30,10 @@ import math
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from secure_fed.plan import RunPlan
 
 #: the environment variable libgomp reads for its wait policy, and the value this package sets
 WAIT_POLICY_VAR, WAIT_POLICY = "OMP_WAIT_POLICY", "PASSIVE"
@@ -83,12 +86,12 @@ def flower_cpus(nodes: int, client_cpus: float, cpus: int) -> int:
     return max(1, min(cpus, math.ceil(nodes * client_cpus)))
 
 
-def other_processes_cpus(cfg, num_clients: int, cpus: int) -> int:
+def other_processes_cpus(plan: RunPlan, num_clients: int, cpus: int) -> int:
     """The CPUs the run's other processes keep busy: Flower's simulated nodes (``backend: flower``), else none (the
     in-process executors, sequential and vectorised, train in this process)."""
-    if cfg.backend != "flower":
+    if plan.backend != "flower":
         return 0
-    return flower_cpus(cfg.flower.num_supernodes or num_clients, cfg.flower.client_cpus, cpus)
+    return flower_cpus(plan.flower.num_supernodes or num_clients, plan.flower.client_cpus, cpus)
 
 
 def auto_threads(*, cpus: int, others: int = 0, ceiling: int | None = None) -> tuple[int, str]:
@@ -116,13 +119,13 @@ def resolve_threads(setting: int | str, *, others: int = 0, ceiling: int | None 
 
 
 @contextlib.contextmanager
-def run_threads(cfg, num_clients: int) -> Iterator[dict[str, Any]]:
-    """Set torch's threads to what ``cfg.training.threads`` picks for a run of ``num_clients`` clients, and put back
+def run_threads(plan: RunPlan, num_clients: int) -> Iterator[dict[str, Any]]:
+    """Set torch's threads to what ``plan.training.threads`` picks for a run of ``num_clients`` clients, and put back
     the count before it on leaving; yields the record ``summary.json`` keeps (:func:`threads_record`)."""
     import torch
 
     before = torch.get_num_threads()
-    record = threads_record(cfg, num_clients, ceiling=before)
+    record = threads_record(plan, num_clients, ceiling=before)
     torch.set_num_threads(record["torch_threads"])
     try:
         yield record
@@ -130,13 +133,13 @@ def run_threads(cfg, num_clients: int) -> Iterator[dict[str, Any]]:
         torch.set_num_threads(before)
 
 
-def threads_record(cfg, num_clients: int, *, ceiling: int | None = None, cpus: int | None = None) -> dict[str, Any]:
+def threads_record(plan: RunPlan, num_clients: int, *, ceiling: int | None = None, cpus: int | None = None) -> dict[str, Any]:
     """What ``training.threads`` picks here, with the wait policy: ``setting``, ``torch_threads``, ``why``, the usable
     ``cpus`` and :func:`wait_policy_record`'s fields."""
     cpus = usable_cpus() if cpus is None else cpus
-    n, why = resolve_threads(cfg.training.threads, others=other_processes_cpus(cfg, num_clients, cpus), ceiling=ceiling,
+    n, why = resolve_threads(plan.training.threads, others=other_processes_cpus(plan, num_clients, cpus), ceiling=ceiling,
                              cpus=cpus)  # fmt: skip
-    return {"setting": cfg.training.threads, "torch_threads": n, "why": why, "cpus": cpus, "wait_policy": wait_policy_record()}
+    return {"setting": plan.training.threads, "torch_threads": n, "why": why, "cpus": cpus, "wait_policy": wait_policy_record()}
 
 
 def threads_line(record: dict[str, Any]) -> str:

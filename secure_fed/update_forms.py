@@ -9,18 +9,22 @@ refers to the group that trained it, so nothing outside the engine may hold the 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from secure_fed.plan import RunPlan
 
 
-def deferred_refusal(cfg, *, dense_layers: Sequence[str], callbacks: Sequence[str] = ()) -> str | None:
+def deferred_refusal(plan: RunPlan, *, dense_layers: Sequence[str], callbacks: Sequence[str] = ()) -> str | None:
     """Why this run's updates may not be deferred (``training.deferred_updates``), as one line; None when they may.
     ``dense_layers``: the listed layers that take only dense updates; ``callbacks``: the registered callbacks of the
     run (they see the clients' messages)."""
-    t = cfg.training
-    if t.executor != "vectorized" or cfg.backend == "flower":
+    t = plan.training
+    if t.executor != "vectorized" or plan.backend == "flower":
         return ("training.deferred_updates=true: only the vectorized executor, in process, trains groups whose "
                 "updates it can defer; set training.executor: vectorized (backend: inprocess) or "
                 "training.deferred_updates: auto")  # fmt: skip
-    if cfg.output.log_messages:
+    if plan.output.log_messages:
         return ("training.deferred_updates=true: output.log_messages keeps the clients' messages, which must then hold "
                 "dense updates; set training.deferred_updates: auto")  # fmt: skip
     if dense_layers:
@@ -32,7 +36,7 @@ def deferred_refusal(cfg, *, dense_layers: Sequence[str], callbacks: Sequence[st
     return None
 
 
-def deferred_updates(cfg, *, dense_layers: Sequence[str], callbacks: Sequence[str] = ()) -> bool:
+def deferred_updates(plan: RunPlan, *, dense_layers: Sequence[str], callbacks: Sequence[str] = ()) -> bool:
     """Whether this run defers its updates: ``training.deferred_updates`` is not false and nothing refuses it."""
-    refusal = deferred_refusal(cfg, dense_layers=dense_layers, callbacks=callbacks)
-    return cfg.training.deferred_updates is not False and refusal is None
+    refusal = deferred_refusal(plan, dense_layers=dense_layers, callbacks=callbacks)
+    return plan.training.deferred_updates is not False and refusal is None

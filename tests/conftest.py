@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config
 from secure_fed.release import STRICT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +57,11 @@ SMALL = [
 
 def small_config(*overrides: str):
     return load_config(overrides=[*SMALL, *overrides])
+
+
+def small_plan(*overrides: str):
+    """The run plan of :func:`small_config` (what ``Experiment`` and every reader outside the config package take)."""
+    return build_plan(small_config(*overrides))
 
 
 def register_plugins(monkeypatch, extra: dict[str, dict]) -> None:

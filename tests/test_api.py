@@ -1,6 +1,6 @@
-"""The Python API (``secure_fed/api.py``): ``secure_fed.load_config`` and ``secure_fed.run`` take a path, a mapping or
-a loaded config, run the user's callbacks with the built-in ones, and return the released metrics and privacy
-report; bad input raises the CLI's one-line error."""
+"""The Python API (``secure_fed/api.py``): ``secure_fed.load_config``, ``secure_fed.load_plan`` and ``secure_fed.run``
+take a path, a mapping, a plan or a loaded config, run the user's callbacks with the built-in ones, and return the
+released metrics and privacy report; bad input raises the CLI's one-line error."""
 
 from __future__ import annotations
 
@@ -40,6 +40,16 @@ def test_a_mapping_loads_as_the_yaml_document_it_stands_for(tmp_path):
     again = secure_fed.load_config(from_dict, ["training.rounds=2"])  # a loaded config with overrides
     assert again.training.rounds == 2 and from_dict.training.rounds == 4
     assert secure_fed.load_config(from_dict) is from_dict
+
+
+def test_a_plan_loads_as_itself_or_is_planned_again_with_overrides():
+    """``secure_fed.load_plan`` (the config package's): a plan without overrides is the plan; with overrides its
+    config is loaded again with them (the plan is immutable)."""
+    plan = secure_fed.load_plan(_doc("algorithm.name=fedavg"))
+    assert secure_fed.load_plan(plan) is plan and plan.training.rounds == 4 and plan.algorithm.name == "fedavg"
+    again = secure_fed.load_plan(plan, ["training.rounds=2"])
+    assert again.training.rounds == 2 and plan.training.rounds == 4 and again.algorithm.name == "fedavg"
+    assert secure_fed.load_plan(secure_fed.load_config(_doc()), ["training.rounds=3"]).training.rounds == 3
 
 
 def test_a_bad_mapping_raises_the_one_line_error():

@@ -243,7 +243,7 @@ def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
     from protocols.dp.accountant import epsilon_of
     from protocols.dp.discrete_gaussian_accounting import discrete_gaussian_epsilon
     from protocols.dp.layer import DifferentialPrivacy
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.plugin_specs import layer_specs
 
     p = tmp_path / "dp.yaml"
@@ -252,7 +252,7 @@ def test_validate_prints_each_dp_units_plan_as_the_layer_builds_it(tmp_path):
         "privacy:\n  delta: 1.0e-5\n  instance: {target_epsilon: 4.0, sample_rate: 0.1, max_labels_per_instance: 3}\n"
         "  local: {target_epsilon: 4.0, batch_sample_rate: 0.25}\n  client: {noise_multiplier: 1.1}\n"
     )
-    cfg = load_config(p)
+    cfg = load_plan(p)
     n = 20  # the synthetic default's clients; every one in a round (client_fraction 1)
     described = layer_specs()["dp"].describe(cfg, n)
     lines = [x for x in described if " unit: " in x]  # the units' plans

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from secure_fed.config import load_plan
 from secure_fed.html_report import html_report, run_row
 from tests.conftest import SMALL
 
@@ -45,7 +46,6 @@ def _browser(width: int = 1400):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[Path]:
     """Three small runs: two DP seeds at ε = 4 and one without DP, each audited by membership inference."""
-    from secure_fed.config import load_config
     from secure_fed.engine import Experiment
     from threat_models.audit import audit
     from threat_models.context import AuditContext
@@ -60,7 +60,7 @@ def runs(tmp_path_factory) -> list[Path]:
                 "protocols=[dp]",
                 'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5, "max_labels_per_instance": 8}',
             ]
-        exp = Experiment(load_config(overrides=[*ov, *extra]), run_dir=tmp_path / name)
+        exp = Experiment(load_plan(overrides=[*ov, *extra]), run_dir=tmp_path / name)
         exp.run(progress=False)
         audit(AuditContext(exp), progress=False)
         runs.append(tmp_path / name)

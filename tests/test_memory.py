@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from secure_fed import memory
-from secure_fed.config import load_config
+from secure_fed.config import load_plan
 from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
 from tests.config.test_bad_input import assert_one_error_line, cli
 from tests.conftest import SMALL
@@ -49,7 +49,7 @@ def _dataset(n=50, D=30, C=7, seed=0):
 
 def test_terms_follow_the_data_and_the_model():
     ds = _dataset()
-    cfg = load_config(overrides=[*SMALL, "model.name=sparse_text", "model.embed_dim=8", "model.hidden_dims=[16]",
+    cfg = load_plan(overrides=[*SMALL, "model.name=sparse_text", "model.embed_dim=8", "model.hidden_dims=[16]",
                                  "model.embedding_dim=4"])  # fmt: skip
     shape = memory.DataShape.of(ds)
     assert shape.train_values == ds.train.features.nnz and shape.label_entries == ds.train.labels.nnz
@@ -78,7 +78,7 @@ def test_closed_form_parameter_count_equals_the_built_model(model, family):
 
     ds = _dataset()
     part = ["partition.name=iid", "algorithm.name=fedavg"] if family == "linear_head" else []
-    cfg = load_config(overrides=[*SMALL, f"model.name={model}", f"model.family={family}", *part, "model.embed_dim=8",
+    cfg = load_plan(overrides=[*SMALL, f"model.name={model}", f"model.family={family}", *part, "model.embed_dim=8",
                                  "model.hidden_dims=[16, 12]", "model.embedding_dim=5"])  # fmt: skip
     assert not memory.needs_torch(cfg, ds)
     assert memory.parameter_count(cfg, ds) == sum(p.numel() for p in build_model(cfg, ds).parameters())
@@ -113,7 +113,7 @@ def test_a_gpu_run_checks_the_gpu_terms_against_the_gpu_and_the_host_terms_again
 def test_the_secure_layers_vectors_are_their_own_host_phase_on_a_gpu(monkeypatch):
     """The protocols' float64 vectors are numpy arrays: on the CPU part of a round's peak, on a GPU run a host phase."""
     monkeypatch.setattr(memory, "available_bytes", lambda device: 64e9 if device == "cpu" else 8e9)
-    cfg = load_config(overrides=[*SMALL, 'protocols=["secure_aggregation"]'])
+    cfg = load_plan(overrides=[*SMALL, 'protocols=["secure_aggregation"]'])
     shape = memory.DataShape.of(_dataset())
     cpu = memory.estimate_memory(cfg, shape, params=1000, sparse_rows=True, device="cpu")
     gpu = memory.estimate_memory(cfg, shape, params=1000, sparse_rows=True, device="cuda")
@@ -128,7 +128,7 @@ def test_an_attack_that_densifies_labels_is_refused_up_front_on_xc_sized_labels(
     """label_deanonymization matches C × C co-occurrence profiles: at a million labels it cannot run, and the run
     stops before training, naming the attack."""
     ds = _dataset()
-    cfg = load_config(overrides=[*SMALL, 'attacks={run: ["label_deanonymization"]}'])
+    cfg = load_plan(overrides=[*SMALL, 'attacks={run: ["label_deanonymization"]}'])
     shape = memory.DataShape.of(ds)
     est = memory.estimate_memory(cfg, shape, params=10, sparse_rows=True)
     assert est.transient["attack label_deanonymization"] == 50 * 7 * 4 + 10 * 7 + 4 * 8 * 7 * 7
@@ -147,7 +147,7 @@ def test_fedalc_fixed_eq12_memory_is_blocked_not_all_pairs():
     shape = memory.DataShape(train=15539, test=3809, features=5000, labels=3993, train_values=15539 * 236,
                              test_values=3809 * 236, label_entries=15539 * 5, dense=False)  # fmt: skip
     over = ["algorithm.name=fedalc_fixed", "protocols=[dp]", "privacy.instance={noise_multiplier: 1.0, sample_rate: 0.01}"]
-    cfg = load_config(overrides=[*over, "model.embedding_dim=512"])
+    cfg = load_plan(overrides=[*over, "model.embedding_dim=512"])
     phase = memory.estimate_memory(cfg, shape, params=10, sparse_rows=True).transient["eq. 12 pairs"]
     # written out: 4 row blocks (here all C² < 2^24 cosines), 6 pair tensors of 2^24, 4 tables of C·d and 3 per-set
     # chunks of 2^26 floats
@@ -166,17 +166,17 @@ def test_fedalc_approximate_search_counts_its_index():
     3 GB, which put the measured peak 0.8 GB over an estimate without it): written out here."""
     big = memory.DataShape(train=490449, test=2000, features=135909, labels=573929, train_values=490449 * 76,
                            test_values=2000 * 76, label_entries=490449 * 5, dense=False)  # fmt: skip
-    cfg = load_config(overrides=["algorithm.name=fedalc", "algorithm.neighbour_search=approximate", "algorithm.k=50",
+    cfg = load_plan(overrides=["algorithm.name=fedalc", "algorithm.neighbour_search=approximate", "algorithm.k=50",
                                  "model.embedding_dim=512"])  # fmt: skip
     est = memory.estimate_memory(cfg, big, params=10, sparse_rows=True)
     C = 573929
     # HNSW with M = 32: 2·32 links at the base level, about 2 more above, 4 bytes each
     assert est.transient["neighbour index"] == 8 * C * 512 + C * 66 * 4 + C * 51 * 12 + C * 50 * 8
     # NN-descent (degree 64, pool 80 of 12 bytes, four lists of up to R = 100 ids, the final 64 ids)
-    nnd = load_config(overrides=["algorithm.name=fedalc", "algorithm.neighbour_search=approximate", "algorithm.k=50",
+    nnd = load_plan(overrides=["algorithm.name=fedalc", "algorithm.neighbour_search=approximate", "algorithm.k=50",
                                  "algorithm.ann_index=nndescent", "model.embedding_dim=512"])  # fmt: skip
     est_nnd = memory.estimate_memory(nnd, big, params=10, sparse_rows=True)
     per_row = 12 * 80 + 16 * 100 + 4 * 64
     assert est_nnd.transient["neighbour index"] == 8 * C * 512 + C * per_row + C * 51 * 12 + C * 50 * 8
-    exact = load_config(overrides=["algorithm.name=fedalc", "model.embedding_dim=512"])
+    exact = load_plan(overrides=["algorithm.name=fedalc", "model.embedding_dim=512"])
     assert "neighbour index" not in memory.estimate_memory(exact, big, params=10, sparse_rows=True).transient

@@ -11,7 +11,7 @@ from secure_fed.engine import Experiment
 from secure_fed.engine.layers import ClientSide, Ledger, ProtocolLayer
 from secure_fed.errors import ConfigError
 from secure_fed.plugin_specs import LayerSpec
-from tests.conftest import register_plugins, small_config
+from tests.conftest import register_plugins, small_config, small_plan
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def registered(monkeypatch):
 def test_a_registered_layer_is_validated_built_and_wraps_the_clients(tmp_path, registered):
     with pytest.raises(ConfigError, match="refuses fedavg_fixed"):
         small_config('protocols=["counting"]', "algorithm.name=fedavg_fixed")
-    exp = Experiment(small_config('protocols=["counting"]', "algorithm.name=fedaws", "training.rounds=3"), run_dir=tmp_path)
+    exp = Experiment(small_plan('protocols=["counting"]', "algorithm.name=fedaws", "training.rounds=3"), run_dir=tmp_path)
     exp.run(progress=False)
     assert CountingLayer.rounds == 3 and CountingLayer.updates == 3 * len(exp.fed.clients)
 

@@ -11,8 +11,8 @@ import pytest
 
 from secure_fed import hardware
 from secure_fed.cli import main
-from secure_fed.config import load_config
-from secure_fed.config.choices import precision_choice, precision_line
+from secure_fed.config import build_plan, load_plan
+from secure_fed.model_choices import precision_choice, precision_line
 from tests.conftest import small_config
 
 
@@ -90,14 +90,14 @@ def test_the_benchmark_measures_a_positive_ratio():
 
 def test_default_run_pins_fp32_and_new_configs_default_to_auto():
     """The embedded default's figures (the docs', the golden runs') stay fp32 on every machine."""
-    assert load_config(None).training.precision == "fp32"
-    assert load_config({}).training.precision == "auto"
+    assert load_plan(None).training.precision == "fp32"
+    assert load_plan({}).training.precision == "auto"
 
 
 def test_a_small_image_resnet_on_cpu_stays_fp32_under_auto(cpu):
     """bf16 CPU kernels break a ResNet on images of 16 px or less (choices.model_choice refuses an explicit bf16)."""
     cpu(True)
-    cfg = load_config({"model": {"name": "resnet18", "weights": "random"}, "device": "cpu"})
+    cfg = load_plan({"model": {"name": "resnet18", "weights": "random"}, "device": "cpu"})
     small, large = (SimpleNamespace(feature_kind="image", image_shape=(3, s, s)) for s in (16, 64))
     assert precision_choice(cfg, small, "cpu") == "fp32"
     assert precision_choice(cfg, large, "cpu") == "bf16"
@@ -111,7 +111,7 @@ def test_the_run_trains_in_and_records_the_resolved_precision(cpu, monkeypatch, 
     cpu(native)
     monkeypatch.setattr(hardware, "bf16_slowdown", lambda device: 38.2)
     cfg = small_config("training.rounds=1", "evaluation.every=1", f"training.precision={precision}")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     assert exp.local.precision == trained
     exp.run(progress=False)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["precision"] == trained
@@ -137,16 +137,16 @@ def test_validate_prints_the_resolved_precision(cpu, capsys, tmp_path, native, l
 
 def test_precision_line_for_a_gpu_and_for_explicit_values(cpu):
     cpu(False)
-    assert precision_line(load_config({"training": {"precision": "fp32"}})) == "precision: fp32"
-    assert "decides when it starts" in precision_line(load_config({"device": "cuda"}))
-    assert "slower than fp32" in precision_line(load_config({"device": "cpu", "training": {"precision": "bf16"}}))
+    assert precision_line(load_plan({"training": {"precision": "fp32"}})) == "precision: fp32"
+    assert "decides when it starts" in precision_line(load_plan({"device": "cuda"}))
+    assert "slower than fp32" in precision_line(load_plan({"device": "cpu", "training": {"precision": "bf16"}}))
 
 
 def test_validate_foresees_fp32_for_a_small_image_resnet(cpu):
     """Images are not read by ``validate``: the line takes the side the config resizes them to."""
     cpu(True)
     mosaics = {"dataset": {"name": "digit_mosaics", "mosaics": {"grid": 1, "tile_size": 16}}, "device": "cpu"}
-    cfg = load_config({**mosaics, "model": {"name": "resnet18", "weights": "random"}})
+    cfg = load_plan({**mosaics, "model": {"name": "resnet18", "weights": "random"}})
     assert precision_line(cfg).startswith("precision: auto → fp32 on CPU")
-    cfg = load_config({**mosaics, "model": {"name": "mlp"}})
+    cfg = load_plan({**mosaics, "model": {"name": "mlp"}})
     assert precision_line(cfg).startswith("precision: auto → bf16 on CPU")

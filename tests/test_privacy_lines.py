@@ -27,10 +27,10 @@ COVERED = [*W_STEP_ONLY, 'privacy.local={"target_epsilon": 2.0, "batch_sample_ra
 
 def _layer_units(overrides):
     from protocols.dp.layer import DifferentialPrivacy
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.plugin_specs import layer_specs
 
-    cfg = load_config(overrides=overrides)
+    cfg = load_plan(overrides=overrides)
     env = types.SimpleNamespace(num_clients=20, max_clients_per_instance=4, theta={}, update_layout=lambda: None, has_rows=True)
     return cfg, DifferentialPrivacy(layer_specs()["dp"].settings(cfg), env).privacy()
 

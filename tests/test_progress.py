@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from secure_fed import progress
+from secure_fed.config import build_plan
 from secure_fed.progress import Phase, duration, track
 
 
@@ -144,7 +145,7 @@ def test_the_membership_inference_shadow_loop_reports_each_shadow(tmp_path, monk
     cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", "training.rounds=2",
                        f"{mi}.shadows=3", f"{mi}.bootstrap=10", f"{mi}.shadow_dir={tmp_path / 'shadows'}",
                        f"{mi}.shadow_cohort=1")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     e.run(progress=False)
     attack = MembershipInference(cfg.attacks.membership_inference)
     aux, _ = attack.prepare(AuditContext(e))
@@ -169,7 +170,7 @@ def test_the_shadow_cohort_reports_each_shadow_round(tmp_path, monkeypatch, adva
     mi = "attacks.membership_inference"
     cfg = small_config("attacks.run=[membership_inference]", "training.rounds=3", f"{mi}.shadows=2",
                        f"{mi}.shadow_dir={tmp_path / 'shadows'}")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     e.run(progress=False)
     aux, _ = MembershipInference(cfg.attacks.membership_inference).prepare(AuditContext(e))
     aux["shadow"].run(aux["encoder"], aux["x"], aux["Y"])

@@ -14,19 +14,19 @@ import pytest
 from secure_fed import threads
 from secure_fed.cli import main
 from secure_fed.errors import ConfigError
-from tests.conftest import REPO, SMALL, small_config
+from tests.conftest import REPO, SMALL, small_plan
 
 
 @pytest.mark.parametrize("value", ["auto", 1, 2, 1024])
 def test_the_setting_takes_auto_or_a_count(value):
-    assert small_config(f"training.threads={value}").training.threads == value
-    assert small_config().training.threads == "auto"  # the default
+    assert small_plan(f"training.threads={value}").training.threads == value
+    assert small_plan().training.threads == "auto"  # the default
 
 
 @pytest.mark.parametrize("value", ["0", "1025", "two", "2.5", "true", "-1"])
 def test_a_bad_thread_count_is_one_error_line(value, capsys):
     with pytest.raises(ConfigError, match="training.threads: give auto or a whole number from 1 to 1024"):
-        small_config(f"training.threads={value}")
+        small_plan(f"training.threads={value}")
     assert main(["validate", "--set", f"training.threads={value}", str(REPO / "secure_fed/config/default.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "training.threads" in err[0]
@@ -54,14 +54,14 @@ def test_auto_threads(cpus, others, ceiling, expected):
 def test_auto_reads_the_affinity_and_flower_nodes(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     assert threads.usable_cpus() == 8
-    assert threads.threads_record(small_config(), 8)["torch_threads"] == 7
-    flower = small_config("backend=flower", "flower.num_supernodes=3")
+    assert threads.threads_record(small_plan(), 8)["torch_threads"] == 7
+    flower = small_plan("backend=flower", "flower.num_supernodes=3")
     record = threads.threads_record(flower, 8)
     assert (record["torch_threads"], record["cpus"]) == (4, 8)  # 8 − 3 nodes' CPUs − 1
     assert "3 for the run's other processes" in record["why"]
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-    assert threads.threads_record(small_config(), 8)["torch_threads"] == 1
-    assert threads.threads_record(small_config("training.threads=2"), 8)["torch_threads"] == 2  # a number as given
+    assert threads.threads_record(small_plan(), 8)["torch_threads"] == 1
+    assert threads.threads_record(small_plan("training.threads=2"), 8)["torch_threads"] == 2  # a number as given
 
 
 def test_the_environment_ceiling_is_a_positive_omp_num_threads():
@@ -99,12 +99,12 @@ def test_a_run_trains_at_the_pick_records_it_and_puts_the_count_back(tmp_path, m
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        exp = Experiment(small_config("training.rounds=2"), run_dir=tmp_path / "run", callbacks=[Spy()])
+        exp = Experiment(small_plan("training.rounds=2"), run_dir=tmp_path / "run", callbacks=[Spy()])
         exp.run(progress=False)
         assert seen == [3, 3]  # auto on 4 CPUs would be 3 or 4: the ceiling (torch's 3) keeps 3
         assert torch.get_num_threads() == 3
         seen.clear()
-        exp = Experiment(small_config("training.rounds=2", "training.threads=2"), run_dir=tmp_path / "two", callbacks=[Spy()])
+        exp = Experiment(small_plan("training.rounds=2", "training.threads=2"), run_dir=tmp_path / "two", callbacks=[Spy()])
         exp.run(progress=False)
         assert seen == [2, 2] and torch.get_num_threads() == 3  # put back after the run
     finally:

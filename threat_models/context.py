@@ -42,7 +42,7 @@ class AuditContext:
     ) -> AuditContext:  # fmt: skip
         """Rebuild a finished run from ``RUN_DIR`` (the operator's ``private/config.yaml`` and checkpoints);
         ``overrides`` (``attacks.*`` settings, as ``audit --set``) apply to its config."""
-        from secure_fed.config import load_config
+        from secure_fed.config import load_plan
         from secure_fed.engine import Experiment
         from secure_fed.run_files import checkpoint_dir, operator_config_path
 
@@ -53,9 +53,9 @@ class AuditContext:
             raise SecureFedError(f"{run_dir} holds no {operator_config_path(run_dir)} (the operator's config, with the "
                                  "checkpoints under private/): the run cannot be rebuilt from its released files")  # fmt: skip
         overrides = [*(overrides or []), *([f"attacks.run=[{','.join(attacks)}]"] if attacks else [])]
-        cfg = load_config(operator_config_path(run_dir), overrides)
+        plan = load_plan(operator_config_path(run_dir), overrides)
         ckpt = checkpoint_dir(run_dir)
-        exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
+        exp = Experiment(plan, run_dir=run_dir, data_root=data_root)
         if not exp.resume():
             raise SecureFedError(f"{run_dir} has no checkpoint (private/checkpoints/last.pt); run it first")
         summary = run_dir / "summary.json"
@@ -96,7 +96,9 @@ class AuditContext:
         return self.exp.privacy_summary()
 
     def public_config(self) -> dict[str, Any]:
-        return self.cfg.model_dump(mode="json")
+        import yaml
+
+        return yaml.safe_load(self.cfg.config_yaml)  # the validated config as config.yaml records it
 
     def new_encoder(self) -> torch.nn.Module:
         """The public architecture of θ's module (the model family's, e.g. the encoder with its linear head),

@@ -29,7 +29,6 @@ from secure_fed.models.sparse_rows import apply_delta
 if TYPE_CHECKING:
     from secure_fed.algorithms.objective import ClientObjective
     from secure_fed.algorithms.params.base import AlgorithmParams
-    from secure_fed.config.schema import AlgorithmConfig
 
 
 class SharedRows:
@@ -186,7 +185,7 @@ class Algorithm:
             cls.description = CATALOG.get(cls.name, "")
             cls.trains_rows, cls.centralized = caps.trains_rows, caps.centralised
 
-    def __init__(self, cfg: AlgorithmConfig, *, device: torch.device | None = None, loss: str | None = None):
+    def __init__(self, cfg: AlgorithmParams, *, device: torch.device | None = None, loss: str | None = None):
         self.cfg = cfg
         #: where the algorithm's server-side tensors live
         self.device = device or torch.device("cpu")

@@ -1,6 +1,15 @@
 """Experiment configuration: schema, loading, overrides."""
 
-from secure_fed.config.loader import apply_overrides, default_config_text, dump_config, first_difference, load_config
+from secure_fed.config.loader import (
+    apply_overrides,
+    check_override_syntax,
+    config_secret_paths,
+    default_config_text,
+    dump_config,
+    first_difference,
+    load_config,
+    raw_config,
+)
 from secure_fed.config.plan_builder import build_plan, load_plan
 from secure_fed.config.schema import AlgorithmConfig, ExperimentConfig
 
@@ -9,9 +18,12 @@ __all__ = [
     "ExperimentConfig",
     "apply_overrides",
     "build_plan",
+    "check_override_syntax",
+    "config_secret_paths",
     "load_plan",
     "default_config_text",
     "dump_config",
     "first_difference",
     "load_config",
+    "raw_config",
 ]

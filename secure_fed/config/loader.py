@@ -220,9 +220,16 @@ def raw_config(path: str | Path | None = None, overrides: list[str] | None = Non
     return _apply(data or {}, list(overrides or []))
 
 
-def load_config(path: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | None = None) -> CoreConfig:
+def load_config(
+    path: str | Path | Mapping[str, Any] | CoreConfig | None = None, overrides: list[str] | None = None
+) -> CoreConfig:
     """Load ``path`` (or the embedded default), apply ``overrides`` (``key=value``, as ``--set``) and validate.
-    ``path`` may also be a mapping, read as the YAML document it stands for (sections left out take their defaults)."""
+    ``path`` may also be a mapping, read as the YAML document it stands for (sections left out take their defaults),
+    or a loaded config (returned as is without overrides)."""
+    if isinstance(path, CoreConfig):
+        if not overrides:
+            return path
+        path = path.model_dump(mode="json")
     check_override_syntax(list(overrides or []), path)
     if path is None:
         data, source = parse_yaml(default_config_text(), "default config"), "default config"
@@ -263,6 +270,14 @@ def _valid(data: dict[str, Any]) -> bool:
 
 def dump_config(cfg: CoreConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_secret_paths() -> list[tuple[str, ...]]:
+    """The key paths of every setting a config section marks secret (:mod:`secure_fed.secret_settings`), plugin
+    sections included: what the released ``config.yaml`` and ``secure-fed export`` leave out."""
+    from secure_fed.secret_settings import secret_paths
+
+    return secret_paths(experiment_config_model())
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str:

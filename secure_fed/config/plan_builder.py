@@ -13,6 +13,7 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any
 
+import yaml
 from pydantic import BaseModel
 
 from secure_fed import plan as P
@@ -110,6 +111,11 @@ def build_plan(cfg: CoreConfig) -> P.RunPlan:
 
 
 def load_plan(source: Any = None, overrides: list[str] | None = None) -> P.RunPlan:
-    """The plan of ``source`` (a YAML path, a mapping, None: the embedded default) with ``overrides`` applied
-    (``load_config``'s one-line :class:`~secure_fed.errors.ConfigError` for a bad one)."""
+    """The plan of ``source`` (a YAML path, a mapping, None: the embedded default; also a plan or a loaded config,
+    returned as is, or re-planned with ``overrides``) with ``overrides`` applied (``load_config``'s one-line
+    :class:`~secure_fed.errors.ConfigError` for a bad one)."""
+    if isinstance(source, P.RunPlan):
+        if not overrides:
+            return source
+        source = yaml.safe_load(source.config_yaml)
     return build_plan(load_config(source, overrides))

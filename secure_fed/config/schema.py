@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from secure_fed.algorithms.params.base import AlgorithmParams
 from secure_fed.algorithms.registry import DEFAULT_ALGORITHM, algorithm_specs, builtin_specs
 from secure_fed.errors import unknown_name
+from secure_fed.model_choices import IMAGE_FORMATS, NO_WEIGHTS, RESNETS  # noqa: F401 - also read here by name
 from secure_fed.plugin_specs import validate_stack
 from secure_fed.plugins import registry
 
@@ -75,10 +76,6 @@ class MosaicsConfig(_Strict):
                 f"dataset.mosaics: grid × tile_size = {self.grid * self.tile_size} pixels per side exceeds {MAX_IMAGE_SIDE}"
             )
         return self
-
-
-#: ``dataset.format`` values that read images (``dataset.root`` or ``dataset.train`` is their folder)
-IMAGE_FORMATS = ("voc", "coco")
 
 
 class DatasetConfig(_Strict):
@@ -181,14 +178,6 @@ class PartitionConfig(_Strict):
         if self.name == "natural" and self.client_ids_file is None:
             raise ValueError("partition.name=natural needs partition.client_ids_file (one client id per training instance)")
         return self
-
-
-#: the torchvision ResNet backbones (image data; secure_fed.models.backbones)
-RESNETS = ("resnet18", "resnet50")
-NO_WEIGHTS = (
-    "model.name={name}: ImageNet weights cannot be downloaded here: give a local file (model.weights: PATH to a "
-    "torchvision state dict) or model.weights: random"
-)
 
 
 class CTranConfig(_Strict):
@@ -509,7 +498,9 @@ class CoreConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> CoreConfig:
-        validate_stack(self)
+        from secure_fed.config.plan_builder import build_plan  # the builder imports this module
+
+        validate_stack(build_plan(self))  # the layers' rules read the plan, as every reader outside the config does
         self._check_backend()
         self._check_model_family()
         images = self.dataset.name == "digit_mosaics" or self.dataset.format in IMAGE_FORMATS

@@ -1,8 +1,9 @@
-"""A config's data: the dataset it names or points at, loaded without torch (``secure-fed validate`` uses it for
+"""A run plan's data: the dataset it names or points at, loaded without torch (``secure-fed validate`` uses it for
 the memory estimate; the engine builds everything else on top of it)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,22 +14,17 @@ from secure_fed.data.xc import missing_file_error
 from secure_fed.errors import DataError
 
 if TYPE_CHECKING:
-    from secure_fed.config.schema import ExperimentConfig
+    from secure_fed.plan import DatasetPlan, RunPlan
 
 
-def drop_empty_labels(cfg: ExperimentConfig) -> bool:
-    """``dataset.drop_empty_labels`` resolved: ``auto`` drops labels with no training instance unless the ``dp`` layer
-    is on (which labels have one is a fact about the private data, released through W's shape)."""
-    want = cfg.dataset.drop_empty_labels
-    return ("dp" not in cfg.protocols) if want == "auto" else bool(want)
-
-
-def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
-    """The configured data; labels no training instance has are dropped (``dataset.drop_empty_labels``)."""
-    ds = _load_dataset(cfg, data_root)
+def build_dataset(plan: RunPlan, data_root: str | None = None) -> MultiLabelDataset:
+    """The planned data; labels no training instance has are dropped (``dataset.drop_empty_labels``, which the plan
+    resolves: ``auto`` drops them unless the ``dp`` layer is on, since which labels have one is a fact about the
+    private data, released through W's shape)."""
+    ds = _load_dataset(plan.dataset, plan.seed, data_root)
     if ds.train.labels.nnz == 0:
         raise DataError(f"{ds.name}: no training instance has a positive label; nothing can be learned")
-    if drop_empty_labels(cfg):
+    if plan.dataset.drop_empty_labels:
         ds, dropped = ds.without_empty_labels()
         if dropped:
             shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
@@ -36,11 +32,10 @@ def build_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
     return ds
 
 
-def check_data_files(cfg: ExperimentConfig) -> None:
+def check_data_files(d: DatasetPlan) -> None:
     """Raise the loader's own :class:`DataError` for a configured data file that does not exist (``dataset.format``
     arff or xc), without reading any: ``secure-fed run`` calls it before importing torch, ``validate`` before it
     calls the config valid."""
-    d = cfg.dataset
     if d.format not in ("arff", "xc"):
         return
     what = {"train": "data file", "test": "data file", "labels": "label list", "train_split": "split file",
@@ -54,10 +49,9 @@ def check_data_files(cfg: ExperimentConfig) -> None:
         raise DataError(f"{kind} not found: {path}")
 
 
-def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiLabelDataset:
-    d = cfg.dataset
+def _load_dataset(d: DatasetPlan, seed: int, data_root: str | None = None) -> MultiLabelDataset:
     if d.format in ("voc", "coco") or (d.format is None and d.name == "digit_mosaics"):
-        return _with_feature_kind(_load_images(cfg, data_root), d.feature_kind)
+        return _with_feature_kind(_load_images(d, seed, data_root), d.feature_kind)
     if d.format is not None:
         return load_from_paths(
             format=d.format,
@@ -69,13 +63,15 @@ def _load_dataset(cfg: ExperimentConfig, data_root: str | None = None) -> MultiL
             fold=d.fold,
             test_fraction=d.test_fraction,
             split_seed=d.split_seed,
-            drop_attributes=d.drop_attributes,
+            drop_attributes=list(d.drop_attributes),
             feature_kind=d.feature_kind,
             name=d.name if d.name != "synthetic" else None,
         )
     if d.name == "synthetic":
-        return make_synthetic(SyntheticSpec(**d.synthetic.model_dump()), seed=cfg.seed)
-    return _with_feature_kind(load_registered(d.name, data_root or d.root, drop_attributes=d.drop_attributes), d.feature_kind)
+        return make_synthetic(SyntheticSpec(**dataclasses.asdict(d.synthetic)), seed=seed)
+    return _with_feature_kind(
+        load_registered(d.name, data_root or d.root, drop_attributes=list(d.drop_attributes)), d.feature_kind
+    )
 
 
 def _with_feature_kind(ds: MultiLabelDataset, kind: str) -> MultiLabelDataset:
@@ -86,14 +82,13 @@ def _with_feature_kind(ds: MultiLabelDataset, kind: str) -> MultiLabelDataset:
     return ds
 
 
-def _load_images(cfg: ExperimentConfig, data_root: str | None) -> MultiLabelDataset:
+def _load_images(d: DatasetPlan, seed: int, data_root: str | None) -> MultiLabelDataset:
     """Digit mosaics (generated from the run seed), or a VOC / COCO folder: ``dataset.train`` if given, else
     ``--data-root``, else ``dataset.root``."""
     from secure_fed.data.images import MosaicSpec, load_coco, load_voc, make_digit_mosaics  # torchvision: on demand
 
-    d = cfg.dataset
     if d.format is None:
-        return make_digit_mosaics(MosaicSpec(**d.mosaics.model_dump()), seed=cfg.seed)
+        return make_digit_mosaics(MosaicSpec(**dataclasses.asdict(d.mosaics)), seed=seed)
     root = d.train or data_root or d.root
     name = d.name if d.name not in GENERATED else None
     if d.format == "voc":

@@ -1,4 +1,4 @@
-"""Turn a validated config into data, clients, model and algorithm objects."""
+"""Turn a run plan into data, clients, model and algorithm objects."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from torch import nn
 from secure_fed.algorithms import Algorithm, ClientData
 from secure_fed.algorithms.base import SharedRows
 from secure_fed.algorithms.registry import algorithm_specs
-from secure_fed.config.choices import model_choice, sparse_input_choice
-from secure_fed.config.schema import RESNETS, ExperimentConfig
 from secure_fed.data import (
     ClientShard,
     MultiLabelDataset,
@@ -27,8 +25,10 @@ from secure_fed.data import (
 )
 from secure_fed.data.bounding import bound_labels, bounding_key
 from secure_fed.errors import ConfigError
+from secure_fed.model_choices import RESNETS, model_choice, sparse_input_choice
 from secure_fed.models import Preprocessor, build_encoder
 from secure_fed.models.sparse_rows import SparseRows
+from secure_fed.plan import RunPlan
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,37 +62,37 @@ def use_deterministic_cuda() -> None:
             switch(False)
 
 
-def build_encoder_for(cfg: ExperimentConfig, ds: MultiLabelDataset, seed_offset: int = 0) -> nn.Module:
+def build_encoder_for(plan: RunPlan, ds: MultiLabelDataset, seed_offset: int = 0) -> nn.Module:
     """The configured encoder g_θ for ``ds``, initialised from the run seed (and ``seed_offset``).
 
     Every call with the same arguments builds the same module: the server's model and the worker model (the two
     calls in :class:`~secure_fed.engine.Experiment`) start equal, ResNets from the same ``model.weights`` file.
     """
-    name, _, hidden = model_choice(cfg, ds)
-    torch.manual_seed(cfg.seed * 7919 + seed_offset)
+    name, _, hidden = model_choice(plan, ds)
+    torch.manual_seed(plan.seed * 7919 + seed_offset)
     return build_encoder(
         name,
         ds.num_features,
-        embedding_dim=cfg.model.embedding_dim,
+        embedding_dim=plan.model.embedding_dim,
         hidden_dims=hidden,
-        embed_dim=cfg.model.embed_dim,
+        embed_dim=plan.model.embed_dim,
         image_shape=ds.image_shape,
-        weights=cfg.model.weights,
+        weights=plan.model.weights,
     )
 
 
-def build_model(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:
+def build_model(plan: RunPlan, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:
     """θ's module: the model family's model around the configured encoder (every call with the same arguments
     builds the same module). ``cache_dir`` holds FedLGT's cached label embeddings."""
     from secure_fed.models.families import model_family
 
-    family = model_family(cfg.model.family)
+    family = model_family(plan.model.family)
     if family.name == "ctran":
-        return build_ctran(cfg, ds, cache_dir=cache_dir)
-    encoder = build_encoder_for(cfg, ds)
-    if cfg.model.fixed_encoder:
+        return build_ctran(plan, ds, cache_dir=cache_dir)
+    encoder = build_encoder_for(plan, ds)
+    if plan.model.fixed_encoder:
         fix_encoder(encoder)
-    return family.build(encoder, num_labels=ds.num_labels, embedding_dim=cfg.model.embedding_dim)
+    return family.build(encoder, num_labels=ds.num_labels, embedding_dim=plan.model.embedding_dim)
 
 
 def fix_encoder(encoder: nn.Module) -> None:
@@ -105,27 +105,29 @@ def fix_encoder(encoder: nn.Module) -> None:
         p.requires_grad_(False)
 
 
-def build_ctran(cfg: ExperimentConfig, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:
+def build_ctran(plan: RunPlan, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:
     """C-Tran for ``ds`` (:mod:`secure_fed.models.ctran`): ResNet tokens for images, the text network's output as
     tokens for sparse data, chunks of the feature vector for dense data; FedLGT's universal label embeddings when
     ``algorithm.name: fedlgt`` with ``algorithm.ule``."""
     from secure_fed.models.ctran import ChunkTokens, CTran, EncoderTokens, ResNetTokens
 
-    c, width = cfg.model.ctran, cfg.model.embedding_dim
-    name, _, _ = model_choice(cfg, ds)
+    c, width = plan.model.ctran, plan.model.embedding_dim
+    name, _, _ = model_choice(plan, ds)
     text = None
-    if cfg.algorithm.uses_text_encoder:
+    if plan.algorithm.uses_text_encoder:
         from secure_fed.models.text_encoder import universal_label_embeddings
 
         text = universal_label_embeddings(
-            list(ds.label_names), template=cfg.model.label_prompt, encoder_spec=cfg.model.text_encoder, cache_dir=cache_dir
+            list(ds.label_names), template=plan.model.label_prompt, encoder_spec=plan.model.text_encoder, cache_dir=cache_dir
         )
     if name in RESNETS:
-        tokens = ResNetTokens(build_encoder_for(cfg, ds), width=width)
+        tokens = ResNetTokens(build_encoder_for(plan, ds), width=width)
     elif name == "sparse_text":
-        tokens = EncoderTokens(build_encoder_for(cfg, ds), out_dim=cfg.model.embedding_dim, num_tokens=c.text_tokens, width=width)
+        tokens = EncoderTokens(
+            build_encoder_for(plan, ds), out_dim=plan.model.embedding_dim, num_tokens=c.text_tokens, width=width
+        )
     else:
-        torch.manual_seed(cfg.seed * 7919)
+        torch.manual_seed(plan.seed * 7919)
         token_size, feature_major = c.token_size, False
         if c.tokens == "auto" and ds.name == "scene" and ds.num_features == SCENE_FEATURES:
             token_size, feature_major = 6, True  # 49 blocks × 6 colour moments, moment-major (see ctran's docstring)
@@ -174,7 +176,7 @@ class Federation:
 
 
 def build_federation(
-    cfg: ExperimentConfig,
+    plan: RunPlan,
     ds: MultiLabelDataset,
     algorithm: type[Algorithm],
     device: torch.device,
@@ -184,7 +186,7 @@ def build_federation(
     """The clients' data. ``bound`` = ``(m, rule)`` (a layer's public contribution bound,
     :func:`secure_fed.plugin_specs.instance_bound`): in a partition that puts an instance on one client per label, every
     instance enters at most m clients (:func:`secure_fed.data.bounding.bound_labels`)."""
-    _, prep_kind, _ = model_choice(cfg, ds)
+    _, prep_kind, _ = model_choice(plan, ds)
     prep = Preprocessor.fit(prep_kind, ds.train.features)
     sparse = False  # decided once the shards are known (their total size)
 
@@ -198,34 +200,34 @@ def build_federation(
 
     labels = sp.csr_matrix(ds.train.labels, copy=True)  # never a dense (n, C) copy: XC label matrices do not fit
     labels.eliminate_zeros()
-    rng = np.random.default_rng([cfg.seed, 11])
+    rng = np.random.default_rng([plan.seed, 11])
     val = None
-    part = partitioner_from_config(cfg.partition, seed=cfg.seed)
+    part = partitioner_from_config(plan.partition, seed=plan.seed)
     train, per_instance, bounded = ds.train, 1, 0
     if part.positive_only and not algorithm.centralized:  # an instance sits on one client per label
         per_instance = ds.num_labels
         if bound is not None:
             m, rule = bound
-            labels, bounded = bound_labels(labels, ds.train.features, m, rule, bounding_key(cfg.seed))
+            labels, bounded = bound_labels(labels, ds.train.features, m, rule, bounding_key(plan.seed))
             train, per_instance = MultiLabelSplit(ds.train.features, labels), min(m, ds.num_labels)
     client_test = None
-    n_test = ds.test.num_instances if cfg.evaluation.max_test is None else min(cfg.evaluation.max_test, ds.test.num_instances)
+    n_test = ds.test.num_instances if plan.evaluation.max_test is None else min(plan.evaluation.max_test, ds.test.num_instances)
     if not part.positive_only:  # general setting: the test rows of each client (same clients for every algorithm)
         fed_shards = part.partition(train, rng)
         test_split = ds.test if n_test == ds.test.num_instances else _head(ds.test, n_test)
-        client_test = [s.indices for s in part.assign(test_split, np.random.default_rng([cfg.seed, 17]))]
+        client_test = [s.indices for s in part.assign(test_split, np.random.default_rng([plan.seed, 17]))]
     if algorithm.centralized:  # select epochs on a validation split of the training data, never on the test split
-        order = np.random.default_rng([cfg.seed, 13]).permutation(ds.train.num_instances)
-        n_val = int(round(cfg.algorithm.validation_fraction * ds.train.num_instances))
+        order = np.random.default_rng([plan.seed, 13]).permutation(ds.train.num_instances)
+        n_val = int(round(plan.algorithm.validation_fraction * ds.train.num_instances))
         val, rest = np.sort(order[:n_val]), np.sort(order[n_val:])
         shards = [ClientShard(0, rest)]
     else:
         # a label the bound emptied, or (under dp, where no label is dropped) one with no training instance, keeps
         # its client, with no data: whether a run starts must not depend on one instance
-        if (bound is not None or "dp" in cfg.protocols) and part.positive_only:
+        if (bound is not None or "dp" in plan.protocols) and part.positive_only:
             part.allow_empty = True
         shards = fed_shards if client_test is not None else part.partition(train, rng)
-    sparse = sparse_input_choice(cfg, ds, sum(len(s.indices) for s in shards) + n_test)
+    sparse = sparse_input_choice(plan, ds, sum(len(s.indices) for s in shards) + n_test)
     # sparse rows: the training rows preprocessed once, each client reading its own when it trains (an XC instance
     # sits on every client of its labels: ~5 copies); dense rows: each client's own copy, as before
     store = SparseRows.from_csr(prep.transform_sparse(ds.train.features), device=device) if sparse else None
@@ -276,10 +278,10 @@ def _head(split: MultiLabelSplit, n: int) -> MultiLabelSplit:
     return MultiLabelSplit(split.features[:n], split.labels[:n])
 
 
-def build_algorithm(cfg: ExperimentConfig, device: torch.device) -> Algorithm:
+def build_algorithm(plan: RunPlan, device: torch.device) -> Algorithm:
     """The configured algorithm; its client loss is ``algorithm.loss``, else the model family's, else its own."""
     from secure_fed.models.families import model_family
 
-    loss = cfg.algorithm.loss if cfg.algorithm.loss != "auto" else model_family(cfg.model.family).default_loss
+    loss = plan.algorithm.loss if plan.algorithm.loss != "auto" else model_family(plan.model.family).default_loss
     # the registry when the run is built (an algorithm registered after import, e.g. in a notebook, counts)
-    return algorithm_specs()[cfg.algorithm.name].load()(cfg.algorithm, device=device, loss=loss)
+    return algorithm_specs()[plan.algorithm.name].load()(plan.algorithm, device=device, loss=loss)

@@ -20,6 +20,7 @@ from secure_fed.algorithms.base import ClientFn
 from secure_fed.engine.aggregation import Aggregate
 from secure_fed.engine.run_context import RunContext
 from secure_fed.errors import PrivacyViolation
+from secure_fed.plan import RunPlan
 from secure_fed.run_files import PRIVACY_RECORD, private_dir
 
 
@@ -113,13 +114,13 @@ class Callback:
         """Restore this callback's entries from the server's checkpoint ``state`` (on resume)."""
 
 
-def build_callbacks(cfg) -> list[Callback]:
-    """Every registered factory's callback for this config (factories return None when not needed)."""
+def build_callbacks(plan: RunPlan) -> list[Callback]:
+    """Every registered factory's callback for this run's ``plan`` (factories return None when not needed)."""
     from secure_fed.plugins import registry
 
     out = []
     for factory in registry("callbacks").values():
-        cb = factory(cfg)
+        cb = factory(plan)
         if cb is not None:
             out.append(cb)
     return out
@@ -171,7 +172,7 @@ class ProgressBar(Callback):
     def on_run_start(self, ctx) -> None:
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=ctx.cfg.training.rounds, initial=ctx.round, desc=ctx.cfg.algorithm.name, unit="round",
+        self.bar = tqdm(total=ctx.plan.training.rounds, initial=ctx.round, desc=ctx.plan.algorithm.name, unit="round",
                         mininterval=1.0)  # fmt: skip
 
     def on_round_end(self, ctx, record, diagnostics) -> None:  # diagnostics: private, never shown

@@ -26,6 +26,7 @@ from secure_fed.engine.checkpoint_commit import commit_files, finish_commit, loc
 from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import SecureFedError, one_line
+from secure_fed.plan import RunPlan
 from secure_fed.plugin_specs import layer_specs, privacy_accounting_layers
 from secure_fed.run_files import CHECKPOINT_COMMIT, checkpoint_dir, operator_config_path
 from secure_fed.run_status import TRAINED
@@ -53,22 +54,23 @@ def frozen_on_resume() -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ..
     return tuple(dict.fromkeys(frozen)), MOVABLE_ON_RESUME + movable
 
 
-def resume_change(recorded, cfg) -> str | None:
-    """The first setting of :func:`frozen_on_resume` (less its movable keys) that ``cfg`` changes from the
-    ``recorded`` config, as ``key: recorded there, new now``; None when there is none."""
+def resume_change(recorded: RunPlan, plan: RunPlan) -> str | None:
+    """The first setting of :func:`frozen_on_resume` (less its movable keys) that ``plan`` changes from the
+    ``recorded`` plan (their validated configs, :attr:`~secure_fed.plan.RunPlan.config_yaml`), as
+    ``key: recorded there, new now``; None when there is none."""
     import yaml
 
-    from secure_fed.config import dump_config, first_difference
+    from secure_fed.config import first_difference
 
     keys, movable = frozen_on_resume()
 
-    def frozen(c) -> dict[str, Any]:
-        doc = yaml.safe_load(dump_config(c))
+    def frozen(p: RunPlan) -> dict[str, Any]:
+        doc = yaml.safe_load(p.config_yaml)
         for section, key in movable:
             (doc.get(section) or {}).pop(key, None)
         return {".".join(p): functools.reduce(lambda d, k: (d or {}).get(k), p, doc) for p in keys}
 
-    old, new = frozen(recorded), frozen(cfg)
+    old, new = frozen(recorded), frozen(plan)
     if old == new:
         return None
     key = next(k for k in old if old[k] != new[k])
@@ -91,7 +93,7 @@ class Checkpointing(Callback):
     name = "checkpointing"
 
     def on_round_end(self, ctx, record, diagnostics) -> None:
-        if ctx.round % ctx.cfg.output.checkpoint_every == 0 and ctx.round < ctx.cfg.training.rounds:
+        if ctx.round % ctx.plan.output.checkpoint_every == 0 and ctx.round < ctx.plan.training.rounds:
             self.save(ctx)
 
     def on_run_end(self, ctx, status) -> None:
@@ -184,13 +186,13 @@ class Checkpointing(Callback):
         saved = operator_config_path(ctx.run_dir)
         if not saved.is_file():
             return
-        from secure_fed.config import load_config
+        from secure_fed.config import load_plan
 
         try:
-            recorded = load_config(saved)
+            recorded = load_plan(saved)
         except SecureFedError as exc:
             raise SecureFedError(f"cannot resume {ctx.run_dir}: its private/config.yaml no longer loads ({exc})") from None
-        if change := resume_change(recorded, ctx.cfg):
+        if change := resume_change(recorded, ctx.plan):
             raise SecureFedError(
                 f"cannot resume {ctx.run_dir} with {change}: the data, partition, model, algorithm, seed, protocol "
                 "layers and privacy settings stay as recorded (start a new run to change them)"
@@ -209,7 +211,7 @@ class Checkpointing(Callback):
         metrics = ctx.run_dir / "metrics.jsonl"
         released = metrics.is_file() and metrics.read_text().strip() != ""
         drawn = any((ckpt / f).is_file() for f in ("clients.pt", "server_secrets.pt"))
-        if privacy_accounting_layers(ctx.cfg) and (released or drawn):
+        if privacy_accounting_layers(ctx.plan) and (released or drawn):
             raise SecureFedError(
                 f"cannot resume {ctx.run_dir}: it has no checkpoint, but it already "
                 + ("released rounds in metrics.jsonl" if released else "saved secrets")
@@ -247,7 +249,7 @@ class Checkpointing(Callback):
                 if layer.client_state_on_nodes and not any(layer.client_state_dict().values())]  # fmt: skip
         if ctx.algorithm.keeps_client_state and not any(c.state for c in ctx.fed.clients):
             lost.append(f"algorithm {ctx.algorithm.name}")
-        if lost and ctx.cfg.backend != "flower":
+        if lost and ctx.plan.backend != "flower":
             raise SecureFedError(
                 f"cannot resume {ctx.run_dir} in process: the clients' state of {', '.join(lost)} (keys, secret "
                 "streams or models) is not in private/checkpoints/clients.pt; the run's clients kept it on Flower nodes. "

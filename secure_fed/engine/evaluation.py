@@ -35,6 +35,7 @@ from secure_fed.errors import PrivacyViolation
 from secure_fed.metrics import blocks as label_blocks
 from secure_fed.metrics import evaluate_scores, macro_average_precision
 from secure_fed.models.sparse_rows import SparseRows, split_rows
+from secure_fed.plan import EvaluationPlan, RunPlan
 from secure_fed.release import NO_MECHANISM, Released, protected, public
 from secure_fed.run_files import METRICS_FILE
 from secure_fed.run_status import TRAINED
@@ -104,7 +105,7 @@ def blocked_metrics(model: ModelState, x, y: sp.csr_matrix, ev) -> dict[str, flo
     return label_blocks.evaluate_label_blocks(block_scores, y, ks=tuple(ev.ks), threshold=ev.threshold)
 
 
-def evaluate(model: ModelState, fed, cfg, split: str = "test") -> dict[str, float]:
+def evaluate(model: ModelState, fed, ev: EvaluationPlan, split: str = "test") -> dict[str, float]:
     """Metrics of the current θ, W on the test split (with GmAP when clients have test rows), or on a
     centralised baseline's validation split.
 
@@ -112,22 +113,22 @@ def evaluate(model: ModelState, fed, cfg, split: str = "test") -> dict[str, floa
     and the family has a row table, the metrics come from blocks of labels (the same values, tested; an
     extreme-classification test split never forms the (n, C) matrix); otherwise from the whole matrix."""
     x, y = (fed.x_test, fed.y_test) if split == "test" else (fed.x_val, fed.y_val)
-    ks = tuple(cfg.evaluation.ks)
+    ks = tuple(ev.ks)
     general = split == "test" and fed.client_test is not None
     n, C = y.shape
     if model.W is not None and not general and n * C > label_blocks.BLOCK_ELEMENTS:
-        return blocked_metrics(model, x, y, cfg.evaluation)
+        return blocked_metrics(model, x, y, ev)
     scores = model_scores(model, model.theta, x)
     y = y.toarray() if sp.issparse(y) else y
-    out = evaluate_scores(scores, y, ks=ks, threshold=cfg.evaluation.threshold)
+    out = evaluate_scores(scores, y, ks=ks, threshold=ev.threshold)
     if general:
         out.update(spread(client_maps(scores, y, fed.client_test), "GmAP", worst="GmAP_worst"))
     return out
 
 
-def is_evaluation_round(cfg, completed: int) -> bool:
+def is_evaluation_round(plan: RunPlan, completed: int) -> bool:
     """Whether the metrics are computed once ``completed`` rounds are done (every N, and after the last)."""
-    return completed % cfg.evaluation.every == 0 or completed == cfg.training.rounds
+    return completed % plan.evaluation.every == 0 or completed == plan.training.rounds
 
 
 #: why a test metric of the released model may be released (:func:`secure_fed.release.public`)
@@ -151,7 +152,7 @@ def evaluation_record(ctx: RunContext) -> dict[str, Any]:
     model, and W's mean row cosine (none for an algorithm without a global model, e.g. ``local``)."""
     if not ctx.algorithm.has_global_model:
         return {}
-    rec: dict[str, Any] = {k: public(v, TEST_METRIC_WHY) for k, v in evaluate(ctx.model, ctx.fed, ctx.cfg).items()}
+    rec: dict[str, Any] = {k: public(v, TEST_METRIC_WHY) for k, v in evaluate(ctx.model, ctx.fed, ctx.plan.evaluation).items()}
     if ctx.model.W is not None:
         rec["W_mean_cos"] = public(ctx.model.mean_row_cosine(), W_COSINE_WHY)
     return rec
@@ -163,9 +164,9 @@ def evaluated(record: dict[str, Any]) -> bool:
     return "mAP" in record or "AmAP" in record
 
 
-def selection_metric(cfg) -> str:
+def selection_metric(ev: EvaluationPlan) -> str:
     """The validation metric a centralised baseline selects its epoch by."""
-    return f"P@{min(cfg.evaluation.ks)}"
+    return f"P@{min(ev.ks)}"
 
 
 class Evaluation(Callback):
@@ -182,7 +183,7 @@ class Evaluation(Callback):
         self.best: dict[str, Any] | None = None  #: centralised baselines: the best epoch on validation so far
 
     def on_record(self, ctx, record, diagnostics) -> None:
-        if is_evaluation_round(ctx.cfg, ctx.round):
+        if is_evaluation_round(ctx.plan, ctx.round):
             record.update(evaluation_record(ctx))
             self.select_on_validation(ctx, diagnostics)
 
@@ -190,8 +191,8 @@ class Evaluation(Callback):
         """Centralised baselines: keep the evaluated epoch with the best validation score (training data only)."""
         if ctx.fed.x_val is None:
             return
-        key = selection_metric(ctx.cfg)
-        score = evaluate(ctx.model, ctx.fed, ctx.cfg, "val")[key]
+        key = selection_metric(ctx.plan.evaluation)
+        score = evaluate(ctx.model, ctx.fed, ctx.plan.evaluation, "val")[key]
         diagnostics[f"validation_{key}"] = score  # a statistic of training data: private
         if self.best is None or score > self.best["score"]:
             m = ctx.model
@@ -210,7 +211,7 @@ class Evaluation(Callback):
         m = ctx.model
         m.theta = {n: t.clone() for n, t in self.best["theta"].items()}
         m.W = None if self.best["W"] is None else self.best["W"].clone()
-        ctx.records.selected = {"round": self.best["round"], "metrics": evaluate(m, ctx.fed, ctx.cfg),
+        ctx.records.selected = {"round": self.best["round"], "metrics": evaluate(m, ctx.fed, ctx.plan.evaluation),
                                 "W_mean_cos": m.mean_row_cosine()}  # fmt: skip
 
     def checkpoint_state(self, ctx) -> dict[str, Any]:
@@ -256,7 +257,7 @@ class ClientEvaluation(Callback):
 
         def evaluated(payload, data):
             reply = fn(payload, data)
-            if is_evaluation_round(ctx.cfg, ctx.round + 1) and data.eval_x is not None and len(data.eval_x):
+            if is_evaluation_round(ctx.plan, ctx.round + 1) and data.eval_x is not None and len(data.eval_x):
                 scores = model_scores(ctx.model, ctx.algorithm.client_model(payload, data, reply), data.eval_x)
                 found = client_maps(scores, data.eval_y, [np.arange(len(data.eval_y))])
                 if found:

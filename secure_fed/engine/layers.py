@@ -26,7 +26,7 @@ checkpoints            ``state()``                 a :class:`LayerState`: server
                        → :class:`LayerState`       stored apart (the server never holds the client scope)
 =====================  ==========================  ==========================================================
 
-A layer is built as ``Layer(settings, env)``: its spec's ``settings(cfg)`` (:class:`~secure_fed.plugin_specs.LayerSpec`)
+A layer is built as ``Layer(settings, env)``: its spec's ``settings(plan)`` (:class:`~secure_fed.plugin_specs.LayerSpec`)
 extracts, in one place, the layer's own typed settings from the run's config (its section and the few public facts
 of other sections it needs); :class:`StackEnv` holds the run's public facts (the federation's size, the model's
 shapes, a guarded exchange with clients). No layer receives the whole config. Shared randomness that a guarantee
@@ -57,6 +57,7 @@ from secure_fed.engine.aggregation import Aggregate, RoundSession, UpdateLayout
 
 if TYPE_CHECKING:
     from secure_fed.algorithms.base import Algorithm
+    from secure_fed.plan import RunPlan
 
 
 @dataclass
@@ -325,9 +326,9 @@ class ProtocolLayer:
     * :meth:`ledger`: the accounting across rounds (:class:`Ledger`: budget, secret sampling, reports);
     * :meth:`state`: what a checkpoint saves, in three scopes (:class:`LayerState`).
 
-    The layer is built as ``Layer(settings, env)``: ``settings`` is what its spec's ``settings(cfg)`` extracts from
+    The layer is built as ``Layer(settings, env)``: ``settings`` is what its spec's ``settings(plan)`` extracts from
     the run's config (:class:`~secure_fed.plugin_specs.LayerSpec`; the layer's own section and the few public facts of
-    other sections it needs), ``env`` the run's public facts (:class:`StackEnv`); never the whole config. The
+    other sections it needs), ``env`` the run's public facts (:class:`StackEnv`); never the whole plan. The
     layer's spec holds its threat model and config rules."""
 
     name: ClassVar[str] = ""
@@ -366,14 +367,14 @@ class ProtocolLayer:
 class ProtocolStack:
     """The configured layers, built from the registered specs and composed in list order.
 
-    Each layer gets its spec's settings (``spec.settings(cfg)``) and the run's public facts; the stack asks each
+    Each layer gets its spec's settings (``spec.settings(plan)``) and the run's public facts; the stack asks each
     layer once for its :class:`ClientSide`, :class:`Ledger` and :class:`LayerState` and composes them."""
 
-    def __init__(self, cfg, env: StackEnv):
+    def __init__(self, plan: RunPlan, env: StackEnv):
         from secure_fed.plugin_specs import layer_specs
 
         specs = layer_specs()
-        self.layers: list[ProtocolLayer] = [specs[n].load()(specs[n].layer_settings(cfg), env) for n in cfg.protocols]
+        self.layers: list[ProtocolLayer] = [specs[n].load()(specs[n].layer_settings(plan), env) for n in plan.protocols]
         self._clients = [layer.clients() for layer in self.layers]
         self._ledgers = [layer.ledger() for layer in self.layers]
         self._states = [layer.state() for layer in self.layers]

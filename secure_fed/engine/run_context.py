@@ -1,7 +1,7 @@
 """What a callback may read of a run: :class:`RunContext`, a frozen record of the run's parts.
 
 Callbacks (evaluation, the privacy record, metrics files, checkpoints, the summaries, plugins' taps) get a
-context at every hook, never the run object: its public facts (the config, the run directory, the device, the
+context at every hook, never the run object: its public facts (the run's plan, the run directory, the device, the
 dataset, the federation's clients), and handles on the state they read or save: the model state, the records,
 the protocol stack (its privacy report and its parties' state), the row order, the guard's message log, the
 executor and the run's callbacks. The run object builds a fresh context for each hook, so that a part it
@@ -17,20 +17,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from secure_fed.config.schema import ExperimentConfig
 from secure_fed.engine.execution import Executor
 from secure_fed.engine.guard import MessageGuard
 from secure_fed.engine.layers import ProtocolStack
 from secure_fed.engine.model_state import ModelState
 from secure_fed.engine.row_order import RowOrder
 from secure_fed.engine.run_records import RunRecords
+from secure_fed.plan import RunPlan
 
 
 @dataclass(frozen=True)
 class RunContext:
     """A run's parts as its callbacks see them."""
 
-    cfg: ExperimentConfig
+    plan: RunPlan  #: the run's settings, resolved (:mod:`secure_fed.plan`)
     run_dir: Path
     device: torch.device
     dataset: Any  #: the :class:`~secure_fed.data.MultiLabelDataset` (its public description; the simulator's data)
@@ -46,6 +46,11 @@ class RunContext:
     messages: list[dict[str, Any]] | None
     #: the run's callbacks (built-in, registered, checkpoint, report), in the order the run calls them
     callbacks: tuple[Any, ...]
+
+    @property
+    def cfg(self) -> RunPlan:
+        """TRANSITIONAL (removed once protocols/ and threat_models/ read ``ctx.plan``): the plan, under its old name."""
+        return self.plan
 
     @property
     def round(self) -> int:

@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from secure_fed.config.choices import precision_choice
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.evaluation import W_COSINE_WHY, evaluated, selection_metric, tagged_metric
 from secure_fed.engine.privacy_report import aborted_charge, privacy_summary, tagged_report
 from secure_fed.engine.run_context import RunContext
+from secure_fed.model_choices import precision_choice
 from secure_fed.release import NO_MECHANISM, protected, public, untagged_line
 from secure_fed.run_files import METRICS_FILE, PRIVACY_RECORD, PRIVATE_DIR, SUMMARY_FILE
 
@@ -56,7 +56,7 @@ FROM_RELEASED = "read from the released metrics lines (their ledger's steps, the
 def summary(ctx: RunContext, status: str) -> dict[str, Any]:
     """``summary.json``, tagged for the release gate (:mod:`secure_fed.release`): public facts, the released model's
     final test metrics and the privacy report."""
-    rec, cfg = ctx.records, ctx.cfg
+    rec, plan = ctx.records, ctx.plan
     last = next((h for h in reversed(rec.history) if evaluated(h)), {})
     final = {k: last[k] for k in last if k not in PUBLIC_ROUND_KEYS}
     cos = last.get("W_mean_cos")
@@ -64,10 +64,10 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         final, cos = rec.selected["metrics"], rec.selected["W_mean_cos"]
     units = ctx.stack.accounting()
     out = {
-        "algorithm": public(cfg.algorithm.name, CONFIG),
+        "algorithm": public(plan.algorithm.name, CONFIG),
         "dataset": public(ctx.dataset.name, "the dataset's public name"),
         "rounds_completed": public(rec.round, ROUNDS),
-        "rounds_planned": public(cfg.training.rounds, CONFIG),
+        "rounds_planned": public(plan.training.rounds, CONFIG),
         "rounds_aborted": public(rec.rounds_aborted, ABORTS),
         "status": public(status, STATUS),
         # a metric keeps its tag from the metrics lines: one that came there untagged stays untagged here
@@ -76,12 +76,12 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         },
         "W_mean_cos": public(cos, W_COSINE_WHY),
         PRIVACY_RECORD: tagged_report(privacy_summary(units), units),
-        "protocols": public(list(cfg.protocols), CONFIG),
+        "protocols": public(list(plan.protocols), CONFIG),
         "stop_reason": public(rec.stop_reason, f"why the loop stopped, if early: {STATUS}"),
         "device": public(str(ctx.device), HARDWARE),
         "executor": public(ctx.executor.name, HARDWARE),
         # the precision the clients trained in (training.precision resolved for the device: a fact of the hardware)
-        "precision": public(precision_choice(cfg, ctx.dataset, ctx.device.type), HARDWARE),
+        "precision": public(precision_choice(plan, ctx.dataset, ctx.device.type), HARDWARE),
         # torch's threads and OpenMP's wait policy (training.threads resolved for this machine: a fact of the hardware)
         "threads": public(rec.threads, HARDWARE),
         "num_clients": public(len(ctx.fed.clients), FEDERATION),
@@ -89,7 +89,7 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
     }
     if charge := aborted_charge(rec.history, rec.diagnostics):
         out["aborted_charge"] = public(charge, FROM_RELEASED)
-    ev = cfg.evaluation
+    ev = plan.evaluation
     if ev.target_value is not None:
         target = {"metric": ev.target_metric, "value": ev.target_value,
                   "rounds_to_target": rounds_to_target(rec.history, ev.target_metric, ev.target_value)}  # fmt: skip
@@ -101,7 +101,7 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
     if rec.selected is not None:
         # selected on a validation split of the training data, with no mechanism (refused under DP: ε is ∞ already)
         out["selected_round"] = protected(rec.selected["round"], NO_MECHANISM)
-        out["selection"] = public(f"{selection_metric(cfg)} on a validation split of the training data", CONFIG)
+        out["selection"] = public(f"{selection_metric(plan.evaluation)} on a validation split of the training data", CONFIG)
     return out
 
 

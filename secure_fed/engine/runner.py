@@ -1,6 +1,7 @@
 """The round engine: one process simulates server and clients through a guarded channel.
 
-A run is made of parts, built from the config by :func:`~secure_fed.engine.run_builder.build_run`:
+A run is made of parts, built from its plan (:class:`~secure_fed.plan.RunPlan`) by
+:func:`~secure_fed.engine.run_builder.build_run`:
 
 * the model state (:class:`~secure_fed.engine.model_state.ModelState`): θ (every client gets it whole), the row
   table W when the model family keeps one (each client gets only its own rows), the server optimisers;
@@ -32,8 +33,6 @@ import numpy as np
 import torch
 
 from secure_fed.algorithms import SetupContext
-from secure_fed.config import dump_config
-from secure_fed.config.schema import ExperimentConfig
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.callbacks import Callback, ProgressBar
 from secure_fed.engine.checkpoint_commit import lock_run_dir
@@ -47,6 +46,7 @@ from secure_fed.engine.run_records import RunRecords
 from secure_fed.engine.sampling import client_seed, cohort_size, sample_clients
 from secure_fed.errors import RoundAborted
 from secure_fed.io import check_writable_dir
+from secure_fed.plan import RunPlan
 from secure_fed.progress import phase
 from secure_fed.release import public
 from secure_fed.run_files import CONFIG_FILE, METRICS_FILE, PRIVACY_RECORD, operator_config_path, released_config_path
@@ -64,20 +64,20 @@ def tagged_config(public_doc: dict[str, Any]) -> dict[str, Any]:
     return {section: public(value, CONFIG_WHY) for section, value in public_doc.items()}
 
 
-def write_run_config(run_dir: Path, cfg: ExperimentConfig, records: RunRecords) -> None:
+def write_run_config(run_dir: Path, plan: RunPlan, records: RunRecords) -> None:
     """The run's two configs: the operator's, whole (``private/config.yaml``: what a resume reads), and the released
     one, less every setting its section marks secret (``config.yaml``: :mod:`secure_fed.secret_settings`, as
     ``secure-fed export`` strips them), through the release gate (``records.release``: an untagged field makes the
     run's ε ∞)."""
     import yaml
 
-    from secure_fed.config.schema import experiment_config_model
-    from secure_fed.secret_settings import secret_paths, without_secrets
+    from secure_fed.config import config_secret_paths
+    from secure_fed.secret_settings import without_secrets
 
-    text = dump_config(cfg)
+    text = plan.config_yaml
     operator_config_path(run_dir).parent.mkdir(parents=True, exist_ok=True)
     operator_config_path(run_dir).write_text(text)
-    public_doc = without_secrets(yaml.safe_load(text), secret_paths(experiment_config_model()))
+    public_doc = without_secrets(yaml.safe_load(text), config_secret_paths())
     released = records.release(tagged_config(public_doc), CONFIG_FILE)
     released_config_path(run_dir).write_text(yaml.safe_dump(released, sort_keys=False))
 
@@ -130,20 +130,23 @@ class Experiment:
     setup_facts, flower_session = _Part("records.setup_facts"), _Part("records.flower_session")
     label_perm, executor = _Part("row_order.perm"), _Part("link.executor")
 
-    def __init__(self, cfg: ExperimentConfig, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None,
+    def __init__(self, plan: RunPlan, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None,
                  callbacks: Any = ()):  # fmt: skip
-        """``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs);
-        ``callbacks``: the caller's own, run with the registered ones."""
-        parts = build_run(cfg, run_dir, data_root, dataset, callbacks)
+        """``plan``: the run's plan (:func:`secure_fed.config.load_plan`, :func:`~secure_fed.config.build_plan`); ``dataset``
+        (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs); ``callbacks``: the
+        caller's own, run with the registered ones."""
+        parts = build_run(plan, run_dir, data_root, dataset, callbacks)
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         for cb in self.callbacks:
             cb.on_init(self.context())
 
+    cfg = property(lambda self: self.plan)  # TRANSITIONAL (removed once protocols/, threat_models/ read exp.plan)
+
     def context(self, callbacks: list[Callback] | None = None) -> RunContext:
         """What the callbacks read of the run now (:class:`~secure_fed.engine.run_context.RunContext`)."""
         return RunContext(
-            cfg=self.cfg, run_dir=self.run_dir, device=self.device, dataset=self.dataset, fed=self.fed,
+            plan=self.plan, run_dir=self.run_dir, device=self.device, dataset=self.dataset, fed=self.fed,
             algorithm=self.algorithm, stack=self.stack, model=self.model, records=self.records,
             row_order=self.row_order, guard=self.guard, executor=self.executor, messages=self.messages,
             callbacks=tuple(self.callbacks if callbacks is None else callbacks),
@@ -155,7 +158,7 @@ class Experiment:
 
     # ----------------------------------------------------------------- the parts' operations, on the run's state
     def evaluate(self, split: str = "test") -> dict[str, float]:
-        return evaluate(self.model, self.fed, self.cfg, split)
+        return evaluate(self.model, self.fed, self.plan.evaluation, split)
 
     def model_scores(self, theta: dict[str, torch.Tensor], x) -> np.ndarray:
         return model_scores(self.model, theta, x)
@@ -231,7 +234,7 @@ class Experiment:
         checked against the algorithm's declarations, wrapped by the callbacks' client mods. A remote client
         (``backend: flower``) builds the same function from its own copy of the run."""
         round_idx = self.round
-        gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, round_idx, cid))
+        gen = torch.Generator().manual_seed(client_seed(self.plan.seed, round_idx, cid))
 
         def train(p, d):
             priv = self.stack.local_privatizer(cid, round_idx)  # client side: DP-SGD from the client's secret
@@ -248,10 +251,10 @@ class Experiment:
         return train
 
     def _train_round(self) -> dict[str, Any]:
-        cfg, algo, t = self.cfg, self.algorithm, self.cfg.training
+        plan, algo, t = self.plan, self.algorithm, self.plan.training
         sizes = np.array([c.num_examples for c in self.fed.clients], dtype=float)
         secret = self.stack.cohort_uniforms(self.round, len(sizes))
-        chosen = sample_clients(sizes, t.client_fraction, t.sampling, cfg.seed, self.round, secret,
+        chosen = sample_clients(sizes, t.client_fraction, t.sampling, plan.seed, self.round, secret,
                                 size=cohort_size(t, len(sizes)))  # fmt: skip
         base = RoundSession(cohort=[int(c) for c in chosen], theta=self.theta, W=self.W, weighting=t.aggregation)
         session = self.stack.open_round(self.round, base)
@@ -286,9 +289,9 @@ class Experiment:
         """Train from the current round to ``training.rounds`` (or a budget stop), then write the final files: in
         this process, or with the clients on Flower nodes (``backend: flower``); torch's threads meanwhile are what
         ``training.threads`` picks (:func:`secure_fed.threads.run_threads`), as before afterwards."""
-        with run_threads(self.cfg, len(self.fed.clients)) as picked:
+        with run_threads(self.plan, len(self.fed.clients)) as picked:
             self.records.threads = picked
-            if self.cfg.backend == "flower":
+            if self.plan.backend == "flower":
                 from secure_fed.engine.flower.simulation import run_on_flower
 
                 return run_on_flower(self, progress=progress)
@@ -314,7 +317,7 @@ class Experiment:
         how the loop ended: ``completed`` (``completed_with_aborts`` once the caller counts aborted rounds),
         ``budget_exhausted`` (a layer stopped it) or ``diverged``."""
         ctx = self.context(callbacks)
-        while self.round < self.cfg.training.rounds:
+        while self.round < self.plan.training.rounds:
             if (why := self.stack.budget_stop(self.round)) is not None:
                 self.stop_reason = why
                 return "budget_exhausted"
@@ -337,8 +340,8 @@ class Experiment:
         return "completed"
 
     def _run_rounds(self, progress: bool | None) -> RunResult:
-        write_run_config(self.run_dir, self.cfg, self.records)
-        progress = self.cfg.output.progress if progress is None else progress
+        write_run_config(self.run_dir, self.plan, self.records)
+        progress = self.plan.output.progress if progress is None else progress
         callbacks = [*self.callbacks, *([ProgressBar()] if progress else [])]
         self.records.restart_clock()
         self.setup()

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from secure_fed.config.choices import SPARSE_KINDS  # kinds that map zeros to zeros (transform_sparse)
 from secure_fed.data.dataset import Features, as_dense, row_nnz
+from secure_fed.model_choices import SPARSE_KINDS  # kinds that map zeros to zeros (transform_sparse)
 
 #: ImageNet's per-channel (R, G, B) mean and standard deviation of pixels in [0, 1]: public constants (the
 #: statistics torchvision's ImageNet weights were trained with), never statistics of the private data

@@ -2,11 +2,11 @@ import torch
 
 from secure_fed.engine import Experiment
 from secure_fed.models import mean_pairwise_cosine
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 
 def _run(tmp_path, *ov):
-    exp = Experiment(small_config(*ov), run_dir=tmp_path)
+    exp = Experiment(small_plan(*ov), run_dir=tmp_path)
     W0 = exp.W.clone()
     res = exp.run(progress=False)
     return exp, W0, res
@@ -15,7 +15,7 @@ def _run(tmp_path, *ov):
 def test_fixed_variants_never_move_W_during_training(tmp_path):
     exp, W0, _ = _run(tmp_path / "a", "algorithm.name=fedavg_fixed")
     assert torch.equal(exp.W, W0)
-    exp2 = Experiment(small_config("algorithm.name=fedalc_fixed", "algorithm.fixed_steps=20"), run_dir=tmp_path / "b")
+    exp2 = Experiment(small_plan("algorithm.name=fedalc_fixed", "algorithm.fixed_steps=20"), run_dir=tmp_path / "b")
     exp2.setup()
     W_after_setup = exp2.W.clone()
     exp2.run(progress=False)
@@ -24,9 +24,7 @@ def test_fixed_variants_never_move_W_during_training(tmp_path):
 
 
 def test_fedavg_rows_move_only_for_participating_clients(tmp_path):
-    exp = Experiment(
-        small_config("algorithm.name=fedavg", "training.client_fraction=0.25", "training.rounds=1"), run_dir=tmp_path
-    )
+    exp = Experiment(small_plan("algorithm.name=fedavg", "training.client_fraction=0.25", "training.rounds=1"), run_dir=tmp_path)
     W0 = exp.W.clone()
     exp.setup()
     exp.train_round()
@@ -56,7 +54,7 @@ def test_fedalc_learns_on_correlated_synthetic_data(tmp_path):
 
 def test_oracle_is_one_client_with_all_labels(tmp_path):
     exp = Experiment(
-        small_config(
+        small_plan(
             "algorithm.name=oracle",
             "training.client_optimizer=adam",
             "training.client_lr=1e-2",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from secure_fed.config import load_config
+from secure_fed.config import load_config, load_plan
 from secure_fed.engine import Experiment
 from secure_fed.engine.builders import build_model
 from secure_fed.errors import ConfigError
@@ -47,7 +47,7 @@ def encoder():
 
 
 def test_ule_is_the_same_on_every_client_and_in_no_message(tmp_path, encoder):
-    exp = Experiment(load_config(overrides=LGT), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=LGT), run_dir=tmp_path / "run")
     exp.run(progress=False)
     names = list(exp.dataset.label_names)
     # independent computation: the encoder on the prompts and the two state words
@@ -57,7 +57,7 @@ def test_ule_is_the_same_on_every_client_and_in_no_message(tmp_path, encoder):
         np.testing.assert_allclose(model.text_labels.numpy(), labels, atol=1e-5)
         np.testing.assert_allclose(model.text_states.numpy(), states, atol=1e-5)
     # a client in another process builds its own from the names (no cache): the same embeddings
-    fresh = build_model(exp.cfg, exp.dataset, cache_dir=None)
+    fresh = build_model(exp.plan, exp.dataset, cache_dir=None)
     assert torch.equal(fresh.text_labels, exp.worker.text_labels) and torch.equal(fresh.text_states, exp.worker.text_states)
     assert (tmp_path / "run" / "cache").is_dir() and len(list((tmp_path / "run" / "cache").glob("ule-*.npz"))) == 1
     # never in θ, so never in an update; no message holds a tensor of the text embeddings' width
@@ -77,8 +77,8 @@ def test_ule_is_the_same_on_every_client_and_in_no_message(tmp_path, encoder):
 
 def test_fedctran_and_the_ablation_switches(tmp_path):
     off = [*LGT, "algorithm.ule=false", "algorithm.ca_mle=false"]
-    lgt_off = Experiment(load_config(overrides=off), run_dir=tmp_path / "off")
-    ctran = Experiment(load_config(overrides=[*LGT, "algorithm.name=fedctran"]), run_dir=tmp_path / "ctran")
+    lgt_off = Experiment(load_plan(overrides=off), run_dir=tmp_path / "off")
+    ctran = Experiment(load_plan(overrides=[*LGT, "algorithm.name=fedctran"]), run_dir=tmp_path / "ctran")
     assert "label_embedding" in dict(lgt_off.encoder.named_parameters())  # learned label embeddings, as C-Tran
     r_off, r_ctran = lgt_off.run(progress=False), ctran.run(progress=False)
     assert r_off.summary["final"]["mAP"] == r_ctran.summary["final"]["mAP"]  # both switches off = FedC-Tran
@@ -89,7 +89,7 @@ def test_fedctran_and_the_ablation_switches(tmp_path):
 def test_fedlgt_runs_under_client_dp_with_secure_aggregation_and_tracks_epsilon(tmp_path):
     ov = [*LGT, 'protocols=["dp", "secure_aggregation"]',
           'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0, "noise": "clients"}']  # fmt: skip
-    exp = Experiment(load_config(overrides=ov), run_dir=tmp_path / "dp")
+    exp = Experiment(load_plan(overrides=ov), run_dir=tmp_path / "dp")
     res = exp.run(progress=False)
     eps = res.summary["privacy"]["epsilon"]
     assert res.summary["status"] == "completed" and 0 < eps < float("inf")
@@ -102,7 +102,7 @@ def test_fedlgt_runs_with_dp_sgd_in_client_training_under_secure_aggregation(tmp
     gradients): the run completes within its target, client training is covered, and one instance sits on one
     client (iid), so each round counts exactly E·round(1/q) steps."""
     ov = [*LGT, 'protocols=["dp", "secure_aggregation"]', 'privacy.local={"target_epsilon": 3, "batch_sample_rate": 0.5}']
-    res = Experiment(load_config(overrides=ov), run_dir=tmp_path / "dp").run(progress=False)
+    res = Experiment(load_plan(overrides=ov), run_dir=tmp_path / "dp").run(progress=False)
     unit = res.summary["privacy"]["units"]["instance"]
     assert res.summary["status"] == "completed" and 0 < unit["epsilon"] <= 3
     assert unit["steps"] == 2 * 2  # 2 rounds × (1 epoch × 2 steps) × 1 copy
@@ -127,11 +127,11 @@ def test_resume_is_exact_with_dropout_and_ca_mle(tmp_path):
     """C-Tran's dropout draws from a generator seeded by the client's own: a resumed run equals an uninterrupted
     one, whatever else the process drew from torch's global generator in between."""
     ov = [*LGT, "training.rounds=4", "output.checkpoint_every=2", "output.log_messages=false"]
-    a = Experiment(load_config(overrides=ov), run_dir=tmp_path / "a")
+    a = Experiment(load_plan(overrides=ov), run_dir=tmp_path / "a")
     a.run(progress=False)
-    c = Experiment(load_config(overrides=[*ov, "training.rounds=2"]), run_dir=tmp_path / "c")
+    c = Experiment(load_plan(overrides=[*ov, "training.rounds=2"]), run_dir=tmp_path / "c")
     c.run(progress=False)
-    d = Experiment(load_config(overrides=ov), run_dir=tmp_path / "c")
+    d = Experiment(load_plan(overrides=ov), run_dir=tmp_path / "c")
     assert d.resume() and d.round == 2
     torch.rand(1000)  # the process does other work between building and running
     d.run(progress=False)
@@ -139,7 +139,7 @@ def test_resume_is_exact_with_dropout_and_ca_mle(tmp_path):
 
 
 def test_centralised_ctran_trains_with_label_masks(tmp_path):
-    exp = Experiment(load_config(overrides=[*LGT, "algorithm.name=centralised", "output.log_messages=false"]),
+    exp = Experiment(load_plan(overrides=[*LGT, "algorithm.name=centralised", "output.log_messages=false"]),
                      run_dir=tmp_path / "central")  # fmt: skip
     res = exp.run(progress=False)
     assert res.summary["status"] == "completed" and res.summary["final"]["mAP"] > 0
@@ -147,7 +147,7 @@ def test_centralised_ctran_trains_with_label_masks(tmp_path):
 
 def _training_states(tmp_path, name, *overrides):
     """The share of unknown labels in the states local training gives the model (1 round)."""
-    exp = Experiment(load_config(overrides=[*LGT, "training.rounds=1", "output.log_messages=false", *overrides]),
+    exp = Experiment(load_plan(overrides=[*LGT, "training.rounds=1", "output.log_messages=false", *overrides]),
                      run_dir=tmp_path / name)  # fmt: skip
     states = []
     exp.worker.register_forward_hook(lambda m, a, out: states.append(a[1]) if len(a) > 1 else None)

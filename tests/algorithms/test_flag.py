@@ -22,7 +22,7 @@ from secure_fed.engine import Experiment
 from secure_fed.engine.callbacks import Callback
 from secure_fed.errors import ConfigError
 from secure_fed.models.families import LinearHead
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 FLAG = ["model.family=linear_head", "partition.name=dirichlet", "partition.num_clients=6", "algorithm.name=flag",
         "training.client_lr=0.1"]  # fmt: skip
@@ -69,7 +69,7 @@ class _Recorder(Callback):
 
 
 def _run(tmp_path, *overrides):
-    exp = Experiment(small_config(*overrides), run_dir=tmp_path)
+    exp = Experiment(small_plan(*overrides), run_dir=tmp_path)
     rec = _Recorder()
     exp.callbacks.append(rec)
     res = exp.run(progress=False)
@@ -186,7 +186,7 @@ def test_under_client_dp_each_update_is_clipped_then_scaled_by_its_capped_weight
     """S small enough that every update is clipped (norm = S), and W̄ between the clients' weights: a client's wire
     update has norm S·min(w, W̄)/W̄ with w from its own labels (numpy, not ``label_weight``), and weight 1."""
     clip = 1e-3
-    probe = Experiment(small_config(*FLAG), run_dir=tmp_path / "probe")
+    probe = Experiment(small_plan(*FLAG), run_dir=tmp_path / "probe")
     w = {c: _eq2(probe, c, 0.3) for c in range(len(probe.fed.clients))}
     cap = sorted(w.values())[len(w) // 2]  # the median: some clients above the cap, some below
     assert max(w.values()) > cap > min(w.values())

@@ -6,8 +6,9 @@ import torch
 
 from secure_fed.algorithms.label_sets import Sha256Tokenizer, canonical_instance_bytes, merge_label_sets
 from secure_fed.algorithms.regularizers import correlation_sigma
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 
 def test_canonical_encoding_is_representation_independent():
@@ -40,7 +41,7 @@ def _collected_sets(exp):
 
 
 def test_collected_label_sets_equal_true_label_sets_on_synthetic(tmp_path):
-    exp = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path)
+    exp = Experiment(small_plan("algorithm.name=fedalc"), run_dir=tmp_path)
     Y_server = _collected_sets(exp)
     Y_true = torch.from_numpy(exp.dataset.train.labels.toarray()).float()
     # synthetic features are continuous, so no two instances share a token
@@ -59,7 +60,7 @@ def test_collected_label_sets_on_bibtex_group_identical_instances(data_root, tmp
         "model.hidden_dims=[16]",
         "model.embed_dim=16",
     )
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     Y_server = _collected_sets(exp)
     x = exp.dataset.train.features
     y = exp.dataset.train.labels.toarray()

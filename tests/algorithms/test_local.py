@@ -12,14 +12,14 @@ import torch
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 GENERAL = ["model.family=linear_head", "partition.name=cmda", "partition.num_clients=4", "partition.kmodes_inits=2",
            "training.client_lr=0.1"]  # fmt: skip
 
 
 def test_local_clients_keep_their_own_models_and_send_nothing(tmp_path):
-    exp = Experiment(small_config(*GENERAL, "algorithm.name=local", "training.rounds=3", "evaluation.every=3",
+    exp = Experiment(small_plan(*GENERAL, "algorithm.name=local", "training.rounds=3", "evaluation.every=3",
                                   "output.log_messages=true"), run_dir=tmp_path)  # fmt: skip
     theta0 = {n: t.clone() for n, t in exp.theta.items()}
     res = exp.run(progress=False)
@@ -37,10 +37,10 @@ def test_local_clients_keep_their_own_models_and_send_nothing(tmp_path):
 
 def test_local_resumes_each_clients_own_model_exactly(tmp_path):
     ov = [*GENERAL, "algorithm.name=local", "training.rounds=4", "evaluation.every=1", "output.checkpoint_every=2"]
-    a = Experiment(small_config(*ov), run_dir=tmp_path / "a")
+    a = Experiment(small_plan(*ov), run_dir=tmp_path / "a")
     a.run(progress=False)
-    Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "b").run(progress=False)
-    b = Experiment(small_config(*ov), run_dir=tmp_path / "b")
+    Experiment(small_plan(*ov, "training.rounds=2"), run_dir=tmp_path / "b").run(progress=False)
+    b = Experiment(small_plan(*ov), run_dir=tmp_path / "b")
     assert b.resume() and b.round == 2
     b.run(progress=False)
     for ca, cb in zip(a.fed.clients, b.fed.clients, strict=True):
@@ -64,7 +64,7 @@ def test_general_baselines_refuse_what_they_cannot_run(overrides, message):
 
 
 def test_centralised_trains_on_all_training_data_with_bce_and_reports_gmap(tmp_path):
-    exp = Experiment(small_config(*GENERAL, "algorithm.name=centralised", "training.rounds=2", "evaluation.every=1",
+    exp = Experiment(small_plan(*GENERAL, "algorithm.name=centralised", "training.rounds=2", "evaluation.every=1",
                                   "output.log_messages=true"), run_dir=tmp_path)  # fmt: skip
     res = exp.run(progress=False)
     assert len(exp.fed.clients) == 1 and exp.fed.x_val is not None

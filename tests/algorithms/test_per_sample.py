@@ -9,7 +9,7 @@ from torch import nn
 
 from secure_fed.algorithms.losses import bce_loss, positive_hinge_loss
 from secure_fed.algorithms.per_sample import forbid_batch_norm, per_sample_gradients
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config
 from secure_fed.engine import Experiment
 from secure_fed.models.families import CosineEmbedding, CTranFamily, LinearHead, LinearHeadModel
 from tests.conftest import SMALL
@@ -83,7 +83,7 @@ def test_ctran_with_label_states_matches_one_backward_per_sample(tmp_path):
     cfg = load_config(overrides=[*SMALL, "algorithm.name=fedctran", "model.family=ctran", "model.embedding_dim=16",
                                  "model.ctran={layers: 1, heads: 2, token_size: 4, dropout: 0.0}",
                                  "partition.name=iid", "partition.num_clients=2"])  # fmt: skip
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     model, fam = exp.worker, CTranFamily()
     model.train()
     client = exp.fed.clients[0]

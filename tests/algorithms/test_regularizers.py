@@ -15,6 +15,7 @@ from secure_fed.algorithms.regularizers import (
     spreadout,
     spreadout_top_k,
 )
+from secure_fed.config import build_plan
 
 # 4 instances, 3 labels:  {0,1}, {0}, {1,2}, {0,1}
 Y = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]], dtype=torch.float32)
@@ -270,7 +271,7 @@ def test_fedalc_with_the_approximate_search_reports_its_recall(tmp_path):
 
     for index in ("hnsw", "ivf", "nndescent"):
         cfg = small_config("algorithm.neighbour_search=approximate", f"algorithm.ann_index={index}", "training.rounds=2")
-        exp = Experiment(cfg, run_dir=tmp_path / index)
+        exp = Experiment(build_plan(cfg), run_dir=tmp_path / index)
         exp.run(progress=False)
         recalls = [d["neighbour_recall"] for d in exp.diagnostics]
         assert len(recalls) == 2 and all(0.0 <= r <= 1.0 for r in recalls)

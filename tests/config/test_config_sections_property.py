@@ -4,7 +4,7 @@ Hypothesis draws the sections the protocol layers own (``privacy`` with its ``in
 and their keys, ``protocols`` lists, ``secure_aggregation``, ``ckks``, ``keyed_hashing``) and the core settings they
 are checked against (the algorithm, the partition, the model family, client sampling, the backend), with plausible
 and implausible values. Each document goes through ``secure-fed validate``'s whole path in process
-(:func:`secure_fed.config.load_config`, then :func:`secure_fed.validation.validation_lines`: the data, the
+(:func:`secure_fed.config.load_plan`, then :func:`secure_fed.validation.validation_lines`: the data, the
 partition, each layer's plan with σ calibrated to the target ε, the memory estimate) on tiny synthetic data. The
 only exception allowed out is :class:`~secure_fed.errors.SecureFedError` (the CLI's one ``error:`` line, exit 2).
 
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from secure_fed.algorithms.registry import algorithm_specs
-from secure_fed.config import load_config
+from secure_fed.config import load_plan
 from secure_fed.errors import SecureFedError
 from secure_fed.validation import validation_lines
 
@@ -210,14 +210,14 @@ def test_every_drawn_privacy_and_protocol_section_validates_or_is_one_config_err
     def check(doc):
         seen["drawn"] += 1
         try:
-            cfg = load_config(doc)
-            lines = list(validation_lines(cfg))
+            plan = load_plan(doc)
+            lines = list(validation_lines(plan))
         except SecureFedError as exc:  # the CLI's `error:` line; anything else escapes and fails the test
             assert str(exc).strip(), doc
             seen["refused"] += 1
             return
         seen["valid"] += 1
-        if "dp" in cfg.protocols:
+        if "dp" in plan.protocols:
             seen["valid_dp"] += 1
             assert any(line.startswith("dp ") for line in lines), lines  # the plan (σ, steps, ε) was made
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from secure_fed.config import build_plan
 from secure_fed.data import load_registered, read_arff, read_label_names
 from secure_fed.data.registry import load_from_paths
 from secure_fed.errors import DataError
@@ -249,7 +250,7 @@ def test_drop_attributes_is_a_config_key_checked_against_the_source(tmp_path):
         "dataset.name=null", "dataset.format=arff", f"dataset.train={path}", f"dataset.labels={tmp_path / 'ids.xml'}",
         "dataset.drop_attributes=[protein]", "dataset.drop_empty_labels=false",
     ])  # fmt: skip
-    ds = build_dataset(cfg)
+    ds = build_dataset(build_plan(cfg))
     assert ds.train.features.shape[1] == 2 and ds.train.num_instances + ds.test.num_instances == 25
     for source in ([], ["dataset.name=digit_mosaics"]):
         with pytest.raises(ConfigError, match="drop_attributes names ARFF attributes"):
@@ -269,8 +270,8 @@ def test_a_one_file_quirky_arff_runs_end_to_end(tmp_path):
         "algorithm.name=fedavg", "training.rounds=2", "evaluation.every=1",
         "model={name: mlp, embedding_dim: 16, hidden_dims: [16]}",
     ])  # fmt: skip
-    result = Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
+    result = Experiment(build_plan(cfg), run_dir=tmp_path / "run").run(progress=False)
     assert result.summary["status"] == "completed" and result.summary["rounds_completed"] == 2
-    exp_ds = Experiment(cfg, run_dir=tmp_path / "run2").dataset
+    exp_ds = Experiment(build_plan(cfg), run_dir=tmp_path / "run2").dataset
     assert exp_ds.label_names == ["TAG_m'usica", "jazz", "rock"]
     assert exp_ds.train.features.shape == (84, 3 + 6) and exp_ds.test.num_instances == 36

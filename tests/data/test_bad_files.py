@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from secure_fed.config import build_plan
 from secure_fed.data.registry import load_from_paths
 from secure_fed.errors import DataError
 
@@ -72,4 +73,4 @@ def test_data_with_no_positive_label_is_refused(tmp_path):
     cfg = load_config(overrides=["dataset.format=arff", f"dataset.train={data}", f"dataset.test={data}",
                                  f"dataset.labels={tmp_path / 'labels.xml'}"])  # fmt: skip
     with pytest.raises(DataError, match="no training instance has a positive label"):
-        build_dataset(cfg)
+        build_dataset(build_plan(cfg))

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from secure_fed.config import load_config
+from secure_fed.config import load_config, load_plan
 from secure_fed.data.from_config import build_dataset
 from secure_fed.data.images import VOC_CLASSES, MosaicSpec, load_coco, load_voc, make_digit_mosaics
 from secure_fed.errors import DataError
@@ -91,7 +91,7 @@ def test_mosaic_shapes_seed_and_upscaled_tiles(digits):
 
 def test_mosaics_from_config_follow_the_run_seed():
     ov = ["dataset.name=digit_mosaics", "dataset.mosaics={grid: 2, tile_size: 8, num_train: 30, num_test: 10}"]
-    a, b = build_dataset(load_config(overrides=ov)), build_dataset(load_config(overrides=[*ov, "seed=5"]))
+    a, b = build_dataset(load_plan(overrides=ov)), build_dataset(load_plan(overrides=[*ov, "seed=5"]))
     assert a.train.features.shape == (30, 3 * 16 * 16) and a.name == "digit_mosaics"
     assert not np.array_equal(a.train.features, b.train.features)
 
@@ -162,12 +162,12 @@ def test_voc_from_config_with_image_sets_and_size(tmp_path):
         "dataset.train_set=train",
         "dataset.test_set=val",
     ]
-    ds = build_dataset(load_config(overrides=ov))
+    ds = build_dataset(load_plan(overrides=ov))
     assert ds.train.features.shape == (2, 3 * 16 * 16) and ds.test.num_instances == 1
     # labels no training image has (here 18 of 20) are dropped by dataset.drop_empty_labels, in both splits
     assert ds.label_names == ["car", "sheep"] and ds.train.labels.toarray().tolist() == [[1, 0], [0, 1]]
     assert ds.test.labels.toarray().tolist() == [[0, 0]]
-    same = build_dataset(load_config(overrides=[x.replace("dataset.root=", "dataset.train=") for x in ov]))
+    same = build_dataset(load_plan(overrides=[x.replace("dataset.root=", "dataset.train=") for x in ov]))
     assert np.array_equal(same.train.features, ds.train.features)  # dataset.train may name the folder instead
 
 
@@ -188,7 +188,7 @@ def test_voc_missing_image_or_root_names_the_path(tmp_path):
         load_voc(tmp_path / "nowhere")
     assert f"VOC folder not found: missing {tmp_path / 'nowhere'} (" in str(exc.value)
     with pytest.raises(DataError, match=str(tmp_path / "nowhere")):
-        build_dataset(load_config(overrides=["dataset.format=voc", f"dataset.root={tmp_path / 'nowhere'}"]))
+        build_dataset(load_plan(overrides=["dataset.format=voc", f"dataset.root={tmp_path / 'nowhere'}"]))
 
 
 def test_voc_unknown_class_names_the_annotation(tmp_path):
@@ -245,9 +245,9 @@ def test_coco_from_config_with_annotation_files(tmp_path):
     (root / "annotations" / "instances_val2014.json").rename(moved)
     ov = ["dataset.format=coco", f"dataset.root={root}", "dataset.image_size=16", "dataset.drop_empty_labels=false"]
     with pytest.raises(DataError) as exc:
-        build_dataset(load_config(overrides=ov))
+        build_dataset(load_plan(overrides=ov))
     assert f"COCO annotation file not found: missing {root / 'annotations' / 'instances_val2014.json'}" in str(exc.value)
-    ds = build_dataset(load_config(overrides=[*ov, f"dataset.test_annotations={moved}"]))
+    ds = build_dataset(load_plan(overrides=[*ov, f"dataset.test_annotations={moved}"]))
     assert ds.test.labels.toarray().tolist() == [[0, 1, 1]] and ds.train.features.shape == (3, 3 * 16 * 16)
 
 

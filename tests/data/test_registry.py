@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from secure_fed.config import build_plan
 from secure_fed.data import SyntheticSpec, load_registered, make_synthetic
 from secure_fed.engine import Experiment
 from secure_fed.errors import DataError
@@ -58,7 +59,7 @@ def test_own_dataset_by_path_runs_end_to_end(tmp_path, fmt):
         _write_xc(tmp_path / "own_test.txt", ds.test)
         files = [f"dataset.train={tmp_path}/own_train.txt", f"dataset.test={tmp_path}/own_test.txt"]
     cfg = small_config(f"dataset.format={fmt}", "dataset.name=own", *files, "training.rounds=2")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     np.testing.assert_allclose(exp.dataset.train.features.toarray(), ds.train.features.toarray(), atol=1e-5)
     np.testing.assert_array_equal(exp.dataset.train.labels.toarray(), ds.train.labels.toarray())
     result = exp.run(progress=False)
@@ -68,7 +69,7 @@ def test_own_dataset_by_path_runs_end_to_end(tmp_path, fmt):
 
 def test_real_dense_dataset_runs_with_the_mlp(data_root, tmp_path):
     cfg = small_config("dataset.name=emotions", f"dataset.root={data_root}", "model.name=auto", "training.rounds=2")
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     assert exp.dataset.feature_kind == "dense" and len(exp.fed.clients) == 6
     res = exp.run(progress=False)
     assert res.summary["dataset"] == "emotions" and np.isfinite(res.summary["final"]["P@1"])

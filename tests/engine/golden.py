@@ -54,6 +54,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from secure_fed.config import build_plan
+
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden_runs.json"
 CPU = ["device=cpu", "output.progress=false", "training.precision=fp32"]  # fp32 on every CPU (auto: bf16 on some)
@@ -160,7 +162,7 @@ def run_case(name: str, tmp: Path, data_root: str | None, *, threads: int | None
     repo = HERE.parents[1]
     cfg = load_config(repo / path if path else None, [*overrides, f"training.threads={threads_for_case(threads)}", *extra])
     with pinned_run_key():
-        exp = Experiment(cfg, run_dir=tmp / name, data_root=data_root)
+        exp = Experiment(build_plan(cfg), run_dir=tmp / name, data_root=data_root)
         res = exp.run(progress=False)
     lines = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
     for x in lines:

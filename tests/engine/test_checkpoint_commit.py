@@ -12,7 +12,7 @@ import torch
 from secure_fed.engine import Experiment, checkpoint_commit
 from secure_fed.errors import SecureFedError
 from secure_fed.run_files import holds_checkpoint
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 DP = [
     "training.rounds=4", "output.checkpoint_every=1", 'protocols=["dp"]', "algorithm.name=fedaws",
@@ -32,7 +32,7 @@ def _lines(run):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run = tmp_path_factory.mktemp("full") / "run"
-    exp = Experiment(small_config(*DP), run_dir=run)
+    exp = Experiment(small_plan(*DP), run_dir=run)
     exp.run(progress=False)
     return run, exp
 
@@ -42,7 +42,7 @@ def uninterrupted(tmp_path_factory):
 def test_a_crash_in_a_checkpoints_writes_resumes_exactly(uninterrupted, tmp_path, monkeypatch, where, at_round):
     full, ref = uninterrupted
     run = tmp_path / "run"
-    exp = Experiment(small_config(*DP), run_dir=run)
+    exp = Experiment(small_plan(*DP), run_dir=run)
     real_save, real_move = torch.save, checkpoint_commit._move
     moved = []
 
@@ -69,7 +69,7 @@ def test_a_crash_in_a_checkpoints_writes_resumes_exactly(uninterrupted, tmp_path
         assert not (ckpt / "last.pt").is_file() or torch.load(ckpt / "last.pt", weights_only=False)["round"] < at_round
     assert holds_checkpoint(run) == (where == "moving" or at_round > 1)
 
-    resumed = Experiment(small_config(*DP), run_dir=run)
+    resumed = Experiment(small_plan(*DP), run_dir=run)
     if not holds_checkpoint(run):  # round 1 was released before its checkpoint, which the crash lost
         with pytest.raises(SecureFedError, match="spend its privacy budget twice"):
             resumed.resume()

@@ -14,7 +14,7 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 GENERAL = ["model.family=linear_head", "partition.name=cmda", "partition.num_clients=5", "partition.kmodes_inits=2",
            "training.client_lr=0.1"]  # fmt: skip
@@ -43,7 +43,7 @@ def _spread(values: list[float]) -> tuple[float, float, float]:
 
 
 def test_gmap_is_the_released_models_map_on_each_clients_test_rows(tmp_path):
-    exp = Experiment(small_config(*GENERAL, "algorithm.name=fedavg", "training.rounds=3", "evaluation.every=3"), run_dir=tmp_path)
+    exp = Experiment(small_plan(*GENERAL, "algorithm.name=fedavg", "training.rounds=3", "evaluation.every=3"), run_dir=tmp_path)
     res = exp.run(progress=False)
     rows = exp.fed.client_test
     assert len(rows) == 5 and sorted(np.concatenate(rows).tolist()) == list(range(len(exp.fed.y_test.toarray())))  # a partition
@@ -59,7 +59,7 @@ def test_gmap_is_the_released_models_map_on_each_clients_test_rows(tmp_path):
 @pytest.mark.parametrize("algo", ["fedavg", "flag"])
 def test_amap_scores_each_clients_own_model_after_its_local_training_on_its_own_test_rows(tmp_path, algo):
     """One round: a client's own model is θ₀ + its update (read from the logged plaintext uplink)."""
-    exp = Experiment(small_config(*GENERAL, f"algorithm.name={algo}", "training.rounds=1", "output.log_messages=true"),
+    exp = Experiment(small_plan(*GENERAL, f"algorithm.name={algo}", "training.rounds=1", "output.log_messages=true"),
                      run_dir=tmp_path)  # fmt: skip
     theta0 = {n: t.clone() for n, t in exp.theta.items()}
     res = exp.run(progress=False)
@@ -81,7 +81,7 @@ def test_amap_scores_each_clients_own_model_after_its_local_training_on_its_own_
 def test_amap_stays_private_under_dp(tmp_path):
     ov = [*GENERAL, "algorithm.name=fedavg", "training.rounds=2", "evaluation.every=1", 'protocols=["dp"]',
           'privacy.client={"noise_multiplier": 0.5, "clip_norm": 1.0}']  # fmt: skip
-    Experiment(small_config(*ov), run_dir=tmp_path).run(progress=False)
+    Experiment(small_plan(*ov), run_dir=tmp_path).run(progress=False)
     released = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     private = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
     assert all("GmAP" in r and "AmAP" not in r and "WmAP" not in r for r in released)
@@ -91,7 +91,7 @@ def test_amap_stays_private_under_dp(tmp_path):
 def test_every_method_is_scored_on_the_same_clients_test_rows(tmp_path):
     rows = {}
     for algo in ("fedavg", "flag", "local", "centralised"):
-        exp = Experiment(small_config(*GENERAL, f"algorithm.name={algo}"), run_dir=tmp_path / algo)
+        exp = Experiment(small_plan(*GENERAL, f"algorithm.name={algo}"), run_dir=tmp_path / algo)
         rows[algo] = exp.fed.client_test
     for algo in ("flag", "local", "centralised"):
         assert all(np.array_equal(a, b) for a, b in zip(rows["fedavg"], rows[algo], strict=True)), algo
@@ -99,18 +99,18 @@ def test_every_method_is_scored_on_the_same_clients_test_rows(tmp_path):
 
 def test_rounds_to_target_is_the_first_evaluated_round_reaching_it(tmp_path):
     ov = [*GENERAL, "algorithm.name=fedavg", "training.rounds=4", "evaluation.every=1", "evaluation.target_metric=mAP"]
-    exp = Experiment(small_config(*ov), run_dir=tmp_path / "probe")
+    exp = Experiment(small_plan(*ov), run_dir=tmp_path / "probe")
     res = exp.run(progress=False)
     curve = [h["mAP"] for h in res.history]
     target = sorted(curve)[len(curve) // 2]  # reached, but not necessarily in round 1
     first = 1 + next(i for i, v in enumerate(curve) if v >= target)
-    exp = Experiment(small_config(*ov, f"evaluation.target_value={target}"), run_dir=tmp_path / "run")
+    exp = Experiment(small_plan(*ov, f"evaluation.target_value={target}"), run_dir=tmp_path / "run")
     summary = exp.run(progress=False).summary
     assert summary["target"] == {"metric": "mAP", "value": target, "rounds_to_target": first}
-    exp = Experiment(small_config(*ov, "evaluation.target_value=100"), run_dir=tmp_path / "never")
+    exp = Experiment(small_plan(*ov, "evaluation.target_value=100"), run_dir=tmp_path / "never")
     never = exp.run(progress=False).summary["target"]
     assert never["rounds_to_target"] is None and "note" not in never
     # a metric no round reports: null too, with a note saying so (it would read as "never reached")
-    exp = Experiment(small_config(*ov, "evaluation.target_value=1", "evaluation.target_metric=bogus"), run_dir=tmp_path / "b")
+    exp = Experiment(small_plan(*ov, "evaluation.target_value=1", "evaluation.target_metric=bogus"), run_dir=tmp_path / "b")
     bogus = exp.run(progress=False).summary["target"]
     assert bogus["rounds_to_target"] is None and "no evaluated round reports 'bogus'" in bogus["note"]

@@ -12,7 +12,7 @@ import pytest
 from secure_fed.engine import Experiment, collector
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.collector import long_lived_frozen
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +128,7 @@ class _Probe(Callback):
 
 
 def test_a_run_trains_its_rounds_with_what_existed_before_them_frozen(tmp_path):
-    exp = Experiment(small_config("training.rounds=2"), run_dir=tmp_path / "run")
+    exp = Experiment(small_plan("training.rounds=2"), run_dir=tmp_path / "run")
     probe = _Probe()
     exp.callbacks.append(probe)
     exp.run(progress=False)
@@ -137,7 +137,7 @@ def test_a_run_trains_its_rounds_with_what_existed_before_them_frozen(tmp_path):
 
 
 def test_an_interrupted_run_gives_its_objects_back_and_ends_as_interrupted(tmp_path):
-    exp = Experiment(small_config("training.rounds=3"), run_dir=tmp_path / "run")
+    exp = Experiment(small_plan("training.rounds=3"), run_dir=tmp_path / "run")
     exp.callbacks.append(_Probe(interrupt_at=1))
     exp.run(progress=False)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "interrupted"

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from secure_fed.config import build_plan
 from secure_fed.data import MultiLabelSplit
 from secure_fed.data.bounding import bound_labels, bounding_key, kept_labels
 from secure_fed.data.from_config import build_dataset
@@ -131,10 +132,12 @@ def released_privacy_fields(run_dir: Path) -> dict:
 @pytest.mark.parametrize("unit", list(UNITS))
 def test_neighbouring_data_sets_release_identical_privacy_fields(tmp_path, unit):
     cfg = small_config("training.rounds=2", "evaluation.every=2", *UNITS[unit])
-    sets = neighbours(build_dataset(cfg))
+    sets = neighbours(build_dataset(build_plan(cfg)))
     released = {}
     for name, ds in sets.items():
-        Experiment(cfg, run_dir=tmp_path / name.replace("+", "plus").replace("-", "minus"), dataset=ds).run(progress=False)
+        Experiment(build_plan(cfg), run_dir=tmp_path / name.replace("+", "plus").replace("-", "minus"), dataset=ds).run(
+            progress=False
+        )
         released[name] = released_privacy_fields(tmp_path / name.replace("+", "plus").replace("-", "minus"))
     assert released["D"]["summary"]["privacy"]["units"], "the run released no privacy report"
     assert released["D-"] == released["D"]
@@ -163,12 +166,12 @@ def test_bibtex_and_its_neighbours_release_identical_privacy_fields(tmp_path, da
     from secure_fed.config import load_config
 
     cfg = load_config(overrides=[*BIBTEX, *BIBTEX_UNITS[unit]])
-    sets = neighbours(build_dataset(cfg, str(data_root)))
+    sets = neighbours(build_dataset(build_plan(cfg), str(data_root)))
     assert np.diff(sets["D"].train.labels.indptr).max() == 28
     released = {}
     for name, ds in sets.items():
         run = tmp_path / name.replace("+", "plus").replace("-", "minus")
-        Experiment(cfg, run_dir=run, dataset=ds).run(progress=False)
+        Experiment(build_plan(cfg), run_dir=run, dataset=ds).run(progress=False)
         released[name] = released_privacy_fields(run)
     assert released["D-"] == released["D"]
     assert released["D+"] == released["D"]
@@ -189,7 +192,7 @@ def test_a_label_the_bound_empties_keeps_its_client_and_the_run_starts_either_wa
     cfg = small_config("training.rounds=2", "evaluation.every=2", "algorithm.name=fedaws", 'protocols=["dp"]',
                        'privacy.client={"target_epsilon": 4, "clip_norm": 0.5, "max_labels_per_instance": 2}',
                        "privacy.over_bound=drop")  # fmt: skip
-    ds = build_dataset(cfg)
+    ds = build_dataset(build_plan(cfg))
     y = sp.csr_matrix(ds.train.labels).tolil()
     top = int(np.argmax(np.diff(sp.csr_matrix(ds.train.labels).indptr)))
     last = y.shape[1] - 1
@@ -203,7 +206,7 @@ def test_a_label_the_bound_empties_keeps_its_client_and_the_run_starts_either_wa
     released = {}
     for name in ("D", "D-"):
         run = tmp_path / name.replace("-", "minus")
-        exp = Experiment(cfg, run_dir=run, dataset=sets[name])
+        exp = Experiment(build_plan(cfg), run_dir=run, dataset=sets[name])
         assert len(exp.fed.shards[last].indices) == 0  # the client of the emptied label, with no data
         assert exp.run(progress=False).summary["status"] == "completed"
         released[name] = released_privacy_fields(run)

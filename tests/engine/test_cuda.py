@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from secure_fed.algorithms.batched_sgd import relative_error
-from secure_fed.config import load_config
+from secure_fed.config import load_plan
 from secure_fed.engine import Experiment
-from tests.conftest import SMALL, small_config
+from tests.conftest import SMALL, small_plan
 from tests.engine.test_images_end_to_end import IMAGES, _frequency_baseline_map
 from tests.engine.test_vectorized import CASES, PLAIN, _after_rounds, _theta_and_W
 
@@ -64,7 +64,7 @@ MOVED = 5e-3
 
 def _on(device: str, tmp_path, name: str, *overrides: str, rounds: int = 2) -> Experiment:
     """``rounds`` rounds after set-up; the state after set-up is kept as ``exp.initial``."""
-    exp = Experiment(small_config(*PLAIN, *overrides, f"device={device}"), run_dir=tmp_path / name)
+    exp = Experiment(small_plan(*PLAIN, *overrides, f"device={device}"), run_dir=tmp_path / name)
     exp.setup()
     exp.initial = _cpu(_theta_and_W(exp))
     for _ in range(rounds):
@@ -77,7 +77,7 @@ def _cpu(state: dict) -> dict:
 
 
 def test_auto_puts_the_data_the_models_and_the_servers_state_on_the_gpu(tmp_path):
-    exp = Experiment(small_config("device=auto"), run_dir=tmp_path)
+    exp = Experiment(small_plan("device=auto"), run_dir=tmp_path)
     exp.setup()
     assert exp.device.type == "cuda"
     assert all(p.is_cuda for p in exp.worker.parameters()) and all(p.is_cuda for p in exp.encoder.parameters())
@@ -148,10 +148,10 @@ def test_a_resumed_gpu_run_ends_exactly_where_an_uninterrupted_one_ends(tmp_path
     both FedALC cases failed; the FedLGT case passed either way at this size)."""
     ov = [*RESUMED[case], "training.rounds=4", "output.checkpoint_every=2", GPU, 'protocols=["dp"]',
           "privacy.noise_seed=11", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 1.0}']  # fmt: skip
-    full = Experiment(small_config(*ov), run_dir=tmp_path / "full")
+    full = Experiment(small_plan(*ov), run_dir=tmp_path / "full")
     full.run(progress=False)
-    Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "cut").run(progress=False)
-    resumed = Experiment(small_config(*ov), run_dir=tmp_path / "cut")
+    Experiment(small_plan(*ov, "training.rounds=2"), run_dir=tmp_path / "cut").run(progress=False)
+    resumed = Experiment(small_plan(*ov), run_dir=tmp_path / "cut")
     assert resumed.resume() and resumed.round == 2
     resumed.run(progress=False)
     assert all(torch.equal(full.theta[k], resumed.theta[k]) for k in full.theta)
@@ -165,7 +165,7 @@ def test_resnet_images_learn_on_the_gpu(tmp_path):
     mosaic with the training label frequencies."""
     ov = [*IMAGES, GPU, "training.rounds=2", "evaluation.every=2",
           "dataset.mosaics={grid: 2, tile_size: 8, num_train: 300, num_test: 100}"]  # fmt: skip
-    exp = Experiment(load_config(overrides=ov), run_dir=tmp_path)
+    exp = Experiment(load_plan(overrides=ov), run_dir=tmp_path)
     res = exp.run(progress=False)
     assert next(exp.worker.parameters()).is_cuda
     assert res.summary["status"] == "completed"
@@ -187,7 +187,7 @@ def test_a_round_whose_cohort_is_empty_runs_fedaws_server_step_on_the_gpu(tmp_pa
     """Poisson sampling can draw nobody; FedAwS's server step then mines negatives among no participating class,
     an empty index that must live on the GPU too."""
     ov = ["algorithm.name=fedaws", GPU, "training.sampling=poisson", "training.client_fraction=0.01", "training.rounds=3"]
-    exp = Experiment(small_config(*ov), run_dir=tmp_path)
+    exp = Experiment(small_plan(*ov), run_dir=tmp_path)
     res = exp.run(progress=False)
     rounds = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
     assert res.summary["status"] == "completed" and len(rounds) == 3

@@ -19,7 +19,7 @@ from secure_fed.engine.message_digest import payload_digest
 from secure_fed.errors import ConfigError
 from secure_fed.models.group_updates import DeferredDelta
 from secure_fed.models.sparse_rows import dense_delta
-from tests.conftest import small_config
+from tests.conftest import small_plan
 from tests.engine.test_vectorized import PLAIN, _theta_and_W
 
 VEC = [*PLAIN, "training.executor=vectorized"]
@@ -79,7 +79,7 @@ class _Keep(Callback):
 
 
 def _run(tmp_path, name, *overrides, callbacks=(), rounds=2):
-    exp = Experiment(small_config(*VEC, *overrides), run_dir=tmp_path / name)
+    exp = Experiment(small_plan(*VEC, *overrides), run_dir=tmp_path / name)
     exp.callbacks[-1:-1] = list(callbacks)
     exp.setup()
     for _ in range(rounds):
@@ -102,7 +102,7 @@ def _run(tmp_path, name, *overrides, callbacks=(), rounds=2):
     ],
 )
 def test_deferred_updates_are_on_where_every_layer_passes_plaintext_updates_untouched(tmp_path, overrides, on):
-    exp = Experiment(small_config(*VEC, *overrides), run_dir=tmp_path / "run")
+    exp = Experiment(small_plan(*VEC, *overrides), run_dir=tmp_path / "run")
     assert exp.trainer.deferred_updates is on
     assert exp.guard.up_rules["theta_delta"].deferred is on
 
@@ -118,7 +118,7 @@ def test_deferred_updates_are_on_where_every_layer_passes_plaintext_updates_unto
 )
 def test_deferred_updates_true_where_they_cannot_run_is_refused(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match):
-        Experiment(small_config(*VEC, "training.deferred_updates=true", *overrides), run_dir=tmp_path / "run")
+        Experiment(small_plan(*VEC, "training.deferred_updates=true", *overrides), run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
@@ -131,7 +131,7 @@ def test_rounds_with_deferred_updates_equal_rounds_with_dense_updates(tmp_path, 
     a = _run(tmp_path, "deferred", *extra, callbacks=[wires])
     b = _run(tmp_path, "dense", *extra, "training.deferred_updates=false")
     assert wires.deferred > 0 and wires.dense_names == {n for n in a.theta if not n.endswith("weight")}
-    start = _theta_and_W(Experiment(b.cfg, run_dir=tmp_path / "start"))
+    start = _theta_and_W(Experiment(b.plan, run_dir=tmp_path / "start"))
     ta, tb = _theta_and_W(a), _theta_and_W(b)
     assert relative_error({k: ta[k] - v for k, v in start.items()}, {k: tb[k] - v for k, v in start.items()}) < 1e-5
 
@@ -173,7 +173,7 @@ def test_the_guard_and_the_digest_take_a_deferred_update_as_the_dense_one_it_sta
     wrong = {**wire, "theta_delta": {**wire["theta_delta"], other: d}}  # another parameter's update in its place
     with pytest.raises(Exception, match=f"'theta_delta' entry '{other}' is a deferred update of another parameter"):
         exp.guard.check_up(0, wrong, record=False)
-    dense_only = Experiment(small_config(*VEC, "training.deferred_updates=false"), run_dir=tmp_path / "dense")
+    dense_only = Experiment(small_plan(*VEC, "training.deferred_updates=false"), run_dir=tmp_path / "dense")
     with pytest.raises(Exception, match=f"'theta_delta' entry '{name}' has the wrong shape"):
         dense_only.guard.check_up(0, wire, record=False)
     with pytest.raises(TypeError, match="a deferred update is not serialised"):

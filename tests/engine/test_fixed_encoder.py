@@ -13,7 +13,7 @@ from secure_fed.engine.builders import fix_encoder
 from secure_fed.errors import ConfigError
 from secure_fed.models.encoders import SparseTextEncoder
 from secure_fed.models.families import CosineEmbedding
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 DP = ['protocols=["dp"]', "algorithm.name=fedaws", "training.client_lr=1.0",
       'privacy.local={"clip_norm": 1.0, "noise_multiplier": 1.0, "batch_sample_rate": 1.0, '
@@ -23,7 +23,7 @@ DP = ['protocols=["dp"]', "algorithm.name=fedaws", "training.client_lr=1.0",
 @pytest.mark.parametrize("extra", [[], DP, ["model.family=linear_head", "partition.name=iid", "algorithm.name=fedavg"]],
                          ids=["plain", "dp-sgd", "linear-head"])  # fmt: skip
 def test_the_encoder_is_released_as_initialised_and_the_rest_learns(tmp_path, extra):
-    exp = Experiment(small_config("model.fixed_encoder=true", "training.rounds=2", *extra), run_dir=tmp_path)
+    exp = Experiment(small_plan("model.fixed_encoder=true", "training.rounds=2", *extra), run_dir=tmp_path)
     start = {k: v.clone() for k, v in exp.theta.items()}
     W0 = None if exp.W is None else exp.W.clone()
     exp.run(progress=False)
@@ -34,11 +34,11 @@ def test_the_encoder_is_released_as_initialised_and_the_rest_learns(tmp_path, ex
 
 
 def test_the_privacy_report_names_the_fixed_encoder_and_what_dp_sgd_covers(tmp_path):
-    res = Experiment(small_config("model.fixed_encoder=true", "training.rounds=1", *DP), run_dir=tmp_path).run(progress=False)
+    res = Experiment(small_plan("model.fixed_encoder=true", "training.rounds=1", *DP), run_dir=tmp_path).run(progress=False)
     unit = res.privacy["units"]["instance"]
     assert "fixed at its initialisation" in unit["fixed"][0]
     assert "(the client's class rows)" in unit["scope"]
-    res = Experiment(small_config("training.rounds=1", *DP), run_dir=tmp_path / "b").run(progress=False)
+    res = Experiment(small_plan("training.rounds=1", *DP), run_dir=tmp_path / "b").run(progress=False)
     unit = res.privacy["units"]["instance"]
     assert "fixed" not in unit and "θ and the client's class rows" in unit["scope"]
 

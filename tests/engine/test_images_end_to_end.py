@@ -11,12 +11,12 @@ import torch
 import torchvision
 from sklearn.metrics import average_precision_score
 
-from secure_fed.config import load_config
-from secure_fed.config.choices import model_choice
+from secure_fed.config import load_plan
 from secure_fed.data.from_config import build_dataset
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
-from tests.conftest import small_config
+from secure_fed.model_choices import model_choice
+from tests.conftest import small_plan
 
 #: ResNet-18 (random init) on 16×16 mosaics of 2×2 digits, 3 iid clients; the same settings for every algorithm
 IMAGES = [
@@ -63,12 +63,12 @@ def one_thread():
 
 def test_resnet18_on_digit_mosaics_learns_under_fedavg_and_flag(tmp_path, one_thread):
     start = time.perf_counter()
-    ds = build_dataset(load_config(overrides=IMAGES))
+    ds = build_dataset(load_plan(overrides=IMAGES))
     baseline = _frequency_baseline_map(ds)
     assert 30 < baseline < 40  # each digit is in about 34% of the mosaics
     maps = {}
     for algo in ("fedavg", "flag"):
-        exp = Experiment(load_config(overrides=[*IMAGES, f"algorithm.name={algo}"]), run_dir=tmp_path / algo, dataset=ds)
+        exp = Experiment(load_plan(overrides=[*IMAGES, f"algorithm.name={algo}"]), run_dir=tmp_path / algo, dataset=ds)
         res = exp.run(progress=False)
         maps[algo] = res.summary["final"]["mAP"]
         assert res.summary["status"] == "completed"
@@ -87,7 +87,7 @@ def test_server_and_worker_models_start_from_the_same_weights_file(tmp_path):
     path = tmp_path / "imagenet_like.pt"
     torch.save(sd, path)
     ov = [*IMAGES, "dataset.mosaics.num_train=40", "dataset.mosaics.num_test=20", f"model.weights={path}"]
-    exp = Experiment(load_config(overrides=ov), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=ov), run_dir=tmp_path / "run")
     server, worker = dict(exp.encoder.named_parameters()), dict(exp.worker.named_parameters())
     assert server.keys() == worker.keys() == exp.theta.keys()
     for name, p in server.items():
@@ -99,24 +99,22 @@ def test_server_and_worker_models_start_from_the_same_weights_file(tmp_path):
 
 
 def test_model_choice_for_image_data():
-    images = build_dataset(load_config(overrides=[*IMAGES[:2], "dataset.mosaics={num_train: 20, num_test: 10, tile_size: 8}"]))
-    auto = small_config("model.name=auto", "model.weights=random")
+    images = build_dataset(load_plan(overrides=[*IMAGES[:2], "dataset.mosaics={num_train: 20, num_test: 10, tile_size: 8}"]))
+    auto = small_plan("model.name=auto", "model.weights=random")
     assert model_choice(auto, images) == ("resnet18", "image", [])
-    assert model_choice(small_config("model.name=mlp"), images)[1] == "image"  # pixels in [0, 1], ImageNet-normalised
+    assert model_choice(small_plan("model.name=mlp"), images)[1] == "image"  # pixels in [0, 1], ImageNet-normalised
     with pytest.raises(ConfigError, match="cannot be downloaded here"):
-        model_choice(small_config("model.name=auto"), images)
+        model_choice(small_plan("model.name=auto"), images)
     with pytest.raises(ConfigError, match="garbage weight gradients"):  # torch's bf16 CPU conv bug at 1×1 maps
-        model_choice(small_config("model.name=auto", "model.weights=random", "training.precision=bf16"), images)
-    larger = build_dataset(load_config(overrides=[*IMAGES[:2], "dataset.mosaics={num_train: 20, num_test: 10, tile_size: 9}"]))
-    assert (
-        model_choice(small_config("model.name=auto", "model.weights=random", "training.precision=bf16"), larger)[0] == "resnet18"
-    )
-    synthetic = build_dataset(small_config())
+        model_choice(small_plan("model.name=auto", "model.weights=random", "training.precision=bf16"), images)
+    larger = build_dataset(load_plan(overrides=[*IMAGES[:2], "dataset.mosaics={num_train: 20, num_test: 10, tile_size: 9}"]))
+    assert model_choice(small_plan("model.name=auto", "model.weights=random", "training.precision=bf16"), larger)[0] == "resnet18"
+    synthetic = build_dataset(small_plan())
     with pytest.raises(ConfigError, match="needs image data"):
-        model_choice(small_config("model.name=resnet18", "model.weights=random"), synthetic)
+        model_choice(small_plan("model.name=resnet18", "model.weights=random"), synthetic)
     with pytest.raises(ConfigError, match="model.weights is for"):
         model_choice(auto, synthetic)
-    assert model_choice(small_config("model.name=auto"), synthetic)[:2] == ("mlp", "standardize")
+    assert model_choice(small_plan("model.name=auto"), synthetic)[:2] == ("mlp", "standardize")
 
 
 def test_batch_norm_statistics_are_averaged_under_fedadam(tmp_path, one_thread):
@@ -132,7 +130,7 @@ def test_batch_norm_statistics_are_averaged_under_fedadam(tmp_path, one_thread):
         "training.server_optimizer.lr=0.001",
         "evaluation.every=1",
     ]
-    exp = Experiment(load_config(overrides=ov), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=ov), run_dir=tmp_path / "run")
     frozen = {n for n, p in exp.encoder.named_parameters() if not p.requires_grad}
     assert frozen == {n for n in exp.theta if n.endswith(("running_mean", "running_var"))} and len(frozen) == 40
     before = {n: exp.theta[n].clone() for n in frozen}

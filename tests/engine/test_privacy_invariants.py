@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from secure_fed.algorithms.fedaws import FedAwS
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from secure_fed.errors import PrivacyViolation
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 ALGOS = ["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed"]
 
@@ -20,7 +21,7 @@ def _fixed_steps(algo: str, n: int) -> list[str]:
 
 def _logged_run(tmp_path, algo, *ov):
     exp = Experiment(
-        small_config(f"algorithm.name={algo}", "output.log_messages=true", "training.rounds=2", *_fixed_steps(algo, 5), *ov),
+        small_plan(f"algorithm.name={algo}", "output.log_messages=true", "training.rounds=2", *_fixed_steps(algo, 5), *ov),
         run_dir=tmp_path,
     )
     W_per_round = []
@@ -70,7 +71,7 @@ def test_server_receives_no_features_and_no_foreign_rows(tmp_path, algo):
 
 
 def test_client_data_holds_only_its_own_instances(tmp_path):
-    exp = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path)
+    exp = Experiment(small_plan("algorithm.name=fedalc"), run_dir=tmp_path)
     y = exp.dataset.train.labels.toarray()
     for c in exp.fed.clients:
         own = np.flatnonzero(y[:, c.client_id])
@@ -97,14 +98,14 @@ class SneakyFedAwS(FedAwS):
 
 @pytest.mark.parametrize("cls", [LeakyFedAwS, SneakyFedAwS])
 def test_guard_stops_an_algorithm_that_sends_foreign_rows(tmp_path, cls):
-    exp = Experiment(small_config("algorithm.name=fedaws"), run_dir=tmp_path)
+    exp = Experiment(small_plan("algorithm.name=fedaws"), run_dir=tmp_path)
     exp.algorithm = cls(exp.cfg.algorithm)
     with pytest.raises(PrivacyViolation):
         exp.train_round()
 
 
 def test_guard_stops_a_client_that_uploads_features_or_lies_about_its_label(tmp_path):
-    exp = Experiment(small_config("algorithm.name=fedaws"), run_dir=tmp_path)
+    exp = Experiment(small_plan("algorithm.name=fedaws"), run_dir=tmp_path)
     client = exp.fed.clients[0]
     honest = exp.trainer.update
     payload = exp.algorithm.downlink(exp.theta, exp.W, client.known_labels)
@@ -125,7 +126,7 @@ def test_guard_stops_a_client_that_uploads_features_or_lies_about_its_label(tmp_
     # fedaws collects no label sets, so a token request is not even a message it may send
     with pytest.raises(PrivacyViolation, match="not allowed"):
         exp._exchange(0, {"tokenizer": "sha256"}, lambda p, d: {"tokens": [b"x" * 32], "label": 0})
-    fedalc = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path / "fedalc")
+    fedalc = Experiment(small_plan("algorithm.name=fedalc"), run_dir=tmp_path / "fedalc")
     with pytest.raises(PrivacyViolation, match="own label"):
         fedalc._exchange(0, {"tokenizer": "sha256"}, lambda p, d: {"tokens": [b"x" * 32], "label": 3})
     with pytest.raises(PrivacyViolation, match="shape"):
@@ -137,7 +138,7 @@ def test_guard_stops_a_client_that_uploads_features_or_lies_about_its_label(tmp_
 # The checks on the training path itself (remove any one of them in a scratch copy and one of these fails).
 def test_guard_stops_a_leaky_client_on_the_training_path(tmp_path):
     """The client's own update is checked before any protocol layer, inside the round (not only at setup)."""
-    exp = Experiment(small_config("algorithm.name=fedaws"), run_dir=tmp_path)
+    exp = Experiment(small_plan("algorithm.name=fedaws"), run_dir=tmp_path)
     exp.setup()
     honest = exp.trainer.update
 
@@ -163,7 +164,7 @@ def test_every_update_the_server_receives_under_client_dp_is_clipped(tmp_path):
     S = 1e-3  # far below a client's real update norm, so an unclipped update would show
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp"]', "output.log_messages=true", "training.client_lr=0.5",
                        f'privacy.client={{"noise_multiplier": 1.0, "clip_norm": {S}}}', "training.rounds=1")  # fmt: skip
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     exp.setup()
     exp.train_round()
     ups = [m["message"] for m in exp.messages if m["direction"] == "up" and "theta_delta" in m["message"]]
@@ -179,7 +180,7 @@ def test_secure_aggregation_uplinks_are_masked_words_not_encoded_updates(tmp_pat
     astronomically large, where a real (clipped to ±R) update would decode to |x| ≤ R."""
     cfg = small_config("algorithm.name=fedaws", 'protocols=["secure_aggregation"]', "output.log_messages=true",
                        "training.rounds=1")  # fmt: skip
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     exp.setup()
     exp.train_round()
     wires = [m["message"]["masked"] for m in exp.messages if m["direction"] == "up" and "masked" in m["message"]]

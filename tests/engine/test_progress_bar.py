@@ -9,7 +9,7 @@ from secure_fed.engine.callbacks import ProgressBar
 
 
 def test_progress_bar_draws_at_most_once_a_second_not_every_round(capsys):
-    exp = SimpleNamespace(cfg=SimpleNamespace(training=SimpleNamespace(rounds=200), algorithm=SimpleNamespace(name="x")),
+    exp = SimpleNamespace(plan=SimpleNamespace(training=SimpleNamespace(rounds=200), algorithm=SimpleNamespace(name="x")),
                           round=0)  # fmt: skip
     bar = ProgressBar()
     bar.on_run_start(exp)
@@ -22,7 +22,7 @@ def test_progress_bar_draws_at_most_once_a_second_not_every_round(capsys):
 
 
 def _bar_text(capsys, record, diagnostics):
-    exp = SimpleNamespace(cfg=SimpleNamespace(training=SimpleNamespace(rounds=2), algorithm=SimpleNamespace(name="x")), round=0)
+    exp = SimpleNamespace(plan=SimpleNamespace(training=SimpleNamespace(rounds=2), algorithm=SimpleNamespace(name="x")), round=0)
     bar = ProgressBar()
     bar.on_run_start(exp)
     bar.on_round_end(exp, record, diagnostics)

@@ -20,7 +20,7 @@ from secure_fed.engine.callbacks import Callback
 from secure_fed.export import export_model
 from secure_fed.privacy_lines import privacy_lines
 from secure_fed.release import NO_MECHANISM, PROTECTED, PUBLIC, RELEASED_MODEL, STRICT_ENV, Released, UntaggedRelease
-from tests.conftest import DP_CONFIGS, small_config
+from tests.conftest import DP_CONFIGS, small_plan
 
 DP = DP_CONFIGS["client_adaptive_clipping_poisson"]  # a DP run with a mechanism output in its report (C_t)
 TWO_ROUNDS = ["training.rounds=2", "evaluation.every=1"]
@@ -101,7 +101,7 @@ def _as_json(x):
 @pytest.mark.parametrize("case", ["default", "dp_adaptive_clipping"])
 def test_every_released_field_of_a_run_and_its_export_is_tagged(tmp_path, gate_inputs, case):
     overrides = [*TWO_ROUNDS, *(DP if case != "default" else [])]
-    res = Experiment(small_config(*overrides), run_dir=tmp_path / "run").run(progress=False)
+    res = Experiment(small_plan(*overrides), run_dir=tmp_path / "run").run(progress=False)
     export_model(tmp_path / "run", tmp_path / "model.pt")
     files = [f for f, _ in gate_inputs]
     assert files == ["config.yaml", "metrics.jsonl", "metrics.jsonl", "summary.json", "export"]
@@ -164,10 +164,10 @@ def mutant_dir(tmp_path_factory):
 
 def test_an_untagged_metrics_field_makes_the_runs_epsilon_infinite_with_its_line(tmp_path, mutant_dir, monkeypatch):
     monkeypatch.setenv(STRICT_ENV, "0")  # a run outside the suite
-    ref = Experiment(small_config(*DP, *TWO_ROUNDS), run_dir=tmp_path / "ref").run(progress=False)
+    ref = Experiment(small_plan(*DP, *TWO_ROUNDS), run_dir=tmp_path / "ref").run(progress=False)
     assert float(ref.privacy["epsilon"]) < 100  # the same run without the mutant: a finite ε
     run = mutant_dir / "run"
-    res = Experiment(small_config(*DP, *TWO_ROUNDS), run_dir=run, callbacks=[LeaksTrainingLoss()]).run(progress=False)
+    res = Experiment(small_plan(*DP, *TWO_ROUNDS), run_dir=run, callbacks=[LeaksTrainingLoss()]).run(progress=False)
     summary = json.loads((run / "summary.json").read_text())
     # the summary's final metrics are the last line's: the untagged one stays untagged there (not re-tagged public)
     both = f"{LOSS_LINE}; ε = ∞: summary.json field final.train_loss is untagged"
@@ -184,7 +184,7 @@ def test_an_untagged_metrics_field_makes_the_runs_epsilon_infinite_with_its_line
 
 
 def test_strict_mode_refuses_the_untagged_field(mutant_dir):
-    exp = Experiment(small_config(*DP, *TWO_ROUNDS), run_dir=mutant_dir, callbacks=[LeaksTrainingLoss()])
+    exp = Experiment(small_plan(*DP, *TWO_ROUNDS), run_dir=mutant_dir, callbacks=[LeaksTrainingLoss()])
     with pytest.raises(UntaggedRelease, match=LOSS_LINE):
         exp.run(progress=False)
     assert not (mutant_dir / "metrics.jsonl").read_text().strip()  # no line of it was written
@@ -196,14 +196,14 @@ def test_an_untagged_summary_or_config_field_makes_epsilon_infinite(mutant_dir, 
     monkeypatch.setenv(STRICT_ENV, "0")
     real_summary, real_config = run_summaries.summary, runner.tagged_config
     monkeypatch.setattr(run_summaries, "summary", lambda ctx, status: {**real_summary(ctx, status), "wall_seconds": 1.5})
-    res = Experiment(small_config(*DP, *TWO_ROUNDS), run_dir=mutant_dir / "summary").run(progress=False)
+    res = Experiment(small_plan(*DP, *TWO_ROUNDS), run_dir=mutant_dir / "summary").run(progress=False)
     assert res.privacy["epsilon"] == "inf" and res.privacy["why"] == "ε = ∞: summary.json field wall_seconds is untagged"
     lines = [json.loads(x) for x in (mutant_dir / "summary" / "metrics.jsonl").read_text().splitlines()]
     assert all(float(x["privacy"]["epsilon"]) < 100 for x in lines)  # written before the summary's finding
 
     monkeypatch.setattr(run_summaries, "summary", real_summary)
     monkeypatch.setattr(runner, "tagged_config", lambda doc: {**real_config(doc), "seed": doc["seed"]})
-    res = Experiment(small_config(*DP, *TWO_ROUNDS), run_dir=mutant_dir / "config").run(progress=False)
+    res = Experiment(small_plan(*DP, *TWO_ROUNDS), run_dir=mutant_dir / "config").run(progress=False)
     assert res.privacy["why"] == "ε = ∞: config.yaml field seed is untagged" and res.privacy["epsilon"] == "inf"
     lines = [json.loads(x) for x in (mutant_dir / "config" / "metrics.jsonl").read_text().splitlines()]
     assert all(x["privacy"]["epsilon"] == "inf" for x in lines)  # the config is released before every line
@@ -212,7 +212,7 @@ def test_an_untagged_summary_or_config_field_makes_epsilon_infinite(mutant_dir, 
 def test_an_untagged_export_field_makes_the_exports_epsilon_infinite(tmp_path, monkeypatch):
     import secure_fed.export as export
 
-    Experiment(small_config(*DP, *TWO_ROUNDS), run_dir=tmp_path / "run").run(progress=False)
+    Experiment(small_plan(*DP, *TWO_ROUNDS), run_dir=tmp_path / "run").run(progress=False)
     monkeypatch.setattr(export, "public", lambda value, why: value)  # the mutant: the export's public tags dropped
     with pytest.raises(UntaggedRelease, match=r"export field config\.seed is untagged"):  # a dict: walked, key by key
         export_model(tmp_path / "run", tmp_path / "strict.pt")
@@ -229,8 +229,8 @@ def test_the_findings_survive_a_resume(mutant_dir, monkeypatch):
     """A finding is part of the run's ledger: kept in its checkpoint, so a resumed run's ε stays ∞."""
     monkeypatch.setenv(STRICT_ENV, "0")
     ov = [*DP, "training.rounds=2", "evaluation.every=1", "output.checkpoint_every=1"]
-    Experiment(small_config(*ov), run_dir=mutant_dir, callbacks=[LeaksTrainingLoss()]).run(progress=False)
-    exp = Experiment(small_config(*ov[:-3], "training.rounds=3", "evaluation.every=1", "output.checkpoint_every=1"),
+    Experiment(small_plan(*ov), run_dir=mutant_dir, callbacks=[LeaksTrainingLoss()]).run(progress=False)
+    exp = Experiment(small_plan(*ov[:-3], "training.rounds=3", "evaluation.every=1", "output.checkpoint_every=1"),
                      run_dir=mutant_dir)  # fmt: skip
     assert exp.resume()
     res = exp.run(progress=False)
@@ -244,7 +244,7 @@ def test_client_models_metrics_are_released_only_with_no_mechanism_said(tmp_path
     already, and the report says why, field by field."""
     general = ["model.family=linear_head", "partition.name=cmda", "partition.num_clients=5", "partition.kmodes_inits=2",
                "algorithm.name=fedavg", "training.rounds=1"]  # fmt: skip
-    res = Experiment(small_config(*general), run_dir=tmp_path).run(progress=False)
+    res = Experiment(small_plan(*general), run_dir=tmp_path).run(progress=False)
     assert "AmAP" in res.summary["final"] and res.privacy["epsilon"] == "inf"
     assert "ε = ∞: metrics.jsonl field AmAP is released with no DP mechanism on it" in res.privacy["why"]
     assert "ε = ∞: summary.json field final.WmAP is released with no DP mechanism on it" in res.privacy["why"]

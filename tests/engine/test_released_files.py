@@ -17,7 +17,7 @@ import pytest
 
 from protocols.dp.layer import DifferentialPrivacy
 from secure_fed.engine import Experiment
-from tests.conftest import DP_CONFIGS, small_config
+from tests.conftest import DP_CONFIGS, small_plan
 
 EVAL = {"mAP", "O-AP", "C-P", "C-R", "C-F1", "O-P", "O-R", "O-F1"} | {f"{m}@{k}" for m in ("P", "nDCG") for k in (1, 3, 5)}
 # the general setting: the released model's mAP on each client's test rows (mean, std, worst). Not AmAP/WmAP: those
@@ -114,7 +114,7 @@ def check_released_files(run_dir: Path) -> None:
 
 @pytest.mark.parametrize("name", list(DP_CONFIGS))
 def test_released_files_hold_only_public_or_dp_protected_values(tmp_path, name):
-    exp = Experiment(small_config(*DP_CONFIGS[name], "training.rounds=2", "evaluation.every=1"), run_dir=tmp_path)
+    exp = Experiment(small_plan(*DP_CONFIGS[name], "training.rounds=2", "evaluation.every=1"), run_dir=tmp_path)
     exp.run(progress=False)
     assert {p.name for p in tmp_path.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "private",
                                                    ".lock"}  # fmt: skip
@@ -135,7 +135,7 @@ def test_noise_keys_live_only_in_their_holders_private_checkpoints(tmp_path, nam
     import pickle
 
     ov = [*DP_CONFIGS[name], "training.rounds=2", "output.log_messages=true", "attacks.run=[update_inversion]"]
-    exp = Experiment(small_config(*ov), run_dir=tmp_path)
+    exp = Experiment(small_plan(*ov), run_dir=tmp_path)
     exp.run(progress=False)
     assert (tmp_path / "private" / "checkpoints" / "server_view.pt").is_file()
     (tmp_path / "messages.pkl").write_bytes(pickle.dumps(exp.messages, protocol=4))  # searched with the files below

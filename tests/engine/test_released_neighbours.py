@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config
 from secure_fed.data.from_config import build_dataset
 from secure_fed.engine import Experiment
 from secure_fed.engine.evaluation import evaluate
@@ -77,11 +77,11 @@ def recomputed_metrics(run_dir: Path, model_file: Path, ds, tmp: Path) -> dict[s
     from secure_fed.models import mean_pairwise_cosine
 
     cfg = load_config(run_dir / "config.yaml")  # the released config: no secret in it, none needed
-    exp = Experiment(cfg, run_dir=tmp, dataset=ds)
+    exp = Experiment(build_plan(cfg), run_dir=tmp, dataset=ds)
     model = torch.load(model_file, map_location="cpu", weights_only=False)
     exp.model.theta = {n: t.to(exp.device) for n, t in model["theta"].items()}
     exp.model.W = None if model["W"] is None else model["W"].to(exp.device)
-    out = dict(evaluate(exp.model, exp.fed, exp.cfg))
+    out = dict(evaluate(exp.model, exp.fed, exp.plan.evaluation))
     if model["W"] is not None:
         out["W_mean_cos"] = float(mean_pairwise_cosine(model["W"]))
     return out
@@ -101,14 +101,14 @@ def check_metric_fields(fields: list[dict], metrics: dict[str, float], where: st
 def test_every_released_file_is_the_same_on_bibtex_and_its_neighbour(tmp_path, data_root, case):
     config, overrides = CASES[case]
     cfg = load_config(CONFIGS / config, [*overrides, *ONE_ROUND])
-    sets = neighbours(build_dataset(cfg, str(data_root)))
+    sets = neighbours(build_dataset(build_plan(cfg), str(data_root)))
     import numpy as np
 
     assert np.diff(sets["D"].train.labels.indptr).max() == 28
     runs, exports = {}, {}
     for name in ("D", "D-"):
         run = tmp_path / name.replace("-", "minus")
-        Experiment(cfg, run_dir=run, dataset=sets[name]).run(progress=False)
+        Experiment(build_plan(cfg), run_dir=run, dataset=sets[name]).run(progress=False)
         runs[name], exports[name] = run, export_model(run, tmp_path / f"{run.name}.pt")
     assert "noise_seed" not in (runs["D"] / "config.yaml").read_text()  # a secret setting: never released
 

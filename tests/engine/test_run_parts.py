@@ -7,12 +7,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from secure_fed.engine import Experiment
 from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.checkpoints import FROZEN_ON_RESUME, MOVABLE_ON_RESUME, frozen_on_resume, resume_change
 from secure_fed.engine.run_context import RunContext
 from secure_fed.plugin_specs import layer_specs
-from tests.conftest import small_config
+from tests.conftest import REPO, SMALL, small_config, small_plan
 
 ENGINE = Path(__file__).resolve().parents[2] / "secure_fed" / "engine"
 #: the modules of the run and its callbacks (and the Flower back end, which drives a run)
@@ -93,7 +95,7 @@ def test_callbacks_get_the_run_context_never_the_run(tmp_path):
             seen.append(("checkpoint_state", ctx))
             return {}
 
-    exp = Experiment(small_config("training.rounds=2", "output.checkpoint_every=1"), run_dir=tmp_path)
+    exp = Experiment(small_plan("training.rounds=2", "output.checkpoint_every=1"), run_dir=tmp_path)
     spy = Spy()
     exp.callbacks.insert(0, spy)
     spy.on_init(exp.context())
@@ -116,10 +118,10 @@ def test_the_core_names_no_layer_section_and_each_layer_freezes_its_own():
 
 
 def test_a_resume_may_not_change_a_layers_section_but_may_change_what_it_reports():
-    base = small_config()
-    assert resume_change(base, small_config("secure_aggregation.clip_range=7")).startswith("secure_aggregation")
-    assert resume_change(base, small_config("privacy.report_gdp=true")) is None
-    assert resume_change(base, small_config("training.rounds=9")) is None
+    base = small_plan()
+    assert resume_change(base, small_plan("secure_aggregation.clip_range=7")).startswith("secure_aggregation")
+    assert resume_change(base, small_plan("privacy.report_gdp=true")) is None
+    assert resume_change(base, small_plan("training.rounds=9")) is None
 
 
 def test_setup_phases_report_progress(tmp_path, monkeypatch):
@@ -128,7 +130,6 @@ def test_setup_phases_report_progress(tmp_path, monkeypatch):
     import contextlib
 
     from secure_fed.engine import runner
-    from tests.conftest import small_config
 
     names = []
 
@@ -138,7 +139,7 @@ def test_setup_phases_report_progress(tmp_path, monkeypatch):
         yield None
 
     monkeypatch.setattr(runner, "phase", recording)
-    runner.Experiment(small_config('protocols=["keyed_hashing"]'), run_dir=tmp_path).setup()
+    runner.Experiment(small_plan('protocols=["keyed_hashing"]'), run_dir=tmp_path).setup()
     assert names == ["protocol setup", "fedalc setup"]
 
 
@@ -155,3 +156,28 @@ def test_a_spec_frees_resume_keys_only_inside_its_own_sections(monkeypatch):
     frozen, movable = checkpoints.frozen_on_resume()
     assert ("greedy", "x") in movable and ("greedy",) in frozen
     assert ("privacy", "delta") not in movable and ("dataset", "name") not in movable
+
+
+def test_a_run_takes_the_plan_never_the_config(tmp_path):
+    """Issue 54: the config object stays in the config package; a run is built from its plan."""
+    with pytest.raises(TypeError, match="RunPlan"):
+        Experiment(small_config("training.rounds=1"), run_dir=tmp_path)
+
+
+def test_no_function_outside_the_config_package_receives_the_config(tmp_path):
+    """The trace of ``benchmarks/config_receivers.py`` over a small run with dp and secure aggregation (the layers'
+    rules, settings and memory terms included): no function of secure_fed/ outside secure_fed/config/ is called with
+    the config object as an argument."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_receivers", REPO / "benchmarks" / "config_receivers.py")
+    receivers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(receivers)
+    overrides = [
+        *SMALL,
+        "training.rounds=1",
+        "protocols=[dp,secure_aggregation]",
+        "privacy.client={target_epsilon: 4, clip_norm: 1}",
+    ]
+    hits = receivers.trace({"small dp + secure_aggregation": overrides}, tmp_path)
+    assert [k for k in hits if k.startswith("secure_fed/")] == []

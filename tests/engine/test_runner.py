@@ -4,14 +4,15 @@ import numpy as np
 import pytest
 import torch
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment, sample_clients
 from secure_fed.engine.builders import resolve_device
 from secure_fed.errors import ConfigError
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 
 def test_run_directory_contents(tmp_path):
-    res = Experiment(small_config(), run_dir=tmp_path).run(progress=False)
+    res = Experiment(small_plan(), run_dir=tmp_path).run(progress=False)
     assert {p.name for p in tmp_path.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "private"}
     assert (tmp_path / "private" / "checkpoints" / "final.pt").is_file()
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -30,16 +31,16 @@ def test_run_directory_contents(tmp_path):
 @pytest.mark.parametrize("algo", ["fedalc", "fedaws"])
 def test_same_seed_same_run_and_resume_is_exact(tmp_path, algo):
     ov = [f"algorithm.name={algo}", "training.rounds=4", "output.checkpoint_every=2"]
-    a = Experiment(small_config(*ov), run_dir=tmp_path / "a")
+    a = Experiment(small_plan(*ov), run_dir=tmp_path / "a")
     a.run(progress=False)
-    b = Experiment(small_config(*ov), run_dir=tmp_path / "b")
+    b = Experiment(small_plan(*ov), run_dir=tmp_path / "b")
     b.run(progress=False)
     assert torch.equal(a.W, b.W) and all(torch.equal(a.theta[k], b.theta[k]) for k in a.theta)
 
     # stop after 2 rounds (checkpoint), then resume in a fresh process-like object
-    c = Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "c")
+    c = Experiment(small_plan(*ov, "training.rounds=2"), run_dir=tmp_path / "c")
     c.run(progress=False)
-    d = Experiment(small_config(*ov), run_dir=tmp_path / "c")
+    d = Experiment(small_plan(*ov), run_dir=tmp_path / "c")
     assert d.resume() and d.round == 2
     d.run(progress=False)
     assert torch.equal(a.W, d.W) and all(torch.equal(a.theta[k], d.theta[k]) for k in a.theta)
@@ -60,7 +61,7 @@ def test_sampling_fraction_and_proportional():
 
 
 def test_clients_per_round_is_an_absolute_cohort(tmp_path):
-    exp = Experiment(small_config("training.clients_per_round=7", "training.rounds=1", "output.log_messages=true"),
+    exp = Experiment(small_plan("training.clients_per_round=7", "training.rounds=1", "output.log_messages=true"),
                      run_dir=tmp_path)  # fmt: skip
     exp.run(progress=False)
     assert len(exp.fed.clients) > 7
@@ -82,13 +83,13 @@ def test_device_resolution():
 
 
 def test_bf16_precision_runs(tmp_path):
-    res = Experiment(small_config("training.precision=bf16"), run_dir=tmp_path).run(progress=False)
+    res = Experiment(small_plan("training.precision=bf16"), run_dir=tmp_path).run(progress=False)
     assert np.isfinite(res.summary["final"]["P@1"])
 
 
 def test_server_optimizer_on_rows_touches_only_participating_rows(tmp_path):
     exp = Experiment(
-        small_config(
+        small_plan(
             "algorithm.name=fedavg",
             "training.server_optimizer.apply_to_rows=true",
             "training.client_fraction=0.25",
@@ -119,7 +120,7 @@ def test_a_run_in_which_every_round_aborts_fails_and_says_why(tmp_path):
 
 
 def test_evaluation_cut_offs_without_one_work(tmp_path):
-    res = Experiment(small_config("evaluation.ks=[3,5]"), run_dir=tmp_path).run(progress=False)
+    res = Experiment(small_plan("evaluation.ks=[3,5]"), run_dir=tmp_path).run(progress=False)
     assert {"P@3", "P@5", "nDCG@3", "mAP"} <= set(res.summary["final"]) and "P@1" not in res.summary["final"]
 
 
@@ -130,18 +131,18 @@ def test_the_sweep_cache_reuses_a_run_recorded_before_new_keys_existed(tmp_path)
     from secure_fed.sweep import cached_summary
 
     cfg = small_config("training.rounds=1")
-    Experiment(cfg, run_dir=tmp_path).run(progress=False)
+    Experiment(build_plan(cfg), run_dir=tmp_path).run(progress=False)
     saved = yaml.safe_load((tmp_path / "private" / "config.yaml").read_text())
     del saved["algorithm"]["ann_nprobe"], saved["dataset"]["drop_empty_labels"]  # as an older version wrote
     (tmp_path / "private" / "config.yaml").write_text(yaml.safe_dump(saved))
-    assert cached_summary(cfg, tmp_path)["status"] == "completed"
+    assert cached_summary(build_plan(cfg), tmp_path)["status"] == "completed"
     with pytest.raises(Exception, match="another config"):
-        cached_summary(small_config("training.rounds=2"), tmp_path)
+        cached_summary(small_plan("training.rounds=2"), tmp_path)
 
 
 def test_a_diverged_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
     ov = ["training.rounds=6", "output.checkpoint_every=1", "algorithm.name=fedavg"]
-    e = Experiment(small_config(*ov), run_dir=tmp_path)
+    e = Experiment(small_plan(*ov), run_dir=tmp_path)
     e.setup()
     real = e.trainer.update
 
@@ -163,7 +164,7 @@ def test_a_diverged_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
 def test_an_audit_of_a_finished_oracle_sees_the_selected_model(tmp_path):
     from threat_models.context import AuditContext
 
-    e = Experiment(small_config("algorithm.name=oracle", "training.rounds=6", "evaluation.every=1"), run_dir=tmp_path)
+    e = Experiment(small_plan("algorithm.name=oracle", "training.rounds=6", "evaluation.every=1"), run_dir=tmp_path)
     s = e.run(progress=False).summary
     final = torch.load(tmp_path / "private" / "checkpoints" / "final.pt", weights_only=False)
     ctx = AuditContext.from_run_dir(tmp_path)
@@ -189,7 +190,7 @@ def test_the_cuda_switches_leave_cpu_runs_bit_identical(tmp_path, overrides):
     from secure_fed.engine.builders import use_deterministic_cuda
 
     def two_rounds(name):
-        exp = Experiment(small_config(*overrides, "training.rounds=2"), run_dir=tmp_path / name)
+        exp = Experiment(small_plan(*overrides, "training.rounds=2"), run_dir=tmp_path / name)
         exp.run(progress=False)
         return exp
 
@@ -223,11 +224,11 @@ def test_server_aggregate_gets_the_public_count_under_client_level_dp(monkeypatc
     monkeypatch.setattr(FedAvg, "server_aggregate", lambda self, theta_mean, count: seen.append(count))
     base = ["algorithm.name=fedavg", "training.rounds=3", "training.client_fraction=0.5", "training.sampling=poisson"]
     dp = ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}']
-    e = Experiment(small_config(*base, *dp), run_dir=tmp_path / "dp")
+    e = Experiment(small_plan(*base, *dp), run_dir=tmp_path / "dp")
     e.run(progress=False)
     n = len(e.fed.clients)
     assert seen and all(c == pytest.approx(0.5 * n) for c in seen)
     seen.clear()
-    e = Experiment(small_config(*base), run_dir=tmp_path / "plain")
+    e = Experiment(small_plan(*base), run_dir=tmp_path / "plain")
     e.run(progress=False)
     assert seen and all(float(c).is_integer() and 0 < c <= n for c in seen)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config, load_plan
 from secure_fed.data.synth_xc import synth_xc
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
@@ -20,6 +20,10 @@ def xc_files(tmp_path_factory):
     out = tmp_path_factory.mktemp("xc")
     synth_xc("eurlex-4k", out=out, scale=0.01, seed=0)
     return out
+
+
+def _plan(xc_files, *over):
+    return build_plan(_cfg(xc_files, *over))
 
 
 def _cfg(xc_files, *over):
@@ -35,7 +39,7 @@ def _cfg(xc_files, *over):
 def test_sparse_rows_run_equals_dense_rows_run(xc_files, tmp_path, algorithm):
     runs = {}
     for sparse in (True, False):
-        exp = Experiment(_cfg(xc_files, f"algorithm.name={algorithm}", f"model.sparse_input={str(sparse).lower()}"),
+        exp = Experiment(_plan(xc_files, f"algorithm.name={algorithm}", f"model.sparse_input={str(sparse).lower()}"),
                          run_dir=tmp_path / str(sparse))  # fmt: skip
         assert isinstance(exp.fed.clients[0].x, SparseRows) == sparse
         assert isinstance(exp.fed.x_test, SparseRows) == sparse
@@ -49,15 +53,15 @@ def test_sparse_rows_run_equals_dense_rows_run(xc_files, tmp_path, algorithm):
 
 
 def test_auto_keeps_small_data_dense(xc_files, tmp_path):
-    exp = Experiment(_cfg(xc_files), run_dir=tmp_path)
+    exp = Experiment(_plan(xc_files), run_dir=tmp_path)
     assert not isinstance(exp.fed.clients[0].x, SparseRows)  # 1% of EURLex: far under the 1 GiB of dense copies
 
 
 def test_sparse_input_true_needs_sparse_text_on_sparse_data(tmp_path, xc_files):
     with pytest.raises(ConfigError, match=r"model.sparse_input=true .* dataset 'synthetic' has dense features"):
-        Experiment(load_config(overrides=[*SMALL, "model.sparse_input=true"]), run_dir=tmp_path)
+        Experiment(load_plan(overrides=[*SMALL, "model.sparse_input=true"]), run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"model.sparse_input=true .* model.name=mlp"):
-        Experiment(_cfg(xc_files, "model.name=mlp", "model.sparse_input=true"), run_dir=tmp_path / "b")
+        Experiment(_plan(xc_files, "model.name=mlp", "model.sparse_input=true"), run_dir=tmp_path / "b")
 
 
 def _uplinks(exp):
@@ -75,7 +79,7 @@ def test_row_sparse_updates_equal_dense_updates_exactly(xc_files, tmp_path, algo
     for mode in ("auto", "false"):
         cfg = _cfg(xc_files, f"algorithm.name={algorithm}", "model.sparse_input=true", f"training.sparse_updates={mode}",
                    "output.log_messages=true")  # fmt: skip
-        exp = Experiment(cfg, run_dir=tmp_path / mode)
+        exp = Experiment(build_plan(cfg), run_dir=tmp_path / mode)
         runs[mode] = (exp.run(progress=False), exp)
     (a, ea), (b, eb) = runs["auto"], runs["false"]
     assert ea.trainer.row_sparse_updates and not eb.trainer.row_sparse_updates
@@ -84,7 +88,7 @@ def test_row_sparse_updates_equal_dense_updates_exactly(xc_files, tmp_path, algo
     assert torch.equal(ea.W, eb.W)
     assert a.summary["final"] == b.summary["final"]
     table = next(n for n, t in ea.theta.items() if t.shape[1] == ea.dataset.train.features.shape[1])
-    raw = build_dataset(ea.cfg, None).train.features.tocsr()
+    raw = build_dataset(ea.plan, None).train.features.tocsr()
     ups = _uplinks(ea)
     assert ups and all(isinstance(m["message"]["theta_delta"][table], RowSparseDelta) for m in ups)
     assert all(not isinstance(m["message"]["theta_delta"][table], RowSparseDelta) for m in _uplinks(eb))
@@ -105,7 +109,7 @@ def test_layers_that_sum_or_clip_updates_get_dense_ones(xc_files, tmp_path, laye
     )
     cfg = _cfg(xc_files, "algorithm.name=fedavg", "model.sparse_input=true", f"protocols={layers}", "training.rounds=1",
                "output.log_messages=true", *extra)  # fmt: skip
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     assert not exp.trainer.row_sparse_updates
     replies, check_up = [], exp.guard.check_up
 
@@ -121,7 +125,7 @@ def test_layers_that_sum_or_clip_updates_get_dense_ones(xc_files, tmp_path, laye
 
 def test_sparse_updates_true_under_a_secure_sum_is_refused(xc_files, tmp_path):
     with pytest.raises(ConfigError, match=r"training.sparse_updates=true: protocols \['secure_aggregation'\]"):
-        Experiment(_cfg(xc_files, "model.sparse_input=true", "protocols=[secure_aggregation]", "training.sparse_updates=true"),
+        Experiment(_plan(xc_files, "model.sparse_input=true", "protocols=[secure_aggregation]", "training.sparse_updates=true"),
                    run_dir=tmp_path)  # fmt: skip
 
 
@@ -133,7 +137,7 @@ def test_row_sparse_local_training_keeps_each_clients_own_table(xc_files, tmp_pa
         cfg = _cfg(xc_files, "algorithm.name=local", "model.family=linear_head", "partition.name=iid",
                    "partition.num_clients=3", "model.sparse_input=true", f"training.sparse_updates={mode}",
                    "training.rounds=3", "evaluation.every=1", "training.client_fraction=1.0")  # fmt: skip
-        exp = Experiment(cfg, run_dir=tmp_path / mode)
+        exp = Experiment(build_plan(cfg), run_dir=tmp_path / mode)
         runs[mode] = (exp.run(progress=False), exp)
     (a, ea), (b, eb) = runs["auto"], runs["false"]
     assert ea.trainer.row_sparse_updates
@@ -149,7 +153,7 @@ def test_a_dense_run_refuses_a_row_sparse_update(xc_files, tmp_path):
     from secure_fed.errors import PrivacyViolation
     from secure_fed.models.sparse_rows import RowSparseDelta
 
-    exp = Experiment(_cfg(xc_files, "model.sparse_input=true", "protocols=[secure_aggregation]"), run_dir=tmp_path)
+    exp = Experiment(_plan(xc_files, "model.sparse_input=true", "protocols=[secure_aggregation]"), run_dir=tmp_path)
     table = next(n for n, t in exp.theta.items() if t.shape[1] == exp.dataset.train.features.shape[1])
     delta = {n: torch.zeros_like(t) for n, t in exp.theta.items()}
     delta[table] = RowSparseDelta(torch.tensor([0]), torch.zeros(1, exp.theta[table].shape[0]), tuple(exp.theta[table].shape))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config, load_plan
 from secure_fed.engine import Experiment
 from tests.conftest import SMALL
 
@@ -18,7 +18,7 @@ def test_scalars_equal_metrics_jsonl_and_hold_nothing_private(tmp_path):
     cfg = load_config(overrides=[*SMALL, "algorithm.name=fedaws", "output.tensorboard=true", "protocols=[dp]",
                                  'privacy.local={"target_epsilon": 4, "batch_sample_rate": 0.5, '
                                  '"max_labels_per_instance": 8}'])  # fmt: skip
-    Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
+    Experiment(build_plan(cfg), run_dir=tmp_path / "run").run(progress=False)
     acc = EventAccumulator(str(tmp_path / "run" / "private" / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
@@ -35,5 +35,5 @@ def test_scalars_equal_metrics_jsonl_and_hold_nothing_private(tmp_path):
 
 
 def test_tensorboard_off_writes_nothing(tmp_path):
-    Experiment(load_config(overrides=[*SMALL, "training.rounds=1"]), run_dir=tmp_path / "run").run(progress=False)
+    Experiment(load_plan(overrides=[*SMALL, "training.rounds=1"]), run_dir=tmp_path / "run").run(progress=False)
     assert not (tmp_path / "run" / "private" / "tensorboard").exists()

@@ -7,13 +7,13 @@ import json
 import math
 
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 CLIENT = 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}'
 
 
 def _run(tmp_path, *ov):
-    exp = Experiment(small_config('protocols=["dp"]', *ov, "training.rounds=2", "evaluation.every=1"), run_dir=tmp_path)
+    exp = Experiment(small_plan('protocols=["dp"]', *ov, "training.rounds=2", "evaluation.every=1"), run_dir=tmp_path)
     return exp.run(progress=False).summary
 
 

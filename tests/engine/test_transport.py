@@ -7,7 +7,7 @@ import torch
 
 from secure_fed.engine import Experiment
 from secure_fed.engine.client_link import ClientLink
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 
 def _through_bytes(obj):
@@ -18,10 +18,10 @@ def _through_bytes(obj):
 
 
 def test_round_trip_serialised_messages_give_identical_training(tmp_path, monkeypatch):
-    ref = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path / "a")
+    ref = Experiment(small_plan("algorithm.name=fedalc"), run_dir=tmp_path / "a")
     ref.run(progress=False)
 
-    exp = Experiment(small_config("algorithm.name=fedalc"), run_dir=tmp_path / "b")
+    exp = Experiment(small_plan("algorithm.name=fedalc"), run_dir=tmp_path / "b")
     original = ClientLink.exchange
 
     def wire(self, cid, payload, client_fn):

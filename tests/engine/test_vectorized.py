@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from secure_fed.algorithms.batched_sgd import relative_error
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 #: plain server averaging: FedAdam's first step is sign-like and would magnify rounding into lr-sized differences
 PLAIN = ["training.server_optimizer={name: fedavg, lr: 1.0}", "training.rounds=2"]
@@ -23,7 +24,7 @@ def _after_rounds(tmp_path, name, *overrides, rounds=2, monkeypatch=None):
 
         counter = iter(range(10**9))
         monkeypatch.setattr(os, "urandom", lambda n: hashlib.shake_256(str(next(counter)).encode()).digest(n))
-    exp = Experiment(small_config(*PLAIN, *overrides), run_dir=tmp_path / name)
+    exp = Experiment(small_plan(*PLAIN, *overrides), run_dir=tmp_path / name)
     exp.setup()
     for _ in range(rounds):
         stats = exp.train_round()
@@ -100,7 +101,7 @@ def test_what_is_not_batched_runs_on_the_reference_trainer_and_is_reported(tmp_p
 
 def test_the_summary_says_how_the_clients_ran(tmp_path):
     cfg = small_config("training.rounds=1", "training.executor=vectorized")
-    Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
+    Experiment(build_plan(cfg), run_dir=tmp_path / "run").run(progress=False)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["executor"] == "vectorized"  # released: the name only
     private = json.loads((tmp_path / "run" / "private" / "summary.json").read_text())
@@ -113,7 +114,7 @@ def test_an_error_in_one_client_stops_the_round_and_leaves_no_client_paused(tmp_
 
     import greenlet
 
-    exp = Experiment(small_config("training.executor=vectorized"), run_dir=tmp_path / "run")
+    exp = Experiment(small_plan("training.executor=vectorized"), run_dir=tmp_path / "run")
     exp.setup()
     calls = []
     original = exp.algorithm.client_update

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from secure_fed.models.sparse_rows import dense_delta
 from tests.conftest import small_config
@@ -21,7 +22,7 @@ CLIENT_DP = 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0}'
 def run(tmp_path, *overrides: str):
     """Two rounds of the small synthetic default under ``overrides``, the messages kept."""
     cfg = small_config("training.rounds=2", "evaluation.every=1", "output.log_messages=true", *overrides)
-    return Experiment(cfg, run_dir=tmp_path).run(progress=False)
+    return Experiment(build_plan(cfg), run_dir=tmp_path).run(progress=False)
 
 
 def update_parts(reply: dict) -> list:

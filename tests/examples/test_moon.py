@@ -17,6 +17,7 @@ from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.algorithms.losses import bce_loss
 from secure_fed.algorithms.objective import ObjectiveContext
 from secure_fed.models.families import LinearHead, LinearHeadModel
+from tests.conftest import small_plan
 from tests.examples.helpers import CLIENT_DP, run_fresh
 from tests.examples.test_fedprox import LOCAL_DP
 
@@ -114,12 +115,11 @@ def test_it_runs_under_dp_secure_aggregation_and_on_flower(tmp_path, plugin_path
 
 def test_the_vectorised_executor_trains_moon_one_client_at_a_time_and_says_so(tmp_path, plugin_path):
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
     overrides = ["algorithm.name=moon", "training.rounds=2", "evaluation.every=2", "model.family=linear_head",
                  "partition.name=cmda", "partition.num_clients=4", "partition.kmodes_inits=2"]  # fmt: skip
-    seq = Experiment(small_config(*overrides), run_dir=tmp_path / "seq").run(progress=False)
-    Experiment(small_config(*overrides, "training.executor=vectorized"), run_dir=tmp_path / "vec").run(progress=False)
+    seq = Experiment(small_plan(*overrides), run_dir=tmp_path / "seq").run(progress=False)
+    Experiment(small_plan(*overrides, "training.executor=vectorized"), run_dir=tmp_path / "vec").run(progress=False)
     report = json.loads((tmp_path / "vec" / "private" / "summary.json").read_text())["executor"]
     assert report["updates_batched"] == 0
     assert report["updates_one_at_a_time"] == {"client objective 'moon'": 2 * 4}

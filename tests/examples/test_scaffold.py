@@ -16,7 +16,9 @@ from torch import nn
 from secure_fed.algorithms.base import Algorithm, ClientData
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.algorithms.losses import bce_loss
+from secure_fed.config import build_plan
 from secure_fed.models.families import LinearHead, LinearHeadModel
+from tests.conftest import small_plan
 from tests.examples.helpers import CLIENT_DP, run_fresh
 from tests.examples.test_fedprox import LOCAL_DP
 
@@ -105,7 +107,7 @@ def test_the_server_control_variate_is_the_mean_of_the_clients_own_and_nothing_e
     assert Scaffold.uplink_rules == Algorithm.uplink_rules
     cfg = small_config("algorithm.name=scaffold", "training.rounds=3", "evaluation.every=3", "output.log_messages=true",
                        "training.server_optimizer.name=fedavg", "training.server_optimizer.lr=1.0", *LOCAL_DP)  # fmt: skip
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     exp.run(progress=False)
     ups = [m["message"] for m in exp.messages if m["direction"] == "up" and "theta_delta" in m["message"]]
     assert ups and all(set(m) <= set(Algorithm.uplink_rules) for m in ups)
@@ -141,13 +143,12 @@ def test_a_resumed_run_takes_up_the_control_variates_exactly(tmp_path, plugin_pa
     from scaffold.algorithm import STATE_KEY
 
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
     ov = ["algorithm.name=scaffold", "training.rounds=4", "evaluation.every=1", "output.checkpoint_every=2"]
-    a = Experiment(small_config(*ov), run_dir=tmp_path / "a")
+    a = Experiment(small_plan(*ov), run_dir=tmp_path / "a")
     a.run(progress=False)
-    Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "b").run(progress=False)
-    b = Experiment(small_config(*ov), run_dir=tmp_path / "b")
+    Experiment(small_plan(*ov, "training.rounds=2"), run_dir=tmp_path / "b").run(progress=False)
+    b = Experiment(small_plan(*ov), run_dir=tmp_path / "b")
     assert b.resume() and b.round == 2
     b.run(progress=False)
     for ca, cb in zip(a.fed.clients, b.fed.clients, strict=True):

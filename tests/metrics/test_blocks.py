@@ -8,6 +8,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.metrics import average_precision_score
 
+from secure_fed.config import load_plan
 from secure_fed.metrics import evaluate_scores
 from secure_fed.metrics.blocks import column_average_precision, evaluate_label_blocks, topk_order
 
@@ -77,12 +78,11 @@ def test_topk_breaks_ties_by_lower_label_id():
 
 def test_engine_evaluates_in_label_blocks_when_the_matrix_is_large(tmp_path, monkeypatch):
     """With the block budget forced small, a run's metrics come from label blocks and equal the whole-matrix ones."""
-    from secure_fed.config import load_config
     from secure_fed.engine import Experiment
     from secure_fed.metrics import blocks
     from tests.conftest import SMALL
 
-    exp = Experiment(load_config(overrides=[*SMALL, "training.rounds=2"]), run_dir=tmp_path)
+    exp = Experiment(load_plan(overrides=[*SMALL, "training.rounds=2"]), run_dir=tmp_path)
     exp.run(progress=False)
     whole = exp.evaluate()
     used = []

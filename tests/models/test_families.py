@@ -13,7 +13,7 @@ from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
 from secure_fed.models.families import CosineEmbedding, LinearHead, model_family
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 LINEAR = ["model.family=linear_head", "partition.name=iid", "partition.num_clients=8", "algorithm.name=fedavg",
           "training.client_lr=0.1"]  # fmt: skip
@@ -69,7 +69,7 @@ def _label_frequency_map(exp) -> float:
 
 
 def test_linear_head_fedavg_learns_and_clients_receive_no_row_table(tmp_path):
-    exp = Experiment(small_config(*LINEAR, "training.rounds=20", "evaluation.every=10", "output.log_messages=true"),
+    exp = Experiment(small_plan(*LINEAR, "training.rounds=20", "evaluation.every=10", "output.log_messages=true"),
                      run_dir=tmp_path)  # fmt: skip
     res = exp.run(progress=False)
     assert exp.W is None and res.summary["status"] == "completed"
@@ -84,7 +84,7 @@ def test_linear_head_fedavg_learns_and_clients_receive_no_row_table(tmp_path):
 def test_linear_head_runs_under_dp_and_secure_aggregation_with_a_tracked_epsilon(tmp_path):
     dp = ['protocols=["dp", "secure_aggregation"]', 'privacy.client={"noise_multiplier": 0.8, "clip_norm": 1.0}',
           "privacy.noise_seed=3", "output.log_messages=true"]  # fmt: skip
-    exp = Experiment(small_config(*LINEAR, *dp), run_dir=tmp_path)
+    exp = Experiment(small_plan(*LINEAR, *dp), run_dir=tmp_path)
     res = exp.run(progress=False)
     eps = res.summary["privacy"]["epsilon"]
     assert res.summary["status"] == "completed" and isinstance(eps, float) and 0 < eps < float("inf")

@@ -34,7 +34,7 @@ from protocols.dp.privacy_graph import Graph
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 DELTA = 1e-5
 HISTORIES = [
@@ -287,7 +287,7 @@ def test_a_run_with_pld_reports_a_finite_epsilon_at_most_the_rdp_runs(tmp_path):
     stack = ['protocols=["dp"]', "algorithm.name=fedavg", 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5}',
              "training.rounds=4", "privacy.noise_seed=3"]  # fmt: skip
     runs = {
-        acc: Experiment(small_config(*stack, f"privacy.accountant={acc}"), run_dir=tmp_path / acc).run(progress=False).summary
+        acc: Experiment(small_plan(*stack, f"privacy.accountant={acc}"), run_dir=tmp_path / acc).run(progress=False).summary
         for acc in ("pld", "rdp")
     }
     pld, rdp = runs["pld"]["privacy"], runs["rdp"]["privacy"]

@@ -20,7 +20,7 @@ from protocols.randomness import SecretStream
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
 from tests.config.test_bad_input import _default, assert_one_error_line, cli
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 
 def _dp(exp: Experiment) -> DifferentialPrivacy:
@@ -91,7 +91,7 @@ ADAPTIVE = [
 
 def test_a_run_releases_a_changing_clip_norm_and_charges_one_gaussian_at_sigma(tmp_path):
     ov = [*ADAPTIVE, "training.rounds=5", "training.client_fraction=0.5", "training.sampling=poisson"]
-    s = Experiment(small_config(*ov), run_dir=tmp_path).run(progress=False).summary
+    s = Experiment(small_plan(*ov), run_dir=tmp_path).run(progress=False).summary
     assert s["status"] == "completed"
     client = s["privacy"]["units"]["client"]
     assert math.isfinite(client["epsilon"]) and client["steps"] == 5
@@ -111,7 +111,7 @@ def test_the_next_clip_norm_divides_the_noisy_count_by_the_expected_cohort(tmp_p
     real = client_dp.clip_bit
     monkeypatch.setattr(client_dp, "clip_bit", lambda n, c: bits.append(real(n, c)) or bits[-1])
     ov = [*ADAPTIVE, "training.client_fraction=0.3", "training.sampling=poisson", "privacy.noise_seed=3"]
-    e = Experiment(small_config(*ov), run_dir=tmp_path)
+    e = Experiment(small_plan(*ov), run_dir=tmp_path)
     e.setup()
     e.train_round()
     dp = _dp(e)
@@ -125,9 +125,9 @@ def test_the_next_clip_norm_divides_the_noisy_count_by_the_expected_cohort(tmp_p
 
 def test_resume_restores_the_clip_norm_exactly(tmp_path):
     ov = [*ADAPTIVE, "training.rounds=6", "output.checkpoint_every=3", "privacy.noise_seed=5"]
-    full = Experiment(small_config(*ov), run_dir=tmp_path / "full").run(progress=False).summary
-    Experiment(small_config(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
-    e = Experiment(small_config(*ov), run_dir=tmp_path / "part")
+    full = Experiment(small_plan(*ov), run_dir=tmp_path / "full").run(progress=False).summary
+    Experiment(small_plan(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
+    e = Experiment(small_plan(*ov), run_dir=tmp_path / "part")
     assert e.resume()
     resumed = e.run(progress=False).summary
     a, b = (x["privacy"]["units"]["client"]["adaptive_clipping"] for x in (full, resumed))
@@ -139,7 +139,7 @@ def test_a_forged_clip_bit_is_refused(tmp_path, monkeypatch):
     """The count's sensitivity is 1/2 only if every bit is ±1/2: a client that reports another value is refused."""
     real = client_dp.clip_bit
     monkeypatch.setattr(client_dp, "clip_bit", lambda n, c: 10 * real(n, c))
-    e = Experiment(small_config(*ADAPTIVE), run_dir=tmp_path)
+    e = Experiment(small_plan(*ADAPTIVE), run_dir=tmp_path)
     e.setup()
     with pytest.raises(Exception, match="clip bit"):
         e.train_round()
@@ -176,7 +176,7 @@ def test_a_calibrated_sigma_that_leaves_no_update_noise_is_refused(tmp_path):
     ov = ['protocols=["dp"]', "training.rounds=2",
           'privacy.client={"target_epsilon": 1.0, "adaptive_clipping": {"count_noise_multiplier": 0.01}}']  # fmt: skip
     with pytest.raises(ConfigError, match="must exceed σ/2"):
-        Experiment(small_config(*ov), run_dir=tmp_path).setup()
+        Experiment(small_plan(*ov), run_dir=tmp_path).setup()
 
 
 def test_the_update_is_noised_at_sigma_delta_with_this_rounds_clip_norm(tmp_path, monkeypatch):
@@ -185,7 +185,7 @@ def test_the_update_is_noised_at_sigma_delta_with_this_rounds_clip_norm(tmp_path
     seen = []
     real = client_release.noise_aggregate
     monkeypatch.setattr(client_release, "noise_aggregate", lambda agg, **kw: seen.append(kw) or real(agg, **kw))
-    e = Experiment(small_config(*ADAPTIVE), run_dir=tmp_path)
+    e = Experiment(small_plan(*ADAPTIVE), run_dir=tmp_path)
     e.setup()
     e.train_round()
     e.train_round()

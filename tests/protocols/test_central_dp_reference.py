@@ -9,19 +9,19 @@ import torch
 from secure_fed.algorithms.losses import softmax_multilabel_loss
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 CENTRAL = ["algorithm.name=oracle", "algorithm.validation_fraction=0", "protocols=[dp]", "model.fixed_encoder=true",
            'privacy.local={"clip_norm": 1.0, "noise_multiplier": 2.0, "batch_sample_rate": 1.0}']  # fmt: skip
 
 
 def test_the_oracle_trains_under_central_dp_sgd_and_reports_its_epsilon(tmp_path):
-    res = Experiment(small_config(*CENTRAL, "training.rounds=2"), run_dir=tmp_path).run(progress=False)
+    res = Experiment(small_plan(*CENTRAL, "training.rounds=2"), run_dir=tmp_path).run(progress=False)
     unit = res.privacy["units"]["instance"]
     assert 0 < res.privacy["epsilon"] < 10 and unit["steps"] == 2  # one instance on one trainer: one step a round
     assert "up to 1 clients' training" in unit["scope"]
-    noisy = Experiment(small_config(*CENTRAL, "training.rounds=2", "privacy.noise_seed=1"), run_dir=tmp_path / "a")
-    other = Experiment(small_config(*CENTRAL, "training.rounds=2", "privacy.noise_seed=2"), run_dir=tmp_path / "b")
+    noisy = Experiment(small_plan(*CENTRAL, "training.rounds=2", "privacy.noise_seed=1"), run_dir=tmp_path / "a")
+    other = Experiment(small_plan(*CENTRAL, "training.rounds=2", "privacy.noise_seed=2"), run_dir=tmp_path / "b")
     noisy.run(progress=False)
     other.run(progress=False)
     assert not torch.equal(noisy.W, other.W)  # the noise is drawn (two secrets, two models)

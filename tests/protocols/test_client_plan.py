@@ -15,7 +15,7 @@ import pytest
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.layers import Bounds, plan_mismatch
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 SHARES = ["protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, noise: clients}"]
 
@@ -28,8 +28,8 @@ def _server_plan(exp: Experiment, round_idx: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def shares(tmp_path_factory):
-    exp = Experiment(small_config(*SHARES), run_dir=tmp_path_factory.mktemp("shares"))
-    node = Experiment(small_config(*SHARES), run_dir=tmp_path_factory.mktemp("node"))  # the node's own copy
+    exp = Experiment(small_plan(*SHARES), run_dir=tmp_path_factory.mktemp("shares"))
+    node = Experiment(small_plan(*SHARES), run_dir=tmp_path_factory.mktemp("node"))  # the node's own copy
     return exp, node, _server_plan(exp, 2)
 
 
@@ -143,7 +143,7 @@ def test_a_malformed_plan_is_one_clear_refusal(shares, plan):
 
 def test_an_empty_cohort_plan_is_plain_json(tmp_path):
     """A Poisson cohort may be empty: under CKKS the sum then holds no update, and the plan is still plain values."""
-    exp = Experiment(small_config("protocols=[dp, ckks]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, "
+    exp = Experiment(small_plan("protocols=[dp, ckks]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5, "
                                   "noise: server}", "ckks.encrypt=[all]"), run_dir=tmp_path)  # fmt: skip
     base = RoundSession(cohort=[], theta=exp.theta, W=exp.W, weighting="uniform")
     plan = json.loads(json.dumps(exp.stack.open_round(0, base).client_plan()))
@@ -176,8 +176,8 @@ def _expected(exp: Experiment, round_idx: int) -> list[dict]:
     ids=["client-dp", "ckks", "keyed-hashing", "instance-dp"],
 )
 def test_other_stacks_plans_pass_and_an_added_step_is_refused(overrides, ops, tmp_path):
-    exp = Experiment(small_config(*overrides), run_dir=tmp_path / "s")
-    node = Experiment(small_config(*overrides), run_dir=tmp_path / "n")
+    exp = Experiment(small_plan(*overrides), run_dir=tmp_path / "s")
+    node = Experiment(small_plan(*overrides), run_dir=tmp_path / "n")
     plan = _server_plan(exp, 0)
     assert [s["op"] for s in plan] == ops
     node.stack.check_client_plan(plan, round_idx=0)
@@ -200,7 +200,7 @@ def test_the_server_refuses_to_send_a_plan_its_nodes_would_refuse(tmp_path, monk
     have every client refuse every round: the server checks its own plan first and stops with one clear error."""
     from protocols.dp.layer import DifferentialPrivacy
 
-    exp = Experiment(small_config("protocols=[dp]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5}"),
+    exp = Experiment(small_plan("protocols=[dp]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5}"),
                      run_dir=tmp_path)  # fmt: skip
     honest = DifferentialPrivacy.client_plan_steps
 

@@ -26,6 +26,7 @@ from protocols.dp.local_dpsgd import LocalDPSGD
 from protocols.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
 from secure_fed.engine.aggregation import Aggregate
+from tests.conftest import small_plan
 
 
 def _stream(i: int = 1) -> SecretStream:
@@ -244,7 +245,6 @@ def test_the_server_w_step_releases_grid_values(monkeypatch, tmp_path):
     """The dp layer's W step forms its noisy sum with :func:`noisy_sum` (recorded here): on the grid of Δ = 2C."""
     from protocols.dp import w_step_release
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
     released = []
 
@@ -254,7 +254,7 @@ def test_the_server_w_step_releases_grid_values(monkeypatch, tmp_path):
         return out
 
     monkeypatch.setattr(w_step_release, "noisy_sum", recording)
-    e = Experiment(small_config("protocols=[dp]", "training.rounds=1", "algorithm.normalize_gamma=false",
+    e = Experiment(small_plan("protocols=[dp]", "training.rounds=1", "algorithm.normalize_gamma=false",
                                 'privacy.instance={"noise_multiplier": 1.0, "clip_norm": 0.7, "sample_rate": 0.5}'),
                    run_dir=tmp_path)  # fmt: skip
     e.setup()

@@ -25,9 +25,10 @@ from secure_fed.algorithms.regularizers import (
     nearest_classes,
     neighbour_hinge_grads,
 )
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 OPACUS = {"rdp": RDPAccountant, "prv": PRVAccountant}
 
@@ -135,7 +136,7 @@ DP_INSTANCE = [
 def test_budget_stops_training_before_the_step_that_would_exceed(tmp_path):
     cfg = small_config(*DP_INSTANCE, 'privacy.instance={"noise_multiplier": 2.0, "target_epsilon": 2.0, "sample_rate": 0.2}',
                        "training.rounds=40")  # fmt: skip
-    res = Experiment(cfg, run_dir=tmp_path).run(progress=False)
+    res = Experiment(build_plan(cfg), run_dir=tmp_path).run(progress=False)
     s = res.summary
     assert s["status"] == "budget_exhausted" and 0 < s["rounds_completed"] < 40
     inst = s["privacy"]["units"]["instance"]
@@ -161,9 +162,9 @@ def test_budget_stops_training_before_the_step_that_would_exceed(tmp_path):
 )
 def test_resume_restores_the_ledger_without_double_counting(tmp_path, stack):
     ov = [*stack, "training.rounds=6", "output.checkpoint_every=3", "privacy.noise_seed=5"]  # two runs, one noise
-    full = Experiment(small_config(*ov), run_dir=tmp_path / "full").run(progress=False).summary
-    Experiment(small_config(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
-    e = Experiment(small_config(*ov), run_dir=tmp_path / "part")
+    full = Experiment(small_plan(*ov), run_dir=tmp_path / "full").run(progress=False).summary
+    Experiment(small_plan(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
+    e = Experiment(small_plan(*ov), run_dir=tmp_path / "part")
     assert e.resume()
     resumed = e.run(progress=False).summary
     unit_name = full["privacy"]["unit"]
@@ -174,7 +175,7 @@ def test_resume_restores_the_ledger_without_double_counting(tmp_path, stack):
 
 
 def test_run_without_dp_says_epsilon_infinite(tmp_path):
-    s = Experiment(small_config("training.rounds=2"), run_dir=tmp_path).run(progress=False).summary
+    s = Experiment(small_plan("training.rounds=2"), run_dir=tmp_path).run(progress=False).summary
     assert s["privacy"]["epsilon"] == "inf"
 
 
@@ -192,7 +193,7 @@ def test_client_side_noise_shares_add_up_to_sigma_and_the_server_adds_none(tmp_p
     from secure_fed.engine.aggregation import RoundSession
 
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE)
-    e = Experiment(cfg, run_dir=tmp_path)
+    e = Experiment(build_plan(cfg), run_dir=tmp_path)
     dp = next(layer for layer in e.stack.layers if isinstance(layer, DifferentialPrivacy))
     base = RoundSession(cohort=[0, 1, 2, 3], theta=e.theta, W=e.W, weighting="uniform")
     session = dp.open_round(0, base)
@@ -216,7 +217,7 @@ def test_client_side_noise_runs_under_secure_aggregation_and_is_refused_under_ck
     approximately (data-dependent error and float decryption noise on the release), so validate refuses it. Under
     general partitions with per-label rows, the secure sum would carry each row's client count exactly: refused too."""
     cfg = small_config("algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE, "training.rounds=2")
-    s = Experiment(cfg, run_dir=tmp_path / "secagg").run(progress=False).summary
+    s = Experiment(build_plan(cfg), run_dir=tmp_path / "secagg").run(progress=False).summary
     assert s["status"] == "completed" and s["privacy"]["units"]["client"]["steps"] == 2
     with pytest.raises(ConfigError, match="CKKS decrypts approximately"):
         small_config("algorithm.name=fedavg", 'protocols=["dp", "ckks"]', CLIENT_NOISE)
@@ -232,7 +233,7 @@ def test_client_side_noise_runs_under_secure_aggregation_and_is_refused_under_ck
 
 def test_a_noise_share_step_sends_no_training_loss(tmp_path):
     """The loss would reach the server inside the secure sum, exactly and outside the noise: the share step sends 0."""
-    exp = Experiment(small_config("algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE),
+    exp = Experiment(small_plan("algorithm.name=fedavg", 'protocols=["dp", "secure_aggregation"]', CLIENT_NOISE),
                      run_dir=tmp_path)  # fmt: skip
     dp = exp.stack.by_name()["dp"]
     reply = {"theta_delta": {n: torch.zeros_like(t) for n, t in exp.theta.items()}, "loss": 1.23, "num_examples": 5}
@@ -252,17 +253,17 @@ def test_a_secure_sum_range_that_would_clip_noise_shares_is_refused(tmp_path):
     calibrated = 'privacy.client={"target_epsilon": 5.0, "clip_norm": 0.5, "noise": "clients"}'
     cfg = small_config(*base, calibrated, "secure_aggregation.clip_range=1.5")  # σ unknown until calibrated
     with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 1.5 would clip the clients' noise shares"):
-        Experiment(cfg, run_dir=tmp_path / "a")
+        Experiment(build_plan(cfg), run_dir=tmp_path / "a")
     with pytest.raises(ConfigError, match=r"clip_range 10.5 would clip .* the grid's γ√d"):
-        Experiment(small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.5"), run_dir=tmp_path / "g")
+        Experiment(small_plan(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.5"), run_dir=tmp_path / "g")
     for name, words in (("64", []), ("32", ["secure_aggregation.modulus_bits=32", "secure_aggregation.frac_bits=16"])):
         cfg = small_config(*base, CLIENT_NOISE, "secure_aggregation.clip_range=10.52", *words)
-        e = Experiment(cfg, run_dir=tmp_path / name)
+        e = Experiment(build_plan(cfg), run_dir=tmp_path / name)
         assert e.run(progress=False).summary["status"] == "completed"
         assert e.stack.by_name()["secure_aggregation"].codec.word_dtype.itemsize * 8 == int(name)
     # the server draws the noise itself (noise: server): the encoded values are clipped updates, no range needed
     ok = small_config(*base, CLIENT_NOISE.replace("clients", "server"), "secure_aggregation.clip_range=5")
-    assert Experiment(ok, run_dir=tmp_path / "d").run(progress=False).summary["status"] == "completed"
+    assert Experiment(build_plan(ok), run_dir=tmp_path / "d").run(progress=False).summary["status"] == "completed"
 
 
 def test_secure_aggregation_refuses_a_range_that_would_clip_its_bookkeeping(tmp_path):
@@ -273,11 +274,11 @@ def test_secure_aggregation_refuses_a_range_that_would_clip_its_bookkeeping(tmp_
     cfg = small_config("algorithm.name=fedavg", 'protocols=["secure_aggregation"]', "secure_aggregation.clip_range=1",
                        "training.aggregation=num_examples", "training.rounds=1")  # fmt: skip
     with pytest.raises(ConfigError, match=r"secure_aggregation.clip_range 1 would clip client 0's weight \(they"):
-        Experiment(cfg, run_dir=tmp_path / "w").run(progress=False)  # client 0 holds 58 examples
+        Experiment(build_plan(cfg), run_dir=tmp_path / "w").run(progress=False)  # client 0 holds 58 examples
     uniform = ["algorithm.name=fedavg", 'protocols=["secure_aggregation"]', "training.rounds=1"]
     with pytest.raises(ConfigError, match=r"clip_range 1 would clip client \d+'s training loss \(they"):
-        Experiment(small_config(*uniform, "secure_aggregation.clip_range=1"), run_dir=tmp_path / "l").run(progress=False)
-    ok = Experiment(small_config(*uniform, "secure_aggregation.clip_range=5"), run_dir=tmp_path / "ok")
+        Experiment(small_plan(*uniform, "secure_aggregation.clip_range=1"), run_dir=tmp_path / "l").run(progress=False)
+    ok = Experiment(small_plan(*uniform, "secure_aggregation.clip_range=5"), run_dir=tmp_path / "ok")
     assert ok.run(progress=False).summary["status"] == "completed"
 
 

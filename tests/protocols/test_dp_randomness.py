@@ -16,7 +16,7 @@ from protocols.dp.layer import DifferentialPrivacy
 from protocols.randomness import SecretStream
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 # one round of plain FedAvg (server step x ← x + Δ̄), so the released θ¹ − θ⁰ is (Σ clipped updates + noise)/(qN)
 ONE_ROUND = ["algorithm.name=fedavg", "training.rounds=1", "training.server_optimizer.name=fedavg",
@@ -35,7 +35,7 @@ def _flat(theta: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _released_update(tmp_path, name, *ov) -> torch.Tensor:
-    e = Experiment(small_config(*ONE_ROUND, *ov), run_dir=tmp_path / name)
+    e = Experiment(small_plan(*ONE_ROUND, *ov), run_dir=tmp_path / name)
     e.setup()
     theta0 = {n: t.clone() for n, t in e.theta.items()}
     e.train_round()
@@ -44,7 +44,7 @@ def _released_update(tmp_path, name, *ov) -> torch.Tensor:
 
 def _regenerated_server_noise(tmp_path, *ov) -> torch.Tensor:
     """The attack: build the mechanism from the public config and draw round 0's noise on a zero sum."""
-    att = Experiment(small_config(*ONE_ROUND, *ov), run_dir=tmp_path / "attacker")
+    att = Experiment(small_plan(*ONE_ROUND, *ov), run_dir=tmp_path / "attacker")
     base = RoundSession(cohort=list(range(len(att.fed.clients))), theta=att.theta, W=att.W, weighting="uniform")
     session = _dp(att).open_round(0, base)
     return _flat(session.post(base.finish()).theta_mean())
@@ -96,7 +96,7 @@ def test_client_noise_shares_cannot_be_regenerated_by_the_server(tmp_path, seede
         truth = _released_update(
             tmp_path, "truth", CLIENT_NOISE[0], 'privacy.client={"noise_multiplier": 1e-9, "clip_norm": 0.5, "noise": "clients"}'
         )
-    att = Experiment(small_config(*ONE_ROUND, *ov), run_dir=tmp_path / "attacker")
+    att = Experiment(small_plan(*ONE_ROUND, *ov), run_dir=tmp_path / "attacker")
     n = len(att.fed.clients)
     noise_hat = _client_share_sum(att) / n  # fixed denominator q·N = N
     ratio = _residual_ratio(released, truth, noise_hat)
@@ -120,7 +120,7 @@ def test_client_sampling_is_drawn_from_the_servers_secret(tmp_path):
     ov = [*SERVER_NOISE, "training.client_fraction=0.5", "training.sampling=poisson", "training.rounds=3"]
 
     def cohorts(name, *extra):
-        e = Experiment(small_config(*ov, *extra, "output.log_messages=true"), run_dir=tmp_path / name)
+        e = Experiment(small_plan(*ov, *extra, "output.log_messages=true"), run_dir=tmp_path / name)
         e.setup()
         out = []
         for _ in range(3):
@@ -139,15 +139,15 @@ def test_resume_without_noise_seed_continues_the_same_secret(tmp_path):
     import shutil
 
     ov = [*SERVER_NOISE, "training.rounds=4", "output.checkpoint_every=1"]
-    Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "a").run(progress=False)
+    Experiment(small_plan(*ov, "training.rounds=2"), run_dir=tmp_path / "a").run(progress=False)
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     ends = []
     for name in ("a", "b"):
-        e = Experiment(small_config(*ov), run_dir=tmp_path / name)
+        e = Experiment(small_plan(*ov), run_dir=tmp_path / name)
         assert e.resume() and e.round == 2
         e.run(progress=False)
         ends.append(_flat(e.theta))
-    fresh = Experiment(small_config(*ov), run_dir=tmp_path / "fresh")
+    fresh = Experiment(small_plan(*ov), run_dir=tmp_path / "fresh")
     fresh.run(progress=False)
     assert torch.equal(ends[0], ends[1])
     assert not torch.equal(ends[0], _flat(fresh.theta))
@@ -189,21 +189,21 @@ def test_secret_gaussian_pairs_have_exponential_radius_and_uniform_angle(dtype):
 
 
 def test_noise_seed_run_says_its_epsilon_does_not_hold_against_who_knows_it(tmp_path):
-    s = Experiment(small_config(*SERVER_NOISE, "training.rounds=1", "privacy.noise_seed=3"), run_dir=tmp_path).run(progress=False)
+    s = Experiment(small_plan(*SERVER_NOISE, "training.rounds=1", "privacy.noise_seed=3"), run_dir=tmp_path).run(progress=False)
     assert "noise_seed" in s.summary["privacy"]["warning"]
-    s2 = Experiment(small_config(*SERVER_NOISE, "training.rounds=1"), run_dir=tmp_path / "b").run(progress=False)
+    s2 = Experiment(small_plan(*SERVER_NOISE, "training.rounds=1"), run_dir=tmp_path / "b").run(progress=False)
     assert "warning" not in s2.summary["privacy"]
 
 
 def test_epsilon_is_reported_per_adversary(tmp_path):
     rounds = 3
-    server = Experiment(small_config(*SERVER_NOISE, f"training.rounds={rounds}"), run_dir=tmp_path / "s").run(progress=False)
+    server = Experiment(small_plan(*SERVER_NOISE, f"training.rounds={rounds}"), run_dir=tmp_path / "s").run(progress=False)
     adv = server.summary["privacy"]["units"]["client"]["adversaries"]
     assert adv["server"]["epsilon"] == "inf" and adv["observer"]["epsilon"] == server.summary["privacy"]["epsilon"]
 
     # fedavg: every released tensor is a noised client sum (fedalc's W would also take an un-noised label-set step,
     # which makes the observer's ε ∞)
-    clients = Experiment(small_config(*CLIENT_NOISE, f"training.rounds={rounds}", "training.client_fraction=0.5",
+    clients = Experiment(small_plan(*CLIENT_NOISE, f"training.rounds={rounds}", "training.client_fraction=0.5",
                                       "training.sampling=poisson", "algorithm.name=fedavg"),
                          run_dir=tmp_path / "c").run(progress=False)  # fmt: skip
     unit = clients.summary["privacy"]["units"]["client"]
@@ -217,7 +217,7 @@ def test_epsilon_is_reported_per_adversary(tmp_path):
     assert unit["adversaries"]["observer"]["epsilon"] == pytest.approx(ref_observer.get_epsilon(1e-5, alphas=ints), rel=1e-9)
     assert unit["adversaries"]["server"]["epsilon"] > unit["adversaries"]["observer"]["epsilon"]
 
-    inst = Experiment(small_config('protocols=["dp"]', "algorithm.normalize_gamma=false", "training.rounds=2",
+    inst = Experiment(small_plan('protocols=["dp"]', "algorithm.normalize_gamma=false", "training.rounds=2",
                                    'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}'),
                       run_dir=tmp_path / "i").run(progress=False)  # fmt: skip
     assert inst.summary["privacy"]["units"]["instance"]["adversaries"]["server"]["epsilon"] == "inf"
@@ -228,7 +228,7 @@ def test_client_level_dp_reports_instance_level_group_privacy(tmp_path, bound):
     """The group is the public bound on the clients an instance sits on: privacy.client.max_labels_per_instance,
     or without one the number of labels (every instance could have them all); never the data's largest label count."""
     ov = [] if bound is None else [f"privacy.client.max_labels_per_instance={bound}"]
-    e = Experiment(small_config(*SERVER_NOISE, "training.rounds=2", *ov), run_dir=tmp_path)
+    e = Experiment(small_plan(*SERVER_NOISE, "training.rounds=2", *ov), run_dir=tmp_path)
     s = e.run(progress=False).summary
     unit = s["privacy"]["units"]["client"]
     data_k = int(np.asarray(e.dataset.train.labels.sum(axis=1)).max())  # positive-only: one client per label
@@ -247,7 +247,7 @@ def test_client_level_dp_reports_instance_level_group_privacy(tmp_path, bound):
 
 def _empty_cohort_round(tmp_path, *ov) -> tuple[Experiment, torch.Tensor]:
     """One round of plain FedAvg (server lr 1) whose secret Poisson cohort comes out empty."""
-    e = Experiment(small_config(*ONE_ROUND, *ov, "training.client_fraction=0.5", "training.sampling=poisson"),
+    e = Experiment(small_plan(*ONE_ROUND, *ov, "training.client_fraction=0.5", "training.sampling=poisson"),
                    run_dir=tmp_path)  # fmt: skip
     e.setup()
     e.stack.cohort_uniforms = lambda r, n: np.ones(n)  # every client's draw above q: nobody is sampled
@@ -279,7 +279,7 @@ def test_an_empty_poisson_cohort_releases_the_full_noise_and_is_charged(tmp_path
 def test_a_round_the_secure_sum_aborts_is_still_charged(tmp_path):
     """Dropouts below the secure sum's threshold abort the round after its secret cohort trained: the abort is
     observable, so the round costs a step like any other."""
-    e = Experiment(small_config(*CLIENT_NOISE, "training.rounds=3", "secure_aggregation.dropout=0.95"), run_dir=tmp_path)
+    e = Experiment(small_plan(*CLIENT_NOISE, "training.rounds=3", "secure_aggregation.dropout=0.95"), run_dir=tmp_path)
     e.setup()
     for _ in range(3):
         e.train_round()
@@ -296,13 +296,13 @@ def test_a_round_re_run_after_an_interrupt_is_charged_once(tmp_path):
     draws, so the ledger does not charge it twice; round 1 is charged as usual. Each unit independently (Opacus)."""
     ov = ['protocols=["dp"]', 'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5}', "algorithm.name=fedavg",
           'privacy.local={"noise_multiplier": 1.0, "clip_norm": 1.0, "max_labels_per_instance": 8}']  # fmt: skip
-    e = Experiment(small_config(*ov), run_dir=tmp_path / "a")
+    e = Experiment(small_plan(*ov), run_dir=tmp_path / "a")
     dp = _dp(e)
     base = lambda: RoundSession(cohort=[0], theta=e.theta, W=e.W, weighting="uniform")  # noqa: E731
     dp.open_round(0, base())
     dpsgd_steps, client_unit_steps = dp.units["instance"].mechanism("client_training").steps, dp.units["client"].steps
     assert dpsgd_steps > 0 and client_unit_steps == 1
-    resumed = _dp(Experiment(small_config(*ov), run_dir=tmp_path / "b"))
+    resumed = _dp(Experiment(small_plan(*ov), run_dir=tmp_path / "b"))
     resumed.load_state_dict(dp.state_dict())
     resumed.open_round(0, base())  # the interrupted round again
     assert resumed.units["client"].steps == 1
@@ -320,7 +320,7 @@ def test_a_client_trains_a_round_again_only_on_the_same_payload(tmp_path):
     """The DP layer's client side remembers, per client, a digest of the payload and plan it trained each round on
     (in its client state, so a node keeps it across messages and a resumed run); another payload or plan for a
     trained round is refused, the same ones are not; without round-addressed client randomness nothing is checked."""
-    exp = Experiment(small_config("protocols=[dp]", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, "
+    exp = Experiment(small_plan("protocols=[dp]", "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, "
                                   "batch_sample_rate: 0.5, max_labels_per_instance: 8}", "algorithm.name=fedaws"),
                      run_dir=tmp_path / "a")  # fmt: skip
     dp = exp.stack.by_name()["dp"]
@@ -335,14 +335,14 @@ def test_a_client_trains_a_round_again_only_on_the_same_payload(tmp_path):
     with pytest.raises(PermissionError, match="client 3: round 0 arrived again"):
         dp.check_round_payload(3, 0, a, other_plan)
     state = dp.client_state_dict()
-    fresh = Experiment(exp.cfg, run_dir=tmp_path / "b").stack.by_name()["dp"]
+    fresh = Experiment(exp.plan, run_dir=tmp_path / "b").stack.by_name()["dp"]
     fresh.load_client_state_dict(state)  # a node's next message (or a resumed run) takes the record up
     with pytest.raises(PermissionError, match="round 1 arrived again"):
         fresh.check_round_payload(3, 1, a, plan)
     fresh.load_client_state_dict({cid: {k: v for k, v in st.items() if k != "trained"} for cid, st in state.items()})
     fresh.check_round_payload(3, 1, a, plan)  # state from before the record existed: nothing remembered
 
-    server_noise = Experiment(small_config("protocols=[dp]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5}"),
+    server_noise = Experiment(small_plan("protocols=[dp]", "privacy.client={noise_multiplier: 1.0, clip_norm: 0.5}"),
                               run_dir=tmp_path / "c").stack.by_name()["dp"]  # fmt: skip
     server_noise.check_round_payload(3, 0, a, plan)
     server_noise.check_round_payload(3, 0, b, plan)  # no client randomness: nothing to protect

@@ -15,7 +15,7 @@ import torch
 from protocols.dp.local_dpsgd import LocalDPSGD
 from protocols.randomness import SecretStream
 from secure_fed.algorithms.instance_keys import instance_keys
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config
 from secure_fed.errors import SecureFedError
 from secure_fed.models.ctran import UNKNOWN, label_mask_states_keyed
 
@@ -120,7 +120,7 @@ def test_a_private_step_that_draws_from_torchs_generator_raises(monkeypatch, tmp
 
     cfg = load_config(overrides=[*c.overrides(), "model.ctran.dropout=auto"])
     with pytest.raises(RuntimeError, match="drew from torch's global generator"):
-        Experiment(cfg, run_dir=tmp_path / "run").run(progress=False)
+        Experiment(build_plan(cfg), run_dir=tmp_path / "run").run(progress=False)
 
 
 def test_each_step_draws_afresh_and_the_canary_wrapper_passes_the_draws_through():

@@ -15,10 +15,11 @@ from protocols.ckks import make_context, public_bytes
 from protocols.keyed_hashing import keyed_token, quantized_embedding_bytes
 from secure_fed.algorithms.label_sets import Sha256Tokenizer, canonical_instance_bytes
 from secure_fed.algorithms.regularizers import correlation_gamma, correlation_sigma
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError
 from secure_fed.plugin_specs import layer_specs
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 
 def _blob(obj) -> bytes:
@@ -55,9 +56,9 @@ def test_quantized_embedding_encoding_is_stable_across_devices_and_dtypes():
 @pytest.mark.parametrize("algo", ["fedalc", "fedalc_fixed"])
 def test_pseudonymous_label_sets_give_the_same_weights_as_clear_labels(tmp_path, algo):
     ov = [f"algorithm.name={algo}", "training.rounds=1", *(["algorithm.fixed_steps=3"] if algo == "fedalc_fixed" else [])]
-    clear = Experiment(small_config(*ov), run_dir=tmp_path / "clear")
+    clear = Experiment(small_plan(*ov), run_dir=tmp_path / "clear")
     clear.setup()
-    keyed = Experiment(small_config(*ov, 'protocols=["keyed_hashing"]', "output.log_messages=true"), run_dir=tmp_path / "k")
+    keyed = Experiment(small_plan(*ov, 'protocols=["keyed_hashing"]', "output.log_messages=true"), run_dir=tmp_path / "k")
     keyed.setup()
     perm = torch.as_tensor(keyed.label_perm)
     assert sorted(perm.tolist()) == list(range(len(perm))) and not torch.equal(perm, torch.arange(len(perm)))
@@ -101,7 +102,7 @@ def _overrides(algo: str, stack: list[str]) -> list[str]:
 @pytest.mark.parametrize("algo", ["fedavg", "fedavg_fixed", "fedaws", "fedalc", "fedalc_fixed"])
 def test_every_algorithm_runs_with_every_stack_and_reports_epsilon(tmp_path, algo, stack):
     cfg = small_config(*_overrides(algo, stack))
-    res = Experiment(cfg, run_dir=tmp_path).run(progress=False)
+    res = Experiment(build_plan(cfg), run_dir=tmp_path).run(progress=False)
     s = res.summary
     assert s["status"] == "completed" and np.isfinite(s["final"]["P@1"])
     lines = [__import__("json").loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -116,9 +117,9 @@ def test_every_algorithm_runs_with_every_stack_and_reports_epsilon(tmp_path, alg
 def test_secure_sum_equals_plaintext_aggregation(tmp_path, layer):
     """Same seed, same updates: the round's result through the protocol matches the plaintext one."""
     ov = ["algorithm.name=fedaws", "training.rounds=2"]
-    plain = Experiment(small_config(*ov), run_dir=tmp_path / "p")
+    plain = Experiment(small_plan(*ov), run_dir=tmp_path / "p")
     plain.run(progress=False)
-    sec = Experiment(small_config(*ov, f'protocols=["{layer}"]'), run_dir=tmp_path / "s")
+    sec = Experiment(small_plan(*ov, f'protocols=["{layer}"]'), run_dir=tmp_path / "s")
     sec.run(progress=False)
     for n in plain.theta:
         err = (plain.theta[n] - sec.theta[n]).norm() / plain.theta[n].norm()
@@ -141,7 +142,7 @@ def test_the_secagg_layer_keeps_masked_inputs_only_when_messages_are_logged(tmp_
 
     monkeypatch.setattr(secagg_layer, "SecAggServer", Recording)
     ov = ["algorithm.name=fedaws", "training.rounds=1", 'protocols=["secure_aggregation"]']
-    Experiment(small_config(*ov, f"output.log_messages={str(log_messages).lower()}"), run_dir=tmp_path).run(progress=False)
+    Experiment(small_plan(*ov, f"output.log_messages={str(log_messages).lower()}"), run_dir=tmp_path).run(progress=False)
     kept = [y for s in servers for kind, _, y in s.transcript if kind == "masked_input"]
     assert servers and kept and all((y is not None) == log_messages for y in kept)
 
@@ -157,7 +158,7 @@ def test_ckks_clients_send_the_ciphertexts_of_the_rows_the_server_sent_them(tmp_
     named, of their counts, and the meta block; the sums equal those of every client sending every block."""
     runs = {}
     for mode in ("own", "all"):
-        e = Experiment(small_config(*CKKS_ROWS, f"ckks.row_blocks={mode}"), run_dir=tmp_path / mode)
+        e = Experiment(small_plan(*CKKS_ROWS, f"ckks.row_blocks={mode}"), run_dir=tmp_path / mode)
         e.run(progress=False)
         runs[mode] = e
     e = runs["own"]
@@ -185,7 +186,7 @@ def test_ckks_blocks_that_no_client_sent_decrypt_as_zeros_in_their_place(tmp_pat
     """Two clients a round (one would be aborted: its sum is its update): the summed blocks miss the other rows'
     blocks (with seed 0's cohorts, 2 or 3 of the 4 every round), and the decrypted sum still lands in the right slots
     (against the exact sum)."""
-    e = Experiment(small_config(*CKKS_ROWS, "training.rounds=3", "training.clients_per_round=2"), run_dir=tmp_path)
+    e = Experiment(small_plan(*CKKS_ROWS, "training.rounds=3", "training.clients_per_round=2"), run_dir=tmp_path)
     e.run(progress=False)
     summed = [d["ckks_ciphertexts_summed"] for d in e.diagnostics if "ckks_ciphertexts_summed" in d]
     assert len(summed) == 3 and max(summed) < 4
@@ -198,9 +199,9 @@ def test_ckks_groups_apart_in_the_layout_decrypt_into_their_places(tmp_path, gro
     layer between plaintext ones): the decrypted and plaintext parts go back to their slots (against the exact
     sum), and the model matches the plaintext run's."""
     ov = ["algorithm.name=fedaws", "training.rounds=1"]
-    plain = Experiment(small_config(*ov), run_dir=tmp_path / "p")
+    plain = Experiment(small_plan(*ov), run_dir=tmp_path / "p")
     plain.run(progress=False)
-    e = Experiment(small_config(*ov, 'protocols=["ckks"]', f"ckks.encrypt={groups}"), run_dir=tmp_path / "c")
+    e = Experiment(small_plan(*ov, 'protocols=["ckks"]', f"ckks.encrypt={groups}"), run_dir=tmp_path / "c")
     e.run(progress=False)
     assert 0 < e.stack.by_name()["ckks"].max_abs_error < 1e-5
     for n in plain.theta:
@@ -210,7 +211,7 @@ def test_ckks_groups_apart_in_the_layout_decrypt_into_their_places(tmp_path, gro
 def test_ckks_blocks_do_not_depend_on_the_update_values_and_values_outside_them_are_refused(tmp_path):
     """The blocks of a reply are those of its rows' ids whatever the values (a zero row delta, a zero θ: the same
     blocks; choosing them by non-zero values would leak); an update with a value outside its blocks raises."""
-    e = Experiment(small_config(*CKKS_ROWS), run_dir=tmp_path)
+    e = Experiment(small_plan(*CKKS_ROWS), run_dir=tmp_path)
     e.setup()
     layer = e.stack.by_name()["ckks"]
     theta = {n: torch.randn_like(t) for n, t in e.theta.items()}
@@ -243,7 +244,7 @@ def test_ckks_refuses_a_reply_naming_rows_it_was_not_sent(tmp_path, monkeypatch)
         return run
 
     monkeypatch.setattr(Experiment, "client_fn", shifted)
-    e = Experiment(small_config(*CKKS_ROWS), run_dir=tmp_path)
+    e = Experiment(small_plan(*CKKS_ROWS), run_dir=tmp_path)
     with pytest.raises(Exception, match="names rows other than those it was sent"):
         e.run(progress=False)
 
@@ -254,7 +255,7 @@ def test_ckks_sends_every_block_for_a_reply_with_a_value_on_every_row(tmp_path):
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp", "ckks"]', "dataset.synthetic.num_labels=40",
                        "model.embedding_dim=256", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2, '
                        '"noise": "server"}')  # fmt: skip
-    layer = Experiment(cfg, run_dir=tmp_path).stack.by_name()["ckks"]
+    layer = Experiment(build_plan(cfg), run_dir=tmp_path).stack.by_name()["ckks"]
     (key,) = layer.layout.full_table_keys
     n = layer.num_blocks
     reply = {"rows_delta": torch.ones(1, 256), "row_ids": torch.tensor([3])}
@@ -277,7 +278,7 @@ def test_ckks_decrypted_sum_within_1e4_relative():
 
 
 def test_server_context_is_public_only(tmp_path):
-    e = Experiment(small_config('protocols=["ckks"]', "training.rounds=1"), run_dir=tmp_path)
+    e = Experiment(small_plan('protocols=["ckks"]', "training.rounds=1"), run_dir=tmp_path)
     e.run(progress=False)
     layer = e.stack.layers[0]
     ctx = ts.context_from(layer.server_context_bytes)
@@ -300,7 +301,7 @@ def test_a_ckks_run_with_a_noise_seed_says_its_decryption_noise_is_derivable(tmp
 
     runs = {}
     for name, extra in (("seeded", ["privacy.noise_seed=4"]), ("fresh", [])):
-        e = Experiment(small_config('protocols=["ckks"]', "algorithm.name=fedavg", "training.rounds=1", *extra),
+        e = Experiment(small_plan('protocols=["ckks"]', "algorithm.name=fedavg", "training.rounds=1", *extra),
                        run_dir=tmp_path / name)  # fmt: skip
         with caplog.at_level("WARNING"):
             e.run(progress=False)
@@ -315,7 +316,7 @@ def test_a_ckks_run_with_a_noise_seed_says_its_decryption_noise_is_derivable(tmp
 def test_a_ckks_checkpoint_without_decryption_noise_secrets_is_refused(tmp_path):
     """Key holders' state saved before 2026-11-26 has no noise secret: those runs released exact decryptions, from
     which two rounds give the server the key (threat_models.ckks_key_recovery), so resuming one is refused."""
-    e = Experiment(small_config('protocols=["ckks"]', "algorithm.name=fedavg", "training.rounds=1"), run_dir=tmp_path)
+    e = Experiment(small_plan('protocols=["ckks"]', "algorithm.name=fedavg", "training.rounds=1"), run_dir=tmp_path)
     e.run(progress=False)
     ck = e.stack.by_name()["ckks"]
     state = ck.client_state_dict()
@@ -329,7 +330,7 @@ def test_a_ckks_checkpoint_without_decryption_noise_secrets_is_refused(tmp_path)
 def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
     cfg = small_config('protocols=["keyed_hashing", "dp", "ckks"]', "algorithm.normalize_gamma=false",
                        'privacy.instance={"target_epsilon": 4}', "training.rounds=2", "output.log_messages=true")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path)
+    e = Experiment(build_plan(cfg), run_dir=tmp_path)
     e.run(progress=False)
     kh, ck = e.stack.layers[0], e.stack.layers[2]
     run_keys = {ring.run_key for ring in kh._clients.values()} | {ring.salt for ring in kh._clients.values()}
@@ -363,7 +364,7 @@ def test_keys_never_reach_server_objects_logs_or_checkpoints(tmp_path):
 
 @pytest.mark.parametrize("layer", ["secure_aggregation", "ckks"])
 def test_server_sees_no_individual_update(tmp_path, layer):
-    e = Experiment(small_config("algorithm.name=fedaws", f'protocols=["{layer}"]', "training.rounds=1",
+    e = Experiment(small_plan("algorithm.name=fedaws", f'protocols=["{layer}"]', "training.rounds=1",
                                 "output.log_messages=true"), run_dir=tmp_path)  # fmt: skip
     e.run(progress=False)
     # public keys, sealed shares, contexts: the layers' setup and stage messages (not the masked update itself)
@@ -383,9 +384,9 @@ def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path, modulus):
     64-bit words and in 32-bit ones)."""
     ov = ["algorithm.name=fedaws", "training.rounds=2", 'privacy.client={"noise_multiplier": 0.5, "clip_norm": 0.2}',
           "privacy.noise_seed=3"]  # the same noise in both runs  # fmt: skip
-    a = Experiment(small_config(*ov, 'protocols=["dp"]'), run_dir=tmp_path / "a")
+    a = Experiment(small_plan(*ov, 'protocols=["dp"]'), run_dir=tmp_path / "a")
     ra = a.run(progress=False)
-    b = Experiment(small_config(*ov, 'protocols=["dp", "secure_aggregation"]', *modulus), run_dir=tmp_path / "b")
+    b = Experiment(small_plan(*ov, 'protocols=["dp", "secure_aggregation"]', *modulus), run_dir=tmp_path / "b")
     rb = b.run(progress=False)
     assert b.stack.by_name()["secure_aggregation"].codec.word_dtype == (np.uint32 if modulus else np.uint64)
     for n in a.theta:
@@ -397,7 +398,7 @@ def test_dp_then_secure_aggregation_equals_dp_alone(tmp_path, modulus):
 def test_label_names_stay_off_the_uplink_with_pseudonyms(tmp_path, pseudonyms):
     cfg = small_config('protocols=["keyed_hashing"]', f"keyed_hashing.pseudonymize_labels={str(pseudonyms).lower()}",
                        "training.rounds=1", "output.log_messages=true")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path)
+    e = Experiment(build_plan(cfg), run_dir=tmp_path)
     e.run(progress=False)
     token_msgs = [m["message"] for m in e.messages if m["direction"] == "up" and "tokens" in m["message"]]
     assert token_msgs
@@ -416,11 +417,11 @@ def test_a_keyed_hashing_run_resumes_from_the_clients_own_storage(tmp_path):
 
     ov = ['protocols=["keyed_hashing"]', "training.rounds=4", "output.checkpoint_every=2", "evaluation.every=2"]
     with pinned_run_key():
-        whole = Experiment(small_config(*ov), run_dir=tmp_path / "whole")
+        whole = Experiment(small_plan(*ov), run_dir=tmp_path / "whole")
         whole.run(progress=False)
     with pinned_run_key():
-        Experiment(small_config(*ov, "training.rounds=2"), run_dir=tmp_path / "split").run(progress=False)
-    resumed = Experiment(small_config(*ov), run_dir=tmp_path / "split")
+        Experiment(small_plan(*ov, "training.rounds=2"), run_dir=tmp_path / "split").run(progress=False)
+    resumed = Experiment(small_plan(*ov), run_dir=tmp_path / "split")
     assert resumed.resume() and resumed.round == 2
     kh = resumed.stack.by_name()["keyed_hashing"]
     assert len(kh._clients) == len(resumed.fed.clients) and all(r.run_key for r in kh._clients.values())

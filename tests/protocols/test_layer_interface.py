@@ -13,7 +13,7 @@ import pytest
 import torch
 from pydantic import BaseModel, Field
 
-from secure_fed.config import schema
+from secure_fed.config import build_plan, schema
 from secure_fed.engine import Experiment
 from secure_fed.engine.layers import ClientSide, LayerState, Ledger, ProtocolLayer, ProtocolStack, SetupResult
 from secure_fed.plugin_specs import LayerSpec, layer_specs
@@ -71,7 +71,7 @@ def _reaches_config(obj, config_type, seen: set[int], depth: int = 0) -> str | N
 @pytest.mark.parametrize("overrides", CONFIGS, ids=["keyed_hashing+dp+secagg", "dp+ckks"])
 def test_each_layer_is_built_from_its_own_settings_never_the_config(tmp_path, overrides):
     cfg = small_config(*overrides)
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     specs = layer_specs()
     assert [layer.name for layer in exp.stack.layers] == list(cfg.protocols)
     for layer in exp.stack.layers:
@@ -156,7 +156,7 @@ def clipping_registered(monkeypatch):
 
 def test_a_third_party_clipping_layer_with_its_own_section_runs(tmp_path, clipping_registered):
     cfg = small_config("algorithm.name=fedavg", 'protocols=["clipping"]', "clipping.max_norm=0.01", "training.rounds=2")
-    exp = Experiment(cfg, run_dir=tmp_path)
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
     (layer,) = exp.stack.layers
     assert isinstance(layer.settings, ClippingSection) and layer.settings.max_norm == 0.01
     assert ProtocolLayer.setup(layer, None) == SetupResult()  # the defaults: no setup, no ledger, no state

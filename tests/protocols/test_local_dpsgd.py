@@ -15,7 +15,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from protocols.dp.accountant import RDP_ORDERS
 from protocols.dp.local_dpsgd import LocalDPSGD, steps_per_epoch
 from protocols.randomness import SecretStream
-from secure_fed.config import load_config
+from secure_fed.config import load_plan
 from secure_fed.engine import Experiment
 from tests.conftest import SMALL
 
@@ -84,7 +84,7 @@ def _update_norm(reply):
 def test_the_trainer_takes_its_gradient_from_the_privatizer(tmp_path):
     """Plain SGD from the privatizer's clipped sums: each step moves (θ, rows) by at most lr·|batch|·C/B, so with a
     tiny C the whole update is tiny; the same client without clipping moves far more."""
-    exp = Experiment(load_config(overrides=[*SMALL, *LOCAL]), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=[*SMALL, *LOCAL]), run_dir=tmp_path / "run")
     client = exp.fed.clients[0]
     payload = exp.algorithm.downlink(exp.theta, exp.W, client.known_labels)
     q, clip, B = 0.5, 1e-4, 32.0
@@ -101,7 +101,7 @@ def test_the_trainer_takes_its_gradient_from_the_privatizer(tmp_path):
 def test_the_trainers_noise_has_std_lr_sigma_c_over_b_per_step(tmp_path):
     """The noise reaches the update: the same client, batches and generator with σ = 3 and σ = 0 differ by
     N(0, steps·(lr·σ·C/B)²) per coordinate of the plain-SGD update (first steps, before the noise feeds back)."""
-    exp = Experiment(load_config(overrides=[*SMALL, *LOCAL, "model.hidden_dims=[256]"]), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=[*SMALL, *LOCAL, "model.hidden_dims=[256]"]), run_dir=tmp_path / "run")
     client = exp.fed.clients[0]
     payload = exp.algorithm.downlink(exp.theta, exp.W, client.known_labels)
     sigma, clip, B, q = 3.0, 1e-3, 32.0, 0.5  # a small C: the two runs' gradients differ only at second order
@@ -128,7 +128,7 @@ def test_instance_epsilon_composes_both_mechanisms_as_opacus_does(tmp_path):
     over = ["training.rounds=3", "evaluation.every=3", "output.progress=false", "device=cpu", "protocols=[dp]",
             "algorithm.normalize_gamma=false", f"privacy.instance={{clip_norm: 1.0, sample_rate: 0.1, target_epsilon: {target}}}",
             "privacy.local={clip_norm: 1.0, batch_sample_rate: 0.5, max_labels_per_instance: 3}"]  # fmt: skip
-    exp = Experiment(load_config(overrides=over), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=over), run_dir=tmp_path / "run")
     summary = exp.run(progress=False).summary
     unit = summary["privacy"]["units"]["instance"]
     mech = unit["mechanisms"]
@@ -160,7 +160,7 @@ def test_budget_stops_client_training_before_the_target(tmp_path):
     over = [*SMALL, "training.rounds=30", "protocols=[dp]", "algorithm.name=fedaws",
             "privacy.local={clip_norm: 1.0, noise_multiplier: 2.0, batch_sample_rate: 0.5, target_epsilon: 8, "
             "max_labels_per_instance: 8}"]  # fmt: skip
-    exp = Experiment(load_config(overrides=over), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=over), run_dir=tmp_path / "run")
     summary = exp.run(progress=False).summary
     unit = summary["privacy"]["units"]["instance"]
     assert summary["status"] == "budget_exhausted" and float(unit["epsilon"]) <= 8
@@ -179,7 +179,7 @@ def test_noise_is_secret_from_the_public_seed(tmp_path):
             "max_labels_per_instance: 8}"]  # fmt: skip
     thetas = []
     for i, extra in enumerate([[], [], ["privacy.noise_seed=5"], ["privacy.noise_seed=5"]]):
-        exp = Experiment(load_config(overrides=[*base, *extra]), run_dir=tmp_path / f"r{i}")
+        exp = Experiment(load_plan(overrides=[*base, *extra]), run_dir=tmp_path / f"r{i}")
         exp.run(progress=False)
         thetas.append(torch.cat([t.flatten() for t in exp.theta.values()]))
     assert not torch.allclose(thetas[0], thetas[1])

@@ -16,11 +16,12 @@ from protocols.dp.client_dp import update_dim
 from protocols.dp.discrete_gaussian import release_grid
 from protocols.dp.local_dpsgd import LocalDPSGD
 from protocols.randomness import SecretStream
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.errors import ConfigError
 from tests.config.test_bad_input import _default, assert_one_error_line, cli
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 SIGMA, CLIP, Q = 1.5, 1.0, 0.8
 SHARES = f"privacy.local={{clip_norm: {CLIP}, noise_multiplier: {SIGMA}, batch_sample_rate: {Q}, max_labels_per_instance: 1, noise: shares}}"  # noqa: E501
@@ -36,7 +37,7 @@ def test_the_server_sum_carries_the_central_noise_once_not_once_per_client(tmp_p
     sums has variance σ²(C + γ√d)² (the accounted noise), all 10 have 10/6 of it, and 6 clients each adding the full
     noise (noise: local) have 6× (the cohort's). Measured over every θ coordinate (≈1,000 independent draws) and the
     row shares, to 6 standard errors of a sample variance; the server divides by public constants only."""
-    e = Experiment(small_config(*BASE, SHARES, "training.rounds=1", "dataset.synthetic.num_labels=10"), run_dir=tmp_path)
+    e = Experiment(small_plan(*BASE, SHARES, "training.rounds=1", "dataset.synthetic.num_labels=10"), run_dir=tmp_path)
     dp = e.stack.by_name()["dp"]
     n, t = 10, 6
     assert len(e.fed.clients) >= n
@@ -88,7 +89,7 @@ def test_ledger_is_one_subsampled_gaussian_step_a_round_and_the_run_reports_a_fi
     """End to end with [dp, secure_aggregation]: the run completes; the instance unit took one step a round at (σ, q),
     and its ε is Opacus's for that history; the server's ε is the same, said to hold only with the secure sum."""
     rounds = 3
-    s = Experiment(small_config(*BASE, SHARES, f"training.rounds={rounds}"), run_dir=tmp_path).run(progress=False).summary
+    s = Experiment(small_plan(*BASE, SHARES, f"training.rounds={rounds}"), run_dir=tmp_path).run(progress=False).summary
     assert s["status"] == "completed"
     unit = s["privacy"]["units"]["instance"]
     assert unit["steps"] == rounds and unit["noise_multiplier"] == SIGMA and unit["sample_rate"] == Q
@@ -104,7 +105,7 @@ def test_ledger_is_one_subsampled_gaussian_step_a_round_and_the_run_reports_a_fi
 
 def test_shares_train_the_model_from_the_noisy_sum(tmp_path):
     """The clients' replies are their noisy sums, not zero (their own model takes no step): θ moves in a round."""
-    e = Experiment(small_config(*BASE, SHARES, "training.rounds=1"), run_dir=tmp_path)
+    e = Experiment(small_plan(*BASE, SHARES, "training.rounds=1"), run_dir=tmp_path)
     before = _flat(e.theta.values()).clone()
     e.run(progress=False)
     assert not torch.allclose(_flat(e.theta.values()), before)
@@ -143,7 +144,7 @@ def test_default_noise_is_local(tmp_path):
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp"]',
                        "privacy.local={clip_norm: 1.0, noise_multiplier: 1.0, max_labels_per_instance: 8}")  # fmt: skip
     assert cfg.privacy.local.noise == "local"
-    dp = Experiment(cfg, run_dir=tmp_path).stack.by_name()["dp"]
+    dp = Experiment(build_plan(cfg), run_dir=tmp_path).stack.by_name()["dp"]
     assert not dp.local_shares and type(dp.local_privatizer(0, 0)) is LocalDPSGD
 
 
@@ -152,7 +153,7 @@ def test_a_calibrated_sigma_whose_shares_the_encoding_would_clip_is_refused_when
     calibrated = SHARES_SET.replace(f"noise_multiplier: {SIGMA}", "target_epsilon: 2")
     cfg = small_config(*BASE, f"privacy.local={calibrated}", "training.rounds=1", "secure_aggregation.clip_range=5")
     with pytest.raises(ConfigError, match=r"clip_range 5 would clip the clients' noise shares: under privacy.local"):
-        Experiment(cfg, run_dir=tmp_path)
+        Experiment(build_plan(cfg), run_dir=tmp_path)
 
 
 def test_a_clipped_sum_beyond_the_encodings_room_is_clamped_before_the_share():

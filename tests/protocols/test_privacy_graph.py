@@ -26,7 +26,7 @@ from protocols.dp.privacy_graph import Graph, finite
 from protocols.dp.run_graph import mechanism_kind, run_graph
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
-from tests.conftest import REPO, small_config
+from tests.conftest import REPO, small_plan
 
 #: the audit's configuration (issue 52): Bibtex FedALC, the W step at ε 4 and client-level DP at ε 4, q = 0.5
 INSTANCE_AND_CLIENT = ['privacy.client={"target_epsilon": 4, "clip_norm": 1, "max_labels_per_instance": 3}',
@@ -119,7 +119,7 @@ def test_a_run_reports_the_composed_epsilon_for_the_released_model(tmp_path):
           'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}',
           'privacy.client={"noise_multiplier": 3.0, "clip_norm": 1.0, "max_labels_per_instance": 2}',
           "training.client_fraction=0.5", "training.sampling=poisson"]  # fmt: skip
-    res = Experiment(small_config(*ov), run_dir=tmp_path).run(progress=False)
+    res = Experiment(small_plan(*ov), run_dir=tmp_path).run(progress=False)
     priv = res.summary["privacy"]
     inst = priv["units"]["instance"]
     observer = inst["adversaries"]["observer"]

@@ -13,8 +13,9 @@ import math
 import pytest
 import torch
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 INSTANCE = ['protocols=["dp"]', "algorithm.normalize_gamma=false",
             'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}', "privacy.noise_seed=7"]  # fmt: skip
@@ -37,7 +38,7 @@ def _w_step_on(exp, sets, state) -> torch.Tensor:
 
 
 def test_the_w_step_releases_the_same_distribution_on_n_and_n_minus_1_label_sets(tmp_path):
-    exp = Experiment(small_config(*INSTANCE, "training.rounds=1"), run_dir=tmp_path / "run")
+    exp = Experiment(small_plan(*INSTANCE, "training.rounds=1"), run_dir=tmp_path / "run")
     exp.setup()
     alg = exp.algorithm
     sets = alg.label_sets
@@ -69,14 +70,14 @@ def test_client_level_row_divisors_are_public_in_a_general_partition(tmp_path):
         'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}',
         "training.rounds=1",
     )
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     per_row = exp.stack_env.clients_per_row
     assert per_row.tolist() == [5] * exp.dataset.num_labels
 
 
 def test_client_level_row_divisors_are_one_per_label_in_the_positive_only_setting(tmp_path):
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp"]', 'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}')
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     assert exp.stack_env.clients_per_row.tolist() == [1] * exp.dataset.num_labels
 
 
@@ -97,7 +98,7 @@ def test_the_client_level_mean_divides_by_config_facts_whatever_the_cohort(tmp_p
     cfg = small_config("algorithm.name=fedaws", 'protocols=["dp"]', "training.client_fraction=0.5",
                        "training.sampling=poisson", "training.rounds=4",
                        'privacy.client={"noise_multiplier": 1.0, "clip_norm": 0.5}')  # fmt: skip
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     exp.run(progress=False)
     n = len(exp.fed.clients)
     assert len(seen) == 4 and len({c for c, _, _ in seen}) > 1  # cohorts of different sizes

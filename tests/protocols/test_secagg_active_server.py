@@ -16,6 +16,7 @@ from protocols.crypto import KeyPair, SigningKey, add_masks, open_sealed, secret
 from protocols.secagg import protocol
 from protocols.secagg.protocol import SecAggClient, SecAggServer, _pair_info, neighbour_graph, secure_sum, threshold_for
 from protocols.secagg.signing import ForgedMessage, consistency_quorum, survivors_message
+from tests.conftest import small_plan
 
 BITS = 64
 
@@ -204,9 +205,8 @@ def test_the_graph_order_is_keyed_by_all_256_bits():
 
 def test_the_layer_draws_each_rounds_order_from_256_secret_bits(tmp_path):
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
-    exp = Experiment(small_config("protocols=[secure_aggregation]"), run_dir=tmp_path)
+    exp = Experiment(small_plan("protocols=[secure_aggregation]"), run_dir=tmp_path)
     layer = exp.stack.by_name()["secure_aggregation"]
     seeds = [layer.graph_seed(r) for r in range(3)]
     assert all(isinstance(s, bytes) and len(s) == 32 for s in seeds) and len(set(seeds)) == 3
@@ -217,9 +217,8 @@ def test_the_layer_draws_each_rounds_order_from_256_secret_bits(tmp_path):
 
 def _layer_run(tmp_path, *extra):
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
-    exp = Experiment(small_config("protocols=[secure_aggregation]", "training.rounds=1", *extra), run_dir=tmp_path)
+    exp = Experiment(small_plan("protocols=[secure_aggregation]", "training.rounds=1", *extra), run_dir=tmp_path)
     return exp, exp.run(progress=False)
 
 
@@ -302,9 +301,8 @@ def _data(cid: int):
 def _set_up_layer(tmp_path, *extra):
     """A layer after its key set-up (every client registered and pinned), before any round."""
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
-    exp = Experiment(small_config("protocols=[secure_aggregation]", "training.rounds=1", *extra), run_dir=tmp_path)
+    exp = Experiment(small_plan("protocols=[secure_aggregation]", "training.rounds=1", *extra), run_dir=tmp_path)
     exp.setup()
     return exp.stack.by_name()["secure_aggregation"]
 

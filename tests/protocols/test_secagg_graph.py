@@ -13,6 +13,7 @@ from protocols.crypto import KeyPair, prg_words, shamir_combine
 from protocols.secagg import protocol
 from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, _pair_info, components, neighbour_graph, secure_sum
+from secure_fed.config import build_plan
 
 STAGES = ("advertise", "share", "input", "unmask")
 
@@ -269,7 +270,7 @@ def test_a_cohort_of_one_client_is_aborted_not_summed(tmp_path, layer):
     from tests.conftest import small_config
 
     cfg = small_config(f"protocols=[{layer}]", "algorithm.name=fedaws", "training.rounds=2", "training.clients_per_round=1")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     res = exp.run(progress=False)
     assert res.summary["status"] == "failed" and res.summary["rounds_aborted"] == 2
     assert [("a cohort of one client" in d.get("aborted", "")) for d in exp.diagnostics] == [True, True]

@@ -21,6 +21,7 @@ from protocols.secagg.graph_bounds import (
     hypergeom_tail,
 )
 from protocols.secagg.protocol import components, neighbour_graph
+from tests.conftest import small_plan
 
 
 def test_the_tails_match_scipy():
@@ -245,7 +246,6 @@ def test_a_round_uses_the_auto_graph_and_reports_its_bounds(tmp_path):
     private diagnostics carry k, t and the bounds; with neighbors: null the same round is complete. (Without the
     consistency check: with it, 40 clients get the complete graph.)"""
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
     base = ["protocols=[secure_aggregation]", "algorithm.name=fedaws", "training.rounds=1",
             "dataset.synthetic.num_labels=40", "training.clients_per_round=40",
@@ -256,7 +256,7 @@ def test_a_round_uses_the_auto_graph_and_reports_its_bounds(tmp_path):
     assert want.neighbors == 30
     for extra, k, t in [([], 30, 19), (["secure_aggregation.neighbors=null"], 39, 24)]:
         run_dir = tmp_path / f"run{k}"
-        Experiment(small_config(*base, *extra), run_dir=run_dir).run(progress=False)
+        Experiment(small_plan(*base, *extra), run_dir=run_dir).run(progress=False)
         stats = [json.loads(line) for line in (run_dir / "private" / "diagnostics.jsonl").read_text().splitlines()][-1]
         assert stats["secagg_neighbours"] == k and stats["secagg_threshold"] == t
         if k == 30:
@@ -267,7 +267,7 @@ def test_a_round_uses_the_auto_graph_and_reports_its_bounds(tmp_path):
     # a cohort of 40 from 45 clients: the colluders are counted in the federation (⌊0.05·45⌋ = 2 of 45), not the cohort
     run_dir = tmp_path / "sampled"
     sampled = [*base[:3], "dataset.synthetic.num_labels=45", "training.clients_per_round=40", base[-1]]
-    Experiment(small_config(*sampled), run_dir=run_dir).run(progress=False)
+    Experiment(small_plan(*sampled), run_dir=run_dir).run(progress=False)
     stats = json.loads((run_dir / "private" / "diagnostics.jsonl").read_text().splitlines()[-1])
     want = graph_for(40, unchecked, population=45)
     assert want.log2_privacy_failure != pytest.approx(graph_for(40, unchecked).log2_privacy_failure, abs=0.01)
@@ -362,7 +362,6 @@ def test_each_round_draws_its_graph_from_the_servers_secret(tmp_path):
     the server's, in its private checkpoint); a resumed run draws the interrupted run's graphs; graph_seed set: the
     same graphs in every run."""
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
 
     def layer_of(exp):
         return next(la for la in exp.stack.layers if hasattr(la, "graph_stream"))
@@ -374,8 +373,8 @@ def test_each_round_draws_its_graph_from_the_servers_secret(tmp_path):
         "dataset.synthetic.num_labels=40",
         "secure_aggregation.consistency_check=false",
     ]  # a sparse graph at 40 clients
-    a = Experiment(small_config(*base, "output.log_messages=true"), run_dir=tmp_path / "a")
-    b = Experiment(small_config(*base), run_dir=tmp_path / "b")
+    a = Experiment(small_plan(*base, "output.log_messages=true"), run_dir=tmp_path / "a")
+    b = Experiment(small_plan(*base), run_dir=tmp_path / "b")
     assert layer_of(a).graph_seed(1) != layer_of(b).graph_seed(1)
     a.run(progress=False)
     # the neighbours the server sent each client at round r's first stage: the ring over that secret order
@@ -384,8 +383,8 @@ def test_each_round_draws_its_graph_from_the_servers_secret(tmp_path):
     for r in (0, 1):
         ring = neighbour_graph(list(range(40)), 30, seed=layer_of(a).graph_seed(r))
         assert {c: sent[(r, c)] for c in range(40)} == ring
-    resumed = Experiment(small_config(*base), run_dir=tmp_path / "a")
+    resumed = Experiment(small_plan(*base), run_dir=tmp_path / "a")
     assert resumed.resume()
     assert [layer_of(resumed).graph_seed(r) for r in (1, 2, 3)] == [layer_of(a).graph_seed(r) for r in (1, 2, 3)]
-    fixed = [Experiment(small_config(*base, "secure_aggregation.graph_seed=4"), run_dir=tmp_path / f"f{i}") for i in (0, 1)]
+    fixed = [Experiment(small_plan(*base, "secure_aggregation.graph_seed=4"), run_dir=tmp_path / f"f{i}") for i in (0, 1)]
     assert layer_of(fixed[0]).graph_seed(1) == layer_of(fixed[1]).graph_seed(1)

@@ -30,7 +30,7 @@ from protocols.dp.tree_ledger import TreeUnit
 from protocols.randomness import SecretStream
 from secure_fed.engine import Experiment
 from tests.config.test_bad_input import _default, assert_one_error_line, cli
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 
 GRID = 2.0**-20
 
@@ -153,7 +153,7 @@ TREE = [
 
 def test_a_tree_run_completes_with_finite_epsilon_and_resumes_exactly(tmp_path):
     ov = [*TREE, "training.rounds=6", "output.checkpoint_every=3"]
-    full = Experiment(small_config(*ov), run_dir=tmp_path / "full").run(progress=False).summary
+    full = Experiment(small_plan(*ov), run_dir=tmp_path / "full").run(progress=False).summary
     c = full["privacy"]["units"]["client"]
     k = full_participation_sq(4) + full_participation_sq(2)
     assert c["steps"] == 6 and c["sample_rate"] == 1.0 and c["tree"]["gaussian_equivalents"] == k
@@ -161,8 +161,8 @@ def test_a_tree_run_completes_with_finite_epsilon_and_resumes_exactly(tmp_path):
         warnings.simplefilter("ignore")
         assert c["epsilon"] == pytest.approx(epsilon_of([(3.0, 1.0, k)], 1e-5, "rdp"), rel=1e-12)
     assert math.isfinite(c["epsilon"])
-    Experiment(small_config(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
-    e = Experiment(small_config(*ov), run_dir=tmp_path / "part")
+    Experiment(small_plan(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
+    e = Experiment(small_plan(*ov), run_dir=tmp_path / "part")
     assert e.resume()
     resumed = e.run(progress=False).summary
     assert resumed["privacy"]["units"]["client"]["epsilon"] == c["epsilon"]
@@ -231,8 +231,8 @@ def test_a_resumed_run_draws_node_noise_from_the_checkpointed_secret(tmp_path):
     """Without privacy.noise_seed the server's key is fresh: on resume the node noise must come from the key in
     server_secrets.pt (the nodes the interrupted tree still uses are redrawn from it), not from a new key."""
     ov = [x for x in TREE if not x.startswith("privacy.noise_seed")]
-    Experiment(small_config(*ov, "training.rounds=3", "output.checkpoint_every=3"), run_dir=tmp_path).run(progress=False)
-    e = Experiment(small_config(*ov, "training.rounds=6", "output.checkpoint_every=3"), run_dir=tmp_path)
+    Experiment(small_plan(*ov, "training.rounds=3", "output.checkpoint_every=3"), run_dir=tmp_path).run(progress=False)
+    e = Experiment(small_plan(*ov, "training.rounds=6", "output.checkpoint_every=3"), run_dir=tmp_path)
     assert e.resume()
     (dp,) = [la for la in e.stack.layers if la.name == "dp"]
     assert dp.tree_noise.stream is dp.server_stream

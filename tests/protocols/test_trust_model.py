@@ -17,11 +17,11 @@ from protocols.ckks import CKKSAggregation
 from protocols.crypto import KeyPair, open_sealed
 from protocols.keyed_hashing import KeyedHashing, _seal_info
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 
 def test_a_server_that_swaps_public_keys_reads_the_run_key(tmp_path):
-    e = Experiment(small_config('protocols=["keyed_hashing"]'), run_dir=tmp_path)
+    e = Experiment(small_plan('protocols=["keyed_hashing"]'), run_dir=tmp_path)
     layer = next(x for x in e.stack.layers if isinstance(x, KeyedHashing))
     clients = e.fed.clients
     pks = {c.client_id: layer._client_setup_fn({"keyed_hashing": "advertise"}, c)["public_key"] for c in clients}
@@ -35,7 +35,7 @@ def test_a_server_that_swaps_public_keys_reads_the_run_key(tmp_path):
 
 
 def test_one_ckks_key_holder_colluding_with_the_server_decrypts_individual_updates(tmp_path):
-    e = Experiment(small_config("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=1", "output.log_messages=true"),
+    e = Experiment(small_plan("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=1", "output.log_messages=true"),
                    run_dir=tmp_path)  # fmt: skip
     e.setup()
     e.train_round()
@@ -78,7 +78,7 @@ def test_client_noise_shares_under_ckks_are_refused():
 def test_the_ckks_decryption_error_is_measured_and_kept_private(tmp_path):
     import json
 
-    e = Experiment(small_config("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=2"), run_dir=tmp_path)
+    e = Experiment(small_plan("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=2"), run_dir=tmp_path)
     e.run(progress=False)
     diag = [json.loads(x) for x in (tmp_path / "private" / "diagnostics.jsonl").read_text().splitlines()]
     per_round = [d["ckks_max_abs_error"] for d in diag]

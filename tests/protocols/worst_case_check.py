@@ -59,7 +59,7 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 from scipy.stats import norm
 
 from protocols.dp.mechanisms import ORDERS
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config
 from secure_fed.data import MultiLabelSplit
 from secure_fed.data.from_config import build_dataset
 from secure_fed.engine import Experiment
@@ -284,7 +284,7 @@ def run_round(
             return aggregate(agg, **kw)
 
         mp.setattr(client_release, "noise_aggregate", noised)
-        exp = Experiment(cfg, run_dir=run_dir, dataset=ds)
+        exp = Experiment(build_plan(cfg), run_dir=run_dir, dataset=ds)
         exp.run(progress=False)
     return exp, rec
 

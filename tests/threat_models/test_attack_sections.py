@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from secure_fed.config import load_config
+from secure_fed.config import load_config, load_plan
 from secure_fed.errors import ConfigError
 from secure_fed.plugin_specs import attack_specs
 
@@ -302,9 +302,7 @@ def test_an_audit_of_an_attack_the_run_did_not_insert_for_finds_nothing_inserted
     from threat_models.context import AuditContext
 
     run = tmp_path / "run"
-    Experiment(load_config(overrides=[*SMALL, "attacks.run=[token_linkage]", "training.rounds=2"]), run_dir=run).run(
-        progress=False
-    )
+    Experiment(load_plan(overrides=[*SMALL, "attacks.run=[token_linkage]", "training.rounds=2"]), run_dir=run).run(progress=False)
     ctx = AuditContext.from_run_dir(run, attacks=["one_run_audit"])
     assert ctx.inserted("one_run_audit") is None
     res = audit(ctx, ["one_run_audit"], out_dir=tmp_path / "audit", progress=False)["attacks"]["one_run_audit"]

@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 from protocols.dp.accountant import epsilon_of
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 from threat_models.attacks.label_deanonymization import match_by_cooccurrence
@@ -22,7 +23,7 @@ from threat_models.context import AuditContext
 
 def _audited(tmp_path, *ov, attacks="all"):
     cfg = small_config(f"attacks.run=[{attacks}]", "attacks.membership_inference.shadows=0", *ov)
-    e = Experiment(cfg, run_dir=tmp_path)
+    e = Experiment(build_plan(cfg), run_dir=tmp_path)
     e.run(progress=False)
     return e, audit(AuditContext(e), progress=False)["attacks"]
 
@@ -226,7 +227,7 @@ BIBTEX_TINY = ["dataset.name=bibtex", "model.name=sparse_text", "model.embed_dim
 def test_update_inversion_recovers_vocabularies_from_single_updates_but_not_from_the_secure_sum(tmp_path, data_root, layer):
     ov = [*BIBTEX_TINY, f"protocols=[{layer}]"] if layer else BIBTEX_TINY
     cfg = small_config(*ov, "attacks.run=[update_inversion]", "attacks.update_inversion.targets=10")
-    e = Experiment(cfg, run_dir=tmp_path, data_root=str(data_root))
+    e = Experiment(build_plan(cfg), run_dir=tmp_path, data_root=str(data_root))
     e.run(progress=False)
     r = audit(AuditContext(e), progress=False)["attacks"]["update_inversion"]
     assert r["details"]["cohort"] >= 10

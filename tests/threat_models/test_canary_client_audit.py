@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from tests.conftest import register_plugins, small_config
+from tests.conftest import register_plugins, small_plan
 from threat_models.attacks.canary_client_audit import estimate
 from threat_models.attacks.canary_client_audit_spec import SPEC as CANARY_CLIENT_AUDIT
 from threat_models.canary_clients import CanaryClients
@@ -66,7 +66,7 @@ def _estimated(monkeypatch, tmp_path, client: str):
 
     # as the installed entry point does (pyproject.toml): the audit reads the registry when it runs
     register_plugins(monkeypatch, {"attacks": {"canary_client_audit": CANARY_CLIENT_AUDIT}})
-    e = Experiment(small_config(*RUN, f"privacy.client={{{client}}}"), run_dir=tmp_path)
+    e = Experiment(small_plan(*RUN, f"privacy.client={{{client}}}"), run_dir=tmp_path)
     e.run(progress=False)
     return e, harness.audit(AuditContext(e), progress=False)["attacks"]["canary_client_audit"]
 

@@ -12,6 +12,7 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sealapi
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 from threat_models.ckks_key_recovery import key_candidates, key_from_real_parts, secret_key_words
@@ -24,7 +25,7 @@ def _server_holdings(run_dir):
     holder and the values it got back; the layer; and the holder's secret context (ground truth, for scoring)."""
     cfg = small_config("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=2", "output.log_messages=true",
                        "model.hidden_dims=[128]")  # an update over 4,096 values: its first ciphertext is full  # fmt: skip
-    e = Experiment(cfg, run_dir=run_dir)
+    e = Experiment(build_plan(cfg), run_dir=run_dir)
     e.run(progress=False)
     layer = e.stack.by_name()["ckks"]
     sent = [m for m in e.messages if m["direction"] == "down" and "ckks_sums" in (m["message"] or {})]

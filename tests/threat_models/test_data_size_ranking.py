@@ -12,7 +12,7 @@ import tomllib
 from scipy import stats
 
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 from threat_models.attacks.data_size_ranking import spearman
 from threat_models.audit import audit, headline
 from threat_models.context import AuditContext
@@ -50,7 +50,7 @@ def test_spearman_matches_scipy_with_ties():
 
 
 def _run(tmp_path, *ov):
-    e = Experiment(small_config(f"attacks.run=[{NAME}]", "training.rounds=2", *ov), run_dir=tmp_path)
+    e = Experiment(small_plan(f"attacks.run=[{NAME}]", "training.rounds=2", *ov), run_dir=tmp_path)
     e.run(progress=False)
     return e, audit(AuditContext(e), progress=False)["attacks"][NAME]
 

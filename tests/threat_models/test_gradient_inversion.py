@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from secure_fed.algorithms.losses import bce_loss
-from secure_fed.config import load_config
+from secure_fed.config import load_config, load_plan
 from secure_fed.data.from_config import build_dataset
 from secure_fed.engine import Experiment
 from secure_fed.engine.builders import build_model
@@ -133,7 +133,7 @@ def test_the_server_inverts_plain_uplinks_but_not_a_secure_sum_or_dp_sgd(registe
     from threat_models.context import AuditContext
 
     torch.set_num_threads(1)
-    exp = Experiment(load_config(overrides=[*RUN, *extra]), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(overrides=[*RUN, *extra]), run_dir=tmp_path / "run")
     exp.run(progress=False)
     ctx = AuditContext(exp)
     res = audit(ctx, progress=False)["attacks"]["gradient_inversion"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 from threat_models.attacks.membership_inference import MembershipInference, lira_offline, lira_online, roc_summary
@@ -128,7 +129,7 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
     mi = "attacks.membership_inference"
     cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=2", f"{mi}.bootstrap=20",
                        f"{mi}.shadow_dir={shadow_dir}")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     e.run(progress=False)
     res = audit(AuditContext(e), progress=False)["attacks"]["membership_inference"]
     m, d = res["metrics"], res["details"]
@@ -185,7 +186,7 @@ def test_runs_on_dense_image_rows_with_image_shadows(tmp_path):
                        f"{mi}.bootstrap=10", "dataset.name=digit_mosaics", "model.name=mlp",
                        "dataset.mosaics={num_train: 60, num_test: 30, tile_size: 4}", "model.family=linear_head",
                        "partition.name=iid", "algorithm.loss=bce")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     e.run(progress=False)
     ds = e.dataset
     attack = MembershipInference(cfg.attacks.membership_inference)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 from threat_models.audit import audit
@@ -25,7 +26,7 @@ def test_every_score_on_every_model_family(tmp_path, family):
     torch.set_num_threads(1)
     cfg = small_config("attacks.run=[membership_inference]", f"{MI}.shadows=2", f"{MI}.bootstrap=20", *FAMILIES[family])
     assert cfg.model.family == family
-    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     e.run(progress=False)
     res = audit(AuditContext(e), progress=False)["attacks"]["membership_inference"]
     assert set(res["metrics"]) == {"loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline"}

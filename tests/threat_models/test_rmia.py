@@ -8,6 +8,7 @@ import pytest
 from scipy.special import expit
 from sklearn.metrics import roc_auc_score
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 from tests.threat_models.test_membership_inference import _synthetic
@@ -105,7 +106,7 @@ def test_rmia_on_a_real_reference_model_as_target(tmp_path):
     cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=5",
                        f"{mi}.shadow_dir={tmp_path / 'shadows'}", "training.local_epochs=20", "model.hidden_dims=[128]",
                        "dataset.synthetic.noise_label_rate=0.3", "dataset.synthetic.feature_noise=1.5")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     e.run(progress=False)
     ctx = AuditContext(e)
     aux, _ = MembershipInference(cfg.attacks.membership_inference).prepare(ctx)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from tests.conftest import small_config
 from threat_models import shadow_cohort
@@ -22,7 +23,7 @@ ATOL, RTOL = 1e-3, 1e-4
 
 def _target(tmp_path, *extra):
     cfg = small_config("attacks.run=[membership_inference]", "training.executor=vectorized", f"{MI}.shadows=3", *extra)
-    e = Experiment(cfg, run_dir=tmp_path / "run")
+    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     e.run(progress=False)
     return cfg, e
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from secure_fed.algorithms.label_sets import Sha256Tokenizer
+from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 from tests.protocols.test_keyed_hashing_and_ckks import _blob, _file_holds, _holds
 from threat_models import ATTACKS, Role
 from threat_models.audit import audit
@@ -21,7 +22,7 @@ TAP = ["attacks.run=[update_inversion]", "training.rounds=2"]
 
 
 def _run(tmp_path, *ov):
-    e = Experiment(small_config(*TAP, *ov), run_dir=tmp_path)
+    e = Experiment(small_plan(*TAP, *ov), run_dir=tmp_path)
     e.run(progress=False)
     return e
 
@@ -93,7 +94,7 @@ def test_views_have_no_private_fields():
 def test_each_attack_gets_its_roles_view_and_no_ground_truth(tmp_path, monkeypatch):
     cfg = small_config("attacks.run=[all]", "training.rounds=3", "attacks.membership_inference.shadows=0",
                        "attacks.one_run_audit.canaries=50")  # fmt: skip
-    e = Experiment(cfg, run_dir=tmp_path)
+    e = Experiment(build_plan(cfg), run_dir=tmp_path)
     e.run(progress=False)
     ctx = AuditContext(e)
     seen: dict[str, tuple[type, object]] = {}

@@ -242,14 +242,16 @@ class _ShadowTrainer:
     """The attacker's shadow runs: the target's recipe on random halves of the target pool (cached on disk)."""
 
     def __init__(self, ctx, feats: Features, labels: sp.csr_matrix, options):
-        from secure_fed.config.schema import ExperimentConfig
+        import yaml
 
-        cfg = ctx.cfg.model_dump(mode="json")
+        from secure_fed.config import load_config
+
+        cfg = yaml.safe_load(ctx.cfg.config_yaml)  # the target's validated config (the run reads its plan)
         cfg["protocols"] = ["dp"] if "dp" in cfg["protocols"] else []  # other layers do not change the model
         cfg["attacks"] = {"run": []}
         cfg["output"] = {**cfg["output"], "progress": False, "checkpoint_every": 10**6}
         cfg["evaluation"] = {**cfg["evaluation"], "every": cfg["training"]["rounds"], "max_test": 16}
-        self.cfg = ExperimentConfig.model_validate(cfg)
+        self.cfg = load_config(cfg)
         self.feats, self.labels, self.options = feats, labels, options
         self.names, self.kind, self.name = list(ctx.dataset.label_names), ctx.dataset.feature_kind, ctx.dataset.name
         self.meta = {"image_shape": ctx.dataset.image_shape} if ctx.dataset.image_shape is not None else {}
@@ -259,6 +261,7 @@ class _ShadowTrainer:
 
     def _experiment(self, k: int, inside: np.ndarray):
         """Shadow k's run, built (not trained): the recipe on its IN rows, its seed; and those rows' indices."""
+        from secure_fed.config import build_plan
         from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
         from secure_fed.engine import Experiment
 
@@ -272,7 +275,7 @@ class _ShadowTrainer:
         )  # fmt: skip
         # shadow runs train on the attacker's own data (``dataset=ds``), in this process whatever the target's backend
         cfg = self.cfg.model_copy(update={"seed": self.cfg.seed + 1000 + k, "backend": "inprocess"})
-        return Experiment(cfg, run_dir=self.dir / f"run{k}", dataset=ds), idx
+        return Experiment(build_plan(cfg), run_dir=self.dir / f"run{k}", dataset=ds), idx
 
     @staticmethod
     def _outcome(exp, idx: np.ndarray, inside: np.ndarray):

@@ -41,21 +41,20 @@ _REPLICAS: dict[str, Any] = {}
 
 
 def client_replica(config_text: str, data_root: str | None, threads: int, run_class: Callable[..., Any]):
-    """This process's copy of the run (built once, by ``run_class(cfg, run_dir=..., data_root=...)``, the run
-    object's class): the clients' data and client-side code."""
+    """This process's copy of the run (built once, by ``run_class(plan, run_dir=..., data_root=...)``, the run
+    object's class, from the plan the config package loads from ``config_text``): the clients' data and client-side
+    code."""
     key = hashlib.sha256(f"{config_text}\n{data_root}".encode()).hexdigest()
     if key not in _REPLICAS:
         import torch
 
-        from secure_fed.config.schema import ExperimentConfig
+        from secure_fed.config import load_plan
 
         torch.set_num_threads(threads)
-        data = yaml.safe_load(config_text)
-        data["backend"] = "inprocess"  # the copy runs client code only
-        cfg = ExperimentConfig.model_validate(data)
+        plan = load_plan(yaml.safe_load(config_text), ["backend=inprocess"])  # the copy runs client code only
         cache = tempfile.mkdtemp(prefix="secure-fed-client-")
         atexit.register(shutil.rmtree, cache, True)  # the copy's model cache goes with the process
-        _REPLICAS[key] = run_class(cfg, run_dir=cache, data_root=data_root)
+        _REPLICAS[key] = run_class(plan, run_dir=cache, data_root=data_root)
     return _REPLICAS[key]
 
 

@@ -165,7 +165,7 @@ class FlowerExecutor(Executor):
                 channel.down(job)
                 msg = request("train", job.payload, cid=job.cid, round=round_idx, plan=json.dumps(list(job.plan)))
                 batch.append((self.node_of[job.cid], msg, job.cid))
-            failed: dict[int, str] | None = {} if self.ctx.cfg.flower.on_client_failure == "drop" else None
+            failed: dict[int, str] | None = {} if self.ctx.plan.flower.on_client_failure == "drop" else None
             for seq, (answer, job) in enumerate(zip(self._send(batch, failed=failed), chunk, strict=True)):
                 if answer is None:  # the client dropped out: the round's session sums the others (or aborts)
                     self.dropped += 1
@@ -207,7 +207,7 @@ class FlowerExecutor(Executor):
         the answers (a protocol stage that handles dropouts, e.g. secure aggregation's), else the run stops."""
         fn = registered_name(client_fn)
         out: list[tuple[int, Payload]] = []
-        drop = partial and self.ctx.cfg.flower.on_client_failure == "drop"
+        drop = partial and self.ctx.plan.flower.on_client_failure == "drop"
         for chunk in self._chunks(cids, int):
             batch = []
             for cid in chunk:

@@ -34,7 +34,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from secure_fed.config import dump_config, load_config
+from secure_fed.config import load_plan
 from secure_fed.engine.flower.client_app import client_app_of, client_replica
 from secure_fed.engine.flower.server import run_with_grid
 
@@ -45,11 +45,11 @@ def _text(run_config: dict[str, Any], key: str) -> str:
     return str(run_config.get(key, "") or "").strip()
 
 
-def config_from_run_config(run_config: dict[str, Any]):
-    """The experiment config the run config names (``backend`` set to ``flower``)."""
+def plan_from_run_config(run_config: dict[str, Any]):
+    """The plan of the experiment config the run config names (``backend`` set to ``flower``)."""
     path = _text(run_config, "config") or None
     overrides = [o.strip() for o in _text(run_config, "overrides").split(";") if o.strip()]
-    return load_config(path, overrides=[*overrides, "backend=flower"])
+    return load_plan(path, overrides=[*overrides, "backend=flower"])
 
 
 def _data_root(value: str) -> str | None:
@@ -67,29 +67,29 @@ def main(grid: Grid, context: Context) -> None:
     from secure_fed.run_files import holds_checkpoint
 
     rc = dict(context.run_config)
-    cfg = config_from_run_config(rc)
+    plan = plan_from_run_config(rc)
     out = Path(_text(rc, "out") or f"runs/flwr-{context.run_id}")
     resume = _text(rc, "resume").lower() in ("1", "true", "yes")
     held = holds_checkpoint(out)
     if held and not resume:
         raise SecureFedError(f"out={out} already holds a run; pass resume=true to continue it, or another out")
-    exp = Experiment(cfg, run_dir=out, data_root=_data_root(_text(rc, "data-root")))
+    exp = Experiment(plan, run_dir=out, data_root=_data_root(_text(rc, "data-root")))
     if resume:
         if not exp.resume():
             raise SecureFedError(f"resume=true: no checkpoint in {out}")
         log.warning("secure-fed: resuming %s from round %d", out, exp.round)
-    nodes = cfg.flower.num_supernodes or len(exp.fed.clients)
+    nodes = plan.flower.num_supernodes or len(exp.fed.clients)
     result = run_with_grid(exp, grid, num_nodes=nodes, progress=False)
     log.warning("secure-fed: run %s %s in %s; final %s", context.run_id, result.summary["status"], out,
                 result.summary.get("final"))  # fmt: skip
 
 
 def _node_replica(context: Context):
-    cfg = config_from_run_config(dict(context.run_config))
+    plan = plan_from_run_config(dict(context.run_config))
     root = _data_root(str(context.node_config.get("data-root", "") or ""))
     from secure_fed.engine.runner import Experiment
 
-    return client_replica(dump_config(cfg), root, threads=1, run_class=Experiment)
+    return client_replica(plan.config_yaml, root, threads=1, run_class=Experiment)
 
 
 def _node_storage(context: Context) -> str | None:
@@ -100,4 +100,4 @@ def _node_storage(context: Context) -> str | None:
 
 client_app = client_app_of(_node_replica, _node_storage)
 
-__all__ = ["client_app", "config_from_run_config", "server_app"]
+__all__ = ["client_app", "plan_from_run_config", "server_app"]

@@ -18,7 +18,7 @@ def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
     """Run ``exp``'s rounds with its clients on the nodes behind ``grid``: a :class:`FlowerExecutor` on the run's
     context, passed in to the run."""
     check_flower_start(exp.context())
-    f = exp.cfg.flower
+    f = exp.plan.flower
     if exp.records.flower_session is None:  # a new run: a fresh public name for it (a resumed run keeps its own)
         exp.records.flower_session = os.urandom(16).hex()
     executor = FlowerExecutor(grid, exp.context(), max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)

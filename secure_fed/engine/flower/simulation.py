@@ -15,7 +15,6 @@ import signal
 import threading
 from pathlib import Path
 
-from secure_fed.config import dump_config
 from secure_fed.engine.flower.run_checks import check_flower_start, client_side_callbacks, node_held_state
 from secure_fed.threads import flower_cpus, usable_cpus
 
@@ -43,11 +42,11 @@ def run_on_flower(exp, *, progress: bool | None, client_app=None):
     from secure_fed.engine.flower.server import make_server_app
 
     check_flower_start(exp.context())
-    f = exp.cfg.flower
+    f = exp.plan.flower
     nodes = f.num_supernodes or len(exp.fed.clients)
     outcome: dict = {}
     if client_app is None:
-        client_app = make_client_app(dump_config(exp.cfg), exp.data_root, type(exp), threads=max(1, int(f.client_cpus)),
+        client_app = make_client_app(exp.plan.config_yaml, exp.data_root, type(exp), threads=max(1, int(f.client_cpus)),
                                      state_dir=node_storage_dir(exp.run_dir))  # fmt: skip
     server_app = make_server_app(exp, outcome, num_nodes=nodes, progress=progress)
     cpus = ray_cpus(nodes, f.client_cpus)

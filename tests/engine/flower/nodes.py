@@ -11,10 +11,11 @@ import os
 from flwr.app import RecordDict
 from flwr.clientapp import ClientApp
 
-from secure_fed.config import dump_config
+from secure_fed.config import build_plan, dump_config
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.client_app import STATE_RECORDS, make_client_app
 from secure_fed.engine.flower.codec import decode
+from tests.conftest import small_plan
 
 
 def recording_app(cfg, out_dir) -> ClientApp:
@@ -92,13 +93,11 @@ def run_in_process(overrides: list[str], run_dir, *, run_key: tuple[bytes, bytes
     pinned to ``run_key`` = (run key, salt) when given; returns (experiment, result)."""
     import torch
 
-    from tests.conftest import small_config
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with pinned_run_key(*run_key) if run_key else contextlib.nullcontext():
-            exp = Experiment(small_config(*overrides), run_dir=run_dir)
+            exp = Experiment(small_plan(*overrides), run_dir=run_dir)
             return exp, exp.run(progress=False)
     finally:
         torch.set_num_threads(threads)
@@ -127,7 +126,7 @@ def run_recorded(overrides: list[str], tmp_path):
     nodes = tmp_path / "nodes"
     nodes.mkdir()
     cfg = small_config(*overrides, "backend=flower")
-    exp = Experiment(cfg, run_dir=tmp_path / "flower")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "flower")
     result = run_on_flower(exp, progress=False, client_app=recording_app(cfg, nodes))
     assert exp.executor.dropped == 0  # a node's failed check (e.g. a foreign client's state) would be a dropout
     return exp, result, nodes

@@ -15,7 +15,7 @@ import torch
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.deployment import LocalDeployment, marked_processes
 from tests.config.test_bad_input import cli
-from tests.conftest import SMALL, small_config
+from tests.conftest import SMALL, small_plan
 
 SETTINGS = ["training.rounds=1", "evaluation.every=1", "algorithm.name=fedaws", "dataset.synthetic.num_labels=4"]
 RUN = [*SMALL, *SETTINGS, "flower.num_supernodes=3"]  # later overrides win
@@ -25,7 +25,7 @@ def _reference(tmp_path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ClientApps train (one thread each)
     try:
-        return Experiment(small_config(*SETTINGS), run_dir=tmp_path).run(progress=False).summary
+        return Experiment(small_plan(*SETTINGS), run_dir=tmp_path).run(progress=False).summary
     finally:
         torch.set_num_threads(threads)
 

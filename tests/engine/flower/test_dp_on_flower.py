@@ -10,13 +10,13 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from secure_fed.config import dump_config
+from secure_fed.config import build_plan, dump_config
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.flower.client_app import make_client_app
 from secure_fed.engine.flower.simulation import run_on_flower
 from secure_fed.errors import PrivacyViolation
-from tests.conftest import small_config
+from tests.conftest import small_config, small_plan
 from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded, server_side_bytes
 
 # FedALC (the default) with both units: client-level DP (clip on the node, server noise, secret Poisson sampling)
@@ -43,7 +43,7 @@ SHARES = ["protocols=[dp, secure_aggregation]", "algorithm.name=fedaws", "traini
 
 def test_dp_on_flower_equals_in_process(tmp_path):
     local_exp, local = run_in_process(DP, tmp_path / "local")
-    flower_exp = Experiment(small_config(*DP, "backend=flower"), run_dir=tmp_path / "flower")
+    flower_exp = Experiment(small_plan(*DP, "backend=flower"), run_dir=tmp_path / "flower")
     flower = flower_exp.run(progress=False)
     assert flower_exp.executor.name == "flower" and flower_exp.executor.sent["train"] > 0
     assert flower.summary["privacy"] == local.summary["privacy"]
@@ -56,7 +56,7 @@ def _run_with_nodes(cfg, tmp_path, train):
     """Run ``cfg`` on Flower with every node's training messages going through ``train(honest, msg, context)``,
     where ``honest`` is the project's ClientApp (a test plays a server's altered message, or a node's altered code,
     around it); setup queries reach the honest app unchanged. Returns (experiment, result)."""
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     honest = make_client_app(dump_config(cfg), None, Experiment)
     app = ClientApp()
 
@@ -148,7 +148,7 @@ def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
     from protocols.dp.client_dp import update_norm
     from protocols.dp.layer import DifferentialPrivacy
 
-    e = Experiment(small_config(*DP), run_dir=tmp_path)
+    e = Experiment(small_plan(*DP), run_dir=tmp_path)
     dp = next(layer for layer in e.stack.layers if isinstance(layer, DifferentialPrivacy))
     session = dp.open_round(0, RoundSession(cohort=[0], theta=e.theta, W=e.W, weighting="uniform"))
     big = {"theta_delta": {n: torch.full_like(t, 0.1) for n, t in e.theta.items()}, "num_examples": 1, "loss": 0.0}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from secure_fed.config import dump_config
+from secure_fed.config import build_plan, dump_config
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.client_app import make_client_app
 from secure_fed.engine.flower.executor import FlowerError
@@ -57,7 +57,7 @@ def failing_app(cfg, *, stage: str | None = None):
 
 def _run(overrides, tmp_path, *, stage: str | None = None):
     cfg = small_config(*BASE, *overrides, "backend=flower")
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     return exp, run_on_flower(exp, progress=False, client_app=failing_app(cfg, stage=stage))
 
 

@@ -11,7 +11,7 @@ import torch
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from secure_fed.errors import ConfigError, PrivacyViolation
-from tests.conftest import small_config
+from tests.conftest import small_plan
 from tests.engine.flower.nodes import run_in_process, run_recorded
 
 GENERAL = ["model.family=linear_head", "partition.name=cmda", "partition.num_clients=5", "partition.kmodes_inits=2",
@@ -53,14 +53,14 @@ def test_a_client_evaluation_report_is_refused_under_dp(tmp_path):
     """With DP a client's own model's mAP is a statistic no mechanism protects: a node does not report it, and the
     server refuses a report that arrives anyway; a callback that takes no reports refuses every report."""
     dp = ["protocols=[dp]", "privacy.client={noise_multiplier: 1.0, clip_norm: 1.0, weight_cap: 8.0}"]
-    exp = Experiment(small_config(*CASES["flag"], *dp), run_dir=tmp_path / "dp")
+    exp = Experiment(small_plan(*CASES["flag"], *dp), run_dir=tmp_path / "dp")
     ev = exp.callback("client_evaluation")
     ev.maps[0] = 50.0
     assert ev.client_report(exp.context(), 0) == {}  # the node keeps it
     assert ev.ctx is not None and ev.ctx.records is exp.records  # active in this run: the refusal is the layer's
     with pytest.raises(PrivacyViolation, match="client 3's client-evaluation report"):
         ev.on_client_report(exp.context(), 3, {"mAP": 50.0})
-    plain = Experiment(small_config(*CASES["flag"]), run_dir=tmp_path / "plain")
+    plain = Experiment(small_plan(*CASES["flag"]), run_dir=tmp_path / "plain")
     ev = plain.callback("client_evaluation")
     with pytest.raises(PrivacyViolation, match="not allowed"):
         ev.on_client_report(plain.context(), 1, {"mAP": 1.0, "loss": 0.3})  # only the mAP
@@ -72,7 +72,7 @@ def test_a_report_for_a_callback_that_takes_none_stops_the_run():
     """The executor hands a node's report only to a server callback that takes reports from remote clients."""
     from secure_fed.engine.flower.executor import FlowerError, FlowerExecutor
 
-    exp = Experiment(small_config(*CASES["flag"]), run_dir="/nonexistent")
+    exp = Experiment(small_plan(*CASES["flag"]), run_dir="/nonexistent")
     ex = FlowerExecutor(None, exp.context(), max_in_flight=1, timeout_s=1)
     with pytest.raises(PrivacyViolation, match="'evaluation', which takes no reports"):
         ex._take_reports(2, '{"evaluation": {"mAP": 1.0}}')

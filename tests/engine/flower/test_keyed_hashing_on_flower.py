@@ -9,7 +9,7 @@ import json
 import pytest
 
 from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from tests.conftest import small_plan
 from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded, server_side_bytes
 
 RUN = ["protocols=[keyed_hashing]", "training.rounds=3", "evaluation.every=3", "flower.num_supernodes=4",
@@ -38,7 +38,7 @@ def test_keyed_hashing_on_flower(tmp_path):
     from secure_fed.errors import SecureFedError
 
     with pytest.raises(SecureFedError, match="in process: the clients' state of keyed_hashing"):
-        Experiment(small_config(*RUN), run_dir=tmp_path / "flower").resume()
+        Experiment(small_plan(*RUN), run_dir=tmp_path / "flower").resume()
 
     # the same run in process, its dealer drawing the same run key and salt: the same model
     local, local_result = run_in_process(RUN, tmp_path / "local", run_key=(run_key, salt))
@@ -51,7 +51,7 @@ def test_a_keyed_hashing_checkpoint_without_a_node_session_does_not_resume_on_fl
     anything starts (test_resume_on_flower.py resumes one that does)."""
     from secure_fed.errors import SecureFedError
 
-    exp = Experiment(small_config(*RUN, "backend=flower"), run_dir=tmp_path / "run")
+    exp = Experiment(small_plan(*RUN, "backend=flower"), run_dir=tmp_path / "run")
     exp.round = 2  # as after resume() from a round-2 checkpoint written before node storage
     with pytest.raises(SecureFedError, match="cannot resume at round 2: the clients of keyed_hashing keep"):
         exp.run(progress=False)

@@ -14,7 +14,7 @@ import torch
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.executor import FlowerError
 from secure_fed.engine.flower.simulation import node_storage_dir
-from tests.conftest import small_config
+from tests.conftest import small_plan
 from tests.engine.flower.nodes import assert_same_run, run_in_process, server_side_bytes
 
 COMMON = ["training.rounds=4", "evaluation.every=2", "output.checkpoint_every=2", "flower.num_supernodes=4"]
@@ -24,13 +24,13 @@ LOCAL = [*COMMON, "model.family=linear_head", "partition.name=cmda", "partition.
 
 
 def _first_half(overrides, run_dir):
-    exp = Experiment(small_config(*overrides, "backend=flower", "training.rounds=2"), run_dir=run_dir)
+    exp = Experiment(small_plan(*overrides, "backend=flower", "training.rounds=2"), run_dir=run_dir)
     exp.run(progress=False)
     return exp
 
 
 def _resumed(overrides, run_dir):
-    exp = Experiment(small_config(*overrides, "backend=flower"), run_dir=run_dir)
+    exp = Experiment(small_plan(*overrides, "backend=flower"), run_dir=run_dir)
     assert exp.resume() and exp.round == 2
     return exp, exp.run(progress=False)
 
@@ -85,7 +85,7 @@ def test_a_resumed_run_replays_a_round_its_nodes_trained_and_they_take_it(tmp_pa
     it again instead of refusing it, and the run ends as an uninterrupted one."""
     first = _first_half(DP_LOCAL, tmp_path / "f")
     shutil.copytree(tmp_path / "f", tmp_path / "server-at-2")  # the server's side as checkpointed after 2 rounds
-    ahead = Experiment(small_config(*DP_LOCAL, "backend=flower", "training.rounds=3"), run_dir=tmp_path / "f")
+    ahead = Experiment(small_plan(*DP_LOCAL, "backend=flower", "training.rounds=3"), run_dir=tmp_path / "f")
     assert ahead.resume() and ahead.run(progress=False).summary["rounds_completed"] == 3  # the nodes train round 2
     trained = {}
     for f in (node_storage_dir(tmp_path / "f") / first.flower_session).glob("node-*.pt"):

@@ -11,7 +11,7 @@ import torch
 from flwr.app import ConfigRecord, Message
 from flwr.clientapp import ClientApp
 
-from secure_fed.config import dump_config, load_config
+from secure_fed.config import build_plan, dump_config, load_config, load_plan
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.client_app import make_client_app
 from secure_fed.engine.flower.codec import decode, encode
@@ -38,18 +38,18 @@ def test_default_run_on_flower_equals_in_process_and_resumes_from_its_checkpoint
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        local_exp = Experiment(load_config(None, ["training.rounds=10", *EVERY5]), run_dir=tmp_path / "local")
+        local_exp = Experiment(load_plan(None, ["training.rounds=10", *EVERY5]), run_dir=tmp_path / "local")
         local = local_exp.run(progress=False)
     finally:
         torch.set_num_threads(threads)  # later tests in the session run at the default again
     # 7 messages in flight at most: each round's 40 clients go out in 6 batches, replies summed in cohort order
     common = ["backend=flower", "flower.max_in_flight=7", *EVERY5]  # the resume reads the first run's last.pt
-    first = Experiment(load_config(None, [*common, "training.rounds=5"]), run_dir=tmp_path / "flower")
+    first = Experiment(load_plan(None, [*common, "training.rounds=5"]), run_dir=tmp_path / "flower")
     first.run(progress=False)
     # the clients really ran on Flower nodes: every training job and the setup query went out as messages
     assert first.executor.name == "flower"
     assert first.executor.sent == {"whoami": 40, "query": 40, "train": 5 * 40}
-    flower_exp = Experiment(load_config(None, [*common, "training.rounds=10"]), run_dir=tmp_path / "flower")
+    flower_exp = Experiment(load_plan(None, [*common, "training.rounds=10"]), run_dir=tmp_path / "flower")
     assert flower_exp.resume() and flower_exp.round == 5
     flower = flower_exp.run(progress=False)
     # the resumed run trains rounds 6-10 only; the label sets came back from the checkpoint (no setup query)
@@ -78,7 +78,7 @@ def test_a_leaky_client_app_is_stopped_by_the_server_guard(tmp_path):
     """A ClientApp that adds a key the algorithm does not declare (here: its raw features) to its update: the
     server's guard rejects the message as it arrives, and the run stops with that error."""
     cfg = load_config(None, ["backend=flower", "training.rounds=1", "flower.num_supernodes=4"])
-    exp = Experiment(cfg, run_dir=tmp_path / "run")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
     honest = make_client_app(dump_config(cfg), None, Experiment)
     leaky = ClientApp()
 
@@ -129,7 +129,7 @@ def test_a_callback_that_acts_inside_clients_is_refused_before_anything_is_writt
         def client_mod(self, fn):
             return fn
 
-    exp = Experiment(load_config(None, ["backend=flower"]), run_dir=tmp_path / "run")
+    exp = Experiment(load_plan(None, ["backend=flower"]), run_dir=tmp_path / "run")
     exp.callbacks.insert(0, Tap())
     with pytest.raises(SecureFedError, match="tap act inside the clients' code"):
         exp.run(progress=False)
@@ -152,7 +152,7 @@ def test_a_node_answers_only_for_its_own_clients_and_registered_functions(monkey
     app = make_client_app(dump_config(cfg), None, Experiment)
     ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 4}, state=RecordDict(),
                   run_config={})  # fmt: skip
-    server = Experiment(cfg, run_dir=tmp_path / "server")  # only to build real payloads
+    server = Experiment(build_plan(cfg), run_dir=tmp_path / "server")  # only to build real payloads
 
     def train(cid):
         client = server.fed.clients[cid] if 0 <= cid < len(server.fed.clients) else server.fed.clients[1]

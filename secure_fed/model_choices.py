@@ -1,7 +1,13 @@
-"""What a config picks for its data, decided without torch: the encoder, its preprocessing and hidden widths
+"""What a run plan picks for its data, decided without torch: the encoder, its preprocessing and hidden widths
 (:func:`model_choice`), whether input rows stay sparse (:func:`sparse_input_choice`) and the precision clients train
 in (:func:`precision_choice`). The engine builds what these name; ``secure-fed validate`` and the memory estimate
-(:mod:`secure_fed.memory`) read them without building."""
+(:mod:`secure_fed.memory`) read them without building.
+
+These ``auto`` choices stay functions of the plan *and the loaded data* (not fields the plan builder resolves): a
+data set's feature kind (``sparse``, ``dense``, ``image``), its image side and its size are known once it is read
+(an ARFF or XC file's header, a generated set's spec), and the precision also depends on the device the run starts
+on. The names they pick from live here too (:data:`RESNETS`, :data:`IMAGE_FORMATS`, :data:`SPARSE_KINDS`), so that
+neither the engine nor a plugin reads them from the config's schema."""
 
 from __future__ import annotations
 
@@ -9,13 +15,20 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from secure_fed import hardware
-from secure_fed.config.schema import IMAGE_FORMATS, NO_WEIGHTS, RESNETS
 from secure_fed.errors import ConfigError
-from secure_fed.plugin_specs import public_preprocessing
 
 if TYPE_CHECKING:
-    from secure_fed.config.schema import ExperimentConfig
     from secure_fed.data.dataset import MultiLabelDataset
+    from secure_fed.plan import RunPlan
+
+#: ``dataset.format`` values that read images (``dataset.root`` or ``dataset.train`` is their folder)
+IMAGE_FORMATS = ("voc", "coco")
+#: the torchvision ResNet backbones (image data; secure_fed.models.backbones)
+RESNETS = ("resnet18", "resnet50")
+NO_WEIGHTS = (
+    "model.name={name}: ImageNet weights cannot be downloaded here: give a local file (model.weights: PATH to a "
+    "torchvision state dict) or model.weights: random"
+)
 
 #: preprocessing kinds that keep zeros zero (sparse rows can use them)
 SPARSE_KINDS = ("rsqrt_nnz", "none")
@@ -25,16 +38,16 @@ SPARSE_KINDS = ("rsqrt_nnz", "none")
 BF16_MIN_SIDE = 16
 
 
-def _on_cpu(cfg: ExperimentConfig) -> bool:
-    if cfg.device == "cpu":
+def _on_cpu(plan: RunPlan) -> bool:
+    if plan.device == "cpu":
         return True
     import torch  # only for bf16 ResNet configs on device auto
 
-    return cfg.device == "auto" and not torch.cuda.is_available()
+    return plan.device == "auto" and not torch.cuda.is_available()
 
 
-def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str, list[int]]:
-    """The encoder name, preprocessing kind and hidden widths the config picks for ``ds``.
+def model_choice(plan: RunPlan, ds: MultiLabelDataset) -> tuple[str, str, list[int]]:
+    """The encoder name, preprocessing kind and hidden widths the plan picks for ``ds``.
 
     ``auto`` picks ``resnet18`` for image data, ``sparse_text`` for sparse data, else ``mlp``; preprocessing ``auto``
     picks ``image`` for image data, ``rsqrt_nnz`` for ``sparse_text``, else ``standardize`` (``none`` under a layer that
@@ -43,7 +56,7 @@ def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str
     ``model.weights`` for an encoder that is not a ResNet, or bf16 training of a ResNet on CPU with images of 16 px or
     less (a PyTorch bug: garbage gradients, measured on torch 2.14) is a one-line :class:`ConfigError`.
     """
-    name = cfg.model.name
+    name = plan.model.name
     if name == "auto":
         name = "resnet18" if ds.feature_kind == "image" else "sparse_text" if ds.feature_kind == "sparse" else "mlp"
     resnet = name in RESNETS
@@ -52,58 +65,60 @@ def model_choice(cfg: ExperimentConfig, ds: MultiLabelDataset) -> tuple[str, str
             f"model.name={name} needs image data (dataset.name: digit_mosaics, or dataset.format: voc | coco); "
             f"dataset '{ds.name}' has {ds.feature_kind} features"
         )
-    if resnet and cfg.model.weights is None:
+    if resnet and plan.model.weights is None:
         raise ConfigError(NO_WEIGHTS.format(name=name) + f" (model.name=auto picks {name} for image data)")
-    if resnet and cfg.training.precision == "bf16" and min(ds.image_shape[1:]) <= BF16_MIN_SIDE and _on_cpu(cfg):
+    if resnet and plan.training.precision == "bf16" and min(ds.image_shape[1:]) <= BF16_MIN_SIDE and _on_cpu(plan):
         raise ConfigError(
             f"training.precision=bf16 with model.name={name} on {ds.image_shape[1]}×{ds.image_shape[2]} images on CPU: "
             "PyTorch's bf16 CPU kernels give garbage weight gradients for a stride-2 3×3 convolution of a 1×1 feature map "
             f"(the ResNet's last stage for images of {BF16_MIN_SIDE} px or less); use training.precision: fp32 or larger images"
         )
-    if not resnet and cfg.model.weights is not None:
+    if not resnet and plan.model.weights is not None:
         raise ConfigError(
-            f"model.weights is for {' and '.join(RESNETS)}; model.name={cfg.model.name} picks {name} for "
+            f"model.weights is for {' and '.join(RESNETS)}; model.name={plan.model.name} picks {name} for "
             f"{ds.feature_kind} data, which has no pretrained weights"
         )
-    prep = cfg.model.preprocessing
+    prep = plan.model.preprocessing
     if prep == "auto":
+        from secure_fed.plugin_specs import public_preprocessing
+
         # under a layer whose guarantee must cover θ (DP), no statistic of the private data: raw dense features
-        dense = "none" if public_preprocessing(cfg) else "standardize"
+        dense = "none" if public_preprocessing(plan) else "standardize"
         prep = "image" if ds.feature_kind == "image" else "rsqrt_nnz" if name == "sparse_text" else dense
-    hidden = cfg.model.hidden_dims
+    hidden = plan.model.hidden_dims
     if resnet:
         hidden = []  # a ResNet has no hidden_dims
     elif hidden is None:
         hidden = [1024, 1024] if name == "sparse_text" else [256]
-    return name, prep, hidden
+    return name, prep, list(hidden)
 
 
-def small_image_resnet(cfg: ExperimentConfig, ds: MultiLabelDataset) -> bool:
-    """Whether the config trains a ResNet on images of :data:`BF16_MIN_SIDE` px or less (where bf16 on CPU is broken)."""
-    name = cfg.model.name
+def small_image_resnet(plan: RunPlan, ds: MultiLabelDataset) -> bool:
+    """Whether the plan trains a ResNet on images of :data:`BF16_MIN_SIDE` px or less (where bf16 on CPU is broken)."""
+    name = plan.model.name
     if name == "auto":
         name = "resnet18" if ds.feature_kind == "image" else name
     return name in RESNETS and ds.image_shape is not None and min(ds.image_shape[1:]) <= BF16_MIN_SIDE
 
 
-def precision_choice(cfg: ExperimentConfig, ds: MultiLabelDataset, device_type: str, *, warn: bool = False) -> str:
+def precision_choice(plan: RunPlan, ds: MultiLabelDataset, device_type: str, *, warn: bool = False) -> str:
     """``fp32`` or ``bf16``, the precision the clients train in on a device of ``device_type``: ``auto`` is bf16 where
     the device computes bf16 natively (:func:`secure_fed.hardware.resolve_precision`), except for a ResNet on small
     images on CPU (fp32: see :func:`model_choice`); an explicit value as asked. ``warn``: an explicit bf16 on a device
     that emulates it prints one warning line with the measured slowdown (the engine's, once a process)."""
-    requested = cfg.training.precision
-    if requested == "auto" and device_type == "cpu" and small_image_resnet(cfg, ds):
+    requested = plan.training.precision
+    if requested == "auto" and device_type == "cpu" and small_image_resnet(plan, ds):
         return "fp32"
     if warn and requested == "bf16":
         hardware.warn_emulated_bf16(device_type)
     return hardware.resolve_precision(requested, device_type)
 
 
-def precision_line(cfg: ExperimentConfig, ds: MultiLabelDataset | None = None) -> str:
+def precision_line(plan: RunPlan, ds: MultiLabelDataset | None = None) -> str:
     """``secure-fed validate``'s line on the precision the clients will train in on this machine, without torch: the
     CPU's answer from its flags; on a GPU (``device: cuda``, or ``auto`` where one is found) the run decides when it
     starts. ``ds``: the data (None: not read; images are taken at the side the config resizes them to)."""
-    requested = cfg.training.precision
+    requested = plan.training.precision
     if requested == "fp32":
         return "precision: fp32"
     flags = hardware.cpu_flags() or frozenset()
@@ -114,17 +129,17 @@ def precision_line(cfg: ExperimentConfig, ds: MultiLabelDataset | None = None) -
         else f"this CPU has none of {', '.join(hardware.NATIVE_BF16_FLAGS)}: bf16 is emulated"
     )
     gpu = "on a CUDA device the run decides when it starts (bf16 where the device computes it natively)"
-    if cfg.device == "cuda":
+    if plan.device == "cuda":
         return f"precision: {requested}: {gpu}" if requested == "auto" else "precision: bf16 (on the CUDA device)"
-    on_gpu = "; " + gpu if cfg.device == "auto" and requested == "auto" else ""
+    on_gpu = "; " + gpu if plan.device == "auto" and requested == "auto" else ""
     if requested == "bf16":
         slow = "" if native else ", many times slower than fp32 (`run` measures and warns)"
         return f"precision: bf16 on CPU ({why}{slow})"
-    if ds is None and (cfg.dataset.name == "digit_mosaics" or cfg.dataset.format in IMAGE_FORMATS):  # images, not read
-        d = cfg.dataset
+    if ds is None and (plan.dataset.name == "digit_mosaics" or plan.dataset.format in IMAGE_FORMATS):  # images, not read
+        d = plan.dataset
         side = d.mosaics.grid * d.mosaics.tile_size if d.name == "digit_mosaics" else d.image_size
         ds = SimpleNamespace(feature_kind="image", image_shape=(3, side, side))  # the side the run resizes to
-    resolved = precision_choice(cfg, ds, "cpu") if ds is not None else hardware.resolve_precision(requested, "cpu")
+    resolved = precision_choice(plan, ds, "cpu") if ds is not None else hardware.resolve_precision(requested, "cpu")
     return f"precision: auto → {resolved} on CPU ({why}){on_gpu}"
 
 
@@ -132,19 +147,19 @@ def precision_line(cfg: ExperimentConfig, ds: MultiLabelDataset | None = None) -
 SPARSE_AUTO_BYTES = 2**30
 
 
-def sparse_input_choice(cfg: ExperimentConfig, ds: MultiLabelDataset, dense_rows: int) -> bool:
+def sparse_input_choice(plan: RunPlan, ds: MultiLabelDataset, dense_rows: int) -> bool:
     """Whether the clients' and the test rows stay sparse (:class:`~secure_fed.models.sparse_rows.SparseRows`):
     ``model.sparse_input`` true, or ``auto`` with ``dense_rows`` rows of ``D`` float32 features over
     :data:`SPARSE_AUTO_BYTES`. Sparse rows need sparse data, the ``sparse_text`` encoder (its first layer reads
     them) and a preprocessing that keeps zeros zero; ``true`` without them is a :class:`ConfigError`."""
-    want = cfg.model.sparse_input
+    want = plan.model.sparse_input
     if want is False:
         return False
-    name, prep, _ = model_choice(cfg, ds)
+    name, prep, _ = model_choice(plan, ds)
     why = (
         f"dataset '{ds.name}' has {ds.feature_kind} features" if ds.feature_kind != "sparse"
         else f"model.name={name} (only sparse_text reads sparse rows)" if name != "sparse_text"
-        else f"model.family={cfg.model.family} (its tokens read dense rows)" if cfg.model.family == "ctran"
+        else f"model.family={plan.model.family} (its tokens read dense rows)" if plan.model.family == "ctran"
         else f"model.preprocessing={prep} (only {' and '.join(SPARSE_KINDS)} keep zeros zero)" if prep not in SPARSE_KINDS
         else None
     )  # fmt: skip
