@@ -76,7 +76,7 @@ _LAZY = {
     "ClientData": "secure_fed.algorithms.base",  # one client's data, as its training sees it
     "ClientFn": "secure_fed.algorithms.base",  # a client function ``(payload, data) -> reply``
     "Payload": "secure_fed.algorithms.base",  # a downlink or uplink message body
-    "GradientPrivatizer": "secure_fed.algorithms.per_sample",  # DP-SGD in one client's local training (the hook a dp layer supplies)
+    "GradientPrivatizer": "secure_fed.algorithms.per_sample",  # DP-SGD in a client's local training (a dp layer's hook)
     "canonical_rows": "secure_fed.algorithms.label_sets",  # an instance's canonical label-set rows (what is hashed)
     # --- the clients' plan: registered client functions
     "client_side": "secure_fed.client_functions",  # marks a layer's method as client-side code a remote client may run by name
@@ -115,4 +115,53 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = list(_LAZY)
+__all__ = [
+    "RunPlan",
+    "TrainingPlan",
+    "DatasetPlan",
+    "ModelPlan",
+    "AlgorithmParams",
+    "DataShape",
+    "LayerSpec",
+    "layer_specs",
+    "AlgorithmsWith",
+    "ProtocolLayer",
+    "StackEnv",
+    "ProtocolSetup",
+    "SetupResult",
+    "ClientSide",
+    "Ledger",
+    "LayerState",
+    "StateScope",
+    "RoundWrapper",
+    "Bounds",
+    "RoundSession",
+    "Aggregate",
+    "Algorithm",
+    "ClientData",
+    "ClientFn",
+    "Payload",
+    "GradientPrivatizer",
+    "canonical_rows",
+    "client_side",
+    "client_step",
+    "apply_client_plan",
+    "mod_of",
+    "dense_delta",
+    "payload_digest",
+    "SECRET",
+    "ByteList",
+    "FullTable",
+    "Indices",
+    "Number",
+    "Opaque",
+    "Setting",
+    "ShortBytes",
+    "PER_SET_CHUNK_ELEMENTS",
+    "per_set_chunk_bytes",
+    "SecureFedError",
+    "ConfigError",
+    "PrivacyViolation",
+    "RoundAborted",
+    "declare_mechanism",
+]
