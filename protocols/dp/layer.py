@@ -80,12 +80,6 @@ class DifferentialPrivacy(ProtocolLayer):
         for unit in self.units.values():
             unit.fixed = privacy_units.fixed_parts(settings)
 
-    @property
-    def cfg(self) -> DPSettings:
-        """The layer's settings (:class:`~protocols.layer_settings.DPSettings`), not the run's config: the name that
-        the algorithm reads (``self.cfg.algorithm``) keep."""
-        return self.settings
-
     # ---------------------------------------------------------------- the hooks (secure_fed.engine.layers)
     def clients(self) -> ClientSide:
         """Clients: DP-SGD in their training (``privacy.local``); the clip and noise share as plan steps
