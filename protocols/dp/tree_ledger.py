@@ -56,14 +56,14 @@ def tree_client_unit(*, client: ClientDPConfig, delta: float, accountant: str, r
     tree_rounds = int(client.tree_restart_every or rounds)
     planned = gaussian_equivalents(rounds, tree_rounds)
     calibrated = client.noise_multiplier is None
-    if calibrated:
-        if client.target_epsilon is None:
-            raise ValueError("privacy.client: give noise_multiplier or target_epsilon")
+    if client.noise_multiplier is not None:
+        sigma = client.noise_multiplier
+    elif client.target_epsilon is None:
+        raise ValueError("privacy.client: give noise_multiplier or target_epsilon")
+    else:
         sigma = calibrate_sigma(
             target_epsilon=client.target_epsilon, delta=delta, sample_rate=1.0, steps=planned, accountant=accountant
         )
-    else:
-        sigma = client.noise_multiplier
     return TreeUnit(
         tree_rounds=tree_rounds, name="client", scope=scope, sigma=sigma, sample_rate=1.0, delta=delta,
         accountant=accountant, target_epsilon=client.target_epsilon, clip_norm=client.clip_norm, calibrated=calibrated,

@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocols.secagg.protocol import threshold_for
 
@@ -239,8 +239,9 @@ def round_dropout(section: SecureAggregationConfig) -> float:
 
 def graph_for(n: int, section: SecureAggregationConfig, *, population: int | None = None) -> GraphChoice:
     """The graph of a round of ``n`` of ``population`` clients (default n) under the ``secure_aggregation`` section."""
-    common = {"threshold": section.threshold, "corrupt_fraction": section.corrupt_fraction, "dropout": round_dropout(section),
-              "population": population, "server": "checked" if section.consistency_check else "unchecked"}  # fmt: skip
+    common: dict[str, Any] = {"threshold": section.threshold, "corrupt_fraction": section.corrupt_fraction,
+                              "dropout": round_dropout(section), "population": population,
+                              "server": "checked" if section.consistency_check else "unchecked"}  # fmt: skip
     if section.neighbors == "auto":
         return auto_neighbours(n, security_bits=section.security_bits, correctness_bits=section.correctness_bits, **common)
     k = section.neighbors
