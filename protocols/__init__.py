@@ -10,14 +10,15 @@
 List them in YAML under ``protocols:``, innermost (client side) first. The core finds them through the
 ``secure_fed.layers`` entry points, which point at the light specs in :mod:`protocols.layer_specs` (rules,
 threat models); the implementations are imported only when a run builds its stack. The interface is
-the core's (:mod:`secure_fed.engine.layers`).
+the core's, and every module here imports from secure-fed only through its public plugin API
+(:mod:`secure_fed.plugin_api.layers`).
 
 This package imports nothing heavy at import time: ``LAYERS`` (name → layer class) loads on first use.
 """
 
 from __future__ import annotations
 
-from secure_fed.plugin_specs import layer_specs, validate_stack
+from secure_fed.plugin_api.layers import layer_specs
 
 
 def __getattr__(name: str):
@@ -26,4 +27,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["LAYERS", "validate_stack"]
+__all__ = ["LAYERS"]

@@ -47,21 +47,25 @@ import torch
 from protocols.crypto import KeyPair, open_sealed, seal
 from protocols.layer_settings import CKKSSettings
 from protocols.randomness import SecretStream
-from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.client_functions import client_side
-from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.engine.layers import (
+from secure_fed.plugin_api.layers import (
+    Aggregate,
+    ClientData,
+    ClientFn,
     ClientSide,
+    ConfigError,
     LayerState,
     Ledger,
+    Payload,
     ProtocolLayer,
     ProtocolSetup,
+    RoundAborted,
+    RoundSession,
     RoundWrapper,
     SetupResult,
     StackEnv,
     StateScope,
+    client_side,
 )
-from secure_fed.errors import ConfigError, RoundAborted
 
 log = logging.getLogger(__name__)
 

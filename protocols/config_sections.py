@@ -7,11 +7,14 @@ importing a layer.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from secure_fed.secret_settings import SECRET
+from secure_fed.plugin_api.layers import SECRET
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.layers import DatasetPlan
 
 
 class _Strict(BaseModel):
@@ -61,8 +64,8 @@ class InstanceDPConfig(_DPUnitConfig):
             raise ValueError(f"give a positive number (q × a public estimate of the training set's size) or auto, not {v!r}")
         return v
 
-    def divisor(self, dataset) -> float | None:
-        """B̄ for a run on ``dataset`` (its config section), or None where auto has no public size to use."""
+    def divisor(self, dataset: DatasetPlan) -> float | None:
+        """B̄ for a run on ``dataset`` (the plan's part), or None where auto has no public size to use."""
         if self.expected_batch_size != "auto":
             return float(self.expected_batch_size)
         if dataset.name == "synthetic":

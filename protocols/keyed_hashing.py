@@ -34,11 +34,22 @@ import torch
 
 from protocols.crypto import KeyPair, open_sealed, seal
 from protocols.layer_settings import KeyedHashingSettings
-from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.algorithms.label_sets import canonical_rows
-from secure_fed.client_functions import client_side, mod_of
-from secure_fed.engine.layers import ClientSide, LayerState, ProtocolLayer, ProtocolSetup, SetupResult, StackEnv, StateScope
-from secure_fed.errors import PrivacyViolation
+from secure_fed.plugin_api.layers import (
+    ClientData,
+    ClientFn,
+    ClientSide,
+    LayerState,
+    Payload,
+    PrivacyViolation,
+    ProtocolLayer,
+    ProtocolSetup,
+    SetupResult,
+    StackEnv,
+    StateScope,
+    canonical_rows,
+    client_side,
+    mod_of,
+)
 
 TOKENIZER_NAME = "hmac-sha256"
 

@@ -1,20 +1,40 @@
 """The protocol layers as the core sees them before a run: name, threat model, rules, implementation.
 
 Registered through the ``secure_fed.layers`` entry points (``pyproject.toml``). Light on purpose: no
-torch, no layer module is imported until a run builds its stack. Each ``validate`` gives the reason a
-config cannot run, as one line.
+torch, no layer module is imported until a run builds its stack. Every callable of a spec receives the run's plan
+(``plan: RunPlan``) and reads the layers' sections with ``plan.part(PrivacyConfig)`` (typed); each ``validate`` gives
+the reason a plan cannot run, as one line.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
+from protocols.config_sections import ClientDPConfig, InstanceDPConfig, LocalDPConfig, PrivacyConfig, SecureAggregationConfig
 from protocols.dp.share_rules import local_shares_error
-from protocols.layer_settings import ckks_settings, dp_settings, keyed_hashing_settings, secure_aggregation_settings
-from secure_fed.algorithms.registry import AlgorithmsWith
-from secure_fed.kernel_sizes import per_set_chunk_bytes
-from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
-from secure_fed.plugin_specs import LayerSpec
+from protocols.layer_settings import (
+    ckks_settings,
+    dp_settings,
+    keyed_hashing_settings,
+    secure_aggregation_encoding,
+    secure_aggregation_settings,
+)
+from secure_fed.plugin_api.layers import (
+    AlgorithmsWith,
+    ByteList,
+    FullTable,
+    Indices,
+    LayerSpec,
+    Number,
+    Opaque,
+    Setting,
+    ShortBytes,
+    per_set_chunk_bytes,
+)
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.layers import DatasetPlan, DataShape, ModelPlan, RunPlan
 
 #: algorithms that collect label sets at setup (their declared capabilities, read when asked)
 LABEL_SET_ALGORITHMS = AlgorithmsWith("collects_label_sets")
@@ -27,17 +47,15 @@ SECURE_SUMS = ("secure_aggregation", "ckks")
 SHARE_RANGE_SIGMAS = 10.0
 
 
-def noise_share_range_error(cfg, sigma: float, dim: int | None = None) -> str | None:
+def noise_share_range_error(plan: RunPlan, sigma: float, dim: int | None = None) -> str | None:
     """Why secure aggregation's fixed-point encoding would clip the clients' noise shares, or None
-    (:func:`share_range_error` on ``cfg``'s settings)."""
-    p = cfg.privacy
-    if p is None or "secure_aggregation" not in cfg.protocols:
-        return None
-    s = cfg.secure_aggregation
-    return share_range_error(p.client, (s.clip_range, int(s.frac_bits)), sigma, dim)
+    (:func:`share_range_error` on the plan's ``privacy.client`` and encoding)."""
+    return share_range_error(plan.part(PrivacyConfig).client, secure_aggregation_encoding(plan), sigma, dim)
 
 
-def share_range_error(client, encoding: tuple[float, int] | None, sigma: float, dim: int | None = None) -> str | None:
+def share_range_error(
+    client: ClientDPConfig | LocalDPConfig | None, encoding: tuple[float, int] | None, sigma: float, dim: int | None = None
+) -> str | None:
     """Why secure aggregation's fixed-point encoding (``encoding``: its ``(clip_range, frac_bits)``, None when the
     stack has no secure aggregation) would clip the clients' noise shares, or None.
 
@@ -71,10 +89,11 @@ def share_range_error(client, encoding: tuple[float, int] | None, sigma: float, 
     )
 
 
-def _validate_keyed_hashing(cfg, stack: list[str]) -> None:
-    if "keyed_hashing" in stack and cfg.algorithm.name not in LABEL_SET_ALGORITHMS:
+def _validate_keyed_hashing(plan: RunPlan, stack: list[str]) -> None:
+    """keyed_hashing only for an algorithm that collects label sets."""
+    if "keyed_hashing" in stack and plan.algorithm.name not in LABEL_SET_ALGORITHMS:
         raise ValueError(
-            f"keyed_hashing protects label-set collection, which {cfg.algorithm.name} does not run "
+            f"keyed_hashing protects label-set collection, which {plan.algorithm.name} does not run "
             "(only fedalc and fedalc_fixed collect label sets)"
         )
 
@@ -85,7 +104,7 @@ def _first_step_epsilon(sigma: float, q: float, delta: float, accountant: str) -
     return epsilon_of([(sigma, q, 1)], delta, accountant)
 
 
-def _sigma_source_error(p) -> str | None:
+def _sigma_source_error(p: PrivacyConfig) -> str | None:
     """Why a DP mechanism has no σ: neither its ``noise_multiplier`` nor a target ε of its unit to calibrate it from
     (the instance unit's one target may come from ``privacy.instance`` or ``privacy.local``); None when each has one."""
     given = [u.target_epsilon for u in (p.instance, p.local) if u is not None and u.target_epsilon is not None]
@@ -102,9 +121,9 @@ def _sigma_source_error(p) -> str | None:
     return None
 
 
-def _dp_stack_rules(cfg, stack: list[str]) -> None:
+def _dp_stack_rules(plan: RunPlan, stack: list[str]) -> None:
     """A dp unit is set, each mechanism has a σ to come from, and dp comes before a secure sum."""
-    p = cfg.privacy
+    p = plan.part(PrivacyConfig)
     if p.instance is None and p.client is None and p.local is None:
         raise ValueError("'dp' is listed in protocols but none of privacy.instance, privacy.local, privacy.client is set")
     if why := _sigma_source_error(p):
@@ -114,22 +133,22 @@ def _dp_stack_rules(cfg, stack: list[str]) -> None:
         raise ValueError(f"'dp' must come before '{summing[0]}' in protocols: clients clip before they encode for it")
 
 
-def _dp_public_inputs_rules(cfg, stack: list[str]) -> None:
+def _dp_public_inputs_rules(plan: RunPlan, stack: list[str]) -> None:
     """The W step's divisor and θ's input scaling are public, not statistics of the training data."""
-    p = cfg.privacy
-    if p.instance is not None and p.instance.divisor(cfg.dataset) is None:
+    p = plan.part(PrivacyConfig)
+    if p.instance is not None and p.instance.divisor(plan.dataset) is None:
         raise ValueError(
-            f"privacy.instance.expected_batch_size: auto needs a public training-set size, which {cfg.dataset.name} data "
+            f"privacy.instance.expected_batch_size: auto needs a public training-set size, which {plan.dataset.name} data "
             "has not in config: the W step divides its noisy sum by a public B̄, never by the realised count of label "
             f"sets (a private divisor); give q × a public estimate of the training set's size ({p.instance.sample_rate:g} × N)"
         )
-    if cfg.model.preprocessing == "standardize":
+    if plan.model.preprocessing == "standardize":
         raise ValueError(
             "model.preprocessing: standardize under dp: its per-feature mean and standard deviation are computed over the "
             "whole training split in the clear, and θ is trained on them, outside any ε; use auto (none for dense "
             "features under dp) or none"
         )
-    if cfg.dataset.drop_empty_labels is True:
+    if plan.dataset.drop_empty_labels is True:
         raise ValueError(
             "dataset.drop_empty_labels: true under dp: which labels have a training instance is a fact about the private "
             "data (removing a label's only instance would drop the label and change W's shape), outside any ε; use auto "
@@ -137,28 +156,28 @@ def _dp_public_inputs_rules(cfg, stack: list[str]) -> None:
         )
 
 
-def _central_reference_rules(cfg, stack: list[str]) -> None:
+def _central_reference_rules(plan: RunPlan, stack: list[str]) -> None:
     """The central DP reference (a centralised trainer): DP-SGD alone, no data-dependent choice of epoch."""
-    p, algo = cfg.privacy, cfg.algorithm.name
-    central = cfg.algorithm.capabilities.centralised  # one trainer holds every instance once, whole, and every row
+    p, algo = plan.part(PrivacyConfig), plan.algorithm.name
+    central = plan.algorithm.capabilities.centralised  # one trainer holds every instance once, whole, and every row
     if central:
         if p.instance is not None or p.client is not None or p.local is None:
             raise ValueError(
                 f"{algo} under dp is the central DP reference: DP-SGD on its one trainer, privacy.local only (no "
                 "privacy.instance or privacy.client: there are no clients and no server step)"
             )
-        if cfg.algorithm.validation_fraction:
+        if plan.algorithm.validation_fraction:
             raise ValueError(
-                f"{algo} under dp: algorithm.validation_fraction {cfg.algorithm.validation_fraction:g} selects the "
+                f"{algo} under dp: algorithm.validation_fraction {plan.algorithm.validation_fraction:g} selects the "
                 "reported epoch on a split of the training data, a data-dependent choice outside ε; set it to 0 (the "
                 "last epoch is reported)"
             )
 
 
-def _fixed_encoder_and_bound_rules(cfg, stack: list[str]) -> None:
+def _fixed_encoder_and_bound_rules(plan: RunPlan, stack: list[str]) -> None:
     """A fixed encoder only where no noise lands on it; a contribution bound only where it bounds something."""
-    p, central = cfg.privacy, cfg.algorithm.capabilities.centralised
-    if cfg.model.fixed_encoder and (p.client is not None or (p.local is not None and p.local.noise == "shares")):
+    p, central = plan.part(PrivacyConfig), plan.algorithm.capabilities.centralised
+    if plan.model.fixed_encoder and (p.client is not None or (p.local is not None and p.local.noise == "shares")):
         which = "privacy.client" if p.client is not None else "privacy.local.noise: shares"
         raise ValueError(
             f"model.fixed_encoder with {which}: its noise goes on every coordinate of θ's update, the fixed encoder's "
@@ -166,36 +185,36 @@ def _fixed_encoder_and_bound_rules(cfg, stack: list[str]) -> None:
             "noises only what is trained)"
         )
     bound = p.max_labels_per_instance()
-    if bound is not None and cfg.partition.name != "positive_only" and not central:
+    if bound is not None and plan.partition.name != "positive_only" and not central:
         raise ValueError(
             f"privacy.*.max_labels_per_instance {bound} bounds the clients an instance sits on in the positive_only "
-            f"partition; in a {cfg.partition.name} partition each instance is on one client: remove it"
+            f"partition; in a {plan.partition.name} partition each instance is on one client: remove it"
         )
 
 
-def _instance_unit_rules(cfg, stack: list[str]) -> None:
+def _instance_unit_rules(plan: RunPlan, stack: list[str]) -> None:
     """privacy.instance: the algorithm has a private W step over label sets."""
-    p, algo = cfg.privacy, cfg.algorithm.name
+    p, algo = plan.part(PrivacyConfig), plan.algorithm.name
     if p.instance is not None:
-        if "instance" not in cfg.algorithm.capabilities.dp_units:
+        if "instance" not in plan.algorithm.capabilities.dp_units:
             raise ValueError(
                 f"privacy.instance is DP-SGD on the server's label-set regulariser, which {algo} does not have "
                 "(fedaws's spreadout uses no data: it is post-processing); use privacy.client"
             )
-        if why := cfg.algorithm.private_w_step_error():
+        if why := plan.algorithm.private_w_step_error():
             raise ValueError(why)
 
 
-def _client_unit_rules(cfg, stack: list[str]) -> None:
+def _client_unit_rules(plan: RunPlan, stack: list[str]) -> None:
     """privacy.client: its mechanism's settings, uniform aggregation, a weight cap exactly where clients report a weight."""
-    p, algo = cfg.privacy, cfg.algorithm.name
+    p, algo = plan.part(PrivacyConfig), plan.algorithm.name
     if p.client is None:
         return
-    t = cfg.training
+    t = plan.training
     if p.client.mechanism == "tree":
         from protocols.dp.tree_ledger import tree_config_error
 
-        if why := tree_config_error(cfg.training):
+        if why := tree_config_error(plan.training):
             raise ValueError(why)
     if t.aggregation != "uniform":
         raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
@@ -209,20 +228,20 @@ def _client_unit_rules(cfg, stack: list[str]) -> None:
         raise ValueError(f"privacy.client.weight_cap applies to algorithms whose clients report a weight (flag), not {algo}")
 
 
-def _client_noise_rules(cfg, stack: list[str]) -> None:
+def _client_noise_rules(plan: RunPlan, stack: list[str]) -> None:
     """privacy.client: its noise shares in an exact secure sum, in range; adaptive clipping's limits; Poisson sampling."""
-    p = cfg.privacy
+    p = plan.part(PrivacyConfig)
     if p.client is None:
         return
-    summing, t = [n for n in stack if n in SECURE_SUMS], cfg.training
+    summing, t = [n for n in stack if n in SECURE_SUMS], plan.training
     if p.client.noise == "clients" and not summing:
         raise ValueError(
             "privacy.client.noise: clients needs secure_aggregation after dp: each client adds only a "
             "1/√t share of the noise, so without a secure sum the server would see lightly-noised single updates"
         )
-    if p.client.noise == "clients" and cfg.model.family == "embedding" and cfg.partition.name != "positive_only":
+    if p.client.noise == "clients" and plan.model.family == "embedding" and plan.partition.name != "positive_only":
         raise ValueError(
-            f"privacy.client.noise: clients with model.family embedding on a {cfg.partition.name} partition: the secure "
+            f"privacy.client.noise: clients with model.family embedding on a {plan.partition.name} partition: the secure "
             "sum carries each row's count of clients that trained it (which labels the clients hold) exactly, outside "
             "the noise; use model.family linear_head or ctran, or privacy.client.noise: server"
         )
@@ -232,7 +251,7 @@ def _client_noise_rules(cfg, stack: list[str]) -> None:
             "carries data-dependent approximation error and float decryption noise, not the discrete Gaussian "
             "release the ledger accounts; use secure_aggregation (exact integer sums) or privacy.client.noise: server"
         )
-    if p.client.noise_multiplier is not None and (why := noise_share_range_error(cfg, p.client.noise_multiplier)):
+    if p.client.noise_multiplier is not None and (why := noise_share_range_error(plan, p.client.noise_multiplier)):
         raise ValueError(why)  # a calibrated σ is checked when the dp layer is built
     if p.client.adaptive_clipping is not None and (p.client.noise == "clients" or summing):
         raise ValueError(
@@ -240,7 +259,7 @@ def _client_noise_rules(cfg, stack: list[str]) -> None:
             "ckks): each client's clip bit would have to enter the secure sum with its own noise share, which is not "
             "implemented; use privacy.client.noise: server without a secure-sum layer, or a fixed clip_norm"
         )
-    if p.client.adaptive_clipping is not None and cfg.backend == "flower":
+    if p.client.adaptive_clipping is not None and plan.backend == "flower":
         raise ValueError(
             "privacy.client.adaptive_clipping with backend: flower: a node checks the round's clip norm against its "
             "own settings and cannot know C_t; run in process, or use a fixed clip_norm"
@@ -253,54 +272,54 @@ def _client_noise_rules(cfg, stack: list[str]) -> None:
         )
 
 
-def _local_unit_rules(cfg, stack: list[str]) -> None:
+def _local_unit_rules(plan: RunPlan, stack: list[str]) -> None:
     """privacy.local (DP-SGD in client training): nothing else shapes θ from the data (W update, weights, cohort, rows)."""
-    p, algo, central = cfg.privacy, cfg.algorithm.name, cfg.algorithm.capabilities.centralised
+    p, algo, central = plan.part(PrivacyConfig), plan.algorithm.name, plan.algorithm.capabilities.centralised
     if p.local is not None and p.instance is None and algo in LABEL_SET_ALGORITHMS:
         raise ValueError(
             f"privacy.local with {algo}: the server's W update also uses every instance, through its label set; add "
             "privacy.instance so that the instance unit's ε covers both (one budget, composed)"
         )
-    if p.local is not None and cfg.training.aggregation != "uniform":
+    if p.local is not None and plan.training.aggregation != "uniform":
         raise ValueError(
             "privacy.local: training.aggregation must be uniform (weights by example count would release each client's "
             "count through θ, outside DP-SGD)"
         )
-    fixed_cohort = cfg.training.client_fraction < 1.0 or cfg.training.clients_per_round is not None
-    if p.local is not None and cfg.training.sampling == "proportional" and fixed_cohort:
+    fixed_cohort = plan.training.client_fraction < 1.0 or plan.training.clients_per_round is not None
+    if p.local is not None and plan.training.sampling == "proportional" and fixed_cohort:
         raise ValueError(
             "privacy.local with training.sampling: proportional: clients are picked with probability ∝ their example "
             "count, which then shapes θ outside DP-SGD; use uniform or poisson sampling"
         )
-    if p.local is not None and cfg.model.family == "embedding" and cfg.partition.name != "positive_only" and not central:
+    if p.local is not None and plan.model.family == "embedding" and plan.partition.name != "positive_only" and not central:
         raise ValueError(
-            f"privacy.local with model.family embedding on a {cfg.partition.name} partition: which class rows a client "
+            f"privacy.local with model.family embedding on a {plan.partition.name} partition: which class rows a client "
             "receives and trains is the set of labels in its data, visible outside DP-SGD; use model.family "
             "linear_head or ctran (every label scored, no per-client rows) or the positive_only partition"
         )
-    if p.local is not None and "local" not in cfg.algorithm.capabilities.dp_units:
+    if p.local is not None and "local" not in plan.algorithm.capabilities.dp_units:
         raise ValueError(
             f"privacy.local with {algo}: its clients weight their update by eq. 2's w, computed from their labels and "
             "sent outside DP-SGD; use privacy.client with weight_cap (client-level DP) for it"
         )
 
 
-def _local_training_rules(cfg, stack: list[str]) -> None:
+def _local_training_rules(plan: RunPlan, stack: list[str]) -> None:
     """privacy.local: per-sample gradients that bound one instance, and a public bound on the clients it sits on."""
-    p, central = cfg.privacy, cfg.algorithm.capabilities.centralised
+    p, central = plan.part(PrivacyConfig), plan.algorithm.capabilities.centralised
     bound = p.max_labels_per_instance()
-    if p.local is not None and cfg.model.family == "ctran" and cfg.model.ctran.dropout not in ("auto", 0, 0.0):
+    if p.local is not None and plan.model.family == "ctran" and (rate := _explicit_dropout(plan.model)):
         raise ValueError(
-            f"privacy.local with model.ctran.dropout {cfg.model.ctran.dropout}: DP-SGD's steps run without dropout (its "
+            f"privacy.local with model.ctran.dropout {rate}: DP-SGD's steps run without dropout (its "
             "masks come in batch order, so removing one instance would change every later sample's gradient); set "
             "model.ctran.dropout: auto or 0"
         )
-    if p.local is not None and _has_batch_norm(cfg):
+    if p.local is not None and _has_batch_norm(plan.model, plan.dataset):
         raise ValueError(
             "privacy.local (DP-SGD in client training) cannot run on a ResNet: batch norm mixes a batch's samples, so no "
             "per-sample clip bounds one instance; use a model without batch norm (model.name: mlp | sparse_text)"
         )
-    if p.local is not None and bound is None and cfg.partition.name == "positive_only" and not central:
+    if p.local is not None and bound is None and plan.partition.name == "positive_only" and not central:
         raise ValueError(
             "privacy.local on the positive_only partition needs privacy.local.max_labels_per_instance: an instance "
             "enters the training of every client of its labels, and the steps it enters must be counted from a public "
@@ -308,24 +327,24 @@ def _local_training_rules(cfg, stack: list[str]) -> None:
         )
 
 
-def _local_shares_rules(cfg, stack: list[str]) -> None:
+def _local_shares_rules(plan: RunPlan, stack: list[str]) -> None:
     """privacy.local.noise: shares (:func:`protocols.dp.share_rules.local_shares_error`), its shares in range."""
-    p = cfg.privacy
+    p = plan.part(PrivacyConfig)
     bound = p.max_labels_per_instance()
-    if why := local_shares_error(p.local, cfg.training, stack=stack, with_client_unit=p.client is not None, bound=bound):
+    if why := local_shares_error(p.local, plan.training, stack=stack, with_client_unit=p.client is not None, bound=bound):
         raise ValueError(why)
     if p.local is not None and p.local.noise_multiplier is not None and "secure_aggregation" in stack:
-        s = cfg.secure_aggregation  # privacy.local.noise: shares travel in the encoding (a calibrated σ: at build)
+        s = plan.part(SecureAggregationConfig)  # privacy.local.noise: shares travel in the encoding (a calibrated σ: at build)
         if why := share_range_error(p.local, (s.clip_range, int(s.frac_bits)), p.local.noise_multiplier):
             raise ValueError(why)
 
 
-def _target_epsilon_rules(cfg, stack: list[str]) -> None:
+def _target_epsilon_rules(plan: RunPlan, stack: list[str]) -> None:
     """Each unit's target ε can be met: by a calibrated σ (above RDP's floor), or past the given σ's first step."""
-    p = cfg.privacy
+    p = plan.part(PrivacyConfig)
     for name, unit, q in (("instance", p.instance, getattr(p.instance, "sample_rate", None)),
                           ("local", p.local, getattr(p.local, "batch_sample_rate", None)),
-                          ("client", p.client, cfg.training.client_fraction)):  # fmt: skip
+                          ("client", p.client, plan.training.client_fraction)):  # fmt: skip
         if unit is None or unit.target_epsilon is None:
             continue
         if unit.noise_multiplier is None:  # σ is calibrated when the run starts; a target below RDP's floor never is
@@ -348,53 +367,73 @@ def _target_epsilon_rules(cfg, stack: list[str]) -> None:
             )
 
 
-#: the dp layer's rules, by group, in the order they are checked: the first refusal is the config's error
+#: the dp layer's rules, by group, in the order they are checked: the first refusal is the plan's error
 DP_RULES = (_dp_stack_rules, _dp_public_inputs_rules, _central_reference_rules, _fixed_encoder_and_bound_rules,
             _instance_unit_rules, _client_unit_rules, _client_noise_rules, _local_unit_rules, _local_training_rules,
             _local_shares_rules, _target_epsilon_rules)  # fmt: skip
 
 
-def _validate_dp(cfg, stack: list[str]) -> None:
-    """The dp layer's settings against the stack and the rest of the config: the privacy sections only with dp
+def _validate_dp(plan: RunPlan, stack: list[str]) -> None:
+    """The dp layer's settings against the stack and the rest of the plan: the privacy sections only with dp
     listed, then each rule group of :data:`DP_RULES`."""
-    p = cfg.privacy
+    p = plan.part(PrivacyConfig)
     if "dp" not in stack:
         if p.instance is not None or p.client is not None or p.local is not None:
             raise ValueError("privacy.instance / privacy.local / privacy.client is set but 'dp' is not listed in protocols")
         return
     for rules in DP_RULES:
-        rules(cfg, stack)
+        rules(plan, stack)
 
 
-def _instance_bound(cfg) -> tuple[int, str] | None:
+def _instance_bound(plan: RunPlan) -> tuple[int, str] | None:
     """The privacy section's contribution bound ``(m, rule)`` (``privacy.*.max_labels_per_instance``), or None. A
     centralised trainer (the central DP reference) has each instance once, whole: it bounds nothing."""
-    if cfg.algorithm.capabilities.centralised:
+    if plan.algorithm.capabilities.centralised:
         return None
-    m = cfg.privacy.max_labels_per_instance()
-    return None if m is None else (m, cfg.privacy.over_bound)
+    p = plan.part(PrivacyConfig)
+    m = p.max_labels_per_instance()
+    return None if m is None else (m, p.over_bound)
 
 
-def _has_batch_norm(cfg) -> bool:
-    """The config's encoder is a ResNet (batch norm): named, or picked by ``auto`` for image data."""
-    from secure_fed.config.schema import IMAGE_FORMATS
+def _explicit_dropout(model: ModelPlan) -> float:
+    """``model.ctran.dropout`` as the config set it explicitly; 0 when left at ``auto`` (DP-SGD's steps then run
+    without dropout, whatever the rate the plan resolved ``auto`` to)."""
+    ctran = model.ctran
+    # TRANSITIONAL (until every caller passes the plan): a config's ctran section says auto in ``dropout`` itself
+    auto = ctran.dropout == "auto" or getattr(ctran, "dropout_auto", False)
+    return 0.0 if auto else float(ctran.dropout)
 
-    m, d = cfg.model, cfg.dataset
-    images = d.name == "digit_mosaics" or d.format in IMAGE_FORMATS
-    return m.name.startswith("resnet") or (m.name == "auto" and images)
+
+#: the dataset formats of images (``dataset.format``; the core's ``IMAGE_FORMATS``)
+IMAGE_FORMATS = ("voc", "coco")
 
 
-def _validate_secure_aggregation(cfg, stack: list[str]) -> None:
-    if "secure_aggregation" in stack and cfg.secure_aggregation.threshold <= 0.5:
+def _has_batch_norm(model: ModelPlan, dataset: DatasetPlan) -> bool:
+    """The plan's encoder is a ResNet (batch norm): named, or picked by ``auto`` for image data."""
+    images = dataset.name == "digit_mosaics" or dataset.format in IMAGE_FORMATS
+    return model.name.startswith("resnet") or (model.name == "auto" and images)
+
+
+def _validate_secure_aggregation(plan: RunPlan, stack: list[str]) -> None:
+    """secure_aggregation's threshold and clip range, when the stack lists it."""
+    if "secure_aggregation" not in stack:
+        return
+    s = plan.part(SecureAggregationConfig)
+    if s.threshold <= 0.5:
         raise ValueError(
             "secure_aggregation.threshold must exceed 0.5: with t ≤ half a neighbourhood the server can collect both "
             "a client's self-mask shares and its key shares and unmask its input"
         )
-    if "secure_aggregation" in stack and cfg.secure_aggregation.clip_range < 1.0:
+    if s.clip_range < 1.0:
         raise ValueError(
-            f"secure_aggregation.clip_range {cfg.secure_aggregation.clip_range:g} is below 1: each client's row counts "
+            f"secure_aggregation.clip_range {s.clip_range:g} is below 1: each client's row counts "
             "and the 1 that counts the round's clients travel in the encoded sum and would be clipped"
         )
+
+
+def _always(plan: RunPlan) -> bool:
+    """True, whatever the plan (a spec's flag that holds for every run)."""
+    return True
 
 
 #: a dealer client seals a secret to every other client's public key, the server relaying (keyed hashing, CKKS)
@@ -413,7 +452,7 @@ KEYED_HASHING = LayerSpec(
     settings=keyed_hashing_settings,
     validate=_validate_keyed_hashing,
     runs_on_flower=True,  # its setup steps are client-side methods; the keyrings live in each node's context.state
-    row_sparse_updates=lambda cfg: True,  # it keys labels and tokens; θ updates pass through untouched
+    row_sparse_updates=_always,  # it keys labels and tokens; θ updates pass through untouched
     downlink_rules={
         "keyed_hashing": Setting(),
         **KEY_DEALING_DOWN,
@@ -423,30 +462,30 @@ KEYED_HASHING = LayerSpec(
 )
 
 
-def _describe_dp(cfg, num_clients: int) -> list[str]:
+def _describe_dp(plan: RunPlan, num_clients: int) -> list[str]:
     """:func:`_describe_dp_lines`, without the accountant's "optimal order is the largest alpha" warnings (true of
     the calibration's probes, and noise in ``validate``'s output)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _describe_dp_lines(cfg, num_clients)
+        return _describe_dp_lines(plan, num_clients)
 
 
-def unnoised_steps_of_config(cfg) -> list[dict]:
+def unnoised_steps_of_plan(plan: RunPlan) -> list[dict]:
     """:func:`protocols.dp.released_model.unnoised_steps` for a run's config with the ``dp`` layer: the channels its
     declared mechanisms leave uncovered, by the privacy-loss graph's rule
     (:func:`protocols.dp.run_graph.planned_unnoised_steps`)."""
     from protocols.dp.run_graph import planned_unnoised_steps
 
-    return planned_unnoised_steps(cfg.privacy, label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets)
+    return planned_unnoised_steps(plan.part(PrivacyConfig), label_set_algorithm=plan.algorithm.capabilities.collects_label_sets)
 
 
-def _released_model_line(cfg) -> str:
+def _released_model_line(plan: RunPlan) -> str:
     """The released model's ε (the observer's), planned: covered when every step that shapes θ and W has a DP
-    mechanism (:func:`unnoised_steps_of_config`, the layer's own rule), else ∞ and why."""
-    p = cfg.privacy
+    mechanism (:func:`unnoised_steps_of_plan`, the layer's own rule), else ∞ and why."""
+    p = plan.part(PrivacyConfig)
     units = [u for u, on in (("instance", p.instance is not None or p.local is not None), ("client", p.client is not None)) if on]
     head = "dp released model (the observer: sees θ, W and the files): "
-    unnoised = unnoised_steps_of_config(cfg)
+    unnoised = unnoised_steps_of_plan(plan)
     if not unnoised:
         return (
             head + "covered: every step that shapes θ and W has a DP mechanism; its ε is the observer's plan per "
@@ -457,7 +496,7 @@ def _released_model_line(cfg) -> str:
             + f"; the {' and '.join(units) or 'dp'} unit's ε above covers only what that unit names")  # fmt: skip
 
 
-def _cap_text(history: list[tuple[float, float, int]], target: float, p) -> str:
+def _cap_text(history: list[tuple[float, float, int]], target: float, p: PrivacyConfig) -> str:
     """What a target beside given σ values does (``noise_multiplier`` and ``target_epsilon`` both set): it is a cap,
     the ledger's stop; with one mechanism, the last planned step it allows."""
     from protocols.dp.accountant import epsilon_of
@@ -475,126 +514,151 @@ def _cap_text(history: list[tuple[float, float, int]], target: float, p) -> str:
     return head + f", after {lo:,} of the {n:,} planned steps"
 
 
-def _describe_dp_lines(cfg, num_clients: int) -> list[str]:
-    """Each DP unit's plan, as :class:`protocols.dp.layer.DifferentialPrivacy` builds it: per mechanism σ (given or
-    calibrated by the layer's own functions), sample rate and planned steps, and the ε the unit plans over them.
-    Config and public facts only (the cohort, the public bound m); what needs the built data is said, not guessed."""
+#: a unit's planned mechanism: (name, its settings block, sample rate q, planned steps or None when unknown here)
+PlannedMechanism = tuple[str, InstanceDPConfig | LocalDPConfig | ClientDPConfig, float, int | None]
+
+
+def _unit_line(p: PrivacyConfig, unit: str, block: str, mechs: list[PlannedMechanism], note: str,
+               planned: dict[str, tuple[float, float, int]]) -> str:  # fmt: skip
+    """The line of one DP unit's plan over its ``mechs``: each σ given or calibrated (by the layer's own functions, to
+    the unit's target; ``block``: the section a calibration error names), and the ε the unit plans; each mechanism's
+    planned (σ, q, steps) is recorded in ``planned`` (for the run's graph)."""
     from protocols.dp.accountant import calibrate_shared_sigma, calibrate_sigma, epsilon_of
-    from secure_fed.errors import ConfigError
+    from secure_fed.plugin_api.layers import ConfigError
 
-    p, t = cfg.privacy, cfg.training
-    lines: list[str] = []
-    planned: dict[str, tuple[float, float, int]] = {}  #: mechanism → its planned (σ, q, steps), for the graph
+    target = next((m.target_epsilon for _, m, _, _ in mechs if m.target_epsilon is not None), None)
+    if any(n is None for *_, n in mechs):
+        shown = "; ".join(f"{name}: q {q:g}, σ {'calibrated' if m.noise_multiplier is None else f'{m.noise_multiplier:g}'}"
+                          for name, m, q, _ in mechs)  # fmt: skip
+        return f"dp {unit} unit: {shown}; planned steps, σ and ε: not computed here ({note})"
+    steps = [n for *_, n in mechs if n is not None]  # every one known (above)
+    free = [m for _, m, _, _ in mechs if m.noise_multiplier is None]
+    shared = None
+    try:
+        if free and len(mechs) == 1:
+            shared = calibrate_sigma(target_epsilon=target, delta=p.delta, sample_rate=mechs[0][2], steps=steps[0],
+                                     accountant=p.accountant)  # fmt: skip
+        elif free:
+            shared = calibrate_shared_sigma(target_epsilon=target, delta=p.delta, accountant=p.accountant,
+                                            parts=[(q, n, m.noise_multiplier) for _, m, q, n in mechs])  # fmt: skip
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"privacy.{block}.target_epsilon: {exc}") from None
+    history, parts = [], []
+    for (name, m, q, _), n in zip(mechs, steps, strict=True):
+        sigma = m.noise_multiplier if m.noise_multiplier is not None else shared
+        history.append((sigma, q, n))
+        planned[name] = (sigma, q, n)
+        parts.append(f"{name}: σ {sigma:.4g} ({'calibrated' if m.noise_multiplier is None else 'given'}), q {q:g}, "
+                     f"{n:,} planned steps")  # fmt: skip
+    eps = epsilon_of(history, p.delta, p.accountant)
+    goal = f" (target {target:g})" if target is not None else ""
+    if target is not None and not free:  # every σ given: the target calibrates nothing, it caps the run
+        goal = f" (target {target:g}: {_cap_text(history, target, p)})"
+    return (f"dp {unit} unit: {'; '.join(parts)} -> plans ε = {eps:.4g}{goal} at δ = {p.delta:g} ({p.accountant})"
+            + (f"; {note}" if note else "") + "; " + _discrete_gaussian_text(history, p.delta))  # fmt: skip
 
-    def unit_lines(unit: str, block: str, mechs: list[tuple[str, object, float, int | None]], note: str = "") -> None:
-        """``mechs``: (name, its config block, sample rate q, planned steps or None when unknown here)."""
-        target = next((m.target_epsilon for _, m, _, _ in mechs if m.target_epsilon is not None), None)
-        if any(n is None for *_, n in mechs):
-            shown = "; ".join(f"{name}: q {q:g}, σ {'calibrated' if m.noise_multiplier is None else f'{m.noise_multiplier:g}'}"
-                              for name, m, q, _ in mechs)  # fmt: skip
-            lines.append(f"dp {unit} unit: {shown}; planned steps, σ and ε: not computed here ({note})")
-            return
-        free = [m for _, m, _, _ in mechs if m.noise_multiplier is None]
-        shared = None
-        try:
-            if free and len(mechs) == 1:
-                _, _, q, n = mechs[0]
-                shared = calibrate_sigma(target_epsilon=target, delta=p.delta, sample_rate=q, steps=n, accountant=p.accountant)
-            elif free:
-                shared = calibrate_shared_sigma(target_epsilon=target, delta=p.delta, accountant=p.accountant,
-                                                parts=[(q, n, m.noise_multiplier) for _, m, q, n in mechs])  # fmt: skip
-        except (ValueError, RuntimeError) as exc:
-            raise ConfigError(f"privacy.{block}.target_epsilon: {exc}") from None
-        history, parts = [], []
-        for name, m, q, n in mechs:
-            sigma = m.noise_multiplier if m.noise_multiplier is not None else shared
-            history.append((sigma, q, n))
-            planned[name] = (sigma, q, n)
-            parts.append(f"{name}: σ {sigma:.4g} ({'calibrated' if m.noise_multiplier is None else 'given'}), q {q:g}, "
-                         f"{n:,} planned steps")  # fmt: skip
-        eps = epsilon_of(history, p.delta, p.accountant)
-        goal = f" (target {target:g})" if target is not None else ""
-        if target is not None and not free:  # every σ given: the target calibrates nothing, it caps the run
-            goal = f" (target {target:g}: {_cap_text(history, target, p)})"
-        lines.append(f"dp {unit} unit: {'; '.join(parts)} -> plans ε = {eps:.4g}{goal} at δ = {p.delta:g} ({p.accountant})"
-                     + (f"; {note}" if note else "") + "; " + _discrete_gaussian_text(history, p.delta))  # fmt: skip
 
-    if p.instance is not None or p.local is not None:
-        mechs: list[tuple[str, object, float, int | None]] = []
-        note = ""
-        if p.instance is not None:
-            steps = cfg.algorithm.private_w_steps(t.rounds)
-            mechs.append(("server_w_step", p.instance, p.instance.sample_rate, steps))
-        if p.local is not None:
-            from protocols.dp.local_dpsgd import copies_per_round, local_steps_per_round
-            from secure_fed.algorithms import ALGORITHMS
-            from secure_fed.data import partitioner_from_config
+def _client_training_mechanism(plan: RunPlan, num_clients: int) -> tuple[PlannedMechanism, str]:
+    """``privacy.local``'s mechanism (DP-SGD in client training) and a note on its steps: an instance's copies a
+    round come from the public bound m in the positive_only partition (unknown here without one), else one."""
+    from protocols.dp.local_dpsgd import copies_per_round, local_steps_per_round
 
-            algo = ALGORITHMS.get(cfg.algorithm.name)
-            positive_only = partitioner_from_config(cfg.partition, seed=cfg.seed).positive_only
-            bound = _instance_bound(cfg)
-            largest = num_clients if t.sampling == "poisson" else t.cohort_size(num_clients)
-            per_round = local_steps_per_round(local_epochs=t.local_epochs, sample_rate=p.local.batch_sample_rate)
-            steps = None
-            if not positive_only or (algo is not None and algo.centralized):
-                steps = t.rounds * copies_per_round(1, largest) * per_round
-                note = "an instance sits on one client"
-            elif bound is not None:  # the run's k is min(m, the label space's size): m is its public upper bound
-                k = copies_per_round(bound[0], largest)
-                steps = t.rounds * k * per_round
-                note = (f"client_training counts an instance in up to {k} clients' training a round (the public bound m = "
-                        f"{bound[0]} capped by the largest cohort, {largest}); a label space of fewer than m labels "
-                        "lowers k to its size")  # fmt: skip
-            else:
-                note = ("positive_only partition with no public bound: an instance may sit on one client per label, so k "
-                        "is the number of labels; set privacy.*.max_labels_per_instance for a smaller bound")  # fmt: skip
-            mechs.append(("client_training", p.local, p.local.batch_sample_rate, steps))
-            if p.local.noise == "shares":
-                note += ("; " if note else "") + (
-                    "privacy.local.noise: shares: one step a round, each client adds a 1/√t share of the noise, so "
-                    "against the server this ε holds only with the secure sum"
-                )
-        block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
-        unit_lines("instance", block, mechs, note)
-    if p.client is not None and p.client.mechanism == "tree":
+    loc, t = plan.part(PrivacyConfig).local, plan.training
+    assert loc is not None  # the caller's condition
+    positive_only = plan.partition.name == "positive_only"
+    bound = _instance_bound(plan)
+    largest = num_clients if t.sampling == "poisson" else t.cohort_size(num_clients)
+    per_round = local_steps_per_round(local_epochs=t.local_epochs, sample_rate=loc.batch_sample_rate)
+    steps = None
+    if not positive_only or plan.algorithm.capabilities.centralised:
+        steps = t.rounds * copies_per_round(1, largest) * per_round
+        note = "an instance sits on one client"
+    elif bound is not None:  # the run's k is min(m, the label space's size): m is its public upper bound
+        k = copies_per_round(bound[0], largest)
+        steps = t.rounds * k * per_round
+        note = (f"client_training counts an instance in up to {k} clients' training a round (the public bound m = "
+                f"{bound[0]} capped by the largest cohort, {largest}); a label space of fewer than m labels "
+                "lowers k to its size")  # fmt: skip
+    else:
+        note = ("positive_only partition with no public bound: an instance may sit on one client per label, so k "
+                "is the number of labels; set privacy.*.max_labels_per_instance for a smaller bound")  # fmt: skip
+    if loc.noise == "shares":
+        note += "; " + (
+            "privacy.local.noise: shares: one step a round, each client adds a 1/√t share of the noise, so "
+            "against the server this ε holds only with the secure sum"
+        )
+    return ("client_training", loc, loc.batch_sample_rate, steps), note
+
+
+def _instance_unit_line(plan: RunPlan, num_clients: int, planned: dict[str, tuple[float, float, int]]) -> str:
+    """The instance unit's plan: the W step over label sets (``privacy.instance``) and DP-SGD in client training
+    (``privacy.local``), one ledger."""
+    p = plan.part(PrivacyConfig)
+    mechs: list[PlannedMechanism] = []
+    note = ""
+    if p.instance is not None:
+        mechs.append(("server_w_step", p.instance, p.instance.sample_rate, plan.algorithm.private_w_steps(plan.training.rounds)))
+    if p.local is not None:
+        mech, note = _client_training_mechanism(plan, num_clients)
+        mechs.append(mech)
+    block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
+    return _unit_line(p, "instance", block, mechs, note, planned)
+
+
+def _client_unit_line(plan: RunPlan, planned: dict[str, tuple[float, float, int]]) -> str:
+    """The client unit's plan: client-level noise each round, or DP-FTRL's tree (K Gaussian equivalents)."""
+    p, t = plan.part(PrivacyConfig), plan.training
+    assert p.client is not None  # the caller's condition
+    if p.client.mechanism == "tree":
         from protocols.dp.tree_aggregation import gaussian_equivalents
 
         k = gaussian_equivalents(t.rounds, p.client.tree_restart_every or t.rounds)
-        unit_lines("client", "client", [("client update (DP-FTRL tree, K Gaussian equivalents)", p.client, 1.0, k)],
-                   "no sampling amplification: every client in every round")  # fmt: skip
-    elif p.client is not None:
-        unit_lines("client", "client", [("client update", p.client, t.client_fraction, t.rounds)])
-    lines.extend(_planned_release_lines(cfg, num_clients, planned))
-    if cfg.model.fixed_encoder:
+        mechs: list[PlannedMechanism] = [("client update (DP-FTRL tree, K Gaussian equivalents)", p.client, 1.0, k)]
+        return _unit_line(p, "client", "client", mechs, "no sampling amplification: every client in every round", planned)
+    return _unit_line(p, "client", "client", [("client update", p.client, t.client_fraction, t.rounds)], "", planned)
+
+
+def _describe_dp_lines(plan: RunPlan, num_clients: int) -> list[str]:
+    """Each DP unit's plan, as :class:`protocols.dp.layer.DifferentialPrivacy` builds it: per mechanism σ (given or
+    calibrated by the layer's own functions), sample rate and planned steps, and the ε the unit plans over them.
+    The plan and public facts only (the cohort, the public bound m); what needs the built data is said, not guessed."""
+    p = plan.part(PrivacyConfig)
+    lines: list[str] = []
+    planned: dict[str, tuple[float, float, int]] = {}  #: mechanism → its planned (σ, q, steps), for the graph
+    if p.instance is not None or p.local is not None:
+        lines.append(_instance_unit_line(plan, num_clients, planned))
+    if p.client is not None:
+        lines.append(_client_unit_line(plan, planned))
+    lines.extend(_planned_release_lines(plan, num_clients, planned))
+    if plan.model.fixed_encoder:
         lines.append("dp: the encoder g_θ is fixed at its initialisation from the seed (model.fixed_encoder): never trained, "
                      "independent of the data, so every unit covers it at no cost; only "
-                     + ("W's rows" if cfg.model.family == "embedding" else "the linear head") + " learn")  # fmt: skip
-    if cfg.algorithm.capabilities.centralised:
-        lines.append(f"dp: {cfg.algorithm.name} under dp is the central DP reference: DP-SGD on one trainer that holds "
+                     + ("W's rows" if plan.model.family == "embedding" else "the linear head") + " learn")  # fmt: skip
+    if plan.algorithm.capabilities.centralised:
+        lines.append(f"dp: {plan.algorithm.name} under dp is the central DP reference: DP-SGD on one trainer that holds "
                      "every instance once (no contribution bound)")  # fmt: skip
-    lines.append(_released_model_line(cfg))
+    lines.append(_released_model_line(plan))
     return lines
 
 
-def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float, float, int]]) -> list[str]:
+def _planned_release_lines(plan: RunPlan, num_clients: int, planned: dict[str, tuple[float, float, int]]) -> list[str]:
     """The released model's planned ε per unit against the observer, from the run's privacy-loss graph
     (:mod:`protocols.dp.run_graph`) over the planned mechanisms, one line per unit: it differs from the unit's own
     plan where another unit's mechanism reaches it (client-level noise per instance) or a channel is un-noised."""
     from protocols.dp.mechanisms import MECHANISMS
     from protocols.dp.run_graph import declared_names, mechanism_kind, run_graph
-    from secure_fed.data import partitioner_from_config
 
-    p, t = cfg.privacy, cfg.training
+    p, t = plan.part(PrivacyConfig), plan.training
     instance_mechs = [name for name in declared_names(p) if name != "client"]  # the instance unit's
     if any(name not in planned for name in instance_mechs):
         return []  # some step counts need the built data: said above
     client_name = next((n for n in planned if n.startswith("client update")), None)
     if p.client is not None and client_name is None:
         return []
-    positive_only = partitioner_from_config(cfg.partition, seed=cfg.seed).positive_only
+    positive_only = plan.partition.name == "positive_only"
     k = 1
-    if positive_only and not cfg.algorithm.capabilities.centralised:
-        bound = _instance_bound(cfg)
+    if positive_only and not plan.algorithm.capabilities.centralised:
+        bound = _instance_bound(plan)
         k = num_clients if bound is None else min(bound[0], num_clients)
     mechs = []
     for name in instance_mechs:
@@ -606,7 +670,7 @@ def _planned_release_lines(cfg, num_clients: int, planned: dict[str, tuple[float
         mechs.append(MECHANISMS[mechanism_kind(p, "client")](name="client", sigma=sigma, sample_rate=q, steps=t.rounds,
                                                             planned_steps=t.rounds, **extra))  # fmt: skip
     graph = run_graph(
-        p, label_set_algorithm=cfg.algorithm.capabilities.collects_label_sets, mechanisms=mechs, instance_group=k,
+        p, label_set_algorithm=plan.algorithm.capabilities.collects_label_sets, mechanisms=mechs, instance_group=k,
         population=num_clients, cohort=None if t.sampling == "poisson" else t.cohort_size(num_clients),
     )  # fmt: skip
     units = (["instance"] if p.instance is not None or p.local is not None else []) + (["client"] if p.client else [])
@@ -653,19 +717,26 @@ def _target_epsilons(config: dict) -> dict[str, float]:
     return out
 
 
-def _dp_memory(cfg, shape, params: int, device: str) -> dict[str, float]:
+def _dp_row_sparse_updates(plan: RunPlan) -> bool:
+    """The dp layer takes row-sparse updates only with the instance unit's W step alone: client-level DP clips and
+    noises whole updates, DP-SGD in client training noises the whole table."""
+    p = plan.part(PrivacyConfig)
+    return p.client is None and p.local is None
+
+
+def _dp_memory(plan: RunPlan, shape: DataShape, params: int, device: str) -> dict[str, float]:
     """DP-SGD over label sets (privacy.instance) holds a chunk of per-set gradients, in the phase of the W step the
     algorithm declares (``w_step_memory_phase``)."""
-    phase = cfg.algorithm.w_step_memory_phase()
-    if cfg.privacy.instance is None or phase is None:
+    phase = plan.algorithm.w_step_memory_phase()
+    if plan.part(PrivacyConfig).instance is None or phase is None:
         return {}
-    return {phase: per_set_chunk_bytes(shape.labels, cfg.model.embedding_dim)}
+    return {phase: per_set_chunk_bytes(shape.labels, plan.model.embedding_dim)}
 
 
-def _secure_sum_memory(cfg, shape, params: int, device: str) -> dict[str, float]:
+def _secure_sum_memory(plan: RunPlan, shape: DataShape, params: int, device: str) -> dict[str, float]:
     """A secure sum holds float64 numpy vectors of the whole update layout (θ plus C·(d+1) with a row table), several
     at once, in host memory: a phase of their own on a GPU, part of the round's on the CPU."""
-    layout = params + (shape.labels * (cfg.model.embedding_dim + 1) if cfg.model.family == "embedding" else 0)
+    layout = params + (shape.labels * (plan.model.embedding_dim + 1) if plan.model.family == "embedding" else 0)
     return {"secure sums" if device.startswith("cuda") else "round": 4 * layout * 8}
 
 
@@ -688,10 +759,10 @@ DP = LayerSpec(
     runs_on_flower=True,  # every mechanism: the clients' secret streams live on their nodes (client_state_on_nodes)
     # the instance unit steps W on the server and never sees θ updates; client-level DP clips and noises whole
     # updates, DP-SGD in client training noises the whole table: those take dense updates
-    row_sparse_updates=lambda cfg: cfg.privacy.client is None and cfg.privacy.local is None,
+    row_sparse_updates=_dp_row_sparse_updates,
     instance_bound=_instance_bound,
     target_epsilons=_target_epsilons,
-    public_preprocessing=lambda cfg: True,  # θ is covered only if its inputs read no statistic of the training split
+    public_preprocessing=_always,  # θ is covered only if its inputs read no statistic of the training split
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
     uplink_rules={"row_noise": FullTable("W")},
     describe=_describe_dp,
@@ -699,7 +770,7 @@ DP = LayerSpec(
 )
 
 
-def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
+def _describe_secure_aggregation(plan: RunPlan, num_clients: int) -> list[str]:
     """The SecAgg+ graph a cohort of the configured size gets, and what it guarantees (protocols.secagg.graph_bounds)."""
     import math
 
@@ -711,7 +782,7 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
         round_dropout,
     )
 
-    s, t = cfg.secure_aggregation, cfg.training
+    s, t = plan.part(SecureAggregationConfig), plan.training
     n = t.cohort_size(num_clients)
     about = "about " if t.sampling == "poisson" else ""  # the cohort's size varies from round to round (and is secret)
     g = graph_for(n, s, population=num_clients)
@@ -726,8 +797,8 @@ def _describe_secure_aggregation(cfg, num_clients: int) -> list[str]:
     )
     if not g.meets_targets:
         line += f" (targets 2^-{s.security_bits:g} and 2^-{s.correctness_bits:g} not met: no sparse graph meets them)"
-    client_dp = getattr(getattr(cfg, "privacy", None), "client", None)
-    if client_dp is not None and client_dp.noise == "clients" and "dp" in cfg.protocols:
+    client_dp = plan.part(PrivacyConfig).client if "dp" in plan.protocols else None
+    if client_dp is not None and client_dp.noise == "clients":
         line += (f"; privacy.client.noise: clients sizes each share for t = {g.threshold}, so a sum of all {n} holds "
                  f"{n / g.threshold:.1f}× the noise variance DP needs (a denser graph: larger t, less excess)")  # fmt: skip
     # a server that picks the graph (module protocols.secagg.graph_bounds): the colluders all in one neighbourhood

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from protocols.layer_specs import unnoised_steps_of_config
+from protocols.layer_specs import unnoised_steps_of_plan
 from secure_fed.privacy_lines import privacy_lines
 from tests.config.test_bad_input import cli
 from tests.conftest import SMALL
@@ -30,9 +30,9 @@ def _layer_units(overrides):
     from secure_fed.config import load_plan
     from secure_fed.plugin_specs import layer_specs
 
-    cfg = load_plan(overrides=overrides)
+    plan = load_plan(overrides=overrides)
     env = types.SimpleNamespace(num_clients=20, max_clients_per_instance=4, theta={}, update_layout=lambda: None, has_rows=True)
-    return cfg, DifferentialPrivacy(layer_specs()["dp"].settings(cfg), env).privacy()
+    return plan, DifferentialPrivacy(layer_specs()["dp"].settings(plan), env).privacy()
 
 
 @pytest.mark.parametrize("overrides", [W_STEP_ONLY, COVERED, ["protocols=[dp]", 'privacy.client={"noise_multiplier": 1.0}']])
@@ -40,12 +40,12 @@ def test_validate_and_the_layer_name_the_same_unnoised_steps(overrides):
     """The layer's report (every unit's ``unnoised`` list, the observer's ε) and ``validate``'s plan agree."""
     from secure_fed.plugin_specs import layer_specs
 
-    cfg, report = _layer_units(overrides)
-    expected = unnoised_steps_of_config(cfg)
+    plan, report = _layer_units(overrides)
+    expected = unnoised_steps_of_plan(plan)
     for unit in report.values():
         assert unit["unnoised"] == expected
         assert (unit["adversaries"]["observer"]["epsilon"] == "inf") == bool(expected)
-    line = layer_specs()["dp"].describe(cfg, 20)[-1]
+    line = layer_specs()["dp"].describe(plan, 20)[-1]
     assert line.startswith("dp released model (the observer: sees θ, W and the files): ")
     if expected:
         assert "ε = ∞: no ε bounds the released" in line and all(x["why"] in line for x in expected)
@@ -54,12 +54,12 @@ def test_validate_and_the_layer_name_the_same_unnoised_steps(overrides):
 
 
 def test_w_step_only_is_infinite_and_the_covered_recipe_is_not():
-    assert [x["step"] for x in unnoised_steps_of_config(_layer_units(W_STEP_ONLY)[0])] == ["client_training"]
-    assert unnoised_steps_of_config(_layer_units(COVERED)[0]) == []
+    assert [x["step"] for x in unnoised_steps_of_plan(_layer_units(W_STEP_ONLY)[0])] == ["client_training"]
+    assert unnoised_steps_of_plan(_layer_units(COVERED)[0]) == []
 
 
 def test_the_infinity_line_is_one_short_sentence():
-    why = unnoised_steps_of_config(_layer_units(W_STEP_ONLY)[0])
+    why = unnoised_steps_of_plan(_layer_units(W_STEP_ONLY)[0])
     record = {"epsilon": "inf", "delta": 1e-5, "unit": "instance", "why": "long " * 100,
               "units": {"instance": {"epsilon": 1.8461, "delta": 1e-5, "unnoised": why, "adversaries": {}}}}  # fmt: skip
     lines = privacy_lines(record, "runs/x/config.yaml")

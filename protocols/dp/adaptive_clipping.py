@@ -26,13 +26,16 @@ of every metrics line: ``privacy.client.clip_norm``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.randomness import SecretStream
-from secure_fed.errors import ConfigError
+from secure_fed.plugin_api.layers import ConfigError
+
+if TYPE_CHECKING:
+    from protocols.config_sections import ClientDPConfig
 
 #: the centred bit's values: the sum's sensitivity to one client is 1/2 (Andrew et al., the proof of Theorem 1)
 BIT_BELOW, BIT_ABOVE = 0.5, -0.5
@@ -110,11 +113,11 @@ class AdaptiveClip:
         self.by_round = {int(r): float(c) for r, c in state["by_round"].items()}
 
 
-def adaptive_clip(client_cfg, sigma: float, expected_clients: float) -> tuple[AdaptiveClip, float] | None:
-    """The run's :class:`AdaptiveClip` and σ_Δ for ``privacy.client`` (section ``client_cfg``) at the unit's σ
+def adaptive_clip(client: ClientDPConfig, sigma: float, expected_clients: float) -> tuple[AdaptiveClip, float] | None:
+    """The run's :class:`AdaptiveClip` and σ_Δ for ``privacy.client`` (section ``client``) at the unit's σ
     (configured or calibrated), or None without ``adaptive_clipping``. A σ_b ≤ σ/2 is a ConfigError (with a
     configured σ, validation refuses it first)."""
-    a = client_cfg.adaptive_clipping
+    a = client.adaptive_clipping
     if a is None:
         return None
     try:
@@ -122,7 +125,7 @@ def adaptive_clip(client_cfg, sigma: float, expected_clients: float) -> tuple[Ad
     except ValueError as exc:
         raise ConfigError(f"privacy.client.adaptive_clipping.{exc}") from None
     clip = AdaptiveClip(
-        initial=client_cfg.clip_norm, target_quantile=a.target_quantile, learning_rate=a.learning_rate,
+        initial=client.clip_norm, target_quantile=a.target_quantile, learning_rate=a.learning_rate,
         count_std=a.count_noise_multiplier, expected_clients=expected_clients,
     )  # fmt: skip
     return clip, update_sigma

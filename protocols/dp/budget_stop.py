@@ -6,7 +6,7 @@ from protocols.dp.accountant import PrivacyUnit
 from protocols.dp.privacy_units import client_training_steps
 from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP
 from protocols.layer_settings import DPSettings
-from secure_fed.engine.layers import StackEnv
+from secure_fed.plugin_api.layers import StackEnv
 
 
 def budget_stop(units: dict[str, PrivacyUnit], settings: DPSettings, env: StackEnv) -> str | None:

@@ -22,11 +22,7 @@ from protocols.dp.adaptive_clipping import BIT_KEY, clip_bit
 from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap, snap_and_noise
 from protocols.dp.exact_sums import CLIP_MARGIN
 from protocols.randomness import SecretStream
-from secure_fed.algorithms.base import Payload
-from secure_fed.client_functions import client_step
-from secure_fed.engine.aggregation import Aggregate
-from secure_fed.errors import SecureFedError
-from secure_fed.models.sparse_rows import dense_delta
+from secure_fed.plugin_api.layers import Aggregate, Payload, SecureFedError, client_step, dense_delta
 
 
 def dense_update(reply: Payload) -> Payload:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from protocols.randomness import SecretStream
-from secure_fed.algorithms.base import Payload
-from secure_fed.engine.message_digest import payload_digest
+from secure_fed.plugin_api.layers import Payload, payload_digest
 
 
 def check_round_payload(trained: dict[int, bytes], cid: int, round_idx: int, payload: Payload, plan: list[dict]) -> None:

@@ -18,11 +18,17 @@ from protocols.dp.local_dpsgd import LocalDPSGD
 from protocols.dp.local_shares import SHARE_STEP, LocalShareSums, share_reply, share_std
 from protocols.dp.run_graph import CLIENT_STEP
 from protocols.dp.tree_aggregation import tree_release
-from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.client_functions import apply_client_plan
-from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.engine.layers import Bounds, RoundWrapper
-from secure_fed.errors import PrivacyViolation
+from secure_fed.plugin_api.layers import (
+    Aggregate,
+    Bounds,
+    ClientData,
+    ClientFn,
+    Payload,
+    PrivacyViolation,
+    RoundSession,
+    RoundWrapper,
+    apply_client_plan,
+)
 
 
 def client_plan_steps(

@@ -46,7 +46,7 @@ from torch.nn import functional as F
 
 from protocols.dp.discrete_gaussian import release_grid
 from protocols.dp.exact_sums import clip_factors, grid_clipped_sum, per_sample_norms64
-from secure_fed.kernel_sizes import PER_SET_CHUNK_ELEMENTS  # elements (chunk × C × d) of one chunk's per-set gradients
+from secure_fed.plugin_api.layers import PER_SET_CHUNK_ELEMENTS  # elements (chunk × C × d) of one chunk's per-set gradients
 
 #: ``per_set_grads(W)`` prepares everything that depends on W alone (pair gradients, neighbours) once per
 #: step and returns a function of a chunk of label sets (B, C) → per-set gradients (B, C, d).

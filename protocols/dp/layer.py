@@ -26,10 +26,19 @@ from protocols.dp.tree_aggregation import TreeNoise
 from protocols.dp.w_step_release import private_w_step
 from protocols.layer_settings import DPSettings
 from protocols.randomness import SecretStream
-from secure_fed.algorithms.base import Algorithm, ClientData, Payload
-from secure_fed.client_functions import client_side
-from secure_fed.engine.aggregation import RoundSession
-from secure_fed.engine.layers import ClientSide, LayerState, Ledger, ProtocolLayer, StackEnv, StateScope
+from secure_fed.plugin_api.layers import (
+    Algorithm,
+    ClientData,
+    ClientSide,
+    LayerState,
+    Ledger,
+    Payload,
+    ProtocolLayer,
+    RoundSession,
+    StackEnv,
+    StateScope,
+    client_side,
+)
 
 
 class DifferentialPrivacy(ProtocolLayer):
@@ -70,12 +79,6 @@ class DifferentialPrivacy(ProtocolLayer):
             self.adaptive = adaptive_clipping.adaptive_clip(p.client, self.units["client"].sigma, q * env.num_clients)
         for unit in self.units.values():
             unit.fixed = privacy_units.fixed_parts(settings)
-
-    @property
-    def cfg(self) -> DPSettings:
-        """The layer's settings (:class:`~protocols.layer_settings.DPSettings`), not the run's config: the name that
-        the algorithm reads (``self.cfg.algorithm``) keep."""
-        return self.settings
 
     # ---------------------------------------------------------------- the hooks (secure_fed.engine.layers)
     def clients(self) -> ClientSide:

@@ -28,7 +28,7 @@ import torch
 from protocols.dp.discrete_gaussian import grid_noise, release_grid, snap
 from protocols.dp.exact_sums import check_float_batch, clip_factors, float64_sum_slack, grid_clipped_sum, per_sample_norms64
 from protocols.randomness import SecretStream
-from secure_fed.algorithms.per_sample import GradientPrivatizer
+from secure_fed.plugin_api.layers import GradientPrivatizer
 
 
 def steps_per_epoch(sample_rate: float) -> int:

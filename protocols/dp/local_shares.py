@@ -45,10 +45,7 @@ from protocols.dp.exact_sums import float64_sum_slack
 from protocols.dp.local_dpsgd import LocalDPSGD
 from protocols.layer_specs import SHARE_RANGE_SIGMAS
 from protocols.randomness import SecretStream
-from secure_fed.algorithms.base import Payload
-from secure_fed.client_functions import apply_client_plan
-from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.engine.layers import Bounds, RoundWrapper
+from secure_fed.plugin_api.layers import Aggregate, Bounds, Payload, RoundSession, RoundWrapper, apply_client_plan
 
 #: the plan step's name (a ``client_side`` method of the dp layer)
 SHARE_STEP = "layer:dp.local_share_step"

@@ -27,7 +27,7 @@ import numpy as np
 from protocols.dp.discrete_gaussian_accounting import LEDGER_ORDERS, discrete_gaussian_subsampled_rdp
 from protocols.dp.group_bound import cohort_count_logpmf, gaussian_rdp, group_substitution_rdp, substitution_sensitivity
 from protocols.dp.tree_counts import gaussian_equivalents
-from secure_fed.release import declare_mechanism
+from secure_fed.plugin_api.layers import declare_mechanism
 
 #: the Rényi orders of the RDP ledger (:data:`protocols.dp.discrete_gaussian_accounting.LEDGER_ORDERS`: Opacus's
 #: defaults 1.1 … 63 and larger ones up to 8192; the subsampled Gaussian's curve there is proven for the discrete one)

@@ -12,8 +12,7 @@ from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP, mechanism_kind
 from protocols.dp.tree_ledger import tree_client_unit
 from protocols.layer_settings import DPSettings
 from protocols.layer_specs import share_range_error
-from secure_fed.engine.layers import StackEnv
-from secure_fed.errors import ConfigError
+from secure_fed.plugin_api.layers import ConfigError, StackEnv
 
 #: the client unit's scope, as its report names it
 CLIENT_SCOPE = "each client's whole update of θ and its class rows"
@@ -59,7 +58,7 @@ def _instance_mechanisms(settings: DPSettings, env: StackEnv) -> list[dict[str, 
     mechs: list[dict[str, Any]] = []
     if p.instance is not None:
         mechs.append({
-            "name": SERVER_STEP, "cfg": p.instance, "sample_rate": p.instance.sample_rate,
+            "name": SERVER_STEP, "block": p.instance, "sample_rate": p.instance.sample_rate,
             "planned_steps": settings.algorithm.private_w_steps(settings.training.rounds),
             "scope": "their label sets in the server's W update (eq. 12 pre-training)" if fixed
             else "their label sets in the server's W update (eq. 11 with σ weights, eq. 9)",
@@ -68,7 +67,7 @@ def _instance_mechanisms(settings: DPSettings, env: StackEnv) -> list[dict[str, 
         k = int(env.max_clients_per_instance)
         trained = _trained_in_clients(settings, env)
         mechs.append({
-            "name": CLIENT_STEP, "cfg": p.local, "sample_rate": p.local.batch_sample_rate,
+            "name": CLIENT_STEP, "block": p.local, "sample_rate": p.local.batch_sample_rate,
             "planned_steps": settings.training.rounds * client_training_steps(settings, env),
             "scope": f"DP-SGD in client training ({trained}), per-sample clipping; one instance "
                      f"enters up to {local_copies(settings, env)} clients' training a round (it sits on ≤ {k} clients), "
@@ -105,8 +104,8 @@ def instance_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
     target over both; refused where the first round alone would pass that target."""
     p = settings.privacy
     mechs = _instance_mechanisms(settings, env)
-    target = next((m["cfg"].target_epsilon for m in mechs if m["cfg"].target_epsilon is not None), None)
-    free = [m for m in mechs if m["cfg"].noise_multiplier is None]
+    target = next((m["block"].target_epsilon for m in mechs if m["block"].target_epsilon is not None), None)
+    free = [m for m in mechs if m["block"].noise_multiplier is None]
     if free and target is None:
         raise ValueError(f"privacy.{'instance' if p.instance is not None else 'local'}: give noise_multiplier or target_epsilon")
     shared = None
@@ -115,16 +114,16 @@ def instance_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
         try:
             shared = calibrate_shared_sigma(
                 target_epsilon=target, delta=p.delta, accountant=p.accountant,
-                parts=[(m["sample_rate"], m["planned_steps"], m["cfg"].noise_multiplier) for m in mechs],
+                parts=[(m["sample_rate"], m["planned_steps"], m["block"].noise_multiplier) for m in mechs],
             )  # fmt: skip
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"privacy.{block}.target_epsilon: {exc}") from None
     not_covered = _instance_not_covered(settings)
     unit = None
     for m in mechs:
-        sigma = m["cfg"].noise_multiplier if m["cfg"].noise_multiplier is not None else shared
-        kw = {"scope": m["scope"], "sigma": sigma, "sample_rate": m["sample_rate"], "clip_norm": m["cfg"].clip_norm,
-              "calibrated": m["cfg"].noise_multiplier is None, "planned_steps": m["planned_steps"],
+        sigma = m["block"].noise_multiplier if m["block"].noise_multiplier is not None else shared
+        kw = {"scope": m["scope"], "sigma": sigma, "sample_rate": m["sample_rate"], "clip_norm": m["block"].clip_norm,
+              "calibrated": m["block"].noise_multiplier is None, "planned_steps": m["planned_steps"],
               "kind": mechanism_kind(p, m["name"])}  # fmt: skip
         if unit is None:
             unit = PrivacyUnit(
@@ -153,26 +152,26 @@ def client_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
                        "(covered per instance by privacy.instance, not per client)")  # fmt: skip
     if p.client.mechanism == "tree":
         try:
-            return tree_client_unit(ucfg=p.client, delta=p.delta, accountant=p.accountant, rounds=settings.training.rounds,
+            return tree_client_unit(client=p.client, delta=p.delta, accountant=p.accountant, rounds=settings.training.rounds,
                                     scope=CLIENT_SCOPE, not_covered=not_cov, report_gdp=p.report_gdp)  # fmt: skip
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"privacy.client.target_epsilon: {exc}") from None
-    ucfg, q, steps = p.client, settings.training.client_fraction, settings.training.rounds
-    calibrated = ucfg.noise_multiplier is None
+    client, q, steps = p.client, settings.training.client_fraction, settings.training.rounds
+    calibrated = client.noise_multiplier is None
     if calibrated:
-        if ucfg.target_epsilon is None:
+        if client.target_epsilon is None:
             raise ValueError("privacy.client: give noise_multiplier or target_epsilon")
         try:
             sigma = calibrate_sigma(
-                target_epsilon=ucfg.target_epsilon, delta=p.delta, sample_rate=q, steps=steps, accountant=p.accountant
+                target_epsilon=client.target_epsilon, delta=p.delta, sample_rate=q, steps=steps, accountant=p.accountant
             )
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"privacy.client.target_epsilon: {exc}") from None
     else:
-        sigma = ucfg.noise_multiplier
+        sigma = client.noise_multiplier
     return PrivacyUnit(
         name="client", scope=CLIENT_SCOPE, sigma=sigma, sample_rate=q, delta=p.delta, accountant=p.accountant,
-        target_epsilon=ucfg.target_epsilon, clip_norm=ucfg.clip_norm, calibrated=calibrated, planned_steps=steps,
+        target_epsilon=client.target_epsilon, clip_norm=client.clip_norm, calibrated=calibrated, planned_steps=steps,
         not_covered=not_cov, report_gdp=p.report_gdp, kind=mechanism_kind(p, "client"),
     )  # fmt: skip
 

@@ -6,6 +6,12 @@ config, before any layer is built. Each reason is one line (the caller raises it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocols.config_sections import LocalDPConfig
+    from secure_fed.plugin_api.layers import TrainingPlan
+
 #: the option's name, as every reason below spells it
 OPTION = "privacy.local.noise: shares"
 
@@ -16,9 +22,11 @@ def local_steps(local_epochs: int, sample_rate: float) -> int:
     return int(local_epochs) * max(1, round(1.0 / float(sample_rate)))
 
 
-def local_shares_error(loc, training, *, stack: list[str], with_client_unit: bool, bound: int | None) -> str | None:
+def local_shares_error(
+    loc: LocalDPConfig | None, training: TrainingPlan, *, stack: list[str], with_client_unit: bool, bound: int | None
+) -> str | None:
     """Why a config cannot run ``privacy.local.noise: shares``, or None (also None when the option is not set):
-    ``loc`` its ``privacy.local`` section, ``training`` its ``training`` section, ``stack`` its protocols,
+    ``loc`` its ``privacy.local`` section, ``training`` its plan's ``training`` part, ``stack`` its protocols,
     ``with_client_unit`` whether ``privacy.client`` is set, ``bound`` the run's ``max_labels_per_instance``.
 
     The shares add up to the accounted noise only in an exact sum of one noisy gradient sum per client: secure

@@ -8,10 +8,14 @@ exactly, so ε is the Gaussian's at σ/√K. Its ``steps`` count rounds; its his
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocols.dp.accountant import PrivacyUnit, calibrate_sigma
 from protocols.dp.tree_aggregation import gaussian_equivalents, tree_depth
+
+if TYPE_CHECKING:
+    from protocols.config_sections import ClientDPConfig
+    from secure_fed.plugin_api.layers import TrainingPlan
 
 
 class TreeUnit(PrivacyUnit):
@@ -46,29 +50,29 @@ class TreeUnit(PrivacyUnit):
         return out
 
 
-def tree_client_unit(*, ucfg, delta: float, accountant: str, rounds: int, scope: str, not_covered: list[str],
+def tree_client_unit(*, client: ClientDPConfig, delta: float, accountant: str, rounds: int, scope: str, not_covered: list[str],
                      report_gdp: bool) -> TreeUnit:  # fmt: skip
     """The client unit of a DP-FTRL run: σ given, or calibrated to ``target_epsilon`` over the planned K."""
-    tree_rounds = int(ucfg.tree_restart_every or rounds)
+    tree_rounds = int(client.tree_restart_every or rounds)
     planned = gaussian_equivalents(rounds, tree_rounds)
-    calibrated = ucfg.noise_multiplier is None
-    if calibrated:
-        if ucfg.target_epsilon is None:
-            raise ValueError("privacy.client: give noise_multiplier or target_epsilon")
-        sigma = calibrate_sigma(
-            target_epsilon=ucfg.target_epsilon, delta=delta, sample_rate=1.0, steps=planned, accountant=accountant
-        )
+    calibrated = client.noise_multiplier is None
+    if client.noise_multiplier is not None:
+        sigma = client.noise_multiplier
+    elif client.target_epsilon is None:
+        raise ValueError("privacy.client: give noise_multiplier or target_epsilon")
     else:
-        sigma = ucfg.noise_multiplier
+        sigma = calibrate_sigma(
+            target_epsilon=client.target_epsilon, delta=delta, sample_rate=1.0, steps=planned, accountant=accountant
+        )
     return TreeUnit(
         tree_rounds=tree_rounds, name="client", scope=scope, sigma=sigma, sample_rate=1.0, delta=delta,
-        accountant=accountant, target_epsilon=ucfg.target_epsilon, clip_norm=ucfg.clip_norm, calibrated=calibrated,
+        accountant=accountant, target_epsilon=client.target_epsilon, clip_norm=client.clip_norm, calibrated=calibrated,
         planned_steps=rounds, not_covered=not_covered, report_gdp=report_gdp,
     )  # fmt: skip
 
 
-def tree_config_error(training) -> str | None:
-    """Why a run's ``training`` section cannot run ``privacy.client.mechanism: tree``, or None: the ledger's K assumes
+def tree_config_error(training: TrainingPlan) -> str | None:
+    """Why a run's ``training`` part cannot run ``privacy.client.mechanism: tree``, or None: the ledger's K assumes
     every client in every round (a random cohort would need amplification by sampling, which the tree's accounting
     does not use and the fixed cohort would not give), and the FTRL form needs the server step x ← x + η·Δ
     (``fedavg``)."""

@@ -11,7 +11,7 @@ import torch
 from protocols.dp.discrete_gaussian import noisy_sum
 from protocols.dp.label_set_dpsgd import dp_label_set_step
 from protocols.dp.run_graph import SERVER_STEP
-from secure_fed.algorithms.base import Algorithm
+from secure_fed.plugin_api.layers import Algorithm
 
 
 def private_w_step(layer, algorithm: Algorithm) -> Callable[[torch.Tensor], dict[str, float] | None]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocols.crypto import word_dtype
-from secure_fed.errors import ConfigError
+from secure_fed.plugin_api.layers import ConfigError
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from protocols.secagg.protocol import threshold_for
+
+if TYPE_CHECKING:
+    from protocols.config_sections import SecureAggregationConfig
 
 #: the most neighbours ``auto`` tries before it takes the complete graph (keeps the search short when dropouts make
 #: every sparse graph miss the abort target; the defaults need 30–42 from 40 to 100,000 clients)
@@ -228,23 +232,24 @@ def complete_graph(
     return GraphChoice(n, None, t, _log2(min(1.0, privacy)), _log2(abort))
 
 
-def round_dropout(cfg) -> float:
+def round_dropout(section: SecureAggregationConfig) -> float:
     """δ for the bounds: ``dropout_bound``, or the simulated chance to drop at any of the round's 4 stages if larger."""
-    return max(cfg.dropout_bound, 1.0 - (1.0 - cfg.dropout) ** 4)
+    return max(section.dropout_bound, 1.0 - (1.0 - section.dropout) ** 4)
 
 
-def graph_for(n: int, cfg, *, population: int | None = None) -> GraphChoice:
-    """The graph of a round of ``n`` of ``population`` clients (default n) under a ``secure_aggregation`` config."""
-    common = {"threshold": cfg.threshold, "corrupt_fraction": cfg.corrupt_fraction, "dropout": round_dropout(cfg),
-              "population": population, "server": "checked" if cfg.consistency_check else "unchecked"}  # fmt: skip
-    if cfg.neighbors == "auto":
-        return auto_neighbours(n, security_bits=cfg.security_bits, correctness_bits=cfg.correctness_bits, **common)
-    k = cfg.neighbors
+def graph_for(n: int, section: SecureAggregationConfig, *, population: int | None = None) -> GraphChoice:
+    """The graph of a round of ``n`` of ``population`` clients (default n) under the ``secure_aggregation`` section."""
+    common: dict[str, Any] = {"threshold": section.threshold, "corrupt_fraction": section.corrupt_fraction,
+                              "dropout": round_dropout(section), "population": population,
+                              "server": "checked" if section.consistency_check else "unchecked"}  # fmt: skip
+    if section.neighbors == "auto":
+        return auto_neighbours(n, security_bits=section.security_bits, correctness_bits=section.correctness_bits, **common)
+    k = section.neighbors
     if k is None or k >= n - 1:  # neighbour_graph's own rule
         return complete_graph(n, **common)
     even = 2 * max(1, k // 2)  # the ring joins k // 2 on either side: degree 2·(k // 2)
     privacy, abort = failure_bounds(n, even, **common)
-    return GraphChoice(n, even, threshold_for(even + 1, cfg.threshold), _log2(privacy), _log2(abort))
+    return GraphChoice(n, even, threshold_for(even + 1, section.threshold), _log2(privacy), _log2(abort))
 
 
 def graph_choice_colluders(corrupt_fraction: float, population: int) -> int:
@@ -259,8 +264,8 @@ def graph_choice_private(needed: int, *, corrupt_fraction: float, population: in
     return graph_choice_colluders(corrupt_fraction, population) < needed
 
 
-def poisson_cohort_floor(population: int, cfg) -> int:
-    """The least cohort size a client accepts under Poisson sampling, a function of the config and N alone.
+def poisson_cohort_floor(population: int, section: SecureAggregationConfig) -> int:
+    """The least cohort size a client accepts under Poisson sampling, a function of the section and N alone.
 
     Under Poisson sampling only the server knows the realised cohort size n, and every client derives its
     neighbourhood size k and threshold t from the n the server states: a server that claimed n = 2 would give a
@@ -268,21 +273,21 @@ def poisson_cohort_floor(population: int, cfg) -> int:
     would need no more colluders to open an input (:func:`colluders_needed`) than the ⌊γN⌋ the config declares; the
     floor is the least n ≥ 2 whose graph needs more. A round whose real cohort is below it aborts (the cost: P[Bin(N,
     q) < floor] of the rounds; ``validate`` prints it). N itself when no n qualifies (every round then aborts)."""
-    key = (population, cfg.model_dump_json())
-    if key not in _FLOORS:  # a function of the config and N: computed once a process (clients ask every round)
-        _FLOORS[key] = _cohort_floor(population, cfg)
+    key = (population, section.model_dump_json())
+    if key not in _FLOORS:  # a function of the section and N: computed once a process (clients ask every round)
+        _FLOORS[key] = _cohort_floor(population, section)
     return _FLOORS[key]
 
 
 _FLOORS: dict[tuple[int, str], int] = {}
 
 
-def _cohort_floor(population: int, cfg) -> int:
-    server = "checked" if cfg.consistency_check else "unchecked"
-    declared = graph_choice_colluders(cfg.corrupt_fraction, population)
+def _cohort_floor(population: int, section: SecureAggregationConfig) -> int:
+    server = "checked" if section.consistency_check else "unchecked"
+    declared = graph_choice_colluders(section.corrupt_fraction, population)
     # a graph on n clients needs at most t ≤ n colluders: no n ≤ ⌊γN⌋ can qualify
     for n in range(max(2, declared + 1), population + 1):
-        choice = graph_for(n, cfg, population=population)
+        choice = graph_for(n, section, population=population)
         group = n if choice.neighbors is None else choice.neighbors + 1
         if colluders_needed(group, choice.threshold, server=server) > declared:
             return n

@@ -23,20 +23,23 @@ from protocols.secagg.encoding import FixedPoint
 from protocols.secagg.graph_bounds import graph_for, poisson_cohort_floor
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph
 from protocols.secagg.signing import ForgedMessage, read_directory, read_private_key
-from secure_fed.algorithms.base import ClientData, ClientFn, Payload
-from secure_fed.client_functions import client_side
-from secure_fed.engine.aggregation import Aggregate, RoundSession
-from secure_fed.engine.layers import (
+from secure_fed.plugin_api.layers import (
+    Aggregate,
+    ClientData,
+    ClientFn,
     ClientSide,
+    ConfigError,
     LayerState,
     Ledger,
+    Payload,
     ProtocolLayer,
+    RoundSession,
     RoundWrapper,
     SetupResult,
     StackEnv,
     StateScope,
+    client_side,
 )
-from secure_fed.errors import ConfigError
 
 
 class SecureAggregation(ProtocolLayer):

@@ -69,7 +69,7 @@ from protocols.secagg.signing import (
     session_digest,
     survivors_message,
 )
-from secure_fed.errors import RoundAborted
+from secure_fed.plugin_api.layers import RoundAborted
 
 
 class SecAggAbort(RoundAborted):

@@ -71,15 +71,17 @@ def _reaches_config(obj, config_type, seen: set[int], depth: int = 0) -> str | N
 @pytest.mark.parametrize("overrides", CONFIGS, ids=["keyed_hashing+dp+secagg", "dp+ckks"])
 def test_each_layer_is_built_from_its_own_settings_never_the_config(tmp_path, overrides):
     cfg = small_config(*overrides)
-    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
+    plan = build_plan(cfg)
+    exp = Experiment(plan, run_dir=tmp_path)
     specs = layer_specs()
-    assert [layer.name for layer in exp.stack.layers] == list(cfg.protocols)
+    assert [layer.name for layer in exp.stack.layers] == list(plan.protocols)
     for layer in exp.stack.layers:
         spec = specs[layer.name]
         assert spec.settings is not None, f"{layer.name}: its spec gives no settings builder"
-        assert type(layer.settings) is type(spec.settings(cfg)) and not isinstance(layer.settings, type(cfg))
-        where = _reaches_config(layer, type(cfg), set())
-        assert where is None, f"{layer.name} holds the run's whole config at layer{where}"
+        assert type(layer.settings) is type(spec.settings(plan)) and not isinstance(layer.settings, type(cfg) | type(plan))
+        for whole in (type(cfg), type(plan)):  # neither the run's config nor its whole plan
+            where = _reaches_config(layer, whole, set())
+            assert where is None, f"{layer.name} holds the run's whole {whole.__name__} at layer{where}"
         # the hooks' products are the interface's types
         assert isinstance(layer.clients(), ClientSide) and isinstance(layer.ledger(), Ledger)
         assert isinstance(layer.state(), LayerState)
@@ -87,12 +89,11 @@ def test_each_layer_is_built_from_its_own_settings_never_the_config(tmp_path, ov
 
 #: the settings builders: the only code under protocols/ that reads the run's config sections
 SETTINGS_BUILDERS = {"protocols/layer_specs.py", "protocols/layer_settings.py", "protocols/config_sections.py"}
-#: ``self.cfg`` of the dp layer is its DPSettings (a property); ``.algorithm`` is that object's field
-ALLOWED = {("protocols/dp/layer.py", "algorithm")}
 
 
 def config_reads() -> list[str]:
-    """Reads of a whole-config section (``cfg.training``, ``self.cfg.privacy``, …) in protocols/ outside the builders."""
+    """Reads of a whole-config section or plan part (``cfg.training``, ``plan.training``, ``self.cfg.privacy``, …) or
+    a plan's plugin section (``plan.part(...)``) in protocols/ outside the builders."""
     sections = set(schema.experiment_config_model().model_fields)
     found = []
     for path in sorted((ROOT / "protocols").rglob("*.py")):
@@ -100,11 +101,15 @@ def config_reads() -> list[str]:
         if rel in SETTINGS_BUILDERS:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Attribute) and node.attr in sections and (rel, node.attr) not in ALLOWED):
+            if not (isinstance(node, ast.Attribute) and node.attr in sections):
                 continue
             base = node.value
-            if (isinstance(base, ast.Name) and base.id == "cfg") or (isinstance(base, ast.Attribute) and base.attr == "cfg"):
-                found.append(f"{rel}:{node.lineno} cfg.{node.attr}")
+            whole = ("cfg", "plan")
+            if (isinstance(base, ast.Name) and base.id in whole) or (isinstance(base, ast.Attribute) and base.attr in whole):
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "part":
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
     return found
 
 
@@ -143,7 +148,7 @@ class ClippingLayer(ProtocolLayer):
 
 
 CLIPPING = LayerSpec(name="clipping", threat_model="bounds each client's θ update; protects nothing by itself",
-                     implementation=f"{__name__}:ClippingLayer", settings=lambda cfg: cfg.clipping)  # fmt: skip
+                     implementation=f"{__name__}:ClippingLayer", settings=lambda plan: plan.part(ClippingSection))  # fmt: skip
 
 
 @pytest.fixture

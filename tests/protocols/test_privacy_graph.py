@@ -24,7 +24,7 @@ from protocols.dp.mechanisms import (
 )
 from protocols.dp.privacy_graph import Graph, finite
 from protocols.dp.run_graph import mechanism_kind, run_graph
-from secure_fed.config import load_config
+from secure_fed.config import build_plan, load_config
 from secure_fed.engine import Experiment
 from tests.conftest import REPO, small_plan
 
@@ -102,8 +102,7 @@ def test_validate_plans_the_released_models_epsilon_per_instance(capsys):
     public facts only): finite, at least the audit's worst-case PLD, and the independent composition of the planned σ."""
     from protocols.layer_specs import _describe_dp
 
-    cfg = load_config(REPO / "experiments/configs/bibtex_fedalc_dp.yaml", INSTANCE_AND_CLIENT)
-    lines = _describe_dp(cfg, 159)
+    lines = _describe_dp(build_plan(load_config(REPO / "experiments/configs/bibtex_fedalc_dp.yaml", INSTANCE_AND_CLIENT)), 159)
     line = next(x for x in lines if x.startswith("dp released model, per instance (observer)"))
     eps = float(line.split("plans ε = ")[1].split(" ")[0])
     sigmas = {x.split(" unit")[0].split()[-1]: float(x.split("σ ")[1].split(" ")[0]) for x in lines if " unit: " in x}

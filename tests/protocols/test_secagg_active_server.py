@@ -473,18 +473,20 @@ def test_m4_the_layer_builds_its_clients_with_the_configs_consistency_check(tmp_
 def test_h3_the_guarantee_against_a_graph_choosing_server_is_stated(n, gamma, k, private):
     """⌊γN⌋ colluders all in one neighbourhood: the describe line says private only when ⌊γN⌋ < t (independently:
     t = ⌈0.6·(k + 1)⌉ for the ring of k, or the auto graph's own t)."""
+    from protocols.config_sections import SecureAggregationConfig
     from protocols.layer_specs import _describe_secure_aggregation
     from protocols.secagg.graph_bounds import graph_choice_private, graph_for
+    from secure_fed.config import build_plan
     from tests.conftest import small_config
 
     nb = "auto" if k is None else str(k)
-    cfg = small_config("protocols=[secure_aggregation]", f"secure_aggregation.neighbors={nb}",
-                       f"secure_aggregation.corrupt_fraction={gamma}")  # fmt: skip
-    t = graph_for(cfg.training.cohort_size(n), cfg.secure_aggregation, population=n).threshold
+    plan = build_plan(small_config("protocols=[secure_aggregation]", f"secure_aggregation.neighbors={nb}",
+                                   f"secure_aggregation.corrupt_fraction={gamma}"))  # fmt: skip
+    t = graph_for(plan.training.cohort_size(n), plan.part(SecureAggregationConfig), population=n).threshold
     if k is not None:
         assert t == -(-3 * (k + 1) // 5)
     assert (int(gamma * n) < t) is private is graph_choice_private(t, corrupt_fraction=gamma, population=n)
-    line = _describe_secure_aggregation(cfg, n)[0]
+    line = _describe_secure_aggregation(plan, n)[0]
     assert ("picks the graph: private" in line) is private and ("picks the graph: NOT private" in line) is not private
     assert f"⌊γN⌋ = {int(gamma * n)} colluders" in line
 

@@ -1,0 +1,1 @@
+"""The ``secure_aggregation`` layer: the SecAgg+ secure sum, its graph bounds, fixed-point encoding and signing."""
