@@ -1,6 +1,14 @@
 """Experiment configuration: schema, loading, overrides."""
 
-from secure_fed.config.loader import apply_overrides, default_config_text, dump_config, first_difference, load_config
+from secure_fed.config.loader import (
+    apply_overrides,
+    check_override_syntax,
+    default_config_text,
+    dump_config,
+    first_difference,
+    load_config,
+    raw_config,
+)
 from secure_fed.config.plan_builder import build_plan, load_plan
 from secure_fed.config.schema import AlgorithmConfig, ExperimentConfig
 
@@ -8,6 +16,8 @@ __all__ = [
     "AlgorithmConfig",
     "ExperimentConfig",
     "apply_overrides",
+    "check_override_syntax",
+    "raw_config",
     "build_plan",
     "load_plan",
     "default_config_text",

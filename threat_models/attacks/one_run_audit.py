@@ -234,21 +234,18 @@ def noise_free_replay(ctx) -> dict:
     secret sampling changed (nothing for full batches)."""
     import tempfile
 
-    import yaml
-
-    from secure_fed.config import dump_config, load_config
-    from secure_fed.engine import Experiment
+    from protocols.config_sections import PrivacyConfig
+    from secure_fed.plugin_api.attacks import build_experiment, plan_variant
     from threat_models.context import AuditContext
 
-    doc = yaml.safe_load(dump_config(ctx.cfg))
-    doc["attacks"] = {"run": []}
-    doc["output"] = {**doc.get("output", {}), "progress": False, "tensorboard": False}
+    privacy = ctx.plan.part(PrivacyConfig)
+    overrides = ["attacks={run: []}", "output.progress=false", "output.tensorboard=false"]
     for block in ("instance", "local", "client"):
-        b = (doc.get("privacy") or {}).get(block)
-        if b:
-            b.update(noise_multiplier=1e-9, target_epsilon=None)
+        if getattr(privacy, block) is not None:
+            overrides += [f"privacy.{block}.noise_multiplier=1e-9", f"privacy.{block}.target_epsilon=null"]
+    plan = plan_variant(ctx.plan, overrides)
     with tempfile.TemporaryDirectory(prefix="secure-fed-audit-replay-") as tmp:
-        exp = Experiment(load_config(doc), run_dir=Path(tmp) / "run", dataset=ctx.dataset)
+        exp = build_experiment(plan, run_dir=Path(tmp) / "run", dataset=ctx.dataset)
         exp.run(progress=False)
         view = AuditContext(exp).observer_view()  # the replay's released model, rows in label order as the run's
     return {"theta": view.theta, "W": view.W}
