@@ -50,3 +50,56 @@ def test_a_run_built_from_a_plan_is_that_plans_run(tmp_path):
     exp = build_experiment(plan, run_dir=tmp_path / "run")
     assert plan_of(exp).config_yaml == plan.config_yaml
     assert (plan_of(exp).seed, plan_of(exp).protocols) == (5, ("keyed_hashing",))
+
+
+def test_the_attacks_memory_terms_read_the_plan():
+    """``attacks:``'s memory phases call each listed attack's ``memory(shape, plan)`` with the plan: embedding
+    identification's term follows the plan's evaluation.max_test and model.embedding_dim."""
+    from secure_fed.plugin_api.attacks import DataShape
+    from threat_models.attacks_section import attacks_of
+
+    shape = DataShape(train=500, test=300, features=20, labels=7, train_values=0, test_values=0, label_entries=0, dense=False)
+    for max_test, dim in ((None, 16), (100, 32)):
+        ov = ["attacks.run=[embedding_identification, token_linkage]", f"model.embedding_dim={dim}"]
+        plan = load_plan(overrides=[*ov, f"evaluation.max_test={'null' if max_test is None else max_test}"])
+        rows = 300 if max_test is None else max_test
+        assert attacks_of(plan).memory_phases(plan, shape) == {"attack embedding_identification": rows * 7 + 2 * 4 * 7 * dim}
+
+
+def test_membership_inferences_shadow_recipe_ignores_the_attacks_settings(tmp_path):
+    """The shadows' recipe (and so their cache folder) is the target's run without its attacks: an audit that changes
+    attacks.* settings (``audit --set``) reuses the shadows an earlier audit trained; a change of the run does not."""
+    from types import SimpleNamespace
+
+    import scipy.sparse as sp
+
+    from threat_models.attacks.membership_inference import _ShadowTrainer
+    from threat_models.attacks_section import attacks_of
+
+    def recipe(*ov):
+        plan = load_plan(overrides=["attacks.run=[membership_inference]", *ov])
+        ds = SimpleNamespace(label_names=["a", "b"], feature_kind="sparse", name="toy", image_shape=None)
+        ctx = SimpleNamespace(plan=plan, dataset=ds, exp=SimpleNamespace(run_dir=tmp_path))
+        return _ShadowTrainer(ctx, sp.csr_matrix((4, 3)), sp.csr_matrix((4, 2)), attacks_of(plan).membership_inference)
+
+    base = recipe()
+    assert recipe("attacks.membership_inference.shadows=9", "attacks.run=[all]").dir == base.dir
+    assert recipe("training.rounds=7").dir != base.dir
+    assert attacks_of(base.plan).names() == [] and base.plan.output.progress is False
+    assert base.plan.evaluation.every == base.plan.training.rounds and base.plan.evaluation.max_test == 16
+
+
+def test_the_noise_free_replay_is_the_run_without_attacks_and_noise():
+    from protocols.config_sections import PrivacyConfig
+    from threat_models.attacks.one_run_audit import replay_plan
+    from threat_models.attacks_section import attacks_of
+
+    client = '{"clip_norm": 0.5, "target_epsilon": 2}'
+    ov = ["algorithm.name=fedavg", "partition.name=iid", "protocols=[dp]", f"privacy.client={client}",
+          "attacks.run=[one_run_audit]", "seed=3"]  # fmt: skip
+    plan = load_plan(overrides=ov)
+    replay = replay_plan(plan)
+    p = replay.part(PrivacyConfig)
+    assert (p.client.noise_multiplier, p.client.target_epsilon, p.client.clip_norm) == (1e-9, None, 0.5)
+    assert p.local is None and p.instance is None and attacks_of(replay).names() == []
+    assert (replay.seed, replay.protocols, replay.training) == (plan.seed, plan.protocols, plan.training)
