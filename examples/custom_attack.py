@@ -9,7 +9,7 @@ correlation between that ranking and the clients' true sizes (chance: 0). Under 
 sees masked updates only and the attack reports itself skipped.
 
 secure-fed finds attacks through the ``secure_fed.attacks`` entry points, each naming an
-:class:`~secure_fed.plugin_specs.AttackSpec`. In a package, declare it in ``pyproject.toml``::
+:class:`~secure_fed.plugin_api.attacks.AttackSpec`. In a package, declare it in ``pyproject.toml``::
 
     [project.entry-points."secure_fed.attacks"]
     update_norm_size = "my_package.attack:SPEC"
@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from secure_fed.plugin_specs import AttackSpec
+from secure_fed.plugin_api.attacks import AttackSpec
 from threat_models.attacks.data_size_ranking import spearman  # Spearman's ρ with average ranks for ties
 from threat_models.base import Attack, AttackResult
 
@@ -100,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import secure_fed
-    from secure_fed.run_files import attacks_path
+    from secure_fed.plugin_api.attacks import attacks_path
 
     with tempfile.TemporaryDirectory() as site:
         register(Path(site))

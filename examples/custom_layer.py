@@ -20,7 +20,7 @@ import math
 import sys
 
 import secure_fed
-from secure_fed.engine.callbacks import Callback
+from secure_fed import Callback
 
 SMALL = {
     "dataset": {"synthetic": {"num_train": 400, "num_test": 200, "num_features": 16, "num_labels": 8, "num_groups": 2}},
@@ -37,7 +37,7 @@ class WireNorms(Callback):
         self.norms: list[float] = []
 
     def on_uplink(self, round_idx, cid, wire) -> None:
-        from secure_fed.models.sparse_rows import dense_delta
+        from secure_fed.plugin_api import dense_delta
 
         if not isinstance(wire.get("theta_delta"), dict):
             return  # masked or encrypted (a secure-sum layer): the server cannot measure it

@@ -34,16 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
-    from secure_fed.engine.collector import long_lived_frozen
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import build_experiment, long_lived_frozen
 
-    cfg = load_config(
+    plan = load_plan(
         CONFIGS / f"bibtex_{args.algorithm}.yaml",
         [f"training.precision={args.precision}", f"device={args.device}", "output.progress=false"],
     )
     t0 = time.perf_counter()
-    exp = Experiment(cfg, run_dir="/tmp/secure-fed-benchmark")
+    exp = build_experiment(plan, run_dir="/tmp/secure-fed-benchmark")
     t1 = time.perf_counter()
     exp.setup()
     t2 = time.perf_counter()

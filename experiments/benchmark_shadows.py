@@ -32,17 +32,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CONFIGS  # noqa: E402
 
 
-def _shadow_trainer(e, cfg, shadows: int, shadow_dir: Path, cohort: int, executor: str | None):
+def _shadow_trainer(e, plan, shadows: int, shadow_dir: Path, cohort: int, executor: str | None):
+    from secure_fed.plugin_api.attacks import plan_variant
     from threat_models.attacks.membership_inference import MembershipInference
+    from threat_models.attacks_section import attacks_of
     from threat_models.context import AuditContext
 
-    opts = cfg.attacks.membership_inference.model_copy(
+    opts = attacks_of(plan).membership_inference.model_copy(
         update={"shadows": shadows, "shadow_dir": str(shadow_dir), "shadow_cohort": cohort}
     )
     aux, _ = MembershipInference(opts).prepare(AuditContext(e))
     sh = aux["shadow"]
     if executor is not None:  # the shadows' recipe with another executor (the same training, another schedule)
-        sh.cfg = sh.cfg.model_copy(update={"training": sh.cfg.training.model_copy(update={"executor": executor})})
+        sh.plan = plan_variant(sh.plan, [f"training.executor={executor}"])
     return sh, aux
 
 
@@ -60,20 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import build_experiment
 
     over = [f"training.rounds={args.rounds}", f"device={args.device}", "output.progress=false",
             "attacks.run=[membership_inference]", *([f"training.threads={args.threads}"] if args.threads else [])]  # fmt: skip
     path = CONFIGS / "bibtex_fedalc.yaml" if args.dataset == "bibtex" else None
-    cfg = load_config(path, over) if path else load_config(overrides=over)
+    plan = load_plan(path, over)
     tmp = Path(tempfile.mkdtemp(prefix="secure-fed-shadows-"))
     t = time.perf_counter()
-    e = Experiment(cfg, run_dir=tmp / "target", data_root=args.data_root)
+    e = build_experiment(plan, run_dir=tmp / "target", data_root=args.data_root)
     e.run(progress=False)
     print(
-        f"{args.dataset}: {cfg.algorithm.name}, {len(e.fed.clients)} clients, {args.rounds} rounds, recipe executor "
-        f"{cfg.training.executor}, device {e.device}, threads {torch.get_num_threads()}; target {time.perf_counter() - t:.1f}s"
+        f"{args.dataset}: {plan.algorithm.name}, {len(e.fed.clients)} clients, {args.rounds} rounds, recipe executor "
+        f"{plan.training.executor}, device {e.device}, threads {torch.get_num_threads()}; target {time.perf_counter() - t:.1f}s"
     )
     for K in args.shadows:
         times: dict[str, list[float]] = {}
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         ways += [("one-by-one", 1, "vectorized"), ("cohort", K, None)]
         for rep in range(args.repeat):  # the ways interleaved, each time into a fresh cache
             for name, cohort, executor in ways:
-                sh, aux = _shadow_trainer(e, cfg, K, tmp / f"K{K}-{name}-{rep}", cohort, executor)
+                sh, aux = _shadow_trainer(e, plan, K, tmp / f"K{K}-{name}-{rep}", cohort, executor)
                 t = time.perf_counter()
                 scores[name], _ = sh.run(aux["encoder"], aux["x"], aux["Y"])
                 if e.device.type == "cuda":

@@ -12,14 +12,14 @@ CONFIGS = EXPERIMENTS / "configs"
 
 
 def run_cached(config_path: str, overrides: list[str], run_dir: str, data_root: str | None, threads: int) -> dict[str, Any]:
-    """Run one config in a worker process, through the CLI's cache (:func:`secure_fed.sweep.run_cached`)."""
+    """Run one config in a worker process, through the CLI's cache (:func:`secure_fed.plugin_api.attacks.run_cached`)."""
     import torch
 
     torch.set_num_threads(threads)
-    from secure_fed.config import load_config
-    from secure_fed.sweep import run_cached as run
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import run_cached as run
 
-    return with_timing(run(load_config(config_path, overrides), run_dir, data_root=data_root), run_dir)
+    return with_timing(run(load_plan(config_path, overrides), run_dir, data_root=data_root), run_dir)
 
 
 def with_timing(summary: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:

@@ -66,13 +66,13 @@ def run_overrides(batch: int, *, targets: int, steps: int, seed: int) -> list[st
 
 def measure_run(overrides: list[str], unit: str | None) -> dict:
     """Train, audit, and return the attack's scores and the unit's reported ε (∞ without that unit)."""
-    from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import build_experiment
     from threat_models.audit import audit
     from threat_models.context import AuditContext
 
     with tempfile.TemporaryDirectory(prefix="secure-fed-inversion-") as tmp:
-        exp = Experiment(load_config(overrides=overrides), run_dir=Path(tmp) / "run")
+        exp = build_experiment(load_plan(overrides=overrides), run_dir=Path(tmp) / "run")
         exp.run(progress=False)
         ctx = AuditContext(exp)
         res = audit(ctx, progress=False)["attacks"]["gradient_inversion"]

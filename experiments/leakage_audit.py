@@ -34,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from secure_fed.run_files import attacks_path, checkpoint_dir
+from secure_fed.plugin_api.attacks import attacks_path, checkpoint_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CONFIGS, default_workers  # noqa: E402
@@ -75,49 +75,49 @@ def run_stack(stack: str, args: argparse.Namespace, threads: int) -> dict[str, A
     import torch
 
     torch.set_num_threads(threads)
-    from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import build_experiment
 
     out = Path(args.out) / "runs"
     shadow_dir = str(Path(args.out) / "shadows")
     run_dir = out / stack
     if stack == "oracle":
-        cfg = load_config(ORACLE, ["output.progress=false", "attacks.run=[membership_inference]",
+        plan = load_plan(ORACLE, ["output.progress=false", "attacks.run=[membership_inference]",
                                    f"attacks.membership_inference.shadows={args.shadows}",
-                                   f"attacks.membership_inference.shadow_dir={shadow_dir}"])  # fmt: skip
-        _train(cfg, run_dir, args.data_root)
+                                 f"attacks.membership_inference.shadow_dir={shadow_dir}"])  # fmt: skip
+        _train(plan, run_dir, args.data_root)
         return _audit(run_dir, args.data_root)
     common = [f"attacks.membership_inference.shadows={args.shadows}", f"attacks.one_run_audit.canaries={args.canaries}"]
-    cfg = load_config(CONFIG, stack_overrides(stack, args.rounds, shadow_dir) + common)
+    plan = load_plan(CONFIG, stack_overrides(stack, args.rounds, shadow_dir) + common)
     if stack in ("none", "secure_aggregation", "ckks") and args.crypto_rounds < args.rounds:
         base = out / "_base"
-        base_cfg = load_config(CONFIG, stack_overrides("none", args.rounds - args.crypto_rounds, shadow_dir) + common)
-        _train(base_cfg, base, args.data_root)
+        base_plan = load_plan(CONFIG, stack_overrides("none", args.rounds - args.crypto_rounds, shadow_dir) + common)
+        _train(base_plan, base, args.data_root)
         if not (run_dir / "summary.json").is_file():
-            exp = Experiment(cfg, run_dir=run_dir, data_root=args.data_root)
+            exp = build_experiment(plan, run_dir=run_dir, data_root=args.data_root)
             exp.setup()  # this stack's own setup (CKKS keys, label sets) …
             state = torch.load(checkpoint_dir(base) / "last.pt", map_location="cpu", weights_only=False)
             state["setup_facts"], state["protocols"] = exp.setup_facts, exp.stack.state_dict()
             exp.load_state_dict(state)  # … then the shared first N − K rounds
             exp.run(progress=False)
     else:
-        _train(cfg, run_dir, args.data_root)
+        _train(plan, run_dir, args.data_root)
     return _audit(run_dir, args.data_root)
 
 
-def _train(cfg, run_dir: Path, data_root: str | None) -> None:
-    from secure_fed.engine import Experiment
+def _train(plan, run_dir: Path, data_root: str | None) -> None:
+    from secure_fed.plugin_api.attacks import build_experiment
 
     summary = run_dir / "summary.json"
     if summary.is_file():
         done = json.loads(summary.read_text())
-        if done.get("rounds_planned") != cfg.training.rounds:
+        if done.get("rounds_planned") != plan.training.rounds:
             raise SystemExit(
-                f"{run_dir} holds a {done.get('rounds_planned')}-round run, not {cfg.training.rounds}: use another --out"
+                f"{run_dir} holds a {done.get('rounds_planned')}-round run, not {plan.training.rounds}: use another --out"
             )
         if done.get("status") in ("completed", "completed_with_aborts", "budget_exhausted"):
             return
-    exp = Experiment(cfg, run_dir=run_dir, data_root=data_root)
+    exp = build_experiment(plan, run_dir=run_dir, data_root=data_root)
     exp.resume()
     exp.run(progress=False)
 

@@ -50,13 +50,13 @@ FIELDS = ["unit", "target_epsilon", "accountant_epsilon", "relation_delta", "ste
 
 def audited(overrides: list[str], name: str) -> dict:
     """One run with the given overrides and its attack's result."""
-    from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import build_experiment
     from threat_models.audit import audit
     from threat_models.context import AuditContext
 
     with tempfile.TemporaryDirectory(prefix="one-run-audits-") as tmp:
-        e = Experiment(load_config(overrides=overrides), run_dir=Path(tmp) / "run")
+        e = build_experiment(load_plan(overrides=overrides), run_dir=Path(tmp) / "run")
         e.run(progress=False)
         return audit(AuditContext(e), progress=False, out_dir=tmp)["attacks"][name]
 

@@ -63,13 +63,13 @@ def overrides(algo: str, stack: list[str], rounds: int, fraction: float) -> list
 
 def one(algo: str, stack: list[str], args_tuple) -> dict:
     rounds, fraction, out, data_root, threads = args_tuple
-    from secure_fed.config import load_config
-    from secure_fed.errors import ConfigError
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import ConfigError
 
     ov = overrides(algo, stack, rounds, fraction)
     config = str(CONFIGS / ("bibtex_oracle.yaml" if algo == "oracle" else "bibtex_fedalc.yaml"))
     try:
-        load_config(config, ov)
+        load_plan(config, ov)
     except ConfigError as e:
         return {"status": "rejected", "reason": str(e).split("(top level): ", 1)[-1]}
     s = run_cached(config, ov, str(Path(out) / "runs" / f"{algo}__{'+'.join(stack)}"), data_root, threads)

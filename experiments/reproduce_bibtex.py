@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, 2 // max(1, args.workers))
     summaries: dict[tuple[str, int], dict] = {}
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futs = {
-            pool.submit(run_cached, cfg, ov, rd, args.data_root, threads): (label, seed, rd) for label, seed, cfg, ov, rd in jobs
-        }
+        futs = {pool.submit(run_cached, p, ov, rd, args.data_root, threads): (label, seed, rd) for label, seed, p, ov, rd in jobs}
         for fut in as_completed(futs):
             label, seed, rd = futs[fut]
             s = fut.result()

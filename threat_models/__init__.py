@@ -19,7 +19,7 @@ from typing import Any
 def __getattr__(name: str) -> Any:
     """Loaded on first use, so that finding an attack's spec imports no attack (and no torch)."""
     if name == "ATTACKS":  # name → attack class, for every registered attack (secure_fed.attacks entry points)
-        from secure_fed.plugin_specs import attack_specs
+        from secure_fed.plugin_api.attacks import attack_specs
 
         return {n: spec.load() for n, spec in attack_specs().items()}
     if name in ("Attack", "AttackResult", "Role"):

@@ -7,12 +7,14 @@ spec's ``settings`` model, the attack's own section ``attacks.<name>:``). Nothin
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from secure_fed.errors import unknown_name
-from secure_fed.plugin_specs import attack_specs
+from secure_fed.plugin_api.attacks import attack_specs, unknown_name
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import DataShape, RunPlan
 
 
 class AttacksSection(BaseModel):
@@ -53,11 +55,12 @@ class AttacksSection(BaseModel):
     #: the memory estimate's hint for an attack's term that is too large (:mod:`secure_fed.memory`)
     memory_hint: ClassVar[str] = ": leave it out of attacks.run for data of this size"
 
-    def memory_phases(self, cfg, shape) -> dict[str, float]:
-        """The configured attacks' own peaks for the memory estimate, one phase each (``AttackSpec.memory``, if any)."""
+    def memory_phases(self, plan: RunPlan, shape: DataShape) -> dict[str, float]:
+        """The configured attacks' own peaks for the memory estimate of ``plan`` (whose ``attacks:`` section this
+        is), one phase each (``AttackSpec.memory(shape, plan)``, if any)."""
         specs = attack_specs()
         chosen = [n for n in self.names() if n in specs and specs[n].memory is not None]
-        return {f"attack {n}": float(specs[n].memory(shape, cfg)) for n in chosen}
+        return {f"attack {n}": float(specs[n].memory(shape, plan)) for n in chosen}
 
 
 #: the built models, by the registered (attack, settings model) pairs they were built from
@@ -80,9 +83,15 @@ def attacks_config_model() -> type[AttacksSection]:
     return _MODELS[owned]
 
 
-def attack_settings(cfg, name: str) -> Any:
-    """Attack ``name``'s validated section of ``cfg`` (``attacks.<name>``), or None when it registers no settings."""
-    return getattr(cfg.attacks, name) if attack_specs()[name].settings is not None else None
+def attacks_of(plan: RunPlan) -> AttacksSection:
+    """The ``attacks:`` section of ``plan``."""
+    return plan.part(AttacksSection)
+
+
+def attack_settings(attacks: AttacksSection, name: str) -> Any:
+    """Attack ``name``'s validated settings in the ``attacks:`` section (``attacks.<name>``), or None when it
+    registers none."""
+    return getattr(attacks, name) if attack_specs()[name].settings is not None else None
 
 
 def __getattr__(name: str) -> Any:

@@ -16,10 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from secure_fed.plugin_specs import attack_specs
-from secure_fed.progress import track
-from secure_fed.run_files import ATTACKS_RECORD, attacks_path
-from threat_models.attacks_section import attack_settings
+from secure_fed.plugin_api.attacks import ATTACKS_RECORD, attack_specs, attacks_path, track
+from threat_models.attacks_section import attack_settings, attacks_of
 from threat_models.context import AuditContext
 
 
@@ -43,12 +41,13 @@ def audit(
     """Run ``names`` (default: the config's ``attacks.run``) on ``ctx``; write ``attacks.json`` and ``roc.png`` in
     ``out_dir`` (default: the run's operator-only ``private/``)."""
     specs = attack_specs()  # read now, not when this module was imported: attacks registered since count
-    names = names or ctx.cfg.attacks.names() or list(specs)
+    section = attacks_of(ctx.plan)
+    names = names or section.names() or list(specs)
     out_dir = Path(out_dir) if out_dir is not None else attacks_path(ctx.exp.run_dir).parent
     results: dict[str, Any] = {}
     for name in track(names, "audit: attacks"):  # a line at least every 10 s while a long attack runs
         cls = specs[name].load()
-        attack = cls(attack_settings(ctx.cfg, name))
+        attack = cls(attack_settings(section, name))
         t0 = time.perf_counter()
         why = attack.applies(ctx)
         if why is not None:
@@ -76,7 +75,7 @@ def audit(
         results = {**{k: v for k, v in old.items() if k not in results}, **results}
     doc = {
         "run_dir": str(ctx.exp.run_dir),
-        "protocols": list(ctx.cfg.protocols),
+        "protocols": list(ctx.plan.protocols),
         "privacy": _jsonable(ctx.privacy()),
         ATTACKS_RECORD: results,
     }

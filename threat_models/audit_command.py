@@ -6,10 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from secure_fed.errors import SecureFedError, unknown_name
-from secure_fed.io import check_writable_dir
-from secure_fed.plugin_specs import attack_specs
-from secure_fed.run_files import attacks_path
+from secure_fed.plugin_api.attacks import SecureFedError, attack_specs, attacks_path, check_writable_dir, unknown_name
 
 
 def parse_bugs(text: str) -> tuple[str, ...]:
@@ -77,12 +74,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise SecureFedError(f"{run_dir} is not a run directory (no config.yaml)")
     check_writable_dir(attacks_path(run_dir).parent, what="run directory's private/")  # refused before any attack runs
     overrides = audit_overrides(args.overrides)
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
+    from threat_models.attacks_section import attacks_of
     from threat_models.audit_cost import estimate
 
-    cfg = load_config(run_dir / "config.yaml", overrides)  # a bad --set: its error line before anything runs
-    chosen = names or cfg.attacks.names() or list(specs)
-    print(estimate(run_dir, cfg, chosen)[0], flush=True)  # the cost first, before torch is imported
+    plan = load_plan(run_dir / "config.yaml", overrides)  # a bad --set: its error line before anything runs
+    chosen = names or attacks_of(plan).names() or list(specs)
+    print(estimate(run_dir, plan, chosen)[0], flush=True)  # the cost first, before torch is imported
     from threat_models.audit import audit_run_dir, skipped_attacks
     from threat_models.verdict import verdict_lines
 
@@ -106,8 +104,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def audit_overrides(items: list[str]) -> list[str]:
     """``audit --set``: ``attacks.*`` settings only (the run's other settings are what it trained with); the syntax
-    is run's (:func:`secure_fed.config.loader.check_override_syntax`)."""
-    from secure_fed.config.loader import check_override_syntax
+    is run's (:func:`secure_fed.config.check_override_syntax`)."""
+    from secure_fed.config import check_override_syntax
 
     check_override_syntax(items)
     for item in items:

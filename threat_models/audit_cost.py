@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from secure_fed.plugin_specs import attack_specs
-from secure_fed.run_files import PRIVATE_DIR
-from threat_models.attacks_section import attack_settings
+from secure_fed.plugin_api.attacks import PRIVATE_DIR, attack_specs
+from threat_models.attacks_section import attack_settings, attacks_of
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 #: a shadow round against a round of the audited run: shadows train on a random half of the target pool (training
 #: and test rows together), evaluate once on 16 rows, and train together as one vectorised cohort
@@ -37,15 +40,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def estimate(run_dir: Path, cfg, names: list[str]) -> tuple[str, float | None]:
-    """The headline an audit prints first, and its time estimate in seconds (None when it cannot be made)."""
+def estimate(run_dir: Path, plan: RunPlan, names: list[str]) -> tuple[str, float | None]:
+    """The headline an audit of the run ``plan`` describes prints first, and its time estimate in seconds (None when
+    it cannot be made)."""
     pace = _seconds_per_round(run_dir)
     specs = attack_specs()
+    section = attacks_of(plan)
     parts, shadow_rounds, hints = [], 0, []
     for name in names:
         spec = specs.get(name)
         if spec is not None and spec.cost is not None:
-            words, rounds, hint = spec.cost(attack_settings(cfg, name), cfg, run_dir)
+            words, rounds, hint = spec.cost(attack_settings(section, name), plan, run_dir)
             parts.append(words)
             shadow_rounds += rounds
             hints += [hint] if hint else []

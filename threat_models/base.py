@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from secure_fed.plugin_specs import AttackSpec
+from secure_fed.plugin_api.attacks import AttackSpec
 
 
 class Role(str, Enum):

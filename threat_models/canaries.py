@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from secure_fed.algorithms.base import ClientFn
-from secure_fed.models.sparse_rows import dense_delta
+from secure_fed.plugin_api.attacks import ClientFn, dense_delta
 
 #: the canaries' name for the owner client's class row (instance canaries in the positive-only setting)
 ROWS = "rows"

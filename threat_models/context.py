@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from secure_fed.engine.checkpoints import load_checkpoint_file
-from secure_fed.errors import SecureFedError
+from protocols.config_sections import KeyedHashingConfig
+from secure_fed.plugin_api.attacks import SecureFedError, load_checkpoint_file, plan_of
 from threat_models.base import Role
 from threat_models.recording import recording_of
 from threat_models.views import ClientView, ObserverView, RoundCapture, ServerView
@@ -25,7 +25,8 @@ from threat_models.views import ClientView, ObserverView, RoundCapture, ServerVi
 class AuditContext:
     def __init__(self, exp):
         self.exp = exp
-        self.cfg = exp.cfg
+        #: the run's settings
+        self.plan = plan_of(exp)
         self.dataset = exp.dataset
         self.fed = exp.fed
         taps = recording_of(exp)
@@ -43,8 +44,7 @@ class AuditContext:
         """Rebuild a finished run from ``RUN_DIR`` (the operator's ``private/config.yaml`` and checkpoints);
         ``overrides`` (``attacks.*`` settings, as ``audit --set``) apply to its config."""
         from secure_fed.config import load_plan
-        from secure_fed.engine import Experiment
-        from secure_fed.run_files import checkpoint_dir, operator_config_path
+        from secure_fed.plugin_api.attacks import build_experiment, checkpoint_dir, operator_config_path
 
         run_dir = Path(run_dir)
         if not (run_dir / "config.yaml").is_file():
@@ -55,7 +55,7 @@ class AuditContext:
         overrides = [*(overrides or []), *([f"attacks.run=[{','.join(attacks)}]"] if attacks else [])]
         plan = load_plan(operator_config_path(run_dir), overrides)
         ckpt = checkpoint_dir(run_dir)
-        exp = Experiment(plan, run_dir=run_dir, data_root=data_root)
+        exp = build_experiment(plan, run_dir=run_dir, data_root=data_root)
         if not exp.resume():
             raise SecureFedError(f"{run_dir} has no checkpoint (private/checkpoints/last.pt); run it first")
         summary = run_dir / "summary.json"
@@ -90,22 +90,17 @@ class AuditContext:
 
     @property
     def pseudonymized(self) -> bool:
-        return "keyed_hashing" in self.cfg.protocols and self.cfg.keyed_hashing.pseudonymize_labels
+        return "keyed_hashing" in self.plan.protocols and self.plan.part(KeyedHashingConfig).pseudonymize_labels
 
     def privacy(self) -> dict[str, Any]:
         return self.exp.privacy_summary()
 
-    def public_config(self) -> dict[str, Any]:
-        import yaml
-
-        return yaml.safe_load(self.cfg.config_yaml)  # the validated config as config.yaml records it
-
     def new_encoder(self) -> torch.nn.Module:
         """The public architecture of θ's module (the model family's, e.g. the encoder with its linear head),
         weights to be loaded from a view."""
-        from secure_fed.engine.builders import build_model
+        from secure_fed.plugin_api.attacks import build_model
 
-        return build_model(self.cfg, self.dataset, cache_dir=self.exp.run_dir / "cache")
+        return build_model(self.plan, self.dataset, cache_dir=self.exp.run_dir / "cache")
 
     def _rows(self) -> torch.Tensor | None:
         """The server's W on the CPU (None for a model family without a row table)."""
@@ -118,13 +113,13 @@ class AuditContext:
         label_sets = getattr(algo, "label_sets", None)
         tokenizer = None
         if label_sets is not None:
-            tokenizer = "hmac-sha256" if "keyed_hashing" in self.cfg.protocols else self.cfg.algorithm.tokenizer
+            tokenizer = "hmac-sha256" if "keyed_hashing" in self.plan.protocols else self.plan.algorithm.tokenizer
         names = tuple(self.dataset.label_names)
         capture = None
         if tap is not None and tap.capture is not None:
             capture = RoundCapture(**tap.capture)
         return ServerView(
-            config=self.public_config(),
+            config=self.plan.config_yaml,
             tokenizer=tokenizer,
             token_messages=tuple(tap.token_messages) if tap is not None else (),
             label_sets=None if label_sets is None else label_sets.copy(),
@@ -148,7 +143,7 @@ class AuditContext:
         W = self._rows()
         W = None if W is None else W[torch.as_tensor(self.row_of_label)].clone()
         return ObserverView(
-            config=self.public_config(),
+            config=self.plan.config_yaml,
             theta0=self.theta0(),
             theta={n: t.detach().cpu().clone() for n, t in exp.theta.items()},
             W=W,

@@ -28,11 +28,14 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from secure_fed.errors import SecureFedError
+from secure_fed.plugin_api.attacks import SecureFedError
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 #: the public permutation stream of the test split's selection / report halves (with the run's seed)
 SPLIT_STREAM = 29
@@ -77,14 +80,15 @@ def parse_candidates(specs: list[str]) -> list[list[str]]:
     return [list(c) for c in itertools.product(*axes)]
 
 
-def planned_parts(cfg, unit: str) -> tuple[list[tuple[float, int, float | None]], float, str]:
+def planned_parts(plan: RunPlan, unit: str) -> tuple[list[tuple[float, int, float | None]], float, str]:
     """The swept unit's mechanisms as planned by the run itself (built, not trained): (q, planned steps, σ or None
     when calibrated), δ and the accountant. A function of the config only."""
-    from secure_fed.engine import Experiment
+    from protocols.config_sections import PrivacyConfig
+    from secure_fed.plugin_api.attacks import build_experiment
 
-    if unit == "client" and getattr(cfg.privacy.client, "mechanism", None) == "tree":
+    p = plan.part(PrivacyConfig)
+    if unit == "client" and getattr(p.client, "mechanism", None) == "tree":
         raise SecureFedError("--select private: the DP-FTRL tree ledger is not supported (its RDP is not (σ, q, steps))")
-    p = cfg.privacy
     if p.client is not None and (p.instance is not None or p.local is not None):
         # per instance, the released model also spends the client mechanism (through a group of clients); per client, the
         # instance mechanisms cover nothing (ε ∞): either way more than the one unit's ledger the selection accounts
@@ -93,7 +97,7 @@ def planned_parts(cfg, unit: str) -> tuple[list[tuple[float, int, float | None]]
             f"more than the {unit} unit's own ledger, which is all the selection accounts; select with one DP unit"
         )
     with tempfile.TemporaryDirectory(prefix="secure-fed-plan-") as tmp:
-        rep = Experiment(cfg, run_dir=tmp).privacy_summary().get("units", {}).get(unit)
+        rep = build_experiment(plan, run_dir=tmp).privacy_summary().get("units", {}).get(unit)
     if rep is None:
         raise SecureFedError(f"--select private: the runs have no {unit} unit to account")
     mechs = list(rep.get("mechanisms", {}).values()) or [rep]
@@ -225,14 +229,15 @@ def half_metrics(run_dir: Path, seed: int, fraction: float, data_root: str | Non
     number of selection rows."""
     import scipy.sparse as sp
 
-    from secure_fed.metrics import evaluate_scores
+    from secure_fed.plugin_api.attacks import evaluate_scores
     from threat_models.context import AuditContext
 
-    exp = AuditContext.from_run_dir(run_dir, data_root=data_root).exp
+    ctx = AuditContext.from_run_dir(run_dir, data_root=data_root)
+    exp = ctx.exp
     scores = exp.model_scores(exp.theta, exp.fed.x_test)
     y = exp.fed.y_test.toarray() if sp.issparse(exp.fed.y_test) else np.asarray(exp.fed.y_test)
     sel, rep = split_rows(len(y), seed, fraction)
-    ev = exp.cfg.evaluation
+    ev = ctx.plan.evaluation
     kw = {"ks": tuple(ev.ks), "threshold": ev.threshold}
     return evaluate_scores(scores[sel], y[sel], **kw), evaluate_scores(scores[rep], y[rep], **kw), len(sel)
 
@@ -248,10 +253,8 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
     overrides, run_dir) at the total ε. Returns (rows, released run dirs, failed points)."""
 
     from protocols.dp.private_selection import gamma_for_mean
-    from secure_fed.config import load_config
-    from secure_fed.errors import ConfigError
-    from secure_fed.html_report import run_row
-    from secure_fed.run_files import stamp_released
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import ConfigError, run_row, stamp_released
     from threat_models.tradeoff_points import _job, _label, method_base, point_overrides, worker_pool
 
     grid = parse_candidates(args.candidates)
@@ -264,9 +267,9 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
     todo = []  # (point, eps_r, total, draw, [(candidate overrides, dir)])
     for method, eps, seed, ov, run_dir in points:
 
-        def cfg_of(extra, ov=ov, method=method, eps=eps):
+        def plan_of(extra, ov=ov, method=method, eps=eps):
             try:
-                return load_config(args.config, [*ov, *extra])
+                return load_plan(args.config, [*ov, *extra])
             except ConfigError as exc:
                 raise SecureFedError(f"--candidates at {method}, ε = {_label(eps)}: {exc}") from None
 
@@ -274,7 +277,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
             eps_r, total = math.inf, math.inf
         else:  # the plans of this seed's runs (steps and q may depend on the seed's partition)
             if (method, seed) not in plans_cache:
-                plans_cache[(method, seed)] = [planned_parts(cfg_of(c), args.unit) for c in grid]
+                plans_cache[(method, seed)] = [planned_parts(plan_of(c), args.unit) for c in grid]
             key = (eps, tuple((tuple(p), d, a) for p, d, a in plans_cache[(method, seed)]))
             if key not in calib:
                 calib[key] = calibrate_per_run(eps, plans_cache[(method, seed)], eta=eta, gamma=gamma)
@@ -289,7 +292,7 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
         cands = []
         for j, gi in enumerate(d["candidates"]):
             cov = [*pov, *grid[gi]]
-            cfg_of(grid[gi])
+            plan_of(grid[gi])
             cands.append((grid[gi], cov, pdir / f"candidate-{j}"))
         todo.append(((method, eps, seed, ov, run_dir), eps_r, total, d, cands))
     rows, runs, failed = [], [], []
@@ -359,7 +362,7 @@ def selection_record(selected: list[str], per_run: float, total: float, report: 
     """``selection.json``'s fields, tagged for the release gate (:mod:`secure_fed.release`): the selected candidate
     is the private selection's output; the rest is the config's, or the released model's on the public test split."""
     from protocols.dp.private_selection import PrivateSelection
-    from secure_fed.release import protected, public
+    from secure_fed.plugin_api.attacks import protected, public
 
     calibrated = "calibrated from the command's ε and the grid's planned ledgers (config only)"
     return {
@@ -379,7 +382,7 @@ def selection_record(selected: list[str], per_run: float, total: float, report: 
 def write_selection(run_dir: Path, tagged: dict[str, Any]) -> dict[str, Any]:
     """Write ``selection.json`` through the release gate: an untagged field raises under strict mode, and otherwise
     makes the file's ``epsilon`` ∞, with the finding as its one-line ``why``; returns what it wrote."""
-    from secure_fed.release import release_fields
+    from secure_fed.plugin_api.attacks import release_fields
 
     info, findings = release_fields(tagged, SELECTION_FILE)
     if findings:

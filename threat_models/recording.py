@@ -9,23 +9,26 @@ context (:mod:`threat_models.context`) reads the recording from here, below the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from secure_fed.engine.callbacks import Callback
-from secure_fed.engine.checkpoints import load_checkpoint_file
-from secure_fed.plugin_specs import attack_specs
-from threat_models.attacks_section import attack_settings
+from secure_fed.plugin_api.attacks import Callback, attack_specs, load_checkpoint_file
+from threat_models.attacks_section import attack_settings, attacks_of
 from threat_models.recorder import Recorder
 from threat_models.views import ServerTap
 
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
-def recorders_for(cfg, exp) -> dict[str, Recorder]:
-    """What each attack of ``attacks.run`` asks to record or insert in a run of ``exp`` (its spec's ``records``)."""
+
+def recorders_for(plan: RunPlan, exp) -> dict[str, Recorder]:
+    """What each attack of ``attacks.run`` asks to record or insert in a run of ``exp`` (its spec's
+    ``records(settings, plan, exp)``)."""
     specs = attack_specs()
+    attacks = attacks_of(plan)
     out = {}
-    for name in cfg.attacks.names():
+    for name in attacks.names():
         spec = specs[name]
-        if spec.records is not None and (rec := spec.records(attack_settings(cfg, name), cfg, exp)) is not None:
+        if spec.records is not None and (rec := spec.records(attack_settings(attacks, name), plan, exp)) is not None:
             out[name] = rec
     return out
 
@@ -35,8 +38,8 @@ class AttackRecording(Callback):
 
     name = "attack_taps"
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, plan: RunPlan):
+        self.plan = plan
         self.tap: ServerTap | None = None
         #: attack name → its recorder (only the attacks that record or insert something)
         self.recorders: dict[str, Recorder] = {}
@@ -44,7 +47,7 @@ class AttackRecording(Callback):
 
     def on_init(self, exp) -> None:
         first = next(iter(exp.theta))
-        self.recorders = recorders_for(self.cfg, exp)
+        self.recorders = recorders_for(self.plan, exp)
         # an attack may need whole updates and θ at the captured round's start
         full = any(r.whole_uplinks for r in self.recorders.values())
         self.tap = ServerTap(theta0=exp.theta, parameter=first, full=full)

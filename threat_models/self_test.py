@@ -174,19 +174,19 @@ class CaseResult:
 
 def run_case(bug: str | None, *, seed: int = 0, epsilon: float = CLAIMED_EPSILON, work_dir: Path | None = None) -> CaseResult:
     """Train the recipe with ``bug`` planted (``None``: the control) and run the one-run audit on it."""
-    from secure_fed.config import load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import build_experiment
     from threat_models.audit import audit
     from threat_models.context import AuditContext
 
-    cfg = load_config(overrides=recipe_overrides(seed=seed, epsilon=epsilon))
+    plan = load_plan(overrides=recipe_overrides(seed=seed, epsilon=epsilon))
     with (
         tempfile.TemporaryDirectory(prefix="secure-fed-self-test-", dir=work_dir) as tmp,
         planted(bug),
         warnings.catch_warnings(),
     ):
         warnings.filterwarnings("ignore", message="Optimal order is")  # Opacus on the calibration's trial σ values
-        exp = Experiment(cfg, run_dir=Path(tmp) / "run")
+        exp = build_experiment(plan, run_dir=Path(tmp) / "run")
         exp.run(progress=False)
         res = audit(AuditContext(exp), ["one_run_audit"], out_dir=Path(tmp) / "audit", progress=False)["attacks"]
     r = res["one_run_audit"]

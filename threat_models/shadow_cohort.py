@@ -32,9 +32,14 @@ from typing import Any
 import greenlet
 import torch
 
-from secure_fed.algorithms.batched_sgd import group_key, linear_chain, train_group
-from secure_fed.engine.collector import long_lived_frozen
-from secure_fed.engine.vectorized import VectorizedExecutor
+from secure_fed.plugin_api.attacks import (
+    VectorizedExecutor,
+    group_key,
+    linear_chain,
+    long_lived_frozen,
+    plan_of,
+    train_group,
+)
 
 #: the devices whose autocast state is thread-local torch state a coroutine switch must carry
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -172,7 +177,7 @@ def train_shadows_together(runs: dict[int, Any], *, on_done: Callable[[int, Any]
     each shadow round done. Returns the cohort (its counts of batched and one-at-a-time updates)."""
     keys = list(runs)
     exps = [runs[k] for k in keys]
-    cohort = ShadowCohort(chunk_clients=exps[0].cfg.training.chunk_clients if exps else None)
+    cohort = ShadowCohort(chunk_clients=plan_of(exps[0]).training.chunk_clients if exps else None)
     seen = [0]
 
     def advance() -> None:

@@ -8,9 +8,14 @@ configured attacks and writes ``private/attacks.json`` (operator-only).
 
 from __future__ import annotations
 
-from secure_fed.run_files import attacks_path
-from secure_fed.run_status import trained
+from typing import TYPE_CHECKING
+
+from secure_fed.plugin_api.attacks import attacks_path, trained
+from threat_models.attacks_section import attacks_of
 from threat_models.recording import AttackRecording
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 
 class AttackTaps(AttackRecording):
@@ -23,11 +28,11 @@ class AttackTaps(AttackRecording):
         from threat_models.audit import audit
         from threat_models.context import AuditContext
 
-        print(f"attacks ({', '.join(self.cfg.attacks.names())}):")
+        print(f"attacks ({', '.join(attacks_of(self.plan).names())}):")
         audit(AuditContext(exp))
         print(f"  wrote {attacks_path(exp.run_dir)} (operator-only)")
 
 
-def make_attack_taps(cfg) -> AttackTaps | None:
-    """The ``secure_fed.callbacks`` factory: taps only when the config asks for attacks."""
-    return AttackTaps(cfg) if cfg.attacks.names() else None
+def make_attack_taps(plan: RunPlan) -> AttackTaps | None:
+    """The ``secure_fed.callbacks`` factory: taps only when the plan's ``attacks.run`` lists attacks."""
+    return AttackTaps(plan) if attacks_of(plan).names() else None

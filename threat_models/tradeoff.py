@@ -27,9 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from secure_fed.errors import SecureFedError, unknown_name
-from secure_fed.progress import phase
-from secure_fed.run_files import PRIVATE_DIR
+from secure_fed.plugin_api.attacks import PRIVATE_DIR, SecureFedError, phase, unknown_name
 from threat_models.tradeoff_points import (
     _job,
     _label,
@@ -42,22 +40,24 @@ from threat_models.tradeoff_points import (
 
 
 def cmd_tradeoff(args: argparse.Namespace) -> int:
-    from secure_fed.cli import _parse_seeds
-    from secure_fed.config import load_config
-    from secure_fed.errors import ConfigError
-    from secure_fed.html_report import run_row
-    from secure_fed.io import check_writable_dir
-    from secure_fed.plugin_specs import attack_specs
-    from secure_fed.sweep import cached_summary
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import (
+        ConfigError,
+        attack_specs,
+        cached_summary,
+        check_writable_dir,
+        parse_seeds,
+        run_row,
+    )
 
     if args.workers is not None and args.workers < 1:
         raise SecureFedError(f"--workers {args.workers}: give at least 1")
     check_selection_options(args)
     eps_list = parse_epsilons(args.epsilons)
-    seeds = _parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds)
     methods = [m for m in (args.methods or "").split(",") if m]
     if not methods:
-        methods = [load_config(args.config, args.overrides).algorithm.name]
+        methods = [load_plan(args.config, args.overrides).algorithm.name]
     if args.reference == "auto":
         extra, why = central_reference_method(args.config, args.overrides, methods, unit=args.unit)
         methods += extra
@@ -77,7 +77,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
                 ov = [*args.overrides, *point_overrides(base, method=method, eps=eps, seed=seed, unit=args.unit,
                                                          attacks=attacks)]  # fmt: skip
                 try:
-                    cfg = load_config(args.config, ov)
+                    plan = load_plan(args.config, ov)
                 except ConfigError as exc:
                     raise SecureFedError(f"--methods {method} at ε = {_label(eps)}: {exc}") from None
                 run_dir = out / "runs" / f"{method}-eps{_label(eps)}-seed{seed}"
@@ -86,7 +86,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
                         f"{method} at ε = {_label(eps)}, seed {seed} is listed twice (--methods, --epsilons, --seeds)"
                     )
                 if args.select != "private":  # a selected run's config is its candidate's (checked by its selection)
-                    cached_summary(cfg, run_dir)
+                    cached_summary(plan, run_dir)
                 points.append((method, eps, seed, ov, run_dir))
     workers = args.workers or max(1, min(len(points), (os.cpu_count() or 1)))
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -95,7 +95,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     t0 = time.time()
     failed = []
     if args.select == "private":  # each point the best of K secret-drawn candidates, ε covering the selection
-        from secure_fed.run_files import stamp_released
+        from secure_fed.plugin_api.attacks import stamp_released
         from threat_models.private_selection import run_selection
 
         rows, runs, failed = run_selection(args, points, attacks=attacks, workers=workers, threads=threads, out=out)
@@ -150,7 +150,7 @@ def check_selection_options(args: argparse.Namespace) -> None:
 
 def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: int) -> int:
     """results.csv, the plots and report.html (and the operator's copies with the attacks' columns)."""
-    from secure_fed.html_report import has_operator_columns, html_report, released, write_csv
+    from secure_fed.plugin_api.attacks import has_operator_columns, html_report, released, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     public = [released(r) for r in rows]

@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from secure_fed.errors import SecureFedError
-from secure_fed.run_files import ATTACKS_RECORD, attacks_path
-from secure_fed.run_status import trained
+from protocols.config_sections import PrivacyConfig
+from secure_fed.plugin_api.attacks import ATTACKS_RECORD, SecureFedError, attacks_path, trained
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 INSTANCE_BLOCKS = ("instance", "local")
 
@@ -33,14 +36,15 @@ def parse_epsilons(text: str) -> list[float]:
     return out
 
 
-def point_overrides(base, *, method: str, eps: float, seed: int, unit: str, attacks: list[str]) -> list[str]:
-    """The overrides that turn the base config into one grid point."""
+def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: str, attacks: list[str]) -> list[str]:
+    """The overrides that turn the base config (``base``: its plan, as :func:`method_base` reads it) into one grid
+    point."""
     from protocols.layer_specs import LABEL_SET_ALGORITHMS
 
     ov = [f"algorithm.name={method}", f"seed={seed}", "output.progress=false", *central_reference(method)]
     if attacks:
         ov.append(f"attacks.run=[{', '.join(attacks)}]")
-    p = base.privacy
+    p = base.part(PrivacyConfig)
     stack = list(base.protocols)
     if math.isinf(eps):
         ov.append(f"protocols=[{', '.join(x for x in stack if x != 'dp')}]")
@@ -76,7 +80,7 @@ def central_reference(method: str) -> list[str]:
     """A centralised method (the oracle) reports its last epoch at every ε of a study: under dp, an epoch selected on a
     split of the training data would be a choice outside ε, and the ε = ∞ point (the run without the dp layer) reports
     its last epoch too."""
-    from secure_fed.algorithms.registry import algorithm_specs
+    from secure_fed.plugin_api.attacks import algorithm_specs
 
     spec = algorithm_specs().get(method)
     central = spec is not None and spec.capabilities.centralised and "validation_fraction" in spec.params.model_fields
@@ -88,7 +92,7 @@ def central_reference_method(config: str | None, overrides: list[str], methods: 
     ``oracle``: the same network and levers at the same ε and accountant) beside positive-only federated methods swept
     at the instance unit, so a reader sees the price of federation apart from the price of privacy. Returns the
     methods to add and a line saying why."""
-    from secure_fed.algorithms.registry import algorithm_specs
+    from secure_fed.plugin_api.attacks import algorithm_specs
 
     refs = [name for name, spec in algorithm_specs().items() if spec.capabilities.centralised
             and "local" in spec.capabilities.dp_units and spec.capabilities.setting != "general"]  # fmt: skip
@@ -105,18 +109,17 @@ def central_reference_method(config: str | None, overrides: list[str], methods: 
         return [], f"no central DP reference: the config does not run as {ref} ({exc})"
     if base.partition.name != "positive_only":
         return [], f"no central DP reference: it is drawn for the positive-only setting ({ref}'s)"
-    if base.privacy.local is None:
+    if base.part(PrivacyConfig).local is None:
         return [], "no central DP reference: it needs privacy.local (DP-SGD on its one trainer)"
     return [ref], f"the central DP reference ({ref}, DP-SGD on one trainer) is drawn beside them (--reference none: not)"
 
 
-def method_base(config: str | None, overrides: list[str], method: str):
-    """The base config read as ``method``'s: a method without a server step over label sets is read without
+def method_base(config: str | None, overrides: list[str], method: str) -> RunPlan:
+    """The plan of the base config read as ``method``'s: a method without a server step over label sets is read without
     ``privacy.instance``, which its config may not set (a config written for fedalc, swept with fedaws as well)."""
     from protocols.layer_specs import LABEL_SET_ALGORITHMS
-    from secure_fed.config import load_config
-    from secure_fed.config.loader import raw_config
-    from secure_fed.errors import ConfigError
+    from secure_fed.config import load_plan, raw_config
+    from secure_fed.plugin_api.attacks import ConfigError
 
     drop = [] if method in LABEL_SET_ALGORITHMS else ["privacy.instance=null"]
     if drop:  # the instance unit's one budget may sit on privacy.instance: it moves to privacy.local with the drop
@@ -129,7 +132,7 @@ def method_base(config: str | None, overrides: list[str], method: str):
                 and loc.get("noise_multiplier") is None and loc.get("target_epsilon") is None:  # fmt: skip
             drop.append(f"privacy.local.target_epsilon={inst['target_epsilon']}")
     try:
-        return load_config(config, [*overrides, f"algorithm.name={method}", *drop, *central_reference(method)])
+        return load_plan(config, [*overrides, f"algorithm.name={method}", *drop, *central_reference(method)])
     except ConfigError as exc:
         raise SecureFedError(f"--methods {method}: {exc}") from None
 
@@ -165,11 +168,11 @@ def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str 
     import torch
 
     torch.set_num_threads(threads)
-    from secure_fed.config import load_config
-    from secure_fed.sweep import run_cached
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import run_cached
 
     t0 = time.time()
-    summary = run_cached(load_config(config, overrides), run_dir, data_root=data_root)
+    summary = run_cached(load_plan(config, overrides), run_dir, data_root=data_root)
     if attacks and trained(summary["status"]) and not _audited(Path(run_dir), attacks):
         from threat_models.audit import audit_run_dir
 

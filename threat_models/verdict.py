@@ -17,7 +17,7 @@ from __future__ import annotations
 from statistics import NormalDist
 from typing import Any
 
-from secure_fed.plugin_specs import attack_specs
+from secure_fed.plugin_api.attacks import attack_specs
 
 #: the family's error rate: every verdict line holds together at 1 − FAMILY_ALPHA
 FAMILY_ALPHA = 0.05

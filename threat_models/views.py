@@ -19,7 +19,7 @@ from typing import Any
 import scipy.sparse as sp
 import torch
 
-from secure_fed.models.sparse_rows import dense_delta
+from secure_fed.plugin_api.attacks import dense_delta
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class RoundCapture:
 class ServerView:
     """The honest-but-curious server: everything it received or computed, nothing the clients kept."""
 
-    config: dict[str, Any]
+    config: str  #: the run's configuration, as its YAML (the plan's ``config_yaml``)
     tokenizer: str | None  #: the tokenizer it asked for ("sha256", or "hmac-sha256" under keyed hashing)
     token_messages: tuple[tuple[int, tuple[bytes, ...], int], ...]  #: (client, tokens, W row) per reply
     label_sets: sp.csr_matrix | None  #: merged label sets (CSR), columns in the server's row order
@@ -60,7 +60,7 @@ class ServerView:
 class ObserverView:
     """Anyone holding the released model: θ, W with its label names, the public configuration."""
 
-    config: dict[str, Any]
+    config: str  #: the run's configuration, as its YAML (the plan's ``config_yaml``)
     theta0: dict[str, torch.Tensor]
     theta: dict[str, torch.Tensor]
     W: torch.Tensor | None  #: rows in label-name order (a released model must map rows to names); None without rows

@@ -20,10 +20,10 @@ __all__ = [
     "build_plan",
     "check_override_syntax",
     "config_secret_paths",
-    "load_plan",
     "default_config_text",
     "dump_config",
     "first_difference",
     "load_config",
+    "load_plan",
     "raw_config",
 ]

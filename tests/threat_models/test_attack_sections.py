@@ -168,7 +168,7 @@ class Settings(BaseModel):
     whole: bool = False
 
 
-def records(settings, cfg, exp):
+def records(settings, plan, exp):
     CALLS.append(settings.k)
     return Recorder(whole_uplinks=True) if settings.whole else None
 
@@ -242,10 +242,10 @@ def test_a_third_party_attack_is_asked_what_to_record(probe):
 
     exp = SimpleNamespace(theta={"w": torch.zeros(2)})
     for whole in (False, True):
-        rec = AttackRecording(load_config(overrides=["attacks.run=[probe_attack]", f"attacks.probe_attack.whole={whole}"]))
+        rec = AttackRecording(load_plan(overrides=["attacks.run=[probe_attack]", f"attacks.probe_attack.whole={whole}"]))
         rec.on_init(exp)
         assert rec.tap.full is whole and set(rec.recorders) == ({"probe_attack"} if whole else set())
-    unlisted = AttackRecording(load_config(overrides=["attacks.run=[token_linkage]", "attacks.probe_attack.whole=true"]))
+    unlisted = AttackRecording(load_plan(overrides=["attacks.run=[token_linkage]", "attacks.probe_attack.whole=true"]))
     unlisted.on_init(exp)
     assert probe.CALLS == [3, 3] and not unlisted.tap.full  # asked only when listed
 
@@ -253,8 +253,8 @@ def test_a_third_party_attack_is_asked_what_to_record(probe):
 def test_a_third_party_attack_is_built_with_its_settings_and_gives_its_headline(probe, tmp_path):
     from threat_models.audit import audit, headline
 
-    cfg = load_config(overrides=["attacks.run=[probe_attack]", "attacks.probe_attack.k=7"])
-    ctx = SimpleNamespace(cfg=cfg, exp=SimpleNamespace(run_dir=tmp_path), view_for=lambda role: None, privacy=lambda: {})
+    plan = load_plan(overrides=["attacks.run=[probe_attack]", "attacks.probe_attack.k=7"])
+    ctx = SimpleNamespace(plan=plan, exp=SimpleNamespace(run_dir=tmp_path), view_for=lambda role: None, privacy=lambda: {})
     doc = audit(ctx, out_dir=tmp_path, progress=False)
     entry = doc["attacks"]["probe_attack"]
     assert entry["metrics"] == {"k": 7} and headline("probe_attack", entry) == "probe k=7"
@@ -283,7 +283,7 @@ def test_a_recorder_whose_reply_replaces_the_clients_wraps_outermost():
     from threat_models.recording import AttackRecording
 
     trace = []
-    rec = AttackRecording(load_config())
+    rec = AttackRecording(load_plan())
     rec.recorders = {  # the outermost one first in order: the recording, not the order, puts it outside
         "outer": Recorder(secrets=_Wrapper("outer", trace), file="o.pt", outermost=True),
         "inner": Recorder(secrets=_Wrapper("inner", trace), file="i.pt"),
@@ -296,13 +296,14 @@ def test_a_recorder_whose_reply_replaces_the_clients_wraps_outermost():
 def test_an_audit_of_an_attack_the_run_did_not_insert_for_finds_nothing_inserted(tmp_path):
     """Trained without ``one_run_audit`` listed, the run holds no canaries: an audit that lists it now builds fresh
     ones when the run is rebuilt, and must not score them (the attack reports itself skipped)."""
-    from secure_fed.engine import Experiment
+    from secure_fed.plugin_api.attacks import build_experiment
     from tests.conftest import SMALL
     from threat_models.audit import audit
     from threat_models.context import AuditContext
 
     run = tmp_path / "run"
-    Experiment(load_plan(overrides=[*SMALL, "attacks.run=[token_linkage]", "training.rounds=2"]), run_dir=run).run(progress=False)
+    plan = load_plan(overrides=[*SMALL, "attacks.run=[token_linkage]", "training.rounds=2"])
+    build_experiment(plan, run_dir=run).run(progress=False)
     ctx = AuditContext.from_run_dir(run, attacks=["one_run_audit"])
     assert ctx.inserted("one_run_audit") is None
     res = audit(ctx, ["one_run_audit"], out_dir=tmp_path / "audit", progress=False)["attacks"]["one_run_audit"]

@@ -10,9 +10,9 @@ import torch
 from scipy import stats
 
 from protocols.dp.accountant import epsilon_of
-from secure_fed.config import build_plan
-from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL
 from threat_models.attacks.label_deanonymization import match_by_cooccurrence
 from threat_models.attacks.membership_inference import roc_summary
 from threat_models.attacks.one_run_audit import epsilon_lower_bound, p_value
@@ -21,9 +21,14 @@ from threat_models.canaries import DiracCanaries
 from threat_models.context import AuditContext
 
 
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
+
+
 def _audited(tmp_path, *ov, attacks="all"):
-    cfg = small_config(f"attacks.run=[{attacks}]", "attacks.membership_inference.shadows=0", *ov)
-    e = Experiment(build_plan(cfg), run_dir=tmp_path)
+    plan = small_plan(f"attacks.run=[{attacks}]", "attacks.membership_inference.shadows=0", *ov)
+    e = build_experiment(plan, run_dir=tmp_path)
     e.run(progress=False)
     return e, audit(AuditContext(e), progress=False)["attacks"]
 
@@ -226,8 +231,8 @@ BIBTEX_TINY = ["dataset.name=bibtex", "model.name=sparse_text", "model.embed_dim
 @pytest.mark.parametrize("layer", [None, "secure_aggregation"])
 def test_update_inversion_recovers_vocabularies_from_single_updates_but_not_from_the_secure_sum(tmp_path, data_root, layer):
     ov = [*BIBTEX_TINY, f"protocols=[{layer}]"] if layer else BIBTEX_TINY
-    cfg = small_config(*ov, "attacks.run=[update_inversion]", "attacks.update_inversion.targets=10")
-    e = Experiment(build_plan(cfg), run_dir=tmp_path, data_root=str(data_root))
+    plan = small_plan(*ov, "attacks.run=[update_inversion]", "attacks.update_inversion.targets=10")
+    e = build_experiment(plan, run_dir=tmp_path, data_root=str(data_root))
     e.run(progress=False)
     r = audit(AuditContext(e), progress=False)["attacks"]["update_inversion"]
     assert r["details"]["cohort"] >= 10

@@ -56,21 +56,21 @@ def test_the_one_run_audit_is_judged_on_its_lower_bound_and_others_get_no_verdic
 
 
 def test_the_cost_headline_counts_shadow_rounds_and_uses_the_runs_pace(tmp_path):
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
 
     (tmp_path / "private").mkdir()
     (tmp_path / "private" / "summary.json").write_text(json.dumps({"seconds_per_round": 0.5}))
-    cfg = load_config(overrides=["training.rounds=10", "attacks.membership_inference.shadows=4"])
-    line, seconds = estimate(tmp_path, cfg, ["membership_inference"])
+    plan = load_plan(overrides=["training.rounds=10", "attacks.membership_inference.shadows=4"])
+    line, seconds = estimate(tmp_path, plan, ["membership_inference"])
     assert "trains 4 shadow runs × 10 rounds = 40 shadow rounds" in line
     assert seconds == pytest.approx(40 * 0.5 * SHADOW_ROUND_FACTOR + OVERHEAD_S)
     cache = tmp_path / "shadows" / "abc"
     cache.mkdir(parents=True)
     (cache / "shadow0.npz").write_bytes(b"")
-    line, fewer = estimate(tmp_path, cfg, ["membership_inference"])
+    line, fewer = estimate(tmp_path, plan, ["membership_inference"])
     assert "trains 3 shadow runs" in line and "1 cached" in line and fewer < seconds
     (tmp_path / "private" / "summary.json").unlink()
-    assert estimate(tmp_path, cfg, ["membership_inference"])[1] is None
+    assert estimate(tmp_path, plan, ["membership_inference"])[1] is None
 
 
 def test_each_attacks_description_names_the_scores_its_spec_declares():

@@ -10,12 +10,19 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from tests.conftest import register_plugins, small_plan
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL, register_plugins
 from threat_models.attacks.canary_client_audit import estimate
 from threat_models.attacks.canary_client_audit_spec import SPEC as CANARY_CLIENT_AUDIT
 from threat_models.canary_clients import CanaryClients
 from threat_models.gaussian_pair_epsilon import hockey_stick, pair_epsilon
 from threat_models.one_run_fdp import epsilon_from_gdp
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
 
 
 @pytest.mark.parametrize("mu", [0.1, 0.8, 2.0, 5.0])
@@ -60,13 +67,12 @@ RUN = ["algorithm.name=fedavg", "partition.name=iid", "partition.num_clients=100
 
 
 def _estimated(monkeypatch, tmp_path, client: str):
-    from secure_fed.engine import Experiment
     from threat_models import audit as harness
     from threat_models.context import AuditContext
 
     # as the installed entry point does (pyproject.toml): the audit reads the registry when it runs
     register_plugins(monkeypatch, {"attacks": {"canary_client_audit": CANARY_CLIENT_AUDIT}})
-    e = Experiment(small_plan(*RUN, f"privacy.client={{{client}}}"), run_dir=tmp_path)
+    e = build_experiment(small_plan(*RUN, f"privacy.client={{{client}}}"), run_dir=tmp_path)
     e.run(progress=False)
     return e, harness.audit(AuditContext(e), progress=False)["attacks"]["canary_client_audit"]
 

@@ -12,10 +12,16 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sealapi
 
-from secure_fed.config import build_plan
-from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL
 from threat_models.ckks_key_recovery import key_candidates, key_from_real_parts, secret_key_words
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
+
 
 SLOTS = 4096  # poly_modulus_degree 8192
 
@@ -23,9 +29,9 @@ SLOTS = 4096  # poly_modulus_degree 8192
 def _server_holdings(run_dir):
     """Two rounds of the ckks layer with the message log: per round, the summed ciphertexts the server sent the key
     holder and the values it got back; the layer; and the holder's secret context (ground truth, for scoring)."""
-    cfg = small_config("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=2", "output.log_messages=true",
+    plan = small_plan("algorithm.name=fedavg", 'protocols=["ckks"]', "training.rounds=2", "output.log_messages=true",
                        "model.hidden_dims=[128]")  # an update over 4,096 values: its first ciphertext is full  # fmt: skip
-    e = Experiment(build_plan(cfg), run_dir=run_dir)
+    e = build_experiment(plan, run_dir=run_dir)
     e.run(progress=False)
     layer = e.stack.by_name()["ckks"]
     sent = [m for m in e.messages if m["direction"] == "down" and "ckks_sums" in (m["message"] or {})]

@@ -11,11 +11,18 @@ import pytest
 import tomllib
 from scipy import stats
 
-from secure_fed.engine import Experiment
-from tests.conftest import small_config, small_plan
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL, small_config
 from threat_models.attacks.data_size_ranking import spearman
 from threat_models.audit import audit, headline
 from threat_models.context import AuditContext
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
+
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "data_size_ranking"
@@ -50,7 +57,7 @@ def test_spearman_matches_scipy_with_ties():
 
 
 def _run(tmp_path, *ov):
-    e = Experiment(small_plan(f"attacks.run=[{NAME}]", "training.rounds=2", *ov), run_dir=tmp_path)
+    e = build_experiment(small_plan(f"attacks.run=[{NAME}]", "training.rounds=2", *ov), run_dir=tmp_path)
     e.run(progress=False)
     return e, audit(AuditContext(e), progress=False)["attacks"][NAME]
 

@@ -10,11 +10,9 @@ import pytest
 import torch
 
 from secure_fed.algorithms.losses import bce_loss
-from secure_fed.config import load_config, load_plan
-from secure_fed.data.from_config import build_dataset
-from secure_fed.engine import Experiment
-from secure_fed.engine.builders import build_model
+from secure_fed.config import load_plan
 from secure_fed.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+from secure_fed.plugin_api.attacks import build_dataset, build_experiment, build_model
 from threat_models.attacks.gradient_inversion import (
     MEASURE_CONFIG,
     ONE_STEP_ROUND,
@@ -53,9 +51,9 @@ def test_matching_assigns_each_true_image_its_reconstruction():
 @pytest.fixture(scope="module")
 def setting():
     torch.set_num_threads(1)
-    cfg = load_config(overrides=MEASURE_CONFIG)
-    ds = build_dataset(cfg)
-    model = build_model(cfg, ds)
+    plan = load_plan(overrides=MEASURE_CONFIG)
+    ds = build_dataset(plan)
+    model = build_model(plan, ds)
     shape = tuple(ds.image_shape)
     to_input = image_input(IMAGENET_MEAN, IMAGENET_STD)
     x = torch.from_numpy(ds.train.features[:1].astype(np.float32)).view(1, *shape) / 255
@@ -133,7 +131,7 @@ def test_the_server_inverts_plain_uplinks_but_not_a_secure_sum_or_dp_sgd(registe
     from threat_models.context import AuditContext
 
     torch.set_num_threads(1)
-    exp = Experiment(load_plan(overrides=[*RUN, *extra]), run_dir=tmp_path / "run")
+    exp = build_experiment(load_plan(overrides=[*RUN, *extra]), run_dir=tmp_path / "run")
     exp.run(progress=False)
     ctx = AuditContext(exp)
     res = audit(ctx, progress=False)["attacks"]["gradient_inversion"]

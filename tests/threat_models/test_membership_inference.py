@@ -9,12 +9,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from secure_fed.config import build_plan
-from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL
 from threat_models.attacks.membership_inference import MembershipInference, lira_offline, lira_online, roc_summary
+from threat_models.attacks_section import attacks_of
 from threat_models.audit import audit
 from threat_models.context import AuditContext
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
 
 
 # ------------------------------------------------------------------------------------------ the direct computation
@@ -127,9 +133,9 @@ def test_fallback_counts_and_global_means_for_targets_in_every_or_no_shadow():
 def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache(tmp_path):
     shadow_dir = tmp_path / "shadows"
     mi = "attacks.membership_inference"
-    cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=2", f"{mi}.bootstrap=20",
+    plan = small_plan("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=2", f"{mi}.bootstrap=20",
                        f"{mi}.shadow_dir={shadow_dir}")  # fmt: skip
-    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
+    e = build_experiment(plan, run_dir=tmp_path / "run")
     e.run(progress=False)
     res = audit(AuditContext(e), progress=False)["attacks"]["membership_inference"]
     m, d = res["metrics"], res["details"]
@@ -161,7 +167,7 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
     stamps = {f.name: f.stat().st_mtime_ns for f in cache.glob("shadow*.npz")}
     assert set(stamps) == {"shadow0.npz", "shadow1.npz"}
     ctx = AuditContext(e)
-    attack = MembershipInference(cfg.attacks.membership_inference.model_copy(update={"shadows": 3}))
+    attack = MembershipInference(attacks_of(plan).membership_inference.model_copy(update={"shadows": 3}))
     aux, truth = attack.prepare(ctx)
     scores, inside = aux["shadow"].run(aux["encoder"], aux["x"], aux["Y"])
     assert scores.shape == inside.shape == (3, n)
@@ -174,7 +180,7 @@ def test_end_to_end_reports_both_lira_variants_and_reuses_a_smaller_shadow_cache
         # the oracle recipe holds out a validation split of its IN half: those rows are not members of the shadow
         assert not (z["trained"] & ~z["inside"]).any()
         held = 1 - z["trained"].sum() / z["inside"].sum()
-        assert abs(held - cfg.algorithm.validation_fraction) < 0.02
+        assert abs(held - plan.algorithm.validation_fraction) < 0.02
     assert 0.0 < inside.mean() < 1.0
 
 
@@ -182,16 +188,16 @@ def test_runs_on_dense_image_rows_with_image_shadows(tmp_path):
     """Dense uint8 image rows (digit mosaics): the target pool stacks train and test rows in order, and a shadow's
     dataset keeps the image shape."""
     mi = "attacks.membership_inference"
-    cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=1",
+    plan = small_plan("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=1",
                        f"{mi}.bootstrap=10", "dataset.name=digit_mosaics", "model.name=mlp",
                        "dataset.mosaics={num_train: 60, num_test: 30, tile_size: 4}", "model.family=linear_head",
                        "partition.name=iid", "algorithm.loss=bce")  # fmt: skip
-    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
+    e = build_experiment(plan, run_dir=tmp_path / "run")
     e.run(progress=False)
     ds = e.dataset
-    attack = MembershipInference(cfg.attacks.membership_inference)
+    attack = MembershipInference(attacks_of(plan).membership_inference)
     aux, truth = attack.prepare(AuditContext(e))
-    order = np.random.default_rng([cfg.seed, 0x3E3]).permutation(90)
+    order = np.random.default_rng([plan.seed, 0x3E3]).permutation(90)
     pool = np.concatenate([ds.train.features, ds.test.features])[order]
     np.testing.assert_array_equal(aux["x"].numpy(), e.fed.preprocessor.transform(pool))
     assert truth["member"].sum() == 60 - len(e.fed.x_val if e.fed.x_val is not None else [])

@@ -6,11 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from secure_fed.config import build_plan
-from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL
 from threat_models.audit import audit
 from threat_models.context import AuditContext
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
+
 
 MI = "attacks.membership_inference"
 FAMILIES = {
@@ -24,9 +30,9 @@ FAMILIES = {
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_score_on_every_model_family(tmp_path, family):
     torch.set_num_threads(1)
-    cfg = small_config("attacks.run=[membership_inference]", f"{MI}.shadows=2", f"{MI}.bootstrap=20", *FAMILIES[family])
-    assert cfg.model.family == family
-    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
+    plan = small_plan("attacks.run=[membership_inference]", f"{MI}.shadows=2", f"{MI}.bootstrap=20", *FAMILIES[family])
+    assert plan.model.family == family
+    e = build_experiment(plan, run_dir=tmp_path / "run")
     e.run(progress=False)
     res = audit(AuditContext(e), progress=False)["attacks"]["membership_inference"]
     assert set(res["metrics"]) == {"loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline"}

@@ -244,15 +244,15 @@ def test_the_released_files_times_do_not_depend_on_k(tmp_path, monkeypatch):
 def test_the_selection_refuses_a_unit_whose_released_epsilon_composes_another_units_mechanisms():
     """Instance + client units: the released model's ε per instance composes the client mechanism (a group bound), which
     the instance ledger the selection accounts leaves out; the selection refuses, the instance unit alone passes."""
-    from secure_fed.config import load_config
+    from secure_fed.config import load_plan
     from secure_fed.errors import SecureFedError
     from threat_models.private_selection import planned_parts
 
     base = ["algorithm.name=fedalc", "algorithm.normalize_gamma=false", "training.rounds=2", 'protocols=["dp"]',
             "dataset.synthetic.num_train=64",
             'privacy.instance={"target_epsilon": 4, "clip_norm": 1.0, "max_labels_per_instance": 2}']  # fmt: skip
-    parts, delta, _ = planned_parts(load_config(overrides=base), "instance")
+    parts, delta, _ = planned_parts(load_plan(overrides=base), "instance")
     assert parts and delta > 0
     both = [*base, 'privacy.client={"target_epsilon": 4, "clip_norm": 1.0, "max_labels_per_instance": 2}']
     with pytest.raises(SecureFedError, match="one DP unit"):
-        planned_parts(load_config(overrides=both), "instance")
+        planned_parts(load_plan(overrides=both), "instance")

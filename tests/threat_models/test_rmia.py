@@ -8,12 +8,18 @@ import pytest
 from scipy.special import expit
 from sklearn.metrics import roc_auc_score
 
-from secure_fed.config import build_plan
-from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL
 from tests.threat_models.test_membership_inference import _synthetic
 from threat_models.attacks.membership_inference import MembershipInference, roc_summary
 from threat_models.attacks.rmia_scores import pr_offline, pr_online, rmia_offline, rmia_online, rmia_score
+from threat_models.attacks_section import attacks_of
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
 
 
 def test_score_is_the_pairwise_fraction_on_hand_built_likelihoods():
@@ -103,13 +109,13 @@ def test_rmia_on_a_real_reference_model_as_target(tmp_path):
     from threat_models.context import AuditContext
 
     mi = "attacks.membership_inference"
-    cfg = small_config("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=5",
+    plan = small_plan("attacks.run=[membership_inference]", "algorithm.name=oracle", f"{mi}.shadows=5",
                        f"{mi}.shadow_dir={tmp_path / 'shadows'}", "training.local_epochs=20", "model.hidden_dims=[128]",
                        "dataset.synthetic.noise_label_rate=0.3", "dataset.synthetic.feature_noise=1.5")  # fmt: skip
-    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
+    e = build_experiment(plan, run_dir=tmp_path / "run")
     e.run(progress=False)
     ctx = AuditContext(e)
-    aux, _ = MembershipInference(cfg.attacks.membership_inference).prepare(ctx)
+    aux, _ = MembershipInference(attacks_of(plan).membership_inference).prepare(ctx)
     S, inside = aux["shadow"].run(aux["encoder"], aux["x"], aux["Y"])
     pool, member = np.arange(S.shape[1]), inside[0].astype(int)
     m, _ = roc_summary(member, rmia_online(S[0], S[1:], inside[1:], pool)[0], bootstrap=50, seed=0)

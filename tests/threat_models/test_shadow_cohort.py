@@ -8,12 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from secure_fed.config import build_plan
-from secure_fed.engine import Experiment
-from tests.conftest import small_config
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL
 from threat_models import shadow_cohort
 from threat_models.attacks.membership_inference import MembershipInference
+from threat_models.attacks_section import attacks_of
 from threat_models.context import AuditContext
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
+
 
 MI = "attacks.membership_inference"
 #: |Δφ| between a cohort's shadow and the same shadow trained alone on the vectorised executor: the batched products
@@ -22,14 +29,16 @@ ATOL, RTOL = 1e-3, 1e-4
 
 
 def _target(tmp_path, *extra):
-    cfg = small_config("attacks.run=[membership_inference]", "training.executor=vectorized", f"{MI}.shadows=3", *extra)
-    e = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
+    plan = small_plan("attacks.run=[membership_inference]", "training.executor=vectorized", f"{MI}.shadows=3", *extra)
+    e = build_experiment(plan, run_dir=tmp_path / "run")
     e.run(progress=False)
-    return cfg, e
+    return plan, e
 
 
-def _shadows(cfg, e, shadow_dir, **options):
-    attack = MembershipInference(cfg.attacks.membership_inference.model_copy(update={"shadow_dir": str(shadow_dir), **options}))
+def _shadows(plan, e, shadow_dir, **options):
+    attack = MembershipInference(
+        attacks_of(plan).membership_inference.model_copy(update={"shadow_dir": str(shadow_dir), **options})
+    )
     aux, _ = attack.prepare(AuditContext(e))
     return aux["shadow"].run(aux["encoder"], aux["x"], aux["Y"])
 
@@ -50,12 +59,12 @@ def _shadows(cfg, e, shadow_dir, **options):
     ids=["fedalc", "fedavg-client-dp"],
 )
 def test_cohort_trains_the_shadows_that_one_after_another_trains(tmp_path, monkeypatch, recipe):
-    cfg, e = _target(tmp_path, *recipe)
-    seq_scores, seq_trained = _shadows(cfg, e, tmp_path / "seq", shadow_cohort=1)
+    plan, e = _target(tmp_path, *recipe)
+    seq_scores, seq_trained = _shadows(plan, e, tmp_path / "seq", shadow_cohort=1)
     cohorts = []
     real = shadow_cohort.train_shadows_together
     monkeypatch.setattr(shadow_cohort, "train_shadows_together", lambda *a, **kw: cohorts.append(real(*a, **kw)) or cohorts[-1])
-    scores, trained = _shadows(cfg, e, tmp_path / "cohort", shadow_cohort=3)
+    scores, trained = _shadows(plan, e, tmp_path / "cohort", shadow_cohort=3)
     assert len(cohorts) == 1
     (c,) = cohorts
     # the shadows' clients trained together: a group larger than one shadow's round (all its clients) was formed
@@ -69,7 +78,7 @@ def test_cohort_trains_the_shadows_that_one_after_another_trains(tmp_path, monke
 
 
 def test_cache_is_written_per_cohort_slice_and_a_killed_audit_resumes(tmp_path, monkeypatch):
-    cfg, e = _target(tmp_path, "algorithm.name=fedalc")
+    plan, e = _target(tmp_path, "algorithm.name=fedalc")
     shadow_dir = tmp_path / "shadows"
     real = shadow_cohort.train_shadows_together
     calls = []
@@ -82,7 +91,7 @@ def test_cache_is_written_per_cohort_slice_and_a_killed_audit_resumes(tmp_path, 
 
     monkeypatch.setattr(shadow_cohort, "train_shadows_together", killed_in_second_slice)
     with pytest.raises(KeyboardInterrupt):
-        _shadows(cfg, e, shadow_dir, shadow_cohort=2)
+        _shadows(plan, e, shadow_dir, shadow_cohort=2)
     assert calls == [[0, 1], [2]]
     (cache,) = shadow_dir.iterdir()
     stamps = {f.name: f.stat().st_mtime_ns for f in cache.glob("shadow*.npz")}
@@ -95,7 +104,7 @@ def test_cache_is_written_per_cohort_slice_and_a_killed_audit_resumes(tmp_path, 
         return real(runs, **kw)
 
     monkeypatch.setattr(shadow_cohort, "train_shadows_together", counted)
-    scores, trained = _shadows(cfg, e, shadow_dir, shadow_cohort=2)
+    scores, trained = _shadows(plan, e, shadow_dir, shadow_cohort=2)
     # only the missing shadow trains (alone: a cohort of one is the run itself); the cached ones are read back unchanged
     assert calls == [] and (cache / "shadow2.npz").is_file()
     assert {f.name: f.stat().st_mtime_ns for f in cache.glob("shadow*.npz") if f.name in stamps} == stamps

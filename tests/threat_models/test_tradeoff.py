@@ -74,13 +74,13 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, extra, needle):
 
 
 def test_grid_points_set_the_one_target_and_drop_what_a_method_lacks():
-    from secure_fed.config import load_config
+    from secure_fed.config import load_config, load_plan
     from threat_models.tradeoff_points import point_overrides
 
     base_ov = ['protocols=["dp", "secure_aggregation"]', "algorithm.normalize_gamma=false",
                'privacy.instance={"noise_multiplier": 2.0}',
                    'privacy.local={"noise_multiplier": 1.0, "max_labels_per_instance": 8}']  # fmt: skip
-    base = load_config(overrides=base_ov)
+    base = load_plan(overrides=base_ov)
     fedalc = point_overrides(base, method="fedalc", eps=2.0, seed=1, unit="instance", attacks=[])
     assert {"privacy.instance.target_epsilon=2", "privacy.local.target_epsilon=2", "privacy.instance.noise_multiplier=null",
             "privacy.local.noise_multiplier=null", "seed=1", "algorithm.name=fedalc"} <= set(fedalc)  # fmt: skip
@@ -119,12 +119,12 @@ def test_fedaws_on_the_tradeoff_config_written_for_fedalc_runs(tmp_path):
 def test_a_block_that_gives_its_sigma_keeps_it_beside_a_calibrated_one():
     """The private recipe fixes the W step's σ (heavy noise, little budget) and calibrates DP-SGD's: the sweep sets the
     target on both blocks and frees only the σ the config leaves free."""
-    from secure_fed.config import load_config
+    from secure_fed.config import load_config, load_plan
     from threat_models.tradeoff_points import point_overrides
 
     base_ov = ["protocols=[dp]", "algorithm.normalize_gamma=false", 'privacy.instance={"noise_multiplier": 20.0}',
                'privacy.local={"target_epsilon": 4.0, "max_labels_per_instance": 2}']  # fmt: skip
-    base = load_config(overrides=base_ov)
+    base = load_plan(overrides=base_ov)
     ov = point_overrides(base, method="fedalc", eps=1.0, seed=0, unit="instance", attacks=[])
     cfg = load_config(overrides=[*base_ov, *ov])
     assert cfg.privacy.instance.noise_multiplier == 20.0 and cfg.privacy.local.noise_multiplier is None

@@ -9,20 +9,27 @@ import pytest
 import torch
 
 from secure_fed.algorithms.label_sets import Sha256Tokenizer
-from secure_fed.config import build_plan
-from secure_fed.engine import Experiment
-from tests.conftest import small_config, small_plan
+from secure_fed.config import load_plan
+from secure_fed.plugin_api.attacks import build_experiment
+from tests.conftest import SMALL
 from tests.protocols.test_keyed_hashing_and_ckks import _blob, _file_holds, _holds
 from threat_models import ATTACKS, Role
+from threat_models.attacks_section import attacks_of
 from threat_models.audit import audit
 from threat_models.context import AuditContext
 from threat_models.views import ClientView, ObserverView, ServerView
+
+
+def small_plan(*overrides: str):
+    """The small test run's plan (``tests.conftest.SMALL``) with ``overrides``."""
+    return load_plan(overrides=[*SMALL, *overrides])
+
 
 TAP = ["attacks.run=[update_inversion]", "training.rounds=2"]
 
 
 def _run(tmp_path, *ov):
-    e = Experiment(small_plan(*TAP, *ov), run_dir=tmp_path)
+    e = build_experiment(small_plan(*TAP, *ov), run_dir=tmp_path)
     e.run(progress=False)
     return e
 
@@ -92,9 +99,9 @@ def test_views_have_no_private_fields():
 
 
 def test_each_attack_gets_its_roles_view_and_no_ground_truth(tmp_path, monkeypatch):
-    cfg = small_config("attacks.run=[all]", "training.rounds=3", "attacks.membership_inference.shadows=0",
+    plan = small_plan("attacks.run=[all]", "training.rounds=3", "attacks.membership_inference.shadows=0",
                        "attacks.one_run_audit.canaries=50")  # fmt: skip
-    e = Experiment(build_plan(cfg), run_dir=tmp_path)
+    e = build_experiment(plan, run_dir=tmp_path)
     e.run(progress=False)
     ctx = AuditContext(e)
     seen: dict[str, tuple[type, object]] = {}
@@ -118,7 +125,7 @@ def test_each_attack_gets_its_roles_view_and_no_ground_truth(tmp_path, monkeypat
     assert set(seen["token_linkage"][1]) == {"candidates"}
     assert set(seen["label_deanonymization"][1]) == {"Y_public", "names"}
     # an attack run on a view gives the same guess whatever the simulator's truth is afterwards
-    atk = ATTACKS["one_run_audit"](cfg.attacks.one_run_audit)
+    atk = ATTACKS["one_run_audit"](attacks_of(plan).one_run_audit)
     aux, truth = atk.prepare(ctx)
     g1 = atk.run(ctx.observer_view(), aux)
     canaries = ctx.inserted("one_run_audit")

@@ -6,13 +6,16 @@ The attack: :mod:`threat_models.attacks.canary_client_audit`; the canary clients
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from secure_fed.errors import ConfigError
-from secure_fed.plugin_specs import AttackSpec
+from protocols.config_sections import PrivacyConfig
+from secure_fed.plugin_api.attacks import AttackSpec, ConfigError
 from threat_models.recorder import Recorder
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 #: ``canaries: auto``: this many canary clients, or a quarter of the run's clients when that is fewer
 AUTO_CANARY_CLIENTS = 20
@@ -42,7 +45,7 @@ class CanaryClientAuditConfig(BaseModel):
     )
 
 
-def records(settings: CanaryClientAuditConfig, cfg, exp) -> Recorder | None:
+def records(settings: CanaryClientAuditConfig, plan: RunPlan, exp) -> Recorder | None:
     """The canary clients (client-level DP's audit: none under DP-SGD in client training, whose unit is the
     instance), in θ's trained tensors, of norm ``canary_norm`` or else privacy.client.clip_norm, kept in
     ``auditor_canary_clients.pt``. A canary client's reply is its canary alone: it wraps outside other insertions."""
@@ -52,10 +55,11 @@ def records(settings: CanaryClientAuditConfig, cfg, exp) -> Recorder | None:
     count = min(AUTO_CANARY_CLIENTS, num_clients // 4) if settings.canaries == "auto" else settings.canaries
     if count == 0:
         return None  # too few clients for auto: the audit reports it skipped (no canary clients were inserted)
-    dp = "dp" in cfg.protocols
-    if dp and cfg.privacy.local is not None:
+    dp = "dp" in plan.protocols
+    privacy = plan.part(PrivacyConfig)
+    if dp and privacy.local is not None:
         return None
-    client = cfg.privacy.client if dp else None
+    client = privacy.client if dp else None
     norm = settings.canary_norm or (client.clip_norm if client is not None else 0.05)
     trained = {n for n, p in exp.model.encoder.named_parameters() if p.requires_grad}
     if count > num_clients:

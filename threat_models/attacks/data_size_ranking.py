@@ -18,14 +18,17 @@ no torch (the attack reads tensors through their methods).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from secure_fed.plugin_specs import AttackSpec
+from secure_fed.plugin_api.attacks import AttackSpec
 from threat_models.base import Attack, AttackResult
 from threat_models.recorder import Recorder
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 
 class DataSizeRankingConfig(BaseModel):
@@ -41,7 +44,7 @@ class DataSizeRankingConfig(BaseModel):
     min_clients: int = Field(3, ge=2, description="fewest plaintext uplinks in the captured round to rank (else skipped)")
 
 
-def records(settings: DataSizeRankingConfig, cfg, exp) -> Recorder | None:
+def records(settings: DataSizeRankingConfig, plan: RunPlan, exp) -> Recorder | None:
     """Whole uplinks when the norm is over every parameter; the tap's first parameter otherwise."""
     return Recorder(whole_uplinks=True) if settings.parameters == "all" else None
 

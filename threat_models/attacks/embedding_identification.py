@@ -19,7 +19,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch.nn import functional as F
 
-from secure_fed.models.sparse_rows import split_rows
+from secure_fed.plugin_api.attacks import split_rows
 from threat_models.attacks.embedding_identification_spec import SPEC
 from threat_models.base import Attack, AttackResult, label_of_row
 
@@ -29,7 +29,7 @@ class EmbeddingIdentification(Attack):
 
     def applies(self, ctx) -> str | None:
         if ctx.exp.W is None:
-            return f"model.family={ctx.cfg.model.family} has no class-embedding rows to identify"
+            return f"model.family={ctx.plan.model.family} has no class-embedding rows to identify"
         return None
 
     def prepare(self, ctx):

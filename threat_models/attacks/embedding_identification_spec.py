@@ -6,13 +6,18 @@ The attack: :mod:`threat_models.attacks.embedding_identification`.
 
 from __future__ import annotations
 
-from secure_fed.plugin_specs import AttackSpec
+from typing import TYPE_CHECKING
+
+from secure_fed.plugin_api.attacks import AttackSpec
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import DataShape, RunPlan
 
 
-def memory_bytes(shape, cfg) -> float:
+def memory_bytes(shape: DataShape, plan: RunPlan) -> float:
     """The test labels as a dense bool matrix and per-label centroids of g(x)."""
-    rows = shape.test if cfg.evaluation.max_test is None else min(shape.test, cfg.evaluation.max_test)
-    return rows * shape.labels + 2 * 4 * shape.labels * cfg.model.embedding_dim
+    rows = shape.test if plan.evaluation.max_test is None else min(shape.test, plan.evaluation.max_test)
+    return rows * shape.labels + 2 * 4 * shape.labels * plan.model.embedding_dim
 
 
 def headline(entry) -> str:

@@ -34,9 +34,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from secure_fed.algorithms.client import full_label_targets
-from secure_fed.algorithms.losses import LOSSES
-from secure_fed.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+from secure_fed.plugin_api.attacks import IMAGENET_MEAN, IMAGENET_STD, LOSSES, full_label_targets
 from threat_models.attacks.gradient_inversion_spec import SPEC
 from threat_models.base import Attack, AttackResult
 
@@ -169,9 +167,9 @@ class GradientInversion(Attack):
     def applies(self, ctx) -> str | None:
         if ctx.dataset.feature_kind != "image" or ctx.dataset.image_shape is None:
             return "needs image data (dataset.name: digit_mosaics, or dataset.format: voc | coco)"
-        if ctx.cfg.model.family != "linear_head":
+        if ctx.plan.model.family != "linear_head":
             return "needs model.family: linear_head (the model's scores are the logits the client's loss takes)"
-        if ctx.cfg.model.preprocessing not in ("auto", "image"):
+        if ctx.plan.model.preprocessing not in ("auto", "image"):
             return "needs the image preprocessing (model.preprocessing: auto or image)"
         cap = None if ctx.tap is None else ctx.tap.capture
         if cap is None:
@@ -187,13 +185,13 @@ class GradientInversion(Attack):
         clients = {cid: ctx.fed.clients[cid] for cid in targets}
         images = {cid: pixel_images(c.raw, shape) for cid, c in clients.items()}
         labels = {cid: full_label_targets(c).float().cpu() for cid, c in clients.items()}
-        n = {cid: min(len(images[cid]), ctx.cfg.training.batch_size, o.max_images) for cid in targets}
+        n = {cid: min(len(images[cid]), ctx.plan.training.batch_size, o.max_images) for cid in targets}
         aux = {
             "model": ctx.new_encoder(), "loss": LOSSES[ctx.exp.algorithm.client_loss], "shape": shape, "targets": targets,
             "images_per_target": n, "mean_image": pixel_images(ctx.dataset.test.features, shape).mean(dim=0, keepdim=True),
             # stated: one image's labels are read from the update; a batch's are given to the attacker
             "given_labels": {cid: labels[cid][: n[cid]] for cid in targets if n[cid] > 1},
-            "steps": o.steps, "lr": o.lr, "tv": o.tv, "seed": int(ctx.cfg.seed),
+            "steps": o.steps, "lr": o.lr, "tv": o.tv, "seed": int(ctx.plan.seed),
         }  # fmt: skip
         return aux, {"images": images}
 
@@ -287,14 +285,13 @@ def measure(
     clients' updates (the target's and ``cohort − 1`` others') attacked as one client's; ``random_init``: the attack's
     start without optimisation (a control). Labels: read from the head update for ``batch == 1``, else given."""
     from protocols.dp.accountant import calibrate_sigma
-    from secure_fed.config import load_config
-    from secure_fed.data.from_config import build_dataset
-    from secure_fed.engine.builders import build_model
+    from secure_fed.config import load_plan
+    from secure_fed.plugin_api.attacks import build_dataset, build_model
 
-    cfg = load_config(overrides=[*MEASURE_CONFIG, f"seed={seed}"])
-    ds = build_dataset(cfg)
-    model = build_model(cfg, ds)
-    loss_fn = LOSSES[cfg.algorithm.loss]
+    plan = load_plan(overrides=[*MEASURE_CONFIG, f"seed={seed}"])
+    ds = build_dataset(plan)
+    model = build_model(plan, ds)
+    loss_fn = LOSSES[plan.algorithm.loss]
     shape = tuple(ds.image_shape)
     to_input = image_input(IMAGENET_MEAN, IMAGENET_STD)
 

@@ -6,10 +6,15 @@ The attack: :mod:`threat_models.attacks.gradient_inversion`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from secure_fed.plugin_specs import AttackSpec
+from secure_fed.plugin_api.attacks import AttackSpec
 from threat_models.recorder import Recorder
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 
 class GradientInversionConfig(BaseModel):
@@ -24,7 +29,7 @@ class GradientInversionConfig(BaseModel):
     max_images: int = Field(8, ge=1, le=64, description="dummy images per target at most (else the target's row count)")
 
 
-def records(settings, cfg, exp) -> Recorder:
+def records(settings, plan: RunPlan, exp) -> Recorder:
     """Whole uplinks of the captured round and θ at its start (the updates are matched in every parameter)."""
     return Recorder(whole_uplinks=True)
 

@@ -62,7 +62,7 @@ class LabelDeanonymization(Attack):
 
     def applies(self, ctx) -> str | None:
         if getattr(ctx.exp.algorithm, "label_sets", None) is None:
-            return f"{ctx.cfg.algorithm.name} collects no label sets"
+            return f"{ctx.plan.algorithm.name} collects no label sets"
         return None
 
     def prepare(self, ctx):

@@ -5,9 +5,14 @@ The attack: :mod:`threat_models.attacks.label_deanonymization`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from secure_fed.plugin_specs import AttackSpec
+from secure_fed.plugin_api.attacks import AttackSpec
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import DataShape, RunPlan
 
 
 class LabelDeanonymizationConfig(BaseModel):
@@ -18,7 +23,7 @@ class LabelDeanonymizationConfig(BaseModel):
     iterations: int = Field(30, ge=0, description="co-occurrence refinement rounds after the frequency seed")
 
 
-def memory_bytes(shape, cfg) -> float:
+def memory_bytes(shape: DataShape, plan: RunPlan) -> float:
     """The label sets densified (float32, at most one per training instance), the public test labels (int8) and
     four C × C float64 co-occurrence profiles (its matching and scoring are over dense label vectors)."""
     C = shape.labels

@@ -39,7 +39,6 @@ bootstrap 95% interval, TPR at 1% and 0.1% FPR, and the ROC on log axes
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +47,7 @@ import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 from torch.nn import functional as F
 
-from secure_fed.data import Features, stack_rows
-from secure_fed.progress import phase, track
+from secure_fed.plugin_api.attacks import Features, phase, plan_variant, stack_rows, track
 from threat_models.attacks.membership_inference_spec import SPEC
 from threat_models.attacks.rmia_scores import rmia_offline, rmia_online
 from threat_models.base import Attack, AttackResult
@@ -194,14 +192,14 @@ class MembershipInference(Attack):
         trained = np.zeros(ds.train.num_instances, bool)
         trained[np.concatenate([s.indices for s in fed.shards])] = True
         member = np.r_[trained, np.zeros(ds.test.num_instances, bool)]
-        order = np.random.default_rng([ctx.cfg.seed, 0x3E3]).permutation(len(member))
+        order = np.random.default_rng([ctx.plan.seed, 0x3E3]).permutation(len(member))
         feats, labels, member = feats[order], labels[order], member[order]
         x = fed.encode(feats).cpu()  # as the clients' rows were made (dense, or sparse rows at XC scale)
         aux = {
             "x": x, "Y": labels.toarray().astype(bool), "encoder": ctx.new_encoder(),
             "shadow": _ShadowTrainer(ctx, feats, labels, self.options) if self.options.shadows > 0 else None,
         }  # fmt: skip
-        return aux, {"member": member, "seed": ctx.cfg.seed}
+        return aux, {"member": member, "seed": ctx.plan.seed}
 
     def run(self, view, aux):
         phi = logit_confidence(aux["encoder"], view.theta, view.W, aux["x"], aux["Y"])
@@ -242,28 +240,23 @@ class _ShadowTrainer:
     """The attacker's shadow runs: the target's recipe on random halves of the target pool (cached on disk)."""
 
     def __init__(self, ctx, feats: Features, labels: sp.csr_matrix, options):
-        import yaml
-
-        from secure_fed.config import load_config
-
-        cfg = yaml.safe_load(ctx.cfg.config_yaml)  # the target's validated config (the run reads its plan)
-        cfg["protocols"] = ["dp"] if "dp" in cfg["protocols"] else []  # other layers do not change the model
-        cfg["attacks"] = {"run": []}
-        cfg["output"] = {**cfg["output"], "progress": False, "checkpoint_every": 10**6}
-        cfg["evaluation"] = {**cfg["evaluation"], "every": cfg["training"]["rounds"], "max_test": 16}
-        self.cfg = load_config(cfg)
+        plan = ctx.plan
+        # the recipe: the target's settings, without the layers that do not change the model (dp stays), without
+        # attacks (their settings too: an audit's attacks.* settings leave the cached shadows valid), evaluated once
+        self.plan = plan_variant(plan, [
+            f"protocols=[{'dp' if 'dp' in plan.protocols else ''}]", "attacks={run: []}", "output.progress=false",
+            f"output.checkpoint_every={10**6}", f"evaluation.every={plan.training.rounds}", "evaluation.max_test=16",
+        ])  # fmt: skip
         self.feats, self.labels, self.options = feats, labels, options
         self.names, self.kind, self.name = list(ctx.dataset.label_names), ctx.dataset.feature_kind, ctx.dataset.name
         self.meta = {"image_shape": ctx.dataset.image_shape} if ctx.dataset.image_shape is not None else {}
-        digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode() + str(feats.shape).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(self.plan.config_yaml.encode() + str(feats.shape).encode()).hexdigest()[:16]
         root = Path(options.shadow_dir) if options.shadow_dir else ctx.exp.run_dir / "shadows"
         self.dir = root / digest
 
     def _experiment(self, k: int, inside: np.ndarray):
         """Shadow k's run, built (not trained): the recipe on its IN rows, its seed; and those rows' indices."""
-        from secure_fed.config import build_plan
-        from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
-        from secure_fed.engine import Experiment
+        from secure_fed.plugin_api.attacks import MultiLabelDataset, MultiLabelSplit, build_experiment
 
         idx = np.flatnonzero(inside)
         hold = np.flatnonzero(~inside)[:16]
@@ -274,8 +267,8 @@ class _ShadowTrainer:
             label_names=self.names, feature_kind=self.kind, meta=dict(self.meta),
         )  # fmt: skip
         # shadow runs train on the attacker's own data (``dataset=ds``), in this process whatever the target's backend
-        cfg = self.cfg.model_copy(update={"seed": self.cfg.seed + 1000 + k, "backend": "inprocess"})
-        return Experiment(build_plan(cfg), run_dir=self.dir / f"run{k}", dataset=ds), idx
+        plan = plan_variant(self.plan, [f"seed={self.plan.seed + 1000 + k}", "backend=inprocess"])
+        return build_experiment(plan, run_dir=self.dir / f"run{k}", dataset=ds), idx
 
     @staticmethod
     def _outcome(exp, idx: np.ndarray, inside: np.ndarray):
@@ -294,7 +287,7 @@ class _ShadowTrainer:
 
     def inside(self, k: int, n: int) -> np.ndarray:
         """Shadow k's random half of the n targets (depends on k, not on K: a cache of fewer shadows is reused)."""
-        return np.random.default_rng([self.cfg.seed, 0x5AD, k]).random(n) < 0.5
+        return np.random.default_rng([self.plan.seed, 0x5AD, k]).random(n) < 0.5
 
     def run(self, encoder, x, Y) -> tuple[np.ndarray, np.ndarray]:
         """Every shadow's scores on the targets and the rows it trained on, (K, n) each: cached ones read back, the
@@ -319,7 +312,7 @@ class _ShadowTrainer:
         if size > 1 and len(todo) > 1:
             from threat_models.shadow_cohort import train_shadows_together
 
-            rounds = self.cfg.training.rounds
+            rounds = self.plan.training.rounds
             with phase("membership inference: shadow rounds (cohort)", total=len(todo) * rounds) as bar:
                 for start in range(0, len(todo), size):
                     part = todo[start : start + size]

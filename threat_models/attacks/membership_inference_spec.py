@@ -7,10 +7,14 @@ The attack: :mod:`threat_models.attacks.membership_inference`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from secure_fed.plugin_specs import AttackSpec
+from secure_fed.plugin_api.attacks import AttackSpec
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import DataShape, RunPlan
 
 
 class MembershipInferenceConfig(BaseModel):
@@ -39,7 +43,7 @@ SCORE_LABELS = {"loss": "LOSS", "lira_online": "LiRA online", "lira_offline": "L
                 "rmia_online": "RMIA online", "rmia_offline": "RMIA offline"}  # fmt: skip
 
 
-def memory_bytes(shape, cfg) -> float:
+def memory_bytes(shape: DataShape, plan: RunPlan) -> float:
     """Target instances' label vectors densified (bool), at most the training split."""
     return shape.train * shape.labels
 
@@ -86,9 +90,9 @@ def cached_shadows(run_dir: Path, shadow_dir: str | None, shadows: int) -> int:
     return max(counts, default=0)
 
 
-def cost(settings, cfg, run_dir) -> tuple[str, int, str]:
+def cost(settings, plan: RunPlan, run_dir) -> tuple[str, int, str]:
     """The shadow runs still to train (those cached by an earlier audit are reused), in rounds."""
-    k, rounds = settings.shadows, cfg.training.rounds
+    k, rounds = settings.shadows, plan.training.rounds
     if not k:
         return f"{SPEC.name}: LOSS only (attacks.{SPEC.name}.shadows=0)", 0, ""
     cached = cached_shadows(run_dir, settings.shadow_dir, k)

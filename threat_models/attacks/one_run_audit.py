@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats
@@ -64,6 +65,9 @@ from scipy import stats
 from threat_models.attacks.one_run_audit_spec import SPEC
 from threat_models.base import Attack, AttackResult
 from threat_models.one_run_fdp import epsilon_from_gdp, gdp_mu_lower_bound, gdp_mu_of_ledger, ledger_history
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 
 def p_value(*, m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -227,6 +231,20 @@ def gdp_plan(*, unit: str, history, rel_eps: float, rel_delta: float, ledger_del
     return {"delta": delta, "epsilon": rel_eps, "accountant_mu": mu}
 
 
+def replay_plan(plan: RunPlan) -> RunPlan:
+    """The noise-free replay's plan: ``plan`` without attacks (so without canaries) and with every configured DP
+    noise multiplier at 1e-9 (no ε target to calibrate one from)."""
+    from protocols.config_sections import PrivacyConfig
+    from secure_fed.plugin_api.attacks import plan_variant
+
+    privacy = plan.part(PrivacyConfig)
+    overrides = ["attacks={run: []}", "output.progress=false", "output.tensorboard=false"]
+    for block in ("instance", "local", "client"):
+        if getattr(privacy, block) is not None:
+            overrides += [f"privacy.{block}.noise_multiplier=1e-9", f"privacy.{block}.target_epsilon=null"]
+    return plan_variant(plan, overrides)
+
+
 def noise_free_replay(ctx) -> dict:
     """The auditor's reference model: the same run (config, data, seed) without the canaries and with every DP noise
     multiplier at 1e-9, trained in a temporary directory. DP's adversary may know every training instance but the
@@ -234,21 +252,12 @@ def noise_free_replay(ctx) -> dict:
     secret sampling changed (nothing for full batches)."""
     import tempfile
 
-    import yaml
-
-    from secure_fed.config import dump_config, load_config
-    from secure_fed.engine import Experiment
+    from secure_fed.plugin_api.attacks import build_experiment
     from threat_models.context import AuditContext
 
-    doc = yaml.safe_load(dump_config(ctx.cfg))
-    doc["attacks"] = {"run": []}
-    doc["output"] = {**doc.get("output", {}), "progress": False, "tensorboard": False}
-    for block in ("instance", "local", "client"):
-        b = (doc.get("privacy") or {}).get(block)
-        if b:
-            b.update(noise_multiplier=1e-9, target_epsilon=None)
+    plan = replay_plan(ctx.plan)
     with tempfile.TemporaryDirectory(prefix="secure-fed-audit-replay-") as tmp:
-        exp = Experiment(load_config(doc), run_dir=Path(tmp) / "run", dataset=ctx.dataset)
+        exp = build_experiment(plan, run_dir=Path(tmp) / "run", dataset=ctx.dataset)
         exp.run(progress=False)
         view = AuditContext(exp).observer_view()  # the replay's released model, rows in label order as the run's
     return {"theta": view.theta, "W": view.W}

@@ -6,13 +6,16 @@ The attack: :mod:`threat_models.attacks.one_run_audit`; the canaries: :mod:`thre
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from secure_fed.errors import ConfigError
-from secure_fed.plugin_specs import AttackSpec
+from protocols.config_sections import PrivacyConfig
+from secure_fed.plugin_api.attacks import AttackSpec, ConfigError
 from threat_models.recorder import Recorder
+
+if TYPE_CHECKING:
+    from secure_fed.plugin_api.attacks import RunPlan
 
 
 class OneRunAuditConfig(BaseModel):
@@ -32,7 +35,7 @@ class OneRunAuditConfig(BaseModel):
     )
 
 
-def records(settings: OneRunAuditConfig, cfg, exp) -> Recorder | None:
+def records(settings: OneRunAuditConfig, plan: RunPlan, exp) -> Recorder | None:
     """The Dirac canaries, inserted into the owner clients' updates (or, under DP-SGD in client training, as
     gradient canaries of norm C: the canaries are then instances), kept in ``auditor.pt``."""
     if settings.canaries <= 0:
@@ -41,17 +44,18 @@ def records(settings: OneRunAuditConfig, cfg, exp) -> Recorder | None:
 
     from threat_models.canaries import DiracCanaries
 
-    dp = "dp" in cfg.protocols
-    client = cfg.privacy.client if dp else None
-    local = cfg.privacy.local if dp else None
+    dp = "dp" in plan.protocols
+    privacy = plan.part(PrivacyConfig)
+    client = privacy.client if dp else None
+    local = privacy.local if dp else None
     unit = "instance" if local is not None else "client"
     norm = settings.canary_norm or (local.clip_norm if local is not None else client.clip_norm if client else 0.05)
     # the trained tensors: θ's (a fixed encoder's are not), and under DP-SGD in the positive-only setting the owner's
     # class row (each client trains its one row)
     trained = {n for n, p in exp.model.encoder.named_parameters() if p.requires_grad}
     rows = None
-    if unit == "instance" and exp.W is not None and cfg.partition.name == "positive_only":
-        if "keyed_hashing" in cfg.protocols:
+    if unit == "instance" and exp.W is not None and plan.partition.name == "positive_only":
+        if "keyed_hashing" in plan.protocols:
             raise ConfigError(f"{SPEC.name} under privacy.local with keyed_hashing: row canaries need each client's row "
                               "in the released W's order; audit without keyed_hashing")  # fmt: skip
         owner_row = [int(c.known_labels[0]) for c in exp.fed.clients]

@@ -20,8 +20,7 @@ from collections import Counter
 
 import numpy as np
 
-from secure_fed.algorithms.label_sets import Sha256Tokenizer
-from secure_fed.data import stack_rows
+from secure_fed.plugin_api.attacks import Sha256Tokenizer, stack_rows
 from threat_models.attacks.token_linkage_spec import SPEC
 from threat_models.base import Attack, AttackResult
 
@@ -31,14 +30,14 @@ class TokenLinkage(Attack):
 
     def applies(self, ctx) -> str | None:
         if getattr(ctx.exp.algorithm, "label_sets", None) is None:
-            return f"{ctx.cfg.algorithm.name} collects no label sets"
+            return f"{ctx.plan.algorithm.name} collects no label sets"
         if ctx.tap is None:
             return "the run recorded no server view (set attacks.run before training)"
         return None
 
     def prepare(self, ctx):
         o = self.options
-        rng = np.random.default_rng([ctx.cfg.seed, 0x70C])
+        rng = np.random.default_rng([ctx.plan.seed, 0x70C])
         train, test = ctx.dataset.train.features, ctx.dataset.test.features
         n_in = max(1, int(round(o.pool_fraction * train.shape[0])))
         members = rng.choice(train.shape[0], size=n_in, replace=False)

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from clipping_layer.config import ClippingSection
 from secure_fed.plugin_specs import LayerSpec, layer_specs
 
-
-def clipping_settings(cfg) -> ClippingSection:
-    """The layer's settings: its own section, nothing else of the run's config."""
-    return cfg.clipping
+if TYPE_CHECKING:
+    from secure_fed.plan import RunPlan
 
 
-def validate(cfg, stack: list[str]) -> None:
+def clipping_settings(plan: RunPlan) -> ClippingSection:
+    """The layer's settings: its own section of the run's plan, nothing else."""
+    return plan.part(ClippingSection)
+
+
+def describe(plan: RunPlan, num_clients: int) -> list[str]:
+    """What ``secure-fed validate`` says of the layer."""
+    return [f"clipping: every client update clipped to L2 norm {plan.part(ClippingSection).max_norm:g}"]
+
+
+def validate(plan: RunPlan, stack: list[str]) -> None:
     """Innermost first: the clip acts on the client's raw update, so it is listed before any layer that sums the
     updates another way (secure sums) or accounts privacy over them (dp), as the engine runs it."""
     if "clipping" not in stack:
@@ -32,5 +42,5 @@ CLIPPING = LayerSpec(
     implementation="clipping_layer.layer:Clipping",
     validate=validate,
     settings=clipping_settings,
-    describe=lambda cfg, num_clients: [f"clipping: every client update clipped to L2 norm {cfg.clipping.max_norm:g}"],
+    describe=describe,
 )

@@ -15,8 +15,7 @@ import math
 
 import torch
 
-from secure_fed.algorithms.base import Algorithm, ClientData, Payload, TrainFn
-from secure_fed.models.sparse_rows import dense_delta
+from secure_fed.plugin_api import Algorithm, ClientData, Payload, TrainFn, dense_delta
 from topk_fedavg.params import TopKFedAvgParams
 
 

@@ -6,9 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from secure_fed.algorithms.capabilities import AlgorithmCapabilities
-from secure_fed.algorithms.params.base import AlgorithmParams
-from secure_fed.algorithms.spec import AlgorithmSpec
+from secure_fed.plugin_api import AlgorithmCapabilities, AlgorithmParams, AlgorithmSpec
 
 
 class TopKFedAvgParams(AlgorithmParams):
