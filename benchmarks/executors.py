@@ -70,7 +70,7 @@ def training_flops(exp) -> float:
     sizes = [m.in_features * m.out_features for m, prefix in chain if prefix is not None]
     per_example = sum(2 * s * (3 if i else 2) for i, s in enumerate(sizes))
     examples = sum(c.num_examples for c in exp.fed.clients) * exp.local.epochs
-    return per_example * examples * exp.cfg.training.client_fraction
+    return per_example * examples * exp.plan.training.client_fraction
 
 
 def seconds_per_round(

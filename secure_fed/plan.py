@@ -245,13 +245,6 @@ class RunPlan:
         """The plugin section called ``name`` in the YAML."""
         return self.sections[name]
 
-    def __getattr__(self, name: str) -> BaseModel:
-        # TRANSITIONAL (removed when every reader uses part()): ``plan.privacy`` reads the section as ``cfg.privacy`` did
-        sections: Mapping[str, BaseModel] = self.__dict__.get("sections", {})
-        if name in sections:
-            return sections[name]
-        raise AttributeError(name)
-
     def uses(self, layer: str) -> bool:
         """The protocol stack lists ``layer``."""
         return layer in self.protocols

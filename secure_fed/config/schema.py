@@ -488,14 +488,6 @@ class CoreConfig(_Strict):
     )
     flower: FlowerConfig = FlowerConfig()
 
-    def part(self, kind: type) -> Any:
-        """TRANSITIONAL (removed when every reader takes the plan): the plugin section of model ``kind``, as
-        :meth:`secure_fed.plan.RunPlan.part` reads it."""
-        for name in type(self).model_fields:
-            if isinstance(v := getattr(self, name), kind):
-                return v
-        raise KeyError(f"the config has no {kind.__name__} section")
-
     @model_validator(mode="after")
     def _cross_checks(self) -> CoreConfig:
         from secure_fed.config.plan_builder import build_plan  # the builder imports this module

@@ -48,11 +48,6 @@ class RunContext:
     callbacks: tuple[Any, ...]
 
     @property
-    def cfg(self) -> RunPlan:
-        """TRANSITIONAL (removed once protocols/ and threat_models/ read ``ctx.plan``): the plan, under its old name."""
-        return self.plan
-
-    @property
     def round(self) -> int:
         """Rounds completed so far."""
         return self.records.round

@@ -141,8 +141,6 @@ class Experiment:
         for cb in self.callbacks:
             cb.on_init(self.context())
 
-    cfg = property(lambda self: self.plan)  # TRANSITIONAL (removed once protocols/, threat_models/ read exp.plan)
-
     def context(self, callbacks: list[Callback] | None = None) -> RunContext:
         """What the callbacks read of the run now (:class:`~secure_fed.engine.run_context.RunContext`)."""
         return RunContext(

@@ -185,8 +185,8 @@ def run_case(name: str, tmp: Path, data_root: str | None, *, threads: int | None
 def _initial_W(exp) -> torch.Tensor:
     from secure_fed.models import spread_init
 
-    gen = torch.Generator().manual_seed(exp.cfg.seed * 104729 + 1)
-    return spread_init(exp.dataset.num_labels, exp.cfg.model.embedding_dim, generator=gen)
+    gen = torch.Generator().manual_seed(exp.plan.seed * 104729 + 1)
+    return spread_init(exp.dataset.num_labels, exp.plan.model.embedding_dim, generator=gen)
 
 
 def close(a: Any, b: Any, *, rel: float, abs_: float) -> bool:

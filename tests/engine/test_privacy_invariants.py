@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from protocols.config_sections import SecureAggregationConfig
 from secure_fed.algorithms.fedaws import FedAwS
 from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
@@ -99,7 +100,7 @@ class SneakyFedAwS(FedAwS):
 @pytest.mark.parametrize("cls", [LeakyFedAwS, SneakyFedAwS])
 def test_guard_stops_an_algorithm_that_sends_foreign_rows(tmp_path, cls):
     exp = Experiment(small_plan("algorithm.name=fedaws"), run_dir=tmp_path)
-    exp.algorithm = cls(exp.cfg.algorithm)
+    exp.algorithm = cls(exp.plan.algorithm)
     with pytest.raises(PrivacyViolation):
         exp.train_round()
 
@@ -185,7 +186,7 @@ def test_secure_aggregation_uplinks_are_masked_words_not_encoded_updates(tmp_pat
     exp.train_round()
     wires = [m["message"]["masked"] for m in exp.messages if m["direction"] == "up" and "masked" in m["message"]]
     assert len(wires) == len(exp.fed.clients)
-    R, f = exp.cfg.secure_aggregation.clip_range, exp.cfg.secure_aggregation.frac_bits
+    R, f = exp.plan.part(SecureAggregationConfig).clip_range, exp.plan.part(SecureAggregationConfig).frac_bits
     for y in wires:
         signed = y.astype(np.int64).astype(np.float64) / 2.0**f
         assert np.median(np.abs(signed)) > 1e3 * R  # an unmasked encoding would stay within ±R
