@@ -289,7 +289,8 @@ def _local_training_rules(cfg, stack: list[str]) -> None:
     """privacy.local: per-sample gradients that bound one instance, and a public bound on the clients it sits on."""
     p, central = cfg.privacy, cfg.algorithm.capabilities.centralised
     bound = p.max_labels_per_instance()
-    if p.local is not None and cfg.model.family == "ctran" and cfg.model.ctran.dropout not in ("auto", 0, 0.0):
+    ctran = cfg.model.ctran  # the plan's: dropout resolved, dropout_auto when the config left it at auto
+    if p.local is not None and cfg.model.family == "ctran" and not (ctran.dropout_auto or ctran.dropout == 0):
         raise ValueError(
             f"privacy.local with model.ctran.dropout {cfg.model.ctran.dropout}: DP-SGD's steps run without dropout (its "
             "masks come in batch order, so removing one instance would change every later sample's gradient); set "
