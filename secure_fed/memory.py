@@ -229,7 +229,7 @@ def estimate_memory(plan: RunPlan, shape: DataShape, *, params: int, sparse_rows
 
     block = min(n_test * C, BLOCK_ELEMENTS) if has_rows else n_test * C
     phase["evaluation"] = block * BYTES_PER_SCORE + n_test * d * 4
-    held, transient = plan.algorithm.memory_terms(plan, shape)  # the algorithm's own terms (its declaration)
+    held, transient = plan.algorithm.memory_terms(plan.model.embedding_dim, shape)  # the algorithm's own terms (its declaration)
     t.update(held)
     _add(phase, transient)
     _add(phase, _layer_phases(plan, shape, params, device))

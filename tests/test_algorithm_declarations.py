@@ -26,7 +26,12 @@ NAMES = frozenset(builtin_specs())
 #: string constants equal to an algorithm's name that are not algorithm names, each where it is allowed
 NOT_ALGORITHMS: dict[str, set[str]] = {
     # the server optimiser FedAvg (training.server_optimizer.name), not the algorithm
-    "fedavg": {"secure_fed/engine/server_optimizers.py", "secure_fed/config/schema.py", "protocols/dp/tree_ledger.py"},
+    "fedavg": {
+        "secure_fed/engine/server_optimizers.py",
+        "secure_fed/config/schema.py",
+        "secure_fed/plan.py",
+        "protocols/dp/tree_ledger.py",
+    },
     # the local DP unit (privacy.local, the instance unit's client-training block) and `secure-fed flower local`
     "local": {
         "secure_fed/algorithms/capabilities.py", "secure_fed/html_report.py",

@@ -8,9 +8,10 @@ from secure_fed.config.loader import (
     dump_config,
     first_difference,
     load_config,
+    load_plan,
     raw_config,
 )
-from secure_fed.config.plan_builder import build_plan, load_plan
+from secure_fed.config.plan_builder import build_plan
 from secure_fed.config.schema import AlgorithmConfig, ExperimentConfig
 
 __all__ = [

@@ -14,8 +14,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from secure_fed.algorithms.registry import DEFAULT_ALGORITHM, algorithm_specs
+from secure_fed.config.plan_builder import build_plan, dump_config  # noqa: F401 - dump_config: read here by name
 from secure_fed.config.schema import CoreConfig, experiment_config_model
 from secure_fed.errors import ConfigError, unknown_name
+from secure_fed.plan import RunPlan
 from secure_fed.plugins import registry
 
 
@@ -268,8 +270,15 @@ def _valid(data: dict[str, Any]) -> bool:
     return True
 
 
-def dump_config(cfg: CoreConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+def load_plan(source: Any = None, overrides: list[str] | None = None) -> RunPlan:
+    """The plan of ``source`` (a YAML path, a mapping, None: the embedded default; also a plan or a loaded config,
+    returned as is, or planned again with ``overrides``) with ``overrides`` applied (:func:`load_config`'s one-line
+    :class:`~secure_fed.errors.ConfigError` for a bad one)."""
+    if isinstance(source, RunPlan):
+        if not overrides:
+            return source
+        source = yaml.safe_load(source.config_yaml)
+    return build_plan(load_config(source, overrides))
 
 
 def config_secret_paths() -> list[tuple[str, ...]]:

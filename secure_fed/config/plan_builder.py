@@ -17,8 +17,6 @@ import yaml
 from pydantic import BaseModel
 
 from secure_fed import plan as P
-from secure_fed.config.loader import dump_config, load_config
-from secure_fed.config.schema import CoreConfig
 
 #: core section name -> its plan dataclass
 _CORE = {
@@ -80,8 +78,19 @@ def _frozen(model: BaseModel) -> BaseModel:
     return _frozen_class(type(model)).model_construct(_fields_set=set(model.model_fields_set), **values)
 
 
-def build_plan(cfg: CoreConfig) -> P.RunPlan:
-    """The plan of a validated config (see the module docstring)."""
+#: the config's core keys that are plan fields of their own (the rest of RunPlan's fields are the sections above)
+_CORE_KEYS = ("seed", "device", "backend", "protocols", "algorithm")
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """A validated config as YAML (what ``config.yaml`` records, and :attr:`~secure_fed.plan.RunPlan.config_yaml`)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def build_plan(cfg: BaseModel) -> P.RunPlan:
+    """The plan of a validated config (a :class:`~secure_fed.config.schema.CoreConfig`, the schema's model with its
+    plugin sections; see the module docstring). This module imports neither the schema nor the loader, which call it
+    (the schema validates the stack on the plan), so the config package has no import circle."""
     dp = "dp" in cfg.protocols
     ds = cfg.dataset
     drop = (not dp) if ds.drop_empty_labels == "auto" else bool(ds.drop_empty_labels)
@@ -96,7 +105,7 @@ def build_plan(cfg: CoreConfig) -> P.RunPlan:
         "output": _copy(P.OutputPlan, cfg.output),
         "flower": _copy(P.FlowerPlan, cfg.flower),
     }
-    core = set(CoreConfig.model_fields)
+    core = {*_CORE, *_CORE_KEYS}
     sections = {name: _frozen(getattr(cfg, name)) for name in type(cfg).model_fields if name not in core}
     return P.RunPlan(
         seed=cfg.seed,
@@ -108,14 +117,3 @@ def build_plan(cfg: CoreConfig) -> P.RunPlan:
         config_yaml=dump_config(cfg),
         **parts,
     )
-
-
-def load_plan(source: Any = None, overrides: list[str] | None = None) -> P.RunPlan:
-    """The plan of ``source`` (a YAML path, a mapping, None: the embedded default; also a plan or a loaded config,
-    returned as is, or re-planned with ``overrides``) with ``overrides`` applied (``load_config``'s one-line
-    :class:`~secure_fed.errors.ConfigError` for a bad one)."""
-    if isinstance(source, P.RunPlan):
-        if not overrides:
-            return source
-        source = yaml.safe_load(source.config_yaml)
-    return build_plan(load_config(source, overrides))

@@ -490,7 +490,7 @@ class CoreConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> CoreConfig:
-        from secure_fed.config.plan_builder import build_plan  # the builder imports this module
+        from secure_fed.config.plan_builder import build_plan  # local: the plan imports the algorithms' declarations
 
         validate_stack(build_plan(self))  # the layers' rules read the plan, as every reader outside the config does
         self._check_backend()

@@ -3,14 +3,11 @@ asks an algorithm's parameters instead of testing its name."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from secure_fed.algorithms.capabilities import AlgorithmCapabilities
-
-if TYPE_CHECKING:
-    from secure_fed.plan import RunPlan
 
 #: upper bound of a size-like setting (as the core schema's): a typo should not ask for more than a machine has
 MAX_SIZE = 10_000_000
@@ -46,10 +43,10 @@ class AlgorithmParams(BaseModel):
         """The model carries a text encoder's label embeddings, loaded from disk (not built on the meta device)."""
         return False
 
-    def memory_terms(self, plan: RunPlan, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
+    def memory_terms(self, embedding_dim: int, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
         """Bytes the algorithm adds to the run's memory estimate (:mod:`secure_fed.memory`) for data of ``shape``
-        (a :class:`~secure_fed.memory.DataShape`): terms held for the whole run, and terms of one phase each (a
-        ``round`` entry adds to the round's own term)."""
+        (a :class:`~secure_fed.memory.DataShape`) and rows of ``embedding_dim`` (``model.embedding_dim``): terms held
+        for the whole run, and terms of one phase each (a ``round`` entry adds to the round's own term)."""
         return {}, {}
 
     def w_step_memory_phase(self) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,9 +21,6 @@ from secure_fed.kernel_sizes import (
     TOKEN_BYTES,
     top_k_pair_block_bytes,
 )
-
-if TYPE_CHECKING:
-    from secure_fed.plan import RunPlan
 
 #: what both FedALC variants are: label-set collection at setup and a W step over the sets that DP-SGD can wrap
 _LABEL_SETS = {"has_rows": True, "collects_label_sets": True, "private_w_step": True, "dp_units": DP_UNITS,
@@ -85,11 +82,11 @@ class FedALCParams(_LabelSetParams, RegularizerParams):
             return 12 * (degree + NNDESCENT["pool_extra"]) + 16 * NNDESCENT["reverse"] + 4 * degree
         return 8
 
-    def memory_terms(self, plan: RunPlan, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
+    def memory_terms(self, embedding_dim: int, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
         """Label sets and co-occurrence counts; with ``neighbour_search: approximate`` the server step's index (the
         rows' unit copy and the index's own, its links, the search's results); a round's top-k pair block."""
         held, phase = label_set_terms(shape)
-        C, d, k = shape.labels, plan.model.embedding_dim, self.k
+        C, d, k = shape.labels, embedding_dim, self.k
         if self.neighbour_search == "approximate":
             phase["neighbour index"] = 4 * 2 * C * d + C * self._index_row_bytes() + C * (k + 1) * 12 + C * k * 8
         phase["round"] = top_k_pair_block_bytes(C, k, d)
@@ -118,11 +115,11 @@ class FedALCFixedParams(_LabelSetParams):
     def w_step_memory_phase(self) -> str | None:
         return "eq. 12 pairs"
 
-    def memory_terms(self, plan: RunPlan, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
+    def memory_terms(self, embedding_dim: int, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
         """Label sets and co-occurrence counts; eq. 12 in blocks of rows and chunks of pairs (never C × C): a block
         of rows against all C labels, a chunk of co-occurring pairs and a few C·d tables."""
         held, phase = label_set_terms(shape)
-        C, d = shape.labels, plan.model.embedding_dim
+        C, d = shape.labels, embedding_dim
         block = min(C * C, ROW_BLOCK_ELEMENTS) * FIXED_BLOCKS + PAIR_TENSORS * PAIR_BLOCK_ELEMENTS
         phase["eq. 12 pairs"] = 4 * (block + FIXED_TABLES * C * d)
         phase["round"] = top_k_pair_block_bytes(C, _FIXED_ROUND_K, d)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -10,9 +10,6 @@ from secure_fed.algorithms.capabilities import AlgorithmCapabilities
 from secure_fed.algorithms.params.base import MAX_SIZE, AlgorithmParams
 from secure_fed.algorithms.spec import AlgorithmSpec
 from secure_fed.kernel_sizes import top_k_pair_block_bytes
-
-if TYPE_CHECKING:
-    from secure_fed.plan import RunPlan
 
 
 class RegularizerParams(AlgorithmParams):
@@ -23,9 +20,9 @@ class RegularizerParams(AlgorithmParams):
     k: int = Field(5, ge=1, le=MAX_SIZE, description="negative mining: number of nearest classes per class")
     margin: float = Field(1.0, gt=0.0, le=4.0, description="ν in cosine distance (fedalc eq. 11/12, fedaws eq. 7)")
 
-    def memory_terms(self, plan: RunPlan, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
+    def memory_terms(self, embedding_dim: int, shape: Any) -> tuple[dict[str, float], dict[str, float]]:
         """A round adds one block of the top-k regulariser's pair tensors."""
-        return {}, {"round": top_k_pair_block_bytes(shape.labels, self.k, plan.model.embedding_dim)}
+        return {}, {"round": top_k_pair_block_bytes(shape.labels, self.k, embedding_dim)}
 
 
 class FedAwSParams(RegularizerParams):
