@@ -398,10 +398,7 @@ def _instance_bound(plan: RunPlan) -> tuple[int, str] | None:
 def _explicit_dropout(model: ModelPlan) -> float:
     """``model.ctran.dropout`` as the config set it explicitly; 0 when left at ``auto`` (DP-SGD's steps then run
     without dropout, whatever the rate the plan resolved ``auto`` to)."""
-    ctran = model.ctran
-    # TRANSITIONAL (until every caller passes the plan): a config's ctran section says auto in ``dropout`` itself
-    auto = ctran.dropout == "auto" or getattr(ctran, "dropout_auto", False)
-    return 0.0 if auto else float(ctran.dropout)
+    return 0.0 if model.ctran.dropout_auto else model.ctran.dropout
 
 
 #: the dataset formats of images (``dataset.format``; the core's ``IMAGE_FORMATS``)
