@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from protocols.config_sections import SecureAggregationConfig
 from secure_fed.engine import Experiment
 from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.layers import Bounds, plan_mismatch
@@ -40,7 +41,7 @@ def test_the_server_plan_is_what_the_node_expects(shares):
     assert plan[1]["label"] == "noise share r2" and plan[2]["secagg_round"] == 2
     unit = exp.stack.by_name()["dp"].units["client"]
     # the SecAgg threshold of a complete graph over the whole cohort at this size: ⌈threshold · n⌉
-    t = math.ceil(exp.cfg.secure_aggregation.threshold * len(exp.fed.clients))
+    t = math.ceil(exp.plan.part(SecureAggregationConfig).threshold * len(exp.fed.clients))
     assert plan[1]["std"] == pytest.approx(unit.sigma * 0.5 / math.sqrt(t), rel=1e-12)  # σ·S/√t
     node.stack.check_client_plan(plan, round_idx=2)  # passes
 
@@ -105,7 +106,7 @@ def test_a_node_holding_the_secagg_threshold_bounds_the_share_by_it(shares):
     layer = node.stack.by_name()["secure_aggregation"]
     cid = 0
     n = len(exp.fed.clients)
-    t = math.ceil(node.cfg.secure_aggregation.threshold * n)  # the complete graph at this size: n − 1 neighbours
+    t = math.ceil(node.plan.part(SecureAggregationConfig).threshold * n)  # the complete graph at this size: n − 1 neighbours
     layer.client_stage({"secagg": "advertise", "secagg_round": 2, "secagg_neighbours": [c for c in range(n) if c != cid],
                         "secagg_threshold": t}, node.fed.clients[cid])  # fmt: skip
     try:
@@ -126,7 +127,7 @@ def test_a_node_refuses_a_secagg_threshold_its_config_does_not_give(shares):
     exp, node, _ = shares
     layer = node.stack.by_name()["secure_aggregation"]
     n = len(exp.fed.clients)
-    t = math.ceil(node.cfg.secure_aggregation.threshold * n)
+    t = math.ceil(node.plan.part(SecureAggregationConfig).threshold * n)
     for bad in (t - 1, t + 1):
         with pytest.raises(PermissionError, match=f"threshold {bad} is not the {t}"):
             layer.client_stage({"secagg": "advertise", "secagg_round": 2, "secagg_neighbours": list(range(1, n)),

@@ -11,6 +11,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as privacy_analysis
 from scipy import stats
 
+from protocols.config_sections import SecureAggregationConfig
 from protocols.dp.accountant import RDP_ORDERS
 from protocols.dp.layer import DifferentialPrivacy
 from protocols.randomness import SecretStream
@@ -82,7 +83,7 @@ def _client_share_sum(exp: Experiment, round_idx: int = 0) -> torch.Tensor:
 def _secagg_t(exp: Experiment) -> int:
     from protocols.secagg.protocol import threshold_for
 
-    return threshold_for(len(exp.fed.clients), exp.cfg.secure_aggregation.threshold)
+    return threshold_for(len(exp.fed.clients), exp.plan.part(SecureAggregationConfig).threshold)
 
 
 @pytest.mark.parametrize("seeded", [False, True])

@@ -136,7 +136,7 @@ def test_instance_epsilon_composes_both_mechanisms_as_opacus_does(tmp_path):
     assert int(np.asarray(exp.dataset.train.labels.sum(axis=1)).max()) > 3
     assert _clients_of_instances(exp).max() == 3
     k = 3
-    local_steps = rounds * k * exp.cfg.training.local_epochs * 2  # round(1 / 0.5) = 2 steps an epoch
+    local_steps = rounds * k * exp.plan.training.local_epochs * 2  # round(1 / 0.5) = 2 steps an epoch
     assert mech["client_training"]["steps"] == local_steps and mech["server_w_step"]["steps"] == rounds
     acc = RDPAccountant()
     acc.history = [

@@ -71,7 +71,7 @@ def test_the_server_sum_carries_the_central_noise_once_not_once_per_client(tmp_p
     _, all_ten = summed(n)
     assert all_ten.var().item() / central == pytest.approx(n / t, rel=band)
     # public divisors: θ's mean is −η·Σ(s + Z)/(B·n̄), n̄ the expected cohort (here every client of the federation)
-    tr = e.cfg.training
+    tr = e.plan.training
     assert agg.theta_denominator == pytest.approx(len(e.fed.clients) * tr.batch_size / tr.client_lr)
     # noise: local — every client adds the full σ(C + γ√d) to its own step: the same 6 clients' sum has 6× the variance
     stream = SecretStream.for_party(7, "client")

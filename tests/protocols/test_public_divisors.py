@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from protocols.config_sections import PrivacyConfig
 from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from tests.conftest import small_config, small_plan
@@ -51,8 +52,8 @@ def test_the_w_step_releases_the_same_distribution_on_n_and_n_minus_1_label_sets
     assert not torch.equal(a, exp.W)  # noise moved W
     assert torch.equal(a, b)  # the same draw divided by the same public B̄: the same output
     # the released step's noise std on both sides, and the χ² divergence between them: exactly 0
-    bbar = exp.cfg.privacy.instance.divisor(exp.cfg.dataset)
-    assert bbar == pytest.approx(0.2 * exp.cfg.dataset.synthetic.num_train)
+    bbar = exp.plan.part(PrivacyConfig).instance.divisor(exp.plan.dataset)
+    assert bbar == pytest.approx(0.2 * exp.plan.dataset.synthetic.num_train)
     std_n = std_m = 1.0 * 2 * 1.0 / bbar  # σ · 2C / B̄ on each side (no count enters)
     assert chi2_gaussians(std_n, std_m) == 0.0
     # what the old divisor q·n_all gave on Bibtex's scale: a positive divergence per step, at any σ
