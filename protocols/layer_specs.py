@@ -398,8 +398,7 @@ def _instance_bound(plan: RunPlan) -> tuple[int, str] | None:
 def _explicit_dropout(model: ModelPlan) -> float:
     """``model.ctran.dropout`` as the config set it explicitly; 0 when left at ``auto`` (DP-SGD's steps then run
     without dropout, whatever the rate the plan resolved ``auto`` to)."""
-    ctran = model.ctran
-    return 0.0 if ctran.dropout_auto else float(ctran.dropout)
+    return 0.0 if model.ctran.dropout_auto else model.ctran.dropout
 
 
 #: the dataset formats of images (``dataset.format``; the core's ``IMAGE_FORMATS``)

@@ -86,7 +86,7 @@ _LAZY = {
     # --- update forms & deltas
     "dense_delta": "secure_fed.models.sparse_rows",  # a client update's delta as dense tensors (row-sparse expanded)
     "payload_digest": "secure_fed.engine.message_digest",  # the SHA-256 of a payload (a client retrains only the same)
-    # --- secret streams and settings
+    # --- secret settings (a field whose value a release leaves out: a seed of DP noise, of the SecAgg graph)
     "SECRET": "secure_fed.secret_settings",  # the marker of a secret config field (``json_schema_extra=SECRET``)
     # --- the guard's message rules (the keys a layer adds to downlinks and uplinks)
     "ByteList": "secure_fed.messages",  # a list of short byte strings (instance tokens, label pseudonyms)

@@ -59,10 +59,11 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 from scipy.stats import norm
 
 from protocols.dp.mechanisms import ORDERS
-from secure_fed.config import build_plan, load_config
+from secure_fed.config import load_plan
 from secure_fed.data import MultiLabelSplit
 from secure_fed.data.from_config import build_dataset
 from secure_fed.engine import Experiment
+from secure_fed.plan import RunPlan
 from tests.protocols.worst_case_combinations import CLIENT_CLIP, GENERAL, INSTANCE_CLIP, LOCAL_CLIP, Combination
 
 #: the scale of r's features: its per-sample gradients and its clients' updates far above the clip norm
@@ -111,12 +112,12 @@ class Verdict:
 
 
 # ---------------------------------------------------------------------------------------------------- the pair
-def worst_case_pair(cfg, bound: int | None):
+def worst_case_pair(plan: RunPlan, bound: int | None):
     """(D, D⁻, r): r's label set is unique, it has ``bound`` labels (or 2, or the nearest count there is), and each
     of its labels keeps exactly one other instance in D (the synthetic set thinned: the other instances with r's labels
     are left out of both neighbours, unless a label would lose its last instance), so that r weighs on its clients'
     updates; r's features are scaled by :data:`FEATURE_SCALE` (its per-sample gradients at the clip norm); D⁻ = D − r."""
-    ds = build_dataset(cfg)
+    ds = build_dataset(plan)
     y = sp.csr_matrix(ds.train.labels)
     per_label = np.asarray(y.sum(axis=0)).ravel()
     keys = [tuple(int(j) for j in y.indices[y.indptr[i] : y.indptr[i + 1]]) for i in range(y.shape[0])]
@@ -185,9 +186,9 @@ def _flat(sums: dict[str, torch.Tensor]) -> np.ndarray:
 
 
 def run_round(
-    cfg, ds, run_dir: Path, *, noise_off: bool, mutate=None, other_sets: set | None = None
+    plan: RunPlan, ds, run_dir: Path, *, noise_off: bool, mutate=None, other_sets: set | None = None
 ) -> tuple[Experiment, Record]:
-    """Round 1 of ``cfg`` on ``ds``, with the mechanisms' inputs recorded (and the noise off, every draw taken).
+    """Round 1 of ``plan`` on ``ds``, with the mechanisms' inputs recorded (and the noise off, every draw taken).
     ``other_sets``: the neighbour's label sets; the W step's clipped sum is then also taken, at the same W, without
     the sets the neighbour lacks (the removed instance's contribution, free of what client training changed)."""
     from protocols.dp import adaptive_clipping, client_release, discrete_gaussian, layer, w_step_release
@@ -262,7 +263,7 @@ def run_round(
             mp.setattr(cls, "finish", recorded)
         apply_plan = client_release.apply_client_plan
 
-        def plan(reply, steps, *, data, layers):
+        def recorded_plan(reply, steps, *, data, layers):
             out = apply_plan(reply, steps, data=data, layers=layers)
             upd = {f"theta.{n}": t.detach().double().cpu().clone() for n, t in out.get("theta_delta", {}).items()}
             if "rows_delta" in out:
@@ -273,7 +274,7 @@ def run_round(
             rec.updates[int(data.client_id)] = upd
             return out
 
-        mp.setattr(client_release, "apply_client_plan", plan)
+        mp.setattr(client_release, "apply_client_plan", recorded_plan)
         aggregate = client_release.noise_aggregate
 
         def noised(agg, **kw):
@@ -284,7 +285,7 @@ def run_round(
             return aggregate(agg, **kw)
 
         mp.setattr(client_release, "noise_aggregate", noised)
-        exp = Experiment(build_plan(cfg), run_dir=run_dir, dataset=ds)
+        exp = Experiment(plan, run_dir=run_dir, dataset=ds)
         exp.run(progress=False)
     return exp, rec
 
@@ -459,42 +460,42 @@ SAMPLE_KNOWN_TO_SERVER = {"w_step", "client_server_noise", "client_noise_shares"
 CLIENT_KINDS = {"client_server_noise", "client_noise_shares", "adaptive_clipping", "client_tree"}
 
 
-def _same_clients(c: Combination, cfg, d, r: int, tmp: Path):
-    """side → the run's config. A general partition (iid, cmda) deals the instances to clients from the data set's
+def _same_clients(c: Combination, plan: RunPlan, d, r: int, tmp: Path):
+    """side → the run's plan. A general partition (iid, cmda) deals the instances to clients from the data set's
     size, so D⁻ would be dealt anew: both neighbours run instead on D's partition, read from a client-id file
     (``partition: natural``, the same path in both configs, so config.yaml stays identical), D⁻'s without r's line."""
     if c.family not in GENERAL:
-        return lambda side: cfg
+        return lambda side: plan
     from secure_fed.data import partitioner_from_config
 
-    shards = partitioner_from_config(cfg.partition, seed=cfg.seed).partition(d.train, np.random.default_rng([cfg.seed, 11]))
+    shards = partitioner_from_config(plan.partition, seed=plan.seed).partition(d.train, np.random.default_rng([plan.seed, 11]))
     ids = np.empty(d.train.num_instances, dtype=np.int64)
     for s in shards:
         ids[s.indices] = s.client_id
     path = tmp / "client_ids.txt"
-    side_cfg = load_config(overrides=[*c.overrides(), "partition.name=natural", f"partition.client_ids_file={path}"])
+    side_plan = load_plan(overrides=[*c.overrides(), "partition.name=natural", f"partition.client_ids_file={path}"])
 
-    def config_for(side: str):
+    def plan_for(side: str):
         rows = ids if side == "D" else np.delete(ids, r)
         tmp.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(f"{i}\n" for i in rows))
-        return side_cfg
+        return side_plan
 
-    return config_for
+    return plan_for
 
 
 def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Verdict:
     """Run the worst-case check of ``c`` under ``tmp``; ``mutate(monkeypatch)`` applies a mutant to every run."""
     v = Verdict(c)
-    cfg = load_config(overrides=c.overrides())
-    d, minus, r, labels = worst_case_pair(cfg, c.bound)
+    plan = load_plan(overrides=c.overrides())
+    d, minus, r, labels = worst_case_pair(plan, c.bound)
     v.figures["removed"] = {"index": r, "labels": [int(x) for x in labels]}
-    config_for = _same_clients(c, cfg, d, r, tmp)
+    plan_for = _same_clients(c, plan, d, r, tmp)
     runs = {}
     for noise_off, (side, ds) in product((False, True), (("D-", minus), ("D", d))):  # D⁻ first
         tag = ("off-" if noise_off else "") + side.replace("-", "minus")
         others = runs[(True, "D-")][1].w_sets[0] if noise_off and side == "D" and runs[(True, "D-")][1].w_sets else None
-        exp_rec = run_round(config_for(side), ds, tmp / tag, noise_off=noise_off, mutate=mutate, other_sets=others)
+        exp_rec = run_round(plan_for(side), ds, tmp / tag, noise_off=noise_off, mutate=mutate, other_sets=others)
         runs[(noise_off, side)] = (*exp_rec, tmp / tag)
     # (a)
     v.failures += released_diff({side: (runs[(False, side)][0], runs[(False, side)][2]) for side in ("D", "D-")})
@@ -538,7 +539,7 @@ def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Ver
     if client and off["D"].client_std:
         kind = client.pop()
         std, rows = off["D"].client_std[0]
-        num_rows = int(cfg.dataset.synthetic.num_labels)
+        num_rows = int(plan.dataset.synthetic.num_labels)
         group = [cid for cid in off["D"].updates if cid in off["D-"].updates]
         vecs = {s: {cid: _update_vector(off[s].updates[cid], num_rows, rows) for cid in group} for s in ("D", "D-")}
         moved = sorted((float(np.linalg.norm(vecs["D"][cid] - vecs["D-"][cid])), cid) for cid in group)
