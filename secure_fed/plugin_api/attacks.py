@@ -154,9 +154,9 @@ def plan_of(exp: Any) -> RunPlan:
     """The plan a run (an :class:`Experiment`, or the run context a callback reads) was built from."""
     from secure_fed.plan import RunPlan
 
-    plan = getattr(exp, "plan", None)
-    if isinstance(plan, RunPlan):
-        return plan
+    for name in ("plan", "cfg"):  # the run's plan, under either name
+        if isinstance(plan := getattr(exp, name, None), RunPlan):
+            return plan
     # TRANSITIONAL (issue 54): the run still holds its config (plan-core's branch gives it its plan)
     from secure_fed.config import build_plan
 

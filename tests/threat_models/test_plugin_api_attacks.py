@@ -103,3 +103,15 @@ def test_the_noise_free_replay_is_the_run_without_attacks_and_noise():
     assert (p.client.noise_multiplier, p.client.target_epsilon, p.client.clip_norm) == (1e-9, None, 0.5)
     assert p.local is None and p.instance is None and attacks_of(replay).names() == []
     assert (replay.seed, replay.protocols, replay.training) == (plan.seed, plan.protocols, plan.training)
+
+
+def test_a_runs_plan_is_found_under_either_name():
+    from types import SimpleNamespace
+
+    from secure_fed.config import load_config
+    from secure_fed.plugin_api.attacks import plan_of
+
+    plan = load_plan(overrides=["seed=4"])
+    assert plan_of(SimpleNamespace(plan=plan)) is plan and plan_of(SimpleNamespace(cfg=plan)) is plan
+    # TRANSITIONAL: a run that holds its config still gives that config's plan
+    assert plan_of(SimpleNamespace(cfg=load_config(overrides=["seed=4"]))).config_yaml == plan.config_yaml
