@@ -123,23 +123,6 @@ def __getattr__(name: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- stable helpers
-def _core(plan: RunPlan) -> Any:
-    """What the core's builders take for ``plan``.
-
-    TRANSITIONAL (issue 54): until the engine, the sweep and the builders take the plan (plan-core's branch), they take
-    the config: rebuilt here from the plan's own YAML, exactly the config the plan was built from. After that merge this
-    returns ``plan`` (one line), and the helpers below keep their signatures."""
-    from secure_fed.plan import RunPlan
-
-    if not isinstance(plan, RunPlan):
-        return plan  # a caller not yet converted passed a config
-    import yaml
-
-    from secure_fed.config import load_config
-
-    return load_config(yaml.safe_load(plan.config_yaml))
-
-
 def plan_variant(plan: RunPlan, overrides: list[str]) -> RunPlan:
     """``plan`` with ``overrides`` applied (``key=value``, as ``--set``), validated and resolved again: a variant of a
     run (a shadow run, a re-run without a layer). A bad override raises :class:`ConfigError` (one line)."""
@@ -150,19 +133,6 @@ def plan_variant(plan: RunPlan, overrides: list[str]) -> RunPlan:
     return load_plan(yaml.safe_load(plan.config_yaml), list(overrides))
 
 
-def plan_of(exp: Any) -> RunPlan:
-    """The plan a run (an :class:`Experiment`, or the run context a callback reads) was built from."""
-    from secure_fed.plan import RunPlan
-
-    for name in ("plan", "cfg"):  # the run's plan, under either name
-        if isinstance(plan := getattr(exp, name, None), RunPlan):
-            return plan
-    # TRANSITIONAL (issue 54): the run still holds its config (plan-core's branch gives it its plan)
-    from secure_fed.config import build_plan
-
-    return build_plan(exp.cfg)
-
-
 def build_experiment(plan: RunPlan, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None,
                      callbacks: Any = ()) -> Experiment:  # fmt: skip
     """The run ``plan`` describes, built in ``run_dir`` and not trained: ``.run()`` trains it, ``.resume()`` loads its
@@ -170,7 +140,7 @@ def build_experiment(plan: RunPlan, *, run_dir: str | Path, data_root: str | Non
     ``callbacks``: the caller's own, beside the registered ones."""
     from secure_fed.engine import Experiment
 
-    return Experiment(_core(plan), run_dir=run_dir, data_root=data_root, dataset=dataset, callbacks=callbacks)
+    return Experiment(plan, run_dir=run_dir, data_root=data_root, dataset=dataset, callbacks=callbacks)
 
 
 def run_cached(plan: RunPlan, run_dir: str | Path, *, data_root: str | None = None, progress: bool = False) -> dict[str, Any]:
@@ -178,7 +148,7 @@ def run_cached(plan: RunPlan, run_dir: str | Path, *, data_root: str | None = No
     (returned as is); an unfinished one is resumed. A run of other settings there raises :class:`SecureFedError`."""
     from secure_fed.sweep import run_cached as _run_cached
 
-    return _run_cached(_core(plan), run_dir, data_root=data_root, progress=progress)
+    return _run_cached(plan, run_dir, data_root=data_root, progress=progress)
 
 
 def cached_summary(plan: RunPlan, run_dir: str | Path) -> dict[str, Any] | None:
@@ -186,7 +156,7 @@ def cached_summary(plan: RunPlan, run_dir: str | Path) -> dict[str, Any] | None:
     settings there raises :class:`SecureFedError`."""
     from secure_fed.sweep import cached_summary as _cached_summary
 
-    return _cached_summary(_core(plan), run_dir)
+    return _cached_summary(plan, run_dir)
 
 
 def build_model(plan: RunPlan, dataset: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> torch.nn.Module:
@@ -194,14 +164,14 @@ def build_model(plan: RunPlan, dataset: MultiLabelDataset, *, cache_dir: str | P
     public, it follows from the seed)."""
     from secure_fed.engine.builders import build_model as _build_model
 
-    return _build_model(_core(plan), dataset, cache_dir=cache_dir)
+    return _build_model(plan, dataset, cache_dir=cache_dir)
 
 
 def build_dataset(plan: RunPlan, data_root: str | None = None) -> MultiLabelDataset:
     """The data ``plan`` configures, loaded (from ``data_root``, else the data folder's default)."""
     from secure_fed.data.from_config import build_dataset as _build_dataset
 
-    return _build_dataset(_core(plan), data_root)
+    return _build_dataset(plan, data_root)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -260,7 +230,6 @@ __all__ = [
     "public",
     "release_fields",
     "plan_variant",
-    "plan_of",
     "build_experiment",
     "run_cached",
     "cached_summary",

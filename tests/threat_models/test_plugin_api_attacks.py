@@ -44,12 +44,11 @@ def test_a_plan_variant_applies_its_overrides_and_leaves_the_plan_alone():
 
 
 def test_a_run_built_from_a_plan_is_that_plans_run(tmp_path):
-    from secure_fed.plugin_api.attacks import build_experiment, plan_of
+    from secure_fed.plugin_api.attacks import build_experiment
 
     plan = load_plan(overrides=["training.rounds=2", "seed=5", "protocols=[keyed_hashing]"])
     exp = build_experiment(plan, run_dir=tmp_path / "run")
-    assert plan_of(exp).config_yaml == plan.config_yaml
-    assert (plan_of(exp).seed, plan_of(exp).protocols) == (5, ("keyed_hashing",))
+    assert exp.plan is plan and (exp.plan.seed, exp.plan.protocols) == (5, ("keyed_hashing",))
 
 
 def test_the_attacks_memory_terms_read_the_plan():
@@ -103,15 +102,3 @@ def test_the_noise_free_replay_is_the_run_without_attacks_and_noise():
     assert (p.client.noise_multiplier, p.client.target_epsilon, p.client.clip_norm) == (1e-9, None, 0.5)
     assert p.local is None and p.instance is None and attacks_of(replay).names() == []
     assert (replay.seed, replay.protocols, replay.training) == (plan.seed, plan.protocols, plan.training)
-
-
-def test_a_runs_plan_is_found_under_either_name():
-    from types import SimpleNamespace
-
-    from secure_fed.config import load_config
-    from secure_fed.plugin_api.attacks import plan_of
-
-    plan = load_plan(overrides=["seed=4"])
-    assert plan_of(SimpleNamespace(plan=plan)) is plan and plan_of(SimpleNamespace(cfg=plan)) is plan
-    # TRANSITIONAL: a run that holds its config still gives that config's plan
-    assert plan_of(SimpleNamespace(cfg=load_config(overrides=["seed=4"]))).config_yaml == plan.config_yaml
