@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from clipping_layer.config import ClippingSection
-from secure_fed.plugin_specs import LayerSpec, layer_specs
+from secure_fed.plugin_api.layers import LayerSpec, layer_specs
 
 if TYPE_CHECKING:
-    from secure_fed.plan import RunPlan
+    from secure_fed.plugin_api.layers import RunPlan
 
 
 def clipping_settings(plan: RunPlan) -> ClippingSection:
