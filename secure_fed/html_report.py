@@ -153,6 +153,7 @@ def released(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def has_operator_columns(rows: list[dict[str, Any]]) -> bool:
+    """Whether any row holds an operator-only column (``operator.…``: computed from the members, never released)."""
     return any(k.startswith(OPERATOR_PREFIX) for r in rows for k in r)
 
 

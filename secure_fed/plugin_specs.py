@@ -141,10 +141,12 @@ class AttackSpec:
 
 
 def layer_specs() -> dict[str, LayerSpec]:
+    """The registered protocol layers' specs, by name (the ``secure_fed.layers`` entry points)."""
     return registry("layers")
 
 
 def attack_specs() -> dict[str, AttackSpec]:
+    """The registered attacks' specs, by name (the ``secure_fed.attacks`` entry points), in registry order."""
     return registry("attacks")
 
 

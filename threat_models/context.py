@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from protocols.config_sections import KeyedHashingConfig
-from secure_fed.plugin_api.attacks import SecureFedError, load_checkpoint_file, plan_of
+from secure_fed.plugin_api.attacks import SecureFedError, load_checkpoint_file
 from threat_models.base import Role
 from threat_models.recording import recording_of
 from threat_models.views import ClientView, ObserverView, RoundCapture, ServerView
@@ -26,7 +26,7 @@ class AuditContext:
     def __init__(self, exp):
         self.exp = exp
         #: the run's settings
-        self.plan = plan_of(exp)
+        self.plan = exp.plan
         self.dataset = exp.dataset
         self.fed = exp.fed
         taps = recording_of(exp)

@@ -37,7 +37,6 @@ from secure_fed.plugin_api.attacks import (
     group_key,
     linear_chain,
     long_lived_frozen,
-    plan_of,
     train_group,
 )
 
@@ -177,7 +176,7 @@ def train_shadows_together(runs: dict[int, Any], *, on_done: Callable[[int, Any]
     each shadow round done. Returns the cohort (its counts of batched and one-at-a-time updates)."""
     keys = list(runs)
     exps = [runs[k] for k in keys]
-    cohort = ShadowCohort(chunk_clients=plan_of(exps[0]).training.chunk_clients if exps else None)
+    cohort = ShadowCohort(chunk_clients=exps[0].plan.training.chunk_clients if exps else None)
     seen = [0]
 
     def advance() -> None:

@@ -133,16 +133,6 @@ def plan_variant(plan: RunPlan, overrides: list[str]) -> RunPlan:
     return load_plan(yaml.safe_load(plan.config_yaml), list(overrides))
 
 
-def plan_of(exp: Any) -> RunPlan:
-    """The plan a run (an :class:`Experiment`, or the run context a callback reads) was built from."""
-    from secure_fed.plan import RunPlan
-
-    plan = exp.plan
-    if not isinstance(plan, RunPlan):
-        raise TypeError(f"{type(exp).__name__}.plan is not a RunPlan")
-    return plan
-
-
 def build_experiment(plan: RunPlan, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None,
                      callbacks: Any = ()) -> Experiment:  # fmt: skip
     """The run ``plan`` describes, built in ``run_dir`` and not trained: ``.run()`` trains it, ``.resume()`` loads its
@@ -240,7 +230,6 @@ __all__ = [
     "public",
     "release_fields",
     "plan_variant",
-    "plan_of",
     "build_experiment",
     "run_cached",
     "cached_summary",

@@ -44,12 +44,11 @@ def test_a_plan_variant_applies_its_overrides_and_leaves_the_plan_alone():
 
 
 def test_a_run_built_from_a_plan_is_that_plans_run(tmp_path):
-    from secure_fed.plugin_api.attacks import build_experiment, plan_of
+    from secure_fed.plugin_api.attacks import build_experiment
 
     plan = load_plan(overrides=["training.rounds=2", "seed=5", "protocols=[keyed_hashing]"])
     exp = build_experiment(plan, run_dir=tmp_path / "run")
-    assert plan_of(exp).config_yaml == plan.config_yaml
-    assert (plan_of(exp).seed, plan_of(exp).protocols) == (5, ("keyed_hashing",))
+    assert exp.plan is plan and (exp.plan.seed, exp.plan.protocols) == (5, ("keyed_hashing",))
 
 
 def test_the_attacks_memory_terms_read_the_plan():

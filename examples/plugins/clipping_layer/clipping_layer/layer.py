@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 
-from secure_fed.plugin_api import dense_delta
-from secure_fed.plugin_api.layers import ClientSide, ProtocolLayer
+from secure_fed.plugin_api.layers import ClientSide, ProtocolLayer, dense_delta
 
 
 def clip(reply: dict, max_norm: float) -> dict:
