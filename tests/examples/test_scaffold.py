@@ -197,3 +197,41 @@ def test_the_vectorised_executor_trains_scaffold_clients_together_as_the_sequent
         assert (STATE_KEY in cv.state) == (STATE_KEY in cs.state)
         if STATE_KEY in cs.state:
             assert relative_error(cv.state[STATE_KEY], cs.state[STATE_KEY]) < 1e-4
+
+
+def test_the_client_update_and_its_new_control_variate_are_the_papers(plugin_path):
+    """Independent computation (Algorithm 1, option II) for one client with a server ĉ and its own c_i: K full-batch
+    steps y ← y − η(∇F(y) − c_i + c), c = ĉ/(Kη), written out with autograd, and c_i⁺ = c_i − c + (x − y)/(Kη)."""
+    from scaffold.algorithm import STATE_KEY, ControlVariates
+
+    torch.manual_seed(0)
+    lr, steps = 0.1, 4
+    model = LinearHeadModel(nn.Sequential(nn.Linear(6, 8), nn.ReLU()), 8, 4)
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
+    control = {n: 0.2 * torch.randn_like(t) for n, t in theta.items()}
+    c_i = {n: 0.5 * torch.randn_like(t) for n, t in theta.items()}
+    x, y = torch.randn(12, 6), torch.rand(12, 4) < 0.3
+    data = ClientData(0, x, y, torch.arange(4), None, num_labels=4, state={STATE_KEY: c_i})
+    hp = LocalTraining(epochs=steps, batch_size=12, lr=lr)
+    payload = {"theta": theta, "train_rows": False, "loss": "bce"}
+    trainer = LocalTrainer(model, LinearHead())
+    got = trainer.update_one(payload, data, hp, torch.Generator().manual_seed(0), None, ControlVariates(control))
+
+    k_eta = steps * lr
+    c = {n: t / k_eta for n, t in control.items()}
+    ref = LinearHeadModel(nn.Sequential(nn.Linear(6, 8), nn.ReLU()), 8, 4)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            p.copy_(theta[n])
+    names = [n for n, _ in ref.named_parameters()]
+    for _ in range(steps):
+        grads = torch.autograd.grad(bce_loss(ref(x), y), list(ref.parameters()))
+        with torch.no_grad():
+            for n, p, g in zip(names, ref.parameters(), grads, strict=True):
+                p -= lr * (g - c_i[n] + c[n])
+    plain = LocalTrainer(model, LinearHead()).update_one(payload, data, hp, torch.Generator().manual_seed(0))["theta_delta"]
+    for n, p in ref.named_parameters():
+        want = p.detach() - theta[n]
+        torch.testing.assert_close(got["theta_delta"][n], want, atol=1e-6, rtol=1e-5)
+        assert float((want - plain[n]).abs().max()) > 1e-2  # the correction's share ≫ the tolerance
+        torch.testing.assert_close(data.state[STATE_KEY][n], c_i[n] - c[n] - want / k_eta, atol=1e-5, rtol=1e-5)
