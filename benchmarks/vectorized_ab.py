@@ -7,12 +7,14 @@ started from (A) against this checkout (B), measured in the same run.
 A git worktree of ``--base`` (default: ``main``'s merge base with HEAD) is made in a temporary folder. Then ``--reps``
 pairs of child processes run, A and B alternating (A first in even pairs, B first in odd ones, so drift on a shared
 machine falls on both), each with ``PYTHONPATH`` set to its own tree and one thread (``OMP_NUM_THREADS=1``,
-``torch.set_num_threads(1)``). Each child times both executors **in one process** with that tree's own
-``benchmarks/executors.py`` (``seconds_per_round``: one experiment per executor, one warm-up round each, then
-``--rounds`` rounds of each interleaved) on ``experiments/configs/bibtex_fedalc.yaml`` with ``training.client_fraction``
-(default 0.25: about 40 of the 159 clients a round, to keep the whole run within a few minutes) and ``--set``
-overrides, and reports its speed-up (sequential s/round ÷ vectorised s/round). Prints every child's figures, the
-median speed-up of A and of B, and their ratio B/A (≥ 1: the vectorised speed-up did not drop).
+``torch.set_num_threads(1)``). Each child times both executors **in one process** (one experiment per executor, one
+warm-up round each, then ``--rounds`` rounds of each interleaved, as ``benchmarks/executors.py`` does) on
+``experiments/configs/bibtex_fedalc.yaml`` with ``training.client_fraction`` (default 0.25: about 40 of the 159
+clients a round, to keep the whole run within about 5 minutes) and ``--set`` overrides, and reports its speed-up
+(sequential s/round ÷ vectorised s/round) by two clocks: the process's CPU time (one thread, so the round's own work;
+the figure to read on a shared machine, where other processes stretch the wall clock) and the wall clock. Prints
+every child's figures, the median speed-up of A and of B, and their ratio B/A (≥ 1: the vectorised speed-up did not
+drop).
 """
 
 from __future__ import annotations
@@ -29,19 +31,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "experiments/configs/bibtex_fedalc.yaml"
 
-#: the child: both executors timed in one process on its own tree's code
+#: the child: both executors timed in one process on its own tree's code. As ``benchmarks/executors.py``'s
+#: ``seconds_per_round``: one experiment per executor, one warm-up round each, then the timed rounds interleaved
+#: (sequential, vectorised, sequential, …); each round timed by the wall clock and by the process's CPU time (one
+#: thread: the CPU time is the round's own work, which other processes on a shared machine do not stretch)
 CHILD = """
-import json, runpy, sys
+import gc, json, sys, tempfile, time
+from pathlib import Path
 import torch
 torch.set_num_threads(1)
 import secure_fed
+from secure_fed.config import load_config
+from secure_fed.engine import Experiment
+from secure_fed.engine.collector import long_lived_frozen
 tree, config, overrides, rounds = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 assert secure_fed.__file__.startswith(tree), (secure_fed.__file__, tree)
-bench = runpy.run_path(tree + "/benchmarks/executors.py")
-secs, exps, times = bench["seconds_per_round"](tree + "/" + config, overrides, ("sequential", "vectorized"), rounds)
-report = exps["vectorized"].executor.report()
-print(json.dumps({"s_per_round": secs, "round_seconds": times, "executor": report,
-                  "clients": sum(1 for _ in exps["vectorized"].fed.clients)}))
+executors = ("sequential", "vectorized")
+wall = {ex: [] for ex in executors}
+cpu = {ex: [] for ex in executors}
+with tempfile.TemporaryDirectory() as tmp:
+    exps = {}
+    for ex in executors:
+        cfg = load_config(tree + "/" + config, [*overrides, f"training.executor={ex}", "output.progress=false"])
+        exps[ex] = Experiment(cfg, run_dir=Path(tmp) / ex)
+        exps[ex].setup()
+        exps[ex].train_round()  # warm-up
+    with long_lived_frozen():
+        for _ in range(rounds):
+            for ex in executors:
+                w0, c0 = time.perf_counter(), time.process_time()
+                exps[ex].train_round()
+                wall[ex].append(time.perf_counter() - w0)
+                cpu[ex].append(time.process_time() - c0)
+    report = exps["vectorized"].executor.report()
+print(json.dumps({"wall": wall, "cpu": cpu, "executor": report}))
 """
 
 
@@ -57,7 +80,9 @@ def child(tree: Path, overrides: list[str], rounds: int, data_root: str) -> dict
     if r.returncode != 0:
         raise SystemExit(f"error: the child on {tree} failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    out["speedup"] = out["s_per_round"]["sequential"] / out["s_per_round"]["vectorized"]
+    for clock in ("wall", "cpu"):
+        out[f"{clock}_s_per_round"] = {ex: statistics.mean(t) for ex, t in out[clock].items()}
+        out[f"{clock}_speedup"] = out[f"{clock}_s_per_round"]["sequential"] / out[f"{clock}_s_per_round"]["vectorized"]
     return out
 
 
@@ -89,18 +114,21 @@ def main() -> None:
             for which in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 r = child(trees[which], overrides, args.rounds, args.data_root)
                 results[which].append(r)
-                s = r["s_per_round"]
-                print(f"pair {i + 1} {which}: sequential {s['sequential']:.3f} s/round, vectorized {s['vectorized']:.3f} "
-                      f"s/round, speed-up {r['speedup']:.2f}× (batched {r['executor']['updates_batched']}, one at a time "
+                w, c = r["wall_s_per_round"], r["cpu_s_per_round"]
+                print(f"pair {i + 1} {which}: CPU s/round sequential {c['sequential']:.3f}, vectorized {c['vectorized']:.3f}, "
+                      f"speed-up {r['cpu_speedup']:.2f}×; wall {w['sequential']:.3f} / {w['vectorized']:.3f} s, "
+                      f"{r['wall_speedup']:.2f}× (batched {r['executor']['updates_batched']}, one at a time "
                       f"{r['executor']['updates_one_at_a_time']})")  # fmt: skip
     finally:
         git("worktree", "remove", "--force", str(trees["A"]))
-    med = {w: statistics.median(r["speedup"] for r in rs) for w, rs in results.items()}
     print(f"config {CONFIG} {' '.join(overrides)}; {args.rounds} timed rounds per executor per child, 1 thread")
-    ups = {w: ", ".join(f"{r['speedup']:.2f}" for r in rs) for w, rs in results.items()}
-    print(f"A ({base[:7]}): speed-ups {ups['A']}; median {med['A']:.2f}×")
-    print(f"B ({head}{dirty}): speed-ups {ups['B']}; median {med['B']:.2f}×")
-    print(f"ratio B/A of the median speed-ups: {med['B'] / med['A']:.3f}")
+    med = {}
+    for clock in ("cpu", "wall"):
+        med[clock] = {w: statistics.median(r[f"{clock}_speedup"] for r in rs) for w, rs in results.items()}
+        ups = {w: ", ".join(f"{r[f'{clock}_speedup']:.2f}" for r in rs) for w, rs in results.items()}
+        ratio = med[clock]["B"] / med[clock]["A"]
+        print(f"{clock} clock: A ({base[:7]}) speed-ups {ups['A']}, median {med[clock]['A']:.2f}×; B ({head}{dirty}) "
+              f"speed-ups {ups['B']}, median {med[clock]['B']:.2f}×; ratio B/A {ratio:.3f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"base": base, "head": head, "overrides": overrides, "results": results,
                                                "median_speedup": med}, indent=2))  # fmt: skip

@@ -143,3 +143,28 @@ def test_without_the_affine_term_the_closed_form_is_the_plain_update():
         assert relative_error(x["theta_delta"], p["theta_delta"]) < 1e-9
         if d.num_examples:
             assert relative_error(y["theta_delta"], p["theta_delta"]) > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_clients_with_their_own_theta_and_affine_terms_train_as_the_reference(kind):
+    """A cohort of federations (each client its own θ, one group): the term's anchor defaults to each client's own θ,
+    and an explicit anchor's constant a(θ_j − anchor_j) is formed from each client's θ."""
+    model, base, clients, _ = _setup(3)
+    thetas = {d.client_id: {n: t + 0.5 * torch.randn_like(t) for n, t in base.items()} for d in clients}
+    rows = F.normalize(torch.randn(4, 8, dtype=torch.float64), dim=-1)
+
+    def payload(d):
+        k = d.known_labels
+        return {"theta": thetas[d.client_id], "rows": rows[k], "row_ids": k, "train_rows": True, "loss": "positive"}
+
+    terms = _terms(kind, base, len(clients))
+    hp = LocalTraining(batch_size=4, lr=0.3, epochs=2)
+    trainer = LocalTrainer(model, CosineEmbedding())
+    ref = [trainer.update_one(payload(d), d, hp, torch.Generator().manual_seed(10 + i), None, Declared(terms[i]))
+           for i, d in enumerate(clients)]  # fmt: skip
+    reqs = [TrainRequest(payload(d), d, hp, torch.Generator().manual_seed(10 + i), affine=t)
+            for i, (d, t) in enumerate(zip(clients, terms, strict=True))]  # fmt: skip
+    assert not batched_sgd.shares_theta(reqs)
+    got = [b() for b in train_group(model, CosineEmbedding(), reqs)]
+    for r, p in zip(ref, got, strict=True):
+        assert relative_error(p["theta_delta"], r["theta_delta"]) < 1e-9
