@@ -2,7 +2,8 @@
 started from (A) against this checkout (B), measured in the same run.
 
     python benchmarks/vectorized_ab.py [--base COMMIT] [--reps 3] [--rounds 3] [--client-fraction 0.25]
-                                       [--precision fp32] [--set KEY=VALUE ...] [--data-root DIR] [--json FILE]
+                                       [--precision fp32] [--set KEY=VALUE ...] [--plugin NAME] [--data-root DIR]
+                                       [--json FILE]
 
 A git worktree of ``--base`` (default: ``main``'s merge base with HEAD) is made in a temporary folder. Then ``--reps``
 pairs of child processes run, A and B alternating (A first in even pairs, B first in odd ones, so drift on a shared
@@ -15,6 +16,10 @@ clients a round, to keep the whole run within about 5 minutes) and ``--set`` ove
 the figure to read on a shared machine, where other processes stretch the wall clock) and the wall clock. Prints
 every child's figures, the median speed-up of A and of B, and their ratio B/A (≥ 1: the vectorised speed-up did not
 drop).
+
+``--plugin NAME`` registers one of ``examples/plugins/`` (each tree its own copy, as an installed package's entry
+points) so that an algorithm plugin can be timed, e.g. ``--plugin fedprox --set "algorithm={name: fedprox, mu: 0.01}"``
+(each child's summary line says how many updates were batched and how many ran one at a time).
 """
 
 from __future__ import annotations
@@ -72,9 +77,29 @@ def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def child(tree: Path, overrides: list[str], rounds: int, data_root: str) -> dict:
+def register_plugin(tree: Path, name: str, site: Path) -> list[str]:
+    """``site/<name>-<version>.dist-info`` with the entry points of ``tree``'s ``examples/plugins/<name>``, as ``pip
+    install`` would leave them; returns the path entries that make it importable."""
+    import tomllib
+
+    package = tree / "examples" / "plugins" / name
+    if not (package / "pyproject.toml").is_file():
+        raise SystemExit(f"error: --plugin {name}: no examples/plugins/{name}/pyproject.toml in {tree}")
+    project = tomllib.loads((package / "pyproject.toml").read_text())["project"]
+    info = site / f"{name}-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = project["entry-points"]
+    (info / "entry_points.txt").write_text(
+        "\n".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for g, eps in groups.items())
+    )
+    return [str(site), str(package)]
+
+
+def child(tree: Path, overrides: list[str], rounds: int, data_root: str, extra_path: list[str] = ()) -> dict:
     """One child process on ``tree``'s code: both executors' seconds per round, measured in that one process."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "SECURE_FED_DATA": data_root}
+    path = os.pathsep.join([str(tree), *extra_path])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "SECURE_FED_DATA": data_root}
     r = subprocess.run([sys.executable, "-c", CHILD, str(tree), CONFIG, json.dumps(overrides), str(rounds)],
                        cwd=tree, env=env, capture_output=True, text=True)  # fmt: skip
     if r.returncode != 0:
@@ -94,6 +119,7 @@ def main() -> None:
     ap.add_argument("--client-fraction", type=float, default=0.25)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--plugin", default=None, help="register examples/plugins/NAME in each tree (an algorithm plugin)")
     ap.add_argument("--data-root", default=os.environ.get("SECURE_FED_DATA", str(ROOT.parent / "shared" / "datasets")))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -110,9 +136,10 @@ def main() -> None:
     git("worktree", "add", "--detach", str(trees["A"]), base)
     results: dict[str, list[dict]] = {"A": [], "B": []}
     try:
+        paths = {w: register_plugin(t, args.plugin, tmp / f"site-{w}") if args.plugin else [] for w, t in trees.items()}
         for i in range(args.reps):
             for which in ("A", "B") if i % 2 == 0 else ("B", "A"):
-                r = child(trees[which], overrides, args.rounds, args.data_root)
+                r = child(trees[which], overrides, args.rounds, args.data_root, paths[which])
                 results[which].append(r)
                 w, c = r["wall_s_per_round"], r["cpu_s_per_round"]
                 print(f"pair {i + 1} {which}: CPU s/round sequential {c['sequential']:.3f}, vectorized {c['vectorized']:.3f}, "
