@@ -612,12 +612,12 @@ class _TrainedGroup(UpdateGroup):
             return 1.0
         return float(self.affine.rho[j] ** (self.steps[j] - 1 - t))
 
-    def _constant(self, j: int, name: str) -> torch.Tensor | None:
-        """−η γ_j(S_j) c_j: the constant part of client position j's update of ``name`` (None: 0)."""
+    def _constant(self, j: int, name: str) -> tuple[torch.Tensor, float] | None:
+        """(c_j, −η γ_j(S_j)): the constant part of client position j's update of ``name`` is their product (None: 0)."""
         c = self.affine.const.get(name) if self.affine is not None else None
         if c is None:
             return None
-        return c[j] * (-self.affine.lr * float(self.affine.gamma[j]))
+        return c[j], -self.affine.lr * float(self.affine.gamma[j])
 
     def _history(self, li: int, j: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Client position j's rows (inputs, −η·δ) at layer li, its steps in order; None when it took no step."""
@@ -642,7 +642,7 @@ class _TrainedGroup(UpdateGroup):
             X, D = hist
             out = (D.T @ X).to(A.dtype)
             const = self._constant(j, name)
-            return out if const is None else out.add_(const.to(A.dtype))
+            return out if const is None else out.add_(const[0].to(A.dtype), alpha=const[1])
 
     def add_weighted_sum(self, target: torch.Tensor, name: str, weights: dict[int, float]) -> None:
         """Σ_i w_i Δ_i = Σ_steps (w ⊙ D_s)ᵀ X_s over the steps' rows, consecutive steps joined into products of at
