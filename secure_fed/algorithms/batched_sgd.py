@@ -48,6 +48,7 @@ from torch import nn
 
 from secure_fed.algorithms.base import ClientData, Payload
 from secure_fed.algorithms.losses import asymmetric_loss, bce_loss, positive_hinge_loss
+from secure_fed.algorithms.objective import AffineTerm
 from secure_fed.models.group_updates import DeferredDelta, UpdateGroup
 from secure_fed.models.sparse_rows import SparseRows
 
@@ -114,6 +115,9 @@ class TrainRequest:
     data: ClientData
     hp: object  # LocalTraining
     generator: torch.Generator
+    #: the client objective's affine weight term for this update (:class:`~secure_fed.algorithms.objective.AffineTerm`),
+    #: added to every step's gradient in the closed form; None: none
+    affine: AffineTerm | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,80 @@ class _Schedule:
         return xs, ts, idx != self.pad
 
 
+class _Affine:
+    """A group's affine weight terms (:class:`~secure_fed.algorithms.objective.AffineTerm`), per client position.
+
+    Client j's term g = a_j(w − anchor_j) + b_j is, with E = w − θ_j (its deviation from the θ it started from),
+    g = a_j·E + c_j with the constant c_j = a_j(θ_j − anchor_j) + b_j (0 for FedProx, whose anchor is θ_j). A step
+    E ← E − η(δᵀx + a_j E + c_j) = ρ_j E − η δᵀx − η c_j with ρ_j = 1 − η a_j unrolls to
+
+        E_j(s) = Σ_{t<s} ρ_j^{s−1−t} (−η δ_tᵀ x_t) − η γ_j(s) c_j,   γ_j(0) = 0, γ_j(s+1) = ρ_j γ_j(s) + 1
+
+    so each history term is weighted by ρ_j^{s−1−t} (:meth:`decay`; only where some a_j ≠ 0) and each layer gains
+    the term −η γ_j(s) (x c_jᵀ) (and δ c_j in the backward; only where some c_j ≠ 0). The biases, formed
+    explicitly, take g directly."""
+
+    def __init__(self, reqs: list[TrainRequest], thetas: list[dict[str, torch.Tensor]], names: list[str], lr: float):
+        terms = [r.affine for r in reqs]
+        self.lr = lr
+        dev = next(iter(thetas[0].values())).device
+        rates = [float(t.rate) if t is not None else 0.0 for t in terms]
+        #: ρ_j = 1 − η a_j (float64: powers of it over a long schedule), or None when every a_j = 0
+        self.rho = torch.tensor([1.0 - lr * a for a in rates], dtype=torch.float64) if any(rates) else None
+        self.rate = torch.tensor(rates, dtype=torch.float64)
+        #: γ_j(s) of each client position (float64), advanced for the active positions after each step
+        self.gamma = torch.zeros(len(terms), dtype=torch.float64)
+        #: c_j stacked per parameter name (G, *shape), in θ's dtype; a name with every c_j = 0 is absent
+        self.const: dict[str, torch.Tensor] = {}
+        for n in names:
+            cs = []
+            for term, theta in zip(terms, thetas, strict=True):
+                c = None
+                if term is not None and term.rate != 0.0 and term.anchor is not None:
+                    c = term.rate * (theta[n].detach() - term.anchor[n].to(theta[n].dtype))
+                if term is not None and term.offset is not None and n in term.offset:
+                    b = term.offset[n].detach().to(theta[n].dtype)
+                    c = b if c is None else c + b
+                cs.append(c)
+            if any(c is not None for c in cs):
+                ref = thetas[0][n]
+                self.const[n] = torch.stack([c if c is not None else torch.zeros_like(ref) for c in cs]).to(dev)
+        self._rate_dev = self.rate.to(dev)
+
+    def decay(self, positions: slice, s: int, t0: int, k: int) -> torch.Tensor | None:
+        """(G', k) float64: ρ_j^{s−1−t} for the client positions ``positions`` and the steps t0 … t0 + k − 1 (the
+        weight of step t's history at step s, in E(s)); None when every a_j = 0."""
+        if self.rho is None:
+            return None
+        expo = (s - 1 - t0 - torch.arange(k, dtype=torch.float64))[None, :]
+        return self.rho[positions, None] ** expo
+
+    def bias_term(self, name: str, bias: torch.Tensor, start: torch.Tensor, Gs: int) -> torch.Tensor | None:
+        """(G_s, out) g of the active positions' biases ``bias`` (started from ``start``): a_j(bias − start) + c_j."""
+        out = None
+        if self.rho is not None:
+            out = self._rate_dev[:Gs, None].to(bias.dtype) * (bias[:Gs] - start[:Gs])
+        c = self.const.get(name)
+        if c is not None:
+            out = c[:Gs] if out is None else out + c[:Gs]
+        return out
+
+    def advance(self, Gs: int) -> None:
+        """After a step of the positions 0 … G_s − 1: γ ← ρ γ + 1."""
+        rho = self.rho[:Gs] if self.rho is not None else 1.0
+        self.gamma[:Gs] = rho * self.gamma[:Gs] + 1.0
+
+
+def _decayed(P: torch.Tensor, W: torch.Tensor | None, b: int) -> torch.Tensor:
+    """``P`` (G', rows', k·b), its last dimension a history segment's k steps of b rows each, with step m's columns
+    multiplied by W[:, m] in place (no-op for W None)."""
+    if W is None:
+        return P
+    Gp, r = P.shape[0], P.shape[1]
+    P.view(Gp, r, W.shape[1], b).mul_(W.to(P.dtype)[:, None, :, None])
+    return P
+
+
 def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred: bool = False) -> list[Callable[[], Payload]]:
     """Run the requests of one group (equal :func:`group_key`) together; returns, per request in order, a
     function that builds its reply (the same keys and values as ``LocalTrainer.update``'s). Building a reply
@@ -281,7 +359,11 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
     positive); autograd runs only through the family's score and the loss, from the last layer's output (and the
     client's rows). Products run in the product dtype (bf16 under ``precision: bf16``, as autocast runs the
     reference trainer's); a layer's output, its shared product plus bias and history terms, is summed in the
-    weights' dtype, and an input gradient in the product dtype (as autograd sums it under autocast)."""
+    weights' dtype, and an input gradient in the product dtype (as autograd sums it under autocast).
+
+    A request's affine weight term (``req.affine``, a client objective's :class:`~secure_fed.algorithms.objective.
+    AffineTerm`: FedProx's proximal term, SCAFFOLD's correction) is added in the same closed form (:class:`_Affine`):
+    the history terms decay by ρ = 1 − η·a per step and a constant term −η γ (x cᵀ) joins each layer's output."""
     chain = linear_chain(model)
     assert chain is not None
     first = reqs[0]
@@ -322,12 +404,21 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
     ]
     rows = torch.stack([clients[i].req.payload["rows"] for i in order]).detach().clone() if has_rows else None
     rows0 = rows.clone() if rows is not None else None
+    names = [f"{prefix}.{p}" for m, prefix in layers for p in (("weight", "bias") if m.bias is not None else ("weight",))]
+    ordered_reqs = [clients[i].req for i in order]
+    aff = _Affine(ordered_reqs, thetas, names, lr) if any(r.affine is not None for r in ordered_reqs) else None
+    if aff is not None and not aff.const and aff.rho is None:
+        aff = None  # every term is zero (e.g. FedProx with μ = 0)
+    # the biases as they started (an affine term with a ≠ 0 reads a bias's deviation from its start)
+    bias0 = [bb.clone() if bb is not None and aff is not None and aff.rho is not None else None for bb in bias]
     #: per layer: the active clients' history so far as segments of consecutive steps, (inputs (G_s, rows, in),
     #: −η·δ (G_s, rows, out)), each segment's history term two batched products. While the clients are many, each
     #: step is a segment of its own (joining them would copy the whole history every step); once the history is
     #: small (:data:`JOIN_HISTORY_BYTES`) the segments are joined, so a long schedule's late steps, which few clients
     #: run, cost two products a layer instead of two per past step
     hist: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
+    #: per layer, each history segment's first step (its steps are consecutive; read for an affine term's decay)
+    hist_t0: list[list[int]] = [[] for _ in layers]
     #: per layer, per client position: its whole history (inputs, −η·δ) of its real rows, kept when it stops
     done: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in layers]
     #: per layer, every lock step's (inputs, −η·δ) of its G_s client positions (kept for a deferred group sum)
@@ -339,6 +430,9 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
 
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.to(product_dtype) if product_dtype is not None and t.dtype != product_dtype else t
+
+    # each layer's c_j stacked (G, out, in) as the products read them (None: every c_j = 0)
+    const_w = [cast(aff.const[f"{p}.weight"]) if aff is not None and f"{p}.weight" in aff.const else None for _, p in layers]
 
     sched = _Schedule(clients, order, b, product_dtype) if G else None
     for s in range(steps[0] if G else 0):
@@ -369,8 +463,15 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                     y = (hc.reshape(Gs * b, -1) @ A0c[li].T).view(Gs, b, -1).to(acc[li])
                 if bias[li] is not None:
                     y.add_(bias[li][:Gs, None, :])
-                for X_h, D_h in hist[li]:  # a segment's steps: the sum over them inside one product
-                    y.add_(torch.bmm(torch.bmm(hc, X_h[:Gs].transpose(1, 2)), D_h[:Gs]).to(acc[li]))
+                for (X_h, D_h), t0 in zip(hist[li], hist_t0[li], strict=True):
+                    # a segment's steps: the sum over them inside one product (an affine term's decay ρ^{s−1−t} on
+                    # each step's columns)
+                    P = torch.bmm(hc, X_h[:Gs].transpose(1, 2))
+                    W = aff.decay(slice(0, Gs), s, t0, X_h.shape[1] // b) if aff is not None else None
+                    y.add_(torch.bmm(_decayed(P, W, b), D_h[:Gs]).to(acc[li]))
+                if const_w[li] is not None:  # the affine terms' constant part of E(s): −η γ(s) x cᵀ
+                    k = (-lr * aff.gamma[:Gs]).to(y.device, acc[li])
+                    y.add_(torch.bmm(hc, const_w[li][:Gs].transpose(1, 2)).to(acc[li]).mul_(k[:, None, None]))
                 cur, fresh = y, True
                 li += 1
         out = cur.to(acc[-1]).detach().requires_grad_()
@@ -391,7 +492,11 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                 D = torch.mul(g, -lr, out=torch.empty_like(g, dtype=x_in.dtype))  # −η·δ as the history reads it
                 new_d[li] = D
                 if bias[li] is not None:
-                    bias[li][:Gs] -= lr * g.sum(dim=1, dtype=bias[li].dtype)
+                    gb = g.sum(dim=1, dtype=bias[li].dtype)
+                    if aff is not None:  # the bias's affine term, at its weights before this step
+                        term = aff.bias_term(f"{layers[li][1]}.bias", bias[li], bias0[li], Gs)
+                        gb = gb if term is None else gb + term
+                    bias[li][:Gs] -= lr * gb
                 if li == 0:
                     break  # the first Linear's input is data: no gradient needed below it
                 # δ A₀ + Σ_t (δ D_tᵀ) X_t, summed in the product dtype (as autograd sums the input's gradients
@@ -401,18 +506,28 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                     g = sharing.product(gp, A0c[li], Gs, transpose=False)
                 else:
                     g = (gp.reshape(Gs * b, -1) @ A0c[li]).view(Gs, b, -1)
-                for X_h, D_h in hist[li]:
-                    g.add_(torch.bmm(torch.bmm(gp, D_h[:Gs].transpose(1, 2)), X_h[:Gs]))
+                for (X_h, D_h), t0 in zip(hist[li], hist_t0[li], strict=True):
+                    P = torch.bmm(gp, D_h[:Gs].transpose(1, 2))
+                    W = aff.decay(slice(0, Gs), s, t0, X_h.shape[1] // b) if aff is not None else None
+                    g.add_(torch.bmm(_decayed(P, W, b), X_h[:Gs]))
+                if const_w[li] is not None:  # −η γ(s) δ c
+                    k = (-lr * aff.gamma[:Gs]).to(g.device, g.dtype)
+                    g.add_(torch.bmm(gp, const_w[li][:Gs]).mul_(k[:, None, None]))
             Gn = sum(1 for k in steps if k > s + 1)  # clients with a next step (a prefix of these Gs)
             inputs = [saved[k] for k, (_m, prefix) in enumerate(chain) if prefix is not None]
             for li_, (x_in, D) in enumerate(zip(inputs, new_d, strict=True)):
                 if deferred:
                     trail[li_].append((x_in, D))
                 segs = [(X[:Gs], Dh[:Gs]) for X, Dh in hist[li_]] + [(x_in, D)]
+                seg_t0 = [*hist_t0[li_], s]
                 if Gs > Gn and not deferred:  # clients at their last step keep their rows: views of one segment,
                     # or joined (one copy for all of them); a deferred group reads them from its trail when asked
                     Xf = segs[0][0][Gn:] if len(segs) == 1 else torch.cat([X[Gn:] for X, _ in segs], dim=1)
                     Df = segs[0][1][Gn:] if len(segs) == 1 else torch.cat([Dh[Gn:] for _, Dh in segs], dim=1)
+                    Wf = aff.decay(slice(Gn, Gs), s + 1, 0, s + 1) if aff is not None else None
+                    if Wf is not None:  # E(S) weighs step t's rows by ρ^{S−1−t} (a copy: the segments stay unweighted)
+                        Dw = Df.reshape(Gs - Gn, s + 1, b, -1) * Wf.to(Df.dtype)[:, :, None, None]
+                        Df = Dw.view(Gs - Gn, -1, Df.shape[-1])
                     for j in range(Gn, Gs):
                         X, Dh = Xf[j - Gn], Df[j - Gn]
                         if prefix_rows:  # the padding of its short last batch (δ = 0 there) is left out
@@ -420,18 +535,23 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
                             X, Dh = X[:n], Dh[:n]
                         done[li_][j] = (X, Dh)
                 segs = [(X[:Gn], Dh[:Gn]) for X, Dh in segs] if Gn else []
+                seg_t0 = seg_t0 if Gn else []
                 size = sum(X.numel() + Dh.numel() for X, Dh in segs) * x_in.element_size()
                 if len(segs) > 1 and size <= JOIN_HISTORY_BYTES:
                     segs = [(torch.cat([X for X, _ in segs], dim=1), torch.cat([Dh for _, Dh in segs], dim=1))]
-                hist[li_] = segs
+                    seg_t0 = seg_t0[:1]
+                hist[li_], hist_t0[li_] = segs, seg_t0
             if train_rows:
                 rows[:Gs] = rows[:Gs].detach() - lr * grads[-1]
+            if aff is not None:
+                aff.advance(Gs)
         for j, v in enumerate(per_client.detach().tolist()):
             clients[order[j]].losses.append(v)
 
     group = _TrainedGroup(
         theta=theta, layers=[prefix for _, prefix in layers], order=order, done=done, trail=trail if deferred else None,
         real_rows=[clients[i].n if prefix_rows else None for i in order],
+        affine=aff, steps=steps, b=b,
     )  # fmt: skip
 
     def reply(i: int) -> Callable[[], Payload]:
@@ -473,18 +593,37 @@ class _TrainedGroup(UpdateGroup):
     asked. A padded row has δ = 0 and adds nothing; ``real_rows`` (per position, or None) cuts a client's history to
     its real rows where they are a prefix."""
 
-    def __init__(self, *, theta, layers: list[str], order: list[int], done, trail, real_rows: list[int | None]):
+    def __init__(
+        self, *, theta, layers: list[str], order: list[int], done, trail, real_rows: list[int | None],
+        affine: _Affine | None = None, steps: list[int] | None = None, b: int = 1,
+    ) -> None:  # fmt: skip
         self.theta = theta
         self.layer_of = {f"{prefix}.weight": li for li, prefix in enumerate(layers)}
         self.pos_of = {i: j for j, i in enumerate(order)}
         self.size = len(order)
         self.done, self.trail, self.real_rows = done, trail, real_rows
+        #: the clients' affine weight terms (``done`` already holds their decayed rows; a trail's are decayed when
+        #: read), their numbers of steps S_j and the batch size
+        self.affine, self.steps, self.b = affine, steps, b
+
+    def _trail_decay(self, j: int, t: int) -> float:
+        """ρ_j^{S_j−1−t}: the weight of client position j's step t in its final update (1 without a decay)."""
+        if self.affine is None or self.affine.rho is None:
+            return 1.0
+        return float(self.affine.rho[j] ** (self.steps[j] - 1 - t))
+
+    def _constant(self, j: int, name: str) -> tuple[torch.Tensor, float] | None:
+        """(c_j, −η γ_j(S_j)): the constant part of client position j's update of ``name`` is their product (None: 0)."""
+        c = self.affine.const.get(name) if self.affine is not None else None
+        if c is None:
+            return None
+        return c[j], -self.affine.lr * float(self.affine.gamma[j])
 
     def _history(self, li: int, j: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Client position j's rows (inputs, −η·δ) at layer li, its steps in order; None when it took no step."""
         if self.trail is None:
             return self.done[li].get(j)
-        steps = [(X[j], D[j]) for X, D in self.trail[li] if X.shape[0] > j]
+        steps = [(X[j], D[j] * self._trail_decay(j, t)) for t, (X, D) in enumerate(self.trail[li]) if X.shape[0] > j]
         if not steps:
             return None
         X, D = torch.cat([x for x, _ in steps]), torch.cat([d for _, d in steps])
@@ -501,7 +640,9 @@ class _TrainedGroup(UpdateGroup):
             # accumulation, one rounding of the sum), as autocast forms each step's weight gradient in the
             # reference trainer; in fp32, in fp32
             X, D = hist
-            return (D.T @ X).to(A.dtype)
+            out = (D.T @ X).to(A.dtype)
+            const = self._constant(j, name)
+            return out if const is None else out.add_(const[0].to(A.dtype), alpha=const[1])
 
     def add_weighted_sum(self, target: torch.Tensor, name: str, weights: dict[int, float]) -> None:
         """Σ_i w_i Δ_i = Σ_steps (w ⊙ D_s)ᵀ X_s over the steps' rows, consecutive steps joined into products of at
@@ -524,12 +665,18 @@ class _TrainedGroup(UpdateGroup):
             xs.clear()
             ds.clear()
 
+        decays = self.affine is not None and self.affine.rho is not None
+        if decays:  # step t of position j weighs ρ_j^{S_j−1−t}
+            rho, S = self.affine.rho, torch.tensor(self.steps, dtype=torch.float64)
         with torch.no_grad():
-            for X, D in self.trail[li]:
+            for t, (X, D) in enumerate(self.trail[li]):
                 ws = w[: X.shape[0]]
                 if not bool(ws.any()):
                     continue
                 wd = w_dev[: X.shape[0]]
+                if decays:
+                    Gs = X.shape[0]
+                    wd = wd * (rho[:Gs] ** (S[:Gs] - 1 - t)).to(wd.device, wd.dtype)
                 if not bool(ws.all()):  # the clients not in the sum left out (not multiplied by 0: an inf would stay)
                     keep = ws.nonzero().squeeze(1).to(X.device)
                     X, D, wd = X.index_select(0, keep), D.index_select(0, keep), wd.index_select(0, keep)
@@ -541,6 +688,10 @@ class _TrainedGroup(UpdateGroup):
                     flush()
             if xs:
                 flush()
+            c = self.affine.const.get(name) if self.affine is not None else None
+            if c is not None:  # Σ_i w_i (−η γ_i c_i)
+                coef = (w * (-self.affine.lr) * self.affine.gamma).to(c.device, c.dtype)
+                target.add_(torch.tensordot(coef, c, dims=1).to(target.device, target.dtype))
 
 
 def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -144,20 +144,7 @@ class LocalTrainer:
         data = data.with_rows_read()
         if privatizer is not None:
             forbid_batch_norm(self.model)
-        ctx = None
-        if objective is not None:
-            theta = {n: t.detach() for n, t in payload["theta"].items()}
-            per_epoch = privatizer.steps_per_epoch() if privatizer is not None else -(-data.num_examples // hp.batch_size)
-            if objective.weight_only and privatizer is not None and not privatizer.applies_weight_terms:
-                raise SecureFedError(
-                    f"client objective {type(objective).__name__}: its weight term needs a local step, but "
-                    f"{type(privatizer).__name__} sends the clipped sums instead (privacy.local.noise: shares), so the "
-                    "term would be dropped; use privacy.local.noise: local"
-                )
-            count = None if privatizer is not None else data.num_examples  # a private count under DP-SGD
-            ctx = ObjectiveContext(theta, data.state, float(hp.lr), count, hp.epochs * per_epoch,
-                                   private=privatizer is not None)  # fmt: skip
-            objective.begin(ctx)
+        ctx = begin_objective(objective, payload, data, hp, privatizer) if objective is not None else None
         if not self.has_dropout:
             reply = self._update(payload, data, hp, generator, privatizer, objective, ctx)
         else:
@@ -385,6 +372,26 @@ class LocalTrainer:
             return p
 
         return probabilities
+
+
+def begin_objective(
+    objective: ClientObjective, payload: Payload, data: ClientData, hp: LocalTraining, privatizer: GradientPrivatizer | None
+) -> ObjectiveContext:
+    """The objective's context for one client's update (the θ it received, its own state, the step settings), after
+    :meth:`~secure_fed.algorithms.objective.ClientObjective.begin`; every trainer path starts an objective here. A weight
+    term under a privatizer that takes no local step (``privacy.local.noise: shares``) is refused."""
+    theta = {n: t.detach() for n, t in payload["theta"].items()}
+    per_epoch = privatizer.steps_per_epoch() if privatizer is not None else -(-data.num_examples // hp.batch_size)
+    if objective.weight_only and privatizer is not None and not privatizer.applies_weight_terms:
+        raise SecureFedError(
+            f"client objective {type(objective).__name__}: its weight term needs a local step, but "
+            f"{type(privatizer).__name__} sends the clipped sums instead (privacy.local.noise: shares), so the "
+            "term would be dropped; use privacy.local.noise: local"
+        )
+    count = None if privatizer is not None else data.num_examples  # a private count under DP-SGD
+    ctx = ObjectiveContext(theta, data.state, float(hp.lr), count, hp.epochs * per_epoch, private=privatizer is not None)
+    objective.begin(ctx)
+    return ctx
 
 
 def no_dropout(model: nn.Module) -> None:

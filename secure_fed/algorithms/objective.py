@@ -18,14 +18,20 @@ client minimises only through these hooks, which every path calls the same way:
 Hooks see only the client's own data (the batch they are given), the global model (the θ the client received) and
 the client's own state: :class:`ObjectiveContext` holds nothing else.
 
-The vectorised executor trains a group of clients in one closed form that has no place for these hooks: a request
-with an objective runs one client at a time there, counted under the objective's reason in the summary's
-``executor`` record (:attr:`ClientObjective.name`), never silently.
+The vectorised executor trains a group of clients in one closed form (:mod:`secure_fed.algorithms.batched_sgd`).
+A weight term whose gradient is affine in the weights, g(w) = a·(w − w_anchor) + b with a scalar a and tensors
+w_anchor, b constant over the client's update, fits that form: the objective declares it (:attr:`ClientObjective.
+affine`, :meth:`ClientObjective.affine_term` returning an :class:`AffineTerm`; FedProx: a = μ, the anchor the global
+model, b = 0; SCAFFOLD: a = 0, b = c − c_i) and the batched step adds it for every client of the group at once, with
+``begin``/``end`` called around it as on the other paths. What does not fit (a per-example term, e.g. MOON's, which
+needs each client's previous model in its forward pass; a weight term not declared affine; label mask training) runs
+one client at a time there, counted under the objective's name and the reason in the summary's ``executor`` record
+(:meth:`ClientObjective.unbatched_reason`), never silently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -63,9 +69,43 @@ class ObjectiveContext:
     scratch: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class AffineTerm:
+    """A weight term whose gradient is affine in the weights: for each parameter ``n``,
+    g_n(w) = rate·(w_n − anchor_n) + offset_n, constant over the client's update (read once after
+    :meth:`ClientObjective.begin`).
+
+    Attributes:
+        rate: the scalar a (FedProx's μ; 0 for a constant correction).
+        anchor: w_anchor per parameter name; None: the global model the client received (``ctx.global_theta``).
+            Read only where ``rate`` is not 0.
+        offset: b per parameter name (a subset of θ's names; a missing name's b is 0); None: b = 0 everywhere
+            (SCAFFOLD's c − c_i).
+    """
+
+    rate: float = 0.0
+    anchor: Mapping[str, torch.Tensor] | None = None
+    offset: Mapping[str, torch.Tensor] | None = None
+
+    def gradient(self, params: dict[str, torch.Tensor], global_theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """g(w) for the parameters ``params`` (the current weights), by name; names with no term are left out."""
+        anchor = self.anchor if self.anchor is not None else global_theta
+        offset = self.offset or {}
+        out: dict[str, torch.Tensor] = {}
+        for n, p in params.items():
+            terms = []
+            if self.rate != 0.0:
+                terms.append(self.rate * (p - anchor[n].to(p.dtype)))
+            if n in offset:
+                terms.append(offset[n].to(p.dtype))
+            if terms:
+                out[n] = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+        return out
+
+
 class ClientObjective:
     """Base class: no term, no state (local training unchanged). Subclasses override the hooks they use and say so
-    in :attr:`per_example` / :attr:`weight_only` (the trainer asks these before choosing a path)."""
+    in :attr:`per_example` / :attr:`weight_only` / :attr:`affine` (the trainer asks these before choosing a path)."""
 
     #: a short name, used in the vectorised executor's reason for training the client one at a time
     name: ClassVar[str] = "objective"
@@ -73,6 +113,9 @@ class ClientObjective:
     per_example: ClassVar[bool] = False
     #: :meth:`weight_term` returns a correction
     weight_only: ClassVar[bool] = False
+    #: with :attr:`weight_only`: the correction is :meth:`affine_term`'s (the default :meth:`weight_term` computes it),
+    #: so the vectorised executor can add it in its closed form
+    affine: ClassVar[bool] = False
     #: :meth:`unknown_labels` chooses labels to train on as unknown (a label-masked model family's training)
     masks_labels: ClassVar[bool] = False
     #: with :attr:`masks_labels`: the family's random label mask is kept, the chosen labels added to it (else only the
@@ -88,8 +131,29 @@ class ClientObjective:
 
     def weight_term(self, params: dict[str, torch.Tensor], ctx: ObjectiveContext) -> dict[str, torch.Tensor]:
         """A correction per parameter name (a subset of θ's names), added to the step's gradient; ``params`` are the
-        current weights (detached)."""
-        raise NotImplementedError
+        current weights (detached). Default: :meth:`affine_term`'s gradient (for an objective that declares
+        :attr:`affine`)."""
+        if not self.affine:
+            raise NotImplementedError(f"{type(self).__name__}: weight_only without weight_term (or affine and affine_term)")
+        term = self.affine_term(ctx)
+        return term.gradient(params, ctx.global_theta) if term is not None else {}
+
+    def affine_term(self, ctx: ObjectiveContext) -> AffineTerm | None:
+        """With :attr:`affine`: the weight term as g(w) = a·(w − w_anchor) + b (:class:`AffineTerm`; None: no term in
+        this update), read after :meth:`begin` and constant over the update (the sequential and DP-SGD paths evaluate
+        it at each step's weights through :meth:`weight_term`; the vectorised executor adds it in its closed form)."""
+        return None
+
+    def unbatched_reason(self) -> str | None:
+        """Why the vectorised executor's closed form cannot run this objective (a short reason, reported in the
+        summary), or None when it can: no per-example term, no label choice, and a weight term only if affine."""
+        if self.per_example:
+            return "per-example term"
+        if self.masks_labels:
+            return "label mask training"
+        if self.weight_only and not self.affine:
+            return "weight term not declared affine"
+        return None
 
     def unknown_labels(
         self, global_probabilities: Callable[[torch.Tensor], torch.Tensor], ctx: ObjectiveContext

@@ -12,11 +12,15 @@ every client of the chunk has paused (or finished), the executor trains the paus
 settings) and resumes each client with its own result; its function then goes on (protocol layers mask, encrypt,
 clip …) and its wire message is yielded in cohort order, one at a time, as the engine expects.
 
-A request that the batched trainer does not cover (:func:`~secure_fed.algorithms.batched_sgd.unbatchable`:
-DP-SGD, momentum/Adam, dropout, label mask training, a model that is not a Linear/ReLU chain; or one with a client
-objective, :mod:`secure_fed.algorithms.objective`, whose hooks the closed form has no place for) runs at once with the
-reference trainer, inside that client's own turn. It is counted by reason, logged once per reason, and reported in
-``summary.json`` under ``executor``: nothing falls back silently.
+A request with a client objective (:mod:`secure_fed.algorithms.objective`) trains in its group when the objective
+fits the closed form: ``begin`` runs in the client's turn before it pauses, its affine weight term
+(:class:`~secure_fed.algorithms.objective.AffineTerm`: FedProx's, SCAFFOLD's) travels with the request and the batched
+step adds it, and ``end`` runs with the client's update when it resumes. A request that the batched trainer does not
+cover (:func:`~secure_fed.algorithms.batched_sgd.unbatchable`: DP-SGD, momentum/Adam, dropout, label mask training,
+a model that is not a Linear/ReLU chain; or an objective that says why it does not fit,
+:meth:`~secure_fed.algorithms.objective.ClientObjective.unbatched_reason`: a per-example term such as MOON's, a weight
+term not declared affine) runs at once with the reference trainer, inside that client's own turn. It is counted by
+reason, logged once per reason, and reported in ``summary.json`` under ``executor``: nothing falls back silently.
 
 Memory: clients run in chunks (``training.chunk_clients``; default: as many as an estimate of their training
 history fits in a quarter of the memory available, at most 1,024). A client's dense update is formed only when it
@@ -39,10 +43,11 @@ import torch
 
 from secure_fed.algorithms.base import Payload
 from secure_fed.algorithms.batched_sgd import ModelFacts, TrainRequest, group_key, linear_chain, train_group, unbatchable
-from secure_fed.algorithms.client import LocalTrainer, LocalTraining
+from secure_fed.algorithms.client import LocalTrainer, LocalTraining, begin_objective
 from secure_fed.algorithms.objective import ClientObjective
 from secure_fed.algorithms.per_sample import GradientPrivatizer
 from secure_fed.engine.execution import Channel, ClientJob, Executor
+from secure_fed.models.sparse_rows import dense_delta
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +83,27 @@ class _ClientCoroutine:
         finally:
             self.done = True
 
-    def submit(self, trainer: LocalTrainer, req: TrainRequest, privatizer) -> Payload:
-        """Inside the client: the trainer's request. Unbatchable ones run now; others wait for their group."""
+    def submit(self, trainer: LocalTrainer, req: TrainRequest, privatizer, objective: ClientObjective | None = None) -> Payload:
+        """Inside the client: the trainer's request. Unbatchable ones run now; others wait for their group. An
+        ``objective`` (one that fits the closed form) begins here, its affine term joins the request, and it ends
+        with the client's update."""
         reason = unbatchable(trainer.model, trainer.family, req, privatizer, facts=self._executor._facts(trainer.model))
         if reason is not None:
             self._executor._count_unbatched(reason)
-            return trainer.update_one(req.payload, req.data, req.hp, req.generator, privatizer)
+            return trainer.update_one(req.payload, req.data, req.hp, req.generator, privatizer, objective)
+        ctx = None
+        if objective is not None:
+            ctx = begin_objective(objective, req.payload, req.data, req.hp, None)
+            req.affine = objective.affine_term(ctx) if objective.affine else None
         self.request = (trainer, req)
         grad = torch.is_grad_enabled()
         reply = self._g.parent.switch()  # back to the executor, until it resumes us with our reply
         torch.set_grad_enabled(grad)
         self._executor.batched += 1
+        if objective is not None:
+            ctx.steps = ctx.planned_steps  # plain SGD: every planned step was taken
+            if type(objective).end is not ClientObjective.end:  # its update formed only for an objective that reads it
+                objective.end(ctx, {n: dense_delta(t).detach() for n, t in reply["theta_delta"].items()})
         return reply
 
     def resume(self, value: Any = None) -> None:
@@ -123,10 +138,11 @@ class ChunkBatching:
         co = self.clients.get(greenlet.getcurrent())
         if co is None:  # not from a client of this chunk (e.g. the engine itself): train now
             return trainer.update_one(payload, data, hp, generator, privatizer, objective)
-        if objective is not None:  # the closed form has no place for an objective's hooks: declared, counted
-            co._executor._count_unbatched(f"client objective {objective.name!r}")
+        reason = objective.unbatched_reason() if objective is not None else None
+        if reason is not None:  # the closed form has no place for this objective's hooks: declared, counted
+            co._executor._count_unbatched(f"client objective {objective.name!r} ({reason})")
             return trainer.update_one(payload, data, hp, generator, privatizer, objective)
-        return co.submit(trainer, TrainRequest(payload, data, hp, generator), privatizer)
+        return co.submit(trainer, TrainRequest(payload, data, hp, generator), privatizer, objective)
 
 
 class VectorizedExecutor(Executor):

@@ -3,7 +3,8 @@
 An algorithm plugin (see ``examples/plugins/``) registers an :class:`AlgorithmSpec` under the entry-point group
 ``secure_fed.algorithms``; its parameters model subclasses :class:`AlgorithmParams` and declares
 :class:`AlgorithmCapabilities`; its implementation subclasses :class:`Algorithm` and may add to the clients' local
-training through a :class:`ClientObjective` (:meth:`Algorithm.client_objective`).
+training through a :class:`ClientObjective` (:meth:`Algorithm.client_objective`; a weight term affine in the
+weights declared as an :class:`AffineTerm`, which the vectorised executor adds in its closed form).
 
 Light names (the parameters side: pydantic and the standard library) import at once, so ``secure-fed validate``
 does not load torch; the training side (:class:`Algorithm`, :class:`ClientObjective`, …) is imported when first
@@ -22,7 +23,7 @@ from secure_fed.messages import Number, Params, Setting
 
 if TYPE_CHECKING:
     from secure_fed.algorithms.base import Algorithm, ClientData, Payload, SetupContext, TrainFn
-    from secure_fed.algorithms.objective import ClientObjective, ObjectiveContext, Represent
+    from secure_fed.algorithms.objective import AffineTerm, ClientObjective, ObjectiveContext, Represent
     from secure_fed.models.sparse_rows import apply_delta, dense_delta
 
 #: the training side, by name: the module each is read from on first use (torch)
@@ -32,6 +33,7 @@ _LAZY = {
     "Payload": "secure_fed.algorithms.base",
     "SetupContext": "secure_fed.algorithms.base",
     "TrainFn": "secure_fed.algorithms.base",
+    "AffineTerm": "secure_fed.algorithms.objective",
     "ClientObjective": "secure_fed.algorithms.objective",
     "ObjectiveContext": "secure_fed.algorithms.objective",
     "Represent": "secure_fed.algorithms.objective",
@@ -58,6 +60,7 @@ __all__ = [
     "Payload",
     "SetupContext",
     "TrainFn",
+    "AffineTerm",
     "ClientObjective",
     "ObjectiveContext",
     "Represent",

@@ -122,6 +122,6 @@ def test_the_vectorised_executor_trains_moon_one_client_at_a_time_and_says_so(tm
     Experiment(small_plan(*overrides, "training.executor=vectorized"), run_dir=tmp_path / "vec").run(progress=False)
     report = json.loads((tmp_path / "vec" / "private" / "summary.json").read_text())["executor"]
     assert report["updates_batched"] == 0
-    assert report["updates_one_at_a_time"] == {"client objective 'moon'": 2 * 4}
+    assert report["updates_one_at_a_time"] == {"client objective 'moon' (per-example term)": 2 * 4}
     vec = json.loads((tmp_path / "vec" / "summary.json").read_text())
     assert vec["final"] == seq.summary["final"]  # one at a time: the reference trainer's result

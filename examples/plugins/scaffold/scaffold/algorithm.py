@@ -20,7 +20,16 @@ from __future__ import annotations
 import torch
 
 from scaffold.params import ScaffoldParams
-from secure_fed.plugin_api import Algorithm, ClientData, ClientObjective, ObjectiveContext, Params, Payload, SetupContext
+from secure_fed.plugin_api import (
+    AffineTerm,
+    Algorithm,
+    ClientData,
+    ClientObjective,
+    ObjectiveContext,
+    Params,
+    Payload,
+    SetupContext,
+)
 
 #: where a client keeps c_i in its own state
 STATE_KEY = "scaffold_c_i"
@@ -31,6 +40,7 @@ class ControlVariates(ClientObjective):
 
     name = "scaffold"
     weight_only = True
+    affine = True  # a constant: rate 0, offset c − c_i (the vectorised executor adds it in its closed form)
 
     def __init__(self, control: dict[str, torch.Tensor]):
         self.control = control  # ĉ = Kη·c, as the server sent it
@@ -41,8 +51,8 @@ class ControlVariates(ClientObjective):
         c_i = ctx.state.get(STATE_KEY) or {n: torch.zeros_like(t) for n, t in c.items()}
         ctx.scratch.update(c=c, c_i=c_i, correction={n: c[n] - c_i[n] for n in c})
 
-    def weight_term(self, params: dict[str, torch.Tensor], ctx: ObjectiveContext) -> dict[str, torch.Tensor]:
-        return ctx.scratch["correction"]
+    def affine_term(self, ctx: ObjectiveContext) -> AffineTerm:
+        return AffineTerm(offset=ctx.scratch["correction"])
 
     def end(self, ctx: ObjectiveContext, theta_delta: dict[str, torch.Tensor]) -> None:
         k_eta = max(ctx.steps, 1) * ctx.lr
