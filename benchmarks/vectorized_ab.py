@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 import secure_fed
+from secure_fed import config as config_package
 from secure_fed.config import load_config
 from secure_fed.engine import Experiment
 from secure_fed.engine.collector import long_lived_frozen
@@ -58,7 +59,9 @@ with tempfile.TemporaryDirectory() as tmp:
     exps = {}
     for ex in executors:
         cfg = load_config(tree + "/" + config, [*overrides, f"training.executor={ex}", "output.progress=false"])
-        exps[ex] = Experiment(cfg, run_dir=Path(tmp) / ex)
+        # a tree after issue 54 builds its run from the plan; an older base tree from the config
+        run_of = getattr(config_package, "build_plan", lambda c: c)(cfg)
+        exps[ex] = Experiment(run_of, run_dir=Path(tmp) / ex)
         exps[ex].setup()
         exps[ex].train_round()  # warm-up
     with long_lived_frozen():

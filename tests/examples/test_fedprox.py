@@ -98,11 +98,11 @@ def test_the_vectorised_executor_trains_fedprox_clients_together_as_the_sequenti
     in groups (none one at a time) and its two rounds move θ as the sequential executor's do within 1e-4 (relative,
     fp32; measured 4e-6 here), where leaving the term out (μ = 0) moves them by more than 3e-2 (measured 9.6e-2)."""
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
+    from tests.conftest import small_plan
     from tests.engine.test_vectorized import PLAIN, _after_rounds, _theta_and_W
 
     ov = ["algorithm.name=fedprox", "algorithm.mu=1"]
-    start = Experiment(small_config(*PLAIN, *ov), run_dir=tmp_path / "start")
+    start = Experiment(small_plan(*PLAIN, *ov), run_dir=tmp_path / "start")
     start.setup()
     seq, s_stats = _after_rounds(tmp_path, "seq", *ov)
     vec, v_stats = _after_rounds(tmp_path, "vec", *ov, "training.executor=vectorized")

@@ -16,7 +16,6 @@ from torch import nn
 from secure_fed.algorithms.base import Algorithm, ClientData
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.algorithms.losses import bce_loss
-from secure_fed.config import build_plan
 from secure_fed.models.families import LinearHead, LinearHeadModel
 from tests.conftest import small_plan
 from tests.examples.helpers import CLIENT_DP, run_fresh
@@ -102,16 +101,16 @@ def test_the_server_control_variate_is_the_mean_of_the_clients_own_and_nothing_e
     from scaffold.algorithm import STATE_KEY, Scaffold
 
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
+    from tests.conftest import small_plan
 
     assert Scaffold.uplink_rules == Algorithm.uplink_rules
-    cfg = small_config("algorithm.name=scaffold", "training.rounds=3", "evaluation.every=3", "output.log_messages=true",
-                       "training.server_optimizer.name=fedavg", "training.server_optimizer.lr=1.0", *LOCAL_DP)  # fmt: skip
-    exp = Experiment(build_plan(cfg), run_dir=tmp_path)
+    plan = small_plan("algorithm.name=scaffold", "training.rounds=3", "evaluation.every=3", "output.log_messages=true",
+                      "training.server_optimizer.name=fedavg", "training.server_optimizer.lr=1.0", *LOCAL_DP)  # fmt: skip
+    exp = Experiment(plan, run_dir=tmp_path)
     exp.run(progress=False)
     ups = [m["message"] for m in exp.messages if m["direction"] == "up" and "theta_delta" in m["message"]]
     assert ups and all(set(m) <= set(Algorithm.uplink_rules) for m in ups)
-    k_eta = exp.stack.local_privatizer(0, 0).steps_per_epoch() * cfg.training.local_epochs * cfg.training.client_lr
+    k_eta = exp.stack.local_privatizer(0, 0).steps_per_epoch() * plan.training.local_epochs * plan.training.client_lr
     states = [c.state[STATE_KEY] for c in exp.fed.clients]
     assert len(states) == len(exp.fed.clients) > 1
     for n, c_hat in exp.algorithm.control.items():
@@ -169,15 +168,15 @@ def test_the_vectorised_executor_trains_scaffold_clients_together_as_the_sequent
 
     from secure_fed.algorithms.batched_sgd import relative_error
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
+    from tests.conftest import small_plan
     from tests.engine.test_vectorized import PLAIN
 
     ov = ["algorithm.name=scaffold"]
-    start = Experiment(small_config(*PLAIN, *ov), run_dir=tmp_path / "start")
+    start = Experiment(small_plan(*PLAIN, *ov), run_dir=tmp_path / "start")
     start.setup()
     runs = {}
     for name, extra in {"seq": [], "vec": ["training.executor=vectorized"], "avg": ["algorithm.name=fedavg"]}.items():
-        exp = Experiment(small_config(*PLAIN, *ov, *extra), run_dir=tmp_path / name)
+        exp = Experiment(small_plan(*PLAIN, *ov, *extra), run_dir=tmp_path / name)
         exp.setup()
         for _ in range(3):
             exp.train_round()
