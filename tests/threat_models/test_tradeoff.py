@@ -97,11 +97,12 @@ def test_grid_points_set_the_one_target_and_drop_what_a_method_lacks():
 def test_fedaws_on_the_tradeoff_config_written_for_fedalc_runs(tmp_path):
     """tradeoff_synthetic.yaml sets privacy.instance (fedalc's label-set step), which fedaws refuses: the base of a
     method without that step is read without it, and its points drop it (was: exit 2 before anything ran)."""
+    from protocols.config_sections import PrivacyConfig
     from threat_models.tradeoff_points import method_base, point_overrides
 
     config = str(REPO / "experiments" / "configs" / "tradeoff_synthetic.yaml")
     base = method_base(config, [], "fedaws")
-    assert base.privacy.instance is None and base.privacy.local is not None
+    assert base.part(PrivacyConfig).instance is None and base.part(PrivacyConfig).local is not None
     from secure_fed.config import load_config
 
     cfg = load_config(config, point_overrides(base, method="fedaws", eps=4.0, seed=0, unit="instance", attacks=[]))
