@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from functools import cache
 from types import MappingProxyType
 from typing import Any
@@ -56,9 +57,11 @@ def _copy(kind: type, section: BaseModel, **resolved: Any) -> Any:
 
 @cache
 def _frozen_class(kind: type[BaseModel]) -> type[BaseModel]:
-    """``kind`` with assignment refused: a subclass, so ``isinstance`` and ``plan.part(kind)`` still hold."""
-    frozen = type(kind.__name__, (kind,), {"model_config": {**kind.model_config, "frozen": True}, "__module__": kind.__module__})
-    frozen.__qualname__ = kind.__qualname__
+    """``kind`` with assignment refused: a subclass, so ``isinstance`` and ``plan.part(kind)`` still hold. It is
+    bound in ``kind``'s module as ``Frozen<name>``, so a plan pickles (a process pool's workers receive plans)."""
+    name = f"Frozen{kind.__name__}"
+    frozen = type(name, (kind,), {"model_config": {**kind.model_config, "frozen": True}, "__module__": kind.__module__})
+    setattr(sys.modules[kind.__module__], name, frozen)
     return frozen
 
 

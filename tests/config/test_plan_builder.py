@@ -50,3 +50,24 @@ def test_a_plan_is_planned_again_with_overrides_never_changed():
     assert (again.training.rounds, plan.training.rounds) == (5, 2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.training.rounds = 9  # type: ignore[misc]
+
+
+def test_a_plan_is_frozen_all_the_way_down_and_pickles():
+    """Assigning to a core part, a plugin section or a section nested in one is refused, lists are tuples, and a
+    plan survives pickling (a process pool's workers receive plans) with its sections still frozen."""
+    import pickle
+
+    from protocols.config_sections import PrivacyConfig
+
+    plan = load_plan(overrides=["protocols=[dp]", "privacy.client={target_epsilon: 4, clip_norm: 1}"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.training.rounds = 3  # type: ignore[misc]
+    with pytest.raises(ValueError, match="frozen"):
+        plan.part(PrivacyConfig).noise_seed = 3
+    with pytest.raises(ValueError, match="frozen"):
+        plan.part(PrivacyConfig).client.clip_norm = 2.0
+    assert isinstance(plan.evaluation.ks, tuple)
+    again = pickle.loads(pickle.dumps(plan))
+    assert again == plan and again.part(PrivacyConfig).client.clip_norm == 1.0
+    with pytest.raises(ValueError, match="frozen"):
+        again.part(PrivacyConfig).noise_seed = 3
