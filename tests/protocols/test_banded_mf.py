@@ -157,6 +157,22 @@ def _independent_sens(rounds: int, bands: int, period: int) -> float:
     return math.sqrt(math.ceil(rounds / period)) * col
 
 
+def _analytic_gaussian_epsilon(mu: float, delta: float) -> float:
+    """ε with δ(ε) = Φ(μ/2 − ε/μ) − e^ε·Φ(−μ/2 − ε/μ) = ``delta`` for the Gaussian of sensitivity/σ = μ (bisection)."""
+    from scipy.stats import norm
+
+    def d(eps):
+        return norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu)
+
+    lo, hi = 0.0, 1.0
+    while d(hi) > delta:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if d(mid) > delta else (lo, mid)
+    return hi
+
+
 @pytest.mark.parametrize(("sigma", "rounds", "bands", "period"), [(2.0, 60, 4, 4), (5.0, 100, 8, 10), (1.0, 12, 2, 3)])
 def test_the_ledger_is_one_gaussian_at_sigma_over_sens_and_matches_dp_accounting(sigma, rounds, bands, period):
     u = BandedUnit(bands=bands, period=period, name="client", scope="s", sigma=sigma, sample_rate=1.0, delta=1e-5,
@@ -177,6 +193,9 @@ def test_the_ledger_is_one_gaussian_at_sigma_over_sens_and_matches_dp_accounting
     assert ours_rdp == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-2)
     assert ours_pld == pytest.approx(pld.get_epsilon(1e-5), rel=1e-2)
     assert ours_prv == pytest.approx(pld.get_epsilon(1e-5), rel=2e-2)
+    # the Gaussian mechanism's exact (ε, δ) curve (Balle & Wang 2018, Thm 8) at sensitivity/σ = 1/μ, solved for ε
+    assert ours_pld == pytest.approx(_analytic_gaussian_epsilon(1 / mu, 1e-5), rel=1e-2)
+    assert ours_rdp >= _analytic_gaussian_epsilon(1 / mu, 1e-5)  # RDP's conversion is an upper bound
     # the declared mechanism composes the same Gaussian in the graph (RDP curve α·sens²/(2σ²))
     m = u.mechanism()
     assert m.kind == "client_banded" and m.history() == u.accountant.history
