@@ -369,6 +369,7 @@ def test_validate_plans_the_banded_epsilon(tmp_path):
         (['privacy.client={"noise_multiplier": 1.0, "mechanism": "banded"}'], "needs privacy.client.bands"),
         (['privacy.client={"noise_multiplier": 1.0, "bands": 2}'], "needs privacy.client.bands"),
         (["training.client_fraction=0.3"], "client_fraction = 1/P"),
+        (["training.client_fraction=1.0", "training.clients_per_round=3"], "not clients_per_round"),
         (['privacy.client={"noise_multiplier": 1.0}'], "needs training.sampling: poisson"),
     ],
     ids=[
@@ -379,6 +380,7 @@ def test_validate_plans_the_banded_epsilon(tmp_path):
         "no-bands",
         "bands-without-banded",
         "fraction-not-1/P",
+        "cyclic-fixed-cohort",
         "gaussian-with-cyclic",
     ],  # fmt: skip
 )
