@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from protocols.dp.banded_mf import prefix_workload, strategy_matrix  # noqa: E402
-from secure_fed.config import load_config  # noqa: E402
+from secure_fed.config import load_plan  # noqa: E402
 from secure_fed.engine import Experiment  # noqa: E402
 
 
@@ -39,8 +39,7 @@ def prefix_noise(rounds: int, bands: int | None) -> float:
 
 
 def run(overrides: list[str], out: Path) -> dict:
-    cfg = load_config(overrides=overrides)
-    return Experiment(cfg, run_dir=out).run(progress=False).summary
+    return Experiment(load_plan(None, overrides), run_dir=out).run(progress=False).summary
 
 
 def main() -> None:

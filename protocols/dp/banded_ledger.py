@@ -11,7 +11,7 @@ schedule is public. The discrete Gaussian on the lattice has the same RDP bound 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,8 +19,14 @@ from protocols.dp.accountant import PrivacyUnit, calibrate_sigma
 from protocols.dp.banded_mf import band_coefficients, lattice_bits, max_column_norm, participations, sensitivity, theorem_error
 from protocols.dp.group_bound import gaussian_rdp, substitution_sensitivity
 from protocols.dp.mechanisms import ORDERS, _ClientGaussian, register_mechanism
-from secure_fed.errors import ConfigError
-from secure_fed.participation import cyclic_period
+from secure_fed.plugin_api.layers import ConfigError, cyclic_period
+
+if TYPE_CHECKING:
+    from protocols.config_sections import ClientDPConfig, PrivacyConfig
+    from protocols.layer_settings import TrainingFacts
+    from secure_fed.plugin_api.layers import TrainingPlan
+
+    Training = TrainingPlan | TrainingFacts  #: the plan's training part, or the dp layer's facts of it
 
 #: the mechanism's name, as the report and the validate line give it
 NAME = "banded matrix factorisation (DP-FTRL with correlated noise, Choquette-Choo et al. 2023)"
@@ -98,7 +104,7 @@ class BandedUnit(PrivacyUnit):
         return out
 
 
-def banded_period(training) -> int:
+def banded_period(training: Training) -> int:
     """P, the cyclic schedule's period (``training.sampling: cyclic``, P = 1/client_fraction)."""
     period = cyclic_period(training.client_fraction)
     if period is None:
@@ -106,7 +112,7 @@ def banded_period(training) -> int:
     return period
 
 
-def banded_config_error(client, training) -> str | None:
+def banded_config_error(client: ClientDPConfig | None, training: Training) -> str | None:
     """Why ``privacy.client`` (``client``) with this ``training`` cannot run the banded mechanism, or None (also
     None for another mechanism)."""
     if client is None or client.mechanism != "banded":
@@ -126,36 +132,36 @@ def banded_config_error(client, training) -> str | None:
     return None
 
 
-def banded_options(client, training) -> dict[str, int]:
+def banded_options(client: ClientDPConfig | None, training: Training) -> dict[str, int]:
     """The declared mechanism's options (:class:`ClientBanded`) of a run, or {} for another mechanism."""
     if client is None or client.mechanism != "banded":
         return {}
     return {"bands": int(client.bands), "period": banded_period(training)}
 
 
-def banded_sigma(ucfg, *, delta: float, accountant: str, rounds: int, period: int) -> tuple[float, bool]:
+def banded_sigma(client: ClientDPConfig, *, delta: float, accountant: str, rounds: int, period: int) -> tuple[float, bool]:
     """(σ, calibrated): the given noise multiplier, or the one whose planned run (σ/sens(rounds)) meets the target."""
-    if ucfg.noise_multiplier is not None:
-        return float(ucfg.noise_multiplier), False
-    if ucfg.target_epsilon is None:
+    if client.noise_multiplier is not None:
+        return float(client.noise_multiplier), False
+    if client.target_epsilon is None:
         raise ValueError("privacy.client: give noise_multiplier or target_epsilon")
-    eff = calibrate_sigma(target_epsilon=ucfg.target_epsilon, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
-    return eff * sensitivity(rounds, ucfg.bands, period), True
+    eff = calibrate_sigma(target_epsilon=client.target_epsilon, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
+    return eff * sensitivity(rounds, int(client.bands or 0), period), True
 
 
-def banded_client_unit(*, ucfg, training, delta: float, accountant: str, scope: str, not_covered: list[str],
-                       report_gdp: bool) -> BandedUnit:  # fmt: skip
+def banded_client_unit(*, client: ClientDPConfig, training: Training, delta: float, accountant: str, scope: str,
+                       not_covered: list[str], report_gdp: bool) -> BandedUnit:  # fmt: skip
     """The client unit of a banded run: σ given, or calibrated to ``target_epsilon`` over the planned rounds."""
     period = banded_period(training)
-    sigma, calibrated = banded_sigma(ucfg, delta=delta, accountant=accountant, rounds=training.rounds, period=period)
+    sigma, calibrated = banded_sigma(client, delta=delta, accountant=accountant, rounds=training.rounds, period=period)
     return BandedUnit(
-        bands=ucfg.bands, period=period, name="client", scope=scope, sigma=sigma, sample_rate=1.0, delta=delta,
-        accountant=accountant, target_epsilon=ucfg.target_epsilon, clip_norm=ucfg.clip_norm, calibrated=calibrated,
+        bands=int(client.bands or 0), period=period, name="client", scope=scope, sigma=sigma, sample_rate=1.0, delta=delta,
+        accountant=accountant, target_epsilon=client.target_epsilon, clip_norm=client.clip_norm, calibrated=calibrated,
         planned_steps=training.rounds, not_covered=not_covered, report_gdp=report_gdp,
     )  # fmt: skip
 
 
-def banded_plan_line(p, training) -> tuple[str, tuple[float, float, int]]:
+def banded_plan_line(p: PrivacyConfig, training: Training) -> tuple[str, tuple[float, float, int]]:
     """``validate``'s line for the client unit of a banded run (``p``: the privacy section), and its planned (σ, q,
     rounds) for the run's graph."""
     from protocols.dp.accountants import epsilon_of

@@ -153,7 +153,7 @@ def client_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
                        "(covered per instance by privacy.instance, not per client)")  # fmt: skip
     if p.client.mechanism == "banded":
         try:
-            return banded_client_unit(ucfg=p.client, training=settings.training, delta=p.delta, accountant=p.accountant,
+            return banded_client_unit(client=p.client, training=settings.training, delta=p.delta, accountant=p.accountant,
                                       scope=CLIENT_SCOPE, not_covered=not_cov, report_gdp=p.report_gdp)  # fmt: skip
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"privacy.client: {exc}") from None

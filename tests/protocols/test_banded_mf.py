@@ -36,7 +36,7 @@ from protocols.randomness import SecretStream
 from secure_fed.engine import Experiment
 from secure_fed.engine.sampling import sample_clients
 from tests.config.test_bad_input import _default, assert_one_error_line, cli
-from tests.conftest import small_config
+from tests.conftest import small_plan
 
 
 # ---------------------------------------------------------------- (1) the strategy matrix and its recursion
@@ -312,17 +312,17 @@ BANDED = [
 
 def test_a_banded_run_reports_its_epsilon_and_resumes_exactly(tmp_path):
     ov = [*BANDED, "training.rounds=6", "output.checkpoint_every=3"]
-    full = Experiment(small_config(*ov), run_dir=tmp_path / "full").run(progress=False).summary
+    full = Experiment(small_plan(*ov), run_dir=tmp_path / "full").run(progress=False).summary
     c = full["privacy"]["units"]["client"]
     mu = 2.0 / _independent_sens(6, 2, 2)
     assert c["steps"] == 6 and c["sample_rate"] == 1.0 and c["banded"]["participations"] == 3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert c["epsilon"] == pytest.approx(epsilon_of([(mu, 1.0, 1)], 1e-5, "rdp"), rel=1e-12)
-    Experiment(small_config(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
+    Experiment(small_plan(*ov, "training.rounds=3"), run_dir=tmp_path / "part").run(progress=False)
     secrets = torch.load(tmp_path / "part" / "private" / "checkpoints" / "server_secrets.pt", weights_only=False)
     assert secrets["protocols"]["dp"]["banded"]["next_round"] == 3  # the private recursion state, with the key
-    e = Experiment(small_config(*ov), run_dir=tmp_path / "part")
+    e = Experiment(small_plan(*ov), run_dir=tmp_path / "part")
     assert e.resume()
     (dp,) = [la for la in e.stack.layers if la.name == "dp"]  # the recursion's private state, as checkpointed
     saved = secrets["protocols"]["dp"]["banded"]["rows"]
@@ -341,7 +341,7 @@ def test_the_server_noise_reaches_the_released_model(tmp_path):
     """The banded noise is the run's client-level noise: the schedule is public and training deterministic given the
     seed, so two runs that differ only in the noise key differ only by it (by about σ·C/(N/P) a coordinate)."""
     ov = [x for x in BANDED if not x.startswith("privacy.noise_seed")] + ["training.rounds=2"]
-    runs = [Experiment(small_config(*ov, f"privacy.noise_seed={k}"), run_dir=tmp_path / str(k)).run(progress=False)
+    runs = [Experiment(small_plan(*ov, f"privacy.noise_seed={k}"), run_dir=tmp_path / str(k)).run(progress=False)
             for k in (1, 2)]  # fmt: skip
     thetas = [torch.load(tmp_path / str(k) / "private" / "checkpoints" / "last.pt", weights_only=False)["theta"] for k in (1, 2)]
     diff = max(float((thetas[0][n] - thetas[1][n]).abs().max()) for n in thetas[0])
