@@ -148,15 +148,24 @@ class ClientDPConfig(_DPUnitConfig):
             )
         return self
 
-    mechanism: Literal["gaussian", "tree"] = Field(
+    mechanism: Literal["gaussian", "tree", "banded"] = Field(
         "gaussian",
         description="gaussian: independent noise on each round's sum (DP-FedAvg), amplified by Poisson client sampling "
         "when client_fraction < 1; tree: DP-FTRL (Kairouz et al. 2021): every client in every round (no sampling, no "
         "amplification), the server releases noisy prefix sums of the rounds' clipped sums by binary tree aggregation "
         "(node noise N(0, σ²C²) on the public grid, each prefix the sum of ≤ ⌈log2(T+1)⌉ nodes) and θ_t = θ_0 + "
         "η·(noisy prefix)/N (needs training.server_optimizer.name: fedavg, client_fraction 1, noise: server); ε is one "
-        "Gaussian at σ/√K, K = Σ over the released nodes of (rounds in the node)²",
+        "Gaussian at σ/√K, K = Σ over the released nodes of (rounds in the node)²; banded: banded matrix factorisation "
+        "(DP-FTRL with correlated noise, Choquette-Choo et al. 2023): round t releases x_t + ẑ_t, ẑ = C^{-1}z for the "
+        "b-banded square-root strategy C, under the public cyclic schedule (training.sampling: cyclic, bands ≤ "
+        "1/client_fraction); ε is one Gaussian at σ/sens, sens = √k·max‖C[:, i]‖, k = ⌈rounds·client_fraction⌉ "
+        "(protocols/dp/banded_mf.py)",
     )
+    bands: int | None = Field(
+        None, ge=1, le=16,
+        description="mechanism: banded — b, the strategy matrix's bands (the truncated square-root coefficients "
+        "binom(2k,k)/4^k, k < b; b = 1 is independent noise without amplification); at most the participation period",
+    )  # fmt: skip
     tree_restart_every: int | None = Field(
         None, ge=1, le=1_000_000,
         description="mechanism: tree — rounds per tree (a new tree, from zero noise, after each R rounds: the paper's "
@@ -169,6 +178,8 @@ class ClientDPConfig(_DPUnitConfig):
     def _tree_options(self) -> ClientDPConfig:
         if self.tree_restart_every is not None and self.mechanism != "tree":
             raise ValueError("privacy.client.tree_restart_every applies to mechanism: tree only")
+        if (self.bands is not None) != (self.mechanism == "banded"):
+            raise ValueError("privacy.client.mechanism: banded needs privacy.client.bands, and bands applies to it only")
         if self.mechanism == "tree" and self.adaptive_clipping is not None:
             raise ValueError(
                 "privacy.client.mechanism: tree with adaptive_clipping: a node's sensitivity is the clip norm of every round "

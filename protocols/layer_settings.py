@@ -25,7 +25,7 @@ class TrainingFacts:
     rounds: int
     client_fraction: float
     clients_per_round: int | None
-    sampling: Literal["uniform", "proportional", "poisson"]
+    sampling: Literal["uniform", "proportional", "poisson", "cyclic"]
     local_epochs: int
     batch_size: int
     aggregation: Literal["uniform", "num_examples"]

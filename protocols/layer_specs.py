@@ -216,6 +216,10 @@ def _client_unit_rules(plan: RunPlan, stack: list[str]) -> None:
 
         if why := tree_config_error(plan.training):
             raise ValueError(why)
+    from protocols.dp.banded_ledger import banded_config_error
+
+    if why := banded_config_error(p.client, t):
+        raise ValueError(why)
     if t.aggregation != "uniform":
         raise ValueError("privacy.client bounds each client's contribution, so training.aggregation must be uniform")
     if algo in WEIGHT_REPORTING_ALGORITHMS and p.client.weight_cap is None:
@@ -264,7 +268,8 @@ def _client_noise_rules(plan: RunPlan, stack: list[str]) -> None:
             "privacy.client.adaptive_clipping with backend: flower: a node checks the round's clip norm against its "
             "own settings and cannot know C_t; run in process, or use a fixed clip_norm"
         )
-    if (t.client_fraction < 1.0 or t.clients_per_round is not None) and t.sampling != "poisson":
+    subsampled = t.client_fraction < 1.0 or t.clients_per_round is not None
+    if subsampled and t.sampling != "poisson" and p.client.mechanism != "banded":  # banded: the cyclic schedule
         raise ValueError(
             "privacy.client with training.client_fraction < 1 (or training.clients_per_round) needs "
             "training.sampling: poisson with client_fraction "
@@ -603,7 +608,7 @@ def _instance_unit_line(plan: RunPlan, num_clients: int, planned: dict[str, tupl
 
 
 def _client_unit_line(plan: RunPlan, planned: dict[str, tuple[float, float, int]]) -> str:
-    """The client unit's plan: client-level noise each round, or DP-FTRL's tree (K Gaussian equivalents)."""
+    """The client unit's plan: client-level noise each round, DP-FTRL's tree (K Gaussian equivalents), or banded MF."""
     p, t = plan.part(PrivacyConfig), plan.training
     assert p.client is not None  # the caller's condition
     if p.client.mechanism == "tree":
@@ -612,6 +617,11 @@ def _client_unit_line(plan: RunPlan, planned: dict[str, tuple[float, float, int]
         k = gaussian_equivalents(t.rounds, p.client.tree_restart_every or t.rounds)
         mechs: list[PlannedMechanism] = [("client update (DP-FTRL tree, K Gaussian equivalents)", p.client, 1.0, k)]
         return _unit_line(p, "client", "client", mechs, "no sampling amplification: every client in every round", planned)
+    if p.client.mechanism == "banded":
+        from protocols.dp.banded_ledger import banded_plan_line
+
+        line, planned["client update (banded MF)"] = banded_plan_line(p, t)
+        return line
     return _unit_line(p, "client", "client", [("client update", p.client, t.client_fraction, t.rounds)], "", planned)
 
 
@@ -642,6 +652,7 @@ def _planned_release_lines(plan: RunPlan, num_clients: int, planned: dict[str, t
     """The released model's planned ε per unit against the observer, from the run's privacy-loss graph
     (:mod:`protocols.dp.run_graph`) over the planned mechanisms, one line per unit: it differs from the unit's own
     plan where another unit's mechanism reaches it (client-level noise per instance) or a channel is un-noised."""
+    from protocols.dp.banded_ledger import banded_options
     from protocols.dp.mechanisms import MECHANISMS
     from protocols.dp.run_graph import declared_names, mechanism_kind, run_graph
 
@@ -664,6 +675,7 @@ def _planned_release_lines(plan: RunPlan, num_clients: int, planned: dict[str, t
     if p.client is not None:
         sigma, q, _ = planned[client_name]
         extra = {"tree_rounds": p.client.tree_restart_every or t.rounds} if p.client.mechanism == "tree" else {}
+        extra.update(banded_options(p.client, t))
         mechs.append(MECHANISMS[mechanism_kind(p, "client")](name="client", sigma=sigma, sample_rate=q, steps=t.rounds,
                                                             planned_steps=t.rounds, **extra))  # fmt: skip
     graph = run_graph(

@@ -151,7 +151,7 @@ class TrainingPlan:
     rounds: int
     client_fraction: float
     clients_per_round: int | None
-    sampling: Literal["uniform", "proportional", "poisson"]
+    sampling: Literal["uniform", "proportional", "poisson", "cyclic"]
     aggregation: Literal["uniform", "num_examples"]
     local_epochs: int
     batch_size: int

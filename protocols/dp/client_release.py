@@ -169,7 +169,11 @@ class ClientNoiseRound(RoundWrapper):
 
     def post_own(self, agg: Aggregate) -> Aggregate:
         layer, unit, round_idx = self.layer, self.unit, self.round_idx
-        q = unit.sample_rate
+        banded = getattr(layer, "banded_noise", None)  # banded MF: x̄_t + ẑ_t; denominators at the cyclic rate 1/P
+        q = unit.sample_rate if banded is None else 1.0 / unit.mechanism().period
+        if banded is not None:
+            banded.release(agg, round_idx=round_idx, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma,
+                           noise_rows=self.noise_rows)  # fmt: skip
         if self.tree:  # DP-FTRL: the leaf plus the tree's noise increment; denominators as below (q = 1)
             tree_release(agg, clip_norm=unit.clip_norm, noise_multiplier=unit.sigma, noise=layer.tree_noise,
                          round_idx=round_idx, tree_rounds=unit.tree_rounds, noise_rows=self.noise_rows)  # fmt: skip
@@ -180,7 +184,7 @@ class ClientNoiseRound(RoundWrapper):
             noise_multiplier=unit.sigma if layer.adaptive is None else layer.adaptive[1],  # σ_Δ: Theorem 1
             expected_clients=q * layer.env.num_clients, expected_per_row=q * layer.env.clients_per_row.float(),
             noise_rows=self.noise_rows, stream=layer.server_stream, label=f"client noise r{round_idx}",
-            server_noise=not self.tree and (not self.on_clients or agg.num_clients == 0),
+            server_noise=not self.tree and banded is None and (not self.on_clients or agg.num_clients == 0),
         )  # fmt: skip
         if layer.adaptive is not None:
             layer.adaptive[0].close(round_idx, self.bit_sum, layer.server_stream, f"clip bit r{round_idx}")

@@ -15,6 +15,7 @@ import torch
 
 from protocols.dp import adaptive_clipping, client_release, privacy_units
 from protocols.dp.accountant import PrivacyUnit
+from protocols.dp.banded_release import BandedNoise
 from protocols.dp.budget_stop import budget_stop
 from protocols.dp.client_records import check_round_payload, client_state_dict, load_client_state_dict
 from protocols.dp.local_dpsgd import LocalDPSGD
@@ -73,6 +74,8 @@ class DifferentialPrivacy(ProtocolLayer):
             self.units["client"] = privacy_units.client_unit(settings, env)
             if p.client.mechanism == "tree":  # DP-FTRL's node noise, addressed by node
                 self.tree_noise = TreeNoise(self.server_stream, "client tree noise")
+            if p.client.mechanism == "banded":  # banded MF's recursion state (private), its draws addressed by round
+                self.banded_noise = BandedNoise(self.server_stream, "client banded noise", p.client.bands)
             privacy_units.check_share_range(settings, env, self.units["client"].sigma)
             # adaptive clipping (privacy.client.adaptive_clipping): (C_t, σ_Δ), or None (a fixed clip norm)
             q = settings.training.client_fraction
@@ -223,13 +226,17 @@ class DifferentialPrivacy(ProtocolLayer):
 
     # the secrets: the server's in its private checkpoint (server_secrets.pt), the clients' in clients.pt
     def secret_state_dict(self) -> dict[str, Any]:
-        return {"server": self.server_stream.state_dict()}
+        banded = getattr(self, "banded_noise", None)
+        return {"server": self.server_stream.state_dict(), **({"banded": banded.state_dict()} if banded else {})}
 
     def load_secret_state_dict(self, state: dict[str, Any]) -> None:
         if "server" in state:
             self.server_stream = SecretStream.from_state_dict(state["server"])
             if hasattr(self, "tree_noise"):  # node noise is addressed by node: redrawn from the restored key
                 self.tree_noise = TreeNoise(self.server_stream, self.tree_noise.label)
+            if hasattr(self, "banded_noise"):  # its draws from the restored key, its recursion from the checkpoint
+                self.banded_noise = BandedNoise(self.server_stream, self.banded_noise.label, self.banded_noise.bands)
+                self.banded_noise.load_state_dict(state["banded"])
 
     def client_state_dict(self) -> dict[str, Any]:
         return client_state_dict(self._client_streams, self._trained)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma
+from protocols.dp.banded_ledger import banded_client_unit
 from protocols.dp.local_dpsgd import copies_per_round, local_steps_per_round
 from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP, mechanism_kind
 from protocols.dp.tree_ledger import tree_client_unit
@@ -150,6 +151,12 @@ def client_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
     if settings.label_set_algorithm:
         not_cov.append("label-set collection: a client's tokens shape W through the server regulariser "
                        "(covered per instance by privacy.instance, not per client)")  # fmt: skip
+    if p.client.mechanism == "banded":
+        try:
+            return banded_client_unit(client=p.client, training=settings.training, delta=p.delta, accountant=p.accountant,
+                                      scope=CLIENT_SCOPE, not_covered=not_cov, report_gdp=p.report_gdp)  # fmt: skip
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"privacy.client: {exc}") from None
     if p.client.mechanism == "tree":
         try:
             return tree_client_unit(client=p.client, delta=p.delta, accountant=p.accountant, rounds=settings.training.rounds,

@@ -4,6 +4,7 @@ DP layer builds it from its ledgers (realised steps) and ``validate`` from the p
 
 from __future__ import annotations
 
+from protocols.dp.banded_ledger import ClientBanded
 from protocols.dp.mechanisms import (
     CLIENT_TRAINING,
     LABEL_SETS,
@@ -41,6 +42,8 @@ def mechanism_kind(privacy, name: str) -> str:
     c = privacy.client
     if c.mechanism == "tree":
         return ClientTree.kind
+    if c.mechanism == "banded":
+        return ClientBanded.kind
     if c.adaptive_clipping is not None:
         return AdaptiveClipping.kind
     return (ClientNoiseShares if c.noise == "clients" else ClientServerNoise).kind

@@ -21,6 +21,7 @@ from secure_fed.algorithms.params.base import AlgorithmParams
 from secure_fed.algorithms.registry import DEFAULT_ALGORITHM, algorithm_specs, builtin_specs
 from secure_fed.errors import unknown_name
 from secure_fed.model_choices import IMAGE_FORMATS, NO_WEIGHTS, RESNETS  # noqa: F401 - also read here by name
+from secure_fed.participation import cyclic_period
 from secure_fed.plugin_specs import validate_stack
 from secure_fed.plugins import registry
 
@@ -327,7 +328,12 @@ class TrainingConfig(_Strict):
         description="an absolute cohort size instead of client_fraction (e.g. FedAwS's 4,000 sampled clients a round); "
         "uniform or proportional sampling",
     )  # fmt: skip
-    sampling: Literal["uniform", "proportional", "poisson"] = "uniform"
+    sampling: Literal["uniform", "proportional", "poisson", "cyclic"] = Field(
+        "uniform",
+        description="who trains in a round: uniform or proportional (a fixed cohort, without replacement), poisson "
+        "(each client with probability client_fraction), cyclic (a public schedule: the clients split by id into P = "
+        "1/client_fraction groups, client c in the rounds r ≡ c mod P; privacy.client.mechanism: banded needs it)",
+    )
     aggregation: Literal["uniform", "num_examples"] = Field("uniform", description="weights when averaging θ")
     local_epochs: int = Field(1, ge=1, le=10_000)
     batch_size: int = Field(32, ge=1, le=MAX_SIZE)
@@ -397,6 +403,15 @@ class TrainingConfig(_Strict):
                 raise ValueError(
                     "training.clients_per_round is a fixed cohort size; sampling: poisson picks each client with "
                     "probability training.client_fraction instead"
+                )
+        if self.sampling == "cyclic":
+            if self.clients_per_round is not None:
+                raise ValueError("training.sampling: cyclic splits the clients into 1/client_fraction groups; give "
+                                 "training.client_fraction, not clients_per_round")  # fmt: skip
+            if cyclic_period(self.client_fraction) is None:
+                raise ValueError(
+                    f"training.sampling: cyclic needs client_fraction = 1/P for a whole number P of groups, not "
+                    f"{self.client_fraction:g}"
                 )
         return self
 

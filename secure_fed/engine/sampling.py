@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from secure_fed.participation import cyclic_cohort, cyclic_period
+
 
 def client_seed(seed: int, round_idx: int, cid: int) -> int:
     return int(np.random.SeedSequence([seed, round_idx, cid]).generate_state(1)[0])
@@ -27,11 +29,15 @@ def sample_clients(
     size: int | None = None,
 ) -> np.ndarray:
     """Client ids for one round: ``size`` (default ``ceil(fraction·N)``) without replacement (uniform or ∝ size),
-    or Poisson (each client independently with probability ``fraction``).
+    Poisson (each client independently with probability ``fraction``), or cyclic (the fixed group of the round).
 
     ``uniforms`` (one per client) replaces the public seed's draws for Poisson sampling: a DP layer passes draws
     from the server's secret, since amplification by sampling needs a sample the adversary cannot recompute."""
     n = len(sizes)
+    if how == "cyclic":  # a public schedule: the ids ≡ round (mod P), P = 1/fraction (secure_fed.participation)
+        if (period := cyclic_period(fraction)) is None:
+            raise ValueError(f"cyclic sampling needs client_fraction = 1/P for a whole number P, not {fraction}")
+        return cyclic_cohort(n, period, round_idx)
     rng = np.random.default_rng([seed, 7, round_idx])
     if how == "poisson":  # each client independently with probability `fraction` (what DP accounting assumes)
         if fraction >= 1.0:

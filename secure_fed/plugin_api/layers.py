@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from secure_fed.memory import DataShape
     from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
     from secure_fed.models.sparse_rows import dense_delta
+    from secure_fed.participation import cyclic_period
     from secure_fed.plan import DatasetPlan, ModelPlan, RunPlan, TrainingPlan
     from secure_fed.plugin_specs import LayerSpec, layer_specs
     from secure_fed.release import declare_mechanism
@@ -50,6 +51,7 @@ _LAZY = {
     # --- the run plan: what a spec's callables receive (``plan: RunPlan``) and the parts a layer reads
     "RunPlan": "secure_fed.plan",  # a run's settings, resolved once (plugin sections: ``plan.part(PrivacyConfig)``)
     "TrainingPlan": "secure_fed.plan",  # the plan's ``training`` part (rounds, sampling, cohort_size, …)
+    "cyclic_period": "secure_fed.participation",  # P of ``training.sampling: cyclic`` (client c in the rounds r ≡ c mod P)
     "DatasetPlan": "secure_fed.plan",  # the plan's ``dataset`` part (a public size for a divisor, the format)
     "ModelPlan": "secure_fed.plan",  # the plan's ``model`` part (family, embedding_dim, fixed_encoder, …)
     "AlgorithmParams": "secure_fed.algorithms.params.base",  # ``plan.algorithm``: the algorithm's parameters model
@@ -118,6 +120,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "RunPlan",
     "TrainingPlan",
+    "cyclic_period",
     "DatasetPlan",
     "ModelPlan",
     "AlgorithmParams",

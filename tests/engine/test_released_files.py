@@ -40,13 +40,16 @@ SUMMARY_PRIVACY = {"epsilon", "delta", "unit", "units", "note", "warning", "why"
 UNIT = {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps",
         "target_epsilon", "sigma_calibrated", "scope", "not_covered", "fixed", "sensitivity", "sensitivity_note", "adversaries",
         "instance_level", "warning", "stopped", "approximate", "mechanisms", "composition",
-        "contribution_bound", "unnoised", "expected_batch_size", "adaptive_clipping", "tree"}  # fmt: skip
+        "contribution_bound", "unnoised", "expected_batch_size", "adaptive_clipping", "tree", "banded"}  # fmt: skip
 # adaptive clipping: the released C_t (from noisy counts), its public settings and the noise split of Theorem 1
 ADAPTIVE_CLIPPING = {"clip_norm_by_round", "next_clip_norm", "target_quantile", "learning_rate", "count_noise_std",
                      "expected_clients", "update_noise_multiplier", "note"}  # fmt: skip
 # privacy.client.mechanism: tree (DP-FTRL): the mechanism's name and its accounting, functions of σ and the rounds only
 TREE = {"name", "sampling_amplification", "participation", "tree_rounds", "tree_depth", "gaussian_equivalents",
         "effective_noise_multiplier", "zcdp_rho", "note"}  # fmt: skip
+# privacy.client.mechanism: banded (banded MF): the strategy and its accounting, functions of the config and the rounds only
+BANDED_MF = {"name", "strategy", "bands", "coefficients", "participation", "period", "participations", "max_column_norm",
+             "sensitivity", "effective_noise_multiplier", "zcdp_rho", "lattice_bits", "theorem"}  # fmt: skip
 # the instance unit's mechanisms (server's W step, DP-SGD in client training): configuration and accounting only
 MECHANISM = {"scope", "noise_multiplier", "sample_rate", "clip_norm", "steps", "planned_steps", "sigma_calibrated",
              "sensitivity", "sensitivity_note", "expected_batch_size"}  # fmt: skip
@@ -76,6 +79,7 @@ def _check_unit(unit: dict, where: str) -> None:
         assert name in ("server_w_step", "client_training")
         _check(mech, MECHANISM, f"{where}.mechanisms.{name}")
     _check(unit.get("tree", {}), TREE, f"{where}.tree")
+    _check(unit.get("banded", {}), BANDED_MF, f"{where}.banded")
     for x in unit.get("unnoised", []):
         _check(x, UNNOISED, f"{where}.unnoised")
     for name, rep in unit.get("approximate", {}).items():

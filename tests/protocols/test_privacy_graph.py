@@ -138,7 +138,8 @@ def test_every_registered_mechanism_is_declared_by_some_run():
         for client in (NS(mechanism="gaussian", noise="server", adaptive_clipping=None),
                        NS(mechanism="gaussian", noise="clients", adaptive_clipping=None),
                        NS(mechanism="gaussian", noise="server", adaptive_clipping=object()),
-                       NS(mechanism="tree", noise="server", adaptive_clipping=None)):  # fmt: skip
+                       NS(mechanism="tree", noise="server", adaptive_clipping=None),
+                       NS(mechanism="banded", noise="server", adaptive_clipping=None)):  # fmt: skip
             p = NS(local=NS(noise=local_noise), client=client)
             seen.update(mechanism_kind(p, name) for name in ("server_w_step", "client_training", "client"))
     assert seen == run_mechanisms()

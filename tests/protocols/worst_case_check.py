@@ -456,8 +456,9 @@ SENSITIVITY_SLACK = 1e-5
 #: the mechanisms' declared noise and sampling, written out here (not read from protocols.dp.mechanisms): who adds the
 #: noise, and whether the server knows the sample
 NOISE_BY_CLIENTS = {"dp_sgd", "dp_sgd_shares", "client_noise_shares"}
-SAMPLE_KNOWN_TO_SERVER = {"w_step", "client_server_noise", "client_noise_shares", "adaptive_clipping", "client_tree"}
-CLIENT_KINDS = {"client_server_noise", "client_noise_shares", "adaptive_clipping", "client_tree"}
+SAMPLE_KNOWN_TO_SERVER = {"w_step", "client_server_noise", "client_noise_shares", "adaptive_clipping", "client_tree",
+                          "client_banded"}  # fmt: skip
+CLIENT_KINDS = {"client_server_noise", "client_noise_shares", "adaptive_clipping", "client_tree", "client_banded"}
 
 
 def _same_clients(c: Combination, plan: RunPlan, d, r: int, tmp: Path):
@@ -551,7 +552,7 @@ def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Ver
             y = [float(vecs["D-"][cid] @ u) for cid in moved]
             over += [(kind, float(np.linalg.norm(vecs["D"][cid] - vecs["D-"][cid])), SENSITIVITY["client"] * CLIENT_CLIP)
                      for cid in moved]  # fmt: skip
-            q = 1.0 if kind == "client_tree" else CLIENT_RATE
+            q = 1.0 if kind in ("client_tree", "client_banded") else CLIENT_RATE
             mechs.append((kind, "client_training", x, y, q, std, 1))
     v.figures["mechanisms"] = [
         {"kind": m[0], "shift": [round(x - y, 6) for x, y in zip(m[2], m[3], strict=True)],

@@ -4,7 +4,7 @@ kept only where ``secure-fed validate`` (called in process) accepts it, and the 
 
 A combination is one value per factor: the algorithm family, the instance unit's W step, DP-SGD in client training
 (local noise or noise shares), the client-level mechanism (server noise, client noise shares, DP-FTRL's tree, adaptive
-clipping), the fixed encoder and the secure layer (none, secure aggregation, CKKS). Each value is a list of config
+clipping, banded MF), the fixed encoder and the secure layer (none, secure aggregation, CKKS). Each value is a list of config
 overrides on a small synthetic experiment (one round)."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ GENERAL = {"fedavg_general", "flag_general", "fedlgt_general"}
 W_STEP = {"off": (), "on": ("w_step",)}
 LOCAL = {"off": (), "local": ("dp_sgd",), "shares": ("dp_sgd_shares",)}
 CLIENT = {"off": (), "server": ("client_server_noise",), "clients": ("client_noise_shares",), "tree": ("client_tree",),
-          "adaptive": ("adaptive_clipping",)}  # fmt: skip
+          "adaptive": ("adaptive_clipping",), "banded": ("client_banded",)}  # fmt: skip
 ENCODER = ("trained", "fixed")
 SECURE = {"none": [], "secure_aggregation": ["secure_aggregation"], "ckks": ["ckks"]}
 
@@ -95,12 +95,15 @@ class Combination:
                     + kb + "}", "training.local_epochs=1"]  # fmt: skip
         if self.client != "off":
             extra = {"server": "", "clients": ', "noise": "clients"', "tree": ', "mechanism": "tree"',
-                     "adaptive": ', "adaptive_clipping": {"count_noise_multiplier": 2.0}'}[self.client]  # fmt: skip
+                     "adaptive": ', "adaptive_clipping": {"count_noise_multiplier": 2.0}',
+                     "banded": ', "mechanism": "banded", "bands": 1'}[self.client]  # fmt: skip
             if self.family == "flag_general":
                 extra += ', "weight_cap": 100.0'
             out.append(f'privacy.client={{"noise_multiplier": 1.0, "clip_norm": {CLIENT_CLIP}' + kb + extra + "}")
             if self.client == "tree":
                 out += ["training.client_fraction=1.0", "training.server_optimizer={name: fedavg, lr: 1.0}"]
+            elif self.client == "banded":  # one round: every client (period 1), one band, as any b ≤ P would start
+                out += ["training.client_fraction=1.0", "training.sampling=cyclic"]
             else:
                 out += ["training.client_fraction=0.75", "training.sampling=poisson"]
         if self.encoder == "fixed":
