@@ -13,6 +13,8 @@ the core reads them here, by group, and never names a module above it. The group
 ``secure_fed.model_families``      a :class:`~secure_fed.models.families.ModelFamily` subclass per model family
 ``secure_fed.algorithms``          an :class:`~secure_fed.algorithms.spec.AlgorithmSpec` per algorithm (its params
                                    model and capabilities; :mod:`secure_fed.algorithms.registry`)
+``secure_fed.mechanisms``          a DP mechanism plugin's spec (``protocols.dp.mechanism_plugins``): its
+                                   ``privacy.<name>:`` section, its client side, its sensitivities
 =================================  =====================================================================
 
 Specs and config sections must be light (pydantic and the standard library only), so that
@@ -32,7 +34,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-GROUPS = ("layers", "attacks", "config_sections", "callbacks", "commands", "model_families", "algorithms")
+GROUPS = ("layers", "attacks", "config_sections", "callbacks", "commands", "model_families", "algorithms", "mechanisms")
 
 
 @cache
