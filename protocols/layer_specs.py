@@ -213,6 +213,11 @@ def _client_unit_rules(plan: RunPlan, stack: list[str]) -> None:
     p, algo = plan.part(PrivacyConfig), plan.algorithm.name
     if p.client is None:
         return
+    if not plan.algorithm.capabilities.client_training:
+        raise ValueError(
+            f"privacy.client noises the clients' training updates, which {algo} does not have (its clients do not train: "
+            "its noise would only blur the model it computes at setup); its DP comes from the mechanisms it declares"
+        )
     t = plan.training
     if p.client.mechanism == "tree":
         from protocols.dp.tree_ledger import tree_config_error
