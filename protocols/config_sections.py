@@ -7,9 +7,9 @@ importing a layer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from secure_fed.plugin_api.layers import SECRET
 
@@ -194,7 +194,8 @@ class ClientDPConfig(_DPUnitConfig):
 
 
 class PrivacyConfig(_Strict):
-    """Differential privacy settings; active only when ``dp`` is listed in ``protocols``."""
+    """Differential privacy settings; active only when ``dp`` is listed in ``protocols``. Each registered DP mechanism
+    plugin adds its own sub-section ``privacy.<name>:`` (:mod:`protocols.dp.mechanism_plugins`; null: off)."""
 
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
     accountant: Literal["rdp", "prv", "pld"] = Field(
@@ -225,19 +226,23 @@ class PrivacyConfig(_Strict):
         "hash of (the instance, the label) is smallest (a rule of that instance alone); drop removes it from training",
     )
 
+    def _bounds(self) -> dict[str, int]:
+        """Every set sub-section's ``max_labels_per_instance`` (the units', and a mechanism plugin's that has one)."""
+        subs = ((name, getattr(self, name)) for name in type(self).model_fields)
+        return {
+            name: u.max_labels_per_instance
+            for name, u in subs
+            if isinstance(u, BaseModel) and getattr(u, "max_labels_per_instance", None) is not None
+        }
+
     def max_labels_per_instance(self) -> int | None:
-        """The run's one contribution bound: the value the units give (they must agree), or None."""
-        given = {u.max_labels_per_instance for u in (self.instance, self.local, self.client) if u is not None}
-        given.discard(None)
+        """The run's one contribution bound: the value the sub-sections give (they must agree), or None."""
+        given = set(self._bounds().values())
         return given.pop() if given else None
 
     @model_validator(mode="after")
     def _one_bound(self) -> PrivacyConfig:
-        given = {
-            name: u.max_labels_per_instance
-            for name, u in (("instance", self.instance), ("local", self.local), ("client", self.client))
-            if u is not None and u.max_labels_per_instance is not None
-        }
+        given = self._bounds()
         if len(set(given.values())) > 1:
             listed = ", ".join(f"privacy.{n}.max_labels_per_instance {m}" for n, m in given.items())
             raise ValueError(f"{listed} differ: the bound decides which clients hold an instance, once a run; give one value")
@@ -263,6 +268,34 @@ class PrivacyConfig(_Strict):
                 "so it may not calibrate σ or stop training; use rdp, prv or pld, and set privacy.report_gdp: true to see it"
             )
         return v
+
+
+#: the built ``privacy:`` models, by the registered (plugin, settings model) pairs they were built from
+_PRIVACY_MODELS: dict[tuple, type[PrivacyConfig]] = {}
+
+
+def privacy_config_model() -> type[PrivacyConfig]:
+    """The ``privacy:`` model of the DP mechanism plugins registered now: a subclass of :class:`PrivacyConfig` (what
+    readers name: ``plan.part(PrivacyConfig)``) with one optional sub-section per plugin (``privacy.<name>:``, default
+    null), its settings model."""
+    from protocols.dp.mechanism_plugins import mechanism_specs
+
+    owned = tuple((name, spec.settings) for name, spec in mechanism_specs().items())
+    if owned not in _PRIVACY_MODELS:
+        if clash := [name for name, _ in owned if name in PrivacyConfig.model_fields]:
+            raise RuntimeError(f"DP mechanism plugins {clash} clash with the privacy section's own keys")
+        fields: dict[str, Any] = {
+            name: (model | None, Field(None, description=f"the {name} mechanism's settings (a DP mechanism plugin; null: off)"))
+            for name, model in owned
+        }
+        _PRIVACY_MODELS[owned] = create_model("PrivacyConfig", __base__=PrivacyConfig, **fields)
+    return _PRIVACY_MODELS[owned]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PrivacyConfigWithPlugins":  # the entry point's target: built when the config schema is
+        return privacy_config_model()
+    raise AttributeError(name)
 
 
 class KeyedHashingConfig(_Strict):

@@ -12,6 +12,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from protocols.config_sections import ClientDPConfig, InstanceDPConfig, LocalDPConfig, PrivacyConfig, SecureAggregationConfig
+from protocols.dp.mechanism_plugins import active_plugins, plugin_sigma_source_error
 from protocols.dp.share_rules import local_shares_error
 from protocols.layer_settings import (
     ckks_settings,
@@ -30,6 +31,7 @@ from secure_fed.plugin_api.layers import (
     Opaque,
     Setting,
     ShortBytes,
+    Vector,
     per_set_chunk_bytes,
 )
 
@@ -124,9 +126,9 @@ def _sigma_source_error(p: PrivacyConfig) -> str | None:
 def _dp_stack_rules(plan: RunPlan, stack: list[str]) -> None:
     """A dp unit is set, each mechanism has a σ to come from, and dp comes before a secure sum."""
     p = plan.part(PrivacyConfig)
-    if p.instance is None and p.client is None and p.local is None:
+    if p.instance is None and p.client is None and p.local is None and not active_plugins(p):
         raise ValueError("'dp' is listed in protocols but none of privacy.instance, privacy.local, privacy.client is set")
-    if why := _sigma_source_error(p):
+    if why := _sigma_source_error(p) or plugin_sigma_source_error(p):
         raise ValueError(why)
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):
@@ -184,7 +186,8 @@ def _fixed_encoder_and_bound_rules(plan: RunPlan, stack: list[str]) -> None:
             "too, so the released encoder would not be its initialisation; use privacy.local with noise: local (DP-SGD "
             "noises only what is trained)"
         )
-    bound = p.max_labels_per_instance()
+    units = {u.max_labels_per_instance for u in (p.instance, p.local, p.client) if u is not None} - {None}
+    bound = units.pop() if units else None  # a DP mechanism plugin's bound caps each instance on its client too
     if bound is not None and plan.partition.name != "positive_only" and not central:
         raise ValueError(
             f"privacy.*.max_labels_per_instance {bound} bounds the clients an instance sits on in the positive_only "
@@ -210,6 +213,11 @@ def _client_unit_rules(plan: RunPlan, stack: list[str]) -> None:
     p, algo = plan.part(PrivacyConfig), plan.algorithm.name
     if p.client is None:
         return
+    if not plan.algorithm.capabilities.client_training:
+        raise ValueError(
+            f"privacy.client noises the clients' training updates, which {algo} does not have (its clients do not train: "
+            "its noise would only blur the model it computes at setup); its DP comes from the mechanisms it declares"
+        )
     t = plan.training
     if p.client.mechanism == "tree":
         from protocols.dp.tree_ledger import tree_config_error
@@ -385,6 +393,8 @@ def _validate_dp(plan: RunPlan, stack: list[str]) -> None:
     if "dp" not in stack:
         if p.instance is not None or p.client is not None or p.local is not None:
             raise ValueError("privacy.instance / privacy.local / privacy.client is set but 'dp' is not listed in protocols")
+        if plugins := active_plugins(p):
+            raise ValueError(f"privacy.{plugins[0][0].name} is set but 'dp' is not listed in protocols")
         return
     for rules in DP_RULES:
         rules(plan, stack)
@@ -478,14 +488,15 @@ def unnoised_steps_of_plan(plan: RunPlan) -> list[dict]:
     (:func:`protocols.dp.run_graph.planned_unnoised_steps`)."""
     from protocols.dp.run_graph import planned_unnoised_steps
 
-    return planned_unnoised_steps(plan.part(PrivacyConfig), label_set_algorithm=plan.algorithm.capabilities.collects_label_sets)
+    return planned_unnoised_steps(plan.part(PrivacyConfig), capabilities=plan.algorithm.capabilities)
 
 
 def _released_model_line(plan: RunPlan) -> str:
     """The released model's ε (the observer's), planned: covered when every step that shapes θ and W has a DP
     mechanism (:func:`unnoised_steps_of_plan`, the layer's own rule), else ∞ and why."""
     p = plan.part(PrivacyConfig)
-    units = [u for u, on in (("instance", p.instance is not None or p.local is not None), ("client", p.client is not None)) if on]
+    instance_on = p.instance is not None or p.local is not None or bool(active_plugins(p))
+    units = [u for u, on in (("instance", instance_on), ("client", p.client is not None)) if on]
     head = "dp released model (the observer: sees θ, W and the files): "
     unnoised = unnoised_steps_of_plan(plan)
     if not unnoised:
@@ -603,7 +614,10 @@ def _instance_unit_line(plan: RunPlan, num_clients: int, planned: dict[str, tupl
     if p.local is not None:
         mech, note = _client_training_mechanism(plan, num_clients)
         mechs.append(mech)
-    block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"
+    for spec, section in active_plugins(p):  # one release before round 0, every client at once
+        mechs.append((spec.name, section, 1.0, 1))
+    blocks = {"server_w_step": "instance", "client_training": "local"}  # the sections; a plugin's is its name
+    block = next((blocks.get(n, n) for n, m, _, _ in mechs if m.target_epsilon is not None), "local")
     return _unit_line(p, "instance", block, mechs, note, planned)
 
 
@@ -632,10 +646,11 @@ def _describe_dp_lines(plan: RunPlan, num_clients: int) -> list[str]:
     p = plan.part(PrivacyConfig)
     lines: list[str] = []
     planned: dict[str, tuple[float, float, int]] = {}  #: mechanism → its planned (σ, q, steps), for the graph
-    if p.instance is not None or p.local is not None:
+    if p.instance is not None or p.local is not None or active_plugins(p):
         lines.append(_instance_unit_line(plan, num_clients, planned))
     if p.client is not None:
         lines.append(_client_unit_line(plan, planned))
+    lines.extend(_plugin_lines(plan, planned))
     lines.extend(_planned_release_lines(plan, num_clients, planned))
     if plan.model.fixed_encoder:
         lines.append("dp: the encoder g_θ is fixed at its initialisation from the seed (model.fixed_encoder): never trained, "
@@ -648,16 +663,38 @@ def _describe_dp_lines(plan: RunPlan, num_clients: int) -> list[str]:
     return lines
 
 
+def _plugin_lines(plan: RunPlan, planned: dict[str, tuple[float, float, int]]) -> list[str]:
+    """One line per DP mechanism plugin: its release, its sensitivities and noise multipliers per unit."""
+    from protocols.dp.plugin_release import client_sigma
+
+    p, lines = plan.part(PrivacyConfig), []
+    for spec, section in active_plugins(p):
+        if spec.name not in planned:
+            continue
+        sigma = planned[spec.name][0]
+        d_i = spec.sensitivity(section, "instance")
+        line = (f"dp {spec.name}: releases the clients' summed {spec.statistic} once before round 0 with Gaussian noise "
+                f"of std σ·Δ = {sigma * d_i:.4g} (instance: Δ {d_i:.4g}, σ {sigma:.4g}, 1 step at q 1)")  # fmt: skip
+        if p.client is not None:
+            line += (f"; client: Δ {spec.sensitivity(section, 'client'):.4g} (each client's vector clipped), "
+                     f"σ {client_sigma(spec, section, sigma):.4g}")  # fmt: skip
+        lines.append(line + "; the server sums the clients' bounded vectors and adds the noise itself (no ε against it)")
+    return lines
+
+
 def _planned_release_lines(plan: RunPlan, num_clients: int, planned: dict[str, tuple[float, float, int]]) -> list[str]:
     """The released model's planned ε per unit against the observer, from the run's privacy-loss graph
     (:mod:`protocols.dp.run_graph`) over the planned mechanisms, one line per unit: it differs from the unit's own
     plan where another unit's mechanism reaches it (client-level noise per instance) or a channel is un-noised."""
     from protocols.dp.banded_ledger import banded_options
     from protocols.dp.mechanisms import MECHANISMS
+    from protocols.dp.plugin_release import client_sigma
     from protocols.dp.run_graph import declared_names, mechanism_kind, run_graph
 
     p, t = plan.part(PrivacyConfig), plan.training
-    instance_mechs = [name for name in declared_names(p) if name != "client"]  # the instance unit's
+    plugins = active_plugins(p)
+    client_names = ["client", *(f"{spec.name}_client" for spec, _ in plugins)]
+    instance_mechs = [name for name in declared_names(p) if name not in client_names]  # the instance unit's
     if any(name not in planned for name in instance_mechs):
         return []  # some step counts need the built data: said above
     client_name = next((n for n in planned if n.startswith("client update")), None)
@@ -678,11 +715,15 @@ def _planned_release_lines(plan: RunPlan, num_clients: int, planned: dict[str, t
         extra.update(banded_options(p.client, t))
         mechs.append(MECHANISMS[mechanism_kind(p, "client")](name="client", sigma=sigma, sample_rate=q, steps=t.rounds,
                                                             planned_steps=t.rounds, **extra))  # fmt: skip
+        for spec, section in plugins:
+            name = f"{spec.name}_client"
+            mechs.append(MECHANISMS[mechanism_kind(p, name)](name=name, sigma=client_sigma(spec, section, planned[spec.name][0]),
+                                                           sample_rate=1.0, steps=1, planned_steps=1))  # fmt: skip
     graph = run_graph(
-        p, label_set_algorithm=plan.algorithm.capabilities.collects_label_sets, mechanisms=mechs, instance_group=k,
+        p, capabilities=plan.algorithm.capabilities, mechanisms=mechs, instance_group=k,
         population=num_clients, cohort=None if t.sampling == "poisson" else t.cohort_size(num_clients),
     )  # fmt: skip
-    units = (["instance"] if p.instance is not None or p.local is not None else []) + (["client"] if p.client else [])
+    units = (["instance"] if p.instance is not None or p.local is not None or plugins else []) + (["client"] if p.client else [])
     lines = []
     for unit in units:
         res = graph.epsilon(unit, "observer", delta=p.delta, accountant=p.accountant)
@@ -773,7 +814,10 @@ DP = LayerSpec(
     target_epsilons=_target_epsilons,
     public_preprocessing=_always,  # θ is covered only if its inputs read no statistic of the training split
     # noise: clients — each client's noise share on every row of W, packed with its row deltas for the secure sum
-    uplink_rules={"row_noise": FullTable("W")},
+    # the DP mechanism plugins' setup exchange (protocols.dp.plugin_release): which plugin and its public bounds down,
+    # the client's bounded vector up
+    downlink_rules={"mechanism": Setting(), "instance_bound": Number(), "client_clip": Number()},
+    uplink_rules={"row_noise": FullTable("W"), "mechanism_vector": Vector()},
     describe=_describe_dp,
     memory=_dp_memory,
 )

@@ -182,6 +182,23 @@ class Number(Rule):
 
 
 @dataclass(frozen=True)
+class Vector(Rule):
+    """One finite 1-D float tensor of at most ``max_len`` entries (a per-label statistic of the client, e.g. its label
+    counts, that a DP mechanism bounds or an algorithm sums)."""
+
+    max_len: int = 10_000_000
+
+    def check(self, key, value, msg, ctx):
+        import torch
+
+        if not isinstance(value, torch.Tensor) or value.dim() != 1 or not value.is_floating_point():
+            return f"'{key}' must be a 1-D float tensor"
+        if value.numel() > self.max_len or not bool(torch.isfinite(value).all()):
+            return f"'{key}' must hold at most {self.max_len} finite values"
+        return None
+
+
+@dataclass(frozen=True)
 class ShortBytes(Rule):
     """One opaque byte string of at most ``max_bytes`` (a pseudonym, a public key)."""
 

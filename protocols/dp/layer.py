@@ -20,6 +20,7 @@ from protocols.dp.budget_stop import budget_stop
 from protocols.dp.client_records import check_round_payload, client_state_dict, load_client_state_dict
 from protocols.dp.local_dpsgd import LocalDPSGD
 from protocols.dp.local_shares import LocalSharesRound
+from protocols.dp.mechanism_plugins import active_plugins
 from protocols.dp.privacy_graph import Graph
 from protocols.dp.privacy_report import privacy_graph, privacy_report
 from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP
@@ -35,7 +36,9 @@ from secure_fed.plugin_api.layers import (
     Ledger,
     Payload,
     ProtocolLayer,
+    ProtocolSetup,
     RoundSession,
+    SetupResult,
     StackEnv,
     StateScope,
     client_side,
@@ -66,7 +69,9 @@ class DifferentialPrivacy(ProtocolLayer):
         self.units: dict[str, PrivacyUnit] = {}
         self.adaptive: tuple[adaptive_clipping.AdaptiveClip, float] | None = None
         self.charged_round = -1  #: the last round whose steps the ledger holds
-        if p.instance is not None or p.local is not None:
+        #: the DP mechanism plugins' releases, by statistic (set at setup)
+        self.released: dict[str, torch.Tensor] = {}
+        if p.instance is not None or p.local is not None or active_plugins(p):
             self.units["instance"] = privacy_units.instance_unit(settings, env)
             if self.local_shares:
                 privacy_units.check_local_shares(settings, env, self.units["instance"].mechanism(CLIENT_STEP).sigma)
@@ -80,10 +85,21 @@ class DifferentialPrivacy(ProtocolLayer):
             # adaptive clipping (privacy.client.adaptive_clipping): (C_t, σ_Δ), or None (a fixed clip norm)
             q = settings.training.client_fraction
             self.adaptive = adaptive_clipping.adaptive_clip(p.client, self.units["client"].sigma, q * env.num_clients)
+        privacy_units.add_plugin_client_mechanisms(settings, self.units)
         for unit in self.units.values():
             unit.fixed = privacy_units.fixed_parts(settings)
 
     # ---------------------------------------------------------------- the hooks (secure_fed.engine.layers)
+    def setup(self, ctx: ProtocolSetup) -> SetupResult:
+        """Before round 0: each DP mechanism plugin's one release (:func:`protocols.dp.plugin_release.release`),
+        charged to the ledgers; the algorithm's setup query for a released statistic is answered with it."""
+        if not active_plugins(self.settings.privacy):
+            return SetupResult()
+        from protocols.dp import plugin_release
+
+        self.released = plugin_release.release(self, ctx.query)
+        return SetupResult(wrap_query=plugin_release.answer_statistics(self.released))
+
     def clients(self) -> ClientSide:
         """Clients: DP-SGD in their training (``privacy.local``); the clip and noise share as plan steps
         (``privacy.client``), and a node's record of the payloads it trained on."""

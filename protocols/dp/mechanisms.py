@@ -50,6 +50,12 @@ def run_mechanisms() -> set[str]:
     return {k for k, cls in MECHANISMS.items() if cls.level == "run"}
 
 
+def builtin_run_mechanisms() -> set[str]:
+    """:func:`run_mechanisms` less the DP mechanism plugins' (``plugin`` set: :mod:`protocols.dp.plugin_release`),
+    which their own tests check."""
+    return {k for k in run_mechanisms() if not MECHANISMS[k].plugin}
+
+
 def register_mechanism(cls: type[DPMechanism]) -> type[DPMechanism]:
     """Register a mechanism class under its ``kind`` (a class decorator)."""
     if not getattr(cls, "kind", None):
@@ -84,6 +90,8 @@ class DPMechanism:
     server_note: ClassVar[str] = ""
     #: ``run``: one run's privacy graph composes it; ``study``: it composes whole runs (private selection)
     level: ClassVar[str] = "run"
+    #: the DP mechanism plugin that declares it (:mod:`protocols.dp.mechanism_plugins`), or "" for a built-in
+    plugin: ClassVar[str] = ""
 
     def __init__(self, *, name: str, sigma: float, sample_rate: float, steps: int = 0, planned_steps: int = 0,
                  scope: str = "", clip_norm: float = 1.0, calibrated: bool = False):  # fmt: skip
@@ -228,5 +236,5 @@ class ClientTree(_ClientGaussian):
 __all__ = [
     "CLIENT", "CLIENT_TRAINING", "INSTANCE", "LABEL_SETS", "MECHANISMS", "ORDERS", "AdaptiveClipping", "ClientDPSGD",
     "ClientDPSGDShares", "ClientNoiseShares", "ClientServerNoise", "ClientTree", "DPMechanism", "LabelSetWStep",
-    "register_mechanism",
+    "builtin_run_mechanisms", "register_mechanism",
 ]  # fmt: skip

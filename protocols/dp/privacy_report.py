@@ -26,7 +26,7 @@ def privacy_graph(layer, *, planned: bool = False) -> Graph:
     t, n = layer.settings.training, layer.env.num_clients
     mechs = [m.at(m.planned_steps) if planned else m for u in layer.units.values() for m in u.mechanisms.values()]
     return run_graph(
-        layer.settings.privacy, label_set_algorithm=layer.settings.label_set_algorithm, mechanisms=mechs,
+        layer.settings.privacy, capabilities=layer.settings.algorithm.capabilities, mechanisms=mechs,
         instance_group=layer.env.max_clients_per_instance, population=n,
         cohort=None if t.sampling == "poisson" else t.cohort_size(n),
     )  # fmt: skip

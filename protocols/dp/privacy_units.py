@@ -9,6 +9,7 @@ from typing import Any
 from protocols.dp.accountant import PrivacyUnit, calibrate_shared_sigma, calibrate_sigma
 from protocols.dp.banded_ledger import banded_client_unit
 from protocols.dp.local_dpsgd import copies_per_round, local_steps_per_round
+from protocols.dp.mechanism_plugins import active_plugins
 from protocols.dp.run_graph import CLIENT_STEP, SERVER_STEP, mechanism_kind
 from protocols.dp.tree_ledger import tree_client_unit
 from protocols.layer_settings import DPSettings
@@ -80,6 +81,10 @@ def _instance_mechanisms(settings: DPSettings, env: StackEnv) -> list[dict[str, 
                 "step a round, each client's discrete Gaussian noise share σ(C + γ√d)/√t on its clipped gradient sum, "
                 "summed by secure aggregation over ≥ t survivors; one instance on one client"
             )
+    if active_plugins(p):  # the DP mechanism plugins' releases, charged to this unit's ledger
+        from protocols.dp.plugin_release import plugin_mechanisms
+
+        mechs.extend(plugin_mechanisms(p, with_client=p.client is not None))
     return mechs
 
 
@@ -88,7 +93,7 @@ def _instance_not_covered(settings: DPSettings) -> list[str]:
     p = settings.privacy
     not_covered = ["which labels have a training instance (the label space, and in the positive-only setting the set "
                    "of clients): public, it decides W's shape"]  # fmt: skip
-    if p.local is None:
+    if p.local is None and settings.algorithm.capabilities.client_training:
         not_covered.append(
             "client training on the instance (θ and class-row updates): "
             + ("outside this unit's ledger: the observer's ε composes the client unit's noise through the group of "
@@ -100,6 +105,11 @@ def _instance_not_covered(settings: DPSettings) -> list[str]:
     return not_covered
 
 
+def _block(name: str) -> str:
+    """The ``privacy.<block>`` a mechanism of the instance unit is set in."""
+    return {SERVER_STEP: "instance", CLIENT_STEP: "local"}.get(name, name)
+
+
 def instance_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
     """The instance unit: one ledger over the W step and DP-SGD in client training, a free σ calibrated to the one
     target over both; refused where the first round alone would pass that target."""
@@ -108,9 +118,10 @@ def instance_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
     target = next((m["block"].target_epsilon for m in mechs if m["block"].target_epsilon is not None), None)
     free = [m for m in mechs if m["block"].noise_multiplier is None]
     if free and target is None:
-        raise ValueError(f"privacy.{'instance' if p.instance is not None else 'local'}: give noise_multiplier or target_epsilon")
+        raise ValueError(f"privacy.{_block(free[0]['name'])}: give noise_multiplier or target_epsilon")
     shared = None
-    block = "instance" if p.instance is not None and p.instance.target_epsilon is not None else "local"  # the target's
+    # the target's block
+    block = next((_block(m["name"]) for m in mechs if m["block"].target_epsilon is not None), _block(mechs[0]["name"]))
     if free:
         try:
             shared = calibrate_shared_sigma(
@@ -123,7 +134,8 @@ def instance_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
     unit = None
     for m in mechs:
         sigma = m["block"].noise_multiplier if m["block"].noise_multiplier is not None else shared
-        kw = {"scope": m["scope"], "sigma": sigma, "sample_rate": m["sample_rate"], "clip_norm": m["block"].clip_norm,
+        kw = {"scope": m["scope"], "sigma": sigma, "sample_rate": m["sample_rate"],
+              "clip_norm": m.get("clip_norm", getattr(m["block"], "clip_norm", None)),
               "calibrated": m["block"].noise_multiplier is None, "planned_steps": m["planned_steps"],
               "kind": mechanism_kind(p, m["name"])}  # fmt: skip
         if unit is None:
@@ -183,6 +195,23 @@ def client_unit(settings: DPSettings, env: StackEnv) -> PrivacyUnit:
     )  # fmt: skip
 
 
+def add_plugin_client_mechanisms(settings: DPSettings, units: dict[str, PrivacyUnit]) -> None:
+    """With ``privacy.client``, each DP mechanism plugin's release declared in the client unit too: the same noise,
+    at the client sensitivity (:func:`protocols.dp.plugin_release.client_sigma`)."""
+    client = units.get("client")
+    if client is None:
+        return
+    from protocols.dp.plugin_release import client_sigma
+
+    for spec, section in active_plugins(settings.privacy):
+        sigma = client_sigma(spec, section, units["instance"].mechanism(spec.name).sigma)
+        client.add_mechanism(
+            f"{spec.name}_client", kind=mechanism_kind(settings.privacy, f"{spec.name}_client"), sigma=sigma,
+            sample_rate=1.0, clip_norm=spec.client_clip(section), calibrated=False, planned_steps=1,
+            scope=f"the client's clipped share of the released {spec.statistic} ({spec.name})",
+        )  # fmt: skip
+
+
 def _update_dim(env: StackEnv) -> int | None:
     """The update's coordinates (θ and the row table, as secure aggregation packs them), None without θ."""
     layout = env.update_layout()
@@ -209,5 +238,5 @@ def check_local_shares(settings: DPSettings, env: StackEnv, sigma: float) -> Non
         raise ConfigError(why)
 
 
-__all__ = ["check_local_shares", "check_share_range", "client_training_steps", "client_unit", "fixed_parts",
-           "instance_unit", "local_copies"]  # fmt: skip
+__all__ = ["add_plugin_client_mechanisms", "check_local_shares", "check_share_range", "client_training_steps",
+           "client_unit", "fixed_parts", "instance_unit", "local_copies"]  # fmt: skip

@@ -26,8 +26,17 @@ STEPS = {LABEL_SETS: LABEL_SET_STEP, CLIENT_TRAINING: CLIENT_TRAINING_STEP}
 
 def unnoised_steps(uncovered: Iterable[str]) -> list[dict[str, Any]]:
     """The steps that shape a released tensor with no DP mechanism on them (``{"step", "released", "why"}`` each), one
-    per ``uncovered`` channel; empty when the released θ and W are covered by the run's units."""
-    return [dict(STEPS[c]) for c in uncovered]
+    per ``uncovered`` channel; empty when the released θ and W are covered by the run's units. A statistic's channel
+    (``statistic:<key>``, :mod:`protocols.dp.mechanism_plugins`) is a step of its own."""
+    return [dict(STEPS[c]) if c in STEPS else statistic_step(c) for c in uncovered]
+
+
+def statistic_step(channel: str) -> dict[str, Any]:
+    """The step of a statistic released before round 0 with no mechanism on it (``statistic:<key>``)."""
+    stat = channel.split(":", 1)[1]
+    return {"step": f"statistic_{stat}", "released": ["theta", "W"],
+            "why": f"the {stat} the algorithm reads from the clients before round 0 are un-noised (the DP mechanism "
+                   "plugin that releases them, e.g. privacy.label_prior, covers them)"}  # fmt: skip
 
 
 __all__ = ["CLIENT_TRAINING_STEP", "LABEL_SET_STEP", "STEPS", "unnoised_steps"]

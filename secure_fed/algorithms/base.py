@@ -132,12 +132,16 @@ class SetupContext:
         W: torch.Tensor,
         device: torch.device,
         num_clients: int = 0,
+        theta: dict[str, torch.Tensor] | None = None,
     ):
         self.query = query
         #: N, how many clients the federation has (public)
         self.num_clients = num_clients
         self.num_labels = num_labels
         self.W = W
+        #: the server's θ at round 0 (name → tensor): setup may set it in place, as it may W (a model that the
+        #: algorithm computes at setup, e.g. ``label_prior``'s, which no client trains)
+        self.theta = theta if theta is not None else {}
         self.device = device
 
 

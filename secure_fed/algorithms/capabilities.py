@@ -38,6 +38,11 @@ class AlgorithmCapabilities:
             ``general``: a baseline of the general multi-label setting (rowless model family, full label vectors);
             ``any``: either.
         requires_family: the model family the algorithm trains (``model.family``), or None for any.
+        client_training: its clients train in the rounds (False: its client update reads no data and sends a
+            constant, so the rounds release nothing about the clients and no DP mechanism needs to cover them).
+        setup_statistics: the statistics (keys) its setup asks the clients for with the payload ``{"statistic":
+            key}`` and releases through θ or W; under ``dp`` a DP mechanism plugin that releases the key must cover
+            each (:mod:`protocols.dp.mechanism_plugins`), else its channel is un-noised (ε ∞).
     """
 
     has_rows: bool = False
@@ -51,6 +56,8 @@ class AlgorithmCapabilities:
     shares_nothing: bool = False
     setting: Literal["any", "positive_only", "general"] = "any"
     requires_family: str | None = None
+    client_training: bool = True
+    setup_statistics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.dp_units <= DP_UNITS:

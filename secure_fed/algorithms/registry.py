@@ -1,53 +1,52 @@
-"""The registered algorithms, by name: the built-ins and the ``secure_fed.algorithms`` entry points.
+"""The registered algorithms, by name: the ``secure_fed.algorithms`` entry points, the package's own and third parties'.
 
-Light (no torch): ``secure-fed validate`` builds the ``algorithm:`` section from :func:`algorithm_specs`. The
-built-ins are listed here as well as in ``pyproject.toml``'s entry points, so that they are found where the installed
-metadata predates the group (an editable install made before it); entry points add third-party algorithms::
+Light (no torch): ``secure-fed validate`` builds the ``algorithm:`` section from :func:`algorithm_specs`. A built-in
+algorithm is registered by its entry point in ``pyproject.toml`` alone (read from the source tree too, before an
+editable install records it: :func:`secure_fed.plugins.source_entry_points`); a third party declares one the same
+way::
 
     [project.entry-points."secure_fed.algorithms"]
     my_algorithm = "my_package.params:MY_ALGORITHM_SPEC"   # an AlgorithmSpec: params model + "module:Class"
 
-A third-party algorithm then validates, runs and meets the protocol layers through its spec's params model and
-capabilities alone, with no change to ``secure_fed`` or ``protocols``.
+An algorithm then validates, runs and meets the protocol layers through its spec's params model and capabilities
+alone, with no change to ``secure_fed`` or ``protocols``. A built-in may hold its params, spec and implementation in
+one module of ``secure_fed.algorithms`` whose implementation is built when first asked (the module's ``__getattr__``),
+so that reading the spec imports no torch.
 """
 
 from __future__ import annotations
 
 from secure_fed.algorithms.capabilities import AlgorithmCapabilities
 from secure_fed.algorithms.spec import AlgorithmSpec
-from secure_fed.plugins import load_object, registry
+from secure_fed.plugins import registry, source_entry_points
 
-#: the built-in algorithms' specs (``module:attr``), in the order ``secure-fed list`` prints them
-BUILTIN = (
-    "secure_fed.algorithms.params.fedavg:FEDAVG",
-    "secure_fed.algorithms.params.fedavg:FEDAVG_FIXED",
-    "secure_fed.algorithms.params.fedaws:FEDAWS",
-    "secure_fed.algorithms.params.fedalc:FEDALC",
-    "secure_fed.algorithms.params.fedalc:FEDALC_FIXED",
-    "secure_fed.algorithms.params.flag:FLAG",
-    "secure_fed.algorithms.params.oracle:ORACLE",
-    "secure_fed.algorithms.params.local:LOCAL",
-    "secure_fed.algorithms.params.oracle:CENTRALISED",
-    "secure_fed.algorithms.params.fedlgt:FEDCTRAN",
-    "secure_fed.algorithms.params.fedlgt:FEDLGT",
-)
 #: the algorithm of a config that names none (``algorithm:`` without ``name``)
 DEFAULT_ALGORITHM = "fedalc"
 
 
+def _entry_specs() -> dict[str, AlgorithmSpec]:
+    """Entry point name → spec, the source tree's entry points first in their ``pyproject.toml`` order."""
+    loaded = registry("algorithms")
+    order = [k for k in source_entry_points("algorithms") if k in loaded]
+    out = {}
+    for key in [*order, *(k for k in loaded if k not in order)]:
+        spec = loaded[key]
+        if not isinstance(spec, AlgorithmSpec):
+            raise RuntimeError(f"entry point secure_fed.algorithms:{key} is not an AlgorithmSpec ({type(spec).__name__})")
+        out[key] = spec
+    return out
+
+
 def builtin_specs() -> dict[str, AlgorithmSpec]:
-    """The built-in algorithms, by name (no entry points read)."""
-    specs = [load_object(path) for path in BUILTIN]
-    return {spec.name: spec for spec in specs}
+    """The package's own algorithms (their params in ``secure_fed``), by name."""
+    return {s.name: s for s in _entry_specs().values() if s.params.__module__.split(".")[0] == "secure_fed"}
 
 
 def algorithm_specs() -> dict[str, AlgorithmSpec]:
-    """Every registered algorithm by name: the built-ins, then the ``secure_fed.algorithms`` entry points (an entry
-    point may repeat a built-in's spec, as the package's own do; another spec under a taken name is an error)."""
+    """Every registered algorithm by name: the built-ins, then the other entry points (another spec under a taken
+    name is an error)."""
     specs = builtin_specs()
-    for key, spec in registry("algorithms").items():
-        if not isinstance(spec, AlgorithmSpec):
-            raise RuntimeError(f"entry point secure_fed.algorithms:{key} is not an AlgorithmSpec ({type(spec).__name__})")
+    for key, spec in _entry_specs().items():
         if spec.name in specs and specs[spec.name] is not spec:
             raise RuntimeError(f"entry point secure_fed.algorithms:{key} registers algorithm {spec.name!r}, which is taken")
         specs.setdefault(spec.name, spec)

@@ -197,7 +197,7 @@ class Experiment:
         for cb in self.callbacks:
             query = cb.wrap_setup_query(query)
         ctx = SetupContext(query=query, num_labels=self.dataset.num_labels, W=self.W, device=self.device,
-                           num_clients=len(self.fed.clients))  # fmt: skip
+                           num_clients=len(self.fed.clients), theta=self.theta)  # fmt: skip
         with phase(f"{self.algorithm.name} setup"):  # e.g. label-set collection and index builds
             self.setup_facts = {**self.algorithm.setup(ctx), **facts}
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from secure_fed.algorithms.params.base import AlgorithmParams
     from secure_fed.algorithms.per_sample import GradientPrivatizer
     from secure_fed.algorithms.registry import AlgorithmsWith
-    from secure_fed.client_functions import apply_client_plan, client_side, client_step, mod_of
+    from secure_fed.client_functions import apply_client_plan, client_function, client_side, client_step, mod_of
     from secure_fed.engine.aggregation import Aggregate, RoundSession
     from secure_fed.engine.layers import (
         Bounds,
@@ -38,11 +38,12 @@ if TYPE_CHECKING:
     from secure_fed.errors import ConfigError, PrivacyViolation, RoundAborted, SecureFedError
     from secure_fed.kernel_sizes import PER_SET_CHUNK_ELEMENTS, per_set_chunk_bytes
     from secure_fed.memory import DataShape
-    from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes
+    from secure_fed.messages import ByteList, FullTable, Indices, Number, Opaque, Setting, ShortBytes, Vector
     from secure_fed.models.sparse_rows import dense_delta
     from secure_fed.participation import cyclic_period
     from secure_fed.plan import DatasetPlan, ModelPlan, RunPlan, TrainingPlan
     from secure_fed.plugin_specs import LayerSpec, layer_specs
+    from secure_fed.plugins import load_object, registry
     from secure_fed.release import declare_mechanism
     from secure_fed.secret_settings import SECRET
 
@@ -85,6 +86,10 @@ _LAZY = {
     "client_step": "secure_fed.client_functions",  # registers a client-side step of the clients' plan under a name
     "apply_client_plan": "secure_fed.client_functions",  # client side: a reply after each step of a round's plan
     "mod_of": "secure_fed.client_functions",  # says a wrapped client function is ``layer.method(inner)`` (rebuilt by name)
+    "client_function": "secure_fed.client_functions",  # registers a setup exchange's client function (a DP mechanism plugin's)
+    # --- the plugin registries (a DP mechanism plugin's entry points, its heavy half by "module:attr")
+    "registry": "secure_fed.plugins",  # name → loaded object of a ``secure_fed.<group>`` entry point group
+    "load_object": "secure_fed.plugins",  # imports ``"module:attr"``
     # --- update forms & deltas
     "dense_delta": "secure_fed.models.sparse_rows",  # a client update's delta as dense tensors (row-sparse expanded)
     "payload_digest": "secure_fed.engine.message_digest",  # the SHA-256 of a payload (a client retrains only the same)
@@ -98,6 +103,7 @@ _LAZY = {
     "Opaque": "secure_fed.messages",  # a value the guard does not inspect (a layer's own protocol message)
     "Setting": "secure_fed.messages",  # a flag or a name: public configuration
     "ShortBytes": "secure_fed.messages",  # one short byte string (a public key, a signature)
+    "Vector": "secure_fed.messages",  # a finite 1-D float tensor (a per-label statistic a DP mechanism plugin bounds)
     # --- memory sizes (the W step's per-set chunks)
     "PER_SET_CHUNK_ELEMENTS": "secure_fed.kernel_sizes",  # elements of one chunk of per-set gradients
     "per_set_chunk_bytes": "secure_fed.kernel_sizes",  # the bytes of one chunk of per-set gradients
@@ -150,6 +156,9 @@ __all__ = [
     "client_step",
     "apply_client_plan",
     "mod_of",
+    "client_function",
+    "registry",
+    "load_object",
     "dense_delta",
     "payload_digest",
     "SECRET",
@@ -160,6 +169,7 @@ __all__ = [
     "Opaque",
     "Setting",
     "ShortBytes",
+    "Vector",
     "PER_SET_CHUNK_ELEMENTS",
     "per_set_chunk_bytes",
     "SecureFedError",

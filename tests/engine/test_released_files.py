@@ -76,7 +76,9 @@ def _check_unit(unit: dict, where: str) -> None:
     _check(unit.get("contribution_bound", {}), CONTRIBUTION_BOUND, f"{where}.contribution_bound")
     _check(unit.get("adaptive_clipping", {}), ADAPTIVE_CLIPPING, f"{where}.adaptive_clipping")
     for name, mech in unit.get("mechanisms", {}).items():
-        assert name in ("server_w_step", "client_training")
+        # a unit's mechanisms: the built-ins, and a DP mechanism plugin's (the label prior, per instance and per client;
+        # the client unit's own mechanism is then listed beside it as "client")
+        assert name in ("server_w_step", "client_training", "client", "label_prior", "label_prior_client")
         _check(mech, MECHANISM, f"{where}.mechanisms.{name}")
     _check(unit.get("tree", {}), TREE, f"{where}.tree")
     _check(unit.get("banded", {}), BANDED_MF, f"{where}.banded")
