@@ -276,7 +276,7 @@ class _Affine:
     """A group's affine weight terms (:class:`~secure_fed.algorithms.objective.AffineTerm`), per client position.
 
     Client j's term g = a_j(w − anchor_j) + b_j is, with E = w − θ_j (its deviation from the θ it started from),
-    g = a_j·E + c_j with the constant c_j = a_j(θ_j − anchor_j) + b_j (0 for FedProx, whose anchor is θ_j). A step
+    g = a_j·E + c_j with the constant c_j = a_j(θ_j − anchor_j) + b_j (0 for a proximal term, whose anchor is θ_j). A step
     E ← E − η(δᵀx + a_j E + c_j) = ρ_j E − η δᵀx − η c_j with ρ_j = 1 − η a_j unrolls to
 
         E_j(s) = Σ_{t<s} ρ_j^{s−1−t} (−η δ_tᵀ x_t) − η γ_j(s) c_j,   γ_j(0) = 0, γ_j(s+1) = ρ_j γ_j(s) + 1
@@ -362,7 +362,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
     weights' dtype, and an input gradient in the product dtype (as autograd sums it under autocast).
 
     A request's affine weight term (``req.affine``, a client objective's :class:`~secure_fed.algorithms.objective.
-    AffineTerm`: FedProx's proximal term, SCAFFOLD's correction) is added in the same closed form (:class:`_Affine`):
+    AffineTerm`: a proximal term, a constant correction) is added in the same closed form (:class:`_Affine`):
     the history terms decay by ρ = 1 − η·a per step and a constant term −η γ (x cᵀ) joins each layer's output."""
     chain = linear_chain(model)
     assert chain is not None
@@ -408,7 +408,7 @@ def train_group(model: nn.Module, family, reqs: list[TrainRequest], *, deferred:
     ordered_reqs = [clients[i].req for i in order]
     aff = _Affine(ordered_reqs, thetas, names, lr) if any(r.affine is not None for r in ordered_reqs) else None
     if aff is not None and not aff.const and aff.rho is None:
-        aff = None  # every term is zero (e.g. FedProx with μ = 0)
+        aff = None  # every term is zero (e.g. a proximal term of rate 0)
     # the biases as they started (an affine term with a ≠ 0 reads a bias's deviation from its start)
     bias0 = [bb.clone() if bb is not None and aff is not None and aff.rho is not None else None for bb in bias]
     #: per layer: the active clients' history so far as segments of consecutive steps, (inputs (G_s, rows, in),

@@ -21,9 +21,9 @@ the client's own state: :class:`ObjectiveContext` holds nothing else.
 The vectorised executor trains a group of clients in one closed form (:mod:`secure_fed.algorithms.batched_sgd`).
 A weight term whose gradient is affine in the weights, g(w) = a·(w − w_anchor) + b with a scalar a and tensors
 w_anchor, b constant over the client's update, fits that form: the objective declares it (:attr:`ClientObjective.
-affine`, :meth:`ClientObjective.affine_term` returning an :class:`AffineTerm`; FedProx: a = μ, the anchor the global
-model, b = 0; SCAFFOLD: a = 0, b = c − c_i) and the batched step adds it for every client of the group at once, with
-``begin``/``end`` called around it as on the other paths. What does not fit (a per-example term, e.g. MOON's, which
+affine`, :meth:`ClientObjective.affine_term` returning an :class:`AffineTerm`; a proximal term: a = its rate, the
+anchor the global model, b = 0; a constant correction: a = 0, b the correction) and the batched step adds it for every client of the group at once, with
+``begin``/``end`` called around it as on the other paths. What does not fit (a per-example term, e.g. a contrastive one that
 needs each client's previous model in its forward pass; a weight term not declared affine; label mask training) runs
 one client at a time there, counted under the objective's name and the reason in the summary's ``executor`` record
 (:meth:`ClientObjective.unbatched_reason`), never silently.
@@ -76,11 +76,11 @@ class AffineTerm:
     :meth:`ClientObjective.begin`).
 
     Attributes:
-        rate: the scalar a (FedProx's μ; 0 for a constant correction).
+        rate: the scalar a (a proximal term's rate; 0 for a constant correction).
         anchor: w_anchor per parameter name; None: the global model the client received (``ctx.global_theta``).
             Read only where ``rate`` is not 0.
         offset: b per parameter name (a subset of θ's names; a missing name's b is 0); None: b = 0 everywhere
-            (SCAFFOLD's c − c_i).
+            (a constant correction's b everywhere else).
     """
 
     rate: float = 0.0
