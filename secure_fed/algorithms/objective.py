@@ -22,12 +22,11 @@ The vectorised executor trains a group of clients in one closed form (:mod:`secu
 A weight term whose gradient is affine in the weights, g(w) = a·(w − w_anchor) + b with a scalar a and tensors
 w_anchor, b constant over the client's update, fits that form: the objective declares it (:attr:`ClientObjective.
 affine`, :meth:`ClientObjective.affine_term` returning an :class:`AffineTerm`; a proximal term: a = its rate, the
-anchor the global model, b = 0; a constant correction: a = 0, b the correction) and the batched step adds it for every client of the group at once, with
-``begin``/``end`` called around it as on the other paths. What does not fit (a per-example term, e.g. a contrastive one that
-needs each client's previous model in its forward pass; a weight term not declared affine; label mask training) runs
-one client at a time there, counted under the objective's name and the reason in the summary's ``executor`` record
-(:meth:`ClientObjective.unbatched_reason`), never silently.
-"""
+anchor the global model, b = 0; a constant correction: a = 0, b the correction) and the batched step adds it for every
+client of the group at once, with ``begin``/``end`` called around it as on the other paths. What does not fit (a
+per-example term, e.g. a contrastive one that needs each client's previous model in its forward pass; a weight term
+not declared affine; label mask training) runs one client at a time there, counted under the objective's name and the
+reason in the summary's ``executor`` record (:meth:`ClientObjective.unbatched_reason`), never silently."""
 
 from __future__ import annotations
 

@@ -12,15 +12,16 @@ every client of the chunk has paused (or finished), the executor trains the paus
 settings) and resumes each client with its own result; its function then goes on (protocol layers mask, encrypt,
 clip …) and its wire message is yielded in cohort order, one at a time, as the engine expects.
 
-A request with a client objective (:mod:`secure_fed.algorithms.objective`) trains in its group when the objective
-fits the closed form: ``begin`` runs in the client's turn before it pauses, its affine weight term
-(:class:`~secure_fed.algorithms.objective.AffineTerm`: a proximal term, a constant correction) travels with the request and the batched
-step adds it, and ``end`` runs with the client's update when it resumes. A request that the batched trainer does not
-cover (:func:`~secure_fed.algorithms.batched_sgd.unbatchable`: DP-SGD, momentum/Adam, dropout, label mask training,
-a model that is not a Linear/ReLU chain; or an objective that says why it does not fit,
-:meth:`~secure_fed.algorithms.objective.ClientObjective.unbatched_reason`: a per-example term such as a contrastive one, a weight
-term not declared affine) runs at once with the reference trainer, inside that client's own turn. It is counted by
-reason, logged once per reason, and reported in ``summary.json`` under ``executor``: nothing falls back silently.
+A request with a client objective (:mod:`secure_fed.algorithms.objective`) trains in its group when the objective fits
+the closed form: ``begin`` runs in the client's turn before it pauses, its affine weight term
+(:class:`~secure_fed.algorithms.objective.AffineTerm`: a proximal term, a constant correction) travels with the
+request and the batched step adds it, and ``end`` runs with the client's update when it resumes. A request that the
+batched trainer does not cover (:func:`~secure_fed.algorithms.batched_sgd.unbatchable`: DP-SGD, momentum/Adam,
+dropout, label mask training, a model that is not a Linear/ReLU chain; or an objective that says why it does not fit,
+:meth:`~secure_fed.algorithms.objective.ClientObjective.unbatched_reason`: a per-example term such as a contrastive
+one, a weight term not declared affine) runs at once with the reference trainer, inside that client's own turn. It is
+counted by reason, logged once per reason, and reported in ``summary.json`` under ``executor``: nothing falls back
+silently.
 
 Memory: clients run in chunks (``training.chunk_clients``; default: as many as an estimate of their training
 history fits in a quarter of the memory available, at most 1,024). A client's dense update is formed only when it
