@@ -12,7 +12,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from protocols.config_sections import ClientDPConfig, InstanceDPConfig, LocalDPConfig, PrivacyConfig, SecureAggregationConfig
-from protocols.dp.mechanism_plugins import active_plugins, plugin_sigma_source_error
+from protocols.dp.mechanism_plugins import active_plugins, plugin_combination_error, plugin_sigma_source_error
 from protocols.dp.share_rules import local_shares_error
 from protocols.layer_settings import (
     ckks_settings,
@@ -128,7 +128,7 @@ def _dp_stack_rules(plan: RunPlan, stack: list[str]) -> None:
     p = plan.part(PrivacyConfig)
     if p.instance is None and p.client is None and p.local is None and not active_plugins(p):
         raise ValueError("'dp' is listed in protocols but none of privacy.instance, privacy.local, privacy.client is set")
-    if why := _sigma_source_error(p) or plugin_sigma_source_error(p):
+    if why := _sigma_source_error(p) or plugin_sigma_source_error(p) or plugin_combination_error(p):
         raise ValueError(why)
     summing = [n for n in stack if n in SECURE_SUMS]
     if summing and stack.index("dp") > stack.index(summing[0]):

@@ -32,6 +32,7 @@ from protocols.dp.banded_mf import band_coefficients, lattice_bits
 from protocols.dp.client_dp import released_sums
 from protocols.dp.discrete_gaussian import grid_noise, snap
 from protocols.randomness import SecretStream
+from secure_fed.plugin_api.layers import ConfigError
 
 #: the largest grid index a term of Σ c_k x̄_{t−k} (or y_t) may reach: float64 holds integers below 2^53 exactly
 MAX_TERM_INDEX = 2.0**51
@@ -40,8 +41,10 @@ MAX_TERM_INDEX = 2.0**51
 class BandedNoise:
     """The server's banded-MF state and release (the module's steps 1–3)."""
 
-    def __init__(self, stream: SecretStream, label: str, bands: int):
+    def __init__(self, stream: SecretStream, label: str, bands: int, period: int | None = None):
         self.stream, self.label, self.bands = stream, label, int(bands)
+        #: the cyclic schedule's period P the sensitivity was derived for (a resume must keep it)
+        self.period = period
         self.coeffs = [float(c) for c in band_coefficients(self.bands)]
         self.bits = lattice_bits(self.bands)
         #: round → {sum name → (x̄, w)}: the last ``bands`` rounds (float64, CPU)
@@ -85,12 +88,20 @@ class BandedNoise:
 
     def state_dict(self) -> dict:
         """The recursion's state (private: un-noised clipped sums)."""
-        return {"bands": self.bands, "next_round": self.next_round,
+        return {"bands": self.bands, "period": self.period, "next_round": self.next_round,
                 "rows": {r: {n: (x.clone(), w.clone()) for n, (x, w) in d.items()} for r, d in self.rows.items()}}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         if int(state["bands"]) != self.bands:
             raise ValueError(f"banded state of {state['bands']} bands, run has {self.bands}")
+        if state.get("period") != self.period:
+            # the sensitivity √k·max‖C[:,i]‖ needs every client's rounds ≥ b apart over the whole run: a period changed
+            # on resume breaks that at the switch (a client could train in rounds closer than b), so it is refused
+            raise ConfigError(
+                f"resume changes the cyclic period of banded noise from {state.get('period')} to {self.period} "
+                "(training.client_fraction): its sensitivity holds for one schedule over the whole run; keep "
+                f"training.client_fraction: {1 / state['period'] if state.get('period') else 'as recorded'}"
+            )
         self.next_round = int(state["next_round"])
         self.rows = {int(r): {n: (x.clone(), w.clone()) for n, (x, w) in d.items()} for r, d in state["rows"].items()}
 

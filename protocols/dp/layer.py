@@ -42,6 +42,7 @@ from secure_fed.plugin_api.layers import (
     StackEnv,
     StateScope,
     client_side,
+    cyclic_period,
 )
 
 
@@ -80,7 +81,8 @@ class DifferentialPrivacy(ProtocolLayer):
             if p.client.mechanism == "tree":  # DP-FTRL's node noise, addressed by node
                 self.tree_noise = TreeNoise(self.server_stream, "client tree noise")
             if p.client.mechanism == "banded":  # banded MF's recursion state (private), its draws addressed by round
-                self.banded_noise = BandedNoise(self.server_stream, "client banded noise", p.client.bands)
+                period = cyclic_period(settings.training.client_fraction)
+                self.banded_noise = BandedNoise(self.server_stream, "client banded noise", p.client.bands, period)
             privacy_units.check_share_range(settings, env, self.units["client"].sigma)
             # adaptive clipping (privacy.client.adaptive_clipping): (C_t, σ_Δ), or None (a fixed clip norm)
             q = settings.training.client_fraction
@@ -251,7 +253,8 @@ class DifferentialPrivacy(ProtocolLayer):
             if hasattr(self, "tree_noise"):  # node noise is addressed by node: redrawn from the restored key
                 self.tree_noise = TreeNoise(self.server_stream, self.tree_noise.label)
             if hasattr(self, "banded_noise"):  # its draws from the restored key, its recursion from the checkpoint
-                self.banded_noise = BandedNoise(self.server_stream, self.banded_noise.label, self.banded_noise.bands)
+                old = self.banded_noise
+                self.banded_noise = BandedNoise(self.server_stream, old.label, old.bands, old.period)
                 self.banded_noise.load_state_dict(state["banded"])
 
     def client_state_dict(self) -> dict[str, Any]:

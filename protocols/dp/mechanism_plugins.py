@@ -88,4 +88,39 @@ def plugin_sigma_source_error(privacy) -> str | None:
     return None
 
 
-__all__ = ["MechanismSpec", "active_plugins", "mechanism_specs", "plugin_channel", "plugin_sigma_source_error"]
+def plugin_combination_error(privacy) -> str | None:
+    """Why an active plugin cannot run beside the rest of ``privacy``, or None.
+
+    - Beside ``privacy.client`` with the tree or banded mechanism: those units rebuild their ledger from their own
+      mechanism, which would leave the plugin's release out of the client unit's ε and its budget stop.
+    - Beside a ``privacy.client`` target ε: the client unit's σ is calibrated to its target before the plugin's release
+      joins its ledger, so the run would stop on the budget long before its planned rounds.
+    - With a target ε of its own beside the instance unit's (``privacy.instance`` or ``privacy.local``): the instance
+      unit calibrates every instance-level σ to one target, and two targets for one ledger would leave one unmet."""
+    plugins = active_plugins(privacy)
+    if not plugins:
+        return None
+    names = ", ".join(f"privacy.{spec.name}" for spec, _ in plugins)
+    client = privacy.client
+    if client is not None and client.mechanism in ("tree", "banded"):
+        return (f"{names} with privacy.client.mechanism: {client.mechanism}: that mechanism's ledger composes only its own "
+                "noise, so the release would be left out of the client unit's ε; use mechanism: gaussian")  # fmt: skip
+    if client is not None and client.target_epsilon is not None:
+        return (f"{names} with privacy.client.target_epsilon: the client unit's σ is calibrated to its target without "
+                "the release, which also enters its ledger; give privacy.client.noise_multiplier instead")  # fmt: skip
+    unit_targets = [u.target_epsilon for u in (privacy.instance, privacy.local) if u is not None and u.target_epsilon]
+    own = [f"privacy.{spec.name}" for spec, s in plugins if s.target_epsilon is not None]
+    if own and unit_targets:
+        return (f"{', '.join(own)}.target_epsilon beside the instance unit's target (privacy.instance / privacy.local): "
+                "one instance ledger takes one target; give the plugin a noise_multiplier, or drop one target")  # fmt: skip
+    return None
+
+
+__all__ = [
+    "MechanismSpec",
+    "active_plugins",
+    "mechanism_specs",
+    "plugin_channel",
+    "plugin_combination_error",
+    "plugin_sigma_source_error",
+]

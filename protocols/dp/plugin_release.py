@@ -85,7 +85,9 @@ def release(layer, query) -> dict[str, torch.Tensor]:
         replies = query(lambda _cid, payload=payload: dict(payload), plugin_client)
         total = torch.zeros(layer.env.num_labels, dtype=torch.float64)
         for _, reply in replies:
-            total += reply[VECTOR].to(torch.float64)
+            vec = reply[VECTOR].to(torch.float64)
+            # with a client unit the server enforces the client clip itself (a remote node's reply is not trusted to)
+            total += clip_l2(vec, clip) if clip > 0 else vec
         out[spec.statistic] = noisy_sum(total, sigma=mech.sigma, sensitivity=d_i, stream=layer.server_stream,
                                         label=f"{spec.name} release")  # fmt: skip
         if mech.steps == 0:  # once a run: a resumed run redraws the same release (addressed by its label)
