@@ -30,7 +30,7 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
 if sys.argv[1] == "experiment":
     from secure_fed.engine import Experiment
-    from tests.conftest import small_config
+    from tests.conftest import small_plan
     Experiment(small_plan(), run_dir=sys.argv[2])
 def once():
     ts = [torch.ones(4 << 20) for _ in range(8)]
