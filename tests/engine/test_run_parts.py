@@ -329,3 +329,27 @@ def test_the_federation_refuses_a_plan_no_run_resolved():
     plan = small_plan()
     with pytest.raises(ValueError, match="resolved plan"):
         build_federation(plan, build_dataset(plan), Algorithm, __import__("torch").device("cpu"))
+
+
+def test_ctran_tokens_auto_picks_scenes_blocks_and_the_model_reads_the_resolved_field():
+    """``model.ctran.tokens: auto`` resolves to ``scene_blocks`` for Mulan scene's 294 features (moment-major tokens
+    of 6), else ``chunks``; C-Tran is built from the resolved field, whatever the data set's name."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from secure_fed.data.from_config import build_dataset
+    from secure_fed.engine.builders import build_ctran
+    from secure_fed.model_choices import ctran_tokens_choice
+
+    plan = small_plan("model.family=ctran", "algorithm.name=fedctran", "partition.name=iid", "dataset.synthetic.num_features=294")
+    assert plan.model.ctran.tokens == "auto"
+    scene = SimpleNamespace(name="scene", num_features=294)
+    assert ctran_tokens_choice(plan, scene) == "scene_blocks"
+    assert ctran_tokens_choice(plan, SimpleNamespace(name="scene", num_features=293)) == "chunks"
+    assert ctran_tokens_choice(plan, SimpleNamespace(name="yeast", num_features=294)) == "chunks"
+    ds = build_dataset(plan)  # synthetic, 294 features
+    for tokens, want in (("scene_blocks", (6, True)), ("chunks", (plan.model.ctran.token_size, False))):
+        resolved = dataclasses.replace(plan, model=dataclasses.replace(plan.model, name="mlp", ctran=dataclasses.replace(
+            plan.model.ctran, tokens=tokens)))  # fmt: skip
+        t = build_ctran(resolved, ds).tokens
+        assert (t.token_size, t.feature_major) == want
