@@ -204,9 +204,9 @@ def resolve_run_choices(plan: RunPlan, ds: MultiLabelDataset, device_type: str, 
     """``plan`` with every ``auto`` that the loaded data ``ds`` and the run's device (``cpu`` or ``cuda``) decide put
     to the value this module's functions pick for them: ``device``, ``dataset.feature_kind``, ``model.name``,
     ``model.preprocessing``, ``model.sparse_input`` (its row count as the memory estimate counts it,
-    :func:`dense_rows`), ``model.ctran.tokens``, ``algorithm.loss`` (to ``loss``, the engine's
-    :func:`~secure_fed.engine.builders.loss_choice`: it loads the algorithm) and ``training.precision``. A copy: ``plan`` and its
-    ``config_yaml`` (what a resume compares) are left as they are."""
+    :func:`dense_rows`), ``model.ctran.tokens``, ``algorithm.loss`` (to ``loss``, the clients' loss of the
+    algorithm built for the run: ``algorithm.loss``, else the model family's, else the algorithm's own) and
+    ``training.precision``. A copy: ``plan`` and its ``config_yaml`` (what a resume compares) are left as they are."""
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"a run's device is cpu or cuda, not {device_type!r}")
     plan = dataclasses.replace(plan, device=device_type)  # the choices below read the device the run starts on

@@ -275,18 +275,10 @@ def _head(split: MultiLabelSplit, n: int) -> MultiLabelSplit:
     return MultiLabelSplit(split.features[:n], split.labels[:n])
 
 
-def loss_choice(plan: RunPlan) -> str:
-    """The clients' loss (``algorithm.loss``): ``auto`` is the model family's (``bce`` for logits), else the
-    algorithm's own (its class's ``default_loss``); a run's plan holds it resolved (``resolve_run_choices``)."""
-    if plan.algorithm.loss != "auto":
-        return str(plan.algorithm.loss)
-    from secure_fed.models.families import model_family
-
-    return model_family(plan.model.family).default_loss or algorithm_specs()[plan.algorithm.name].load().default_loss
-
-
 def build_algorithm(plan: RunPlan, device: torch.device) -> Algorithm:
     """The configured algorithm; its client loss is ``algorithm.loss``, else the model family's, else its own."""
-    loss = loss_choice(plan)
+    from secure_fed.models.families import model_family
+
+    loss = plan.algorithm.loss if plan.algorithm.loss != "auto" else model_family(plan.model.family).default_loss
     # the registry when the run is built (an algorithm registered after import, e.g. in a notebook, counts)
     return algorithm_specs()[plan.algorithm.name].load()(plan.algorithm, device=device, loss=loss)

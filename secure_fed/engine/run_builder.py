@@ -23,7 +23,6 @@ from secure_fed.engine.builders import (
     build_algorithm,
     build_federation,
     build_model,
-    loss_choice,
     resolve_device,
     use_deterministic_cuda,
 )
@@ -111,9 +110,11 @@ def build_run(
     dataset = dataset if dataset is not None else build_dataset(plan, data_root)
     if plan.training.precision == "bf16":  # an explicit bf16 on a device that emulates it: one warning line
         warn_emulated_bf16(device.type)
-    # every ``auto`` the data and the device decide, decided once: the run and all it builds hold this plan
-    plan = resolve_run_choices(plan, dataset, device.type, loss=loss_choice(plan))
-    algorithm = build_algorithm(plan, device)
+    algorithm = build_algorithm(plan, device)  # it reads the algorithm's parameters and the model family alone
+    # every ``auto`` the data and the device decide, decided once (the clients' loss as the algorithm took it): the
+    # run and all it builds hold this plan
+    plan = resolve_run_choices(plan, dataset, device.type, loss=algorithm.client_loss)
+    algorithm.cfg = plan.algorithm  # the same parameters, algorithm.loss resolved
     memory = plan_memory(plan, dataset, device)
     check_memory(memory)  # a run that cannot fit stops here: nothing built, nothing written
     fed = build_federation(plan, dataset, type(algorithm), device, bound=instance_bound(plan))

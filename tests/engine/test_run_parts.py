@@ -233,12 +233,10 @@ def _old_choices(plan, ds, num_clients: int, callbacks: list[str]) -> dict[str, 
     rows = (shape.label_entries if plan.partition.name == "positive_only" else shape.train) + min(
         plan.evaluation.max_test or shape.test, shape.test
     )
-    from secure_fed.algorithms.registry import algorithm_specs
-    from secure_fed.models.families import model_family
+    from secure_fed.engine.builders import build_algorithm
 
-    family_loss = model_family(plan.model.family).default_loss
     return {
-        "algorithm.loss": family_loss or algorithm_specs()[plan.algorithm.name].load().default_loss,
+        "algorithm.loss": build_algorithm(plan, torch.device("cpu")).client_loss,
         "device": "cpu",
         "dataset.feature_kind": ds.feature_kind,
         "model.name": name,
