@@ -276,6 +276,7 @@ def _check_resolved_run(tmp_path, plan, data_root=None):
     assert _resolved(exp.plan) == expected
     assert exp.local.precision == expected["training.precision"]
     assert exp.algorithm.client_loss == expected["algorithm.loss"]
+    assert exp.algorithm.cfg is exp.plan.algorithm  # the algorithm holds the resolved parameters too
     assert exp.trainer.deferred_updates is expected["training.deferred_updates"]
     return exp
 
