@@ -276,13 +276,11 @@ def _section_phases(plan: RunPlan, shape: DataShape) -> tuple[dict[str, float], 
 
 def plan_memory(plan: RunPlan, ds, device) -> MemoryEstimate:
     """The estimate for ``plan`` on the loaded data ``ds`` and ``device`` (a torch device or its name)."""
-    from secure_fed.model_choices import model_choice, sparse_input_choice
+    from secure_fed.model_choices import dense_rows, model_choice, sparse_input_choice
 
     shape = DataShape.of(ds)
     model_choice(plan, ds)  # a config the data cannot run is its own error, before any estimate
-    rows = shape.label_entries if plan.partition.name == "positive_only" else shape.train
-    n_test = shape.test if plan.evaluation.max_test is None else min(plan.evaluation.max_test, shape.test)
-    sparse = sparse_input_choice(plan, ds, rows + n_test)
+    sparse = sparse_input_choice(plan, ds, dense_rows(plan, ds))  # on a run's (resolved) plan, its field
     return estimate_memory(plan, shape, params=parameter_count(plan, ds), sparse_rows=sparse, device=str(device))
 
 

@@ -3,14 +3,21 @@
 in (:func:`precision_choice`). The engine builds what these name; ``secure-fed validate`` and the memory estimate
 (:mod:`secure_fed.memory`) read them without building.
 
-These ``auto`` choices stay functions of the plan *and the loaded data* (not fields the plan builder resolves): a
+These ``auto`` choices are functions of the plan *and the loaded data* (not fields the plan builder resolves): a
 data set's feature kind (``sparse``, ``dense``, ``image``), its image side and its size are known once it is read
 (an ARFF or XC file's header, a generated set's spec), and the precision also depends on the device the run starts
-on. The names they pick from live here too (:data:`RESNETS`, :data:`IMAGE_FORMATS`, :data:`SPARSE_KINDS`), so that
+on. A run decides each once: :func:`resolve_run_choices` (when the data and the device are known) and
+:func:`resolve_client_choices` (when the clients and the callbacks are) put every remaining ``auto`` of the plan's
+fields to the value these functions pick, and the run holds that plan; on a resolved plan each function returns the
+field as resolved (``secure-fed validate`` and the memory estimate call them on a plan no run holds yet).
+
+The names they pick from live here too (:data:`RESNETS`, :data:`IMAGE_FORMATS`, :data:`SPARSE_KINDS`), so that
 neither the engine nor a plugin reads them from the config's schema."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -169,3 +176,72 @@ def sparse_input_choice(plan: RunPlan, ds: MultiLabelDataset, dense_rows: int) -
                               f"preprocessing: {why}")  # fmt: skip
         return True
     return why is None and dense_rows * ds.num_features * 4 > SPARSE_AUTO_BYTES
+
+
+def dense_rows(plan: RunPlan, ds: MultiLabelDataset) -> int:
+    """The rows of ``D`` features the clients and the test would hold as dense copies (what ``model.sparse_input:
+    auto`` weighs, and the memory estimate counts): an instance once per label it has (``partition: positive_only``)
+    or once, plus the test rows evaluated (``evaluation.max_test``)."""
+    train, test = ds.train.num_instances, ds.test.num_instances
+    rows = int(ds.train.labels.nnz) if plan.partition.name == "positive_only" else train
+    return rows + (test if plan.evaluation.max_test is None else min(plan.evaluation.max_test, test))
+
+
+#: Mulan scene's feature count: 6 colour moments of 7×7 blocks
+SCENE_FEATURES = 294
+
+
+def ctran_tokens_choice(plan: RunPlan, ds: MultiLabelDataset) -> str:
+    """C-Tran's tokens for dense data (``model.ctran.tokens``): ``auto`` picks ``scene_blocks`` (49 blocks × 6 colour
+    moments, moment-major; :mod:`secure_fed.models.ctran`) for Mulan scene, else ``chunks`` of ``token_size``."""
+    tokens = plan.model.ctran.tokens
+    if tokens != "auto":
+        return tokens
+    return "scene_blocks" if ds.name == "scene" and ds.num_features == SCENE_FEATURES else "chunks"
+
+
+def resolve_run_choices(plan: RunPlan, ds: MultiLabelDataset, device_type: str, *, loss: str) -> RunPlan:
+    """``plan`` with every ``auto`` that the loaded data ``ds`` and the run's device (``cpu`` or ``cuda``) decide put
+    to the value this module's functions pick for them: ``device``, ``dataset.feature_kind``, ``model.name``,
+    ``model.preprocessing``, ``model.sparse_input`` (its row count as the memory estimate counts it,
+    :func:`dense_rows`), ``model.ctran.tokens``, ``algorithm.loss`` (to ``loss``, the clients' loss of the
+    algorithm built for the run: ``algorithm.loss``, else the model family's, else the algorithm's own) and
+    ``training.precision``. A copy: ``plan`` and its ``config_yaml`` (what a resume compares) are left as they are."""
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"a run's device is cpu or cuda, not {device_type!r}")
+    plan = dataclasses.replace(plan, device=device_type)  # the choices below read the device the run starts on
+    name, prep, _ = model_choice(plan, ds)
+    m = plan.model
+    model = dataclasses.replace(
+        m,
+        name=name,
+        preprocessing=prep,
+        sparse_input=sparse_input_choice(plan, ds, dense_rows(plan, ds)),
+        ctran=dataclasses.replace(m.ctran, tokens=ctran_tokens_choice(plan, ds)),
+    )
+    return dataclasses.replace(
+        plan,
+        dataset=dataclasses.replace(plan.dataset, feature_kind=ds.feature_kind),
+        model=model,
+        algorithm=plan.algorithm.model_copy(update={"loss": loss}),
+        training=dataclasses.replace(plan.training, precision=precision_choice(plan, ds, device_type)),
+    )
+
+
+def resolve_client_choices(
+    plan: RunPlan, *, num_clients: int, dense_layers: Sequence[str], callbacks: Sequence[str], ceiling: int | None
+) -> RunPlan:
+    """``plan`` with the ``auto`` choices that the run's clients decide put to their values: ``training.threads``
+    (:func:`secure_fed.threads.resolve_threads` for ``num_clients`` clients on this machine, at most ``ceiling``,
+    torch's count when the run is built) and ``training.deferred_updates`` (:func:`secure_fed.update_forms.deferred_updates`
+    with the stack's ``dense_layers`` and the run's ``callbacks``, their class names)."""
+    from secure_fed.threads import other_processes_cpus, resolve_threads, usable_cpus
+    from secure_fed.update_forms import deferred_updates
+
+    t = plan.training
+    threads, why = t.threads, t.threads_why
+    if threads == "auto":
+        cpus = usable_cpus()
+        threads, why = resolve_threads("auto", others=other_processes_cpus(plan, num_clients, cpus), ceiling=ceiling, cpus=cpus)
+    deferred = deferred_updates(plan, dense_layers=dense_layers, callbacks=callbacks)
+    return dataclasses.replace(plan, training=dataclasses.replace(t, threads=threads, threads_why=why, deferred_updates=deferred))

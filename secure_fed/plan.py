@@ -68,7 +68,8 @@ class DatasetPlan:
     test_fraction: float
     split_seed: int
     drop_attributes: tuple[str, ...]
-    feature_kind: Literal["auto", "sparse", "dense"]
+    #: resolved when the run is built (:func:`secure_fed.model_choices.resolve_run_choices`): the loaded data's kind
+    feature_kind: Literal["auto", "sparse", "dense", "image"]
     #: resolved: ``auto`` is False under the dp layer, True otherwise
     drop_empty_labels: bool
     image_size: int
@@ -102,7 +103,8 @@ class CTranPlan:
     #: the config left ``dropout`` at ``auto`` (a rate set explicitly above 0 is refused with ``privacy.local``)
     dropout_auto: bool
     min_unknown: float
-    tokens: Literal["auto", "chunks"]
+    #: resolved when the run is built: ``scene_blocks`` (scene's 49 blocks of 6 colour moments) or ``chunks``
+    tokens: Literal["auto", "chunks", "scene_blocks"]
     token_size: int
     text_tokens: int
 
@@ -117,6 +119,7 @@ class ModelPlan:
     """``model``."""
 
     family: Literal["embedding", "linear_head", "ctran"]
+    #: ``name``, ``preprocessing`` and ``sparse_input`` are resolved when the run is built (for the loaded data)
     name: Literal["auto", "sparse_text", "mlp", "resnet18", "resnet50"]
     embedding_dim: int
     embed_dim: int
@@ -159,13 +162,21 @@ class TrainingPlan:
     client_lr: float
     client_momentum: float
     weight_decay: float
+    #: resolved when the run is built (for its device and data)
     precision: Literal["auto", "fp32", "bf16"]
+    #: resolved when the run is built (for this machine and the run's clients)
     threads: int | Literal["auto"]
     executor: Literal["sequential", "vectorized"]
+    #: resolved by the plan builder: ``auto`` is true where every listed layer takes row-sparse updates
     sparse_updates: bool | Literal["auto"]
+    #: resolved when the run is built (the stack, the executor and the run's callbacks decide)
     deferred_updates: bool | Literal["auto"]
     chunk_clients: int | None
     server_optimizer: ServerOptimizerPlan
+    #: the config left ``threads`` at ``auto`` (``summary.json`` records the setting as written, with why)
+    threads_auto: bool = False
+    #: why ``threads`` has its value (:func:`secure_fed.threads.auto_threads`'s words, or ``training.threads``)
+    threads_why: str = "training.threads"
 
     def cohort_size(self, num_clients: int) -> int:
         """Clients a fixed-size round samples: ``clients_per_round`` (at most N), else ⌈client_fraction·N⌉ (under
@@ -215,6 +226,7 @@ class RunPlan:
     """A run's settings, resolved (see the module docstring)."""
 
     seed: int
+    #: resolved when the run is built (:func:`secure_fed.engine.builders.resolve_device`)
     device: Literal["auto", "cpu", "cuda"]
     backend: Literal["inprocess", "flower"]
     #: the protocol layers, innermost (client side) first

@@ -134,12 +134,17 @@ def run_threads(plan: RunPlan, num_clients: int) -> Iterator[dict[str, Any]]:
 
 
 def threads_record(plan: RunPlan, num_clients: int, *, ceiling: int | None = None, cpus: int | None = None) -> dict[str, Any]:
-    """What ``training.threads`` picks here, with the wait policy: ``setting``, ``torch_threads``, ``why``, the usable
-    ``cpus`` and :func:`wait_policy_record`'s fields."""
+    """What ``training.threads`` picks here, with the wait policy: ``setting`` (as the config wrote it),
+    ``torch_threads``, ``why``, the usable ``cpus`` and :func:`wait_policy_record`'s fields. A run's plan holds the
+    count resolved when the run was built (:func:`secure_fed.model_choices.resolve_client_choices`), read as it is."""
     cpus = usable_cpus() if cpus is None else cpus
-    n, why = resolve_threads(plan.training.threads, others=other_processes_cpus(plan, num_clients, cpus), ceiling=ceiling,
-                             cpus=cpus)  # fmt: skip
-    return {"setting": plan.training.threads, "torch_threads": n, "why": why, "cpus": cpus, "wait_policy": wait_policy_record()}
+    t = plan.training
+    if t.threads != "auto":  # a number: as given, or what ``auto`` resolved to when the run was built
+        n, why = int(t.threads), t.threads_why
+    else:
+        n, why = resolve_threads(t.threads, others=other_processes_cpus(plan, num_clients, cpus), ceiling=ceiling, cpus=cpus)
+    setting = "auto" if t.threads_auto else t.threads
+    return {"setting": setting, "torch_threads": n, "why": why, "cpus": cpus, "wait_policy": wait_policy_record()}
 
 
 def threads_line(record: dict[str, Any]) -> str:

@@ -47,7 +47,7 @@ class AttackRecording(Callback):
 
     def on_init(self, exp) -> None:
         first = next(iter(exp.theta))
-        self.recorders = recorders_for(self.plan, exp)
+        self.recorders = recorders_for(exp.plan, exp)  # the run's plan, its auto choices resolved
         # an attack may need whole updates and θ at the captured round's start
         full = any(r.whole_uplinks for r in self.recorders.values())
         self.tap = ServerTap(theta0=exp.theta, parameter=first, full=full)

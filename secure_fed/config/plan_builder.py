@@ -1,7 +1,9 @@
 """The one place a validated config becomes a :class:`~secure_fed.plan.RunPlan`: :func:`build_plan`.
 
 Each core section is copied into its frozen plan dataclass (lists become tuples, nested sections nested plans) and its
-``auto`` choices that the config alone decides are resolved here; each plugin section and the algorithm's parameters
+``auto`` choices that the config alone decides are resolved here (``dataset.drop_empty_labels``,
+``model.ctran.dropout``, ``training.sparse_updates``; those the loaded data or the machine decide are resolved once
+when the run is built, :func:`secure_fed.model_choices.resolve_run_choices`); each plugin section and the algorithm's parameters
 are deep-copied and frozen, so the plan shares no object with the config.
 """
 
@@ -103,14 +105,16 @@ def build_plan(cfg: BaseModel) -> P.RunPlan:
         "dataset": _copy(P.DatasetPlan, ds, drop_empty_labels=drop),
         "partition": _copy(P.PartitionPlan, cfg.partition),
         "model": _copy(P.ModelPlan, cfg.model, ctran=ctran_plan),
-        "training": _copy(P.TrainingPlan, cfg.training),
+        "training": _copy(
+            P.TrainingPlan, cfg.training, threads_auto=cfg.training.threads == "auto", threads_why="training.threads"
+        ),
         "evaluation": _copy(P.EvaluationPlan, cfg.evaluation),
         "output": _copy(P.OutputPlan, cfg.output),
         "flower": _copy(P.FlowerPlan, cfg.flower),
     }
     core = {*_CORE, *_CORE_KEYS}
     sections = {name: _frozen(getattr(cfg, name)) for name in type(cfg).model_fields if name not in core}
-    return P.RunPlan(
+    plan = P.RunPlan(
         seed=cfg.seed,
         device=cfg.device,
         backend=cfg.backend,
@@ -120,3 +124,17 @@ def build_plan(cfg: BaseModel) -> P.RunPlan:
         config_yaml=dump_config(cfg),
         **parts,
     )
+    return _resolve_sparse_updates(plan)
+
+
+def _resolve_sparse_updates(plan: P.RunPlan) -> P.RunPlan:
+    """``training.sparse_updates: auto``: true where every listed layer takes row-sparse θ updates
+    (:func:`~secure_fed.plugin_specs.dense_update_layers` names none), else false; an explicit value stays (true with
+    such a layer is refused by the stack's validation). Whether the run's rows are sparse is the data's part, decided
+    when the run is built: a row-sparse update needs both."""
+    if plan.training.sparse_updates != "auto":
+        return plan
+    from secure_fed.plugin_specs import dense_update_layers  # local: the layers' specs load the plugins
+
+    sparse = not dense_update_layers(plan)
+    return dataclasses.replace(plan, training=dataclasses.replace(plan.training, sparse_updates=sparse))

@@ -25,7 +25,7 @@ from secure_fed.data import (
 )
 from secure_fed.data.bounding import bound_labels, bounding_key
 from secure_fed.errors import ConfigError
-from secure_fed.model_choices import RESNETS, model_choice, sparse_input_choice
+from secure_fed.model_choices import RESNETS, ctran_tokens_choice, model_choice
 from secure_fed.models import Preprocessor, build_encoder
 from secure_fed.models.sparse_rows import SparseRows
 from secure_fed.plan import RunPlan
@@ -129,7 +129,7 @@ def build_ctran(plan: RunPlan, ds: MultiLabelDataset, *, cache_dir: str | Path |
     else:
         torch.manual_seed(plan.seed * 7919)
         token_size, feature_major = c.token_size, False
-        if c.tokens == "auto" and ds.name == "scene" and ds.num_features == SCENE_FEATURES:
+        if ctran_tokens_choice(plan, ds) == "scene_blocks":
             token_size, feature_major = 6, True  # 49 blocks × 6 colour moments, moment-major (see ctran's docstring)
         tokens = ChunkTokens(ds.num_features, token_size=token_size, width=width, feature_major=feature_major)
     model = CTran(
@@ -140,10 +140,6 @@ def build_ctran(plan: RunPlan, ds: MultiLabelDataset, *, cache_dir: str | Path |
     if text is not None:
         model.set_text_embeddings(*text)
     return model
-
-
-#: Mulan scene's feature count: 6 colour moments of 7×7 blocks
-SCENE_FEATURES = 294
 
 
 @dataclass
@@ -186,9 +182,11 @@ def build_federation(
     """The clients' data. ``bound`` = ``(m, rule)`` (a layer's public contribution bound,
     :func:`secure_fed.plugin_specs.instance_bound`): in a partition that puts an instance on one client per label, every
     instance enters at most m clients (:func:`secure_fed.data.bounding.bound_labels`)."""
-    _, prep_kind, _ = model_choice(plan, ds)
-    prep = Preprocessor.fit(prep_kind, ds.train.features)
-    sparse = False  # decided once the shards are known (their total size)
+    resolved = {"model.preprocessing": plan.model.preprocessing, "model.sparse_input": plan.model.sparse_input}
+    if "auto" in resolved.values():  # the run's plan (resolve_run_choices) decides them, once
+        raise ValueError(f"build_federation takes a run's resolved plan; {resolved} left auto")
+    prep = Preprocessor.fit(plan.model.preprocessing, ds.train.features)
+    sparse = plan.model.sparse_input is True
 
     def features(rows: np.ndarray) -> torch.Tensor | SparseRows:  # per shard: no second full copy of the training set
         return encode(ds.train.features[rows])
@@ -227,7 +225,6 @@ def build_federation(
         if (bound is not None or "dp" in plan.protocols) and part.positive_only:
             part.allow_empty = True
         shards = fed_shards if client_test is not None else part.partition(train, rng)
-    sparse = sparse_input_choice(plan, ds, sum(len(s.indices) for s in shards) + n_test)
     # sparse rows: the training rows preprocessed once, each client reading its own when it trains (an XC instance
     # sits on every client of its labels: ~5 copies); dense rows: each client's own copy, as before
     store = SparseRows.from_csr(prep.transform_sparse(ds.train.features), device=device) if sparse else None

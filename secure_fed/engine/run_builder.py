@@ -40,14 +40,15 @@ from secure_fed.engine.run_records import RunRecords
 from secure_fed.engine.run_summaries import MetricsFiles, RunReport
 from secure_fed.engine.server_optimizers import ServerOptimizer
 from secure_fed.errors import ConfigError
+from secure_fed.hardware import warn_emulated_bf16
 from secure_fed.memory import check_memory, plan_memory
 from secure_fed.messages import FullTable, Params, Rules
-from secure_fed.model_choices import precision_choice
+from secure_fed.model_choices import resolve_client_choices, resolve_run_choices
 from secure_fed.models.families import model_family
 from secure_fed.models.sparse_rows import SparseRows, column_major
 from secure_fed.plan import RunPlan
 from secure_fed.plugin_specs import dense_update_layers, instance_bound, layer_specs
-from secure_fed.update_forms import deferred_refusal, deferred_updates
+from secure_fed.update_forms import deferred_refusal
 
 
 @dataclass
@@ -96,7 +97,9 @@ def build_run(
 ) -> RunParts:
     """A run's parts for ``plan``, writing into ``run_dir``; ``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`)
     replaces the configured one (shadow runs); ``callbacks`` are the caller's own (the Python API's), run with the
-    registered ones. A run that cannot fit in memory stops before anything is built."""
+    registered ones. A run that cannot fit in memory stops before anything is built. The parts hold ``plan`` with
+    every ``auto`` resolved (:func:`~secure_fed.model_choices.resolve_run_choices`,
+    :func:`~secure_fed.model_choices.resolve_client_choices`), its ``config_yaml`` as given."""
     if not isinstance(plan, RunPlan):  # the config object stays in the config package (issue 54)
         raise TypeError(f"a run takes a RunPlan (secure_fed.config.build_plan(config)), not {type(plan).__name__}")
     keep_freed_memory()  # a round's large tensors reuse freed memory instead of faulting pages in anew
@@ -105,7 +108,13 @@ def build_run(
     if device.type == "cuda":
         use_deterministic_cuda()  # runs resume exactly: no atomic-add sums whose order varies
     dataset = dataset if dataset is not None else build_dataset(plan, data_root)
-    algorithm = build_algorithm(plan, device)
+    if plan.training.precision == "bf16":  # an explicit bf16 on a device that emulates it: one warning line
+        warn_emulated_bf16(device.type)
+    algorithm = build_algorithm(plan, device)  # it reads the algorithm's parameters and the model family alone
+    # every ``auto`` the data and the device decide, decided once (the clients' loss as the algorithm took it): the
+    # run and all it builds hold this plan
+    plan = resolve_run_choices(plan, dataset, device.type, loss=algorithm.client_loss)
+    algorithm.cfg = plan.algorithm  # the same parameters, algorithm.loss resolved
     memory = plan_memory(plan, dataset, device)
     check_memory(memory)  # a run that cannot fit stops here: nothing built, nothing written
     fed = build_federation(plan, dataset, type(algorithm), device, bound=instance_bound(plan))
@@ -131,12 +140,15 @@ def build_run(
     # a plaintext update of a sparse-input table as the columns the client touched, where every layer takes it;
     # a batched group's updates deferred (:mod:`secure_fed.update_forms`) where nothing refuses it
     dense = dense_update_layers(plan)
-    row_sparse = isinstance(fed.x_test, SparseRows) and plan.training.sparse_updates is not False and not dense
+    row_sparse = isinstance(fed.x_test, SparseRows) and plan.training.sparse_updates is True and not dense
     registered = [*build_callbacks(plan), *callbacks]
     names = [type(cb).__name__ for cb in registered]
-    deferred = deferred_updates(plan, dense_layers=dense, callbacks=names)
     if plan.training.deferred_updates is True and registered:
         raise ConfigError(deferred_refusal(plan, dense_layers=(), callbacks=names))
+    # the ``auto`` choices the clients and the callbacks decide (threads, deferred updates), decided once
+    plan = resolve_client_choices(plan, num_clients=len(fed.clients), dense_layers=dense, callbacks=names,
+                                  ceiling=torch.get_num_threads())  # fmt: skip
+    deferred = plan.training.deferred_updates is True
     down, up = declared_message_rules(plan, algorithm, row_sparse=row_sparse, deferred=deferred)
     guard = MessageGuard(shapes=model.tensor_shapes(), visibility=algorithm.visibility, client_rows=client_rows(fed),
                          down_rules=down, up_rules=up, log=messages)  # fmt: skip
@@ -159,7 +171,7 @@ def build_run(
     t = plan.training
     local = LocalTraining(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.client_lr, optimizer=t.client_optimizer,
                           momentum=t.client_momentum, weight_decay=t.weight_decay,
-                          precision=precision_choice(plan, dataset, device.type, warn=True))  # fmt: skip
+                          precision=plan.training.precision)  # fmt: skip
     # the built-in callbacks, then the registered ones (``secure_fed.callbacks`` entry points, e.g. the attack taps of
     # threat_models), then the checkpoint (which saves what the callbacks before it keep) and the summaries
     callbacks: list[Callback] = [

@@ -18,7 +18,6 @@ from secure_fed.engine.callbacks import Callback
 from secure_fed.engine.evaluation import W_COSINE_WHY, evaluated, selection_metric, tagged_metric
 from secure_fed.engine.privacy_report import aborted_charge, privacy_summary, tagged_report
 from secure_fed.engine.run_context import RunContext
-from secure_fed.model_choices import precision_choice
 from secure_fed.release import NO_MECHANISM, protected, public, untagged_line
 from secure_fed.run_files import METRICS_FILE, PRIVACY_RECORD, PRIVATE_DIR, SUMMARY_FILE
 
@@ -81,7 +80,7 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         "device": public(str(ctx.device), HARDWARE),
         "executor": public(ctx.executor.name, HARDWARE),
         # the precision the clients trained in (training.precision resolved for the device: a fact of the hardware)
-        "precision": public(precision_choice(plan, ctx.dataset, ctx.device.type), HARDWARE),
+        "precision": public(plan.training.precision, HARDWARE),
         # torch's threads and OpenMP's wait policy (training.threads resolved for this machine: a fact of the hardware)
         "threads": public(rec.threads, HARDWARE),
         "num_clients": public(len(ctx.fed.clients), FEDERATION),

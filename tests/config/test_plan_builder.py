@@ -71,3 +71,18 @@ def test_a_plan_is_frozen_all_the_way_down_and_pickles():
     assert again == plan and again.part(PrivacyConfig).client.clip_norm == 1.0
     with pytest.raises(ValueError, match="frozen"):
         again.part(PrivacyConfig).noise_seed = 3
+
+
+def test_sparse_updates_auto_is_resolved_by_the_stack_the_config_lists():
+    """``training.sparse_updates: auto`` is true where every listed layer takes row-sparse θ updates, false where one
+    takes only dense ones (client-level DP clips and noises whole updates); an explicit value stays."""
+    from secure_fed.plugin_specs import dense_update_layers
+
+    plain = load_plan(None, [])
+    dp = load_plan(None, ["protocols=[dp]", "privacy.client={target_epsilon: 4, clip_norm: 1}"])
+    assert (plain.training.sparse_updates, dp.training.sparse_updates) == (True, False)
+    assert (dense_update_layers(plain), dense_update_layers(dp)) == ([], ["dp"])  # the rule it follows, independently
+    assert load_plan(None, ["training.sparse_updates=false"]).training.sparse_updates is False
+    import yaml
+
+    assert yaml.safe_load(plain.config_yaml)["training"]["sparse_updates"] == "auto"  # as written: a resume compares it

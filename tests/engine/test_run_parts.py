@@ -181,3 +181,174 @@ def test_no_function_outside_the_config_package_receives_the_config(tmp_path):
     ]
     hits = receivers.trace({"small dp + secure_aggregation": overrides}, tmp_path)
     assert [k for k in hits if k.startswith("secure_fed/")] == []
+
+
+# ---------------------------------------------------------------- every ``auto`` resolved once (issue 54)
+def autos(value, path: str = "plan") -> list[str]:
+    """The paths under ``value`` (a plan: dataclasses and pydantic sections, recursively) whose value is ``auto``."""
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    if isinstance(value, str):
+        return [path] if value == "auto" else []
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [p for f in dataclasses.fields(value) for p in autos(getattr(value, f.name), f"{path}.{f.name}")]
+    if isinstance(value, BaseModel):
+        return [p for name in type(value).model_fields for p in autos(getattr(value, name), f"{path}.{name}")]
+    if isinstance(value, dict | tuple | list) or hasattr(value, "items"):
+        items = value.items() if hasattr(value, "items") else enumerate(value)
+        return [p for k, v in items for p in autos(v, f"{path}[{k}]")]
+    return []
+
+
+DP_SECAGG = ["training.rounds=1", 'protocols=["keyed_hashing", "dp", "secure_aggregation"]', "algorithm.normalize_gamma=false",
+             'privacy.client={"noise_multiplier": 1.0, "clip_norm": 1.0}',
+             'privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.2}']  # fmt: skip
+BIBTEX = ["dataset.name=bibtex", "model.name=auto", "training.precision=auto", "training.rounds=1", "evaluation.max_test=50",
+          "model.hidden_dims=[16]", "model.embedding_dim=16", "model.embed_dim=16"]  # fmt: skip
+
+
+#: the plugins' own ``auto`` settings, which their layers and attacks decide (not resolved in the plan yet):
+#: SecAgg+'s neighbours for each round's cohort, DP-SGD's public divisor B̄, the canary audit's client count
+PLUGIN_AUTOS = {
+    "plan.sections[secure_aggregation].neighbors",
+    "plan.sections[privacy].instance.expected_batch_size",
+    "plan.sections[attacks].canary_client_audit.canaries",
+}
+
+
+def _old_choices(plan, ds, num_clients: int, callbacks: list[str]) -> dict[str, object]:
+    """What the choice functions pick for ``plan`` (unresolved) on ``ds`` on this CPU: the values a run resolves."""
+    import torch
+
+    from secure_fed.memory import DataShape
+    from secure_fed.model_choices import ctran_tokens_choice, model_choice, precision_choice, sparse_input_choice
+    from secure_fed.plugin_specs import dense_update_layers
+    from secure_fed.threads import threads_record
+    from secure_fed.update_forms import deferred_updates
+
+    name, prep, _ = model_choice(plan, ds)
+    shape = DataShape.of(ds)
+    rows = (shape.label_entries if plan.partition.name == "positive_only" else shape.train) + min(
+        plan.evaluation.max_test or shape.test, shape.test
+    )
+    from secure_fed.engine.builders import build_algorithm
+
+    return {
+        "algorithm.loss": build_algorithm(plan, torch.device("cpu")).client_loss,
+        "device": "cpu",
+        "dataset.feature_kind": ds.feature_kind,
+        "model.name": name,
+        "model.preprocessing": prep,
+        "model.sparse_input": sparse_input_choice(plan, ds, rows),
+        "model.ctran.tokens": ctran_tokens_choice(plan, ds),
+        "training.precision": precision_choice(plan, ds, "cpu"),
+        "training.threads": threads_record(plan, num_clients, ceiling=torch.get_num_threads())["torch_threads"],
+        "training.sparse_updates": not dense_update_layers(plan),
+        "training.deferred_updates": deferred_updates(plan, dense_layers=dense_update_layers(plan), callbacks=callbacks),
+    }
+
+
+def _resolved(plan) -> dict[str, object]:
+    get = {"algorithm.loss": plan.algorithm.loss,
+           "device": plan.device, "dataset.feature_kind": plan.dataset.feature_kind, "model.name": plan.model.name,
+           "model.preprocessing": plan.model.preprocessing, "model.sparse_input": plan.model.sparse_input,
+           "model.ctran.tokens": plan.model.ctran.tokens, "training.precision": plan.training.precision,
+           "training.threads": plan.training.threads, "training.sparse_updates": plan.training.sparse_updates,
+           "training.deferred_updates": plan.training.deferred_updates}  # fmt: skip
+    return get
+
+
+def _check_resolved_run(tmp_path, plan, data_root=None):
+    """Build the run of ``plan`` (every choice left ``auto``, on CPU): the run, its context and its parts hold a plan
+    with no ``auto``, each field the value the choice functions pick for the loaded data, ``config_yaml`` unchanged."""
+    import dataclasses
+
+    plan = dataclasses.replace(plan, device="auto") if plan.device == "cpu" else plan
+    assert {"plan.device", "plan.model.preprocessing", "plan.training.threads", "plan.algorithm.loss"} <= set(autos(plan))
+    exp = Experiment(plan, run_dir=tmp_path / "run", data_root=data_root)
+    assert [p for p in autos(exp.plan) if p not in PLUGIN_AUTOS] == []
+    assert exp.context().plan is exp.plan
+    assert exp.plan.config_yaml == plan.config_yaml  # a resume compares it
+    names = [type(cb).__name__ for cb in exp.callbacks if cb.__module__.split(".")[0] != "secure_fed"]
+    expected = _old_choices(dataclasses.replace(plan, device="cpu"), exp.dataset, len(exp.fed.clients), names)
+    assert _resolved(exp.plan) == expected
+    assert exp.local.precision == expected["training.precision"]
+    assert exp.algorithm.client_loss == expected["algorithm.loss"]
+    assert exp.algorithm.cfg is exp.plan.algorithm  # the algorithm holds the resolved parameters too
+    assert exp.trainer.deferred_updates is expected["training.deferred_updates"]
+    return exp
+
+
+def test_the_default_run_holds_a_plan_with_every_auto_resolved(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU's choices")
+    exp = _check_resolved_run(tmp_path, small_plan("training.precision=auto"))
+    assert (exp.plan.model.name, exp.plan.model.preprocessing, exp.plan.model.sparse_input) == ("mlp", "standardize", False)
+    assert exp.plan.training.threads_auto and exp.plan.training.threads_why != "training.threads"
+    assert Experiment(exp.plan, run_dir=tmp_path / "again").plan == exp.plan  # a resolved plan resolves to itself
+    exp.run()
+    threads = exp.records.threads  # what summary.json records: the setting as written, the count resolved
+    assert threads["setting"] == "auto" and threads["torch_threads"] == exp.plan.training.threads
+    assert threads["why"] == exp.plan.training.threads_why
+
+
+def test_a_dp_secure_aggregation_run_holds_a_plan_with_every_auto_resolved(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU's choices")
+    exp = _check_resolved_run(tmp_path, small_plan(*DP_SECAGG))
+    assert exp.plan.model.preprocessing == "none"  # no statistic of the private data under dp
+    assert exp.plan.training.sparse_updates is False  # client-level DP clips and noises whole updates
+
+
+@pytest.mark.data
+def test_a_bibtex_run_holds_a_plan_with_every_auto_resolved(tmp_path, data_root):
+    import torch
+
+    from secure_fed.config import load_plan
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU's choices")
+    exp = _check_resolved_run(tmp_path, load_plan(None, BIBTEX), data_root=str(data_root))
+    assert (exp.plan.dataset.feature_kind, exp.plan.model.name, exp.plan.model.preprocessing) == (
+        "sparse", "sparse_text", "rsqrt_nnz"
+    )  # fmt: skip
+
+
+def test_the_federation_refuses_a_plan_no_run_resolved():
+    from secure_fed.algorithms.base import Algorithm
+    from secure_fed.data.from_config import build_dataset
+    from secure_fed.engine.builders import build_federation
+
+    plan = small_plan()
+    with pytest.raises(ValueError, match="resolved plan"):
+        build_federation(plan, build_dataset(plan), Algorithm, __import__("torch").device("cpu"))
+
+
+def test_ctran_tokens_auto_picks_scenes_blocks_and_the_model_reads_the_resolved_field():
+    """``model.ctran.tokens: auto`` resolves to ``scene_blocks`` for Mulan scene's 294 features (moment-major tokens
+    of 6), else ``chunks``; C-Tran is built from the resolved field, whatever the data set's name."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from secure_fed.data.from_config import build_dataset
+    from secure_fed.engine.builders import build_ctran
+    from secure_fed.model_choices import ctran_tokens_choice
+
+    plan = small_plan("model.family=ctran", "algorithm.name=fedctran", "partition.name=iid", "dataset.synthetic.num_features=294")
+    assert plan.model.ctran.tokens == "auto"
+    scene = SimpleNamespace(name="scene", num_features=294)
+    assert ctran_tokens_choice(plan, scene) == "scene_blocks"
+    assert ctran_tokens_choice(plan, SimpleNamespace(name="scene", num_features=293)) == "chunks"
+    assert ctran_tokens_choice(plan, SimpleNamespace(name="yeast", num_features=294)) == "chunks"
+    ds = build_dataset(plan)  # synthetic, 294 features
+    for tokens, want in (("scene_blocks", (6, True)), ("chunks", (plan.model.ctran.token_size, False))):
+        resolved = dataclasses.replace(plan, model=dataclasses.replace(plan.model, name="mlp", ctran=dataclasses.replace(
+            plan.model.ctran, tokens=tokens)))  # fmt: skip
+        t = build_ctran(resolved, ds).tokens
+        assert (t.token_size, t.feature_major) == want
