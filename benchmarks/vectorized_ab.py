@@ -99,6 +99,23 @@ def register_plugin(tree: Path, name: str, site: Path) -> list[str]:
     return [str(site), str(package)]
 
 
+def register_tree(tree: Path, site: Path) -> list[str]:
+    """``site/secure_fed-<version>.dist-info`` with ``tree``'s own entry points (its ``pyproject.toml``), so that a base
+    tree reads its own plugins' entry points, not those the installed checkout records (which may name modules the
+    base does not have); returns the path entry to put after the tree."""
+    import tomllib
+
+    project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
+    info = site / f"secure_fed-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = project["entry-points"]
+    (info / "entry_points.txt").write_text(
+        "\n".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for g, eps in groups.items())
+    )
+    return [str(site)]
+
+
 def child(tree: Path, overrides: list[str], rounds: int, data_root: str, extra_path: list[str] = ()) -> dict:
     """One child process on ``tree``'s code: both executors' seconds per round, measured in that one process."""
     path = os.pathsep.join([str(tree), *extra_path])
@@ -140,6 +157,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {"A": [], "B": []}
     try:
         paths = {w: register_plugin(t, args.plugin, tmp / f"site-{w}") if args.plugin else [] for w, t in trees.items()}
+        paths["A"] = [*register_tree(trees["A"], tmp / "site-A-tree"), *paths["A"]]
         for i in range(args.reps):
             for which in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 r = child(trees[which], overrides, args.rounds, args.data_root, paths[which])
