@@ -80,6 +80,17 @@ def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def write_dist_info(site: Path, project: dict, name: str) -> None:
+    """``site/<name>-<version>.dist-info`` holding ``project``'s metadata and entry points, as ``pip install`` would."""
+    info = site / f"{name}-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = project["entry-points"]
+    (info / "entry_points.txt").write_text(
+        "\n".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for g, eps in groups.items())
+    )
+
+
 def register_plugin(tree: Path, name: str, site: Path) -> list[str]:
     """``site/<name>-<version>.dist-info`` with the entry points of ``tree``'s ``examples/plugins/<name>``, as ``pip
     install`` would leave them; returns the path entries that make it importable."""
@@ -88,14 +99,7 @@ def register_plugin(tree: Path, name: str, site: Path) -> list[str]:
     package = tree / "examples" / "plugins" / name
     if not (package / "pyproject.toml").is_file():
         raise SystemExit(f"error: --plugin {name}: no examples/plugins/{name}/pyproject.toml in {tree}")
-    project = tomllib.loads((package / "pyproject.toml").read_text())["project"]
-    info = site / f"{name}-{project['version']}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    groups = project["entry-points"]
-    (info / "entry_points.txt").write_text(
-        "\n".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for g, eps in groups.items())
-    )
+    write_dist_info(site, tomllib.loads((package / "pyproject.toml").read_text())["project"], name)
     return [str(site), str(package)]
 
 
@@ -105,14 +109,7 @@ def register_tree(tree: Path, site: Path) -> list[str]:
     base does not have); returns the path entry to put after the tree."""
     import tomllib
 
-    project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
-    info = site / f"secure_fed-{project['version']}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    groups = project["entry-points"]
-    (info / "entry_points.txt").write_text(
-        "\n".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for g, eps in groups.items())
-    )
+    write_dist_info(site, tomllib.loads((tree / "pyproject.toml").read_text())["project"], "secure_fed")
     return [str(site)]
 
 
