@@ -240,13 +240,17 @@ def test_a_third_party_attack_gets_its_section(probe):
 def test_a_third_party_attack_is_asked_what_to_record(probe):
     from threat_models.recording import AttackRecording
 
-    exp = SimpleNamespace(theta={"w": torch.zeros(2)})
+    def run_of(plan):  # what on_init reads of a run: θ and the run's (resolved) plan
+        return SimpleNamespace(theta={"w": torch.zeros(2)}, plan=plan)
+
     for whole in (False, True):
-        rec = AttackRecording(load_plan(overrides=["attacks.run=[probe_attack]", f"attacks.probe_attack.whole={whole}"]))
-        rec.on_init(exp)
+        plan = load_plan(overrides=["attacks.run=[probe_attack]", f"attacks.probe_attack.whole={whole}"])
+        rec = AttackRecording(plan)
+        rec.on_init(run_of(plan))
         assert rec.tap.full is whole and set(rec.recorders) == ({"probe_attack"} if whole else set())
-    unlisted = AttackRecording(load_plan(overrides=["attacks.run=[token_linkage]", "attacks.probe_attack.whole=true"]))
-    unlisted.on_init(exp)
+    plan = load_plan(overrides=["attacks.run=[token_linkage]", "attacks.probe_attack.whole=true"])
+    unlisted = AttackRecording(plan)
+    unlisted.on_init(run_of(plan))
     assert probe.CALLS == [3, 3] and not unlisted.tap.full  # asked only when listed
 
 

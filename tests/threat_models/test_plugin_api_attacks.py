@@ -48,7 +48,9 @@ def test_a_run_built_from_a_plan_is_that_plans_run(tmp_path):
 
     plan = load_plan(overrides=["training.rounds=2", "seed=5", "protocols=[keyed_hashing]"])
     exp = build_experiment(plan, run_dir=tmp_path / "run")
-    assert exp.plan is plan and (exp.plan.seed, exp.plan.protocols) == (5, ("keyed_hashing",))
+    # the run holds the plan with its data- and machine-dependent choices resolved: the same config, the same settings
+    assert exp.plan.config_yaml == plan.config_yaml and (exp.plan.seed, exp.plan.protocols) == (5, ("keyed_hashing",))
+    assert exp.plan.training.rounds == plan.training.rounds and exp.plan.device in ("cpu", "cuda")
 
 
 def test_the_attacks_memory_terms_read_the_plan():
