@@ -374,6 +374,9 @@ def make_plots(rows: list[dict[str, Any]]) -> list[tuple[str, str, bytes, str]]:
     if util:
         figs.append(("utility_vs_epsilon.png", f"{util} vs ε (curve: mean over seeds; band: {BAND})",
                      _eps_plot(plt, rows, util, ylabel=util, title=f"utility ({util}) vs ε; band: {BAND}")))  # fmt: skip
+    if util == "P@1" and any(isinstance(r.get("mAP"), (int, float)) for r in rows):  # ranking and per-label utility
+        figs.append(("map_vs_epsilon.png", f"mAP vs ε (curve: mean over seeds; band: {BAND})",
+                     _eps_plot(plt, rows, "mAP", ylabel="mAP", title=f"utility (mAP) vs ε; band: {BAND}")))  # fmt: skip
     attack_keys = sorted({k for r in rows for k in r if k.endswith(".auc") and not k.endswith(".chance")})
     for k in attack_keys:
         name = k.removeprefix(OPERATOR_PREFIX)

@@ -67,6 +67,8 @@ class DatasetPlan:
     fold: int
     test_fraction: float
     split_seed: int
+    evaluate_on: Literal["test", "validation"]
+    validation_fraction: float
     drop_attributes: tuple[str, ...]
     #: resolved when the run is built (:func:`secure_fed.model_choices.resolve_run_choices`): the loaded data's kind
     feature_kind: Literal["auto", "sparse", "dense", "image"]

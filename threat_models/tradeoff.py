@@ -38,6 +38,9 @@ from threat_models.tradeoff_points import (
     worker_pool,
 )
 
+#: the "label prior only" row of every study (``--prior auto``)
+PRIOR_METHOD = "label_prior"
+
 
 def cmd_tradeoff(args: argparse.Namespace) -> int:
     from secure_fed.config import load_plan
@@ -62,6 +65,15 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         extra, why = central_reference_method(args.config, args.overrides, methods, unit=args.unit)
         methods += extra
         print(f"tradeoff: {why}", flush=True)
+    if args.prior == "auto" and PRIOR_METHOD not in methods:
+        try:
+            method_base(args.config, args.overrides, PRIOR_METHOD)
+        except SecureFedError as exc:
+            print(f"tradeoff: no label-prior row: the config does not run as {PRIOR_METHOD} ({exc})", flush=True)
+        else:
+            methods.append(PRIOR_METHOD)
+            print(f"tradeoff: the label prior only ({PRIOR_METHOD}: the most frequent labels, private at each ε) is a row "
+                  "(--prior none: not)", flush=True)  # fmt: skip
     specs = attack_specs()
     attacks = [a for a in (args.attacks or "").split(",") if a]
     for a in attacks:
@@ -161,6 +173,10 @@ def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: 
     )
     if args.select == "private":
         note += f" Private selection: {rows[0]['composed'] if rows else ''}; metrics on the report half of the test split."
+    table = study_table(public)
+    if table:
+        (out / "table.md").write_text(table)
+        print(table, end="")
     title = f"privacy/utility trade-off: {', '.join(methods)}"
     page = html_report(runs, out / "report.html", title=title, plots_dir=out, notes=[note], rows=public)
     print(f"wrote {out / 'results.csv'}, the plots and {page}")
@@ -177,6 +193,25 @@ def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: 
     return 0
 
 
+def study_table(rows: list[dict]) -> str:
+    """The study at a glance (``table.md``): one line per method, one column per target ε, each cell the mean over
+    seeds of P@1 / P@3 / mAP (those the runs have), and the number of seeds."""
+    keys = [k for k in ("P@1", "P@3", "mAP") if any(isinstance(r.get(k), (int, float)) for r in rows)]
+    if not keys:
+        return ""
+    eps = sorted({float(r["target_epsilon"]) for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lines = [f"| method | {' | '.join(f'ε = {_label(e)}' for e in eps)} |", "| --- |" + " --- |" * len(eps)]
+    for m in methods:
+        cells = []
+        for e in eps:
+            pts = [r for r in rows if r["method"] == m and float(r["target_epsilon"]) == e]
+            vals = [[r[k] for r in pts if isinstance(r.get(k), (int, float))] for k in keys]
+            cells.append(" / ".join(f"{sum(v) / len(v):.1f}" if v else "–" for v in vals) + f" ({len(pts)})" if pts else "–")
+        lines.append(f"| {m} | {' | '.join(cells)} |")
+    return f"{' / '.join(keys)}, mean over seeds (number of seeds)\n\n" + "\n".join(lines) + "\n"
+
+
 def register(sub) -> None:
     p = sub.add_parser("tradeoff", help="privacy/utility study: methods × ε × seeds, attacks, results.csv, report.html")
     p.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default)")
@@ -188,6 +223,9 @@ def register(sub) -> None:
     p.add_argument("--reference", choices=["auto", "none"], default="auto",
                    help="auto: add the central DP reference (oracle) beside positive-only methods swept at the instance "
                         "unit when the config sets privacy.local; none: only --methods")  # fmt: skip
+    p.add_argument("--prior", choices=["auto", "none"], default="auto",
+                   help="auto: a 'label prior only' row (label_prior: every instance scored by the label counts, released "
+                   "under DP at each ε) beside the methods")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value in every run (repeatable)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="processes (default: the cores, at most one per run)")

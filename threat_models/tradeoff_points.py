@@ -46,6 +46,13 @@ def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: 
         ov.append(f"attacks.run=[{', '.join(attacks)}]")
     p = base.part(PrivacyConfig)
     stack = list(base.protocols)
+    plugin = statistic_mechanism(method)
+    if plugin is not None:  # a method that only reads a released statistic: ε goes to that statistic's mechanism
+        nulls = ["privacy.instance=null", "privacy.local=null", "privacy.client=null"]
+        if math.isinf(eps):
+            return [*ov, *nulls, f"protocols=[{', '.join(x for x in stack if x != 'dp')}]", f"privacy.{plugin}=null"]
+        m = getattr(p, plugin).max_labels_per_instance  # the base plan's (method_base: the config's contribution bound)
+        return [*ov, *nulls, f"privacy.{plugin}={{target_epsilon: {eps:g}, max_labels_per_instance: {m}}}"]
     if math.isinf(eps):
         ov.append(f"protocols=[{', '.join(x for x in stack if x != 'dp')}]")
         ov += ["privacy.instance=null", "privacy.local=null", "privacy.client=null"]
@@ -74,6 +81,33 @@ def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: 
     if unit == "client":
         ov += ["privacy.instance=null", "privacy.local=null"]
     return ov
+
+
+def statistic_mechanism(method: str) -> str | None:
+    """The DP mechanism plugin (``privacy.<name>``) that releases the statistic a statistics-only method reads (an
+    algorithm whose clients never train and whose setup asks for a statistic, such as ``label_prior``), else None."""
+    from protocols.dp.mechanism_plugins import mechanism_specs
+    from secure_fed.plugin_api.attacks import algorithm_specs
+
+    spec = algorithm_specs().get(method)
+    caps = None if spec is None else spec.capabilities
+    if caps is None or caps.client_training or not caps.setup_statistics:
+        return None
+    found = [m.name for m in mechanism_specs().values() if m.statistic in caps.setup_statistics]
+    if not found:
+        raise SecureFedError(f"--methods {method}: no DP mechanism plugin releases its statistic {caps.setup_statistics}")
+    return found[0]
+
+
+def statistic_base(plugin: str, privacy: dict) -> list[str]:
+    """A statistics-only method's base overrides: no training unit; its statistic's mechanism ``privacy.<plugin>``
+    with the config's contribution bound m (``max_labels_per_instance`` of privacy.local, else privacy.instance; else
+    1) and the config's target ε (each point overrides it)."""
+    blocks = [b for b in (privacy.get("local"), privacy.get("instance")) if isinstance(b, dict)]
+    m = next((int(b["max_labels_per_instance"]) for b in blocks if b.get("max_labels_per_instance")), 1)
+    eps = next((float(b["target_epsilon"]) for b in blocks if b.get("target_epsilon")), 1.0)
+    return ["privacy.instance=null", "privacy.local=null", "privacy.client=null",
+            f"privacy.{plugin}={{target_epsilon: {eps:g}, max_labels_per_instance: {m}}}"]  # fmt: skip
 
 
 def central_reference(method: str) -> list[str]:
@@ -121,8 +155,14 @@ def method_base(config: str | None, overrides: list[str], method: str) -> RunPla
     from secure_fed.config import load_plan, raw_config
     from secure_fed.plugin_api.attacks import ConfigError
 
+    plugin = statistic_mechanism(method)
     drop = [] if method in LABEL_SET_ALGORITHMS else ["privacy.instance=null"]
-    if drop:  # the instance unit's one budget may sit on privacy.instance: it moves to privacy.local with the drop
+    if plugin is not None:  # it reads one released statistic: no training unit applies, the statistic's mechanism does
+        try:
+            drop = statistic_base(plugin, raw_config(config, overrides).get("privacy") or {})
+        except ConfigError as exc:
+            raise SecureFedError(f"--methods {method}: {exc}") from None
+    elif drop:  # the instance unit's one budget may sit on privacy.instance: it moves to privacy.local with the drop
         try:
             privacy = raw_config(config, overrides).get("privacy") or {}
         except ConfigError as exc:

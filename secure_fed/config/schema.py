@@ -99,6 +99,16 @@ class DatasetConfig(_Strict):
         0.3, gt=0.0, lt=1.0, description="arff shipped as one file (no dataset.test, no fold files): the held-out share"
     )
     split_seed: int = Field(0, ge=0, lt=2**32, description="seeds that one-file split (fixed across run seeds)")
+    evaluate_on: Literal["test", "validation"] = Field(
+        "test",
+        description="validation: carve validation_fraction of the training split (seeded by split_seed, fixed across run "
+        "seeds) as the split every metric is computed on, train on the rest and never read the test split: for choosing "
+        "a recipe without the test split. The validation rows are training data, so those metrics are not DP-protected "
+        "(released with ε = ∞, said in summary.json)",
+    )
+    validation_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="evaluate_on validation: the share of the training split held out"
+    )
     drop_attributes: list[str] = Field(
         [], description="arff: feature attributes to leave out, by name (e.g. genbase's protein identifier)"
     )

@@ -154,7 +154,8 @@ class MultiLabelDataset:
         shape = self.image_shape
         width = f"{'×'.join(map(str, shape))} images" if shape else f"{self.num_features} features"
         return (
-            f"{self.name}: {self.train.num_instances} train / {self.test.num_instances} test, "
+            f"{self.name}: {self.train.num_instances} train / {self.test.num_instances} "
+            f"{'validation (held-out training rows)' if 'evaluated_on' in self.meta else 'test'}, "
             f"{width}, {self.num_labels} labels, "
             f"{card:.2f} labels per instance"
         )

@@ -7,7 +7,9 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from secure_fed.data.dataset import MultiLabelDataset
+import numpy as np
+
+from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
 from secure_fed.data.registry import GENERATED, load_from_paths, load_registered
 from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
 from secure_fed.data.xc import missing_file_error
@@ -22,6 +24,8 @@ def build_dataset(plan: RunPlan, data_root: str | None = None) -> MultiLabelData
     resolves: ``auto`` drops them unless the ``dp`` layer is on, since which labels have one is a fact about the
     private data, released through W's shape)."""
     ds = _load_dataset(plan.dataset, plan.seed, data_root)
+    if plan.dataset.evaluate_on == "validation":
+        ds = validation_dataset(ds, plan.dataset.validation_fraction, plan.dataset.split_seed)
     if ds.train.labels.nnz == 0:
         raise DataError(f"{ds.name}: no training instance has a positive label; nothing can be learned")
     if plan.dataset.drop_empty_labels:
@@ -30,6 +34,25 @@ def build_dataset(plan: RunPlan, data_root: str | None = None) -> MultiLabelData
             shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
             print(f"note: dropped {len(dropped)} label(s) with no training instance ({shown}); dataset.drop_empty_labels")
     return ds
+
+
+def validation_dataset(ds: MultiLabelDataset, fraction: float, seed: int) -> MultiLabelDataset:
+    """``ds`` with its test split replaced by a validation split: ⌊fraction·n⌋ training rows drawn by ``seed`` (a
+    permutation; the same rows for every run seed), the rest kept as the training split in their order. The test
+    split is not read again, so a recipe chosen on these metrics never saw it."""
+    n = ds.train.num_instances
+    k = int(fraction * n)
+    if k < 1 or k >= n:
+        raise DataError(f"{ds.name}: dataset.validation_fraction {fraction:g} of {n} training rows leaves an empty split")
+    held = np.zeros(n, dtype=bool)
+    held[np.random.default_rng(seed).permutation(n)[:k]] = True
+
+    def rows(mask: np.ndarray) -> MultiLabelSplit:
+        idx = np.flatnonzero(mask)
+        return MultiLabelSplit(features=ds.train.features[idx], labels=ds.train.labels[idx])
+
+    meta = {**ds.meta, "evaluated_on": f"validation: {k} of the {n} training rows (split_seed {seed})"}
+    return dataclasses.replace(ds, train=rows(~held), test=rows(held), meta=meta)
 
 
 def check_data_files(d: DatasetPlan) -> None:

@@ -152,7 +152,11 @@ def evaluation_record(ctx: RunContext) -> dict[str, Any]:
     model, and W's mean row cosine (none for an algorithm without a global model, e.g. ``local``)."""
     if not ctx.algorithm.has_global_model:
         return {}
-    rec: dict[str, Any] = {k: public(v, TEST_METRIC_WHY) for k, v in evaluate(ctx.model, ctx.fed, ctx.plan.evaluation).items()}
+    metrics = evaluate(ctx.model, ctx.fed, ctx.plan.evaluation)
+    if ctx.plan.dataset.evaluate_on == "validation":  # held-out training rows: no DP mechanism covers their metrics
+        rec: dict[str, Any] = {k: protected(v, NO_MECHANISM) for k, v in metrics.items()}
+    else:
+        rec = {k: public(v, TEST_METRIC_WHY) for k, v in metrics.items()}
     if ctx.model.W is not None:
         rec["W_mean_cos"] = public(ctx.model.mean_row_cosine(), W_COSINE_WHY)
     return rec

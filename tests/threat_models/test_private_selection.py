@@ -232,7 +232,8 @@ def test_the_released_files_times_do_not_depend_on_k(tmp_path, monkeypatch):
         out = tmp_path / f"k{k}"
         sets = [x for o in [*SMALL, "training.rounds=1", "algorithm.name=fedavg"] for x in ("--set", o)]
         code = main(["tradeoff", "--methods", "fedavg", "--epsilons", "inf", "--seeds", "0", "--attacks", "", "--workers",
-                     "1", "--reference", "none", "--select", "private", "--candidates", "training.client_lr=0.05",
+                     "1", "--reference", "none", "--prior", "none", "--select", "private",
+                     "--candidates", "training.client_lr=0.05",
                      *sets, "--out", str(out)])  # fmt: skip
         assert code == 0
         times[k] = _released_times(out)

@@ -20,7 +20,8 @@ def _tradeoff(out: Path, *extra: str) -> subprocess.CompletedProcess:
                         'privacy.local={"batch_sample_rate": 0.5, "noise_multiplier": 1.0, '
                         '"max_labels_per_instance": 8}'] for x in ("--set", o)]  # fmt: skip
     args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", "--methods", "fedaws", "--epsilons", "4,inf",
-            "--seeds", "0", "--attacks", "membership_inference", "--workers", "1", "--reference", "none", *sets,
+            "--seeds", "0", "--attacks", "membership_inference", "--workers", "1", "--reference", "none", "--prior", "none",
+            *sets,
             "--out", str(out), *extra]  # fmt: skip
     return subprocess.run(args, capture_output=True, text=True, cwd=REPO)
 
@@ -109,7 +110,7 @@ def test_fedaws_on_the_tradeoff_config_written_for_fedalc_runs(tmp_path):
     assert cfg.algorithm.name == "fedaws" and cfg.privacy.instance is None and cfg.privacy.local.target_epsilon == 4.0
     tiny = ["training.rounds=1", "evaluation.every=1", "dataset.synthetic.num_train=300", "dataset.synthetic.num_test=100"]
     args = [sys.executable, "-m", "secure_fed.cli", "tradeoff", config, "--methods", "fedaws", "--epsilons", "4",
-            "--seeds", "0", "--workers", "1", "--reference", "none", *[x for o in tiny for x in ("--set", o)],
+            "--seeds", "0", "--workers", "1", "--reference", "none", "--prior", "none", *[x for o in tiny for x in ("--set", o)],
             "--out", str(tmp_path / "s")]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
