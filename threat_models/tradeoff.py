@@ -40,6 +40,11 @@ from threat_models.tradeoff_points import (
 
 #: the "label prior only" row of every study (``--prior auto``)
 PRIOR_METHOD = "label_prior"
+#: what a study on a validation split says of its numbers
+VALIDATION_NOTE = (
+    "Metrics on a validation split of the training data (dataset.evaluate_on: validation): no DP "
+    "mechanism covers them, so every run's released ε is ∞; the columns are the target ε of training."
+)
 
 
 def cmd_tradeoff(args: argparse.Namespace) -> int:
@@ -65,15 +70,10 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         extra, why = central_reference_method(args.config, args.overrides, methods, unit=args.unit)
         methods += extra
         print(f"tradeoff: {why}", flush=True)
-    if args.prior == "auto" and PRIOR_METHOD not in methods:
-        try:
-            method_base(args.config, args.overrides, PRIOR_METHOD)
-        except SecureFedError as exc:
-            print(f"tradeoff: no label-prior row: the config does not run as {PRIOR_METHOD} ({exc})", flush=True)
-        else:
-            methods.append(PRIOR_METHOD)
-            print(f"tradeoff: the label prior only ({PRIOR_METHOD}: the most frequent labels, private at each ε) is a row "
-                  "(--prior none: not)", flush=True)  # fmt: skip
+    extra, why = prior_method(args, methods)
+    methods += extra
+    if why:
+        print(f"tradeoff: {why}", flush=True)
     specs = attack_specs()
     attacks = [a for a in (args.attacks or "").split(",") if a]
     for a in attacks:
@@ -151,6 +151,12 @@ def check_selection_options(args: argparse.Namespace) -> None:
         return
     from threat_models.private_selection import parse_candidates
 
+    if on_validation(args):
+        raise SecureFedError(
+            "--select private with dataset.evaluate_on validation: the selection would score its candidates on training "
+            "rows with no noise, outside the ε it reports; select privately on the test split's selection half, or "
+            "select on the validation split without --select (a choice outside ε, to be stated)"
+        )
     parse_candidates(args.candidates)
     if not (args.select_mean > 1 and math.isfinite(args.select_mean)):
         raise SecureFedError(f"--select-mean {args.select_mean:g}: the mean number of runs must be > 1")
@@ -164,6 +170,7 @@ def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: 
     """results.csv, the plots and report.html (and the operator's copies with the attacks' columns)."""
     from secure_fed.plugin_api.attacks import has_operator_columns, html_report, released, write_csv
 
+    validation = on_validation(args)
     out.mkdir(parents=True, exist_ok=True)
     public = [released(r) for r in rows]
     write_csv(public, out / "results.csv")
@@ -173,7 +180,9 @@ def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: 
     )
     if args.select == "private":
         note += f" Private selection: {rows[0]['composed'] if rows else ''}; metrics on the report half of the test split."
-    table = study_table(public)
+    if validation:
+        note += f" {VALIDATION_NOTE}"
+    table = study_table(public, validation=validation)
     if table:
         (out / "table.md").write_text(table)
         print(table, end="")
@@ -193,10 +202,36 @@ def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: 
     return 0
 
 
-def study_table(rows: list[dict]) -> str:
+def on_validation(args: argparse.Namespace) -> bool:
+    """Whether the study's config (with its overrides) evaluates on a validation split of the training data."""
+    from secure_fed.config import raw_config
+
+    dataset = raw_config(args.config, args.overrides).get("dataset") or {}
+    return isinstance(dataset, dict) and dataset.get("evaluate_on") == "validation"
+
+
+def prior_method(args: argparse.Namespace, methods: list[str]) -> tuple[list[str], str]:
+    """``--prior auto``: the "label prior only" method to add, and a line saying why or why not. It is drawn at the
+    instance unit (its release is accounted per instance) and without ``--select private`` (no candidate grid
+    applies to it)."""
+    if args.prior != "auto" or PRIOR_METHOD in methods:
+        return [], ""
+    if args.unit != "instance" or args.select == "private":
+        why = "--unit client (its release is accounted per instance)" if args.unit != "instance" else "--select private"
+        return [], f"no label-prior row under {why}"
+    try:
+        method_base(args.config, args.overrides, PRIOR_METHOD)
+    except SecureFedError as exc:
+        return [], f"no label-prior row: the config does not run as {PRIOR_METHOD} ({exc})"
+    return [PRIOR_METHOD], (f"the label prior only ({PRIOR_METHOD}: the most frequent labels, private at each ε) is a row "
+                            "(--prior none: not)")  # fmt: skip
+
+
+def study_table(rows: list[dict], *, validation: bool = False) -> str:
     """The study at a glance (``table.md``): one line per method, one column per target ε, each cell the mean over
-    seeds of P@1 / P@3 / mAP (those the runs have), and the number of seeds."""
-    keys = [k for k in ("P@1", "P@3", "mAP") if any(isinstance(r.get(k), (int, float)) for r in rows)]
+    seeds of P@1 / P@3 / mAP (those the runs have) and the number of runs that have them; under
+    ``dataset.evaluate_on: validation`` a line says whose metrics they are."""
+    keys = [k for k in ("P@1", "P@3", "mAP") if any(_finite(r.get(k)) for r in rows)]
     if not keys:
         return ""
     eps = sorted({float(r["target_epsilon"]) for r in rows})
@@ -205,11 +240,18 @@ def study_table(rows: list[dict]) -> str:
     for m in methods:
         cells = []
         for e in eps:
-            pts = [r for r in rows if r["method"] == m and float(r["target_epsilon"]) == e]
-            vals = [[r[k] for r in pts if isinstance(r.get(k), (int, float))] for k in keys]
+            pts = [r for r in rows if r["method"] == m and float(r["target_epsilon"]) == e and _finite(r.get(keys[0]))]
+            vals = [[r[k] for r in pts if _finite(r.get(k))] for k in keys]
             cells.append(" / ".join(f"{sum(v) / len(v):.1f}" if v else "–" for v in vals) + f" ({len(pts)})" if pts else "–")
         lines.append(f"| {m} | {' | '.join(cells)} |")
-    return f"{' / '.join(keys)}, mean over seeds (number of seeds)\n\n" + "\n".join(lines) + "\n"
+    head = f"{' / '.join(keys)}, mean over seeds (number of runs)\n\n"
+    if validation:
+        head += f"{VALIDATION_NOTE}\n\n"
+    return head + "\n".join(lines) + "\n"
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def register(sub) -> None:

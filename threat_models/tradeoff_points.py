@@ -101,10 +101,14 @@ def statistic_mechanism(method: str) -> str | None:
 
 def statistic_base(plugin: str, privacy: dict) -> list[str]:
     """A statistics-only method's base overrides: no training unit; its statistic's mechanism ``privacy.<plugin>``
-    with the config's contribution bound m (``max_labels_per_instance`` of privacy.local, else privacy.instance; else
-    1) and the config's target ε (each point overrides it)."""
+    with the config's contribution bound m (the run's one ``max_labels_per_instance``, whichever privacy section
+    gives it, as :meth:`~protocols.config_sections.PrivacyConfig.max_labels_per_instance` reads it; else 1) and the
+    config's target ε (of privacy.local, else privacy.instance; each point overrides it)."""
     blocks = [b for b in (privacy.get("local"), privacy.get("instance")) if isinstance(b, dict)]
-    m = next((int(b["max_labels_per_instance"]) for b in blocks if b.get("max_labels_per_instance")), 1)
+    given = {
+        int(b["max_labels_per_instance"]) for b in privacy.values() if isinstance(b, dict) and b.get("max_labels_per_instance")
+    }
+    m = max(given) if given else 1  # sections that differ make the config itself invalid
     eps = next((float(b["target_epsilon"]) for b in blocks if b.get("target_epsilon")), 1.0)
     return ["privacy.instance=null", "privacy.local=null", "privacy.client=null",
             f"privacy.{plugin}={{target_epsilon: {eps:g}, max_labels_per_instance: {m}}}"]  # fmt: skip

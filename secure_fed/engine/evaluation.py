@@ -141,10 +141,13 @@ W_COSINE_WHY = "W's mean row cosine: a function of the released W"
 CLIENT_MODEL_METRICS = ("AmAP", "AmAP_std", "WmAP")
 
 
-def tagged_metric(name: str, value: Any) -> Released:
-    """A released metric with its tag: the clients' own models' (:data:`CLIENT_MODEL_METRICS`) with no mechanism on
-    them, every other one the released model's on the public test split."""
-    return protected(value, NO_MECHANISM) if name in CLIENT_MODEL_METRICS else public(value, TEST_METRIC_WHY)
+def tagged_metric(name: str, value: Any, *, on_validation: bool = False) -> Released:
+    """A released metric with its tag: the clients' own models' (:data:`CLIENT_MODEL_METRICS`) and every metric on a
+    validation split of the training data (``dataset.evaluate_on: validation``) with no mechanism on them, every other
+    one the released model's on the public test split."""
+    if on_validation or name in CLIENT_MODEL_METRICS:
+        return protected(value, NO_MECHANISM)
+    return public(value, TEST_METRIC_WHY)
 
 
 def evaluation_record(ctx: RunContext) -> dict[str, Any]:
@@ -152,11 +155,9 @@ def evaluation_record(ctx: RunContext) -> dict[str, Any]:
     model, and W's mean row cosine (none for an algorithm without a global model, e.g. ``local``)."""
     if not ctx.algorithm.has_global_model:
         return {}
+    on_validation = ctx.plan.dataset.evaluate_on == "validation"  # held-out training rows: no mechanism covers them
     metrics = evaluate(ctx.model, ctx.fed, ctx.plan.evaluation)
-    if ctx.plan.dataset.evaluate_on == "validation":  # held-out training rows: no DP mechanism covers their metrics
-        rec: dict[str, Any] = {k: protected(v, NO_MECHANISM) for k, v in metrics.items()}
-    else:
-        rec = {k: public(v, TEST_METRIC_WHY) for k, v in metrics.items()}
+    rec: dict[str, Any] = {k: tagged_metric(k, v, on_validation=on_validation) for k, v in metrics.items()}
     if ctx.model.W is not None:
         rec["W_mean_cos"] = public(ctx.model.mean_row_cosine(), W_COSINE_WHY)
     return rec

@@ -71,7 +71,10 @@ def summary(ctx: RunContext, status: str) -> dict[str, Any]:
         "status": public(status, STATUS),
         # a metric keeps its tag from the metrics lines: one that came there untagged stays untagged here
         "final": {
-            k: v if untagged_line(METRICS_FILE, k) in rec.release_findings else tagged_metric(k, v) for k, v in final.items()
+            k: v
+            if untagged_line(METRICS_FILE, k) in rec.release_findings
+            else tagged_metric(k, v, on_validation=plan.dataset.evaluate_on == "validation")
+            for k, v in final.items()
         },
         "W_mean_cos": public(cos, W_COSINE_WHY),
         PRIVACY_RECORD: tagged_report(privacy_summary(units), units),

@@ -57,3 +57,10 @@ def test_validation_metrics_are_released_with_no_mechanism_on_them(tmp_path, mon
     assert np.isfinite(line["P@1"])
     findings = " ".join(map(str, summary["privacy"].get("findings", summary["privacy"].values())))
     assert "P@1" in findings and "no DP mechanism" in findings
+    assert str(summary["privacy"]["epsilon"]) in ("inf", "∞") and summary["final"]["P@1"] == line["P@1"]
+    # the tags themselves: every metric on the validation rows, in the metrics line and in summary.json, has none
+    from secure_fed.engine.evaluation import tagged_metric
+    from secure_fed.release import NO_MECHANISM, PROTECTED
+
+    assert tagged_metric("P@1", 1.0, on_validation=True).why == NO_MECHANISM
+    assert tagged_metric("P@1", 1.0, on_validation=True).tag == PROTECTED and tagged_metric("P@1", 1.0).tag != PROTECTED
