@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from secure_fed.errors import ConfigError
+from secure_fed.plugin_api.layers import ConfigError
 
 #: the SecAgg+ stages a node can be killed at, in the order a round runs them
 STAGES = ("advertise", "share", "input", "unmask")

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from protocols.secagg.fault_schedule import STAGES, load_fault_schedule, parse_fault_schedule
-from secure_fed.errors import ConfigError
+from secure_fed.plugin_api.layers import ConfigError
 from tests.conftest import SMALL, small_plan
 
 EXAMPLE = {
