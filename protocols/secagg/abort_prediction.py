@@ -52,14 +52,19 @@ class _Abort(Exception):
         self.stage, self.reason = stage, reason
 
 
-def _need(graph: Mapping[int, list[int]], t: int, alive: set[int], stage: str, linked: set[int] | None = None) -> None:
-    """``SecAggServer._need`` on sets: ≥ t alive, ≥ t live in every live client's closed neighbourhood, connected."""
+def _need(
+    graph: Mapping[int, list[int]], t: int, alive: set[int], stage: str, linked: set[int] | None = None, *, complete: bool
+) -> None:
+    """``SecAggServer._need`` on sets: ≥ t alive, ≥ t live in every live client's closed neighbourhood, connected
+    (always, on a ``complete`` graph: the search is skipped)."""
     if len(alive) < t:
         raise _Abort(stage, f"{len(alive)} clients alive, fewer than the threshold t = {t}")
     for u in sorted(alive):
         live = len(({u} | set(graph[u])) & alive)
         if live < t:
             raise _Abort(stage, f"client {u}'s neighbourhood has {live} live members, fewer than t = {t}")
+    if complete:
+        return
     parts = components(graph, alive if linked is None else linked)
     if len(parts) > 1:
         raise _Abort(stage, f"the graph on the survivors splits into {len(parts)} parts")
@@ -81,19 +86,21 @@ def predict_round(
     t = int(threshold)
     d = {s: {int(u) for u in drops.get(s, ())} for s in ("advertise", "share", "input", "consistency", "unmask")}
     seen: dict[str, frozenset[int]] = {}
+    everyone = set(members)
+    complete = all(set(graph[u]) | {u} == everyone for u in members)  # any nonempty part of it is connected
     if len(members) == 1:
         return Prediction(False, "cohort", "a cohort of one client, whose secure sum would be its own update")
     try:
         u1 = {u for u in members if u not in d["advertise"]}
         seen["U1"] = frozenset(u1)
-        _need(graph, t, u1, "AdvertiseKeys")
+        _need(graph, t, u1, "AdvertiseKeys", complete=complete)
         u2 = u1 - d["share"]
         seen["U2"] = frozenset(u2)
-        _need(graph, t, u2, "ShareKeys")
+        _need(graph, t, u2, "ShareKeys", complete=complete)
         holders = {u: {u} | (set(graph[u]) & u1) for u in u2}
         u3 = u2 - d["input"]
         seen["U3"] = frozenset(u3)
-        _need(graph, t, u3, "MaskedInput")
+        _need(graph, t, u3, "MaskedInput", complete=complete)
         if consistency_check:
             signers = u3 - d["consistency"]
             for u in sorted(u2):
@@ -102,7 +109,7 @@ def predict_round(
                     raise _Abort("ConsistencyCheck", f"{got} of client {u}'s share holders signed, fewer than {need}")
         u4 = u3 - d["unmask"] - d["consistency"]  # a client gone at the consistency stage is not asked to unmask
         seen["U4"] = frozenset(u4)
-        _need(graph, t, u4, "Unmasking", linked=u3)
+        _need(graph, t, u4, "Unmasking", linked=u3, complete=complete)
         for u in sorted(u3):
             if (got := len(({u} | set(graph[u])) & u4)) < t:
                 raise _Abort("Unmasking", f"{got} shares of client {u}'s self-mask, below t = {t}")

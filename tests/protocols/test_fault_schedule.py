@@ -187,3 +187,46 @@ def test_the_layer_under_a_schedule_runs_exactly_as_the_random_path_with_the_sam
     theta_a, theta_b = exp_a.theta, exp_b.theta
     assert theta_a.keys() == theta_b.keys() and all(torch.equal(theta_a[k], theta_b[k]) for k in theta_a)
     assert torch.equal(exp_a.W, exp_b.W)
+
+
+def test_an_aborted_round_is_charged_as_a_completed_one(tmp_path):
+    """The documented charge (docs/concepts/faults.md): the dp layer charges a round when it opens (its cohort is
+    drawn and its clients may train), before secure aggregation can abort it; a round aborted at AdvertiseKeys or
+    after the masked inputs spends what a completed round spends, and nothing is charged twice."""
+    from secure_fed.engine import Experiment
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"nodes": 4, "events": [{"round": 2, "stage": "input", "kill": [1]},
+                                                        {"round": 3, "stage": "advertise", "kill": [0, 1]}]}))  # fmt: skip
+    base = ('protocols=["dp", "secure_aggregation"]', "training.rounds=4",
+            'privacy.client={"noise_multiplier": 2.0, "clip_norm": 0.5, "noise": "clients"}')  # fmt: skip
+    units = {}
+    for name, extra in (("clean", ()), ("faults", (f"secure_aggregation.fault_schedule={f}",))):
+        exp = Experiment(small_plan(*base, *extra), run_dir=tmp_path / name)
+        result = exp.run(progress=False)
+        units[name] = (result.summary["rounds_aborted"], result.summary["privacy"]["units"]["client"])
+        charged = result.summary.get("aborted_charge")
+    assert units["clean"][0] == 0 and units["faults"][0] == 2
+    assert charged == {"client": {"steps": 2, "of": 4}}  # summary.json says what the aborted rounds were charged
+    clean, faults = units["clean"][1], units["faults"][1]
+    assert faults["steps"] == clean["steps"] == 4 and faults["epsilon"] == clean["epsilon"]
+
+
+def test_a_schedule_on_flowers_simulation_runs_as_in_process(tmp_path):
+    """The layer's server side draws the drops on either back end: under a schedule (4 nodes, 2 clients each) the
+    Flower simulation's rounds complete and abort as in process, with the same model."""
+    from tests.engine.flower.nodes import assert_same_run, run_in_process, run_recorded
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"nodes": 4, "events": [{"round": 1, "stage": "advertise", "kill": [0]},
+                                                        {"round": 2, "stage": "input", "kill": [2]},
+                                                        {"round": 3, "stage": "unmask", "kill": [3]}]}))  # fmt: skip
+    stack = ["protocols=[secure_aggregation]", f"secure_aggregation.fault_schedule={f}", "secure_aggregation.graph_seed=3",
+             "training.rounds=3", "evaluation.every=3", "flower.num_supernodes=4"]  # fmt: skip
+    fl, result, _ = run_recorded(stack, tmp_path)
+    local, local_result = run_in_process(stack, tmp_path / "local")
+    assert fl.executor.name == "flower"
+    assert result.summary["rounds_aborted"] == local_result.summary["rounds_aborted"] == 1  # round 2: the quorum
+    survivors = [[d.get("secagg_survivors") for d in e.diagnostics] for e in (fl, local)]
+    assert survivors[0] == survivors[1] == [6, None, 8]  # round 3: the unmask kill sent its inputs (they are summed)
+    assert_same_run(fl, result, local, local_result)
