@@ -58,6 +58,12 @@ and it can build a graph that splits into components (each of ≥ k + 1 clients,
 it learns one sum per component rather than the cohort's sum. With fixed-size sampling the cohort's size is the
 config's; under Poisson sampling the server states it (from 2 to N), and so sets k and t within that range.
 
+**Node-level drops.** The bounds above take the clients' drops as independent. On a deployment the clients sit on
+nodes (client c on node c mod N_nodes, as ``flower.num_supernodes`` places them) and a node that fails takes all its
+clients out together, at the same stage. :func:`node_abort_bound` re-derives the abort bound for that model (each
+node fails in a round with probability p, independently, at any stage, the stage even chosen by an adversary); its
+docstring holds the derivation. ``neighbors: auto`` still picks the graph from the client-level model above.
+
 ``neighbors: auto`` takes the least even k with ``P1 + P2 ≤ 2^−security_bits`` and ``A1 + A2 ≤ 2^−correctness_bits``;
 if no k below n − 1 (and at most :data:`MAX_AUTO_NEIGHBOURS`) meets both, the round uses the complete graph (plain
 SecAgg, t = ⌈τ·n⌉), whose own bounds are reported and may miss the targets (``GraphChoice.meets_targets``): a small
@@ -69,6 +75,8 @@ takes out a region), or a sampling that favours some clients (``sampling: propor
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -292,3 +300,114 @@ def _cohort_floor(population: int, section: SecureAggregationConfig) -> int:
         if colluders_needed(group, choice.threshold, server=server) > declared:
             return n
     return population
+
+
+# ---------------------------------------------------------------------------------------------- node-level drops
+
+
+def node_loads(cohort: Iterable[int], nodes: int) -> list[int]:
+    """The round's clients on each node (client c on node c mod ``nodes``); nodes without one are left out."""
+    counts = Counter(int(c) % nodes for c in cohort)
+    return [counts[v] for v in sorted(counts)]
+
+
+def weighted_tail(loads: Sequence[int], p: float, at_least: int) -> float:
+    """P[Σ_j B_j·loads_j ≥ at_least] for B_j independent Bernoulli(p): the chance that the nodes that fail carry at
+    least ``at_least`` of the clients, when node j carries ``loads[j]``. Exact: the distribution of the failed clients'
+    count, built one node at a time (a polynomial product; O(nodes · clients))."""
+    if at_least <= 0:
+        return 1.0
+    dist = [1.0]  # dist[x] = P[the nodes so far lose x clients]
+    for m in loads:
+        nxt = [0.0] * (len(dist) + m)
+        for x, q in enumerate(dist):
+            nxt[x] += q * (1.0 - p)
+            nxt[x + m] += q * p
+        dist = nxt
+    return min(1.0, math.fsum(dist[at_least:]))
+
+
+def abort_drops(group: int, t: int, *, server: str) -> int:
+    """The fewest clients of a group of ``group`` (a client and its neighbours) whose drop can abort the round: the
+    consistency check's quorum (``checked``, :func:`quorum_abort_drops`), else ``group − t + 1`` (node_abort_bound)."""
+    if server not in SERVER_MODELS:
+        raise ValueError(f"server model {server!r}: one of {SERVER_MODELS}")
+    return quorum_abort_drops(group, t) if server == "checked" else group - t + 1
+
+
+def node_abort_bound(
+    n: int, k: int | None, *, threshold: float, node_dropout: float, loads: Sequence[int], server: str = "checked"
+) -> float:
+    """An upper bound on a round's abort probability when whole nodes fail: ``n`` clients on the nodes ``loads``
+    (the round's clients on each node, :func:`node_loads`), each node failing with probability p = ``node_dropout``
+    independently (all its clients drop together, at any one stage); the ring joined k/2 deep (``k`` None: complete).
+
+    Derivation. Let G_u be client u and its k neighbours (the whole cohort on the complete graph), t the threshold
+    and X_u the clients of G_u on failed nodes. Reading the server's checks (:mod:`protocols.secagg.abort_prediction`
+    replays them), a round aborts only if (a) some G_u loses X_u ≥ D clients, or (b) the survivors' graph splits:
+
+    * a live u whose G_u keeps fewer than t live members, or a u ∈ U3 whose G_u holds fewer than t self-mask shares
+      in U4, has lost ≥ k + 2 − t of G_u; a u gone after ShareKeys whose neighbours hold fewer than t shares of its
+      key has lost ≥ k − t + 1 neighbours and itself; an empty stage has lost all of G_u. So D = k + 2 − t =
+      |G_u| − t + 1;
+    * with the consistency check, u's share holders H_u (the members of G_u that advertised, d₁ of G_u having gone
+      at AdvertiseKeys) must reach the quorum ⌈(|H_u| + t)/2⌉ among the signers U3: a of H_u gone at ShareKeys or
+      MaskedInput abort it iff d₁ + 2a > |G_u| − t, which needs X_u ≥ d₁ + a > (|G_u| − t)/2, i.e. D =
+      ⌊(|G_u| − t)/2⌋ + 1 (:func:`quorum_abort_drops`, no larger than the other D) — :func:`abort_drops`.
+
+    (a) Node-level, X_u = Σ_j B_j·c_uj with c_uj the members of G_u on node j and B_j node j's failure. On the
+    complete graph every G_u is the cohort and the graph on any survivors is connected, so P[abort] ≤ P[Σ_j B_j·m_j
+    ≥ D] over the nodes' loads m_j, computed exactly (:func:`weighted_tail`). It is the exact abort probability
+    when every failure happens after ShareKeys and before Unmasking (at ``input``: then 2X > n − t aborts and
+    nothing less does); failures at other stages abort less often. On a sparse graph, union over u:
+    ``A1 ≤ Σ_u P[X_u ≥ D]``, each term exact (:func:`group_loss_tail`): the ring is drawn over a uniformly random
+    order, so u's k neighbours are a uniform k-subset of the other n − 1 clients, and how many sit on each node is
+    multivariate hypergeometric; u's own node holds u too.
+
+    (b) The ring splits only if two disjoint runs of k/2 consecutive clients are gone (module docstring); their k
+    clients sit on ≥ ⌈k/L⌉ distinct nodes, all failed: ``A2 ≤ n(n − 1)/2 · p^⌈k/L⌉``.
+
+    The client-level bound (:func:`complete_graph`, :func:`failure_bounds` with each client dropping with
+    probability p, the marginal rate) is **not** valid here: it treats the ≥ D drops as independent, while a node
+    of L clients brings L of them at the cost of one failure (``tests/protocols/test_node_level_bound.py``)."""
+    if not 0.0 <= node_dropout <= 1.0:
+        raise ValueError(f"node_dropout must be a probability, got {node_dropout}")
+    loads = [int(m) for m in loads if m > 0]
+    if sum(loads) != n:
+        raise ValueError(f"the nodes' loads {loads} hold {sum(loads)} clients, not the round's {n}")
+    p = node_dropout
+    if k is None or k >= n - 1:
+        t = threshold_for(n, threshold)
+        return weighted_tail(loads, p, abort_drops(n, t, server=server))
+    if k % 2 or k < 2:
+        raise ValueError(f"k must be even and ≥ 2, got {k}")
+    t = threshold_for(k + 1, threshold)
+    most = min(max(loads), k + 1)
+    need = abort_drops(k + 1, t, server=server)
+    # Σ_u over the nodes: the m_j clients of node j share one term
+    a1 = math.fsum(m * group_loss_tail(m, loads[:j] + loads[j + 1 :], k, p, need) for j, m in enumerate(loads))
+    a2 = n * (n - 1) / 2 * p ** -(-k // most)
+    return min(1.0, a1 + a2)
+
+
+def group_loss_tail(own: int, others: Sequence[int], k: int, p: float, at_least: int) -> float:
+    """P[X ≥ ``at_least``] for X the members of a client's group (itself and k neighbours drawn uniformly from the
+    round's other clients) that sit on failed nodes, each node failing with probability p: the client's node holds
+    ``own`` of the round's clients (itself included), the other nodes ``others``. Exact: the neighbours' counts per
+    node are drawn one node at a time (hypergeometric given those left), each node failing or not."""
+    pool = own - 1 + sum(others)
+    if not 0 <= k <= pool:
+        raise ValueError(f"{k} neighbours from {pool} other clients")
+    # (neighbours placed so far, members lost so far) → probability; the client's own node first (it holds the client)
+    state: dict[tuple[int, int], float] = {(0, 0): 1.0}
+    remaining = pool  # the other clients on the nodes not yet placed
+    for m, itself in [(own - 1, 1), *((m, 0) for m in others)]:
+        nxt: dict[tuple[int, int], float] = {}
+        for (a, x), q in state.items():
+            want = k - a
+            for c in range(max(0, want - (remaining - m)), min(m, want) + 1):  # c of the neighbours on this node
+                pc = q * math.exp(_log_comb(m, c) + _log_comb(remaining - m, want - c) - _log_comb(remaining, want))
+                for key, w in (((a + c, x + itself + c), p), ((a + c, x), 1.0 - p)):  # the node fails, or not
+                    nxt[key] = nxt.get(key, 0.0) + pc * w
+        state, remaining = nxt, remaining - m
+    return min(1.0, math.fsum(q for (a, x), q in state.items() if a == k and x >= at_least))
