@@ -13,8 +13,8 @@ on 127.0.0.1, the steps the README's multi-machine section does by hand:
    SuperLink (:mod:`~secure_fed.engine.flower.node_auth`); an unregistered node is refused;
 4. N ``flower-supernode --root-certificates ca.crt --auth-supernode-private-key KEY --isolation process
    --node-config "partition-id=i num-partitions=N state-dir=nodes/i"`` (one partition each), each with its own
-   long-lived ``flower-superexec`` process that runs the node's ClientApps (process isolation: Flower 1.42 starts
-   one ``flwr-clientapp`` process per message), waiting until the SuperLink has activated all of them;
+   long-lived ClientApp process (:mod:`~secure_fed.engine.flower.clientapp_worker`; process isolation), waiting
+   until the SuperLink has activated all of them;
 5. a SuperLink connection with ``root-certificates`` in a private ``$FLWR_HOME/config.toml``, and
    ``flwr run experiments/flower-app CONNECTION --run-config ... --stream``;
 6. on exit, every process it started and every process those started (the SuperLink's ``flwr-serverapp``, each
@@ -26,16 +26,19 @@ on 127.0.0.1, the steps the README's multi-machine section does by hand:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
 from secure_fed.engine.flower.certificates import generate_certificates
+from secure_fed.engine.flower.link_proxy import LinkProxy, LinkShape
 from secure_fed.engine.flower.node_auth import end_stale_session, register_nodes, write_node_key
 from secure_fed.errors import SecureFedError
 
@@ -78,6 +81,18 @@ def _toml_string(value: str, what: str) -> str:
     return f"'{value}'"
 
 
+def round_seconds(run_dir: str | Path) -> list[float]:
+    """Each round's wall time in seconds, from the run's ``private/diagnostics.jsonl`` (its ``wall_seconds``, the
+    training time so far, written after each round): the differences."""
+    path = Path(run_dir) / "private" / "diagnostics.jsonl"
+    if not path.is_file():
+        return []
+    walls = [float(d["wall_seconds"]) for line in path.read_text().splitlines() if "wall_seconds" in (d := json.loads(line))]
+    if not walls:
+        return []
+    return [b - a for a, b in zip([0.0, *walls[:-1]], walls, strict=True)]
+
+
 class LocalDeployment:
     """A TLS SuperLink and ``nodes`` SuperNodes on 127.0.0.1 (a context manager; :meth:`run` starts one run).
 
@@ -85,24 +100,31 @@ class LocalDeployment:
     node's own folder ``nodes/i/`` (its state directory: its clients' stored state, its authentication key pair).
 
     ``auth``: SuperNode authentication (each node's key registered with the SuperLink before it starts; an
-    unregistered node is refused). ``isolation``: ``process`` runs each node's ClientApps under a separate
-    long-lived ``flower-superexec`` process per node that the SuperNode does not start (Flower's process isolation);
-    ``subprocess`` lets the SuperNode start its own. ``fleet_address``: what the SuperNodes dial instead of the
-    SuperLink (e.g. a link-shaping proxy's ``host:port``; default the SuperLink itself).
+    unregistered node is refused). ``isolation``: ``process`` (Flower's process isolation) runs each node's
+    ClientApps in a process of its own beside the SuperNode, which does not start it: with ``clientapps="worker"``
+    one long-lived process per node runs every task (:mod:`~secure_fed.engine.flower.clientapp_worker`), with
+    ``"superexec"`` Flower's ``flower-superexec`` starts one ``flwr-clientapp`` process per task; ``subprocess``
+    lets the SuperNode start its own. ``link``: the SuperNodes reach the SuperLink through a shaping proxy
+    (:mod:`~secure_fed.engine.flower.link_proxy`: delay, jitter, loss, resets), else directly.
 
     Fault injection: :meth:`kill_node`, :meth:`restart_node`, :meth:`kill_superlink`, :meth:`restart_superlink`,
     :meth:`node_pids`."""
 
     def __init__(self, workdir: str | Path, *, nodes: int, data_root: str | None = None, start_timeout_s: float = 120.0,
-                 auth: bool = True, isolation: str = "process", fleet_address=None):  # fmt: skip
+                 auth: bool = True, isolation: str = "process", clientapps: str = "worker",
+                 link: LinkShape | None = None):  # fmt: skip
         if nodes < 1:
             raise SecureFedError(f"--nodes {nodes}: a deployment needs at least one SuperNode")
         if isolation not in ("process", "subprocess"):
             raise SecureFedError(f"isolation {isolation!r}: process or subprocess")
+        if clientapps not in ("worker", "superexec"):
+            raise SecureFedError(f"clientapps {clientapps!r}: worker or superexec")
         self.workdir = Path(workdir).resolve()
         self.nodes, self.data_root, self.start_timeout_s = nodes, data_root, start_timeout_s
-        self.auth, self.isolation = auth, isolation
-        self._fleet_address = fleet_address
+        self.auth, self.isolation, self.clientapps = auth, isolation, clientapps
+        self.link = link
+        #: the shaping proxy the SuperNodes dial when ``link`` is given (started with the deployment)
+        self.proxy: LinkProxy | None = None
         self.marker = uuid.uuid4().hex
         self.port = 0
         #: the Flower node id of each SuperNode (known once it has joined; with ``auth`` it is its key's, for good)
@@ -160,9 +182,7 @@ class LocalDeployment:
     @property
     def fleet_address(self) -> str:
         """The address the SuperNodes dial (the SuperLink's, or the link-shaping proxy's in front of it)."""
-        if self._fleet_address is None:
-            return f"127.0.0.1:{self.port}"
-        return self._fleet_address() if callable(self._fleet_address) else str(self._fleet_address)
+        return self.proxy.address if self.proxy is not None else f"127.0.0.1:{self.port}"
 
     def _start_superlink(self) -> None:
         certs = self._certs
@@ -191,10 +211,12 @@ class LocalDeployment:
         if self.auth:
             cmd += ["--auth-supernode-private-key", str(folder / "auth" / "node.key")]
         p = self._start(f"supernode-{i}", cmd, env)
-        if self.isolation == "process":  # the node's long-lived process that runs its ClientApps (not the SuperNode's child)
-            self._start(f"superexec-{i}", [
-                "flower-superexec", "--insecure", "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(p.pid),
-            ], env)  # fmt: skip
+        if self.isolation == "process":  # the node's own ClientApp process, beside the SuperNode (not its child)
+            runtime = ["--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(p.pid)]
+            if self.clientapps == "worker":  # one long-lived process runs every task (the run's copy built once)
+                self._start(f"clientapp-{i}", [sys.executable, "-m", "secure_fed.engine.flower.clientapp_worker", *runtime], env)
+            else:  # Flower's SuperExec: one flwr-clientapp process per task
+                self._start(f"clientapp-{i}", ["flower-superexec", "--insecure", *runtime], env)
         return p
 
     def _joined(self, i: int) -> bool:
@@ -215,6 +237,8 @@ class LocalDeployment:
             f"root-certificates = {_toml_string(str(certs['ca.crt']), 'the certificate path')}\n"
         )
         self._start_superlink()
+        if self.link is not None:
+            self.proxy = LinkProxy(f"127.0.0.1:{self.port}", self.link).start()
         if self.auth:  # every node's public key registered before any node starts
             keys = [write_node_key(self.node_dir(i) / "auth")[1] for i in range(self.nodes)]
             registered = register_nodes(keys, connection=CONNECTION, env=self._env())
@@ -256,7 +280,7 @@ class LocalDeployment:
     def kill_node(self, i: int) -> list[int]:
         """``kill -9`` SuperNode i and every process of it (its SuperExec, its ClientApps); returns their ids."""
         self._check_node(i)
-        return self._kill(f"node-{i}", [f"supernode-{i}", f"superexec-{i}"])
+        return self._kill(f"node-{i}", [f"supernode-{i}", f"clientapp-{i}"])
 
     def restart_node(self, i: int, *, timeout_s: float = 150.0) -> int:
         """Start SuperNode i again (same key, so the same node id; same partition; same state directory) and wait
@@ -282,7 +306,7 @@ class LocalDeployment:
             if p.poll() is None and self._joined(i):
                 return self.node_ids[i]
             refused = b"Failed to activate SuperNode" in self._output(p)
-            self._kill(f"node-{i}", [f"supernode-{i}", f"superexec-{i}"])
+            self._kill(f"node-{i}", [f"supernode-{i}", f"clientapp-{i}"])
             if not refused or time.monotonic() > deadline:
                 raise SecureFedError(f"SuperNode {i} did not rejoin within {timeout_s:.0f} s; see {p.log.name}")
             time.sleep(2.0)  # the SuperLink still holds the killed node's session: try again shortly
@@ -322,6 +346,8 @@ class LocalDeployment:
             except subprocess.TimeoutExpired:
                 pass
             p.log.close()
+        if self.proxy is not None:
+            self.proxy.stop()
         self._done = [*self._done, *self._procs.values()]
         self._procs = {}
 
@@ -356,4 +382,4 @@ class LocalDeployment:
         return p
 
 
-__all__ = ["LocalDeployment", "MARKER", "NODE_STATE", "PART", "free_port", "marked_processes"]
+__all__ = ["LocalDeployment", "round_seconds", "MARKER", "NODE_STATE", "PART", "free_port", "marked_processes"]
