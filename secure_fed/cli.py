@@ -579,9 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "their stored state from the work directory)")  # fmt: skip
     f.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     f.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
-    f.add_argument("--clientapps", choices=["worker", "superexec"], default="worker",
-                   help="each node's ClientApp process: one long-lived worker (default), or Flower's flower-superexec "
-                        "(one flwr-clientapp process per message)")  # fmt: skip
+    f.add_argument("--clientapps", choices=["zygote", "worker", "superexec"], default="zygote",
+                   help="each node's ClientApp process: one long-lived worker forked from a process that imported the "
+                        "libraries (zygote, default) or started afresh (worker), or Flower's flower-superexec (one "
+                        "flwr-clientapp process per message)")  # fmt: skip
     f.add_argument("--link-delay", type=float, default=None, metavar="MS", help="shaped links: delay per chunk (ms)")
     f.add_argument("--link-jitter", type=float, default=None, metavar="MS", help="shaped links: ± jitter (ms, uniform)")
     f.add_argument("--link-loss", type=float, default=None, metavar="P",

@@ -12,11 +12,22 @@ this process: a killed worker loses nothing but its cache.
 
 Only what the SuperNode's Runtime API offers reaches it; it listens on nothing. With ``--parent-pid`` it stops
 when the SuperNode is gone.
+
+``--zygote SOCKET``: one process per deployment imports torch, Flower and secure-fed once, then forks a worker for
+each node that asks through the Unix socket (:func:`spawn`): the libraries' pages are shared copy-on-write by all
+workers, so a node's worker costs about 70 MiB of PSS before its copy of the run instead of about 450 MiB (torch
+alone writes about 280 MiB of private pages at import on this machine). A forked worker is a process of its own
+(its own session, log, environment variables as the node gives them, its SuperNode as parent to watch); it does not
+share its memory writes with any other node's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import socket
 import time
 from logging import ERROR, INFO
 
@@ -97,13 +108,70 @@ def serve(address: str, *, poll_s: float = 0.05, parent_pid: int | None = None) 
             time.sleep(poll_s)
 
 
+def zygote(path: str) -> None:
+    """Import what a worker needs, then fork one worker per request on the Unix socket ``path`` (a JSON line:
+    ``address``, ``parent_pid``, ``env``, ``log``; the answer: ``{"pid": ...}``), for ever."""
+    import torch  # noqa: F401 - imported here once, shared by every worker
+    from flwr.cli.install import install_from_fab  # noqa: F401
+    from flwr.supernode.runtime import run_clientapp  # noqa: F401
+
+    import secure_fed.engine.flower.flwr_app  # noqa: F401
+    import secure_fed.engine.runner  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the workers are reaped by the kernel
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            req = json.loads(conn.makefile().readline())
+            pid = os.fork()
+            if pid == 0:  # the worker: its own session, log and environment
+                try:
+                    server.close()
+                    conn.close()
+                    os.setsid()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                    os.dup2(fd, 1)
+                    os.dup2(fd, 2)
+                    os.environ.update(req["env"])
+                    serve(req["address"], parent_pid=req["parent_pid"])
+                finally:
+                    os._exit(1)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+
+
+def spawn(path: str, *, address: str, parent_pid: int, env: dict[str, str], log: str, timeout_s: float = 60.0) -> int:
+    """Ask the zygote at ``path`` for a worker for the SuperNode whose Runtime API is ``address``; its pid."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout_s)
+                s.connect(path)
+                s.sendall(json.dumps({"address": address, "parent_pid": parent_pid, "env": env, "log": log}).encode() + b"\n")
+                return int(json.loads(s.makefile().readline())["pid"])
+        except (FileNotFoundError, ConnectionRefusedError):  # the zygote is still importing
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="a long-lived ClientApp process for one SuperNode (--isolation process)")
-    ap.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (host:port)")
+    ap.add_argument("--runtime-api-address", help="the SuperNode's Runtime API (host:port)")
     ap.add_argument("--parent-pid", type=int, default=None, help="stop when this process (the SuperNode) is gone")
     ap.add_argument("--poll", type=float, default=0.05, help="seconds between polls for a task (default 0.05)")
+    ap.add_argument("--zygote", metavar="SOCKET", help="fork a worker per request on this Unix socket instead")
     args = ap.parse_args(argv)
-    serve(args.runtime_api_address, poll_s=args.poll, parent_pid=args.parent_pid)
+    if args.zygote:
+        zygote(args.zygote)
+    elif args.runtime_api_address:
+        serve(args.runtime_api_address, poll_s=args.poll, parent_pid=args.parent_pid)
+    else:
+        ap.error("give --runtime-api-address or --zygote")
 
 
 if __name__ == "__main__":

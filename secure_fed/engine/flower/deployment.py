@@ -38,6 +38,7 @@ import uuid
 from pathlib import Path
 
 from secure_fed.engine.flower.certificates import generate_certificates
+from secure_fed.engine.flower.clientapp_worker import spawn
 from secure_fed.engine.flower.link_proxy import LinkProxy, LinkShape
 from secure_fed.engine.flower.node_auth import end_stale_session, register_nodes, write_node_key
 from secure_fed.errors import SecureFedError
@@ -46,6 +47,8 @@ from secure_fed.errors import SecureFedError
 MARKER = "SECURE_FED_DEPLOYMENT"
 #: ... and the part of it a process belongs to (``<id>/superlink`` or ``<id>/node-<i>``: what a kill stops)
 PART = "SECURE_FED_DEPLOYMENT_PART"
+#: how each node runs its ClientApps with process isolation (see :class:`LocalDeployment`)
+CLIENTAPPS = ("zygote", "worker", "superexec")
 #: a node's state directory, in the environment of each of its processes
 NODE_STATE = "SECURE_FED_NODE_STATE"
 CONNECTION = "secure-fed-local"
@@ -101,24 +104,26 @@ class LocalDeployment:
 
     ``auth``: SuperNode authentication (each node's key registered with the SuperLink before it starts; an
     unregistered node is refused). ``isolation``: ``process`` (Flower's process isolation) runs each node's
-    ClientApps in a process of its own beside the SuperNode, which does not start it: with ``clientapps="worker"``
-    one long-lived process per node runs every task (:mod:`~secure_fed.engine.flower.clientapp_worker`), with
-    ``"superexec"`` Flower's ``flower-superexec`` starts one ``flwr-clientapp`` process per task; ``subprocess``
-    lets the SuperNode start its own. ``link``: the SuperNodes reach the SuperLink through a shaping proxy
-    (:mod:`~secure_fed.engine.flower.link_proxy`: delay, jitter, loss, resets), else directly.
+    ClientApps in a process of its own beside the SuperNode, which does not start it: with ``clientapps="zygote"``
+    (the default) one long-lived process per node runs every task (:mod:`~secure_fed.engine.flower.clientapp_worker`),
+    forked from one process that imported the libraries (shared pages: less memory per node); ``"worker"`` starts
+    each node's worker afresh (no shared pages); with ``"superexec"`` Flower's ``flower-superexec`` starts one
+    ``flwr-clientapp`` process per task; ``subprocess`` lets the SuperNode start its own. ``link``: the SuperNodes
+    reach the SuperLink through a shaping proxy (:mod:`~secure_fed.engine.flower.link_proxy`: delay, jitter, loss,
+    resets), else directly.
 
     Fault injection: :meth:`kill_node`, :meth:`restart_node`, :meth:`kill_superlink`, :meth:`restart_superlink`,
     :meth:`node_pids`."""
 
     def __init__(self, workdir: str | Path, *, nodes: int, data_root: str | None = None, start_timeout_s: float = 120.0,
-                 auth: bool = True, isolation: str = "process", clientapps: str = "worker",
+                 auth: bool = True, isolation: str = "process", clientapps: str = "zygote",
                  link: LinkShape | None = None):  # fmt: skip
         if nodes < 1:
             raise SecureFedError(f"--nodes {nodes}: a deployment needs at least one SuperNode")
         if isolation not in ("process", "subprocess"):
             raise SecureFedError(f"isolation {isolation!r}: process or subprocess")
-        if clientapps not in ("worker", "superexec"):
-            raise SecureFedError(f"clientapps {clientapps!r}: worker or superexec")
+        if clientapps not in CLIENTAPPS:
+            raise SecureFedError(f"clientapps {clientapps!r}: one of {', '.join(CLIENTAPPS)}")
         self.workdir = Path(workdir).resolve()
         self.nodes, self.data_root, self.start_timeout_s = nodes, data_root, start_timeout_s
         self.auth, self.isolation, self.clientapps = auth, isolation, clientapps
@@ -134,6 +139,7 @@ class LocalDeployment:
         self._procs: dict[str, subprocess.Popen] = {}  # the processes the deployment means to be running, by name
         self._done: list[subprocess.Popen] = []  # those killed or stopped (their logs closed in stop())
         self._certs: dict[str, Path] = {}
+        self._workers: dict[int, int] = {}  # node → its ClientApp worker forked by the zygote
 
     # ----------------------------------------------------------------- processes
     def _env(self, part: str | None = None) -> dict[str, str]:
@@ -213,7 +219,11 @@ class LocalDeployment:
         p = self._start(f"supernode-{i}", cmd, env)
         if self.isolation == "process":  # the node's own ClientApp process, beside the SuperNode (not its child)
             runtime = ["--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(p.pid)]
-            if self.clientapps == "worker":  # one long-lived process runs every task (the run's copy built once)
+            if self.clientapps == "zygote":  # one long-lived process, forked from the deployment's zygote
+                wenv = {k: env[k] for k in (PART, NODE_STATE, "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+                self._workers[i] = spawn(str(self.workdir / "clientapps.sock"), address=f"127.0.0.1:{port}",
+                                         parent_pid=p.pid, env=wenv, log=str(self.workdir / f"clientapp-{i}.log"))  # fmt: skip
+            elif self.clientapps == "worker":  # one long-lived process runs every task (the run's copy built once)
                 self._start(f"clientapp-{i}", [sys.executable, "-m", "secure_fed.engine.flower.clientapp_worker", *runtime], env)
             else:  # Flower's SuperExec: one flwr-clientapp process per task
                 self._start(f"clientapp-{i}", ["flower-superexec", "--insecure", *runtime], env)
@@ -237,6 +247,13 @@ class LocalDeployment:
             f"root-certificates = {_toml_string(str(certs['ca.crt']), 'the certificate path')}\n"
         )
         self._start_superlink()
+        if self.clientapps == "zygote" and self.isolation == "process":
+            sock = self.workdir / "clientapps.sock"
+            sock.unlink(missing_ok=True)
+            zenv = self._env("clientapps")
+            zenv["OMP_NUM_THREADS"] = zenv["MKL_NUM_THREADS"] = "1"
+            self._start("clientapps", [sys.executable, "-m", "secure_fed.engine.flower.clientapp_worker", "--zygote",
+                                       str(sock)], zenv)  # fmt: skip
         if self.link is not None:
             self.proxy = LinkProxy(f"127.0.0.1:{self.port}", self.link).start()
         if self.auth:  # every node's public key registered before any node starts
@@ -249,9 +266,20 @@ class LocalDeployment:
         return self
 
     # ----------------------------------------------------------------- fault injection
+    def _worker(self, i: int) -> list[int]:
+        """Node i's forked ClientApp worker, while it lives (its environment in /proc is the zygote's)."""
+        pid = self._workers.get(i)
+        if pid is None or pid not in marked_processes(f"{self.marker}/clientapps", var=PART):
+            return []
+        return [pid]
+
     def _kill(self, part: str, names: list[str]) -> list[int]:
         """SIGKILL every live process of ``part`` (the named ones and every process they started)."""
         killed = []
+        if part.startswith("node-") and (pids := self._worker(int(part[5:]))):
+            os.kill(pids[0], signal.SIGKILL)
+            killed += pids
+            self._workers.pop(int(part[5:]))
         for _ in range(3):  # a process may start a child while its siblings die: sweep until none is left
             pids = marked_processes(f"{self.marker}/{part}", var=PART)
             if not pids:
@@ -271,7 +299,7 @@ class LocalDeployment:
 
     def node_pids(self) -> dict[int, list[int]]:
         """The live processes of each SuperNode (the SuperNode, its SuperExec, its ClientApps), by node index."""
-        return {i: marked_processes(f"{self.marker}/node-{i}", var=PART) for i in range(self.nodes)}
+        return {i: marked_processes(f"{self.marker}/node-{i}", var=PART) + self._worker(i) for i in range(self.nodes)}
 
     def superlink_pids(self) -> list[int]:
         """The live processes of the SuperLink (with its SuperExec and its ServerApp)."""

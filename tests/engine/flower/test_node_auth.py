@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from secure_fed.engine.flower.deployment import NODE_STATE, LocalDeployment, free_port, marked_processes
+from secure_fed.engine.flower.deployment import NODE_STATE, PART, LocalDeployment, free_port, marked_processes
 from secure_fed.engine.flower.node_auth import REFUSED_UNREGISTERED, register_nodes, write_node_key
 
 
@@ -80,9 +80,9 @@ def test_kill_and_restart_nodes_and_the_superlink(tmp_path):
     with LocalDeployment(tmp_path / "dep", nodes=2) as dep:
         ids = dict(dep.node_ids)
         before = dep.node_pids()
-        assert all(len(p) == 2 for p in before.values())  # a SuperNode and its SuperExec (process isolation)
-        for pid in before[1]:
-            assert _environ(pid)[NODE_STATE] == str(tmp_path / "dep" / "nodes" / "1")
+        assert all(len(p) == 2 for p in before.values())  # a SuperNode and its ClientApp worker (process isolation)
+        (supernode,) = marked_processes(f"{dep.marker}/node-1", var=PART)  # (the worker's /proc environ is the zygote's)
+        assert _environ(supernode)[NODE_STATE] == str(tmp_path / "dep" / "nodes" / "1")
 
         killed = dep.kill_node(1)
         assert sorted(killed) == sorted(before[1]) and dep.node_pids()[1] == []
@@ -91,10 +91,9 @@ def test_kill_and_restart_nodes_and_the_superlink(tmp_path):
         assert dep.restart_node(1) == ids[1]  # same key: same node id
         after = dep.node_pids()[1]
         assert len(after) == 2 and not set(after) & set(before[1])
-        for pid in after:
-            env = _environ(pid)
-            assert env[NODE_STATE] == str(tmp_path / "dep" / "nodes" / "1")
-        assert "partition-id=1 num-partitions=2" in " ".join(Path(f"/proc/{after[0]}/cmdline").read_text().split("\0"))
+        (supernode,) = marked_processes(f"{dep.marker}/node-1", var=PART)
+        assert _environ(supernode)[NODE_STATE] == str(tmp_path / "dep" / "nodes" / "1")
+        assert "partition-id=1 num-partitions=2" in " ".join(Path(f"/proc/{supernode}/cmdline").read_text().split("\0"))
 
         port, link = dep.port, dep.superlink_pids()
         assert dep.kill_superlink() and dep.superlink_pids() == []
