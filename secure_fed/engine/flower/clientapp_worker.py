@@ -82,7 +82,7 @@ def _run_task(address: str, token: str, apps: dict) -> None:
             client.close()
 
 
-def serve(address: str, *, poll_s: float = 0.05, parent_pid: int | None = None) -> None:
+def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -> None:
     """Take the SuperNode's ClientApp tasks one after the other, for ever."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore import log
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="a long-lived ClientApp process for one SuperNode (--isolation process)")
     ap.add_argument("--runtime-api-address", help="the SuperNode's Runtime API (host:port)")
     ap.add_argument("--parent-pid", type=int, default=None, help="stop when this process (the SuperNode) is gone")
-    ap.add_argument("--poll", type=float, default=0.05, help="seconds between polls for a task (default 0.05)")
+    ap.add_argument("--poll", type=float, default=0.2, help="seconds between polls for a task (default 0.2)")
     ap.add_argument("--zygote", metavar="SOCKET", help="fork a worker per request on this Unix socket instead")
     args = ap.parse_args(argv)
     if args.zygote:

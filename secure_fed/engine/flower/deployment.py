@@ -61,21 +61,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def marked_processes(marker: str, *, var: str = MARKER) -> list[int]:
-    """Ids of the live processes whose environment carries ``var=marker`` (default: ``MARKER``)."""
-    needle = f"{var}={marker}".encode()
-    found = []
+def processes_by(var: str) -> dict[str, list[int]]:
+    """The live processes whose environment sets ``var``, by its value (one pass over /proc)."""
+    needle = f"{var}=".encode()
+    found: dict[str, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             env = (entry / "environ").read_bytes()
+            if needle not in env:
+                continue
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and needle in env.split(b"\0"):
-            found.append(int(entry.name))
+        if state == "Z":
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(needle):
+                found.setdefault(item[len(needle) :].decode(errors="replace"), []).append(int(entry.name))
+                break
     return found
+
+
+def marked_processes(marker: str, *, var: str = MARKER) -> list[int]:
+    """Ids of the live processes whose environment carries ``var=marker`` (default: ``MARKER``)."""
+    return processes_by(var).get(marker, [])
 
 
 def _toml_string(value: str, what: str) -> str:
@@ -266,10 +277,11 @@ class LocalDeployment:
         return self
 
     # ----------------------------------------------------------------- fault injection
-    def _worker(self, i: int) -> list[int]:
+    def _worker(self, i: int, parts: dict[str, list[int]] | None = None) -> list[int]:
         """Node i's forked ClientApp worker, while it lives (its environment in /proc is the zygote's)."""
         pid = self._workers.get(i)
-        if pid is None or pid not in marked_processes(f"{self.marker}/clientapps", var=PART):
+        parts = processes_by(PART) if parts is None else parts
+        if pid is None or pid not in parts.get(f"{self.marker}/clientapps", []):
             return []
         return [pid]
 
@@ -298,15 +310,16 @@ class LocalDeployment:
         return killed
 
     def node_pids(self) -> dict[int, list[int]]:
-        """The live processes of each SuperNode (the SuperNode, its SuperExec, its ClientApps), by node index."""
-        return {i: marked_processes(f"{self.marker}/node-{i}", var=PART) + self._worker(i) for i in range(self.nodes)}
+        """The live processes of each SuperNode (the SuperNode and its ClientApp process(es)), by node index."""
+        parts = processes_by(PART)
+        return {i: parts.get(f"{self.marker}/node-{i}", []) + self._worker(i, parts) for i in range(self.nodes)}
 
     def superlink_pids(self) -> list[int]:
         """The live processes of the SuperLink (with its SuperExec and its ServerApp)."""
         return marked_processes(f"{self.marker}/superlink", var=PART)
 
     def kill_node(self, i: int) -> list[int]:
-        """``kill -9`` SuperNode i and every process of it (its SuperExec, its ClientApps); returns their ids."""
+        """``kill -9`` SuperNode i and every process of it (its ClientApp process(es)); returns their ids."""
         self._check_node(i)
         return self._kill(f"node-{i}", [f"supernode-{i}", f"clientapp-{i}"])
 
@@ -410,4 +423,4 @@ class LocalDeployment:
         return p
 
 
-__all__ = ["LocalDeployment", "round_seconds", "MARKER", "NODE_STATE", "PART", "free_port", "marked_processes"]
+__all__ = ["LocalDeployment", "round_seconds", "MARKER", "NODE_STATE", "PART", "free_port", "marked_processes", "processes_by"]
