@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -441,20 +442,28 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     with LocalDeployment(work, nodes=args.nodes, data_root=args.data_root, clientapps=args.clientapps, link=link) as dep:
         print(f"flwr run experiments/flower-app secure-fed-local (SuperLink on port {dep.port}; log in {work}/flwr-run.log)")
         with MemorySampler(dep.node_pids) as memory:
-            done = dep.run(out=run_dir, config=args.config, overrides=overrides, timeout_s=args.timeout, resume=args.resume)
+            try:
+                done = dep.run(out=run_dir, config=args.config, overrides=overrides, timeout_s=args.timeout,
+                               resume=args.resume)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                done = None
         proxy = dep.proxy
+    rounds = round_seconds(run_dir)
+    report = {"nodes": args.nodes, "clientapps": args.clientapps, "finished": done is not None and done.returncode == 0,
+              "round_seconds": rounds, "pss": memory.summary(),
+              "link": None if link is None else {**vars(link), "connections": proxy.stats.connections,
+                                                  "chunks": proxy.stats.chunks, "lost": proxy.stats.lost,
+                                                  "resets": proxy.stats.resets}}  # fmt: skip
+    (work / "deployment.json").write_text(json.dumps(report, indent=1) + "\n")  # timings and memory: the operator's, not released
+    if done is None:
+        raise SecureFedError(f"the Flower run did not finish within --timeout {args.timeout:g} s ({len(rounds)} rounds "
+                             f"done; round times and memory in {work}/deployment.json); see {work}/flwr-run.log")  # fmt: skip
     summary_path = run_dir / "summary.json"
     if done.returncode != 0 or not summary_path.is_file():
         raise SecureFedError(f"the Flower run did not finish (flwr run exit {done.returncode}); see {work}/flwr-run.log")
     summary = json.loads(summary_path.read_text())
     private = json.loads((run_dir / "private" / "summary.json").read_text())
     _print_summary(summary, run_dir, private)
-    rounds = round_seconds(run_dir)
-    report = {"nodes": args.nodes, "clientapps": args.clientapps, "round_seconds": rounds, "pss": memory.summary(),
-              "link": None if link is None else {**vars(link), "connections": proxy.stats.connections,
-                                                  "chunks": proxy.stats.chunks, "lost": proxy.stats.lost,
-                                                  "resets": proxy.stats.resets}}  # fmt: skip
-    (work / "deployment.json").write_text(json.dumps(report, indent=1) + "\n")  # timings and memory: the operator's, not released
     if rounds:
         mean = sum(rounds) / len(rounds)
         pss = report["pss"]
