@@ -439,7 +439,8 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     work = Path(args.workdir) if args.workdir else run_dir.parent / f".{run_dir.name}-flower"
     print(f"starting a SuperLink and {args.nodes} authenticated SuperNodes on 127.0.0.1 over TLS (logs in {work})"
           + (f"; links shaped by a proxy: {link}" if link else ""))  # fmt: skip
-    with LocalDeployment(work, nodes=args.nodes, data_root=args.data_root, clientapps=args.clientapps, link=link) as dep:
+    with LocalDeployment(work, nodes=args.nodes, data_root=args.data_root, clientapps=args.clientapps, link=link,
+                         database=not args.superlink_in_memory) as dep:  # fmt: skip
         print(f"flwr run experiments/flower-app secure-fed-local (SuperLink on port {dep.port}; log in {work}/flwr-run.log)")
         with MemorySampler(dep.node_pids) as memory:
             try:
@@ -604,6 +605,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="shaped links: probability a chunk cuts its connection (the message is lost; Flower retries)",
     )
     f.add_argument("--link-seed", type=int, default=0, help="shaped links: seed of the proxy's draws (default 0)")
+    f.add_argument("--superlink-in-memory", action="store_true",
+                   help="the SuperLink's state in memory instead of its SQLite file (no lock contention with many nodes; "
+                        "no SuperLink restart)")  # fmt: skip
     f.set_defaults(func=cmd_flower_local)
 
     from secure_fed.plugins import registry

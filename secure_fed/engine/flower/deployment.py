@@ -121,14 +121,15 @@ class LocalDeployment:
     each node's worker afresh (no shared pages); with ``"superexec"`` Flower's ``flower-superexec`` starts one
     ``flwr-clientapp`` process per task; ``subprocess`` lets the SuperNode start its own. ``link``: the SuperNodes
     reach the SuperLink through a shaping proxy (:mod:`~secure_fed.engine.flower.link_proxy`: delay, jitter, loss,
-    resets), else directly.
+    resets), else directly. ``database``: the SuperLink keeps its state in ``workdir/superlink.db`` (SQLite), which
+    :meth:`restart_superlink` needs; else in memory (no SQLite lock contention with many nodes).
 
     Fault injection: :meth:`kill_node`, :meth:`restart_node`, :meth:`kill_superlink`, :meth:`restart_superlink`,
     :meth:`node_pids`."""
 
     def __init__(self, workdir: str | Path, *, nodes: int, data_root: str | None = None, start_timeout_s: float = 120.0,
                  auth: bool = True, isolation: str = "process", clientapps: str = "zygote",
-                 link: LinkShape | None = None):  # fmt: skip
+                 link: LinkShape | None = None, database: bool = True):  # fmt: skip
         if nodes < 1:
             raise SecureFedError(f"--nodes {nodes}: a deployment needs at least one SuperNode")
         if isolation not in ("process", "subprocess"):
@@ -138,7 +139,7 @@ class LocalDeployment:
         self.workdir = Path(workdir).resolve()
         self.nodes, self.data_root, self.start_timeout_s = nodes, data_root, start_timeout_s
         self.auth, self.isolation, self.clientapps = auth, isolation, clientapps
-        self.link = link
+        self.link, self.database = link, database
         #: the shaping proxy the SuperNodes dial when ``link`` is given (started with the deployment)
         self.proxy: LinkProxy | None = None
         self.marker = uuid.uuid4().hex
@@ -206,8 +207,10 @@ class LocalDeployment:
         cmd = [
             "flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]), "--ssl-certfile", str(certs["server.pem"]),
             "--ssl-keyfile", str(certs["server.key"]), "--host", "127.0.0.1", "--port", str(self.port),
-            "--disable-runtime-dependency-installation", "--database", str(self.workdir / "superlink.db"),
+            "--disable-runtime-dependency-installation",
         ]  # fmt: skip
+        if self.database:
+            cmd += ["--database", str(self.workdir / "superlink.db")]
         if self.auth:
             cmd.append("--enable-supernode-auth")
         p = self._start("superlink", cmd, self._env("superlink"))
@@ -361,6 +364,8 @@ class LocalDeployment:
         authentication survive); the running SuperNodes reconnect by themselves."""
         if "superlink" in self._procs:
             raise SecureFedError("the SuperLink is running; kill it first")
+        if not self.database:
+            raise SecureFedError("a SuperLink restart needs its database (LocalDeployment(database=True))")
         self._start_superlink()
 
     def _check_node(self, i: int) -> None:

@@ -106,3 +106,10 @@ def test_kill_and_restart_nodes_and_the_superlink(tmp_path):
         with pytest.raises(Exception, match="kill it first"):
             dep.restart_node(1)
     assert marked_processes(dep.marker) == []
+
+
+def test_a_superlink_in_memory_cannot_be_restarted(tmp_path):
+    dep = LocalDeployment(tmp_path / "dep", nodes=1, database=False)
+    with pytest.raises(Exception, match="needs its database"):
+        dep.restart_superlink()
+    assert not (tmp_path / "dep").exists()  # refused before anything was started or written
