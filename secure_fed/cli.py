@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -416,6 +417,11 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
         raise SecureFedError(f"--nodes {args.nodes}: at least 1 SuperNode")
     if args.resume and args.out is None:
         raise SecureFedError("--resume needs --out RUN_DIR: the run directory to continue")
+    from secure_fed.engine.flower.link_proxy import LinkShape
+
+    shaped = any(v is not None for v in (args.link_delay, args.link_jitter, args.link_loss, args.link_reset))
+    link = LinkShape(delay_ms=args.link_delay or 0.0, jitter_ms=args.link_jitter or 0.0, loss=args.link_loss or 0.0,
+                     reset=args.link_reset or 0.0, seed=args.link_seed) if shaped else None  # fmt: skip
     if args.resume and args.config is None and operator_config_path(args.out).is_file():
         args.config = str(operator_config_path(args.out))  # the run's own config (secrets included), not the default
     overrides = [o for o in args.overrides if not o.startswith("backend=")]
@@ -427,19 +433,44 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     if not args.resume and run_dir.exists() and any(run_dir.iterdir()):
         raise SecureFedError(f"--out {run_dir} is not empty; give a new run directory (or --resume to continue it)")
     check_writable_dir(run_dir)
-    from secure_fed.engine.flower.deployment import LocalDeployment
+    from secure_fed.engine.flower.deployment import LocalDeployment, round_seconds
+    from secure_fed.engine.flower.node_memory import MemorySampler
 
     work = Path(args.workdir) if args.workdir else run_dir.parent / f".{run_dir.name}-flower"
-    print(f"starting a SuperLink and {args.nodes} SuperNodes on 127.0.0.1 over TLS (logs in {work})")
-    with LocalDeployment(work, nodes=args.nodes, data_root=args.data_root) as dep:
+    print(f"starting a SuperLink and {args.nodes} authenticated SuperNodes on 127.0.0.1 over TLS (logs in {work})"
+          + (f"; links shaped by a proxy: {link}" if link else ""))  # fmt: skip
+    with LocalDeployment(work, nodes=args.nodes, data_root=args.data_root, clientapps=args.clientapps, link=link,
+                         database=not args.superlink_in_memory) as dep:  # fmt: skip
         print(f"flwr run experiments/flower-app secure-fed-local (SuperLink on port {dep.port}; log in {work}/flwr-run.log)")
-        done = dep.run(out=run_dir, config=args.config, overrides=overrides, timeout_s=args.timeout, resume=args.resume)
+        with MemorySampler(dep.node_pids) as memory:
+            try:
+                done = dep.run(out=run_dir, config=args.config, overrides=overrides, timeout_s=args.timeout,
+                               resume=args.resume)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                done = None
+        proxy = dep.proxy
+    rounds = round_seconds(run_dir)
+    report = {"nodes": args.nodes, "clientapps": args.clientapps, "finished": done is not None and done.returncode == 0,
+              "round_seconds": rounds, "pss": memory.summary(),
+              "link": None if link is None else {**vars(link), "connections": proxy.stats.connections,
+                                                  "chunks": proxy.stats.chunks, "lost": proxy.stats.lost,
+                                                  "resets": proxy.stats.resets}}  # fmt: skip
+    (work / "deployment.json").write_text(json.dumps(report, indent=1) + "\n")  # timings and memory: the operator's, not released
+    if done is None:
+        raise SecureFedError(f"the Flower run did not finish within --timeout {args.timeout:g} s ({len(rounds)} rounds "
+                             f"done; round times and memory in {work}/deployment.json); see {work}/flwr-run.log")  # fmt: skip
     summary_path = run_dir / "summary.json"
     if done.returncode != 0 or not summary_path.is_file():
         raise SecureFedError(f"the Flower run did not finish (flwr run exit {done.returncode}); see {work}/flwr-run.log")
     summary = json.loads(summary_path.read_text())
     private = json.loads((run_dir / "private" / "summary.json").read_text())
     _print_summary(summary, run_dir, private)
+    if rounds:
+        mean = sum(rounds) / len(rounds)
+        pss = report["pss"]
+        print(f"deployment: {len(rounds)} rounds, {mean:.1f} s per round ({3600 / mean:.0f} rounds/hour), PSS per node "
+              f"{pss.get('peak_mean_mib', 0):.0f} MiB mean peak, {pss.get('peak_max_mib', 0):.0f} MiB largest "
+              f"(in {work}/deployment.json)")  # fmt: skip
     return 0 if trained(summary["status"]) else 1
 
 
@@ -558,6 +589,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "their stored state from the work directory)")  # fmt: skip
     f.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     f.add_argument("--data-root", default=None, help="directory holding mulan/NAME/... (else $SECURE_FED_DATA)")
+    f.add_argument("--clientapps", choices=["zygote", "worker", "superexec"], default="zygote",
+                   help="each node's ClientApp process: one long-lived worker forked from a process that imported the "
+                        "libraries (zygote, default) or started afresh (worker), or Flower's flower-superexec (one "
+                        "flwr-clientapp process per message)")  # fmt: skip
+    f.add_argument("--link-delay", type=float, default=None, metavar="MS", help="shaped links: delay per chunk (ms)")
+    f.add_argument("--link-jitter", type=float, default=None, metavar="MS", help="shaped links: ± jitter (ms, uniform)")
+    f.add_argument("--link-loss", type=float, default=None, metavar="P",
+                   help="shaped links: probability a chunk is lost and retransmitted (200 ms later)")  # fmt: skip
+    f.add_argument(
+        "--link-reset",
+        type=float,
+        default=None,
+        metavar="P",
+        help="shaped links: probability a chunk cuts its connection (the message is lost; Flower retries)",
+    )
+    f.add_argument("--link-seed", type=int, default=0, help="shaped links: seed of the proxy's draws (default 0)")
+    f.add_argument("--superlink-in-memory", action="store_true",
+                   help="the SuperLink's state in memory instead of its SQLite file (no lock contention with many nodes; "
+                        "no SuperLink restart)")  # fmt: skip
     f.set_defaults(func=cmd_flower_local)
 
     from secure_fed.plugins import registry

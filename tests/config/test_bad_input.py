@@ -275,6 +275,8 @@ def test_report_of_runs_with_no_evaluated_round_writes_nothing(tmp_path):
         (["flower", "certificates", "--out", "{tmp}/certs", "--host", ""], "--host ''"),
         (["flower", "local", "--out", "{tmp}/fl", "--timeout", "-1"], "--timeout -1"),
         (["flower", "local", "--resume"], "--resume needs --out"),
+        (["flower", "local", "--out", "{tmp}/fl", "--link-loss", "1.5"], "link loss 1.5"),
+        (["flower", "local", "--out", "{tmp}/fl", "--link-delay", "-1"], "link delay -1.0 ms"),
         (["validate", "{default}", "--set", "dataset.name=yeast", "--data-root", "{tmp}/nowhere"], "not found"),
         (["validate", "{default}", "--set", "algorithm.name=flag", "--set", "partition.name=natural",
           "--set", "partition.client_ids_file={tmp}/ids.txt"], "client_ids_file"),

@@ -1,0 +1,182 @@
+"""One long-lived ClientApp process per SuperNode: ``python -m secure_fed.engine.flower.clientapp_worker``.
+
+Flower 1.42's process isolation (``flower-supernode --isolation process``) leaves running the node's ClientApps to
+a separate process that polls the SuperNode's Runtime API for tasks: ``flower-superexec``, which starts a fresh
+``flwr-clientapp`` process for every message (each imports torch and builds its copy of the run again). This
+worker takes its place and runs the same steps as ``flwr-clientapp`` (Flower's own functions: take a task and its
+one-time token, pull the message, the node's context and the app, run the ClientApp, push the reply and the
+context back), but every task in this one process, so the node's copy of the run
+(:func:`~secure_fed.engine.flower.client_app.client_replica`) is built once per run and kept. The node's state
+still lives in its ``context.state`` (handed to each task and stored back after it by the SuperNode), never in
+this process: a killed worker loses nothing but its cache.
+
+Only what the SuperNode's Runtime API offers reaches it; it listens on nothing. With ``--parent-pid`` it stops
+when the SuperNode is gone.
+
+``--zygote SOCKET``: one process per deployment imports torch, Flower and secure-fed once, then forks a worker for
+each node that asks through the Unix socket (:func:`spawn`): the libraries' pages are shared copy-on-write by all
+workers (and ``gc.freeze()`` keeps a worker's garbage collector from copying them), so a node's worker costs about
+70 MiB of PSS before its copy of the run instead of about 380 MiB (torch alone writes about 280 MiB of private
+pages at import on this machine). A forked worker is a process of its own
+(its own session, log, environment variables as the node gives them, its SuperNode as parent to watch); it does not
+share its memory writes with any other node's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import time
+from logging import ERROR, INFO
+
+#: Flower's task type of a ClientApp execution
+CLIENT_APP = "flwr-clientapp"
+
+
+def _run_task(address: str, token: str, apps: dict) -> None:
+    """One ClientApp task, as ``flwr.supernode.runtime.run_clientapp`` runs it, in this process."""
+    from flwr.app import Message
+    from flwr.app.error import Error
+    from flwr.cli.install import install_from_fab
+    from flwr.clientapp.utils import get_load_client_app_fn
+    from flwr.common.constant import ErrorCode, SubStatus
+    from flwr.supercore import log
+    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+    client = RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=True, root_certificates=None,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor(token)],
+        retry_invoker=make_simple_http_retry_invoker(),
+    )  # fmt: skip
+    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    message = reply = context = None
+    status, details = SubStatus.FAILED, "ClientApp task failed"
+    try:
+        heartbeat.start()
+        message, context, run, fab = pull_task_input(client)
+        if fab.hash_str not in apps:  # the app is installed and loaded once per FAB (i.e. per app version)
+            install_from_fab(fab.content, skip_prompt=True)
+            load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+            apps[fab.hash_str] = load(run.fab_id, run.fab_version, fab.hash_str)
+        reply = apps[fab.hash_str](message=message, context=context)
+        status, details = SubStatus.COMPLETED, ""
+    except Exception as ex:  # noqa: BLE001 - the node's reply says what failed, as flwr-clientapp's does
+        log(ERROR, "ClientApp raised an exception", exc_info=ex)
+        details = f"{type(ex)}:<'{ex}'>"
+        if message is not None:
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details), reply_to=message)
+    finally:
+        try:
+            if reply is not None and context is not None:
+                push_message(client, reply, context)
+            push_task_output(client=client, context=context, sub_status=status, details=details)
+        finally:
+            if heartbeat.is_running:
+                heartbeat.stop()
+            client.close()
+
+
+def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -> None:
+    """Take the SuperNode's ClientApp tasks one after the other, for ever."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore import log
+    from flwr.supercore.app_utils import start_parent_process_monitor
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    if parent_pid is not None:
+        start_parent_process_monitor(parent_pid)
+    client = RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=True, root_certificates=None,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        retry_invoker=make_simple_http_retry_invoker(),
+    )  # fmt: skip
+    log(INFO, "secure-fed ClientApp worker polling %s", address)
+    apps: dict = {}
+    while True:
+        res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENT_APP], agentapp_fab_hashes=[]))
+        if res.HasField("task") and res.token:
+            _run_task(address, res.token, apps)
+        else:
+            time.sleep(poll_s)
+
+
+def zygote(path: str) -> None:
+    """Import what a worker needs, then fork one worker per request on the Unix socket ``path`` (a JSON line:
+    ``address``, ``parent_pid``, ``env``, ``log``; the answer: ``{"pid": ...}``), for ever."""
+    import gc
+
+    import torch  # noqa: F401 - imported here once, shared by every worker
+    from flwr.cli.install import install_from_fab  # noqa: F401
+    from flwr.supernode.runtime import run_clientapp  # noqa: F401
+
+    import secure_fed.engine.flower.flwr_app  # noqa: F401
+    import secure_fed.engine.runner  # noqa: F401
+
+    gc.freeze()  # the imported objects are never collected: a worker's collector leaves their pages shared
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the workers are reaped by the kernel
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            req = json.loads(conn.makefile().readline())
+            pid = os.fork()
+            if pid == 0:  # the worker: its own session, log and environment
+                try:
+                    server.close()
+                    conn.close()
+                    os.setsid()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                    os.dup2(fd, 1)
+                    os.dup2(fd, 2)
+                    os.environ.update(req["env"])
+                    serve(req["address"], parent_pid=req["parent_pid"])
+                finally:
+                    os._exit(1)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+
+
+def spawn(path: str, *, address: str, parent_pid: int, env: dict[str, str], log: str, timeout_s: float = 60.0) -> int:
+    """Ask the zygote at ``path`` for a worker for the SuperNode whose Runtime API is ``address``; its pid."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout_s)
+                s.connect(path)
+                s.sendall(json.dumps({"address": address, "parent_pid": parent_pid, "env": env, "log": log}).encode() + b"\n")
+                return int(json.loads(s.makefile().readline())["pid"])
+        except (FileNotFoundError, ConnectionRefusedError):  # the zygote is still importing
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="a long-lived ClientApp process for one SuperNode (--isolation process)")
+    ap.add_argument("--runtime-api-address", help="the SuperNode's Runtime API (host:port)")
+    ap.add_argument("--parent-pid", type=int, default=None, help="stop when this process (the SuperNode) is gone")
+    ap.add_argument("--poll", type=float, default=0.2, help="seconds between polls for a task (default 0.2)")
+    ap.add_argument("--zygote", metavar="SOCKET", help="fork a worker per request on this Unix socket instead")
+    args = ap.parse_args(argv)
+    if args.zygote:
+        zygote(args.zygote)
+    elif args.runtime_api_address:
+        serve(args.runtime_api_address, poll_s=args.poll, parent_pid=args.parent_pid)
+    else:
+        ap.error("give --runtime-api-address or --zygote")
+
+
+if __name__ == "__main__":
+    main()
