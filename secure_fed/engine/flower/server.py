@@ -21,7 +21,9 @@ def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
     f = exp.plan.flower
     if exp.records.flower_session is None:  # a new run: a fresh public name for it (a resumed run keeps its own)
         exp.records.flower_session = os.urandom(16).hex()
-    executor = FlowerExecutor(grid, exp.context(), max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
+    executor = FlowerExecutor(
+        grid, exp.context(), max_in_flight=f.max_in_flight, timeout_s=f.timeout_s, stage_timeout_s=f.stage_timeout_s
+    )
     executor.discover(len(exp.fed.clients), num_nodes)
     return exp.run_rounds(progress=progress, executor=executor)
 
