@@ -1,0 +1,209 @@
+"""Real faults on Flower: each message stage a round survives losing has a deadline (``flower.stage_timeout_s``); a
+node that misses it, or that the SuperLink says went offline, drops out of the rest of its round with all its
+clients (its later messages of the round are not sent); a late reply is discarded; a restarted node (under a new
+node id) takes its partition over at the next round's first message. The executor is tested against a scripted
+grid, and on Flower's simulation engine with a node that sleeps past the deadline at each SecAgg+ stage."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from flwr.app import ConfigRecord, Message
+
+from secure_fed.config import build_plan
+from secure_fed.engine import Experiment
+from secure_fed.engine.flower.codec import encode
+from secure_fed.engine.flower.executor import FlowerExecutor
+from secure_fed.engine.flower.simulation import run_on_flower
+from tests.conftest import small_config
+
+
+# ---------------------------------------------------------------------------------------------------- a scripted grid
+class ScriptedGrid:
+    """A grid whose nodes answer as ``behaviour(node, content)`` says: ``"ok"``, ``"silent"`` (no reply: a dead node)
+    or ``"error"`` (a client's error reply). Node ``n`` holds partition ``parts[n]``. ``stale`` replies are handed out
+    with the next pull (a late answer to an earlier message)."""
+
+    def __init__(self, parts: dict[int, int], num_partitions: int, behaviour):
+        self.parts, self.num_partitions, self.behaviour = dict(parts), num_partitions, behaviour
+        self.sent: list[tuple[int, dict]] = []  # (node, meta) of every message pushed
+        self.pending: list[Message] = []
+        self.stale: list[Message] = []
+        self.kept: list[Message] = []  # every message pushed
+
+    def get_node_ids(self):
+        return list(self.parts)
+
+    def push_messages(self, msgs):
+        ids = []
+        for m in msgs:
+            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self.sent.append((m.metadata.dst_node_id, dict(m.content["meta"])))
+            self.kept.append(m)
+            ids.append(m.metadata.message_id)
+            what = self.behaviour(m.metadata.dst_node_id, m.content["meta"])
+            if what == "ok":
+                self.pending.append(self.answer(m))
+            elif what == "error":
+                from flwr.app import Error
+
+                reply = Message(Error(code=0, reason="the client's own error"), reply_to=m)
+                reply.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
+                self.pending.append(reply)
+        return ids
+
+    def answer(self, m: Message) -> Message:
+        meta = m.content["meta"]
+        content = encode({})
+        extra = {}
+        if meta["kind"] == "whoami":
+            extra = {"partition_id": self.parts[m.metadata.dst_node_id], "num_partitions": self.num_partitions}
+        content["meta"] = ConfigRecord({"seq": int(meta["seq"]), **extra})
+        reply = Message(content, reply_to=m)
+        reply.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
+        return reply
+
+    def pull_messages(self, ids):
+        ids = set(ids)
+        out = [r for r in self.pending if r.metadata.reply_to_message_id in ids] + self.stale
+        self.pending = [r for r in self.pending if r not in out]
+        self.stale = []
+        return out
+
+
+@pytest.fixture
+def server_identity(monkeypatch):
+    """What a ServerApp process has: its run and node ids (Flower reads them when a message is built)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+
+def _executor(grid, *, rounds_ctx):
+    ok = SimpleNamespace(check_down=lambda cid, payload: None, check_up=lambda cid, payload, **kw: None)
+    ctx = SimpleNamespace(
+        records=SimpleNamespace(flower_session=None), stack=SimpleNamespace(layers=[]), guard=ok, messages=None,
+        algorithm=SimpleNamespace(keeps_client_state=False),
+        plan=SimpleNamespace(flower=SimpleNamespace(on_client_failure="drop")),
+    )  # fmt: skip
+    rounds_ctx.append(ctx)
+    ctx.round = 0
+    return FlowerExecutor(grid, ctx, max_in_flight=64, timeout_s=30.0, stage_timeout_s=0.3)
+
+
+def _stage_fn(payload, data):
+    return {}
+
+
+def _stage(ex, cids, stage="advertise"):
+    from secure_fed.client_functions import client_function
+
+    client_function(_stage_fn)
+    return ex.query(cids, lambda c: {"secagg": stage}, _stage_fn, partial=True)
+
+
+def test_a_lost_node_drops_out_of_its_round_with_all_its_clients_and_a_late_reply_is_discarded(server_identity):
+    """3 nodes, 6 clients (client c on partition c mod 3). Round 0: node 11 (partition 1) never answers: client 1
+    misses the deadline, and client 4 (the same node, a later batch: one message per node at once) is dropped
+    without a message. An error reply (a client's own failure, the node alive) drops that client only. Round 1:
+    node 11's partition is taken over by node 21 (a restarted SuperNode), which answers; the dead node's late reply
+    from round 0, handed out in round 1's pull, is discarded."""
+    dead: set[int] = set()
+    error_cid = 5
+    grid = ScriptedGrid({10: 0, 11: 1, 12: 2}, 3, lambda node, meta: "silent" if node in dead else (
+        "error" if meta.get("cid") == error_cid and meta["kind"] == "query" else "ok"))  # fmt: skip
+    ctxs: list = []
+    ex = _executor(grid, rounds_ctx=ctxs)
+    assert ex.ctx.stack  # a stack: one message per node in a batch, as with protocol layers
+    ex.discover(6, 3)
+    dead.add(11)  # node 11 dies after the set-up
+    started = time.monotonic()
+    answered = _stage(ex, list(range(6)))
+    assert [c for c, _ in answered] == [0, 2, 3]
+    assert time.monotonic() - started < 5.0  # one deadline of 0.3 s, not one per client
+    to_dead = [meta["cid"] for node, meta in grid.sent if node == 11 and meta["kind"] == "query"]
+    assert to_dead == [1]  # client 4's message was never sent to the dead node
+    why = {(r, s, c): w for r, s, c, w in ex.dropouts}
+    assert set(why) == {(0, "advertise", 1), (0, "advertise", 4), (0, "advertise", 5)}
+    assert "within 0.3 s" in why[0, "advertise", 1] and "earlier in round 0" in why[0, "advertise", 4]
+    assert "the client's own error" in why[0, "advertise", 5]
+    assert ex.down.keys() == {1}  # the erring client's node stays up: its other client (2) answered
+
+    # round 1: a restarted SuperNode (new id 21) holds partition 1; the dead node's reply comes late
+    late = grid.answer(next(m for m in grid.kept if m.metadata.dst_node_id == 11 and m.content["meta"]["kind"] == "query"))
+    grid.stale.append(late)
+    grid.parts[21] = 1
+    ex.ctx.round = 1
+    answered = _stage(ex, [1, 4], stage="share")
+    assert [c for c, _ in answered] == [1, 4]
+    assert ex.late_discarded == 1
+    assert [meta["cid"] for node, meta in grid.sent if node == 21 and meta["kind"] == "query"] == [1, 4]
+    assert ex.node_of[1] == ex.node_of[4] == 21 and not ex.down
+
+
+# ------------------------------------------------------------------------------------------- a slow node, on Flower
+SLOW, OTHER = 1, 5  # clients 1 and 5 (of 8) sit on node 1 of 4; client 1 is asked first at each stage
+BASE = ["algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "flower.num_supernodes=4",
+        "partition.num_clients=8", "protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 0.8, clip_norm: 0.5}",
+        "secure_aggregation.threshold=0.6", "flower.stage_timeout_s=4", "output.log_messages=true"]  # fmt: skip
+
+
+def slow_app(cfg, stage: str, sleep_s: float):
+    """The project's ClientApp, except that the node of client SLOW sleeps ``sleep_s`` before it answers round 1's
+    message of ``stage`` (``input``: the training message) for that client, then answers as usual (late)."""
+    from flwr.clientapp import ClientApp
+
+    from secure_fed.config import dump_config
+    from secure_fed.engine.flower.client_app import REQUEST_META, make_client_app
+    from secure_fed.engine.flower.codec import decode
+
+    honest = make_client_app(dump_config(cfg), None, Experiment)
+    app = ClientApp()
+
+    @app.query()
+    def query(msg, context):
+        meta = msg.content["meta"]
+        if "cid" in meta and int(meta["cid"]) == SLOW:
+            payload = decode(msg.content, meta_keys=REQUEST_META)
+            if payload.get("secagg") == stage and payload.get("secagg_round") == 1:
+                time.sleep(sleep_s)
+        return honest(msg, context)
+
+    @app.train()
+    def train(msg, context):
+        meta = msg.content["meta"]
+        if stage == "input" and int(meta["cid"]) == SLOW and int(meta["round"]) == 1:
+            time.sleep(sleep_s)
+        return honest(msg, context)
+
+    return app
+
+
+@pytest.mark.parametrize("stage", ["advertise", "share", "input", "unmask"])
+def test_a_node_slower_than_the_stage_deadline_drops_out_at_that_stage(stage, tmp_path):
+    """Client SLOW's node answers round 1's ``stage`` message 8 s late, past ``flower.stage_timeout_s`` = 4 s: the
+    node drops out at that stage with both its clients (OTHER, asked after SLOW, gets no message), the round
+    completes (t = 5 of 8: SecAgg+ recovers their masks, or, at ``unmask``, the survivors' shares suffice), and the
+    late reply enters nothing."""
+    cfg = small_config(*BASE, "backend=flower")
+    exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
+    result = run_on_flower(exp, progress=False, client_app=slow_app(cfg, stage, 8.0))
+    assert result.summary["status"] == "completed" and result.summary["rounds_aborted"] == 0
+    drops = sorted((r, s, c) for r, s, c, _ in exp.executor.dropouts)
+    assert drops == [(1, stage, SLOW), (1, stage, OTHER)]
+    round1 = exp.diagnostics[1]
+    assert round1["secagg_threshold"] == 5
+    if stage == "unmask":  # their masked inputs are in the sum; they sent no unmasking shares
+        assert round1["secagg_survivors"] == 8 and round1["secagg_dropped"] == 0
+    else:
+        assert round1["secagg_survivors"] == 6 and round1["secagg_dropped"] == 2
+    ups = [m["client"] for m in exp.messages if m["direction"] == "up"]
+    masked = [m["client"] for m in exp.messages if m["direction"] == "up" and "masked" in m["message"]]
+    assert masked.count(OTHER) == masked.count(3) - (stage != "unmask")  # client 3: another node
+    assert masked.count(SLOW) == masked.count(3) - (stage != "unmask")
+    assert ups.count(OTHER) < ups.count(3)  # no late reply of round 1 entered the server's messages
