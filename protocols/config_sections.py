@@ -336,6 +336,12 @@ class SecureAggregationConfig(_Strict):
         64, ge=16, le=64, description="arithmetic modulo 2^bits; ≤ 32 uses 4-byte words (half the key stream and upload)"
     )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated probability that a client drops at each stage")
+    fault_schedule: str | None = Field(
+        None,
+        description="a scripted fault schedule (YAML or JSON; protocols.secagg.fault_schedule): which nodes (client c "
+        "on node c mod nodes) drop out at which SecAgg+ stage of which round; replaces the random dropout draws "
+        "(setting both is an error)",
+    )
     consistency_check: bool = Field(
         True,
         description="the active-server round before unmasking: each survivor signs the survivor set it was told, and "
@@ -358,6 +364,15 @@ class SecureAggregationConfig(_Strict):
     def _keys_dir_with_file(self) -> SecureAggregationConfig:
         if (self.key_source == "file") != (self.keys_dir is not None):
             raise ValueError("secure_aggregation.keys_dir is needed with key_source: file, and only then")
+        return self
+
+    @model_validator(mode="after")
+    def _one_source_of_dropouts(self) -> SecureAggregationConfig:
+        if self.fault_schedule is not None and self.dropout > 0:
+            raise ValueError(
+                f"secure_aggregation.fault_schedule and secure_aggregation.dropout {self.dropout:g} are both set: the "
+                "schedule replaces the random dropout draws; set dropout: 0 or drop the schedule"
+            )
         return self
 
     @field_validator("neighbors", mode="before")

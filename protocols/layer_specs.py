@@ -441,6 +441,16 @@ def _validate_secure_aggregation(plan: RunPlan, stack: list[str]) -> None:
             f"secure_aggregation.clip_range {s.clip_range:g} is below 1: each client's row counts "
             "and the 1 that counts the round's clients travel in the encoded sum and would be clipped"
         )
+    if s.fault_schedule is not None:
+        from protocols.secagg.fault_schedule import load_fault_schedule
+
+        sched = load_fault_schedule(s.fault_schedule)  # a bad file: one ConfigError line
+        nodes = plan.flower.num_supernodes if plan.backend == "flower" else None
+        if nodes is not None and nodes != sched.nodes:
+            raise ValueError(
+                f"secure_aggregation.fault_schedule {s.fault_schedule} places clients on {sched.nodes} nodes, but "
+                f"flower.num_supernodes is {nodes}: a kill would not hit the clients of the node it names"
+            )
 
 
 def _always(plan: RunPlan) -> bool:

@@ -20,6 +20,7 @@ from protocols.crypto import SigningKey
 from protocols.layer_settings import SecureAggregationSettings
 from protocols.randomness import SecretStream
 from protocols.secagg.encoding import FixedPoint
+from protocols.secagg.fault_schedule import FaultSchedule, load_fault_schedule
 from protocols.secagg.graph_bounds import graph_for, poisson_cohort_floor
 from protocols.secagg.protocol import SecAggAbort, SecAggClient, SecAggServer, neighbour_graph
 from protocols.secagg.signing import ForgedMessage, read_directory, read_private_key
@@ -64,6 +65,7 @@ class SecureAggregation(ProtocolLayer):
         # the server's secret behind each round's graph (its order of the cohort): colluders fixed before the run
         # cannot know which clients will be a target's neighbours (protocols.secagg.graph_bounds)
         self.graph_stream = SecretStream.for_party(s.graph_seed, "secagg-graph")
+        self._fault_schedule: FaultSchedule | None = None  # read at the first round (the server's side only)
 
     # ------------------------------------------------------------------ the hooks (secure_fed.engine.layers)
     def setup(self, ctx) -> SetupResult:
@@ -140,6 +142,15 @@ class SecureAggregation(ProtocolLayer):
             self._pinned[cid] = directory
             return {"pinned": len(directory)}
         raise ValueError(f"unknown secure aggregation key step {payload['secagg_keys']!r}")
+
+    @property
+    def fault_schedule(self) -> FaultSchedule | None:
+        """``secure_aggregation.fault_schedule``, read once (None without one): the server side's scripted dropouts.
+        Read when a round first asks, so that a remote node, which never draws the dropouts, needs no copy of it."""
+        path = self.settings.section.fault_schedule
+        if path is not None and self._fault_schedule is None:
+            self._fault_schedule = load_fault_schedule(path)
+        return self._fault_schedule
 
     def open_round(self, round_idx: int, inner: RoundSession) -> RoundSession:
         return _SecAggRound(self, round_idx, inner)
@@ -361,10 +372,13 @@ class _SecAggRound(RoundWrapper):
             self.u2 = self.cohort = []
             self._set_min_summands(self.t)
             return
-        rng = np.random.default_rng([layer.env.seed, 31, round_idx])
-        self.drops = {
-            stage: {u for u in cohort if rng.random() < sa.dropout} for stage in ("advertise", "share", "input", "unmask")
-        }
+        if layer.fault_schedule is not None:  # scripted: each stage's clients of the nodes killed by then
+            self.drops = layer.fault_schedule.drops(round_idx, cohort)
+        else:
+            rng = np.random.default_rng([layer.env.seed, 31, round_idx])
+            self.drops = {
+                stage: {u for u in cohort if rng.random() < sa.dropout} for stage in ("advertise", "share", "input", "unmask")
+            }
         t0 = time.perf_counter()
         self.server = SecAggServer(
             round_idx=round_idx, graph=self.graph, threshold=self.t, bits=self.bits, keep_inputs=layer.transcripts is not None

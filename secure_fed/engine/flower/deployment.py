@@ -1,24 +1,33 @@
-"""A Flower deployment on this machine over TLS: one SuperLink, N SuperNodes, one ``flwr run``, then shut down.
+"""A Flower deployment on this machine over TLS: one SuperLink, N SuperNodes, ``flwr run``, faults, then shut down.
 
-:class:`LocalDeployment` is what ``secure-fed flower local`` and the deployment test run; it does, in processes
+:class:`LocalDeployment` is what ``secure-fed flower local`` and the deployment tests run; it does, in processes
 on 127.0.0.1, the steps the README's multi-machine section does by hand:
 
 1. certificates (:func:`~secure_fed.engine.flower.certificates.generate_certificates`) for 127.0.0.1 and
    localhost;
 2. ``flower-superlink`` with ``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile`` (Flower 1.42 serves its Fleet,
-   Control and runtime APIs over HTTPS on one port), no runtime installation of the app's dependencies;
-3. N ``flower-supernode --root-certificates ca.crt --node-config "partition-id=i num-partitions=N"`` (one
-   partition each), waiting until the SuperLink has activated all of them;
-4. a SuperLink connection with ``root-certificates`` in a private ``$FLWR_HOME/config.toml``, and
+   Control and runtime APIs over HTTPS on one port), its state in a database file (``--database``, so that a
+   restarted SuperLink keeps its registered nodes), ``--enable-supernode-auth``, no runtime installation of the
+   app's dependencies;
+3. a key pair per SuperNode (in the node's own folder ``nodes/i/auth``), each public key registered with the
+   SuperLink (:mod:`~secure_fed.engine.flower.node_auth`); an unregistered node is refused;
+4. N ``flower-supernode --root-certificates ca.crt --auth-supernode-private-key KEY --isolation process
+   --node-config "partition-id=i num-partitions=N state-dir=nodes/i"`` (one partition each), each with its own
+   long-lived ``flower-superexec`` process that runs the node's ClientApps (process isolation: Flower 1.42 starts
+   one ``flwr-clientapp`` process per message), waiting until the SuperLink has activated all of them;
+5. a SuperLink connection with ``root-certificates`` in a private ``$FLWR_HOME/config.toml``, and
    ``flwr run experiments/flower-app CONNECTION --run-config ... --stream``;
-5. on exit, every process it started and every process those started (Flower launches one ``flwr-serverapp``
-   per run and one ``flwr-clientapp`` per message) is stopped: they all carry a marker in their environment,
-   so none is left behind even when Flower detaches its children.
+6. on exit, every process it started and every process those started (the SuperLink's ``flwr-serverapp``, each
+   node's ``flwr-clientapp`` processes) is stopped: they all carry a marker in their environment, so none is left
+   behind even when Flower detaches its children. A second marker names the part a process belongs to (the
+   SuperLink or node i), which is what :meth:`LocalDeployment.kill_node` and :meth:`LocalDeployment.kill_superlink`
+   kill with ``SIGKILL``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,10 +36,15 @@ import uuid
 from pathlib import Path
 
 from secure_fed.engine.flower.certificates import generate_certificates
+from secure_fed.engine.flower.node_auth import end_stale_session, register_nodes, write_node_key
 from secure_fed.errors import SecureFedError
 
 #: the environment variable every process of one deployment carries (its value is the deployment's id)
 MARKER = "SECURE_FED_DEPLOYMENT"
+#: ... and the part of it a process belongs to (``<id>/superlink`` or ``<id>/node-<i>``: what a kill stops)
+PART = "SECURE_FED_DEPLOYMENT_PART"
+#: a node's state directory, in the environment of each of its processes
+NODE_STATE = "SECURE_FED_NODE_STATE"
 CONNECTION = "secure-fed-local"
 APP_DIR = Path(__file__).resolve().parents[3] / "experiments" / "flower-app"
 
@@ -41,9 +55,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def marked_processes(marker: str) -> list[int]:
-    """Ids of the live processes whose environment carries ``MARKER=marker``."""
-    needle = f"{MARKER}={marker}".encode()
+def marked_processes(marker: str, *, var: str = MARKER) -> list[int]:
+    """Ids of the live processes whose environment carries ``var=marker`` (default: ``MARKER``)."""
+    needle = f"{var}={marker}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -67,51 +81,132 @@ def _toml_string(value: str, what: str) -> str:
 class LocalDeployment:
     """A TLS SuperLink and ``nodes`` SuperNodes on 127.0.0.1 (a context manager; :meth:`run` starts one run).
 
-    ``workdir`` receives the certificates, the Flower home and each process's log."""
+    ``workdir`` receives the certificates, the Flower home, the SuperLink's database, each process's log, and each
+    node's own folder ``nodes/i/`` (its state directory: its clients' stored state, its authentication key pair).
 
-    def __init__(self, workdir: str | Path, *, nodes: int, data_root: str | None = None, start_timeout_s: float = 120.0):
+    ``auth``: SuperNode authentication (each node's key registered with the SuperLink before it starts; an
+    unregistered node is refused). ``isolation``: ``process`` runs each node's ClientApps under a separate
+    long-lived ``flower-superexec`` process per node that the SuperNode does not start (Flower's process isolation);
+    ``subprocess`` lets the SuperNode start its own. ``fleet_address``: what the SuperNodes dial instead of the
+    SuperLink (e.g. a link-shaping proxy's ``host:port``; default the SuperLink itself).
+
+    Fault injection: :meth:`kill_node`, :meth:`restart_node`, :meth:`kill_superlink`, :meth:`restart_superlink`,
+    :meth:`node_pids`."""
+
+    def __init__(self, workdir: str | Path, *, nodes: int, data_root: str | None = None, start_timeout_s: float = 120.0,
+                 auth: bool = True, isolation: str = "process", fleet_address=None):  # fmt: skip
         if nodes < 1:
             raise SecureFedError(f"--nodes {nodes}: a deployment needs at least one SuperNode")
+        if isolation not in ("process", "subprocess"):
+            raise SecureFedError(f"isolation {isolation!r}: process or subprocess")
         self.workdir = Path(workdir).resolve()
         self.nodes, self.data_root, self.start_timeout_s = nodes, data_root, start_timeout_s
+        self.auth, self.isolation = auth, isolation
+        self._fleet_address = fleet_address
         self.marker = uuid.uuid4().hex
         self.port = 0
-        self._procs: list[subprocess.Popen] = []
+        #: the Flower node id of each SuperNode (known once it has joined; with ``auth`` it is its key's, for good)
+        self.node_ids: dict[int, int] = {}
+        #: with ``auth``: the node id the SuperLink gave each node's registered key
+        self.registered_ids: dict[int, int] = {}
+        self._procs: dict[str, subprocess.Popen] = {}  # the processes the deployment means to be running, by name
+        self._done: list[subprocess.Popen] = []  # those killed or stopped (their logs closed in stop())
+        self._certs: dict[str, Path] = {}
 
     # ----------------------------------------------------------------- processes
-    def _env(self) -> dict[str, str]:
+    def _env(self, part: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env[MARKER] = self.marker
+        if part is not None:  # which part of the deployment the process (and every process it starts) belongs to
+            env[PART] = f"{self.marker}/{part}"
         env["FLWR_HOME"] = str(self.workdir / "flwr-home")
         env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
         if self.data_root:
             env["SECURE_FED_DATA"] = str(Path(self.data_root).resolve())
         return env
 
-    def _start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process in stop()
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), start_new_session=True)
+    def _start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        """Start ``cmd`` as ``name``; its output is appended to ``name.log`` (a restarted process continues it)."""
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process in stop()
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         p.log = log  # type: ignore[attr-defined]
-        self._procs.append(p)
+        p.log_offset = log.tell()  # type: ignore[attr-defined] - where this start's output begins
+        self._procs[name] = p
         return p
 
-    def _wait_for(self, what: str, test) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
+    def _wait_for(self, what: str, test, timeout_s: float | None = None) -> None:
+        deadline = time.monotonic() + (self.start_timeout_s if timeout_s is None else timeout_s)
         while not test():
-            for p in self._procs:
+            for p in self._procs.values():
                 if p.poll() is not None:
                     raise SecureFedError(f"{p.args[0]} exited with {p.returncode} while {what}; see {p.log.name}")
             if time.monotonic() > deadline:
                 raise SecureFedError(f"timed out after {self.start_timeout_s:.0f} s {what}; see the logs in {self.workdir}")
             time.sleep(0.2)
 
-    def _node_dir(self, i: int) -> str:
-        """SuperNode i's storage of its clients' state (kept across runs, so ``--resume`` finds it), as TOML."""
-        return _toml_string(str((self.workdir / f"node-{i}").resolve()), "the work directory")
+    @staticmethod
+    def _output(p: subprocess.Popen) -> bytes:
+        """What ``p`` has written to its log since it started."""
+        with open(p.log.name, "rb") as f:  # type: ignore[attr-defined]
+            f.seek(p.log_offset)  # type: ignore[attr-defined]
+            return f.read()
+
+    def node_dir(self, i: int) -> Path:
+        """SuperNode i's own folder ``workdir/nodes/i``: its state directory (its clients' stored state, kept across
+        runs and restarts, so ``--resume`` and a restarted node find it; ``SECURE_FED_NODE_STATE`` in its processes'
+        environment) and its authentication key pair under ``auth/``."""
+        return self.workdir / "nodes" / str(i)
+
+    @property
+    def fleet_address(self) -> str:
+        """The address the SuperNodes dial (the SuperLink's, or the link-shaping proxy's in front of it)."""
+        if self._fleet_address is None:
+            return f"127.0.0.1:{self.port}"
+        return self._fleet_address() if callable(self._fleet_address) else str(self._fleet_address)
+
+    def _start_superlink(self) -> None:
+        certs = self._certs
+        cmd = [
+            "flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]), "--ssl-certfile", str(certs["server.pem"]),
+            "--ssl-keyfile", str(certs["server.key"]), "--host", "127.0.0.1", "--port", str(self.port),
+            "--disable-runtime-dependency-installation", "--database", str(self.workdir / "superlink.db"),
+        ]  # fmt: skip
+        if self.auth:
+            cmd.append("--enable-supernode-auth")
+        p = self._start("superlink", cmd, self._env("superlink"))
+        self._wait_for("starting the SuperLink", lambda: b"Uvicorn running on https://" in self._output(p))
+
+    def _start_node(self, i: int) -> subprocess.Popen:
+        folder = self.node_dir(i)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = self._env(f"node-{i}")
+        env[NODE_STATE] = str(folder)
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # one torch thread per node (the ClientApp sets it too)
+        port = free_port()
+        cmd = [
+            "flower-supernode", "--root-certificates", str(self._certs["ca.crt"]), "--superlink", self.fleet_address,
+            "--port", str(port), "--isolation", self.isolation, "--node-config",
+            f"partition-id={i} num-partitions={self.nodes} state-dir={_toml_string(str(folder), 'the work directory')}",
+        ]  # fmt: skip
+        if self.auth:
+            cmd += ["--auth-supernode-private-key", str(folder / "auth" / "node.key")]
+        p = self._start(f"supernode-{i}", cmd, env)
+        if self.isolation == "process":  # the node's long-lived process that runs its ClientApps (not the SuperNode's child)
+            self._start(f"superexec-{i}", [
+                "flower-superexec", "--insecure", "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(p.pid),
+            ], env)  # fmt: skip
+        return p
+
+    def _joined(self, i: int) -> bool:
+        """Whether SuperNode i's current process has joined (the SuperLink activated it); records its node id."""
+        found = re.search(rb"SuperNode ID: (\d+)", self._output(self._procs[f"supernode-{i}"]))
+        if found:
+            self.node_ids[i] = int(found.group(1))
+        return found is not None
 
     def start(self) -> LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        certs = generate_certificates(self.workdir / "certs", ["127.0.0.1", "localhost"])
+        self._certs = certs = generate_certificates(self.workdir / "certs", ["127.0.0.1", "localhost"])
         self.port = free_port()
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
@@ -119,23 +214,93 @@ class LocalDeployment:
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\n'
             f"root-certificates = {_toml_string(str(certs['ca.crt']), 'the certificate path')}\n"
         )
-        link_log = self.workdir / "superlink.log"
-        self._start("superlink", [
-            "flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]), "--ssl-certfile", str(certs["server.pem"]),
-            "--ssl-keyfile", str(certs["server.key"]), "--host", "127.0.0.1", "--port", str(self.port),
-            "--disable-runtime-dependency-installation",
-        ])  # fmt: skip
-        self._wait_for("starting the SuperLink", lambda: b"Uvicorn running on https://" in link_log.read_bytes())
+        self._start_superlink()
+        if self.auth:  # every node's public key registered before any node starts
+            keys = [write_node_key(self.node_dir(i) / "auth")[1] for i in range(self.nodes)]
+            registered = register_nodes(keys, connection=CONNECTION, env=self._env())
+            self.registered_ids = dict(enumerate(registered))
         for i in range(self.nodes):
-            self._start(f"supernode-{i}", [
-                "flower-supernode", "--root-certificates", str(certs["ca.crt"]), "--superlink", f"127.0.0.1:{self.port}",
-                "--port", str(free_port()), "--node-config",
-                f"partition-id={i} num-partitions={self.nodes} state-dir={self._node_dir(i)}",
-            ])  # fmt: skip
-        self._wait_for(
-            f"connecting {self.nodes} SuperNodes", lambda: link_log.read_bytes().count(b"Activated node_id") >= self.nodes
-        )
+            self._start_node(i)
+        self._wait_for(f"connecting {self.nodes} SuperNodes", lambda: all(self._joined(i) for i in range(self.nodes)))
         return self
+
+    # ----------------------------------------------------------------- fault injection
+    def _kill(self, part: str, names: list[str]) -> list[int]:
+        """SIGKILL every live process of ``part`` (the named ones and every process they started)."""
+        killed = []
+        for _ in range(3):  # a process may start a child while its siblings die: sweep until none is left
+            pids = marked_processes(f"{self.marker}/{part}", var=PART)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        for name in names:
+            if (p := self._procs.pop(name, None)) is not None:
+                p.wait(timeout=10)
+                self._done.append(p)
+        return killed
+
+    def node_pids(self) -> dict[int, list[int]]:
+        """The live processes of each SuperNode (the SuperNode, its SuperExec, its ClientApps), by node index."""
+        return {i: marked_processes(f"{self.marker}/node-{i}", var=PART) for i in range(self.nodes)}
+
+    def superlink_pids(self) -> list[int]:
+        """The live processes of the SuperLink (with its SuperExec and its ServerApp)."""
+        return marked_processes(f"{self.marker}/superlink", var=PART)
+
+    def kill_node(self, i: int) -> list[int]:
+        """``kill -9`` SuperNode i and every process of it (its SuperExec, its ClientApps); returns their ids."""
+        self._check_node(i)
+        return self._kill(f"node-{i}", [f"supernode-{i}", f"superexec-{i}"])
+
+    def restart_node(self, i: int, *, timeout_s: float = 150.0) -> int:
+        """Start SuperNode i again (same key, so the same node id; same partition; same state directory) and wait
+        until the SuperLink has activated it; returns its node id.
+
+        A node killed with ``kill -9`` stays active at the SuperLink until its heartbeat lapses (Flower 1.42: twice
+        its 30 s heartbeat interval), and the SuperLink refuses to activate it again before that. So the node first
+        ends that stale session itself (:func:`~secure_fed.engine.flower.node_auth.end_stale_session`, signed with
+        its key; with ``auth`` only); should the SuperLink still refuse it (e.g. unreachable for that request), the
+        restart is tried again every 2 s until the SuperLink takes it (or ``timeout_s``)."""
+        self._check_node(i)
+        if f"supernode-{i}" in self._procs:
+            raise SecureFedError(f"SuperNode {i} is running; kill it first")
+        deadline = time.monotonic() + timeout_s
+        if self.auth and i in self.node_ids:  # the killed process's session ended by the node itself, as its own
+            folder = self.node_dir(i)
+            end_stale_session(folder / "auth" / "node.key", self.node_ids[i], address=self.fleet_address,
+                              ca=self._certs["ca.crt"], env=self._env(f"node-{i}"))  # fmt: skip
+        while True:
+            p = self._start_node(i)
+            while p.poll() is None and not self._joined(i) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if p.poll() is None and self._joined(i):
+                return self.node_ids[i]
+            refused = b"Failed to activate SuperNode" in self._output(p)
+            self._kill(f"node-{i}", [f"supernode-{i}", f"superexec-{i}"])
+            if not refused or time.monotonic() > deadline:
+                raise SecureFedError(f"SuperNode {i} did not rejoin within {timeout_s:.0f} s; see {p.log.name}")
+            time.sleep(2.0)  # the SuperLink still holds the killed node's session: try again shortly
+
+    def kill_superlink(self) -> list[int]:
+        """``kill -9`` the SuperLink and every process of it (its SuperExec, the running ServerApp)."""
+        return self._kill("superlink", ["superlink"])
+
+    def restart_superlink(self) -> None:
+        """Start the SuperLink again: same port, certificates and database (its registered nodes and their
+        authentication survive); the running SuperNodes reconnect by themselves."""
+        if "superlink" in self._procs:
+            raise SecureFedError("the SuperLink is running; kill it first")
+        self._start_superlink()
+
+    def _check_node(self, i: int) -> None:
+        if not 0 <= i < self.nodes:
+            raise SecureFedError(f"node {i}: this deployment has nodes 0..{self.nodes - 1}")
 
     def stop(self, *, grace_s: float = 10.0) -> None:
         """Stop every process of the deployment (SIGTERM, then SIGKILL after ``grace_s``)."""
@@ -151,12 +316,14 @@ class LocalDeployment:
             deadline = time.monotonic() + wait
             while marked_processes(self.marker) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        for p in self._procs:
+        for p in [*self._procs.values(), *self._done]:
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
             p.log.close()
+        self._done = [*self._done, *self._procs.values()]
+        self._procs = {}
 
     def __enter__(self) -> LocalDeployment:
         try:
@@ -184,9 +351,9 @@ class LocalDeployment:
             rc["resume"] = "true"
         arg = " ".join(f"{k}={_toml_string(v, k)}" for k, v in rc.items())
         cmd = ["flwr", "run", str(app_dir), CONNECTION, "--run-config", arg, "--stream"]
-        with open(self.workdir / "flwr-run.log", "wb") as log:
+        with open(self.workdir / "flwr-run.log", "ab") as log:  # a resumed run's output follows the first's
             p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), timeout=timeout_s)
         return p
 
 
-__all__ = ["LocalDeployment", "MARKER", "free_port", "marked_processes"]
+__all__ = ["LocalDeployment", "MARKER", "NODE_STATE", "PART", "free_port", "marked_processes"]
