@@ -55,6 +55,9 @@ class SecureAggregation(ProtocolLayer):
         self.layout = env.update_layout()
         self._meta = self.layout.segments()["meta"]  # (weight, loss, 1): bookkeeping that must reach the sum exactly
         self.last_stats: dict[str, Any] = {}
+        #: test only (``flower.debug_write_inputs``): called as ``(round_idx, survivors, sum words, bits)`` with each
+        #: round's unmasked sum, server side
+        self.on_unmasked = None
         self.transcripts: list | None = [] if settings.log_messages else None
         self._round_clients: dict[int, SecAggClient] = {}  # client side: each client's secrets of the current round
         self._signers: dict[int, SigningKey] = {}  # client side: each client's own long-term signing key
@@ -440,6 +443,8 @@ class _SecAggRound(RoundWrapper):
         answers = self._call(asked, lambda u: {**ask, "secagg_signatures": self.server.signatures_for(u)})
         replies = {u: r["secagg_shares"] for u, r in answers}
         total = self.server.unmask(replies, self.layer.layout.size)
+        if self.layer.on_unmasked is not None:
+            self.layer.on_unmasked(self.round_idx, sorted(u3), total, self.bits)
         agg = self.layer.layout.unflatten_sum(self.layer.codec.decode_sum(total), self.device)
         t_unmask = time.perf_counter() - t0
         self.layer.last_stats = {
