@@ -211,7 +211,7 @@ def client_app_of(
 
     def before(context: Context, round_idx: int, stage: str) -> None:
         """The node's fault hooks (:mod:`.node_faults`): note its progress, die here if its schedule says so."""
-        before_message(storage(context), round_idx, stage)
+        before_message(storage(context), int(context.node_config["partition-id"]), round_idx, stage)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:

@@ -1,6 +1,6 @@
 """What a deployment's node does about faults, on its own side (:mod:`.client_app` calls it before and after a message).
 
-* **Progress.** Before each message of a round the node writes ``progress`` (``round stage``) into its own state
+* **Progress.** Before each message of a round node P writes ``progress-P`` (``round stage``) into its own state
   directory: the fault driver (:mod:`.fault_driver`) reads it to know that a round has started (it kills the
   SuperLink after a round's start).
 * **Scripted kills.** When the driver has put the node's part of a fault schedule (the shared format,
@@ -38,7 +38,7 @@ SUMS_DIR = "secagg-sums"  # under the run's private/ folder
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # writers never share a temporary
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
@@ -68,15 +68,15 @@ def write_plan(folder: str | Path, kills: list[tuple[int, str]]) -> None:
     _write_atomic(Path(folder) / PLAN_FILE, json.dumps({"kill": [[int(r), str(s)] for r, s in kills]}))
 
 
-def before_message(folder: str | Path | None, round_idx: int, stage: str) -> None:
-    """Note the node's progress and, when its schedule says so, die here (see the module's docstring).
+def before_message(folder: str | Path | None, partition: int, round_idx: int, stage: str) -> None:
+    """Note node ``partition``'s progress and, when its schedule says so, die here (see the module's docstring).
     ``round_idx``: the layer's round index (the schedule's round is ``round_idx + 1``)."""
     if folder is None:
         return
     folder = Path(folder)
     if not folder.is_dir():
         return
-    _write_atomic(folder / PROGRESS_FILE, f"{round_idx + 1} {stage}\n")
+    _write_atomic(folder / f"{PROGRESS_FILE}-{partition}", f"{round_idx + 1} {stage}\n")
     file = folder / PLAN_FILE
     if not file.is_file():
         return

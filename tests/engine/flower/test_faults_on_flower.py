@@ -17,7 +17,8 @@ from secure_fed.config import build_plan
 from secure_fed.engine import Experiment
 from secure_fed.engine.flower.codec import encode
 from secure_fed.engine.flower.executor import FlowerExecutor
-from secure_fed.engine.flower.simulation import run_on_flower
+from secure_fed.engine.flower.node_faults import check_exact_sums
+from secure_fed.engine.flower.simulation import node_storage_dir, run_on_flower
 from tests.conftest import small_config
 
 
@@ -150,10 +151,11 @@ def test_a_lost_node_drops_out_of_its_round_with_all_its_clients_and_a_late_repl
 SLOW, OTHER = 1, 5  # clients 1 and 5 (of 8) sit on node 1 of 4; client 1 is asked first at each stage
 BASE = ["algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "flower.num_supernodes=4",
         "partition.num_clients=8", "protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 0.8, clip_norm: 0.5}",
-        "secure_aggregation.threshold=0.6", "flower.stage_timeout_s=4", "output.log_messages=true"]  # fmt: skip
+        "secure_aggregation.threshold=0.6", "secure_aggregation.consistency_check=false", "flower.stage_timeout_s=4", "output.log_messages=true",
+        "flower.debug_write_inputs=true"]  # fmt: skip
 
 
-def slow_app(cfg, stage: str, sleep_s: float):
+def slow_app(cfg, stage: str, sleep_s: float, state_dir):
     """The project's ClientApp, except that the node of client SLOW sleeps ``sleep_s`` before it answers round 1's
     message of ``stage`` (``input``: the training message) for that client, then answers as usual (late)."""
     from flwr.clientapp import ClientApp
@@ -162,7 +164,7 @@ def slow_app(cfg, stage: str, sleep_s: float):
     from secure_fed.engine.flower.client_app import REQUEST_META, make_client_app
     from secure_fed.engine.flower.codec import decode
 
-    honest = make_client_app(dump_config(cfg), None, Experiment)
+    honest = make_client_app(dump_config(cfg), None, Experiment, state_dir=state_dir)
     app = ClientApp()
 
     @app.query()
@@ -184,15 +186,16 @@ def slow_app(cfg, stage: str, sleep_s: float):
     return app
 
 
-@pytest.mark.parametrize("stage", ["advertise", "share", "input", "unmask"])
+@pytest.mark.parametrize("stage", ["share", "input", "unmask"])  # advertise: the deployment test
 def test_a_node_slower_than_the_stage_deadline_drops_out_at_that_stage(stage, tmp_path):
     """Client SLOW's node answers round 1's ``stage`` message 8 s late, past ``flower.stage_timeout_s`` = 4 s: the
     node drops out at that stage with both its clients (OTHER, asked after SLOW, gets no message), the round
-    completes (t = 5 of 8: SecAgg+ recovers their masks, or, at ``unmask``, the survivors' shares suffice), and the
-    late reply enters nothing."""
+    completes (t = 5 of 8, no ConsistencyCheck, whose quorum ⌈(8 + 5)/2⌉ = 7 two dropouts after ShareKeys would
+    miss: SecAgg+ recovers their masks, or, at ``unmask``, the survivors' shares suffice), the late reply enters
+    nothing, and the unmasked sum is exactly the survivors' encoded inputs."""
     cfg = small_config(*BASE, "backend=flower")
     exp = Experiment(build_plan(cfg), run_dir=tmp_path / "run")
-    result = run_on_flower(exp, progress=False, client_app=slow_app(cfg, stage, 8.0))
+    result = run_on_flower(exp, progress=False, client_app=slow_app(cfg, stage, 8.0, node_storage_dir(tmp_path / "run")))
     assert result.summary["status"] == "completed" and result.summary["rounds_aborted"] == 0
     drops = sorted((r, s, c) for r, s, c, _ in exp.executor.dropouts)
     assert drops == [(1, stage, SLOW), (1, stage, OTHER)]
@@ -207,3 +210,7 @@ def test_a_node_slower_than_the_stage_deadline_drops_out_at_that_stage(stage, tm
     assert masked.count(OTHER) == masked.count(3) - (stage != "unmask")  # client 3: another node
     assert masked.count(SLOW) == masked.count(3) - (stage != "unmask")
     assert ups.count(OTHER) < ups.count(3)  # no late reply of round 1 entered the server's messages
+    # each round's unmasked sum is exactly the survivors' encoded inputs, as the nodes wrote them, summed mod 2^bits
+    sums = check_exact_sums(tmp_path / "run", [node_storage_dir(tmp_path / "run")])
+    assert sums == {1: {"survivors": 8, "exact": True, "missing": []},
+                    2: {"survivors": round1["secagg_survivors"], "exact": True, "missing": []}}  # fmt: skip
