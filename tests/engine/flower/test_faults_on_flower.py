@@ -149,10 +149,12 @@ def test_a_lost_node_drops_out_of_its_round_with_all_its_clients_and_a_late_repl
 
 # ------------------------------------------------------------------------------------------- a slow node, on Flower
 SLOW, OTHER = 1, 5  # clients 1 and 5 (of 8) sit on node 1 of 4; client 1 is asked first at each stage
-BASE = ["algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "flower.num_supernodes=4",
-        "partition.num_clients=8", "protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 0.8, clip_norm: 0.5}",
-        "secure_aggregation.threshold=0.6", "secure_aggregation.consistency_check=false", "flower.stage_timeout_s=4", "output.log_messages=true",
-        "flower.debug_write_inputs=true"]  # fmt: skip
+BASE = [
+    "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2", "flower.num_supernodes=4", "partition.num_clients=8",
+    "protocols=[dp, secure_aggregation]", "privacy.client={noise_multiplier: 0.8, clip_norm: 0.5}",
+    "secure_aggregation.threshold=0.6", "secure_aggregation.consistency_check=false", "flower.stage_timeout_s=4",
+    "output.log_messages=true", "flower.debug_write_inputs=true",
+]  # fmt: skip
 
 
 def slow_app(cfg, stage: str, sleep_s: float, state_dir):
