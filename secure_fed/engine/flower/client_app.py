@@ -216,11 +216,9 @@ def client_app_of(
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         meta = msg.content["meta"]
-        if meta["kind"] != "whoami":
-            values = msg.content["values"] if "values" in msg.content.keys() else {}
-            if "secagg" in values and "secagg_round" in values:  # a SecAgg+ stage of a round
-                stage = decode(msg.content, meta_keys=REQUEST_META)
-                before(context, int(stage["secagg_round"]), str(stage["secagg"]))
+        payload = None if meta["kind"] == "whoami" else decode(msg.content, meta_keys=REQUEST_META)
+        if isinstance(payload, dict) and "secagg" in payload and "secagg_round" in payload:  # a SecAgg+ stage
+            before(context, int(payload["secagg_round"]), str(payload["secagg"]))
         if meta["kind"] == "whoami":
             check_node_storage(context, state_file(context, meta), since=int(meta["since"]) if "since" in meta else 0)
             return _reply(
@@ -233,7 +231,7 @@ def client_app_of(
         file = state_file(context, meta)
         load_node_state(context, exp, file)
         fn = resolve_client_function(name, exp.stack.by_name())
-        reply = fn(decode(msg.content, meta_keys=REQUEST_META), exp.fed.clients[cid])
+        reply = fn(payload, exp.fed.clients[cid])
         save_node_state(context, exp, file)
         return _reply(msg, reply)
 

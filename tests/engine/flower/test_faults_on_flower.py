@@ -213,6 +213,8 @@ def test_a_node_slower_than_the_stage_deadline_drops_out_at_that_stage(stage, tm
     assert masked.count(OTHER) == masked.count(3) - (stage != "unmask")  # client 3: another node
     assert masked.count(SLOW) == masked.count(3) - (stage != "unmask")
     assert ups.count(OTHER) < ups.count(3)  # no late reply of round 1 entered the server's messages
+    # each node noted its progress (what the fault driver reads): the last message of the run is round 2's Unmasking
+    assert (node_storage_dir(tmp_path / "run") / "progress-0").read_text().split() == ["2", "unmask"]
     # each round's unmasked sum is exactly the survivors' encoded inputs, as the nodes wrote them, summed mod 2^bits
     sums = check_exact_sums(tmp_path / "run", [node_storage_dir(tmp_path / "run")])
     assert sums == {1: {"survivors": 8, "exact": True, "missing": []},
