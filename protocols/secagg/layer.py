@@ -425,7 +425,11 @@ class _SecAggRound(RoundWrapper):
 
     def submit(self, cid: int, reply: Payload) -> None:
         if cid in self.drops["input"]:
-            return  # it trained, then dropped before its masked input reached the server
+            # it trained, then dropped before its masked input reached the server: not a participant of the round,
+            # as a remote client whose training message is lost (the executor's drop; the server step then leaves
+            # its labels out), while the abort stays the secure sum's own decision (at Unmasking)
+            self.inner.dropped.setdefault(int(cid), "dropped before its masked input reached the server")
+            return
         self.bytes_up = max(self.bytes_up, reply["masked"].nbytes)
         self.server.add_masked(cid, reply["masked"])
 
