@@ -273,3 +273,30 @@ def test_eight_authenticated_supernodes_killed_at_every_stage_and_a_superlink_ki
     assert c["model_within_atol"], c["model_max_abs_diff"]
     assert c["privacy_equal"], (c["privacy"], c["replay_privacy"])
     assert c["node_secrets_looked_for"] > 0 and c["node_secrets_in_superlink_files"] == []
+
+
+def test_the_sum_checker_reads_the_nodes_inputs_and_finds_a_wrong_word(tmp_path):
+    """check_exact_sums: the survivors' words summed mod 2^bits against the server's sum; a survivor whose input no
+    node holds, or one word off, is not exact; a non-survivor's input is not summed."""
+    import numpy as np
+
+    from secure_fed.engine.flower.node_faults import sum_writer, write_input
+
+    rng = np.random.default_rng(0)
+    bits = 20
+    inputs = {c: rng.integers(0, 1 << bits, size=50, dtype=np.uint32) for c in range(4)}
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    for c, x in inputs.items():
+        write_input(nodes[c % 2], 0, c, x)
+    total = (sum(inputs[c].astype(np.uint64) for c in (0, 1, 3)) % (1 << bits)).astype(np.uint32)  # 2 dropped out
+    write = sum_writer(tmp_path / "run")
+    write(0, [0, 1, 3], total, bits)
+    assert check_exact_sums(tmp_path / "run", nodes) == {1: {"survivors": 3, "exact": True, "missing": []}}
+    write(0, [0, 1, 2, 3], total, bits)  # the server claims client 2's input is in the sum
+    assert check_exact_sums(tmp_path / "run", nodes)[1]["exact"] is False
+    bad = total.copy()
+    bad[7] = (int(bad[7]) + 1) % (1 << bits)
+    write(0, [0, 1, 3], bad, bits)
+    assert check_exact_sums(tmp_path / "run", nodes)[1]["exact"] is False
+    write(0, [0, 1, 3, 9], total, bits)
+    assert check_exact_sums(tmp_path / "run", nodes)[1] == {"survivors": 4, "exact": False, "missing": [9]}
