@@ -221,6 +221,8 @@ class FlowerPlan:
     max_in_flight: int
     timeout_s: float
     on_client_failure: Literal["drop", "stop"]
+    stage_timeout_s: float = 300.0
+    debug_write_inputs: bool = False
 
 
 @dataclass(frozen=True)

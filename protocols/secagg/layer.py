@@ -55,6 +55,9 @@ class SecureAggregation(ProtocolLayer):
         self.layout = env.update_layout()
         self._meta = self.layout.segments()["meta"]  # (weight, loss, 1): bookkeeping that must reach the sum exactly
         self.last_stats: dict[str, Any] = {}
+        #: test only (``flower.debug_write_inputs``): called as ``(round_idx, survivors, sum words, bits)`` with each
+        #: round's unmasked sum, server side
+        self.on_unmasked = None
         self.transcripts: list | None = [] if settings.log_messages else None
         self._round_clients: dict[int, SecAggClient] = {}  # client side: each client's secrets of the current round
         self._signers: dict[int, SigningKey] = {}  # client side: each client's own long-term signing key
@@ -422,7 +425,11 @@ class _SecAggRound(RoundWrapper):
 
     def submit(self, cid: int, reply: Payload) -> None:
         if cid in self.drops["input"]:
-            return  # it trained, then dropped before its masked input reached the server
+            # it trained, then dropped before its masked input reached the server: not a participant of the round,
+            # as a remote client whose training message is lost (the executor's drop; the server step then leaves
+            # its labels out), while the abort stays the secure sum's own decision (at Unmasking)
+            self.inner.dropped.setdefault(int(cid), "dropped before its masked input reached the server")
+            return
         self.bytes_up = max(self.bytes_up, reply["masked"].nbytes)
         self.server.add_masked(cid, reply["masked"])
 
@@ -440,6 +447,8 @@ class _SecAggRound(RoundWrapper):
         answers = self._call(asked, lambda u: {**ask, "secagg_signatures": self.server.signatures_for(u)})
         replies = {u: r["secagg_shares"] for u, r in answers}
         total = self.server.unmask(replies, self.layer.layout.size)
+        if self.layer.on_unmasked is not None:
+            self.layer.on_unmasked(self.round_idx, sorted(u3), total, self.bits)
         agg = self.layer.layout.unflatten_sum(self.layer.codec.decode_sum(total), self.device)
         t_unmask = time.perf_counter() - t0
         self.layer.last_stats = {

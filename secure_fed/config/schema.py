@@ -488,6 +488,21 @@ class FlowerConfig(_Strict):
     client_cpus: float = Field(1.0, gt=0.0, le=1024.0, description="CPUs each simulated ClientApp reserves (Ray)")
     max_in_flight: int = Field(64, ge=1, le=100_000, description="messages in flight at once (bounds server memory)")
     timeout_s: float = Field(3600.0, gt=0.0, le=1e6, description="seconds to wait for one batch of replies")
+    stage_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        le=1e6,
+        description="the deadline of a message whose loss the round survives (a secure aggregation stage: "
+        "AdvertiseKeys, ShareKeys, the masked input in the training message, Unmasking; any training message under "
+        "on_client_failure: drop): a node that has not answered by then drops out of the round at that stage, with "
+        "all its clients, and its late reply is discarded",
+    )
+    debug_write_inputs: bool = Field(
+        False,
+        description="test only: each node writes its clients' encoded secure aggregation inputs (before masking) "
+        "into its own state directory, and the server each round's unmasked sum into the run's private/ folder, "
+        "so a checker can verify the sum; never in a real deployment (a node's input file is its plaintext update)",
+    )
     on_client_failure: Literal["drop", "stop"] = Field(
         "drop",
         description="a training message whose node fails or does not answer in time: drop: the client drops out of "

@@ -32,10 +32,13 @@ from flwr.clientapp import ClientApp
 
 from secure_fed.client_functions import apply_client_plan, resolve_client_function
 from secure_fed.engine.flower.codec import decode, encode
+from secure_fed.engine.flower.node_faults import before_message, encoded_input, write_input
 from secure_fed.engine.tensor_tree import to_device
 
 #: what a request's ``meta`` record may hold
 REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan", "session", "since"})
+#: the op of secure aggregation's mask step (the last step of a SecAgg+ round's plan)
+MASK_STEP = "layer:secure_aggregation.mask_step"
 #: one copy of the run per (config, data root) in each ClientApp process
 _REPLICAS: dict[str, Any] = {}
 
@@ -206,9 +209,16 @@ def client_app_of(
         if not 0 <= cid < len(exp.fed.clients) or cid % n != p:
             raise PermissionError(f"client {cid} does not live on partition {p} of {n}")
 
+    def before(context: Context, round_idx: int, stage: str) -> None:
+        """The node's fault hooks (:mod:`.node_faults`): note its progress, die here if its schedule says so."""
+        before_message(storage(context), int(context.node_config["partition-id"]), round_idx, stage)
+
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         meta = msg.content["meta"]
+        payload = None if meta["kind"] == "whoami" else decode(msg.content, meta_keys=REQUEST_META)
+        if isinstance(payload, dict) and "secagg" in payload and "secagg_round" in payload:  # a SecAgg+ stage
+            before(context, int(payload["secagg_round"]), str(payload["secagg"]))
         if meta["kind"] == "whoami":
             check_node_storage(context, state_file(context, meta), since=int(meta["since"]) if "since" in meta else 0)
             return _reply(
@@ -221,7 +231,7 @@ def client_app_of(
         file = state_file(context, meta)
         load_node_state(context, exp, file)
         fn = resolve_client_function(name, exp.stack.by_name())
-        reply = fn(decode(msg.content, meta_keys=REQUEST_META), exp.fed.clients[cid])
+        reply = fn(payload, exp.fed.clients[cid])
         save_node_state(context, exp, file)
         return _reply(msg, reply)
 
@@ -229,6 +239,7 @@ def client_app_of(
     def train(msg: Message, context: Context) -> Message:
         meta = msg.content["meta"]
         cid, round_idx = int(meta["cid"]), int(meta["round"])
+        before(context, round_idx, "input")
         exp = replica(context)
         own_client(context, cid, exp)
         file = state_file(context, meta)
@@ -244,7 +255,15 @@ def client_app_of(
         exp.stack.check_client_plan(plan, round_idx=round_idx, cid=cid)
         # randomness addressed by the round (DP): a round trains again only on the same payload and plan
         exp.stack.check_round_payload(cid, round_idx, payload, plan)
-        reply = apply_client_plan(exp.client_fn(cid)(payload, client), plan, data=client, layers=exp.stack.by_name())
+        layers = exp.stack.by_name()
+        trained = exp.client_fn(cid)(payload, client)
+        if exp.plan.flower.debug_write_inputs and plan and plan[-1].get("op") == MASK_STEP and storage(context):
+            # test only: the input as the mask step will encode it, into the node's own folder (node_faults)
+            trained = apply_client_plan(trained, plan[:-1], data=client, layers=layers)
+            write_input(storage(context), round_idx, cid, encoded_input(layers["secure_aggregation"], trained,
+                                                                        str(plan[-1]["weighting"])))  # fmt: skip
+            plan = plan[-1:]
+        reply = apply_client_plan(trained, plan, data=client, layers=layers)
         save_node_state(context, exp, file)
         # what the node's callbacks measured inside the client's function that the server may learn (e.g. the
         # client's own model's mAP in the general setting, without DP), beside the reply

@@ -36,6 +36,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.config import load_plan
 from secure_fed.engine.flower.client_app import client_app_of, client_replica
+from secure_fed.engine.flower.deployment import NODE_STATE
 from secure_fed.engine.flower.server import run_with_grid
 
 log = logging.getLogger("secure_fed.flower")
@@ -93,9 +94,14 @@ def _node_replica(context: Context):
 
 
 def _node_storage(context: Context) -> str | None:
-    """The node's own storage for its clients' state: its node config's ``state-dir``, else the run config's
-    ``node-state-dir``; None: the state lasts one Flower run."""
-    return str(context.node_config.get("state-dir", "") or "") or _text(dict(context.run_config), "node-state-dir") or None
+    """The node's own storage for its clients' state: its node config's ``state-dir``, else its environment's
+    ``SECURE_FED_NODE_STATE``, else the run config's ``node-state-dir``; None: the state lasts one Flower run."""
+    return (
+        str(context.node_config.get("state-dir", "") or "")
+        or os.environ.get(NODE_STATE, "")
+        or _text(dict(context.run_config), "node-state-dir")
+        or None
+    )
 
 
 client_app = client_app_of(_node_replica, _node_storage)

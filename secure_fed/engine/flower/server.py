@@ -11,6 +11,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.engine.flower.executor import FlowerExecutor
+from secure_fed.engine.flower.node_faults import sum_writer
 from secure_fed.engine.flower.run_checks import check_flower_start
 
 
@@ -21,8 +22,13 @@ def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
     f = exp.plan.flower
     if exp.records.flower_session is None:  # a new run: a fresh public name for it (a resumed run keeps its own)
         exp.records.flower_session = os.urandom(16).hex()
-    executor = FlowerExecutor(grid, exp.context(), max_in_flight=f.max_in_flight, timeout_s=f.timeout_s)
+    executor = FlowerExecutor(
+        grid, exp.context(), max_in_flight=f.max_in_flight, timeout_s=f.timeout_s, stage_timeout_s=f.stage_timeout_s
+    )
     executor.discover(len(exp.fed.clients), num_nodes)
+    secagg = exp.stack.by_name().get("secure_aggregation") if exp.stack else None
+    if f.debug_write_inputs and secagg is not None:  # test only: each round's unmasked sum into private/
+        secagg.on_unmasked = sum_writer(exp.run_dir)
     return exp.run_rounds(progress=progress, executor=executor)
 
 
