@@ -1,7 +1,7 @@
 """Public features from public metadata, measured against the random projection (issue 55), on a validation split.
 
     python experiments/public_features.py [--dataset bibtex] [--seeds 0,1,2] [--epsilons 1,4,8,inf]
-                                          [--out results/public_features] [--data-root DIR]
+                                          [--out results/private_recipes/public_features] [--data-root DIR]
 
 The Mulan files' attribute names (for Bibtex, the vocabulary's words) are public, so a fixed encoder built from them
 is data-independent: each word is embedded with the offline text encoder the project ships for FedLGT
@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--dataset", default="bibtex")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epsilons", default="1,4,8,inf")
-    ap.add_argument("--out", default="results/public_features")
+    ap.add_argument("--out", default="results/private_recipes/public_features")
     ap.add_argument("--data-root", default=os.environ.get("SECURE_FED_DATA"))
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -35,11 +35,10 @@ from threat_models.tradeoff_points import (
     method_base,
     parse_epsilons,
     point_overrides,
+    statistic_methods,
     worker_pool,
 )
 
-#: the "label prior only" row of every study (``--prior auto``)
-PRIOR_METHOD = "label_prior"
 #: what a study on a validation split says of its numbers
 VALIDATION_NOTE = (
     "Metrics on a validation split of the training data (dataset.evaluate_on: validation): no DP "
@@ -211,19 +210,23 @@ def on_validation(args: argparse.Namespace) -> bool:
 
 
 def prior_method(args: argparse.Namespace, methods: list[str]) -> tuple[list[str], str]:
-    """``--prior auto``: the "label prior only" method to add, and a line saying why or why not. It is drawn at the
+    """``--prior auto``: the "label prior only" method to add (the registered statistics-only algorithm whose statistic a
+    DP mechanism plugin releases, :func:`~threat_models.tradeoff_points.statistic_methods`: ``label_prior``), and a
+    line saying why or why not. It is drawn at the
     instance unit (its release is accounted per instance) and without ``--select private`` (no candidate grid
     applies to it)."""
-    if args.prior != "auto" or PRIOR_METHOD in methods:
+    found = statistic_methods()
+    if args.prior != "auto" or not found or found[0] in methods:
         return [], ""
+    prior = found[0]
     if args.unit != "instance" or args.select == "private":
         why = "--unit client (its release is accounted per instance)" if args.unit != "instance" else "--select private"
         return [], f"no label-prior row under {why}"
     try:
-        method_base(args.config, args.overrides, PRIOR_METHOD)
+        method_base(args.config, args.overrides, prior)
     except SecureFedError as exc:
-        return [], f"no label-prior row: the config does not run as {PRIOR_METHOD} ({exc})"
-    return [PRIOR_METHOD], (f"the label prior only ({PRIOR_METHOD}: the most frequent labels, private at each ε) is a row "
+        return [], f"no label-prior row: the config does not run as {prior} ({exc})"
+    return [prior], (f"the label prior only ({prior}: the most frequent labels, private at each ε) is a row "
                             "(--prior none: not)")  # fmt: skip
 
 

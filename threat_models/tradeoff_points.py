@@ -99,6 +99,21 @@ def statistic_mechanism(method: str) -> str | None:
     return found[0]
 
 
+def statistic_methods() -> list[str]:
+    """The registered algorithms that only read a released statistic (:func:`statistic_mechanism` names its
+    mechanism), in registry order: the "label prior only" baselines of a study."""
+    from secure_fed.plugin_api.attacks import algorithm_specs
+
+    out = []
+    for name in algorithm_specs():
+        try:
+            if statistic_mechanism(name) is not None:
+                out.append(name)
+        except SecureFedError:  # a statistic no mechanism plugin releases: not a DP baseline
+            continue
+    return out
+
+
 def statistic_base(plugin: str, privacy: dict) -> list[str]:
     """A statistics-only method's base overrides: no training unit; its statistic's mechanism ``privacy.<plugin>``
     with the config's contribution bound m (the run's one ``max_labels_per_instance``, whichever privacy section

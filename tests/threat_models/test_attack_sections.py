@@ -82,6 +82,11 @@ def test_the_sections_are_not_shared_between_configs():
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").rglob("*.y*ml")), ids=lambda p: p.name)
 def test_every_yaml_under_experiments_loads(path):
     doc = yaml.safe_load(path.read_text())
+    if {"nodes", "events"} <= set(doc):  # a SecAgg+ fault schedule (secure_aggregation.fault_schedule): its own loader
+        from protocols.secagg.fault_schedule import load_fault_schedule
+
+        assert load_fault_schedule(path).nodes == doc["nodes"]
+        return
     if not ({"algorithm", "dataset", "training", "attacks", "protocols"} & set(doc)):
         assert path.parent.name == "grids", f"{path} is neither a config nor a grid"  # a sweep's grid: lists, no config
         return

@@ -38,7 +38,8 @@ from secure_fed.engine.tensor_tree import to_device
 #: what a request's ``meta`` record may hold
 REQUEST_META = frozenset({"kind", "seq", "cid", "round", "fn", "plan", "session", "since"})
 #: the op of secure aggregation's mask step (the last step of a SecAgg+ round's plan)
-MASK_STEP = "layer:secure_aggregation.mask_step"
+#: the name of the plan step that masks a client's input for a secure sum (``layer:<layer>.mask_step``)
+MASK_STEP_METHOD = "mask_step"
 #: one copy of the run per (config, data root) in each ClientApp process
 _REPLICAS: dict[str, Any] = {}
 
@@ -257,10 +258,11 @@ def client_app_of(
         exp.stack.check_round_payload(cid, round_idx, payload, plan)
         layers = exp.stack.by_name()
         trained = exp.client_fn(cid)(payload, client)
-        if exp.plan.flower.debug_write_inputs and plan and plan[-1].get("op") == MASK_STEP and storage(context):
+        masker = mask_step_layer(plan)
+        if exp.plan.flower.debug_write_inputs and masker is not None and storage(context):
             # test only: the input as the mask step will encode it, into the node's own folder (node_faults)
             trained = apply_client_plan(trained, plan[:-1], data=client, layers=layers)
-            write_input(storage(context), round_idx, cid, encoded_input(layers["secure_aggregation"], trained,
+            write_input(storage(context), round_idx, cid, encoded_input(layers[masker], trained,
                                                                         str(plan[-1]["weighting"])))  # fmt: skip
             plan = plan[-1:]
         reply = apply_client_plan(trained, plan, data=client, layers=layers)
@@ -281,3 +283,11 @@ __all__ = [
     "load_node_state",
     "save_node_state",
 ]
+
+
+def mask_step_layer(plan: list[dict]) -> str | None:
+    """The layer whose mask step ends the round's client plan (``layer:<name>.mask_step``), else None."""
+    op = str(plan[-1].get("op", "")) if plan else ""
+    if not op.startswith("layer:") or not op.endswith(f".{MASK_STEP_METHOD}"):
+        return None
+    return op[len("layer:") : -len(MASK_STEP_METHOD) - 1]

@@ -41,16 +41,11 @@ from secure_fed.engine.flower.certificates import generate_certificates
 from secure_fed.engine.flower.clientapp_worker import spawn
 from secure_fed.engine.flower.link_proxy import LinkProxy, LinkShape
 from secure_fed.engine.flower.node_auth import end_stale_session, register_nodes, write_node_key
+from secure_fed.engine.flower.process_marks import MARKER, NODE_STATE, PART, marked_processes, processes_by
 from secure_fed.errors import SecureFedError
 
-#: the environment variable every process of one deployment carries (its value is the deployment's id)
-MARKER = "SECURE_FED_DEPLOYMENT"
-#: ... and the part of it a process belongs to (``<id>/superlink`` or ``<id>/node-<i>``: what a kill stops)
-PART = "SECURE_FED_DEPLOYMENT_PART"
 #: how each node runs its ClientApps with process isolation (see :class:`LocalDeployment`)
 CLIENTAPPS = ("zygote", "worker", "superexec")
-#: a node's state directory, in the environment of each of its processes
-NODE_STATE = "SECURE_FED_NODE_STATE"
 CONNECTION = "secure-fed-local"
 APP_DIR = Path(__file__).resolve().parents[3] / "experiments" / "flower-app"
 
@@ -59,34 +54,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def processes_by(var: str) -> dict[str, list[int]]:
-    """The live processes whose environment sets ``var``, by its value (one pass over /proc)."""
-    needle = f"{var}=".encode()
-    found: dict[str, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-            if needle not in env:
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == "Z":
-            continue
-        for item in env.split(b"\0"):
-            if item.startswith(needle):
-                found.setdefault(item[len(needle) :].decode(errors="replace"), []).append(int(entry.name))
-                break
-    return found
-
-
-def marked_processes(marker: str, *, var: str = MARKER) -> list[int]:
-    """Ids of the live processes whose environment carries ``var=marker`` (default: ``MARKER``)."""
-    return processes_by(var).get(marker, [])
 
 
 def _toml_string(value: str, what: str) -> str:

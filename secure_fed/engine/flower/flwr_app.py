@@ -36,7 +36,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from secure_fed.config import load_plan
 from secure_fed.engine.flower.client_app import client_app_of, client_replica
-from secure_fed.engine.flower.deployment import NODE_STATE
+from secure_fed.engine.flower.process_marks import NODE_STATE
 from secure_fed.engine.flower.server import run_with_grid
 
 log = logging.getLogger("secure_fed.flower")

@@ -50,7 +50,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def kill_own_node() -> None:
     """``kill -9`` every process of this node (those whose environment names this node's part of the deployment),
     this process last."""
-    from secure_fed.engine.flower.deployment import PART, marked_processes
+    from secure_fed.engine.flower.process_marks import PART, marked_processes
 
     part = os.environ.get(PART)
     if not part:

@@ -26,9 +26,10 @@ def run_with_grid(exp, grid: Grid, *, num_nodes: int, progress: bool | None):
         grid, exp.context(), max_in_flight=f.max_in_flight, timeout_s=f.timeout_s, stage_timeout_s=f.stage_timeout_s
     )
     executor.discover(len(exp.fed.clients), num_nodes)
-    secagg = exp.stack.by_name().get("secure_aggregation") if exp.stack else None
-    if f.debug_write_inputs and secagg is not None:  # test only: each round's unmasked sum into private/
-        secagg.on_unmasked = sum_writer(exp.run_dir)
+    if f.debug_write_inputs:  # test only: each secure sum's unmasked total into private/ (a layer with the hook)
+        for layer in exp.stack.layers if exp.stack else []:
+            if hasattr(layer, "on_unmasked"):
+                layer.on_unmasked = sum_writer(exp.run_dir)
     return exp.run_rounds(progress=progress, executor=executor)
 
 
