@@ -8,6 +8,7 @@ importable by a plain path entry to this interpreter's site-packages; commands r
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -36,12 +37,17 @@ def installed(tmp_path_factory) -> Path:
                     str(dist)], check=True, capture_output=True)  # fmt: skip
     (wheel,) = dist.glob("secure_fed-*.whl")
     env_dir = tmp / "venv"
-    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
+    # the venv's own pip (ensurepip, offline) installs the wheel: pip run from this interpreter with --python hands the
+    # install to the target only when its environment lacks _PIP_RUNNING_IN_SUBPROCESS, and a misplaced install would
+    # leave the venv without the package
+    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
     py = env_dir / "bin" / "python"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "_PIP_", "PYTHON"))}
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True)  # fmt: skip
+                               capture_output=True, text=True, check=True, env=clean).stdout.strip())  # fmt: skip
+    pip = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)], capture_output=True,
+                         text=True, env=clean)  # fmt: skip
+    assert pip.returncode == 0 and (site / "secure_fed" / "__init__.py").is_file(), (pip.stdout, pip.stderr)
     # the dependencies, as a plain path (its .pth files, among them the editable install's hook, are not processed)
     (site / "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return env_dir
