@@ -130,6 +130,7 @@ class ModelPlan:
     sparse_input: bool | Literal["auto"]
     weights: str | None
     fixed_encoder: bool
+    encoder_init: Literal["kaiming", "orthogonal"]
     ctran: CTranPlan
     text_encoder: str
     label_prompt: str

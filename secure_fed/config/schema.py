@@ -266,6 +266,12 @@ class ModelConfig(_Strict):
         "of Tramèr & Boneh (2021). Seeded from the run's seed, it is data-independent, which the privacy report states "
         "(ResNets are refused: their batch-norm statistics would still learn from the data)",
     )
+    encoder_init: Literal["kaiming", "orthogonal"] = Field(
+        "kaiming",
+        description="sparse_text and mlp: the linear layers' initial weights. kaiming: Kaiming-normal; orthogonal: "
+        "orthonormal rows (gain √2), so a linear encoder (hidden_dims: []) is a projection that keeps distances within "
+        "its row space exactly: with fixed_encoder, a data-independent random orthogonal projection. Biases start at 0",
+    )
     ctran: CTranConfig = CTranConfig()
     text_encoder: str = Field(
         "all-MiniLM-L6-v2", min_length=1,
@@ -288,6 +294,11 @@ class ModelConfig(_Strict):
             )
         if self.fixed_encoder and self.family == "ctran":
             raise ValueError("model.fixed_encoder is for the embedding and linear_head families, not ctran")
+        if self.encoder_init != "kaiming" and (self.family == "ctran" or self.name in RESNETS):
+            raise ValueError(
+                f"model.encoder_init={self.encoder_init} is for the sparse_text and mlp encoders, not "
+                f"{'ctran' if self.family == 'ctran' else self.name}"
+            )
         if self.fixed_encoder and self.name in RESNETS:
             raise ValueError(
                 f"model.fixed_encoder with {self.name}: its batch-norm statistics would still be trained by the clients' "

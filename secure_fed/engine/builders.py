@@ -27,6 +27,7 @@ from secure_fed.data.bounding import bound_labels, bounding_key
 from secure_fed.errors import ConfigError
 from secure_fed.model_choices import RESNETS, ctran_tokens_choice, model_choice
 from secure_fed.models import Preprocessor, build_encoder
+from secure_fed.models.encoders import ENCODER_INITS
 from secure_fed.models.sparse_rows import SparseRows
 from secure_fed.plan import RunPlan
 
@@ -70,7 +71,7 @@ def build_encoder_for(plan: RunPlan, ds: MultiLabelDataset, seed_offset: int = 0
     """
     name, _, hidden = model_choice(plan, ds)
     torch.manual_seed(plan.seed * 7919 + seed_offset)
-    return build_encoder(
+    encoder = build_encoder(
         name,
         ds.num_features,
         embedding_dim=plan.model.embedding_dim,
@@ -79,6 +80,12 @@ def build_encoder_for(plan: RunPlan, ds: MultiLabelDataset, seed_offset: int = 0
         image_shape=ds.image_shape,
         weights=plan.model.weights,
     )
+    if plan.model.encoder_init != "kaiming" and name not in ("sparse_text", "mlp"):
+        raise ConfigError(f"model.encoder_init={plan.model.encoder_init} is for the sparse_text and mlp encoders, not {name}")
+    if plan.model.encoder_init != "kaiming":  # re-drawn from the same seed: every call builds the same module
+        torch.manual_seed(plan.seed * 7919 + seed_offset)
+        ENCODER_INITS[plan.model.encoder_init](encoder)
+    return encoder
 
 
 def build_model(plan: RunPlan, ds: MultiLabelDataset, *, cache_dir: str | Path | None = None) -> nn.Module:

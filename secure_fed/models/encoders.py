@@ -22,6 +22,27 @@ def _init_kaiming(module: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
+def orthogonal_init(module: nn.Module) -> None:
+    """Orthogonal weights (gain √2, Kaiming's scale for ReLU layers) and zero biases, in place.
+
+    A weight of shape ``(out, in)`` with out ≤ in gets orthonormal rows (times the gain), and a product of such maps
+    has orthonormal rows too, so a linear encoder (``hidden_dims: []``: the embedding, then one linear map) is a
+    scaled projection onto a random ``out``-dimensional subspace: it keeps the inputs' inner products within that
+    subspace exactly, where a product of Gaussian matrices spreads its singular values (measured on Bibtex's
+    validation split, the class-centroid classifier over the fixed encoder: 37.0 P@1 with two Gaussian layers, 48.1
+    with an orthogonal projection to 512; ``results/private_recipes``)."""
+    gain = nn.init.calculate_gain("relu")
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.orthogonal_(m.weight, gain=gain)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+#: ``model.encoder_init``: how the sparse_text and mlp encoders' linear layers start
+ENCODER_INITS = {"kaiming": _init_kaiming, "orthogonal": orthogonal_init}
+
+
 class SparseTextEncoder(nn.Module):
     """The FedAwS/FedALC text network (FedALC §V-B).
 

@@ -97,3 +97,34 @@ def test_validate_says_the_encoder_is_fixed_and_what_learns(tmp_path):
     assert "encoder g_θ is fixed at its initialisation" in out and "only W's rows learn" in out
     code, out, _ = cli("validate", str(cfg), *[x for s in dp for x in ("--set", s)])
     assert code == 0 and "is fixed" not in out
+
+
+def test_encoder_init_orthogonal_builds_the_same_projection_on_every_call_and_kaiming_is_unchanged():
+    """model.encoder_init: the server's and the worker's builds agree (same seed), orthogonal differs from the
+    default, and the default is the Kaiming encoder the golden runs pin."""
+    from secure_fed.data.from_config import build_dataset
+    from secure_fed.engine.builders import build_encoder_for
+
+    linear = ["model.hidden_dims=[]", "model.fixed_encoder=true", "model.embedding_dim=8"]
+    plan, base = small_plan(*linear, "model.encoder_init=orthogonal"), small_plan(*linear)
+    data = build_dataset(plan, None)
+    a, b, k = build_encoder_for(plan, data), build_encoder_for(plan, data), build_encoder_for(base, data)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+    def composed(enc):  # the linear encoder's map x ↦ A x, from its layers
+        A = None
+        for m in enc.chain():
+            A = m.weight if A is None else m.weight @ A
+        return A
+
+    A = composed(a)
+    s = torch.linalg.svdvals(A)
+    gain = 2.0 ** (len(a.chain()) / 2)  # √2 per layer
+    assert A.shape[0] < A.shape[1] and torch.allclose(s, torch.full_like(s, gain), atol=1e-4)
+    assert not torch.allclose(composed(k), A)
+
+
+@pytest.mark.parametrize("bad", ["model.name=resnet18 model.weights=random", "model.family=ctran"])
+def test_encoder_init_orthogonal_is_refused_where_it_has_no_linear_layers_to_set(bad):
+    with pytest.raises(ConfigError, match="encoder_init=orthogonal"):
+        small_plan("model.encoder_init=orthogonal", *bad.split())

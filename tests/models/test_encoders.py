@@ -66,3 +66,23 @@ def test_mean_pairwise_cosine_in_chunks_equals_the_pairwise_mean(monkeypatch):
     brute = float((cos.sum() - cos.diagonal().sum()) / (300 * 299))
     monkeypatch.setattr(encoders, "_COSINE_CHUNK", 16 * 7)
     assert abs(mean_pairwise_cosine(W) - brute) <= 1e-6 * abs(brute)
+
+
+def test_orthogonal_init_makes_a_linear_sparse_text_encoder_a_scaled_projection():
+    """encoder_init orthogonal: the composed map (embedding, then one linear layer) has orthonormal rows times gain²,
+    so every singular value is 2 (gain √2 twice) and distances within its row space are kept; Kaiming's Gaussian
+    layers spread the singular values (the independent computation: torch.linalg.svdvals of the product)."""
+    from secure_fed.models.encoders import orthogonal_init
+
+    torch.manual_seed(0)
+    enc = SparseTextEncoder(300, embed_dim=64, hidden_dims=(), out_dim=32)
+    kaiming = torch.linalg.svdvals(enc.body[0].weight @ enc.embed.weight)
+    orthogonal_init(enc)
+    A = enc.body[0].weight @ enc.embed.weight  # (32, 300): x ↦ A x
+    s = torch.linalg.svdvals(A)
+    assert torch.allclose(s, torch.full_like(s, 2.0), atol=1e-4)
+    assert kaiming.max() / kaiming.min() > 2  # what the orthogonal init removes
+    x = torch.randn(5, 300)
+    in_space = x @ A.T @ A / 4  # x's projection onto A's row space
+    assert torch.allclose(torch.cdist(enc(x), enc(x)), 2 * torch.cdist(in_space, in_space), atol=1e-4)
+    assert all(m.bias is None or not m.bias.any() for m in enc.modules() if isinstance(m, torch.nn.Linear))
