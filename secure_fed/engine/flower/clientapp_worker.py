@@ -35,6 +35,42 @@ from logging import ERROR, INFO
 #: Flower's task type of a ClientApp execution
 CLIENT_APP = "flwr-clientapp"
 
+#: seconds a task's message may take to pull before the task is given up (Flower's own pull retries for up to 2 hours:
+#: a task of a run that a restarted SuperLink has ended can never be pulled, and would hold the node that long)
+PULL_INPUT_TIMEOUT_S = 120.0
+
+
+def pull_task_input(client, *, max_time: float = PULL_INPUT_TIMEOUT_S):
+    """``flwr.supernode.runtime.run_clientapp.pull_task_input`` (the task's context, run, FAB and message, through
+    Flower's own calls) with the message's pull bounded by ``max_time`` seconds."""
+    from flwr.app import Message
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.supernode.runtime import run_clientapp as flwr_clientapp
+
+    res = client.PullTaskInput(PullTaskInputRequest())
+    flwr_clientapp.TaskIdentity.task_id = res.task_id
+    flwr_clientapp.TaskIdentity.run_id = res.run.run_id
+    flwr_clientapp.TaskIdentity.node_id = res.context.node_id
+    context = flwr_clientapp.context_from_proto(res.context)
+    run, fab = flwr_clientapp.run_from_proto(res.run), flwr_clientapp.fab_from_proto(res.fab)
+    messages = client.PullMessages(PullAppMessagesRequest())
+    if not messages.messages_list:
+        raise RuntimeError("No messages received from Runtime API")
+    node, tree = Node(node_id=context.node_id), messages.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message, max_time=max_time,
+    )  # fmt: skip
+    message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower sets it: the deflated message lacks it
+    return message, context, run, fab
+
 
 def _run_task(address: str, token: str, apps: dict) -> None:
     """One ClientApp task, as ``flwr.supernode.runtime.run_clientapp`` runs it, in this process."""
@@ -48,7 +84,7 @@ def _run_task(address: str, token: str, apps: dict) -> None:
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
-    from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+    from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
     client = RuntimeHttpClient.from_server_address(
         server_address=address, insecure=True, root_certificates=None,
