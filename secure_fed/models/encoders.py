@@ -28,9 +28,9 @@ def orthogonal_init(module: nn.Module) -> None:
     A weight of shape ``(out, in)`` with out ≤ in gets orthonormal rows (times the gain), and a product of such maps
     has orthonormal rows too, so a linear encoder (``hidden_dims: []``: the embedding, then one linear map) is a
     scaled projection onto a random ``out``-dimensional subspace: it keeps the inputs' inner products within that
-    subspace exactly, where a product of Gaussian matrices spreads its singular values (measured on Bibtex's
-    validation split, the class-centroid classifier over the fixed encoder: 37.0 P@1 with two Gaussian layers, 48.1
-    with an orthogonal projection to 512; ``results/private_recipes``)."""
+    subspace exactly, where a product of Gaussian matrices spreads its singular values (the Bibtex recipe without
+    noise on its validation split: 35.9 P@1 over two Kaiming layers to 256, 41.3 over the orthogonal projection to
+    256, 47.3 to 512; ``results/private_recipes/README.md``)."""
     gain = nn.init.calculate_gain("relu")
     for m in module.modules():
         if isinstance(m, nn.Linear):
