@@ -72,6 +72,37 @@ def pull_task_input(client, *, max_time: float = PULL_INPUT_TIMEOUT_S):
     return message, context, run, fab
 
 
+def task_heartbeat_fn(client):
+    """The task's heartbeat, as ``flwr.supercore.heartbeat.make_task_heartbeat_fn_http`` sends it, for a process that
+    outlives its tasks: where Flower's ``flwr-clientapp`` (one process per task) raises SIGINT when the SuperNode
+    answers that the task is gone, and lets a refused token (401) end its heartbeat thread with an error, here both
+    end only the heartbeat (it reports success, so it is not retried); the task's own calls then fail, and the worker
+    takes the next task. A SIGINT would end the node's only ClientApp process."""
+    import httpx
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+
+    req = SendTaskHeartbeatRequest()
+    gone = []
+
+    def fn() -> bool:
+        if gone:  # the SuperNode said the task is over: nothing more to send
+            return True
+        try:
+            res = client.SendTaskHeartbeat(req)
+        except httpx.TransportError:
+            return False
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code in (httpx.codes.SERVICE_UNAVAILABLE, httpx.codes.GATEWAY_TIMEOUT):
+                return False
+            gone.append(err.response.status_code)  # e.g. 401: the task's token is void
+            return True
+        if not res.success:
+            gone.append("ended")
+        return True
+
+    return fn
+
+
 def _run_task(address: str, token: str, apps: dict) -> None:
     """One ClientApp task, as ``flwr.supernode.runtime.run_clientapp`` runs it, in this process."""
     from flwr.app import Message
@@ -80,7 +111,7 @@ def _run_task(address: str, token: str, apps: dict) -> None:
     from flwr.clientapp.utils import get_load_client_app_fn
     from flwr.common.constant import ErrorCode, SubStatus
     from flwr.supercore import log
-    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+    from flwr.supercore.heartbeat import HeartbeatSender
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
@@ -91,7 +122,7 @@ def _run_task(address: str, token: str, apps: dict) -> None:
         interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor(token)],
         retry_invoker=make_simple_http_retry_invoker(),
     )  # fmt: skip
-    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    heartbeat = HeartbeatSender(task_heartbeat_fn(client))
     message = reply = context = None
     status, details = SubStatus.FAILED, "ClientApp task failed"
     try:
@@ -140,7 +171,10 @@ def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -
     while True:
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENT_APP], agentapp_fab_hashes=[]))
         if res.HasField("task") and res.token:
-            _run_task(address, res.token, apps)
+            try:
+                _run_task(address, res.token, apps)
+            except Exception as ex:  # noqa: BLE001 - e.g. a reply refused for a task the SuperNode has ended (401)
+                log(ERROR, "secure-fed ClientApp worker: a task ended with an error; taking the next", exc_info=ex)
         else:
             time.sleep(poll_s)
 

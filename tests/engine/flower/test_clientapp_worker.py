@@ -60,3 +60,66 @@ def test_a_message_that_never_arrives_is_given_up_after_the_bound(monkeypatch):
     assert seen["max_time"] == 0.5 and calls  # the bound reaches Flower's pull, which tried and gave up
     assert time.monotonic() - start < 10
     assert clientapp_worker.PULL_INPUT_TIMEOUT_S <= 300  # far below Flower's 7,200 s
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_task_that_fails_does_not_end_the_worker(monkeypatch):
+    """A task whose calls fail (e.g. its reply refused with 401 once the SuperNode has ended it) is logged and the
+    worker takes the next task: the worker is the node's only ClientApp process."""
+    from flwr.supercore import runtime
+
+    from secure_fed.engine.flower import clientapp_worker
+
+    tokens = iter(["t1", "t2", None])
+
+    class FakeClient:
+        def AcquireTask(self, _req):  # noqa: N802 - Flower's method name
+            token = next(tokens)
+            if token is None:
+                raise _Stop
+            return SimpleNamespace(HasField=lambda _f: True, token=token)
+
+    monkeypatch.setattr(runtime.RuntimeHttpClient, "from_server_address", classmethod(lambda cls, **kw: FakeClient()))
+    ran = []
+
+    def run_task(address, token, apps):
+        ran.append(token)
+        if token == "t1":
+            raise RuntimeError("Client error '401 Unauthorized'")
+
+    monkeypatch.setattr(clientapp_worker, "_run_task", run_task)
+    with pytest.raises(_Stop):
+        clientapp_worker.serve("127.0.0.1:1", poll_s=0.0)
+    assert ran == ["t1", "t2"]
+
+
+def test_the_heartbeat_of_a_task_the_supernode_ended_stops_quietly():
+    """Flower's flwr-clientapp raises SIGINT when the SuperNode says the task is gone (one process per task); in
+    the long-lived worker that would end the node's only ClientApp process, so the heartbeat just stops sending.
+    A refused token (401) stops it too; 503 and transport errors are retried as Flower retries them."""
+    import httpx
+
+    from secure_fed.engine.flower.clientapp_worker import task_heartbeat_fn
+
+    sent = []
+
+    def client_answering(answer):
+        def send(_req):
+            sent.append(answer)
+            if isinstance(answer, int):
+                raise httpx.HTTPStatusError("status", request=httpx.Request("POST", "http://x"),
+                                            response=httpx.Response(answer))  # fmt: skip
+            return SimpleNamespace(success=answer)
+
+        return SimpleNamespace(SendTaskHeartbeat=send)
+
+    fn = task_heartbeat_fn(client_answering(False))  # no SIGINT here: pytest would stop with KeyboardInterrupt
+    assert fn() is True and fn() is True and sent == [False]  # the second call sends nothing
+    sent.clear()
+    fn = task_heartbeat_fn(client_answering(401))
+    assert fn() is True and fn() is True and sent == [401]
+    assert task_heartbeat_fn(client_answering(503))() is False
+    assert task_heartbeat_fn(client_answering(True))() is True
