@@ -70,7 +70,8 @@ def build_encoder_for(plan: RunPlan, ds: MultiLabelDataset, seed_offset: int = 0
     calls in :class:`~secure_fed.engine.Experiment`) start equal, ResNets from the same ``model.weights`` file.
     """
     name, _, hidden = model_choice(plan, ds)
-    torch.manual_seed(plan.seed * 7919 + seed_offset)
+    seed = plan.seed * 7919 + seed_offset
+    torch.manual_seed(seed)
     encoder = build_encoder(
         name,
         ds.num_features,
@@ -83,7 +84,7 @@ def build_encoder_for(plan: RunPlan, ds: MultiLabelDataset, seed_offset: int = 0
     if plan.model.encoder_init != "kaiming" and name not in ("sparse_text", "mlp"):
         raise ConfigError(f"model.encoder_init={plan.model.encoder_init} is for the sparse_text and mlp encoders, not {name}")
     if plan.model.encoder_init != "kaiming":  # re-drawn from the same seed: every call builds the same module
-        torch.manual_seed(plan.seed * 7919 + seed_offset)
+        torch.manual_seed(seed)
         ENCODER_INITS[plan.model.encoder_init](encoder)
     return encoder
 
