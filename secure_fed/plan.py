@@ -197,6 +197,7 @@ class EvaluationPlan:
     ks: tuple[int, ...]
     threshold: float
     max_test: int | None
+    center_scores: bool
     target_metric: str
     target_value: float | None
 

@@ -37,7 +37,7 @@ from secure_fed.engine.aggregation import RoundSession
 from secure_fed.engine.callbacks import Callback, ProgressBar
 from secure_fed.engine.checkpoint_commit import lock_run_dir
 from secure_fed.engine.collector import long_lived_frozen
-from secure_fed.engine.evaluation import evaluate, model_scores
+from secure_fed.engine.evaluation import evaluate, evaluation_scores
 from secure_fed.engine.execution import ClientJob, Executor
 from secure_fed.engine.layers import ProtocolSetup
 from secure_fed.engine.run_builder import build_run
@@ -159,7 +159,8 @@ class Experiment:
         return evaluate(self.model, self.fed, self.plan.evaluation, split)
 
     def model_scores(self, theta: dict[str, torch.Tensor], x) -> np.ndarray:
-        return model_scores(self.model, theta, x)
+        """The (n, C) scores the run's metrics read (``evaluation.center_scores`` applied)."""
+        return evaluation_scores(self.model, theta, x, self.plan.evaluation)
 
     def privacy_summary(self) -> dict[str, Any]:
         return self.context().privacy_summary()

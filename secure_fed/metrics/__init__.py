@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from secure_fed.metrics.ranking import (
+    center_rows,
     macro_average_precision,
     micro_average_precision,
     ndcg_at_k,
@@ -34,6 +35,7 @@ def evaluate_scores(
 
 
 __all__ = [
+    "center_rows",
     "evaluate_scores",
     "macro_average_precision",
     "micro_average_precision",

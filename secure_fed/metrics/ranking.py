@@ -48,6 +48,14 @@ def _average_precision(score: np.ndarray, y: np.ndarray) -> float:
     return float(np.sum((recall - prev) * precision))
 
 
+def center_rows(scores: np.ndarray) -> np.ndarray:
+    """Each row's scores minus that row's mean over its labels (``evaluation.center_scores``). A per-row shift, so
+    every per-instance ranking (P@k, nDCG@k) is unchanged; a label's ranking of the instances (its AP) then compares
+    how far the label stands above each instance's mean score, which removes what every label's score shares (for
+    cosine scores, the direction of the rows' mean)."""
+    return scores - scores.mean(axis=1, keepdims=True)
+
+
 def macro_average_precision(scores: np.ndarray, y: np.ndarray) -> float:
     """Mean over labels with ≥ 1 positive of the label's AP (C-AP / mAP)."""
     aps = [_average_precision(scores[:, j], y[:, j]) for j in range(y.shape[1]) if y[:, j].any()]

@@ -93,3 +93,29 @@ def test_engine_evaluates_in_label_blocks_when_the_matrix_is_large(tmp_path, mon
     assert used, "the blocked path was not taken"
     for k, v in whole.items():
         assert blocked[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
+
+
+def test_centred_scores_from_label_blocks_equal_the_centred_whole_matrix(tmp_path, monkeypatch):
+    """``evaluation.center_scores``: the engine's metrics are those of the model's raw scores with each row's mean
+    subtracted (computed here), on the whole matrix and from label blocks (whose first pass sums each row)."""
+    from secure_fed.engine import Experiment
+    from secure_fed.engine.evaluation import model_scores
+    from secure_fed.metrics import blocks
+    from tests.conftest import SMALL
+
+    exp = Experiment(load_plan(overrides=[*SMALL, "training.rounds=2", "evaluation.center_scores=true"]), run_dir=tmp_path)
+    exp.run(progress=False)
+    raw = model_scores(exp.model, exp.model.theta, exp.fed.x_test).astype(np.float64)
+    y = exp.fed.y_test.toarray()
+    expected = evaluate_scores(raw - raw.mean(axis=1, keepdims=True), y, ks=tuple(exp.plan.evaluation.ks))
+    uncentred = evaluate_scores(raw, y, ks=tuple(exp.plan.evaluation.ks))
+    whole = exp.evaluate()
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 64)
+    real = blocks.evaluate_label_blocks
+    monkeypatch.setattr(blocks, "evaluate_label_blocks", lambda *a, **k: real(*a, block=3, **k))
+    blocked = exp.evaluate()
+    for k in ("P@1", "P@3", "mAP", "O-AP"):
+        assert whole[k] == pytest.approx(expected[k], abs=1e-4), k
+        assert blocked[k] == pytest.approx(expected[k], abs=1e-4), k
+    assert whole["P@1"] == pytest.approx(uncentred["P@1"], abs=1e-4)
+    assert abs(whole["mAP"] - uncentred["mAP"]) > 1e-3  # centring is not a no-op on this model

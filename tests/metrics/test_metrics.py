@@ -3,6 +3,7 @@ import pytest
 from sklearn.metrics import average_precision_score, ndcg_score, precision_recall_fscore_support
 
 from secure_fed.metrics import (
+    center_rows,
     evaluate_scores,
     macro_average_precision,
     micro_average_precision,
@@ -65,3 +66,22 @@ def test_evaluate_scores_reports_percent_names(sy):
     assert out["P@1"] == pytest.approx(100 * precision_at_k(s, y, 1))
     perfect = evaluate_scores(y.astype(float), y)
     assert perfect["P@1"] == 100.0 and perfect["mAP"] == pytest.approx(100.0)
+
+
+def test_centred_rows_keep_every_per_instance_ranking_and_rank_each_labels_instances_by_their_margin(sy):
+    """``evaluation.center_scores``: P@k and nDCG@k are those of the raw scores; mAP is scikit-learn's macro AP of
+    the scores minus each row's mean (computed here in a loop), and differs from the raw scores' mAP when the rows
+    share a per-instance offset."""
+    scores, y = sy
+    rng = np.random.default_rng(1)
+    offset = rng.normal(scale=3.0, size=(len(scores), 1))  # what every label of a row shares
+    s = y + scores + offset  # scores that carry the labels, under a per-instance offset
+    centred = center_rows(s)
+    by_hand = np.array([[v - sum(row) / len(row) for v in row] for row in s.tolist()])
+    np.testing.assert_allclose(centred, by_hand, rtol=0, atol=1e-12)
+    raw, cen = evaluate_scores(s, y, ks=(1, 3)), evaluate_scores(centred, y, ks=(1, 3))
+    for k in ("P@1", "P@3", "nDCG@1", "nDCG@3"):
+        assert cen[k] == pytest.approx(raw[k], abs=1e-9), k
+    expected = np.mean([average_precision_score(y[:, j], by_hand[:, j]) for j in range(y.shape[1])])
+    assert cen["mAP"] == pytest.approx(100 * expected, abs=1e-9)
+    assert cen["mAP"] > raw["mAP"] + 5  # the shared offset scrambled the raw per-label rankings
