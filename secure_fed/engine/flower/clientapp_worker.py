@@ -30,7 +30,7 @@ import os
 import signal
 import socket
 import time
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 
 #: Flower's task type of a ClientApp execution
 CLIENT_APP = "flwr-clientapp"
@@ -70,6 +70,43 @@ def pull_task_input(client, *, max_time: float = PULL_INPUT_TIMEOUT_S):
     )  # fmt: skip
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower sets it: the deflated message lacks it
     return message, context, run, fab
+
+
+#: HTTP statuses a task's calls retry, as Flower's own retry invoker does (the SuperNode busy or behind a gateway)
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+
+
+def task_retry_invoker():
+    """The retries of a task's Runtime API calls: Flower's (``make_simple_http_retry_invoker``: transport errors and
+    502/503/504 retried with exponential waits up to ``MAX_RETRY_DELAY``), except that every other refusal, a void
+    task token (401) or a stopped run (403) included, gives up with the error. Flower's invoker answers a 401 with
+    SIGINT to its own process, which ends ``flwr-clientapp`` with its task; here it would end the node's only
+    ClientApp process (the 16-node deployment lost three workers so, after a heartbeat of a finished task was
+    refused). The error reaches the task's caller, which logs it and takes the next task (:func:`serve`)."""
+    import httpx
+    from flwr.common.constant import MAX_RETRY_DELAY
+    from flwr.supercore.retry import RetryInvoker, exponential
+
+    def should_giveup(exc: Exception) -> bool:
+        return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code not in RETRYABLE_STATUSES
+
+    return RetryInvoker(
+        wait_gen_factory=lambda: exponential(max_delay=MAX_RETRY_DELAY),
+        recoverable_exceptions=(httpx.TransportError, httpx.HTTPStatusError),
+        max_tries=None, max_time=None, should_giveup=should_giveup,
+    )  # fmt: skip
+
+
+def task_client(address: str, token: str):
+    """The Runtime API client of one task (its one-time token on every call), with :func:`task_retry_invoker`."""
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=True, root_certificates=None,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor(token)],
+        retry_invoker=task_retry_invoker(),
+    )  # fmt: skip
 
 
 def task_heartbeat_fn(client):
@@ -112,16 +149,9 @@ def _run_task(address: str, token: str, apps: dict) -> None:
     from flwr.common.constant import ErrorCode, SubStatus
     from flwr.supercore import log
     from flwr.supercore.heartbeat import HeartbeatSender
-    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
-    client = RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=True, root_certificates=None,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor(token)],
-        retry_invoker=make_simple_http_retry_invoker(),
-    )  # fmt: skip
+    client = task_client(address, token)
     heartbeat = HeartbeatSender(task_heartbeat_fn(client))
     message = reply = context = None
     status, details = SubStatus.FAILED, "ClientApp task failed"
@@ -156,7 +186,6 @@ def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -
     from flwr.supercore import log
     from flwr.supercore.app_utils import start_parent_process_monitor
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-    from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
 
     if parent_pid is not None:
@@ -164,12 +193,17 @@ def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -
     client = RuntimeHttpClient.from_server_address(
         server_address=address, insecure=True, root_certificates=None,
         interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-        retry_invoker=make_simple_http_retry_invoker(),
+        retry_invoker=task_retry_invoker(),
     )  # fmt: skip
     log(INFO, "secure-fed ClientApp worker polling %s", address)
     apps: dict = {}
     while True:
-        res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENT_APP], agentapp_fab_hashes=[]))
+        try:
+            res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENT_APP], agentapp_fab_hashes=[]))
+        except Exception as ex:  # noqa: BLE001 - a refusal (e.g. 403 while the run stops): ask again
+            log(WARNING, "secure-fed ClientApp worker: no task (%s); asking again", ex)
+            time.sleep(poll_s)
+            continue
         if res.HasField("task") and res.token:
             try:
                 _run_task(address, res.token, apps)

@@ -62,7 +62,7 @@ def test_a_message_that_never_arrives_is_given_up_after_the_bound(monkeypatch):
     assert clientapp_worker.PULL_INPUT_TIMEOUT_S <= 300  # far below Flower's 7,200 s
 
 
-class _Stop(Exception):
+class _Stop(BaseException):  # not an Exception: the worker's loop lets only these through
     pass
 
 
@@ -123,3 +123,71 @@ def test_the_heartbeat_of_a_task_the_supernode_ended_stops_quietly():
     assert fn() is True and fn() is True and sent == [401]
     assert task_heartbeat_fn(client_answering(503))() is False
     assert task_heartbeat_fn(client_answering(True))() is True
+
+
+def _runtime_refusing(status: int, calls: list):
+    """A task's real Runtime API client (:func:`task_client`) whose SuperNode answers every call with ``status``."""
+    import httpx
+
+    from secure_fed.engine.flower.clientapp_worker import task_client
+
+    client = task_client("127.0.0.1:1", "token")
+
+    def answer(request):
+        calls.append(request.url.path)
+        return httpx.Response(status, json={})
+
+    client._client = httpx.Client(transport=httpx.MockTransport(answer), base_url="http://127.0.0.1:1")
+    return client
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_call_of_a_task_raises_its_error_and_signals_nothing(status):
+    """Through the real Runtime API client and its retries: Flower's own retry invoker answers a 401 with SIGINT
+    to its process (flwr-clientapp ends with its task), which ended three of the 16-node deployment's workers; the
+    task's client gives up with the error instead, so the heartbeat stops quietly and a refused push reaches the
+    worker's loop. Fails with ``make_simple_http_retry_invoker`` in :func:`task_client`."""
+    import signal
+
+    import httpx
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+
+    from secure_fed.engine.flower.clientapp_worker import task_heartbeat_fn
+
+    signals = []
+    previous = signal.signal(signal.SIGINT, lambda *a: signals.append("SIGINT"))
+    try:
+        calls: list = []
+        client = _runtime_refusing(status, calls)
+        with pytest.raises(httpx.HTTPStatusError):
+            client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+        beat = task_heartbeat_fn(_runtime_refusing(status, calls))
+        assert beat() is True and beat() is True  # the task is over: the heartbeat ends, nothing else
+        assert len(calls) == 2  # one call each: a refusal is not retried
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert signals == []
+
+
+def test_a_busy_supernode_is_retried():
+    """503 is retried as Flower retries it: the call succeeds once the SuperNode answers."""
+    import httpx
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatResponse
+
+    from secure_fed.engine.flower import clientapp_worker
+
+    client = clientapp_worker.task_client("127.0.0.1:1", "token")
+    answers = iter([503, 200])
+
+    def answer(request):
+        status = next(answers)
+        if status != 200:
+            return httpx.Response(status, json={})
+        return httpx.Response(200, content=SendTaskHeartbeatResponse(success=True).SerializeToString(),
+                              headers={"content-type": "application/protobuf"})  # fmt: skip
+
+    client._client = httpx.Client(transport=httpx.MockTransport(answer), base_url="http://127.0.0.1:1")
+    client._retry_invoker.wait_function = lambda _t: None
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+
+    assert client.SendTaskHeartbeat(SendTaskHeartbeatRequest()).success is True
