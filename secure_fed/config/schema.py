@@ -446,9 +446,9 @@ class EvaluationConfig(_Strict):
     max_test: int | None = Field(None, ge=1, description="evaluate on the first N test rows only")
     center_scores: bool = Field(
         False,
-        description="subtract each test row's mean score over all labels before the metrics: P@k and nDCG@k are "
-        "unchanged, mAP ranks a label's instances by how far it stands above their other labels (a post-processing "
-        "of the released model: no privacy cost)",
+        description="subtract each test row's mean score over all labels before the ranking metrics: P@k and nDCG@k "
+        "are unchanged, mAP (and O-AP) rank a label's instances by how far it stands above their other labels; the "
+        "threshold metrics read the raw scores (a post-processing of the released model: no privacy cost)",
     )
     target_metric: str = Field(
         "GmAP", min_length=1, description="the metric of rounds_to_target in summary.json (e.g. GmAP, mAP, P@1)"

@@ -33,7 +33,7 @@ from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import PrivacyViolation
 from secure_fed.metrics import blocks as label_blocks
-from secure_fed.metrics import center_rows, evaluate_scores, macro_average_precision
+from secure_fed.metrics import center_rows, evaluate_scores, macro_average_precision, threshold_metrics
 from secure_fed.models.sparse_rows import SparseRows, split_rows
 from secure_fed.plan import EvaluationPlan, RunPlan
 from secure_fed.release import NO_MECHANISM, Released, protected, public
@@ -91,8 +91,8 @@ def model_scores(model: ModelState, theta: dict[str, torch.Tensor], x: torch.Ten
 
 
 def evaluation_scores(model: ModelState, theta: dict[str, torch.Tensor], x, ev: EvaluationPlan) -> np.ndarray:
-    """The (n, C) scores the metrics read: :func:`model_scores`, each row centred when ``evaluation.center_scores``
-    (:func:`~secure_fed.metrics.center_rows`)."""
+    """The (n, C) scores the ranking metrics read: :func:`model_scores`, each row centred when
+    ``evaluation.center_scores`` (:func:`~secure_fed.metrics.center_rows`)."""
     scores = model_scores(model, theta, x)
     return center_rows(scores) if ev.center_scores else scores
 
@@ -101,27 +101,23 @@ def evaluation_scores(model: ModelState, theta: dict[str, torch.Tensor], x, ev: 
 def blocked_metrics(model: ModelState, x, y: sp.csr_matrix, ev) -> dict[str, float]:
     """The metrics from blocks of W's rows (:mod:`secure_fed.metrics.blocks`): the test rows' embeddings
     g_θ(x) once, then each block's scores against them; never the (n, C) score matrix. With
-    ``evaluation.center_scores`` a first pass over the blocks sums each row's scores for its mean."""
+    ``evaluation.center_scores`` a first pass over the blocks sums each row's scores for its mean (the ranking metrics'
+    shift)."""
     model.load_theta(model.theta)
     width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
     outs = [model.family.forward(model.encoder, xb) for xb in split_rows(x, eval_chunk_rows(width))]
     W = model.W
 
-    def raw_block(sl: slice) -> np.ndarray:
+    def block_scores(sl: slice) -> np.ndarray:
         return torch.cat([model.family.score(o, W[sl]) for o in outs]).float().cpu().numpy()
 
     shift = None
     if ev.center_scores:
         C = W.shape[0]
         step = label_blocks.label_block_size(y.shape[0], C)
-        total = sum(raw_block(slice(a, min(C, a + step))).astype(np.float64).sum(axis=1) for a in range(0, C, step))
-        shift = (total / C).astype(np.float32)[:, None]
-
-    def block_scores(sl: slice) -> np.ndarray:
-        s = raw_block(sl)
-        return s if shift is None else s - shift
-
-    return label_blocks.evaluate_label_blocks(block_scores, y, ks=tuple(ev.ks), threshold=ev.threshold)
+        total = sum(block_scores(slice(a, min(C, a + step))).astype(np.float64).sum(axis=1) for a in range(0, C, step))
+        shift = total / C
+    return label_blocks.evaluate_label_blocks(block_scores, y, ks=tuple(ev.ks), threshold=ev.threshold, row_shift=shift)
 
 
 def evaluate(model: ModelState, fed, ev: EvaluationPlan, split: str = "test") -> dict[str, float]:
@@ -137,9 +133,12 @@ def evaluate(model: ModelState, fed, ev: EvaluationPlan, split: str = "test") ->
     n, C = y.shape
     if model.W is not None and not general and n * C > label_blocks.BLOCK_ELEMENTS:
         return blocked_metrics(model, x, y, ev)
-    scores = evaluation_scores(model, model.theta, x, ev)
+    raw = model_scores(model, model.theta, x)
+    scores = center_rows(raw) if ev.center_scores else raw
     y = y.toarray() if sp.issparse(y) else y
     out = evaluate_scores(scores, y, ks=ks, threshold=ev.threshold)
+    if ev.center_scores:  # the threshold metrics read the model's own scores
+        out.update({k: 100 * v for k, v in threshold_metrics(raw, y, ev.threshold).items()})
     if general:
         out.update(spread(client_maps(scores, y, fed.client_test), "GmAP", worst="GmAP_worst"))
     return out

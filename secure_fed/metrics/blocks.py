@@ -92,6 +92,7 @@ def evaluate_label_blocks(
     ks: tuple[int, ...] = (1, 3, 5),
     threshold: float = 0.5,
     block: int | None = None,
+    row_shift: np.ndarray | None = None,
 ) -> dict[str, float]:
     """All metrics (percent, the keys of :func:`~secure_fed.metrics.evaluate_scores`) from label blocks.
 
@@ -100,6 +101,9 @@ def evaluate_label_blocks(
             test row; it is called twice per block (the second pass is O-AP's) and must return the same values.
         y: the ``(n, C)`` 0/1 test labels (CSR or dense).
         block: labels per block (default: :func:`label_block_size`).
+        row_shift: ``(n,)`` values subtracted from each row's scores for the ranking metrics (P@k, nDCG@k, mAP,
+            O-AP; ``evaluation.center_scores``: each row's mean over all labels); the threshold metrics read the
+            scores as ``block_scores`` gives them.
     """
     y = sp.csc_matrix(y)  # column blocks
     n, C = y.shape
@@ -114,7 +118,8 @@ def evaluate_label_blocks(
     pos_scores: list[np.ndarray] = []
     for a in range(0, C, block):
         sl = slice(a, min(C, a + block))
-        s = np.asarray(block_scores(sl))  # in its own precision: the whole-matrix metrics rank the same values
+        raw = np.asarray(block_scores(sl))  # in its own precision: the whole-matrix metrics rank the same values
+        s = raw if row_shift is None else raw - row_shift[:, None]
         if s.shape != (n, sl.stop - a):
             raise ValueError(f"block_scores({sl}) gave shape {s.shape}, expected {(n, sl.stop - a)}")
         yb = y[:, sl].toarray().astype(bool)
@@ -128,7 +133,7 @@ def evaluate_label_blocks(
         has = yb.any(axis=0)
         if has.any():
             aps.append(column_average_precision(s[:, has], yb[:, has]))
-        pred = s >= threshold
+        pred = raw >= threshold
         npred[sl] = pred.sum(axis=0)
         tp[sl] = (pred & yb).sum(axis=0)
         pos_scores.append(s[yb])
@@ -142,7 +147,8 @@ def evaluate_label_blocks(
     ap = np.concatenate(aps) if aps else np.zeros(0)
     out["mAP"] = 100 * float(np.mean(ap)) if len(ap) else float("nan")
     positives = np.concatenate(pos_scores) if pos_scores else np.zeros(0)
-    out["O-AP"] = 100 * _micro_ap(block_scores, positives, y, n, C, block)
+    ranked = block_scores if row_shift is None else (lambda sl: np.asarray(block_scores(sl)) - row_shift[:, None])
+    out["O-AP"] = 100 * _micro_ap(ranked, positives, y, n, C, block)
     out.update({key: 100 * v for key, v in threshold_from_counts(tp, npred, ntrue).items()})
     return out
 

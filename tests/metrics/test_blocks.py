@@ -103,19 +103,25 @@ def test_centred_scores_from_label_blocks_equal_the_centred_whole_matrix(tmp_pat
     from secure_fed.metrics import blocks
     from tests.conftest import SMALL
 
-    exp = Experiment(load_plan(overrides=[*SMALL, "training.rounds=2", "evaluation.center_scores=true"]), run_dir=tmp_path)
+    plan = load_plan(overrides=[*SMALL, "training.rounds=2", "evaluation.center_scores=true", "evaluation.threshold=0.2"])
+    exp = Experiment(plan, run_dir=tmp_path)
     exp.run(progress=False)
     raw = model_scores(exp.model, exp.model.theta, exp.fed.x_test).astype(np.float64)
     y = exp.fed.y_test.toarray()
-    expected = evaluate_scores(raw - raw.mean(axis=1, keepdims=True), y, ks=tuple(exp.plan.evaluation.ks))
-    uncentred = evaluate_scores(raw, y, ks=tuple(exp.plan.evaluation.ks))
+    ks, th = tuple(exp.plan.evaluation.ks), exp.plan.evaluation.threshold
+    expected = evaluate_scores(raw - raw.mean(axis=1, keepdims=True), y, ks=ks, threshold=th)
+    uncentred = evaluate_scores(raw, y, ks=ks, threshold=th)
     whole = exp.evaluate()
     monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 64)
-    real = blocks.evaluate_label_blocks
-    monkeypatch.setattr(blocks, "evaluate_label_blocks", lambda *a, **k: real(*a, block=3, **k))
+    real, used = blocks.evaluate_label_blocks, []
+    monkeypatch.setattr(blocks, "evaluate_label_blocks", lambda *a, **k: used.append(1) or real(*a, block=3, **k))
     blocked = exp.evaluate()
-    for k in ("P@1", "P@3", "mAP", "O-AP"):
+    assert used, "the blocked path was not taken"
+    for k in ("P@1", "P@3", "nDCG@3", "mAP", "O-AP"):
         assert whole[k] == pytest.approx(expected[k], abs=1e-4), k
         assert blocked[k] == pytest.approx(expected[k], abs=1e-4), k
+    for k in ("C-P", "C-R", "C-F1", "O-P", "O-R", "O-F1"):  # the threshold metrics read the raw scores
+        assert whole[k] == pytest.approx(uncentred[k], abs=1e-4), k
+        assert blocked[k] == pytest.approx(uncentred[k], abs=1e-4), k
     assert whole["P@1"] == pytest.approx(uncentred["P@1"], abs=1e-4)
     assert abs(whole["mAP"] - uncentred["mAP"]) > 1e-3  # centring is not a no-op on this model
