@@ -77,23 +77,30 @@ RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
 
 def task_retry_invoker():
-    """The retries of a task's Runtime API calls: Flower's (``make_simple_http_retry_invoker``: transport errors and
-    502/503/504 retried with exponential waits up to ``MAX_RETRY_DELAY``), except that every other refusal, a void
-    task token (401) or a stopped run (403) included, gives up with the error. Flower's invoker answers a 401 with
-    SIGINT to its own process, which ends ``flwr-clientapp`` with its task; here it would end the node's only
-    ClientApp process (the 16-node deployment lost three workers so, after a heartbeat of a finished task was
-    refused). The error reaches the task's caller, which logs it and takes the next task (:func:`serve`)."""
+    """The retries of a task's Runtime API calls: Flower's (``make_simple_http_retry_invoker``: its transport errors
+    and 502/503/504 retried with exponential waits up to ``MAX_RETRY_DELAY``, each retry logged), except that every
+    other refusal, a void task token (401) or a stopped run (403) included, gives up with the error. Flower's invoker
+    answers a 401 with SIGINT to its own process, which ends ``flwr-clientapp`` with its task; here it would end the
+    node's only ClientApp process (the 16-node deployment lost three workers so, after a heartbeat of a finished task
+    was refused). The error reaches the task's caller, which logs it and takes the next task (:func:`serve`)."""
     import httpx
     from flwr.common.constant import MAX_RETRY_DELAY
+    from flwr.supercore import log
     from flwr.supercore.retry import RetryInvoker, exponential
+
+    transport = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
+                 httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout)  # Flower's  # fmt: skip
 
     def should_giveup(exc: Exception) -> bool:
         return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code not in RETRYABLE_STATUSES
 
+    def on_backoff(state) -> None:
+        log(WARNING, "Runtime API call failed (%s), retrying (try %s)", state.exception, state.tries)
+
     return RetryInvoker(
         wait_gen_factory=lambda: exponential(max_delay=MAX_RETRY_DELAY),
-        recoverable_exceptions=(httpx.TransportError, httpx.HTTPStatusError),
-        max_tries=None, max_time=None, should_giveup=should_giveup,
+        recoverable_exceptions=(*transport, httpx.HTTPStatusError),
+        max_tries=None, max_time=None, should_giveup=should_giveup, on_backoff=on_backoff,
     )  # fmt: skip
 
 
@@ -169,6 +176,9 @@ def _run_task(address: str, token: str, apps: dict) -> None:
         details = f"{type(ex)}:<'{ex}'>"
         if message is not None:
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details), reply_to=message)
+    except BaseException:  # e.g. the parent monitor's SIGINT (the SuperNode gone): the last calls get one try each
+        client._retry_invoker.max_tries = 1  # as Flower's own exit handler sets it
+        raise
     finally:
         try:
             if reply is not None and context is not None:
@@ -180,8 +190,14 @@ def _run_task(address: str, token: str, apps: dict) -> None:
             client.close()
 
 
+#: the longest wait between two task requests the SuperNode refused in a row
+MAX_REFUSED_WAIT_S = 10.0
+
+
 def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -> None:
-    """Take the SuperNode's ClientApp tasks one after the other, for ever."""
+    """Take the SuperNode's ClientApp tasks one after the other, for ever (a refused request is asked again, backing
+    off to :data:`MAX_REFUSED_WAIT_S`; the SuperNode's end ends the worker through the parent monitor)."""
+    import httpx
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore import log
     from flwr.supercore.app_utils import start_parent_process_monitor
@@ -197,13 +213,17 @@ def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -
     )  # fmt: skip
     log(INFO, "secure-fed ClientApp worker polling %s", address)
     apps: dict = {}
+    refused = 0
     while True:
         try:
             res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENT_APP], agentapp_fab_hashes=[]))
-        except Exception as ex:  # noqa: BLE001 - a refusal (e.g. 403 while the run stops): ask again
-            log(WARNING, "secure-fed ClientApp worker: no task (%s); asking again", ex)
-            time.sleep(poll_s)
+        except httpx.HTTPStatusError as ex:  # a refusal (e.g. 403 while a run stops): ask again, backing off
+            refused += 1
+            if refused in (1, 10) or refused % 100 == 0:
+                log(WARNING, "secure-fed ClientApp worker: no task (%s), %d refusals in a row; asking again", ex, refused)
+            time.sleep(min(MAX_REFUSED_WAIT_S, poll_s * 2 ** min(refused, 10)))
             continue
+        refused = 0
         if res.HasField("task") and res.token:
             try:
                 _run_task(address, res.token, apps)

@@ -191,3 +191,30 @@ def test_a_busy_supernode_is_retried():
     from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
 
     assert client.SendTaskHeartbeat(SendTaskHeartbeatRequest()).success is True
+
+
+def test_a_refused_task_request_is_asked_again(monkeypatch):
+    """The worker's own poll: a request the SuperNode refuses (e.g. 403 while a run stops) is asked again and the
+    next task is taken; the worker does not end."""
+    import httpx
+    from flwr.supercore import runtime
+
+    from secure_fed.engine.flower import clientapp_worker
+
+    answers = iter([403, "t1", None])
+
+    class FakeClient:
+        def AcquireTask(self, _req):  # noqa: N802 - Flower's method name
+            a = next(answers)
+            if a is None:
+                raise _Stop
+            if isinstance(a, int):
+                raise httpx.HTTPStatusError("refused", request=httpx.Request("POST", "http://x"), response=httpx.Response(a))
+            return SimpleNamespace(HasField=lambda _f: True, token=a)
+
+    monkeypatch.setattr(runtime.RuntimeHttpClient, "from_server_address", classmethod(lambda cls, **kw: FakeClient()))
+    ran = []
+    monkeypatch.setattr(clientapp_worker, "_run_task", lambda address, token, apps: ran.append(token))
+    with pytest.raises(_Stop):
+        clientapp_worker.serve("127.0.0.1:1", poll_s=0.0)
+    assert ran == ["t1"]
