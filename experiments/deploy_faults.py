@@ -87,6 +87,15 @@ class FaultDriver:
         log = open(dep.workdir / "flwr-run.log", "ab")  # noqa: SIM115 - closed when the run ends
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dep._env())
 
+    def _serverapp_running(self) -> bool:
+        """Whether a ServerApp process of the SuperLink is alive: ``flwr run --stream`` can return while the
+        ServerApp still works (its log stream is a connection of its own), so the run's end is the ServerApp's."""
+        for pid in self.dep.superlink_pids():
+            with contextlib.suppress(OSError):
+                if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+        return False
+
     def _progress(self) -> int:
         """The latest round any node has seen a message of (0: none yet)."""
         best = 0
@@ -118,8 +127,11 @@ class FaultDriver:
             proc = self._flwr_run(resume)
             runs += 1
             self.log("flwr run", resume=resume)
-            killed_link = False
-            while proc.poll() is None:
+            killed_link, stream_ended = False, False
+            while proc.poll() is None or self._serverapp_running():
+                if proc.poll() is not None and not stream_ended:  # the log stream ended, the ServerApp did not
+                    stream_ended = True
+                    self.log("flwr run's log stream ended while the ServerApp runs; waiting for the ServerApp")
                 if time.monotonic() > deadline:
                     proc.kill()
                     raise SystemExit(f"error: the run did not finish within {self.timeout_s:.0f} s")
