@@ -33,7 +33,7 @@ from secure_fed.engine.run_context import RunContext
 from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import PrivacyViolation
 from secure_fed.metrics import blocks as label_blocks
-from secure_fed.metrics import center_rows, evaluate_scores, macro_average_precision, threshold_metrics
+from secure_fed.metrics import center_rows, evaluate_scores, macro_average_precision
 from secure_fed.models.sparse_rows import SparseRows, split_rows
 from secure_fed.plan import EvaluationPlan, RunPlan
 from secure_fed.release import NO_MECHANISM, Released, protected, public
@@ -136,9 +136,7 @@ def evaluate(model: ModelState, fed, ev: EvaluationPlan, split: str = "test") ->
     raw = model_scores(model, model.theta, x)
     scores = center_rows(raw) if ev.center_scores else raw
     y = y.toarray() if sp.issparse(y) else y
-    out = evaluate_scores(scores, y, ks=ks, threshold=ev.threshold)
-    if ev.center_scores:  # the threshold metrics read the model's own scores
-        out.update({k: 100 * v for k, v in threshold_metrics(raw, y, ev.threshold).items()})
+    out = evaluate_scores(scores, y, ks=ks, threshold=ev.threshold, threshold_scores=raw)  # thresholds: the model's own
     if general:
         out.update(spread(client_maps(scores, y, fed.client_test), "GmAP", worst="GmAP_worst"))
     return out

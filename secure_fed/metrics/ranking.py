@@ -50,10 +50,9 @@ def _average_precision(score: np.ndarray, y: np.ndarray) -> float:
 
 def center_rows(scores: np.ndarray) -> np.ndarray:
     """Each row's scores minus that row's mean over its labels (``evaluation.center_scores``). A per-row shift, so
-    every per-instance ranking (P@k, nDCG@k) is unchanged (the engine reads the threshold metrics from the scores
-    before it); a label's ranking of the instances (its AP) then compares
+    every per-instance ranking (P@k, nDCG@k) is unchanged; a label's ranking of the instances (its AP) then compares
     how far the label stands above each instance's mean score, which removes what every label's score shares (for
-    cosine scores, the direction of the rows' mean)."""
+    cosine scores, the direction of the rows' mean). The engine reads the threshold metrics from the raw scores."""
     return scores - scores.mean(axis=1, keepdims=True, dtype=np.float64).astype(scores.dtype)
 
 
