@@ -5,7 +5,8 @@ on 127.0.0.1, the steps the README's multi-machine section does by hand:
 
 1. certificates (:func:`~secure_fed.engine.flower.certificates.generate_certificates`) for 127.0.0.1 and
    localhost;
-2. ``flower-superlink`` with ``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile`` (Flower 1.42 serves its Fleet,
+2. ``flower-superlink`` (through :mod:`~secure_fed.engine.flower.superlink_launcher`, which sets a 120 s SQLite busy
+   timeout) with ``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile`` (Flower 1.42 serves its Fleet,
    Control and runtime APIs over HTTPS on one port), its state in a database file (``--database``, so that a
    restarted SuperLink keeps its registered nodes), ``--enable-supernode-auth``, no runtime installation of the
    app's dependencies;
@@ -171,8 +172,10 @@ class LocalDeployment:
 
     def _start_superlink(self) -> None:
         certs = self._certs
+        # flower-superlink itself, through a launcher that gives its SQLite writes a 120 s busy timeout, not 5 s
         cmd = [
-            "flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]), "--ssl-certfile", str(certs["server.pem"]),
+            sys.executable, "-m", "secure_fed.engine.flower.superlink_launcher",
+            "--ssl-ca-certfile", str(certs["ca.crt"]), "--ssl-certfile", str(certs["server.pem"]),
             "--ssl-keyfile", str(certs["server.key"]), "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-runtime-dependency-installation",
         ]  # fmt: skip
