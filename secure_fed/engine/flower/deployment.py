@@ -145,9 +145,9 @@ class LocalDeployment:
     def _wait_for(self, what: str, test, timeout_s: float | None = None) -> None:
         deadline = time.monotonic() + (self.start_timeout_s if timeout_s is None else timeout_s)
         while not test():
-            for p in self._procs.values():
+            for name, p in self._procs.items():
                 if p.poll() is not None:
-                    raise SecureFedError(f"{p.args[0]} exited with {p.returncode} while {what}; see {p.log.name}")
+                    raise SecureFedError(f"the {name} process exited with {p.returncode} while {what}; see {p.log.name}")
             if time.monotonic() > deadline:
                 raise SecureFedError(f"timed out after {self.start_timeout_s:.0f} s {what}; see the logs in {self.workdir}")
             time.sleep(0.2)

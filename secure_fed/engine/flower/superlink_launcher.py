@@ -1,12 +1,16 @@
-"""``flower-superlink`` with a longer SQLite busy timeout: what :class:`~secure_fed.engine.flower.deployment.LocalDeployment`
-starts when the SuperLink keeps its state in a database file.
+"""``flower-superlink`` with a longer SQLite busy timeout: how :class:`~secure_fed.engine.flower.deployment.LocalDeployment`
+starts its SuperLink (the pragma matters when the state is in a database file, ``--database``; in memory it is
+harmless).
 
 Flower 1.42 opens its SQLite state with ``PRAGMA busy_timeout = 5000``: a write that waits more than 5 s for the
 database's lock fails with ``database is locked``, and the Fleet API answers the SuperNode's request with a 500.
-A SuperNode does not retry a failed ``push-messages``: the reply is lost, and the round drops that node's clients at
-the stage's deadline, a dropout no fault schedule asked for. With 16 nodes on 2 cores, each pushing a 25 MB masked
-input (Bibtex FedALC under SecAgg+), writers waited past 5 s and a node's masked input was lost this way. Here
-the SuperLink runs unchanged but for that pragma (:data:`BUSY_TIMEOUT_MS`); every other pragma is Flower's.
+A SuperNode does not retry a 500 (only 502/503/504 and transport errors): a failed ``push-messages`` loses the
+reply, and the round drops that node's clients at the stage's deadline, a dropout no fault schedule asked for. With
+16 nodes on 2 cores pushing 25 MB masked inputs (Bibtex FedALC under SecAgg+, through ``push-object``), writers
+waited past 5 s and a node's reply was lost this way. Here the SuperLink runs unchanged but for that pragma
+(:data:`BUSY_TIMEOUT_MS`); every other pragma is Flower's. A request that waits longer than the SuperNode's HTTP
+timeout (30 s in Flower 1.42) ends on the node as a read timeout, which Flower retries (a repeated push is accepted
+once); the waiting request still holds one of the SuperLink's worker threads until its write is done.
 
     python -m secure_fed.engine.flower.superlink_launcher [flower-superlink's arguments]
 """
