@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -53,6 +54,19 @@ def node_plans(schedule: FaultSchedule) -> dict[int, list[tuple[int, str]]]:
             for v in e.kill:
                 out[v].append((e.round, e.stage))
     return out
+
+
+def serverapp_status(db: Path) -> tuple[str, str] | None:
+    """The SuperLink's own record of its latest ServerApp task, ``(sub_status, details)`` (e.g. ``("failed", "No
+    heartbeat received from the task")``), read from its database; None without one. A ServerApp the SuperLink
+    gives up on exits quietly: its log stream shows no exception."""
+    if not db.is_file():
+        return None
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=60)) as c:
+        row = c.execute(
+            "SELECT sub_status, details FROM task WHERE type = 'flwr-serverapp' ORDER BY pending_at DESC LIMIT 1"
+        ).fetchone()
+    return None if row is None else (row[0] or "", row[1] or "")
 
 
 class FaultDriver:
@@ -164,7 +178,10 @@ class FaultDriver:
                 resume = True
                 continue
             failed = b"ServerApp raised an exception" in (self.dep.workdir / "flwr-run.log").read_bytes()
-            self.log("flwr run ended", returncode=proc.returncode, serverapp_failed=failed)
+            status = serverapp_status(self.dep.workdir / "superlink.db") if self.dep.database else None
+            failed = failed or (status is not None and status[0] == "failed")
+            self.log("flwr run ended", returncode=proc.returncode, serverapp_failed=failed,
+                     serverapp_status=list(status) if status else None)  # fmt: skip
             for t in self._restarting.values():
                 t.join(timeout=180)
             return {"returncode": proc.returncode or int(failed), "flwr_runs": runs, "events": self.events,

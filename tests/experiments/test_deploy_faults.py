@@ -1,0 +1,23 @@
+import sqlite3
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
+import deploy_faults as df  # noqa: E402
+
+
+def test_serverapp_status_reads_the_latest_serverapp_task(tmp_path):
+    db = tmp_path / "superlink.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE task (task_id TEXT, type TEXT, pending_at TEXT, sub_status TEXT, details TEXT)")
+        rows = [
+            ("1", "flwr-serverapp", "2026-12-06 21:38:58+00:00", "failed", "No heartbeat received from the task"),
+            ("2", "flwr-serverapp", "2026-12-06 22:24:02+00:00", "completed", None),
+            ("3", "flwr-clientapp", "2026-12-06 22:30:00+00:00", "failed", "other"),
+        ]
+        c.executemany("INSERT INTO task VALUES (?, ?, ?, ?, ?)", rows)
+    assert df.serverapp_status(db) == ("completed", "")
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE task SET sub_status = 'failed', details = 'No heartbeat received from the task' WHERE task_id = '2'")
+    assert df.serverapp_status(db) == ("failed", "No heartbeat received from the task")
+    assert df.serverapp_status(tmp_path / "none.db") is None
