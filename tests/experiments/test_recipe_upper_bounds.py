@@ -16,12 +16,16 @@ def _levers(p1_prior_pos: float, p1_prior_neg: float) -> dict[str, tuple[float, 
     return out
 
 
+def _table_rows(by: int) -> dict[str, str]:
+    """The table's lines by lever, for two seeds whose best prior setting differs."""
+    rec = {"8": {0: _levers(48.0, 42.0), 1: _levers(40.0, 50.0)}}
+    md = ub.table({"recipe": rec, "pca256": rec}, ["8"], by=by)
+    return {line.split(" | ")[0].strip("| "): line for line in md.splitlines()[2:]}
+
+
 def test_table_averages_seeds_and_keeps_the_best_setting_by_mean_p1():
     # seed 0 favours β = 0.01, seed 1 favours β = −0.01 more strongly: the mean picks −0.01 (46 against 44 and 45)
-    rec = {"8": {0: _levers(48.0, 42.0), 1: _levers(40.0, 50.0)}}
-    results = {"recipe": rec, "pca256": rec}
-    md = ub.table(results, ["8"])
-    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines()[2:]}
+    rows = _table_rows(by=0)
     assert "40.0 / 20.0 / 10.0 |" in rows["recipe"]
     assert "46.0 / 22.0 / 10.0 (-0.01)" in rows["recipe + exact label prior"]
     assert "30.0 / 15.0 / 8.0 (50)" in rows["recipe + low-rank W"]
@@ -39,9 +43,7 @@ def test_metrics_reads_map_from_centred_scores():
 
 
 def test_table_by_map_picks_the_setting_with_the_highest_mean_map():
-    rec = {"4": {0: _levers(48.0, 42.0), 1: _levers(40.0, 50.0)}}
-    md = ub.table({"recipe": rec, "pca256": rec}, ["4"], by=2)
-    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines()[2:]}
+    rows = _table_rows(by=2)
     assert "39.0 / 19.0 / 12.0 (0.3)" in rows["recipe + exact co-occurrence"]
     assert "40.0 / 20.0 / 10.0 |" in rows["PCA encoder, d = 256"]
     # a prior's settings tie in mAP (10.0 each): the tie goes to the highest mean P@1 (−0.01: 46)
