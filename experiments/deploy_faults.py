@@ -350,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [*args.overrides, f"flower.num_supernodes={args.nodes}"]
     try:  # the config as the ServerApp will load it: a bad one is one line here, before any process starts
         from secure_fed.config import load_plan
+        from secure_fed.data.from_config import check_data_files
 
-        load_plan(args.config, [*overrides, *FAULT_RUN, "backend=flower"])
+        check_data_files(load_plan(args.config, [*overrides, *FAULT_RUN, "backend=flower"]).dataset, args.data_root)
     except Exception as e:  # noqa: BLE001 - one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if holds_checkpoint(run_dir):
             raise SecureFedError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     check_writable_dir(run_dir)
-    check_data_files(plan.dataset)  # a data file that is not there: its error line before torch is imported (seconds)
+    check_data_files(plan.dataset, args.data_root)  # a missing data file: its error line before torch is imported
     from secure_fed.engine import Experiment  # imports torch: after every check the config and its files allow
 
     exp = Experiment(plan, run_dir=run_dir, data_root=args.data_root)
@@ -433,6 +433,9 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     if not args.resume and run_dir.exists() and any(run_dir.iterdir()):
         raise SecureFedError(f"--out {run_dir} is not empty; give a new run directory (or --resume to continue it)")
     check_writable_dir(run_dir)
+    from secure_fed.data.from_config import check_data_files
+
+    check_data_files(plan.dataset, args.data_root)  # before any process starts: the ServerApp would fail on it
     from secure_fed.engine.flower.deployment import LocalDeployment, round_seconds
     from secure_fed.engine.flower.node_memory import MemorySampler
 

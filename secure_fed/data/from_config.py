@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from secure_fed.data.dataset import MultiLabelDataset, MultiLabelSplit
-from secure_fed.data.registry import GENERATED, load_from_paths, load_registered
+from secure_fed.data.registry import GENERATED, load_from_paths, load_registered, registered_root
 from secure_fed.data.synthetic import SyntheticSpec, make_synthetic
 from secure_fed.data.xc import missing_file_error
 from secure_fed.errors import DataError
@@ -55,10 +55,14 @@ def validation_dataset(ds: MultiLabelDataset, fraction: float, seed: int) -> Mul
     return dataclasses.replace(ds, train=rows(~held), test=rows(held), meta=meta)
 
 
-def check_data_files(d: DatasetPlan) -> None:
-    """Raise the loader's own :class:`DataError` for a configured data file that does not exist (``dataset.format``
-    arff or xc), without reading any: ``secure-fed run`` calls it before importing torch, ``validate`` before it
-    calls the config valid."""
+def check_data_files(d: DatasetPlan, data_root: str | None = None) -> None:
+    """Raise the loader's own :class:`DataError` for a data file that does not exist, without reading any: a
+    configured file (``dataset.format`` arff or xc), or a registered dataset's file under the data root (``data_root``,
+    else ``dataset.root``, else ``$SECURE_FED_DATA``). ``secure-fed run`` calls it before importing torch, ``validate``
+    before it calls the config valid, a deployment before it starts any process."""
+    if d.format is None and d.name not in GENERATED:
+        registered_root(d.name, data_root or d.root)
+        return
     if d.format not in ("arff", "xc"):
         return
     what = {"train": "data file", "test": "data file", "labels": "label list", "train_split": "split file",

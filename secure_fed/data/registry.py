@@ -78,25 +78,31 @@ def resolve_root(root: str | os.PathLike | None = None) -> Path:
     return DEFAULT_ROOT
 
 
+def registered_root(name: str, root: str | os.PathLike | None = None) -> Path:
+    """The data root that holds every file of the registered dataset ``name``, checked without reading them; a
+    :class:`DataError` naming the first missing file (and the command that fetches it), or the unknown name."""
+    if name not in REGISTRY:
+        raise DataError(f"unknown dataset '{name}'; known: {', '.join(sorted(REGISTRY))}, synthetic")
+    base = resolve_root(root)
+    missing = [base / f for f in REGISTRY[name].files if not (base / f).is_file()]
+    if missing:
+        raise DataError(
+            f"dataset '{name}' not found: missing {missing[0]} (fetch it with: secure-fed data download {name} --root {base})"
+        )
+    return base
+
+
 def load_registered(
     name: str, root: str | os.PathLike | None = None, *, drop_attributes: Sequence[str] = ()
 ) -> MultiLabelDataset:
     """Load a named dataset from the data root, with a clear error if files are missing; ``drop_attributes``: feature
     attributes to leave out."""
-    if name not in REGISTRY:
-        raise DataError(f"unknown dataset '{name}'; known: {', '.join(sorted(REGISTRY))}, synthetic")
-    entry = REGISTRY[name]
-    base = resolve_root(root)
-    paths = [base / f for f in entry.files]
-    missing = [p for p in paths if not p.is_file()]
-    if missing:
-        raise DataError(
-            f"dataset '{name}' not found: missing {missing[0]} (fetch it with: secure-fed data download {name} --root {base})"
-        )
+    base = registered_root(name, root)
+    paths = [base / f for f in REGISTRY[name].files]
     names = read_label_names(paths[2])
     train = read_arff(paths[0], names, drop=drop_attributes)
     test = read_arff(paths[1], names, drop=drop_attributes)
-    return MultiLabelDataset(name, train, test, names, entry.feature_kind, {"root": str(base)})
+    return MultiLabelDataset(name, train, test, names, REGISTRY[name].feature_kind, {"root": str(base)})
 
 
 def load_from_paths(

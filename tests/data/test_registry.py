@@ -16,6 +16,27 @@ def test_missing_dataset_names_path_and_fetch_command(tmp_path):
     assert "secure-fed data download bibtex" in msg
 
 
+def test_check_data_files_names_a_registered_datasets_missing_file_without_loading(tmp_path, monkeypatch):
+    from secure_fed.data.from_config import check_data_files
+    from secure_fed.data.registry import REGISTRY
+
+    monkeypatch.delenv("SECURE_FED_DATA", raising=False)
+    plan = build_plan(small_config("dataset.name=bibtex"))
+    with pytest.raises(DataError) as exc:
+        check_data_files(plan.dataset, str(tmp_path))
+    with pytest.raises(DataError) as loader:  # the loader's own line, word for word
+        load_registered("bibtex", tmp_path)
+    assert str(exc.value) == str(loader.value)
+    monkeypatch.setenv("SECURE_FED_DATA", str(tmp_path))  # no --data-root: the environment's root
+    with pytest.raises(DataError, match="bibtex-train.arff"):
+        check_data_files(plan.dataset)
+    for name in REGISTRY["bibtex"].files:  # present (not read): no error
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    check_data_files(plan.dataset, str(tmp_path))
+    check_data_files(build_plan(small_config()).dataset, str(tmp_path / "none"))  # generated: no files to check
+
+
 def test_root_from_environment(monkeypatch, data_root):
     monkeypatch.setenv("SECURE_FED_DATA", str(data_root))
     assert load_registered("emotions").train.num_instances == 391

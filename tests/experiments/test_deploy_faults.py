@@ -21,3 +21,15 @@ def test_serverapp_status_reads_the_latest_serverapp_task(tmp_path):
         c.execute("UPDATE task SET sub_status = 'failed', details = 'No heartbeat received from the task' WHERE task_id = '2'")
     assert df.serverapp_status(db) == ("failed", "No heartbeat received from the task")
     assert df.serverapp_status(tmp_path / "none.db") is None
+
+
+def test_the_driver_refuses_missing_data_before_starting_a_deployment(tmp_path, capsys):
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    schedule = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "faults" / "bibtex_fedalc_16_nodes.yaml"
+    code = df.main(["--nodes", "16", "--schedule", str(schedule), "--out", str(tmp_path / "out"), "--set",
+                    "dataset.name=bibtex", "--data-root", str(empty)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: dataset 'bibtex' not found") and err.count("\n") == 1, err
+    assert str(empty / "mulan" / "bibtex" / "bibtex-train.arff") in err
+    assert not (tmp_path / "out").exists()

@@ -66,6 +66,18 @@ def test_flower_local_refuses_a_bad_config_before_starting_anything(tmp_path):
     assert not (tmp_path / "run").exists() and not any(tmp_path.iterdir())
 
 
+def test_flower_local_refuses_missing_data_before_starting_anything(tmp_path):
+    # the ServerApp would fail on it only once the SuperLink and every SuperNode are up
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    run = tmp_path / "run"
+    code, out, err = cli("flower", "local", "--nodes", "2", "--out", str(run), "--set", "dataset.name=bibtex",
+                         "--data-root", str(empty))  # fmt: skip
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert str(empty / "mulan" / "bibtex" / "bibtex-train.arff") in err and "secure-fed data download bibtex" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-data"] and not any(empty.iterdir())
+
+
 def test_flower_certificates_are_a_ca_and_a_server_certificate_for_the_hosts(tmp_path):
     from cryptography import x509
 
