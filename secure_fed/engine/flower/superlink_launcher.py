@@ -1,6 +1,6 @@
-"""``flower-superlink`` with a longer SQLite busy timeout and a longer allowance for the ServerApp's heartbeat: how
-:class:`~secure_fed.engine.flower.deployment.LocalDeployment` starts its SuperLink (the pragma matters when the state
-is in a database file, ``--database``; in memory it is harmless).
+"""``flower-superlink`` with a longer SQLite busy timeout: how :class:`~secure_fed.engine.flower.deployment.LocalDeployment`
+starts its SuperLink (the pragma matters when the state is in a database file, ``--database``; in memory it is
+harmless).
 
 Flower 1.42 opens its SQLite state with ``PRAGMA busy_timeout = 5000``: a write that waits more than 5 s for the
 database's lock fails with ``database is locked``, and the Fleet API answers the SuperNode's request with a 500.
@@ -12,12 +12,6 @@ waited past 5 s and a node's reply was lost this way. Here the SuperLink runs un
 timeout (30 s in Flower 1.42) ends on the node as a read timeout, which Flower retries (a repeated push is accepted
 once); the waiting request still holds one of the SuperLink's worker threads until its write is done.
 
-The ServerApp's task: Flower 1.42 fails it ("No heartbeat received from the task") when no heartbeat is acknowledged
-for ``HEARTBEAT_PATIENCE`` × 30 s = 60 s, and the ServerApp, told so at its next heartbeat, stops. With 16 nodes on 2
-cores (load about 20) a resumed Bibtex ServerApp was failed this way while it collected the 16 nodes' masked inputs.
-Here the SuperLink allows :data:`TASK_HEARTBEAT_PATIENCE` × 30 s for a task (ServerApp) heartbeat; the nodes'
-heartbeats keep Flower's patience, so a killed node is still reported offline (``NODE_UNAVAILABLE``) after 60 s.
-
     python -m secure_fed.engine.flower.superlink_launcher [flower-superlink's arguments]
 """
 
@@ -27,10 +21,6 @@ import sys
 
 #: how long a SuperLink's SQLite write waits for the lock before it fails (Flower's default: 5,000 ms)
 BUSY_TIMEOUT_MS = 120_000
-
-#: how many 30 s heartbeat intervals the SuperLink waits for a task's (the ServerApp's) heartbeat before it fails the
-#: task (Flower's default: 2); 20 is 10 minutes
-TASK_HEARTBEAT_PATIENCE = 20
 
 
 def with_busy_timeout(pragmas: tuple[tuple[str, str], ...], ms: int) -> tuple[tuple[str, str], ...]:
@@ -50,29 +40,9 @@ def install_busy_timeout(ms: int = BUSY_TIMEOUT_MS) -> None:
     sql_mixin.SQLITE_PRAGMAS = pragmas  # read at each connection by sql_mixin._set_sqlite_pragmas
 
 
-def install_task_heartbeat_patience(patience: int = TASK_HEARTBEAT_PATIENCE) -> None:
-    """Make this process's SuperLink state fail a task only after ``patience`` missed 30 s heartbeat intervals.
-
-    Flower's task state (``flwr.supercore.corestate``, SQL and in memory) reads ``HEARTBEAT_PATIENCE`` at each claim,
-    activation and heartbeat; the node state (``flwr.server.superlink.linkstate``) has its own binding of the name and
-    keeps Flower's value.
-    """
-    if patience < 2:
-        raise ValueError(f"a task heartbeat patience is at least Flower's 2 intervals, got {patience}")
-    from flwr.supercore.corestate import in_memory_corestate, sql_corestate
-
-    sql_corestate.HEARTBEAT_PATIENCE = patience
-    in_memory_corestate.HEARTBEAT_PATIENCE = patience
-
-
 def main() -> None:
     install_busy_timeout()
-    install_task_heartbeat_patience()
-    print(
-        f"secure-fed: SuperLink SQLite busy_timeout {BUSY_TIMEOUT_MS} ms, task heartbeat patience "
-        f"{TASK_HEARTBEAT_PATIENCE} x 30 s",
-        flush=True,
-    )
+    print(f"secure-fed: SuperLink SQLite busy_timeout {BUSY_TIMEOUT_MS} ms", flush=True)
     from flwr.superlink.cli import flower_superlink
 
     sys.argv[0] = "flower-superlink"

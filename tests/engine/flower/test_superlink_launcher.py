@@ -38,10 +38,7 @@ def test_flowers_own_connection_hook_sets_the_longer_timeout(monkeypatch, tmp_pa
 
 def test_main_installs_the_timeout_before_running_flower_superlink(monkeypatch):
     import flwr.superlink.cli as cli
-    from flwr.supercore.corestate import in_memory_corestate, sql_corestate
 
-    for module in (sql_corestate, in_memory_corestate):
-        monkeypatch.setattr(module, "HEARTBEAT_PATIENCE", module.HEARTBEAT_PATIENCE)
     monkeypatch.setattr(constant, "SQLITE_PRAGMAS", constant.SQLITE_PRAGMAS)
     monkeypatch.setattr(sql_mixin, "SQLITE_PRAGMAS", sql_mixin.SQLITE_PRAGMAS)
     monkeypatch.setattr("sys.argv", ["/x/superlink_launcher.py", "--port", "1"])
@@ -51,7 +48,6 @@ def test_main_installs_the_timeout_before_running_flower_superlink(monkeypatch):
         import sys
 
         seen["pragmas"], seen["argv"] = dict(sql_mixin.SQLITE_PRAGMAS), list(sys.argv)
-        seen["patience"] = sql_corestate.HEARTBEAT_PATIENCE
         return 0
 
     monkeypatch.setattr(cli, "flower_superlink", fake_superlink)
@@ -60,7 +56,6 @@ def test_main_installs_the_timeout_before_running_flower_superlink(monkeypatch):
     assert stop.value.code == 0
     assert seen["pragmas"]["busy_timeout"] == "120000"
     assert seen["argv"] == ["flower-superlink", "--port", "1"]
-    assert seen["patience"] == launcher.TASK_HEARTBEAT_PATIENCE
 
 
 def test_the_deployment_starts_the_superlink_through_the_launcher(tmp_path):
@@ -74,48 +69,3 @@ def test_the_deployment_starts_the_superlink_through_the_launcher(tmp_path):
     dep._output = lambda p: b""
     dep._start_superlink()
     assert started["superlink"][1:3] == ["-m", "secure_fed.engine.flower.superlink_launcher"]
-
-
-def _late_heartbeat_acknowledged(db, monkeypatch, late_s: float) -> tuple[bool, str]:
-    """On Flower's own SQL SuperLink state: a running task's heartbeat ``late_s`` after activation; acknowledged?"""
-    from datetime import timedelta
-
-    from flwr.server.superlink.linkstate.linkstate_factory import LinkStateFactory
-    from flwr.supercore.corestate import sql_corestate
-    from flwr.supercore.object_store import ObjectStoreFactory
-    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
-
-    state = LinkStateFactory(str(db), NoOpFederationManager(), ObjectStoreFactory()).state()
-    task = state.create_task("serverapp", 1)
-    assert state.claim_task(task) is not None and state.activate_task(task)
-    real_now = sql_corestate.now
-    monkeypatch.setattr(sql_corestate, "now", lambda: real_now() + timedelta(seconds=late_s))
-    acknowledged = state.acknowledge_task_heartbeat(task)
-    return acknowledged, state.get_tasks(task_ids=[task])[0].status.sub_status
-
-
-def test_a_serverapp_heartbeat_90_s_late_fails_the_task_under_flowers_patience(monkeypatch, tmp_path):
-    from flwr.supercore.corestate import sql_corestate
-
-    monkeypatch.setattr(sql_corestate, "HEARTBEAT_PATIENCE", 2)  # Flower's own value
-    assert _late_heartbeat_acknowledged(tmp_path / "superlink.db", monkeypatch, 90) == (False, "failed")
-
-
-def test_the_launcher_lets_the_serverapp_heartbeat_be_late_but_not_forever(monkeypatch, tmp_path):
-    from flwr.server.superlink.linkstate import in_memory_linkstate, sql_linkstate
-    from flwr.supercore.corestate import in_memory_corestate, sql_corestate
-
-    for module in (sql_corestate, in_memory_corestate):
-        monkeypatch.setattr(module, "HEARTBEAT_PATIENCE", module.HEARTBEAT_PATIENCE)  # restored after the test
-    launcher.install_task_heartbeat_patience(launcher.TASK_HEARTBEAT_PATIENCE)
-    assert sql_corestate.HEARTBEAT_PATIENCE == in_memory_corestate.HEARTBEAT_PATIENCE == 20
-    # the nodes' liveness keeps Flower's patience: a killed node is still reported offline after 60 s
-    assert sql_linkstate.HEARTBEAT_PATIENCE == in_memory_linkstate.HEARTBEAT_PATIENCE == 2
-    assert _late_heartbeat_acknowledged(tmp_path / "a.db", monkeypatch, 90) == (True, "")
-    monkeypatch.undo()  # fresh state, the patch again
-    for module in (sql_corestate, in_memory_corestate):
-        monkeypatch.setattr(module, "HEARTBEAT_PATIENCE", module.HEARTBEAT_PATIENCE)
-    launcher.install_task_heartbeat_patience(launcher.TASK_HEARTBEAT_PATIENCE)
-    assert _late_heartbeat_acknowledged(tmp_path / "b.db", monkeypatch, 20 * 30 + 5) == (False, "failed")
-    with pytest.raises(ValueError, match="at least"):
-        launcher.install_task_heartbeat_patience(1)
