@@ -69,6 +69,37 @@ def serverapp_status(db: Path) -> tuple[str, str] | None:
     return None if row is None else (row[0] or "", row[1] or "")
 
 
+def oom_kills(kernel_log: str, since_s: float) -> list[dict[str, Any]]:
+    """The kernel OOM killer's kills in ``kernel_log`` (``dmesg``'s text) at or after ``since_s`` seconds of uptime:
+    ``{"t": uptime s, "pid", "name", "anon_rss_mib"}`` each. A ServerApp the kernel killed leaves no exception in its
+    log; the SuperLink then fails its task for missing heartbeats, which is all its record says."""
+    import re
+
+    pat = re.compile(r"\[\s*(\d+\.\d+)\]\s+Out of memory: Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB")
+    kills = []
+    for m in pat.finditer(kernel_log):
+        if float(m.group(1)) >= since_s:
+            kills.append({"t": float(m.group(1)), "pid": int(m.group(2)), "name": m.group(3),
+                          "anon_rss_mib": round(int(m.group(4)) / 1024, 1)})  # fmt: skip
+    return kills
+
+
+def kernel_oom_kills(since_s: float) -> list[dict[str, Any]] | str:
+    """:func:`oom_kills` of this machine's kernel log, or why it cannot be read (``dmesg`` needs the privilege)."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"kernel log not read: {e}"
+    if out.returncode != 0:
+        return f"kernel log not read: {out.stderr.strip()[:200]}"
+    return oom_kills(out.stdout, since_s)
+
+
+def uptime_s() -> float:
+    """Seconds since boot, the kernel log's clock."""
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
 class FaultDriver:
     """Runs one experiment on ``dep`` (started) under ``schedule``; :meth:`run` returns the driver's log."""
 
@@ -79,7 +110,7 @@ class FaultDriver:
         self.dep, self.schedule, self.out = dep, schedule, Path(out).resolve()
         self.config, self.overrides, self.timeout_s = config, [*overrides, *FAULT_RUN], timeout_s
         self.events: list[dict[str, Any]] = []
-        self.t0 = time.monotonic()
+        self.t0, self.uptime0 = time.monotonic(), uptime_s()
         self._restarting: dict[int, threading.Thread] = {}
 
     def log(self, what: str, **kw: Any) -> None:
@@ -180,8 +211,9 @@ class FaultDriver:
             failed = b"ServerApp raised an exception" in (self.dep.workdir / "flwr-run.log").read_bytes()
             status = serverapp_status(self.dep.workdir / "superlink.db") if self.dep.database else None
             failed = failed or (status is not None and status[0] == "failed")
+            oom = kernel_oom_kills(self.uptime0)  # e.g. the ServerApp: its task then fails for missing heartbeats
             self.log("flwr run ended", returncode=proc.returncode, serverapp_failed=failed,
-                     serverapp_status=list(status) if status else None)  # fmt: skip
+                     serverapp_status=list(status) if status else None, oom_kills=oom)  # fmt: skip
             for t in self._restarting.values():
                 t.join(timeout=180)
             return {"returncode": proc.returncode or int(failed), "flwr_runs": runs, "events": self.events,

@@ -33,3 +33,17 @@ def test_the_driver_refuses_missing_data_before_starting_a_deployment(tmp_path, 
     assert code == 2 and err.startswith("error: dataset 'bibtex' not found") and err.count("\n") == 1, err
     assert str(empty / "mulan" / "bibtex" / "bibtex-train.arff") in err
     assert not (tmp_path / "out").exists()
+
+
+def test_oom_kills_are_read_from_the_kernel_log_after_the_runs_start():
+    log = (
+        "[71961.553301] Out of memory: Killed process 9184 (flwr-serverapp) total-vm:5634916kB, anon-rss:2036456kB, "
+        "file-rss:248kB, shmem-rss:0kB, UID:0 pgtables:5668kB oom_score_adj:0\n"
+        "[75000.000001] eth0: link up\n"
+        "[78827.218035] Out of memory: Killed process 19217 (flwr-serverapp) total-vm:5712328kB, anon-rss:2002696kB, "
+        "file-rss:120kB, shmem-rss:0kB, UID:0 pgtables:5604kB oom_score_adj:1000\n"
+    )
+    assert df.oom_kills(log, 75000.0) == [{"t": 78827.218035, "pid": 19217, "name": "flwr-serverapp",
+                                           "anon_rss_mib": 1955.8}]  # fmt: skip
+    assert [k["pid"] for k in df.oom_kills(log, 0.0)] == [9184, 19217]
+    assert df.oom_kills(log, 80000.0) == []
