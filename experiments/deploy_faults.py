@@ -388,10 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from secure_fed.engine.flower.node_memory import MemorySampler
+
     with LocalDeployment(out / "deployment", nodes=args.nodes, data_root=args.data_root) as dep:
         driver = FaultDriver(dep, schedule, out=out / "run", config=args.config, overrides=overrides,
                              timeout_s=args.timeout)  # fmt: skip
-        report: dict[str, Any] = {"driver": driver.run()}
+        with MemorySampler(dep.node_pids) as memory:  # each node's processes (SuperNode, ClientApp worker)
+            report: dict[str, Any] = {"driver": driver.run()}
+        report["node_pss_mib"] = memory.summary()
     if not args.no_replay and (out / "run" / "summary.json").is_file():
         report["checks"] = check(out / "deployment", out / "run", args.nodes, config=args.config, overrides=overrides,
                                  schedule_path=Path(args.schedule).resolve(), replay_dir=out / "replay")  # fmt: skip
