@@ -75,7 +75,9 @@ def oom_kills(kernel_log: str, since_s: float) -> list[dict[str, Any]]:
     log; the SuperLink then fails its task for missing heartbeats, which is all its record says."""
     import re
 
-    pat = re.compile(r"\[\s*(\d+\.\d+)\]\s+Out of memory: Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB")
+    pat = re.compile(
+        r"\[\s*(\d+\.\d+)\]\s+(?:Memory cgroup )?[Oo]ut of memory: Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB"
+    )
     kills = []
     for m in pat.finditer(kernel_log):
         if float(m.group(1)) >= since_s:
@@ -177,9 +179,12 @@ class FaultDriver:
                 if proc.poll() is not None and not stream_ended:  # the log stream ended, the ServerApp did not
                     stream_ended = True
                     self.log("flwr run's log stream ended while the ServerApp runs; waiting for the ServerApp")
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline:  # the report still gets the memory and OOM diagnostics
                     proc.kill()
-                    raise SystemExit(f"error: the run did not finish within {self.timeout_s:.0f} s")
+                    self.log("timeout", seconds=self.timeout_s, oom_kills=kernel_oom_kills(self.uptime0))
+                    print(f"error: the run did not finish within {self.timeout_s:.0f} s", file=sys.stderr)
+                    return {"returncode": 124, "flwr_runs": runs, "events": self.events,
+                            "wall_s": round(time.monotonic() - self.t0, 1)}  # fmt: skip
                 for i in range(self.dep.nodes):  # a node that killed itself: restart it
                     t = self._restarting.get(i)
                     p = self.dep._procs.get(f"supernode-{i}")
@@ -374,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         schedule = load_fault_schedule(args.schedule)
     except Exception as e:  # noqa: BLE001 - one line, exit 2
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if schedule.nodes != args.nodes:
+        print(f"error: the schedule has {schedule.nodes} nodes, --nodes {args.nodes}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
     if (out / "run").exists():

@@ -435,7 +435,8 @@ def cmd_flower_local(args: argparse.Namespace) -> int:
     check_writable_dir(run_dir)
     from secure_fed.data.from_config import check_data_files
 
-    check_data_files(plan.dataset, args.data_root)  # before any process starts: the ServerApp would fail on it
+    # before any process starts, at the root the ServerApp will read (flwr_app: --data-root, else $SECURE_FED_DATA)
+    check_data_files(plan.dataset, args.data_root or os.environ.get("SECURE_FED_DATA"))
     from secure_fed.engine.flower.deployment import LocalDeployment, round_seconds
     from secure_fed.engine.flower.node_memory import MemorySampler
 

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -28,8 +30,13 @@ def test_check_data_files_names_a_registered_datasets_missing_file_without_loadi
         load_registered("bibtex", tmp_path)
     assert str(exc.value) == str(loader.value)
     monkeypatch.setenv("SECURE_FED_DATA", str(tmp_path))  # no --data-root: the environment's root
-    with pytest.raises(DataError, match="bibtex-train.arff"):
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "mulan" / "bibtex" / "bibtex-train.arff"))):
         check_data_files(plan.dataset)
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "given"))):  # the given root before the environment
+        check_data_files(plan.dataset, str(tmp_path / "given"))
+    rooted = build_plan(small_config("dataset.name=bibtex", f"dataset.root={tmp_path / 'own'}")).dataset
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "own"))):  # the config's root before the environment
+        check_data_files(rooted)
     for name in REGISTRY["bibtex"].files:  # present (not read): no error
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")

@@ -23,7 +23,21 @@ def test_serverapp_status_reads_the_latest_serverapp_task(tmp_path):
     assert df.serverapp_status(tmp_path / "none.db") is None
 
 
-def test_the_driver_refuses_missing_data_before_starting_a_deployment(tmp_path, capsys):
+def _no_deployment(*a, **k):
+    raise AssertionError("a deployment was started")
+
+
+def test_the_driver_refuses_a_schedule_for_another_number_of_nodes_before_starting(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(df, "LocalDeployment", _no_deployment)
+    schedule = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "faults" / "bibtex_fedalc_16_nodes.yaml"
+    code = df.main(["--nodes", "8", "--schedule", str(schedule), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "error: the schedule has 16 nodes, --nodes 8\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_driver_refuses_missing_data_before_starting_a_deployment(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(df, "LocalDeployment", _no_deployment)
     empty = tmp_path / "no-data"
     empty.mkdir()
     schedule = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "faults" / "bibtex_fedalc_16_nodes.yaml"
@@ -47,3 +61,5 @@ def test_oom_kills_are_read_from_the_kernel_log_after_the_runs_start():
                                            "anon_rss_mib": 1955.8}]  # fmt: skip
     assert [k["pid"] for k in df.oom_kills(log, 0.0)] == [9184, 19217]
     assert df.oom_kills(log, 80000.0) == []
+    cgroup = "[  12.500000] Memory cgroup out of memory: Killed process 7 (python) total-vm:1kB, anon-rss:2048kB, x"
+    assert df.oom_kills(cgroup, 0.0) == [{"t": 12.5, "pid": 7, "name": "python", "anon_rss_mib": 2.0}]
