@@ -23,7 +23,7 @@ def validation_lines(plan: RunPlan, data_root: str | None = None, *, source: str
     from secure_fed.data.from_config import build_dataset, check_data_files  # torch-free: validate stays fast
     from secure_fed.model_choices import IMAGE_FORMATS
 
-    check_data_files(plan.dataset, data_root)  # a configured file that is not there: its error line, and no "valid" before it
+    check_data_files(plan.dataset, data_root)  # a data file that is not there: its error line, and no "valid" before it
     d = plan.dataset
     images = d.name == "digit_mosaics" or d.format in IMAGE_FORMATS
     # data that cannot be read, or a partition that cannot be made: the run's own error line (exit 2), before "valid"
