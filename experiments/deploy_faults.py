@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -58,8 +59,9 @@ def node_plans(schedule: FaultSchedule) -> dict[int, list[tuple[int, str]]]:
 
 def serverapp_status(db: Path) -> tuple[str, str] | None:
     """The SuperLink's own record of its latest ServerApp task, ``(sub_status, details)`` (e.g. ``("failed", "No
-    heartbeat received from the task")``), read from its database; None without one. A ServerApp the SuperLink
-    gives up on exits quietly: its log stream shows no exception."""
+    heartbeat received from the task")``), read from its database; None without one. A ServerApp that is gone
+    without an exception (e.g. killed by the kernel, :func:`oom_kills`) leaves nothing in its log stream; the
+    SuperLink records it as failed once its heartbeats stop."""
     if not db.is_file():
         return None
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=60)) as c:
@@ -73,8 +75,6 @@ def oom_kills(kernel_log: str, since_s: float) -> list[dict[str, Any]]:
     """The kernel OOM killer's kills in ``kernel_log`` (``dmesg``'s text) at or after ``since_s`` seconds of uptime:
     ``{"t": uptime s, "pid", "name", "anon_rss_mib"}`` each. A ServerApp the kernel killed leaves no exception in its
     log; the SuperLink then fails its task for missing heartbeats, which is all its record says."""
-    import re
-
     pat = re.compile(
         r"\[\s*(\d+\.\d+)\]\s+(?:Memory cgroup )?[Oo]ut of memory: Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB"
     )
