@@ -18,7 +18,7 @@ import torch
 
 from secure_fed.algorithms.client import LocalTrainer, LocalTraining
 from secure_fed.data.from_config import build_dataset
-from secure_fed.engine.allocator import keep_freed_memory
+from secure_fed.engine.allocator import give_back_freed_memory, keep_freed_memory
 from secure_fed.engine.builders import (
     build_algorithm,
     build_federation,
@@ -93,16 +93,27 @@ def declared_message_rules(plan: RunPlan, algorithm, *, row_sparse: bool = False
 
 
 def build_run(
-    plan: RunPlan, run_dir: str | Path, data_root: str | None = None, dataset: Any = None, callbacks: Any = ()
+    plan: RunPlan,
+    run_dir: str | Path,
+    data_root: str | None = None,
+    dataset: Any = None,
+    callbacks: Any = (),
+    *,
+    node_copy: bool = False,
 ) -> RunParts:
     """A run's parts for ``plan``, writing into ``run_dir``; ``dataset`` (a :class:`~secure_fed.data.MultiLabelDataset`)
     replaces the configured one (shadow runs); ``callbacks`` are the caller's own (the Python API's), run with the
-    registered ones. A run that cannot fit in memory stops before anything is built. The parts hold ``plan`` with
-    every ``auto`` resolved (:func:`~secure_fed.model_choices.resolve_run_choices`,
+    registered ones. ``node_copy``: the parts are a Flower node's copy of the run (client code only, one of many
+    such processes on a machine): the clients' rows are made when read
+    (:func:`~secure_fed.engine.builders.build_federation`'s ``rows_on_read``), and the process gives freed memory back
+    (:func:`~secure_fed.engine.allocator.give_back_freed_memory`) instead of keeping up to 1 GiB of it
+    (:func:`~secure_fed.engine.allocator.keep_freed_memory`). A run that cannot fit in memory stops before anything is built. The
+    parts hold ``plan`` with every ``auto`` resolved (:func:`~secure_fed.model_choices.resolve_run_choices`,
     :func:`~secure_fed.model_choices.resolve_client_choices`), its ``config_yaml`` as given."""
     if not isinstance(plan, RunPlan):  # the config object stays in the config package (issue 54)
         raise TypeError(f"a run takes a RunPlan (secure_fed.config.build_plan(config)), not {type(plan).__name__}")
-    keep_freed_memory()  # a round's large tensors reuse freed memory instead of faulting pages in anew
+    # a round's large tensors reuse freed memory instead of faulting pages in anew; a node's copy gives it back
+    give_back_freed_memory() if node_copy else keep_freed_memory()
     run_dir = Path(run_dir)
     device = resolve_device(plan.device)
     if device.type == "cuda":
@@ -117,7 +128,7 @@ def build_run(
     algorithm.cfg = plan.algorithm  # the same parameters, algorithm.loss resolved
     memory = plan_memory(plan, dataset, device)
     check_memory(memory)  # a run that cannot fit stops here: nothing built, nothing written
-    fed = build_federation(plan, dataset, type(algorithm), device, bound=instance_bound(plan))
+    fed = build_federation(plan, dataset, type(algorithm), device, bound=instance_bound(plan), rows_on_read=node_copy)
     family = model_family(plan.model.family)
     C, d = dataset.num_labels, plan.model.embedding_dim
     # the simulator's copy of the server's model (θ; with FedLGT's label embeddings, computed like a client's from

@@ -131,11 +131,13 @@ class Experiment:
     label_perm, executor = _Part("row_order.perm"), _Part("link.executor")
 
     def __init__(self, plan: RunPlan, *, run_dir: str | Path, data_root: str | None = None, dataset: Any = None,
-                 callbacks: Any = ()):  # fmt: skip
+                 callbacks: Any = (), node_copy: bool = False):  # fmt: skip
         """``plan``: the run's plan (:func:`secure_fed.config.load_plan`, :func:`~secure_fed.config.build_plan`); ``dataset``
         (a :class:`~secure_fed.data.MultiLabelDataset`) replaces the configured one (shadow runs); ``callbacks``: the
-        caller's own, run with the registered ones."""
-        parts = build_run(plan, run_dir, data_root, dataset, callbacks)
+        caller's own, run with the registered ones; ``node_copy``: this object is a Flower node's copy of the run, which
+        runs client code only (each client's rows made when read, freed memory given back:
+        :func:`~secure_fed.engine.run_builder.build_run`)."""
+        parts = build_run(plan, run_dir, data_root, dataset, callbacks, node_copy=node_copy)
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         for cb in self.callbacks:

@@ -28,10 +28,10 @@ class MallInfo2(ctypes.Structure):
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
-if sys.argv[1] == "experiment":
+if sys.argv[1] in ("experiment", "node_copy"):
     from secure_fed.engine import Experiment
     from tests.conftest import small_plan
-    Experiment(small_plan(), run_dir=sys.argv[2])
+    Experiment(small_plan(), run_dir=sys.argv[2], node_copy=sys.argv[1] == "node_copy")
 def once():
     ts = [torch.ones(4 << 20) for _ in range(8)]
     del ts
@@ -40,7 +40,8 @@ f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(4):
     once()
 faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (4 * 8 * (16 << 20) / 4096)
-print(json.dumps({"free_mib": libc.mallinfo2().fordblks / 2**20, "fault_share": faults}))
+from secure_fed.engine import allocator
+print(json.dumps({"free_mib": libc.mallinfo2().fordblks / 2**20, "fault_share": faults, "applied": allocator._applied}))
 """
 
 
@@ -101,3 +102,17 @@ def test_a_refused_setting_is_a_warning_not_an_error(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger=allocator.__name__):
         assert allocator.keep_freed_memory() is None
     assert "refused mallopt mmap_threshold" in caplog.text
+
+
+def test_a_nodes_copy_of_the_run_gives_freed_memory_back(tmp_path):
+    """A Flower node's copy of the run (``node_copy``, one of many node processes on a machine) gives the freed burst
+    back (measured: about 2 MiB left free in each of 5 processes), where an experiment keeps it (at least 128 MiB,
+    above) and glibc's defaults keep it in some processes (measured: 146 MiB in 1 of 4). Every one of 3 fresh
+    processes is asked."""
+    copies = [_measure("node_copy", tmp_path / str(i)) for i in range(3)]
+    assert max(c["free_mib"] for c in copies) < 32, copies
+    assert min(c["fault_share"] for c in copies) > 0.9, copies  # each burst mapped anew: nothing kept
+    from secure_fed.engine.allocator import NODE_MMAP_THRESHOLD, NODE_TRIM_THRESHOLD
+
+    node = {"mmap_threshold": NODE_MMAP_THRESHOLD, "trim_threshold": NODE_TRIM_THRESHOLD}
+    assert all(c["applied"] == node for c in copies), copies

@@ -352,3 +352,23 @@ def test_ctran_tokens_auto_picks_scenes_blocks_and_the_model_reads_the_resolved_
             plan.model.ctran, tokens=tokens)))  # fmt: skip
         t = build_ctran(resolved, ds).tokens
         assert (t.token_size, t.feature_major) == want
+
+
+@pytest.mark.parametrize("extra", [(), ("model.preprocessing=standardize",)])
+def test_a_nodes_copy_of_the_run_holds_no_clients_rows_and_reads_what_the_eager_run_holds(tmp_path, extra):
+    """``node_copy`` (a Flower node's copy of the run): every client's rows are a :class:`SharedRows`, built
+    when read, equal to the eager run's tensors (compared exactly: the same preprocessing of the same rows)."""
+    import torch
+
+    from secure_fed.algorithms.base import SharedRows
+
+    plan = small_plan(*extra)
+    eager = Experiment(plan, run_dir=tmp_path / "eager")
+    lazy = Experiment(plan, run_dir=tmp_path / "lazy", node_copy=True)
+    assert not any(isinstance(c.__dict__["_x"], SharedRows) for c in eager.fed.clients)
+    assert all(isinstance(c.__dict__["_x"], SharedRows) for c in lazy.fed.clients)
+    assert len(lazy.fed.clients) == len(eager.fed.clients) > 1
+    for a, b in zip(eager.fed.clients, lazy.fed.clients, strict=True):
+        assert b.num_examples == a.num_examples
+        assert b.x.dtype == a.x.dtype and torch.equal(b.x, a.x)
+        assert torch.equal(b.with_rows_read().x, a.x)

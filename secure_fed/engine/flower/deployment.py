@@ -34,10 +34,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
+from secure_fed.engine.allocator import node_allocator_env
 from secure_fed.engine.flower.certificates import generate_certificates
 from secure_fed.engine.flower.clientapp_worker import spawn
 from secure_fed.engine.flower.link_proxy import LinkProxy, LinkShape
@@ -55,6 +57,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM as a clean exit (``SystemExit`` runs the ``with`` blocks' exits): status 143, as the signal's own."""
+    raise SystemExit(128 + signum)
 
 
 def _toml_string(value: str, what: str) -> str:
@@ -192,6 +199,7 @@ class LocalDeployment:
         env = self._env(f"node-{i}")
         env[NODE_STATE] = str(folder)
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # one torch thread per node (the ClientApp sets it too)
+        env.update(node_allocator_env())  # the SuperNode gives the messages' freed memory back (16 nodes share the machine)
         port = free_port()
         cmd = [
             "flower-supernode", "--root-certificates", str(self._certs["ca.crt"]), "--superlink", self.fleet_address,
@@ -368,14 +376,26 @@ class LocalDeployment:
         self._procs = {}
 
     def __enter__(self) -> LocalDeployment:
+        """Start; in the main thread, a SIGTERM to this process (``kill``, ``timeout``) then ends it as Ctrl-C does,
+        through :meth:`__exit__`, which stops every process of the deployment (the default SIGTERM would end this
+        process alone and leave the SuperLink and the nodes running)."""
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             return self.start()
         except BaseException:
-            self.stop()
+            self.__exit__()
             raise
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        if getattr(self, "_sigterm", None) is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not cut the stop short
+        try:
+            self.stop()
+        finally:
+            if getattr(self, "_sigterm", None) is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
 
     # ----------------------------------------------------------------- a run
     def run(self, *, out: str | Path, config: str | Path | None = None, overrides: list[str] = (),

@@ -5,17 +5,23 @@ the same run in process, and nothing left running afterwards."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import ssl
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from secure_fed.engine import Experiment
+from secure_fed.engine.allocator import node_allocator_env
 from secure_fed.engine.flower.deployment import LocalDeployment, marked_processes
 from tests.config.test_bad_input import cli
-from tests.conftest import SMALL, small_plan
+from tests.conftest import REPO, SMALL, small_plan
 
 SETTINGS = ["training.rounds=1", "evaluation.every=1", "algorithm.name=fedaws", "dataset.synthetic.num_labels=4"]
 RUN = [*SMALL, *SETTINGS, "flower.num_supernodes=3"]  # later overrides win
@@ -41,6 +47,12 @@ def test_flwr_run_on_a_tls_superlink_with_three_supernodes(tmp_path):
             httpx.get(f"https://127.0.0.1:{dep.port}/health", verify=True)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{dep.port}/health")
+        # each SuperNode (Flower's program) starts with the allocator settings that give freed memory back
+        supernodes = [pid for pids in dep.node_pids().values() for pid in pids if b"flower-supernode" in _cmdline(pid)]
+        assert len(supernodes) == 3
+        for pid in supernodes:
+            env = _environ(pid)
+            assert {k: env.get(k) for k in node_allocator_env()} == node_allocator_env()
         done = dep.run(out=tmp_path / "run", overrides=RUN, timeout_s=600)
         assert marked_processes(dep.marker)  # the deployment is up until the block ends
     assert done.returncode == 0, (tmp_path / "deployment" / "flwr-run.log").read_text()[-3000:]
@@ -58,6 +70,45 @@ def test_flwr_run_on_a_tls_superlink_with_three_supernodes(tmp_path):
         assert summary["final"][k] == pytest.approx(v, abs=1e-5), k
     rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1]
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+
+
+#: a process that starts a 2-node deployment, says its marker, and waits
+UNDER_SIGTERM = """
+import sys, time
+from secure_fed.engine.flower.deployment import LocalDeployment
+with LocalDeployment(sys.argv[1], nodes=2) as dep:
+    print(dep.marker, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_sigterm_to_the_process_that_holds_a_deployment_stops_all_of_it(tmp_path):
+    """``kill``/``timeout`` on ``secure-fed flower local`` or ``deploy_faults.py``: SIGTERM ends the process as Ctrl-C
+    does (exit 143), and the SuperLink, the SuperNodes and their ClientApp processes go with it."""
+    proc = subprocess.Popen([sys.executable, "-c", UNDER_SIGTERM, str(tmp_path / "dep")], stdout=subprocess.PIPE,
+                            text=True, cwd=str(REPO))  # fmt: skip
+    marker = ""
+    try:
+        marker = proc.stdout.readline().strip()
+        assert len(marker) == 32, marker
+        assert len(marked_processes(marker)) >= 3  # the SuperLink and two SuperNodes (and their processes)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        assert marked_processes(marker) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in marked_processes(marker) if marker else []:  # what a failing run left
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_flower_local_refuses_a_bad_config_before_starting_anything(tmp_path):
