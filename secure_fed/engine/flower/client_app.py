@@ -47,10 +47,12 @@ _REPLICAS: dict[str, Any] = {}
 def client_replica(config_text: str, data_root: str | None, threads: int, run_class: Callable[..., Any]):
     """This process's copy of the run (built once, by ``run_class(plan, run_dir=..., data_root=...,
     node_copy=True)``, the run object's class, from the plan the config package loads from ``config_text``): the
-    clients' data and client-side code. Each client's rows are made when that client's code reads them: a node reads
-    only its own clients' rows, so the copy holds no other node's (a process that serves several nodes, one
-    simulation worker, makes each served client's rows at each read); and the process gives freed memory back to
-    the system (16 node processes that each kept up to 1 GiB of it filled a 23.5 GiB machine)."""
+    clients' data and client-side code. Each client's preprocessed rows are made when that client's code reads them: a
+    node reads only its own clients', so the copy holds none of another node's clients' preprocessed rows (the data
+    set it loads from the data root is still whole, as before: this is a simulation of the nodes' data on one
+    machine; a process that serves several nodes, one simulation worker, makes each served client's rows at each
+    read); and the process gives freed memory back to the system (16 node processes that each kept up to 1 GiB of
+    it filled a 23.5 GiB machine)."""
     key = hashlib.sha256(f"{config_text}\n{data_root}".encode()).hexdigest()
     if key not in _REPLICAS:
         import torch
