@@ -111,7 +111,8 @@ def test_a_nodes_copy_of_the_run_gives_freed_memory_back(tmp_path):
     processes is asked."""
     copies = [_measure("node_copy", tmp_path / str(i)) for i in range(3)]
     assert max(c["free_mib"] for c in copies) < 32, copies
-    assert min(c["fault_share"] for c in copies) > 0.9, copies  # each burst mapped anew: nothing kept
+    if "[always]" not in _read("/sys/kernel/mm/transparent_hugepage/enabled"):  # a fault maps 2 MiB there (above)
+        assert min(c["fault_share"] for c in copies) > 0.9, copies  # each burst mapped anew: nothing kept
     from secure_fed.engine.allocator import NODE_MMAP_THRESHOLD, NODE_TRIM_THRESHOLD
 
     node = {"mmap_threshold": NODE_MMAP_THRESHOLD, "trim_threshold": NODE_TRIM_THRESHOLD}

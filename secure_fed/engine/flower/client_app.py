@@ -44,16 +44,20 @@ MASK_STEP_METHOD = "mask_step"
 _REPLICAS: dict[str, Any] = {}
 
 
-def client_replica(config_text: str, data_root: str | None, threads: int, run_class: Callable[..., Any]):
+def client_replica(
+    config_text: str, data_root: str | None, threads: int, run_class: Callable[..., Any], *, node_copy: bool = False
+):
     """This process's copy of the run (built once, by ``run_class(plan, run_dir=..., data_root=...,
-    node_copy=True)``, the run object's class, from the plan the config package loads from ``config_text``): the
-    clients' data and client-side code. Each client's preprocessed rows are made when that client's code reads them: a
-    node reads only its own clients', so the copy holds none of another node's clients' preprocessed rows (the data
-    set it loads from the data root is still whole, as before: this is a simulation of the nodes' data on one
-    machine; a process that serves several nodes, one simulation worker, makes each served client's rows at each
-    read); and the process gives freed memory back to the system (16 node processes that each kept up to 1 GiB of
-    it filled a 23.5 GiB machine)."""
-    key = hashlib.sha256(f"{config_text}\n{data_root}".encode()).hexdigest()
+    node_copy=node_copy)``, the run object's class, from the plan the config package loads from ``config_text``): the
+    clients' data and client-side code.
+
+    ``node_copy`` (a deployment's node, whose process serves that node alone, one of many on the machine): each
+    client's dense preprocessed training rows are made when that client's code reads them, so the copy holds none of
+    another node's clients' (the raw data set it loads from the data root is still whole, as are sparse runs'
+    shared rows and the test rows: a simulation of the nodes' data on one machine), and the process gives freed
+    memory back to the system (16 Bibtex node processes that each kept up to 1 GiB of it filled a 23.5 GiB
+    machine). Off (a simulation worker, which serves many nodes): the run's own eager rows and allocator settings."""
+    key = hashlib.sha256(f"{config_text}\n{data_root}\n{node_copy}".encode()).hexdigest()
     if key not in _REPLICAS:
         import torch
 
@@ -63,7 +67,7 @@ def client_replica(config_text: str, data_root: str | None, threads: int, run_cl
         plan = load_plan(yaml.safe_load(config_text), ["backend=inprocess"])  # the copy runs client code only
         cache = tempfile.mkdtemp(prefix="secure-fed-client-")
         atexit.register(shutil.rmtree, cache, True)  # the copy's model cache goes with the process
-        _REPLICAS[key] = run_class(plan, run_dir=cache, data_root=data_root, node_copy=True)
+        _REPLICAS[key] = run_class(plan, run_dir=cache, data_root=data_root, node_copy=node_copy)
     return _REPLICAS[key]
 
 

@@ -59,11 +59,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _exit_on_sigterm(signum, frame) -> None:
-    """SIGTERM as a clean exit (``SystemExit`` runs the ``with`` blocks' exits): status 143, as the signal's own."""
-    raise SystemExit(128 + signum)
-
-
 def _toml_string(value: str, what: str) -> str:
     if "'" in value or "\n" in value:
         raise SecureFedError(f"{what} {value!r}: a run-config value cannot hold a single quote or a line break")
@@ -376,26 +371,39 @@ class LocalDeployment:
         self._procs = {}
 
     def __enter__(self) -> LocalDeployment:
-        """Start; in the main thread, a SIGTERM to this process (``kill``, ``timeout``) then ends it as Ctrl-C does,
-        through :meth:`__exit__`, which stops every process of the deployment (the default SIGTERM would end this
-        process alone and leave the SuperLink and the nodes running)."""
+        """Start. In the main thread a SIGTERM to this process (``kill``, ``timeout``) ends the ``with`` block as Ctrl-C
+        does, and :meth:`__exit__` stops every process of the deployment, then hands the signal on to the handler
+        that was there before (by default: the process ends, killed by SIGTERM). Without this a SIGTERM ended this
+        process alone and left the SuperLink and the nodes running."""
+        self._sigterm_installed = self._sigterm_received = self._stopping = False
         if threading.current_thread() is threading.main_thread():
-            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            self._sigterm_before = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._sigterm_installed = True
         try:
             return self.start()
         except BaseException:
             self.__exit__()
             raise
 
+    def _on_sigterm(self, signum, frame) -> None:
+        """The first SIGTERM leaves the ``with`` block (``SystemExit``, through the exits); one that comes while the
+        deployment stops, or a second, is noted only (the stop is not cut short; the signal is handed on after it)."""
+        first = not self._sigterm_received
+        self._sigterm_received = True
+        if first and not self._stopping:
+            raise SystemExit(128 + signum)
+
     def __exit__(self, *exc) -> None:
-        if getattr(self, "_sigterm", None) is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not cut the stop short
+        self._stopping = True
         try:
             self.stop()
         finally:
-            if getattr(self, "_sigterm", None) is not None:
-                signal.signal(signal.SIGTERM, self._sigterm)
-                self._sigterm = None
+            if getattr(self, "_sigterm_installed", False):
+                self._sigterm_installed = False
+                before = self._sigterm_before
+                signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+                if self._sigterm_received:  # the deployment is stopped: the signal now does what it did before
+                    os.kill(os.getpid(), signal.SIGTERM)
 
     # ----------------------------------------------------------------- a run
     def run(self, *, out: str | Path, config: str | Path | None = None, overrides: list[str] = (),

@@ -90,7 +90,7 @@ def _node_replica(context: Context):
     root = _data_root(str(context.node_config.get("data-root", "") or ""))
     from secure_fed.engine.runner import Experiment
 
-    return client_replica(plan.config_yaml, root, threads=1, run_class=Experiment)
+    return client_replica(plan.config_yaml, root, threads=1, run_class=Experiment, node_copy=True)  # one node per process
 
 
 def _node_storage(context: Context) -> str | None:

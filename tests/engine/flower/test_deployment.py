@@ -92,8 +92,9 @@ with LocalDeployment(sys.argv[1], nodes=2) as dep:
 
 
 def test_a_sigterm_to_the_process_that_holds_a_deployment_stops_all_of_it(tmp_path):
-    """``kill``/``timeout`` on ``secure-fed flower local`` or ``deploy_faults.py``: SIGTERM ends the process as Ctrl-C
-    does (exit 143), and the SuperLink, the SuperNodes and their ClientApp processes go with it."""
+    """``kill``/``timeout`` on ``secure-fed flower local`` or ``deploy_faults.py``: SIGTERM ends the ``with`` block as
+    Ctrl-C does, the SuperLink, the SuperNodes and their ClientApp processes are stopped, and then the signal does
+    what it did before (here the default: the process ends, killed by SIGTERM)."""
     proc = subprocess.Popen([sys.executable, "-c", UNDER_SIGTERM, str(tmp_path / "dep")], stdout=subprocess.PIPE,
                             text=True, cwd=str(REPO))  # fmt: skip
     marker = ""
@@ -102,13 +103,55 @@ def test_a_sigterm_to_the_process_that_holds_a_deployment_stops_all_of_it(tmp_pa
         assert len(marker) == 32, marker
         assert len(marked_processes(marker)) >= 3  # the SuperLink and two SuperNodes (and their processes)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
+        assert proc.wait(timeout=60) == -signal.SIGTERM
         assert marked_processes(marker) == []
     finally:
         if proc.poll() is None:
             proc.kill()
         for pid in marked_processes(marker) if marker else []:  # what a failing run left
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_sigterm_handler_is_the_with_blocks_only_and_only_in_the_main_thread(tmp_path, monkeypatch):
+    """The handler is installed for the ``with`` block in the main thread and the one before is back after it, when
+    the block ends normally and when the start fails; in another thread nothing is installed (Python allows signal
+    handlers in the main thread only)."""
+    import threading
+
+    monkeypatch.setattr(LocalDeployment, "start", lambda self: self)
+    monkeypatch.setattr(LocalDeployment, "stop", lambda self: None)
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        dep = LocalDeployment(tmp_path / "a", nodes=1)
+        with dep:
+            assert signal.getsignal(signal.SIGTERM) == dep._on_sigterm
+        assert signal.getsignal(signal.SIGTERM) is mine
+
+        def fail(self):
+            raise RuntimeError("no SuperLink")
+
+        monkeypatch.setattr(LocalDeployment, "start", fail)
+        with pytest.raises(RuntimeError, match="no SuperLink"), LocalDeployment(tmp_path / "b", nodes=1):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is mine
+
+        monkeypatch.setattr(LocalDeployment, "start", lambda self: self)
+        seen = []
+
+        def in_thread():
+            with LocalDeployment(tmp_path / "c", nodes=1):
+                seen.append(signal.getsignal(signal.SIGTERM))
+
+        t = threading.Thread(target=in_thread)
+        t.start()
+        t.join()
+        assert seen == [mine]
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_flower_local_refuses_a_bad_config_before_starting_anything(tmp_path):
