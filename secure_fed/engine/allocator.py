@@ -59,14 +59,6 @@ def give_back_freed_memory() -> dict[str, int] | None:
     return _set_once({"mmap_threshold": NODE_MMAP_THRESHOLD, "trim_threshold": NODE_TRIM_THRESHOLD})
 
 
-def node_allocator_env() -> dict[str, str]:
-    """The environment that gives a process started beside the nodes (a SuperNode, which is Flower's program, not
-    ours) the same settings as :func:`give_back_freed_memory`: glibc's environment aliases of its
-    ``glibc.malloc.mmap_threshold`` and ``glibc.malloc.trim_threshold`` tunables, read at the process's start
-    (ignored off glibc)."""
-    return {"MALLOC_MMAP_THRESHOLD_": str(NODE_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(NODE_TRIM_THRESHOLD)}
-
-
 def _set_once(settings: dict[str, int]) -> dict[str, int] | None:
     global _applied, _tried
     if _tried:
@@ -92,4 +84,4 @@ def _set_once(settings: dict[str, int]) -> dict[str, int] | None:
     return settings
 
 
-__all__ = ["give_back_freed_memory", "keep_freed_memory", "node_allocator_env"]
+__all__ = ["give_back_freed_memory", "keep_freed_memory"]

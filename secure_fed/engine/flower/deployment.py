@@ -39,7 +39,6 @@ import time
 import uuid
 from pathlib import Path
 
-from secure_fed.engine.allocator import node_allocator_env
 from secure_fed.engine.flower.certificates import generate_certificates
 from secure_fed.engine.flower.clientapp_worker import spawn
 from secure_fed.engine.flower.link_proxy import LinkProxy, LinkShape
@@ -194,7 +193,6 @@ class LocalDeployment:
         env = self._env(f"node-{i}")
         env[NODE_STATE] = str(folder)
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # one torch thread per node (the ClientApp sets it too)
-        env.update(node_allocator_env())  # the SuperNode gives the messages' freed memory back (16 nodes share the machine)
         port = free_port()
         cmd = [
             "flower-supernode", "--root-certificates", str(self._certs["ca.crt"]), "--superlink", self.fleet_address,

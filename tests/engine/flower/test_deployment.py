@@ -11,14 +11,12 @@ import ssl
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from secure_fed.engine import Experiment
-from secure_fed.engine.allocator import node_allocator_env
 from secure_fed.engine.flower.deployment import LocalDeployment, marked_processes
 from tests.config.test_bad_input import cli
 from tests.conftest import REPO, SMALL, small_plan
@@ -47,12 +45,6 @@ def test_flwr_run_on_a_tls_superlink_with_three_supernodes(tmp_path):
             httpx.get(f"https://127.0.0.1:{dep.port}/health", verify=True)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{dep.port}/health")
-        # each SuperNode (Flower's program) starts with the allocator settings that give freed memory back
-        supernodes = [pid for pids in dep.node_pids().values() for pid in pids if b"flower-supernode" in _cmdline(pid)]
-        assert len(supernodes) == 3
-        for pid in supernodes:
-            env = _environ(pid)
-            assert {k: env.get(k) for k in node_allocator_env()} == node_allocator_env()
         done = dep.run(out=tmp_path / "run", overrides=RUN, timeout_s=600)
         assert marked_processes(dep.marker)  # the deployment is up until the block ends
     assert done.returncode == 0, (tmp_path / "deployment" / "flwr-run.log").read_text()[-3000:]
@@ -70,15 +62,6 @@ def test_flwr_run_on_a_tls_superlink_with_three_supernodes(tmp_path):
         assert summary["final"][k] == pytest.approx(v, abs=1e-5), k
     rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1]
-
-
-def _cmdline(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/cmdline").read_bytes()
-
-
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
 
 
 #: a process that starts a 2-node deployment, says its marker, and waits
