@@ -204,6 +204,9 @@ def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
     from flwr.supercore.runtime import RuntimeHttpClient
 
+    from secure_fed.engine.flower.live_buffers import largest_buffers, memlog_on
+    from secure_fed.engine.flower.node_memory import pss_kib
+
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)
     client = RuntimeHttpClient.from_server_address(
@@ -229,6 +232,9 @@ def serve(address: str, *, poll_s: float = 0.2, parent_pid: int | None = None) -
                 _run_task(address, res.token, apps)
             except Exception as ex:  # noqa: BLE001 - e.g. a reply refused for a task the SuperNode has ended (401)
                 log(ERROR, "secure-fed ClientApp worker: a task ended with an error; taking the next", exc_info=ex)
+            if memlog_on():  # SECURE_FED_WORKER_MEMLOG=1: what this node's memory is made of, after each task
+                log(INFO, "secure-fed ClientApp worker: PSS %s KiB after the task; largest buffers %s",
+                    pss_kib(os.getpid()), json.dumps(largest_buffers()))  # fmt: skip
         else:
             time.sleep(poll_s)
 
