@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -33,17 +34,11 @@ def _buffer(obj: Any) -> tuple[int, int, str] | None:
         return id(base), base.nbytes, f"ndarray {base.dtype}{list(base.shape)}"
     if isinstance(obj, (bytes, bytearray)):
         return id(obj), len(obj), type(obj).__name__
-    torch = _torch()
+    torch = sys.modules.get("torch")  # tensors exist only where torch is imported
     if torch is not None and isinstance(obj, torch.Tensor) and obj.layout == torch.strided and obj.device.type == "cpu":
         storage = obj.untyped_storage()
         return storage.data_ptr(), storage.nbytes(), f"tensor {str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}"
     return None
-
-
-def _torch():
-    import sys
-
-    return sys.modules.get("torch")
 
 
 def largest_buffers(limit: int = 10, *, min_bytes: int = 1 << 20) -> list[dict[str, Any]]:
