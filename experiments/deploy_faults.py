@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from protocols.secagg.fault_schedule import STAGES, SUPERLINK, FaultSchedule, load_fault_schedule
+from secure_fed.engine.flower.client_app import read_node_state_file
 from secure_fed.engine.flower.deployment import APP_DIR, CONNECTION, LocalDeployment, _toml_string
 from secure_fed.engine.flower.node_faults import DONE_FILE, PROGRESS_FILE, check_exact_sums, write_plan
 
@@ -227,14 +228,12 @@ class FaultDriver:
 
 # ----------------------------------------------------------------------------------------------------------- checks
 def node_secrets(dep_workdir: Path, nodes: int) -> dict[str, bytes]:
-    """Every node's secrets, read from the nodes' own state files (``nodes/i/<session>/node-i.pt``): signing keys,
+    """Every node's secrets, read from the nodes' own state files (``nodes/i/<session>/node-i.state``): signing keys,
     SecAgg+ round secrets, DP secret streams' keys, keyed hashing's run key, salt and X25519 keys."""
-    import torch
-
     found: dict[str, bytes] = {}
     for i in range(nodes):
-        for f in (dep_workdir / "nodes" / str(i)).glob("*/node-*.pt"):
-            st = torch.load(f, map_location="cpu", weights_only=False)["protocols"]
+        for f in (dep_workdir / "nodes" / str(i)).glob("*/node-*.state"):
+            st = read_node_state_file(f)["protocols"]
             for cid, e in st.get("secure_aggregation", {}).items():
                 if e.get("sign_sk"):
                     found[f"secagg sign_sk c{cid}"] = bytes(e["sign_sk"])
@@ -273,10 +272,8 @@ def secrets_found(dep_workdir: Path, run_dir: Path, nodes: int) -> tuple[int, li
 
 def dealer_key(dep_workdir: Path) -> tuple[bytes, bytes] | None:
     """Keyed hashing's run key and salt as the nodes hold them (to pin the in-process replay's dealer), or None."""
-    import torch
-
-    for f in sorted((dep_workdir / "nodes").glob("*/*/node-*.pt")):
-        ring = torch.load(f, map_location="cpu", weights_only=False)["protocols"].get("keyed_hashing", {})
+    for f in sorted((dep_workdir / "nodes").glob("*/*/node-*.state")):
+        ring = read_node_state_file(f)["protocols"].get("keyed_hashing", {})
         for entry in ring.values():
             if entry.get("run_key"):
                 return bytes(entry["run_key"]), bytes(entry["salt"])

@@ -29,6 +29,8 @@ from typing import Any
 import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from secure_fed.client_functions import apply_client_plan, resolve_client_function
 from secure_fed.engine.flower.codec import decode, encode
@@ -101,7 +103,7 @@ def node_state_file(storage: str | Path | None, context: Context, session: Any) 
         return None
     if not re.fullmatch(r"[0-9a-f]{32}", str(session)):
         raise PermissionError(f"{session!r} is not a run session token")
-    return Path(storage) / str(session) / f"node-{int(context.node_config['partition-id'])}.pt"
+    return Path(storage) / str(session) / f"node-{int(context.node_config['partition-id'])}.state"
 
 
 def _has_state(context: Context) -> bool:
@@ -109,15 +111,21 @@ def _has_state(context: Context) -> bool:
 
 
 def _store(file: Path, state: dict) -> None:
-    """Write the node's state file: private to its owner, replaced whole (a kill leaves the previous one)."""
-    import torch
-
+    """Write the node's state file: private to its owner, replaced whole (a kill leaves the previous one); the
+    state as the codec encodes a message, in Flower's protobuf form (nothing pickled)."""
     file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = file.with_name(file.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
-        torch.save(state, fh)
+        fh.write(recorddict_to_proto(encode(state)).SerializeToString())
     tmp.replace(file)
+
+
+def read_node_state_file(file: str | Path) -> dict:
+    """A node's state file (``{"protocols": ..., "clients": ...}``), decoded by the codec: reading it runs no code."""
+    proto = ProtoRecordDict()
+    proto.ParseFromString(Path(file).read_bytes())
+    return decode(recorddict_from_proto(proto))
 
 
 def check_node_storage(context: Context, file: Path | None, *, since: int) -> None:
@@ -143,9 +151,7 @@ def load_node_state(context: Context, exp, file: Path | None = None) -> None:
     the run that serves several nodes (one simulation worker) is loaded afresh for each message. With a state file
     (``file``) the first message of a Flower run takes the state up from it (a resumed run)."""
     if file is not None and not _has_state(context) and file.is_file():
-        import torch
-
-        stored = torch.load(file, map_location="cpu", weights_only=False)
+        stored = read_node_state_file(file)
         _write(context, STATE_RECORDS, stored["protocols"])
         _write(context, CLIENT_DATA_RECORDS, stored["clients"])
     if exp.stack:
@@ -291,6 +297,7 @@ __all__ = [
     "client_replica",
     "make_client_app",
     "load_node_state",
+    "read_node_state_file",
     "save_node_state",
 ]
 

@@ -1,11 +1,14 @@
 """Payloads (nested dicts of tensors, arrays, bytes and scalars) to Flower ``RecordDict`` and back, exactly.
 
-Tensors and NumPy arrays travel in one :class:`~flwr.app.ArrayRecord` (``"arrays"``); bytes, strings and numbers in
-one :class:`~flwr.app.ConfigRecord` (``"values"``); the nesting, the Python types and the tensor dtypes in a JSON
-``"layout"`` string inside that ConfigRecord. Decoding rebuilds the same structure with the same types, dtypes and
-values (bf16 tensors travel as float32, which holds every bf16 value exactly; NumPy scalars arrive as Python
-scalars). Nothing is pickled: a message cannot
-make its receiver run code.
+Tensors and NumPy arrays travel in one :class:`~flwr.app.ArrayRecord` (``"arrays"``); one
+:class:`~flwr.app.ConfigRecord` (``"values"``) holds a JSON ``"layout"`` string (the nesting, the Python types, the
+scalars, the tensor dtypes) and every bytes value of the payload, concatenated in the layout's order, as one
+``"bytes"`` value (the layout gives each one's length). A list or tuple whose items are all ints, or all bytes, is one
+layout entry, and a dict is its keys and its values as two lists, so a payload of many small secrets (a node's
+SecAgg+ state: 120,000 32-byte values and 250,000 ints) is a few thousand layout entries and two ConfigRecord values,
+not one entry per value. Decoding rebuilds the same structure with the same types, dtypes and values (bf16 tensors
+travel as float32, which holds every bf16 value exactly; NumPy scalars arrive as Python scalars). Nothing is
+pickled: a message cannot make its receiver run code.
 """
 
 from __future__ import annotations
@@ -21,18 +24,28 @@ from secure_fed.models.sparse_rows import RowSparseDelta
 
 _DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32,
                                torch.int16, torch.int8, torch.uint8, torch.bool)}  # fmt: skip
+#: the ConfigRecord values of an encoded payload: its layout and its bytes values, concatenated
+_VALUE_KEYS = frozenset({"layout", "bytes"})
 
 
 class CodecError(ValueError):
     """A payload holds a value the codec does not carry (say which key)."""
 
 
+def _all_ints(items: list | tuple) -> bool:
+    return bool(items) and all(type(x) is int for x in items)
+
+
+def _all_bytes(items: list | tuple) -> bool:
+    return bool(items) and all(type(x) is bytes for x in items)
+
+
 def encode(payload: dict[str, Any]) -> RecordDict:
     arrays: dict[str, Array] = {}
-    values: dict[str, Any] = {}
+    blob: list[bytes] = []
 
     def walk(v: Any, path: str, where: str) -> Any:
-        """``path``: the storage key (unique); ``where``: the key path a person reads in an error."""
+        """``path``: the storage key of an array (unique); ``where``: the key path a person reads in an error."""
         if isinstance(v, torch.Tensor):
             t = v.detach().cpu()
             dtype = str(t.dtype)
@@ -50,37 +63,69 @@ def encode(payload: dict[str, Any]) -> RecordDict:
             arrays[path] = Array(np.ascontiguousarray(v).reshape(-1))
             return {"n": path, "shape": list(v.shape)}
         if isinstance(v, bytes):
-            values[path] = v
-            return {"b": path}
+            blob.append(bytes(v))
+            return {"b": len(v)}
         if isinstance(v, dict):
-            return {"d": [[walk(k, f"{path}/k{i}", f"{where} key"), walk(x, f"{path}/{i}", f"{where}.{k}")]
-                          for i, (k, x) in enumerate(v.items())]}  # fmt: skip
+            keys, items = list(v.keys()), list(v.values())
+            return {"d": [walk(keys, f"{path}/k", f"{where} key"), walk_items(items, path, where, [str(k) for k in keys])]}
         if isinstance(v, (list, tuple)):
-            items = [walk(x, f"{path}/{i}", f"{where}[{i}]") for i, x in enumerate(v)]
-            return {"l" if isinstance(v, list) else "u": items}
+            return walk_items(v, path, where, None)
         if isinstance(v, (np.integer, np.floating, np.bool_)):
             v = v.item()
         if v is None or isinstance(v, (bool, int, float, str)):
             return {"v": v}
         raise CodecError(f"{where}: a {type(v).__name__} cannot travel in a message")
 
+    def walk_items(v: list | tuple, path: str, where: str, names: list[str] | None) -> Any:
+        tag = "l" if isinstance(v, list) else "u"
+        if _all_ints(v):  # one JSON list of ints (bools, which are ints too, take the general form)
+            return {tag + "i": list(v)}
+        if _all_bytes(v):
+            blob.extend(bytes(x) for x in v)
+            return {tag + "b": [len(x) for x in v]}
+        return {tag: [walk(x, f"{path}/{i}", f"{where}.{names[i]}" if names else f"{where}[{i}]")
+                      for i, x in enumerate(v)]}  # fmt: skip
+
     layout = walk(dict(payload), "p", "payload")
-    values["layout"] = json.dumps(layout, allow_nan=True)
+    values = {"layout": json.dumps(layout, allow_nan=True), "bytes": b"".join(blob)}
     return RecordDict({"arrays": ArrayRecord(array_dict=arrays), "values": ConfigRecord(values)})
 
 
 def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> dict[str, Any]:
     """The payload of ``record``. Strict: a record that holds anything the layout does not name (another record,
-    an unreferenced array or value, a ``meta`` key outside ``meta_keys`` when given) is refused, so nothing can
-    ride along a message past the guard, which checks the decoded payload."""
+    an unreferenced array or value, bytes past the last one the layout names, a ``meta`` key outside ``meta_keys``
+    when given) is refused, so nothing can ride along a message past the guard, which checks the decoded
+    payload."""
     allowed = {"arrays", "values"} | ({"meta"} if meta_keys is not None else set())
     if set(record.keys()) - allowed or not {"arrays", "values"} <= set(record.keys()):
         raise CodecError(f"a message holds records {sorted(record.keys())}; expected {sorted(allowed)}")
     if meta_keys is not None and "meta" in record and set(record["meta"].keys()) - meta_keys:
         raise CodecError(f"a message's meta holds {sorted(set(record['meta'].keys()) - meta_keys)}")
     arrays, values = record["arrays"], record["values"]
+    if set(values.keys()) != _VALUE_KEYS:
+        raise CodecError(f"a message's values are {sorted(values.keys())[:5]}; expected {sorted(_VALUE_KEYS)}")
+    blob = values["bytes"]
+    if not isinstance(blob, bytes):
+        raise CodecError("a message's bytes value is not bytes")
+    cursor = 0
     used_arrays: set[str] = set()
-    used_values: set[str] = {"layout"}
+
+    def take(n: Any) -> bytes:
+        nonlocal cursor
+        if type(n) is not int or n < 0 or cursor + n > len(blob):
+            raise CodecError("a message's layout names bytes it does not carry")
+        cursor += n
+        return blob[cursor - n : cursor]
+
+    def ints(xs: Any) -> list:
+        if not (isinstance(xs, list) and all(type(x) is int for x in xs)):
+            raise CodecError("a message's list of ints holds something else")
+        return xs
+
+    def lengths(xs: Any) -> list:
+        if not isinstance(xs, list):
+            raise CodecError("a message's list of bytes is not a list of lengths")
+        return [take(n) for n in xs]
 
     def build(node: dict) -> Any:
         if "t" in node:
@@ -91,14 +136,32 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
             used_arrays.add(node["n"])
             return np.array(arrays[node["n"]].numpy(), copy=True).reshape(node["shape"])
         if "b" in node:
-            used_values.add(node["b"])
-            return bytes(values[node["b"]])
+            return take(node["b"])
         if "d" in node:
-            return {build(k): build(x) for k, x in node["d"]}
+            if not (isinstance(node["d"], list) and len(node["d"]) == 2):
+                raise CodecError("a message's mapping is not (keys, values)")
+            keys, items = build(node["d"][0]), build(node["d"][1])
+            if not (isinstance(keys, list) and isinstance(items, list) and len(keys) == len(items)):
+                raise CodecError("a message's mapping has not one value per key")
+            try:
+                out = dict(zip(keys, items, strict=True))
+            except TypeError as e:  # an unhashable key
+                raise CodecError(f"a message's mapping has a key that cannot be one: {e}") from None
+            if len(out) != len(keys):
+                raise CodecError("a message's mapping names a key twice")
+            return out
         if "l" in node:
             return [build(x) for x in node["l"]]
         if "u" in node:
             return tuple(build(x) for x in node["u"])
+        if "li" in node:
+            return list(ints(node["li"]))
+        if "ui" in node:
+            return tuple(ints(node["ui"]))
+        if "lb" in node:
+            return lengths(node["lb"])
+        if "ub" in node:
+            return tuple(lengths(node["ub"]))
         if "rs" in node:
             if not (isinstance(node["rs"], list) and len(node["rs"]) == 3):
                 raise CodecError("a row-sparse update is not (columns, values, shape)")
@@ -106,12 +169,16 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
             if not (isinstance(shape, list) and len(shape) == 2 and all(type(k) is int and k >= 0 for k in shape)):
                 raise CodecError("a row-sparse update's shape is not two sizes")
             return RowSparseDelta(build(cols), build(vals), (shape[0], shape[1]))
-        return node["v"]
+        if "v" in node:
+            return node["v"]
+        raise CodecError(f"a message's layout holds an entry of no known kind: {sorted(node)[:3]}")
 
     payload = build(json.loads(str(values["layout"])))
-    extra = sorted((set(arrays.keys()) - used_arrays) | (set(values.keys()) - used_values))
+    extra = sorted(set(arrays.keys()) - used_arrays)
     if extra:
         raise CodecError(f"a message carries entries its layout does not name: {extra[:5]}")
+    if cursor != len(blob):
+        raise CodecError(f"a message carries {len(blob) - cursor} bytes its layout does not name")
     if not isinstance(payload, dict):
         raise CodecError("a message's payload is not a mapping")
     return payload

@@ -27,6 +27,10 @@ leaves = st.one_of(
     st.integers(-(2**62), 2**62), st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8), st.booleans(),
     st.none(),
     st.builds(_tensor, st.lists(st.integers(0, 4), max_size=3), st.sampled_from(DTYPES), st.integers(0, 1000)),
+    # homogeneous lists and tuples (one layout entry each), and near misses that must keep their item types
+    st.lists(st.integers(-(2**70), 2**70), max_size=5), st.lists(st.binary(max_size=40), max_size=5),
+    st.lists(st.one_of(st.integers(0, 3), st.booleans()), max_size=5),
+    st.lists(st.integers(0, 9), max_size=4).map(tuple), st.lists(st.binary(max_size=4), max_size=4).map(tuple),
 )  # fmt: skip
 payloads = st.recursive(
     leaves,
@@ -125,3 +129,41 @@ def test_row_sparse_update_round_trips_and_a_bad_shape_is_refused():
     rec["values"]["layout"] = rec["values"]["layout"].replace(", [4, 10]]", "]")
     with pytest.raises(CodecError, match="not \\(columns, values, shape\\)"):
         decode(rec)
+
+
+def test_a_layout_that_does_not_match_its_bytes_or_its_kinds_is_refused():
+    """Bytes past the last one the layout names cannot ride along; a layout that names bytes the message does not
+    carry, a list of ints holding something else, a key named twice or an entry of no known kind are refused."""
+    base = {"sessions": {3: b"k" * 32, 5: b"m" * 32}, "shares": [[1, 2], [3, 4]], "tag": b"t"}
+    assert _same(base, decode(_over_the_wire(encode(base))))
+    tail = encode(base)
+    tail["values"]["bytes"] = tail["values"]["bytes"] + b"secret"
+    short = encode(base)
+    short["values"]["bytes"] = short["values"]["bytes"][:-1]
+    floats = encode(base)
+    floats["values"]["layout"] = floats["values"]["layout"].replace("[1, 2]", "[1, 2.5]")
+    twice = encode(base)
+    twice["values"]["layout"] = twice["values"]["layout"].replace("[3, 5]", "[3, 3]")
+    unknown = encode(base)
+    unknown["values"]["layout"] = unknown["values"]["layout"].replace('{"b": 1}', '{"z": 1}')
+    extra_value = encode(base)
+    extra_value["values"]["p/raw"] = b"secret"
+    cases = {"tail": (tail, "bytes its layout does not name"), "short": (short, "does not carry"),
+             "floats": (floats, "list of ints"), "twice": (twice, "twice"), "unknown": (unknown, "no known kind"),
+             "extra value": (extra_value, "values are")}  # fmt: skip
+    for name, (record, message) in cases.items():
+        with pytest.raises(CodecError, match=message):
+            decode(record)
+        assert name
+
+
+def test_many_small_secrets_are_a_few_layout_entries():
+    """A node's SecAgg+-shaped state (per client: a dict of 100 peers' 32-byte session keys, 100 share pairs) is
+    two ConfigRecord values and a layout with fewer entries than half its 7,000 keys, ints and bytes values (one
+    entry per value, and one ConfigRecord value per bytes value, is what made a Bibtex node's state slow)."""
+    state = {c: {"peer_sessions": {p: bytes([p % 256]) * 32 for p in range(100)},
+                 "held_shares": {p: [[p, 7 * p], [1, 2]] for p in range(100)}} for c in range(10)}  # fmt: skip
+    record = encode(state)
+    assert set(record["values"].keys()) == {"layout", "bytes"} and len(record["values"]["bytes"]) == 10 * 100 * 32
+    assert str(record["values"]["layout"]).count("{") < 7_000 / 2
+    assert _same(state, decode(_over_the_wire(record)))

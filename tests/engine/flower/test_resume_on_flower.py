@@ -9,9 +9,9 @@ import shutil
 import stat
 
 import pytest
-import torch
 
 from secure_fed.engine import Experiment
+from secure_fed.engine.flower.client_app import read_node_state_file
 from secure_fed.engine.flower.executor import FlowerError
 from secure_fed.engine.flower.simulation import node_storage_dir
 from tests.conftest import small_plan
@@ -37,12 +37,12 @@ def _resumed(overrides, run_dir):
 
 def test_a_keyed_hashing_run_resumes_on_flower(tmp_path):
     first = _first_half(KEYED, tmp_path / "f")
-    files = sorted((node_storage_dir(tmp_path / "f") / first.flower_session).glob("node-*.pt"))
-    assert [f.name for f in files] == [f"node-{p}.pt" for p in range(4)]
+    files = sorted((node_storage_dir(tmp_path / "f") / first.flower_session).glob("node-*.state"))
+    assert [f.name for f in files] == [f"node-{p}.state" for p in range(4)]
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     rings = {}
     for f in files:
-        rings.update(torch.load(f, weights_only=False)["protocols"]["keyed_hashing"])
+        rings.update(read_node_state_file(f)["protocols"]["keyed_hashing"])
     assert sorted(rings) == list(range(len(first.fed.clients)))
     run_key, salt = rings[0]["run_key"], rings[0]["salt"]
 
@@ -58,12 +58,12 @@ def test_local_models_resume_on_flower_and_a_node_without_its_state_refuses(tmp_
     first = _first_half(LOCAL, tmp_path / "f")
     store = node_storage_dir(tmp_path / "f") / first.flower_session
     shutil.copytree(store, tmp_path / "kept")
-    (store / "node-1.pt").unlink()  # node 1 lost its disk
+    (store / "node-1.state").unlink()  # node 1 lost its disk
     with pytest.raises(FlowerError, match="node 1 has no state file"):
         _resumed(LOCAL, tmp_path / "f")
     assert len((tmp_path / "f" / "metrics.jsonl").read_text().splitlines()) == 2  # no round ran
 
-    shutil.copy(tmp_path / "kept" / "node-1.pt", store / "node-1.pt")
+    shutil.copy(tmp_path / "kept" / "node-1.state", store / "node-1.state")
     resumed, result = _resumed(LOCAL, tmp_path / "f")
     local, local_result = run_in_process(LOCAL, tmp_path / "local")
     # each client's own model went on from where its node stored it: the same AmAP/WmAP every round
@@ -88,8 +88,8 @@ def test_a_resumed_run_replays_a_round_its_nodes_trained_and_they_take_it(tmp_pa
     ahead = Experiment(small_plan(*DP_LOCAL, "backend=flower", "training.rounds=3"), run_dir=tmp_path / "f")
     assert ahead.resume() and ahead.run(progress=False).summary["rounds_completed"] == 3  # the nodes train round 2
     trained = {}
-    for f in (node_storage_dir(tmp_path / "f") / first.flower_session).glob("node-*.pt"):
-        for cid, st in torch.load(f, weights_only=False)["protocols"]["dp"].items():
+    for f in (node_storage_dir(tmp_path / "f") / first.flower_session).glob("node-*.state"):
+        for cid, st in read_node_state_file(f)["protocols"]["dp"].items():
             trained[cid] = st["trained"]
     assert trained and all(2 in rounds for rounds in trained.values() if rounds)  # round 2 remembered on the nodes
     shutil.rmtree(tmp_path / "f")
