@@ -78,6 +78,17 @@ def pickle_round_trip(state: dict) -> tuple[dict, int]:
     return torch.load(buf, weights_only=False), size
 
 
+def same(a, b) -> bool:
+    """Equal with the same types all the way down (``True`` is not ``1``; tensors by dtype, shape and values)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return type(b) is dict and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
 def best_of(fn, state: dict, repeat: int) -> tuple[float, dict, int]:
     times = []
     for _ in range(repeat):
@@ -102,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         state = synthetic_state(a.clients, a.peers)
     codec_s, codec_back, codec_size = best_of(codec_round_trip, state, a.repeat)
     pickle_s, pickle_back, pickle_size = best_of(pickle_round_trip, state, a.repeat)
-    print(f"codec (encode, protobuf, decode): {codec_s:.3f} s, {codec_size / 1e6:.1f} MB, equal: {codec_back == state}")
-    print(f"torch.save/torch.load (pickle):   {pickle_s:.3f} s, {pickle_size / 1e6:.1f} MB, equal: {pickle_back == state}")
+    print(f"codec (encode, protobuf, decode): {codec_s:.3f} s, {codec_size / 1e6:.1f} MB, equal: {same(state, codec_back)}")
+    print(f"torch.save/torch.load (pickle):   {pickle_s:.3f} s, {pickle_size / 1e6:.1f} MB, equal: {same(state, pickle_back)}")
     print(f"codec / pickle time: {codec_s / pickle_s:.2f}")
-    return 0 if codec_back == state else 1
+    return 0 if same(state, codec_back) else 1
 
 
 if __name__ == "__main__":

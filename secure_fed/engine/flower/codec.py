@@ -63,8 +63,9 @@ def encode(payload: dict[str, Any]) -> RecordDict:
             arrays[path] = Array(np.ascontiguousarray(v).reshape(-1))
             return {"n": path, "shape": list(v.shape)}
         if isinstance(v, bytes):
-            blob.append(bytes(v))
-            return {"b": len(v)}
+            b = bytes(v)
+            blob.append(b)
+            return {"b": len(b)}
         if isinstance(v, dict):
             keys, items = list(v.keys()), list(v.values())
             return {"d": [walk(keys, f"{path}/k", f"{where} key"), walk_items(items, path, where, [str(k) for k in keys])]}
@@ -81,8 +82,9 @@ def encode(payload: dict[str, Any]) -> RecordDict:
         if _all_ints(v):  # one JSON list of ints (bools, which are ints too, take the general form)
             return {tag + "i": list(v)}
         if _all_bytes(v):
-            blob.extend(bytes(x) for x in v)
-            return {tag + "b": [len(x) for x in v]}
+            parts = [bytes(x) for x in v]
+            blob.extend(parts)
+            return {tag + "b": [len(x) for x in parts]}
         return {tag: [walk(x, f"{path}/{i}", f"{where}.{names[i]}" if names else f"{where}[{i}]")
                       for i, x in enumerate(v)]}  # fmt: skip
 
@@ -91,11 +93,24 @@ def encode(payload: dict[str, Any]) -> RecordDict:
     return RecordDict({"arrays": ArrayRecord(array_dict=arrays), "values": ConfigRecord(values)})
 
 
+#: the keys of each kind of layout entry (an entry with any other key set is refused)
+_ENTRY_KEYS = {frozenset(k) for k in (("t", "dtype", "shape"), ("n", "shape"), ("b",), ("d",), ("l",), ("u",), ("li",),
+                                      ("ui",), ("lb",), ("ub",), ("rs",), ("v",))}  # fmt: skip
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise CodecError("a message's layout names a key twice")
+    return out
+
+
 def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> dict[str, Any]:
     """The payload of ``record``. Strict: a record that holds anything the layout does not name (another record,
     an unreferenced array or value, bytes past the last one the layout names, a ``meta`` key outside ``meta_keys``
-    when given) is refused, so nothing can ride along a message past the guard, which checks the decoded
-    payload."""
+    when given) is refused, and so is a layout that is not the one :func:`encode` writes for the payload it
+    describes (an entry with a key of no use, an array under another name, other spacing or key order), so nothing
+    can ride along a message past the guard, which checks the decoded payload."""
     allowed = {"arrays", "values"} | ({"meta"} if meta_keys is not None else set())
     if set(record.keys()) - allowed or not {"arrays", "values"} <= set(record.keys()):
         raise CodecError(f"a message holds records {sorted(record.keys())}; expected {sorted(allowed)}")
@@ -104,9 +119,9 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
     arrays, values = record["arrays"], record["values"]
     if set(values.keys()) != _VALUE_KEYS:
         raise CodecError(f"a message's values are {sorted(values.keys())[:5]}; expected {sorted(_VALUE_KEYS)}")
-    blob = values["bytes"]
-    if not isinstance(blob, bytes):
-        raise CodecError("a message's bytes value is not bytes")
+    blob, text = values["bytes"], values["layout"]
+    if not isinstance(blob, bytes) or not isinstance(text, str):
+        raise CodecError("a message's layout is not a string or its bytes value is not bytes")
     cursor = 0
     used_arrays: set[str] = set()
 
@@ -118,29 +133,43 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
         return blob[cursor - n : cursor]
 
     def ints(xs: Any) -> list:
-        if not (isinstance(xs, list) and all(type(x) is int for x in xs)):
+        if not (isinstance(xs, list) and xs and all(type(x) is int for x in xs)):
             raise CodecError("a message's list of ints holds something else")
         return xs
 
     def lengths(xs: Any) -> list:
-        if not isinstance(xs, list):
+        if not (isinstance(xs, list) and xs):
             raise CodecError("a message's list of bytes is not a list of lengths")
         return [take(n) for n in xs]
 
-    def build(node: dict) -> Any:
+    def array(node: dict, path: str) -> np.ndarray:
+        name = node["t"] if "t" in node else node["n"]
+        shape = node["shape"]
+        if name != path or name not in arrays.keys():
+            raise CodecError(f"a message's layout names an array {str(name)[:40]!r} it does not carry at {path}")
+        if not (isinstance(shape, list) and all(type(k) is int and k >= 0 for k in shape)):
+            raise CodecError("a message's array shape is not a list of sizes")
+        used_arrays.add(name)
+        try:
+            return np.array(arrays[name].numpy(), copy=True).reshape(shape)
+        except (TypeError, ValueError) as e:
+            raise CodecError(f"a message's array at {path} cannot be read: {str(e)[:80]}") from None
+
+    def build(node: Any, path: str) -> Any:
+        if not isinstance(node, dict) or frozenset(node) not in _ENTRY_KEYS:
+            raise CodecError(f"a message's layout holds an entry of no known kind at {path}")
         if "t" in node:
-            used_arrays.add(node["t"])
-            a = torch.from_numpy(np.array(arrays[node["t"]].numpy(), copy=True).reshape(node["shape"]))
-            return a.to(_DTYPES[node["dtype"]])
+            if node["dtype"] not in _DTYPES:
+                raise CodecError(f"a message's tensor at {path} has dtype {str(node['dtype'])[:20]!r}")
+            return torch.from_numpy(array(node, path)).to(_DTYPES[node["dtype"]])
         if "n" in node:
-            used_arrays.add(node["n"])
-            return np.array(arrays[node["n"]].numpy(), copy=True).reshape(node["shape"])
+            return array(node, path)
         if "b" in node:
             return take(node["b"])
         if "d" in node:
             if not (isinstance(node["d"], list) and len(node["d"]) == 2):
                 raise CodecError("a message's mapping is not (keys, values)")
-            keys, items = build(node["d"][0]), build(node["d"][1])
+            keys, items = build(node["d"][0], f"{path}/k"), sequence(node["d"][1], path)
             if not (isinstance(keys, list) and isinstance(items, list) and len(keys) == len(items)):
                 raise CodecError("a message's mapping has not one value per key")
             try:
@@ -150,30 +179,45 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
             if len(out) != len(keys):
                 raise CodecError("a message's mapping names a key twice")
             return out
-        if "l" in node:
-            return [build(x) for x in node["l"]]
-        if "u" in node:
-            return tuple(build(x) for x in node["u"])
-        if "li" in node:
-            return list(ints(node["li"]))
-        if "ui" in node:
-            return tuple(ints(node["ui"]))
-        if "lb" in node:
-            return lengths(node["lb"])
-        if "ub" in node:
-            return tuple(lengths(node["ub"]))
         if "rs" in node:
             if not (isinstance(node["rs"], list) and len(node["rs"]) == 3):
                 raise CodecError("a row-sparse update is not (columns, values, shape)")
             cols, vals, shape = node["rs"]
             if not (isinstance(shape, list) and len(shape) == 2 and all(type(k) is int and k >= 0 for k in shape)):
                 raise CodecError("a row-sparse update's shape is not two sizes")
-            return RowSparseDelta(build(cols), build(vals), (shape[0], shape[1]))
+            if not (isinstance(cols, dict) and "t" in cols and isinstance(vals, dict) and "t" in vals):
+                raise CodecError("a row-sparse update's columns and values are not tensors")
+            return RowSparseDelta(build(cols, f"{path}/c"), build(vals, f"{path}/v"), (shape[0], shape[1]))
         if "v" in node:
-            return node["v"]
-        raise CodecError(f"a message's layout holds an entry of no known kind: {sorted(node)[:3]}")
+            v = node["v"]
+            if not (v is None or isinstance(v, (bool, int, float, str))):
+                raise CodecError(f"a message's scalar at {path} is a {type(v).__name__}")
+            return v
+        return sequence(node, path)
 
-    payload = build(json.loads(str(values["layout"])))
+    def sequence(node: Any, path: str) -> list | tuple:
+        """A list or tuple entry (``l``, ``u``, ``li``, ``ui``, ``lb``, ``ub``); its items' paths are ``path/i``."""
+        if not isinstance(node, dict) or frozenset(node) not in _ENTRY_KEYS:
+            raise CodecError(f"a message's layout holds an entry of no known kind at {path}")
+        kind = next(iter(node))
+        if kind in ("l", "u"):
+            if not isinstance(node[kind], list):
+                raise CodecError(f"a message's sequence at {path} is not a list")
+            items = [build(x, f"{path}/{i}") for i, x in enumerate(node[kind])]
+            return items if kind == "l" else tuple(items)
+        if kind in ("li", "ui"):
+            return list(ints(node[kind])) if kind == "li" else tuple(ints(node[kind]))
+        if kind in ("lb", "ub"):
+            return lengths(node[kind]) if kind == "lb" else tuple(lengths(node[kind]))
+        raise CodecError(f"a message's layout holds a {kind!r} entry where a sequence belongs, at {path}")
+
+    try:
+        layout = json.loads(text, object_pairs_hook=_no_repeated_keys)
+    except (ValueError, RecursionError) as e:
+        raise CodecError(f"a message's layout is not JSON: {str(e)[:80]}") from None
+    if json.dumps(layout, allow_nan=True) != text:
+        raise CodecError("a message's layout is not written as the codec writes it")
+    payload = build(layout, "p")
     extra = sorted(set(arrays.keys()) - used_arrays)
     if extra:
         raise CodecError(f"a message carries entries its layout does not name: {extra[:5]}")
@@ -181,7 +225,32 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
         raise CodecError(f"a message carries {len(blob) - cursor} bytes its layout does not name")
     if not isinstance(payload, dict):
         raise CodecError("a message's payload is not a mapping")
+    _check_canonical(record, payload)
     return payload
+
+
+def _npy_header(data: bytes) -> bytes:
+    """The ``.npy`` header an :class:`~flwr.app.Array`'s bytes start with (its format version, dtype and shape)."""
+    if len(data) < 12 or data[:6] != b"\x93NUMPY":
+        raise CodecError("a message's array is not in the .npy format")
+    size = int.from_bytes(data[8:10], "little") + 10 if data[6] == 1 else int.from_bytes(data[8:12], "little") + 12
+    return data[:size]
+
+
+def _check_canonical(record: RecordDict, payload: dict) -> None:
+    """``record`` is what :func:`encode` writes for ``payload``: the same layout string and bytes, and each array
+    with the same dtype, shape, type name and ``.npy`` header (its values are the payload's). A sender's every other
+    choice (a key of no use, another list form, spacing, an array's metadata) would be a channel past the guard."""
+    again = encode(payload)
+    if again["values"]["layout"] != record["values"]["layout"] or again["values"]["bytes"] != record["values"]["bytes"]:
+        raise CodecError("a message's layout is not the one the codec writes for its payload")
+    arrays = record["arrays"]
+    for name, b in again["arrays"].items():
+        a = arrays[name]
+        if (a.dtype, list(a.shape), a.stype, len(a.data)) != (b.dtype, list(b.shape), b.stype, len(b.data)) or (
+            _npy_header(a.data) != _npy_header(b.data)
+        ):
+            raise CodecError(f"a message's array {name} is not stored as the codec stores it")
 
 
 __all__ = ["CodecError", "decode", "encode"]

@@ -151,10 +151,9 @@ def test_a_layout_that_does_not_match_its_bytes_or_its_kinds_is_refused():
     cases = {"tail": (tail, "bytes its layout does not name"), "short": (short, "does not carry"),
              "floats": (floats, "list of ints"), "twice": (twice, "twice"), "unknown": (unknown, "no known kind"),
              "extra value": (extra_value, "values are")}  # fmt: skip
-    for name, (record, message) in cases.items():
+    for record, message in cases.values():
         with pytest.raises(CodecError, match=message):
             decode(record)
-        assert name
 
 
 def test_many_small_secrets_are_a_few_layout_entries():
@@ -167,3 +166,45 @@ def test_many_small_secrets_are_a_few_layout_entries():
     assert set(record["values"].keys()) == {"layout", "bytes"} and len(record["values"]["bytes"]) == 10 * 100 * 32
     assert str(record["values"]["layout"]).count("{") < 7_000 / 2
     assert _same(state, decode(_over_the_wire(record)))
+
+
+def _forged(base: dict, edit) -> object:
+    record = encode(base)
+    edit(record)
+    return record
+
+
+def test_a_record_not_written_as_the_codec_writes_its_payload_is_refused():
+    """Every bit of a record is a function of its payload: a layout entry with a key of no use, an array under
+    another name, a list of ints written item by item, other spacing, a negative length or an array with other
+    metadata would each carry data the guard never sees, and each is refused."""
+    base = {"w": torch.arange(4.0), "ids": [1, 2, 3], "tag": b"tt"}
+    layout = encode(base)["values"]["layout"]
+
+    def set_layout(text):
+        def edit(r):
+            r["values"]["layout"] = text
+
+        return edit
+
+    def rename_array(r):
+        r["arrays"]["secret=ab"] = r["arrays"].pop("p/0")
+        r["values"]["layout"] = r["values"]["layout"].replace('"p/0"', '"secret=ab"')
+
+    def array_metadata(r):
+        a = r["arrays"]["p/0"]
+        r["arrays"]["p/0"] = Array(a.dtype, (2, 2), a.stype, a.data)  # the values as sent, another shape
+
+    assert '"li": [1, 2, 3]' in layout and '{"b": 2}' in layout
+    cases = {
+        "key of no use": set_layout(layout.replace('{"b": 2}', '{"b": 2, "x": "secret"}')),
+        "item by item": set_layout(layout.replace('{"li": [1, 2, 3]}', '{"l": [{"v": 1}, {"v": 2}, {"v": 3}]}')),
+        "spacing": set_layout(layout.replace(", ", ",  ")),
+        "negative length": set_layout(layout.replace('{"b": 2}', '{"b": -1}')),
+        "renamed array": rename_array,
+        "array metadata": array_metadata,
+    }
+    assert _same(base, decode(_over_the_wire(encode(base))))
+    for edit in cases.values():
+        with pytest.raises(CodecError):
+            decode(_forged(base, edit))
