@@ -98,13 +98,6 @@ _ENTRY_KEYS = {frozenset(k) for k in (("t", "dtype", "shape"), ("n", "shape"), (
                                       ("ui",), ("lb",), ("ub",), ("rs",), ("v",))}  # fmt: skip
 
 
-def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise CodecError("a message's layout names a key twice")
-    return out
-
-
 def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> dict[str, Any]:
     """The payload of ``record``. Strict: a record that holds anything the layout does not name (another record,
     an unreferenced array or value, bytes past the last one the layout names, a ``meta`` key outside ``meta_keys``
@@ -212,11 +205,9 @@ def decode(record: RecordDict, *, meta_keys: frozenset[str] | None = None) -> di
         raise CodecError(f"a message's layout holds a {kind!r} entry where a sequence belongs, at {path}")
 
     try:
-        layout = json.loads(text, object_pairs_hook=_no_repeated_keys)
+        layout = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise CodecError(f"a message's layout is not JSON: {str(e)[:80]}") from None
-    if json.dumps(layout, allow_nan=True) != text:
-        raise CodecError("a message's layout is not written as the codec writes it")
     payload = build(layout, "p")
     extra = sorted(set(arrays.keys()) - used_arrays)
     if extra:
