@@ -52,7 +52,7 @@ def synthetic_state(clients: int, peers: int) -> dict:
                 "peer_sessions": {p: {q: key() for q in neighbours + [peers]} for p in neighbours[:102]},
                 "signed_u3": None,
                 "unmasked": False,
-            },  # fmt: skip
+            },
             "advertised": {0: key(), 1: key(), 2: key()},
         }
     return {"protocols": {"keyed_hashing": hashing, "dp": {}, "secure_aggregation": secagg}, "clients": {}}
