@@ -110,19 +110,27 @@ def test_batch_norm_is_refused():
     forbid_batch_norm(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)))
 
 
-@pytest.mark.parametrize("family", ["embedding", "linear_head"])
+@pytest.mark.parametrize("family", ["embedding", "embedding-softmax", "linear_head"])
 def test_linear_fast_path_equals_clipping_the_per_sample_gradients(family):
     """Ghost norms: the clipped sum from layer inputs and output gradients equals clipping each materialised per-sample
-    gradient (the vmap path) and summing, with clipping active on most samples."""
+    gradient (the vmap path) and summing, with clipping active on most samples. The softmax case (the central DP
+    reference's loss) gives every row, negatives included, a gradient; one of its rows is zero (scores 0)."""
+    from secure_fed.algorithms.losses import softmax_multilabel_loss
     from secure_fed.algorithms.per_sample import clipped_sum_linear, linear_only
 
     torch.manual_seed(4)
     enc = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 5))
     x = torch.randn(11, 6)
-    if family == "embedding":
-        model, fam, loss_fn = enc, CosineEmbedding(), positive_hinge_loss
-        rows = torch.randn(2, 5, requires_grad=True)
-        y = torch.rand(11, 2) < 0.6
+    if family.startswith("embedding"):
+        model, fam = enc, CosineEmbedding()
+        if family == "embedding":
+            loss_fn, rows = positive_hinge_loss, torch.randn(2, 5)
+            y = torch.rand(11, 2) < 0.6
+        else:
+            loss_fn, rows = softmax_multilabel_loss, torch.randn(4, 5)
+            rows[3] = 0.0
+            y = torch.rand(11, 4) < 0.3
+        rows.requires_grad_(True)
         y[:, 0] = True
     else:
         model, fam, loss_fn = LinearHeadModel(enc, 5, 3), LinearHead(), bce_loss
