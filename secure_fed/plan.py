@@ -198,6 +198,7 @@ class EvaluationPlan:
     threshold: float
     max_test: int | None
     center_scores: bool
+    remove_shared_direction: bool
     target_metric: str
     target_value: float | None
 

@@ -175,3 +175,17 @@ def _released_files_of_every_dp_run(request):
             continue  # a test that writes a broken file on purpose
         if isinstance(doc, dict) and "privacy" in doc and doc["privacy"].get("units"):
             check_released_files(summary.parent)
+
+
+def whole_and_blocked_metrics(exp, monkeypatch) -> tuple[dict, dict]:
+    """A finished run's metrics from the whole score matrix, then from label blocks of 3 (the blocked path forced by
+    a tiny ``BLOCK_ELEMENTS``; asserted taken)."""
+    from secure_fed.metrics import blocks
+
+    whole = exp.evaluate()
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 64)
+    real, used = blocks.evaluate_label_blocks, []
+    monkeypatch.setattr(blocks, "evaluate_label_blocks", lambda *a, **k: used.append(1) or real(*a, block=3, **k))
+    blocked = exp.evaluate()
+    assert used, "the blocked path was not taken"
+    return whole, blocked

@@ -234,12 +234,17 @@ def half_metrics(run_dir: Path, seed: int, fraction: float, data_root: str | Non
 
     ctx = AuditContext.from_run_dir(run_dir, data_root=data_root)
     exp = ctx.exp
+    ev = ctx.plan.evaluation
     scores = exp.model_scores(exp.theta, exp.fed.x_test)
+    raw = exp.model_scores(exp.theta, exp.fed.x_test, centred=False) if ev.center_scores else scores
     y = exp.fed.y_test.toarray() if sp.issparse(exp.fed.y_test) else np.asarray(exp.fed.y_test)
     sel, rep = split_rows(len(y), seed, fraction)
-    ev = ctx.plan.evaluation
-    kw = {"ks": tuple(ev.ks), "threshold": ev.threshold}
-    return evaluate_scores(scores[sel], y[sel], **kw), evaluate_scores(scores[rep], y[rep], **kw), len(sel)
+    kw = {"ks": tuple(ev.ks), "threshold": ev.threshold}  # the threshold metrics read the raw scores, as the run's do
+
+    def half(rows: np.ndarray) -> dict:
+        return evaluate_scores(scores[rows], y[rows], threshold_scores=raw[rows], **kw)
+
+    return half(sel), half(rep), len(sel)
 
 
 COMPOSED = ("selection among the grid (Papernot & Steinke Thm 2, K secret) and each candidate's training; "

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,7 +51,8 @@ def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: 
     stack = list(base.protocols)
     plugin = statistic_mechanism(method)
     if plugin is not None:  # a method that only reads a released statistic: ε goes to that statistic's mechanism
-        nulls = ["privacy.instance=null", "privacy.local=null", "privacy.client=null"]
+        # its rows encode the statistic, not learned classes: the base's row post-processing does not apply
+        nulls = ["privacy.instance=null", "privacy.local=null", "privacy.client=null", "evaluation.remove_shared_direction=false"]
         if math.isinf(eps):
             return [*ov, *nulls, f"protocols=[{', '.join(x for x in stack if x != 'dp')}]", f"privacy.{plugin}=null"]
         m = getattr(p, plugin).max_labels_per_instance  # the base plan's (method_base: the config's contribution bound)
@@ -179,6 +183,7 @@ def method_base(config: str | None, overrides: list[str], method: str) -> RunPla
     if plugin is not None:  # it reads one released statistic: no training unit applies, the statistic's mechanism does
         try:
             drop = statistic_base(plugin, raw_config(config, overrides).get("privacy") or {})
+            drop.append("evaluation.remove_shared_direction=false")  # its rows encode the statistic, not learned classes
         except ConfigError as exc:
             raise SecureFedError(f"--methods {method}: {exc}") from None
     elif drop:  # the instance unit's one budget may sit on privacy.instance: it moves to privacy.local with the drop
@@ -211,15 +216,25 @@ def _audited(run_dir: Path, attacks: list[str]) -> bool:
         return False
 
 
-def worker_pool(workers: int):
-    """The study's process pool. Its workers start from a fork server, not by forking this process: a fork of a
-    process whose torch (OpenMP) thread pool already ran can die in the child when that child sets its own thread
-    count (seen as a BrokenProcessPool after other training in the same process), and a worker's run must not
-    depend on what its parent did before."""
+@contextmanager
+def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """The study's process pool, as a context. Its workers start from a fork server, not by forking this process: a
+    fork of a process whose torch (OpenMP) thread pool already ran can die in the child when that child sets its own
+    thread count, and a worker's run must not depend on what its parent did before. A worker that dies (the system
+    kills it, most often for lack of memory) ends the study with one ``error:`` line, not a traceback; the runs that
+    finished are on disk, and rerunning the command resumes from them."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        try:
+            yield pool
+        except BrokenProcessPool:
+            raise SecureFedError(
+                f"a worker process of the study died (killed by the system, most often for lack of memory, with "
+                f"{workers} worker(s) running at once); the finished runs are kept and rerunning the command resumes "
+                "from them: give fewer --workers"
+            ) from None
 
 
 def _job(config: str | None, overrides: list[str], run_dir: str, data_root: str | None, attacks: list[str], threads: int):

@@ -450,6 +450,12 @@ class EvaluationConfig(_Strict):
         "are unchanged, mAP (and O-AP) rank a label's instances by how far it stands above their other labels; the "
         "threshold metrics read the raw scores (a post-processing of the released model: no privacy cost)",
     )
+    remove_shared_direction: bool = Field(
+        False,
+        description="score with the class rows minus their component along the rows' top singular direction (the "
+        "direction every row shares; secure_fed.models.shared_direction): every metric reads these rows; a "
+        "post-processing of the released W (no privacy cost); families with class rows only",
+    )
     target_metric: str = Field(
         "GmAP", min_length=1, description="the metric of rounds_to_target in summary.json (e.g. GmAP, mAP, P@1)"
     )
@@ -612,7 +618,14 @@ class CoreConfig(_Strict):
                     f"algorithm.name={algo} needs clients with full label vectors and their own test rows: set "
                     "partition.name (iid, dirichlet, cmda or natural)"
                 )
+        if self.evaluation.remove_shared_direction and not caps.client_training:
+            raise ValueError(
+                f"evaluation.remove_shared_direction post-processes the class rows training learns; algorithm.name={algo} "
+                "never trains (its rows encode its statistic by construction): set it to false"
+            )
         if family in ROWLESS_FAMILIES:
+            if self.evaluation.remove_shared_direction:
+                raise ValueError(f"evaluation.remove_shared_direction acts on the class rows W; model.family={family} keeps none")
             if caps.has_rows:
                 rowless = [n for n, spec in algorithm_specs().items() if not spec.capabilities.has_rows]
                 raise ValueError(

@@ -34,6 +34,7 @@ from secure_fed.engine.tensor_tree import to_cpu, to_device
 from secure_fed.errors import PrivacyViolation
 from secure_fed.metrics import blocks as label_blocks
 from secure_fed.metrics import center_rows, evaluate_scores, macro_average_precision
+from secure_fed.models.shared_direction import remove_shared_direction
 from secure_fed.models.sparse_rows import SparseRows, split_rows
 from secure_fed.plan import EvaluationPlan, RunPlan
 from secure_fed.release import NO_MECHANISM, Released, protected, public
@@ -82,19 +83,33 @@ def eval_chunk_rows(width: int) -> int:
 
 
 @torch.no_grad()
-def model_scores(model: ModelState, theta: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:
-    """(n, C) scores of the model θ (with the server's W when the family has rows) on ``x``."""
+def model_scores(
+    model: ModelState, theta: dict[str, torch.Tensor], x: torch.Tensor, rows: torch.Tensor | None = None
+) -> np.ndarray:
+    """(n, C) scores of the model θ on ``x``, with ``rows`` (default: the server's W, when the family has rows)."""
     model.load_theta(theta)
+    rows = model.W if rows is None else rows
     width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
-    chunks = [model.family.scores(model.encoder, model.W, xb) for xb in split_rows(x, eval_chunk_rows(width))]
+    chunks = [model.family.scores(model.encoder, rows, xb) for xb in split_rows(x, eval_chunk_rows(width))]
     return torch.cat(chunks).float().cpu().numpy()
 
 
-def evaluation_scores(model: ModelState, theta: dict[str, torch.Tensor], x, ev: EvaluationPlan) -> np.ndarray:
-    """The (n, C) scores the ranking metrics read: :func:`model_scores`, each row centred when
-    ``evaluation.center_scores`` (:func:`~secure_fed.metrics.center_rows`)."""
-    scores = model_scores(model, theta, x)
-    return center_rows(scores) if ev.center_scores else scores
+def scoring_rows(model: ModelState, ev: EvaluationPlan) -> torch.Tensor | None:
+    """The class rows every metric scores with: the server's W, without its shared direction when
+    ``evaluation.remove_shared_direction`` (:func:`~secure_fed.models.shared_direction.remove_shared_direction`)."""
+    if model.W is None or not ev.remove_shared_direction:
+        return model.W
+    return remove_shared_direction(model.W)
+
+
+def evaluation_scores(
+    model: ModelState, theta: dict[str, torch.Tensor], x, ev: EvaluationPlan, *, centred: bool = True
+) -> np.ndarray:
+    """The (n, C) scores the ranking metrics read: :func:`model_scores` with :func:`scoring_rows`, each row
+    centred when ``evaluation.center_scores`` (:func:`~secure_fed.metrics.center_rows`); with ``centred=False`` the
+    scores the threshold metrics read (never centred)."""
+    scores = model_scores(model, theta, x, scoring_rows(model, ev))
+    return center_rows(scores) if ev.center_scores and centred else scores
 
 
 @torch.no_grad()
@@ -106,7 +121,7 @@ def blocked_metrics(model: ModelState, x, y: sp.csr_matrix, ev) -> dict[str, flo
     model.load_theta(model.theta)
     width = SPARSE_ROW_WIDTH if isinstance(x, SparseRows) else x.shape[1]
     outs = [model.family.forward(model.encoder, xb) for xb in split_rows(x, eval_chunk_rows(width))]
-    W = model.W
+    W = scoring_rows(model, ev)
 
     def block_scores(sl: slice) -> np.ndarray:
         return torch.cat([model.family.score(o, W[sl]) for o in outs]).float().cpu().numpy()
@@ -133,7 +148,7 @@ def evaluate(model: ModelState, fed, ev: EvaluationPlan, split: str = "test") ->
     n, C = y.shape
     if model.W is not None and not general and n * C > label_blocks.BLOCK_ELEMENTS:
         return blocked_metrics(model, x, y, ev)
-    raw = model_scores(model, model.theta, x)
+    raw = model_scores(model, model.theta, x, scoring_rows(model, ev))
     scores = center_rows(raw) if ev.center_scores else raw
     y = y.toarray() if sp.issparse(y) else y
     out = evaluate_scores(scores, y, ks=ks, threshold=ev.threshold, threshold_scores=raw)  # thresholds: the model's own

@@ -160,9 +160,10 @@ class Experiment:
     def evaluate(self, split: str = "test") -> dict[str, float]:
         return evaluate(self.model, self.fed, self.plan.evaluation, split)
 
-    def model_scores(self, theta: dict[str, torch.Tensor], x) -> np.ndarray:
-        """The (n, C) scores the run's metrics read (``evaluation.center_scores`` applied)."""
-        return evaluation_scores(self.model, theta, x, self.plan.evaluation)
+    def model_scores(self, theta: dict[str, torch.Tensor], x, *, centred: bool = True) -> np.ndarray:
+        """The (n, C) scores the run's ranking metrics read (``evaluation.center_scores`` applied), or with
+        ``centred=False`` those its threshold metrics read."""
+        return evaluation_scores(self.model, theta, x, self.plan.evaluation, centred=centred)
 
     def privacy_summary(self) -> dict[str, Any]:
         return self.context().privacy_summary()

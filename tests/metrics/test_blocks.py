@@ -100,8 +100,7 @@ def test_centred_scores_from_label_blocks_equal_the_centred_whole_matrix(tmp_pat
     subtracted (computed here), on the whole matrix and from label blocks (whose first pass sums each row)."""
     from secure_fed.engine import Experiment
     from secure_fed.engine.evaluation import model_scores
-    from secure_fed.metrics import blocks
-    from tests.conftest import SMALL
+    from tests.conftest import SMALL, whole_and_blocked_metrics
 
     plan = load_plan(overrides=[*SMALL, "training.rounds=2", "evaluation.center_scores=true", "evaluation.threshold=0.2"])
     exp = Experiment(plan, run_dir=tmp_path)
@@ -111,12 +110,7 @@ def test_centred_scores_from_label_blocks_equal_the_centred_whole_matrix(tmp_pat
     ks, th = tuple(exp.plan.evaluation.ks), exp.plan.evaluation.threshold
     expected = evaluate_scores(raw - raw.mean(axis=1, keepdims=True), y, ks=ks, threshold=th)
     uncentred = evaluate_scores(raw, y, ks=ks, threshold=th)
-    whole = exp.evaluate()
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 64)
-    real, used = blocks.evaluate_label_blocks, []
-    monkeypatch.setattr(blocks, "evaluate_label_blocks", lambda *a, **k: used.append(1) or real(*a, block=3, **k))
-    blocked = exp.evaluate()
-    assert used, "the blocked path was not taken"
+    whole, blocked = whole_and_blocked_metrics(exp, monkeypatch)
     for k in ("P@1", "P@3", "nDCG@3", "mAP", "O-AP"):
         assert whole[k] == pytest.approx(expected[k], abs=1e-4), k
         assert blocked[k] == pytest.approx(expected[k], abs=1e-4), k

@@ -53,6 +53,16 @@ def test_unknown_family_is_a_one_line_error():
         (["model.family=linear_head", "algorithm.name=fedavg"], "full label vectors"),
         (["model.family=linear_head", "partition.name=iid", "algorithm.name=fedavg", "algorithm.loss=positive"], "use bce"),
         (["algorithm.loss=bce"], "linear_head"),
+        (
+            [
+                "model.family=linear_head",
+                "partition.name=iid",
+                "algorithm.name=fedavg",
+                "evaluation.remove_shared_direction=true",
+            ],  # fmt: skip
+            "remove_shared_direction acts on the class rows",
+        ),
+        (["algorithm.name=label_prior", "evaluation.remove_shared_direction=true"], "label_prior never trains"),
     ],
 )
 def test_inconsistent_family_settings_are_refused_by_validate(overrides, message):

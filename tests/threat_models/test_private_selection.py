@@ -257,3 +257,31 @@ def test_the_selection_refuses_a_unit_whose_released_epsilon_composes_another_un
     both = [*base, 'privacy.client={"target_epsilon": 4, "clip_norm": 1.0, "max_labels_per_instance": 2}']
     with pytest.raises(SecureFedError, match="one DP unit"):
         planned_parts(load_plan(overrides=both), "instance")
+
+
+def test_half_metrics_rank_with_the_runs_scores_and_threshold_the_raw_ones(tmp_path):
+    """A selection half's metrics are the run's own on those rows: ranking metrics from the centred scores of the rows
+    without their shared direction, threshold metrics from the uncentred ones (as ``evaluate`` computes them)."""
+    import numpy as np
+
+    from secure_fed.config import load_plan
+    from secure_fed.engine import Experiment
+    from secure_fed.engine.evaluation import model_scores, scoring_rows
+    from secure_fed.metrics import evaluate_scores
+    from tests.conftest import SMALL
+    from threat_models.private_selection import half_metrics, split_rows
+
+    plan = load_plan(overrides=[*SMALL, "training.rounds=2", "evaluation.center_scores=true",
+                                "evaluation.remove_shared_direction=true", "evaluation.threshold=0.1"])  # fmt: skip
+    exp = Experiment(plan, run_dir=tmp_path / "run")
+    exp.run(progress=False)
+    raw = model_scores(exp.model, exp.model.theta, exp.fed.x_test, scoring_rows(exp.model, plan.evaluation))
+    raw = raw.astype(np.float64)
+    y = exp.fed.y_test.toarray()
+    sel, rep = split_rows(len(y), 0, 0.5)
+    want = evaluate_scores((raw - raw.mean(1, keepdims=True))[rep], y[rep], ks=tuple(plan.evaluation.ks), threshold=0.1,
+                           threshold_scores=raw[rep])  # fmt: skip
+    _, report, n_sel = half_metrics(tmp_path / "run", 0, 0.5, None)
+    assert n_sel == len(sel)
+    for k in ("P@1", "P@3", "mAP", "C-F1", "O-F1", "C-P"):
+        assert report[k] == pytest.approx(want[k], abs=1e-4), k

@@ -159,3 +159,21 @@ def test_the_central_dp_reference_is_drawn_beside_positive_only_methods():
     extra, why = central_reference_method(None, ["protocols=[dp]", 'privacy.client={"target_epsilon": 4.0}'], ["fedaws"],
                                           unit="instance")  # fmt: skip
     assert extra == [] and "does not run as oracle" in why and "privacy.local only" in why
+
+
+def _die_like_the_oom_killer() -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_by_the_system_ends_the_study_with_one_clear_error():
+    """A worker the system kills (the OOM killer's SIGKILL) is a ``SecureFedError`` naming memory and --workers, which
+    the CLI prints as one ``error:`` line, not a BrokenProcessPool traceback."""
+    from secure_fed.plugin_api.attacks import SecureFedError
+    from threat_models.tradeoff_points import worker_pool
+
+    with pytest.raises(SecureFedError, match=r"worker process of the study died .*memory.*--workers"):
+        with worker_pool(1) as pool:
+            pool.submit(_die_like_the_oom_killer).result()

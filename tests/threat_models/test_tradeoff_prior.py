@@ -22,12 +22,14 @@ def test_the_prior_row_releases_its_counts_at_each_epsilon_with_the_configs_boun
     from threat_models.tradeoff_points import method_base, point_overrides, statistic_mechanism
 
     assert statistic_mechanism("label_prior") == "label_prior" and statistic_mechanism("fedaws") is None
-    base = method_base(None, BASE, "label_prior")
+    rows_post = [*BASE, "evaluation.remove_shared_direction=true"]  # a recipe's row post-processing: not the prior's
+    base = method_base(None, rows_post, "label_prior")
     for eps in (2.0, math.inf):
-        plan = load_plan(overrides=[*BASE, *point_overrides(base, method="label_prior", eps=eps, seed=0, unit="instance",
-                                                            attacks=[])])  # fmt: skip
+        plan = load_plan(overrides=[*rows_post, *point_overrides(base, method="label_prior", eps=eps, seed=0,
+                                                                 unit="instance", attacks=[])])  # fmt: skip
         p = plan.part(PrivacyConfig)
         assert plan.algorithm.name == "label_prior" and p.local is None and p.instance is None and p.client is None
+        assert not plan.evaluation.remove_shared_direction
         if math.isinf(eps):
             assert "dp" not in plan.protocols
         else:
