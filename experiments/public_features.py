@@ -8,8 +8,8 @@ is data-independent: each word is embedded with the offline text encoder the pro
 (``all-MiniLM-L6-v2``, ``HF_HUB_OFFLINE=1``) and an instance becomes the mean of its words' embeddings (384 numbers).
 This script measures that encoder against the two the recipe can use, on the recipe's mechanism:
 
-* ``random_512``: the recipe's fixed random projection (``experiments/configs/bibtex_private.yaml``), here a Gaussian
-  1836 → 512 matrix;
+* ``random_512``: a fixed random projection like the recipe's encoder (``experiments/configs/bibtex_private.yaml``:
+  orthogonal, 1836 → 1024), here a Gaussian 1836 → 512 matrix;
 * ``raw``: the input itself (each row scaled to unit norm: rsqrt_nnz on 0/1 data);
 * ``words``: the mean of the words' text embeddings, unit norm;
 * ``raw+words``: both, concatenated with equal weight, unit norm.

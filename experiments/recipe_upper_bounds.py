@@ -11,7 +11,8 @@ the validation split (``dataset.evaluate_on=validation``: 20% of the training sp
 test split is never read. ε = ∞ is the same config without the dp layer. The released ε of every run is the recipe's;
 the statistics the levers read are **not** charged anywhere.
 
-* ``recipe``: the shipped recipe as it is (orthogonal projection 1836 → 512, scores centred per row).
+* ``recipe``: the shipped recipe as it is (orthogonal projection 1836 → 1024, rows without their shared direction,
+  scores centred per row); every lever below keeps the recipe's scoring.
 * ``pca256``: the fixed encoder replaced by the top 256 principal directions of the training inputs (the uncentred
   second moment XᵀX of the preprocessed training rows, each instance once): what a DP-PCA encoder could reach at best.
 * ``low-rank r``: the recipe's class rows W truncated to their top r singular directions (then renormalised):
@@ -45,7 +46,7 @@ import torch
 
 from secure_fed.config import load_plan
 from secure_fed.engine import Experiment
-from secure_fed.engine.evaluation import model_scores
+from secure_fed.engine.evaluation import model_scores, scoring_rows
 from secure_fed.metrics import center_rows, evaluate_scores
 
 CONFIG = "experiments/configs/bibtex_private.yaml"
@@ -99,7 +100,8 @@ def levers(exp: Experiment, with_low_rank: bool) -> tuple[dict[str, tuple[float,
     fed, model = exp.fed, exp.model
     if (abs(fed.y_test - sp.csr_matrix(exp.dataset.test.labels))).nnz:
         raise SystemExit("error: the run's label order is not the data set's (a layer permutes it); not supported")
-    raw = model_scores(model, model.theta, fed.x_test)
+    ev = exp.plan.evaluation  # the recipe's row post-processing (evaluation.remove_shared_direction) applies to every lever
+    raw = model_scores(model, model.theta, fed.x_test, scoring_rows(model, ev))
     y = fed.y_test.toarray()
     out = {"base": metrics(raw, y)}
     counts, a = label_statistics(exp.dataset.train.labels)
@@ -114,7 +116,7 @@ def levers(exp: Experiment, with_low_rank: bool) -> tuple[dict[str, tuple[float,
     if with_low_rank:
         for r in RANKS:
             model.W = torch.nn.functional.normalize(((u[:, :r] * s[:r]) @ vt[:r]).to(w0.dtype), dim=-1)
-            out[f"low-rank {r}"] = metrics(model_scores(model, model.theta, fed.x_test), y)
+            out[f"low-rank {r}"] = metrics(model_scores(model, model.theta, fed.x_test, scoring_rows(model, ev)), y)
         model.W = w0
     return out, s.tolist()
 
