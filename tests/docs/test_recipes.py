@@ -70,7 +70,8 @@ def test_the_python_block_loads_an_exported_model(tmp_path, monkeypatch, capsys)
     run, model = tmp_path / "run", tmp_path / "model.pt"
     from tests.test_privacy_lines import COVERED
 
-    sets = [*SMALL, "training.rounds=2", "model.name=sparse_text", "model.hidden_dims=[]", *COVERED]
+    sets = [*SMALL, "training.rounds=2", "model.name=sparse_text", "model.hidden_dims=[]", *COVERED,
+            "evaluation.remove_shared_direction=true"]  # fmt: skip
     assert main(["run", "--out", str(run), *[x for s in sets for x in ("--set", s)]]) == 0
     assert main(["export", str(run), "--out", str(model)]) == 0
     capsys.readouterr()
