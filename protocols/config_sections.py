@@ -85,6 +85,15 @@ class LocalDPConfig(_DPUnitConfig):
         "(Poisson sampling, from the client's own secret); a local epoch is round(1/q) steps",
     )  # fmt: skip
     max_labels_per_instance: int | None = Field(None, ge=1, le=1_000_000, description=_BOUND)
+    copy_clip: Literal["full", "split"] = Field(
+        "full",
+        description="full: every copy of an instance (one per client it sits on: its labels in the positive_only "
+        "partition) is clipped to C, so one instance on k ≤ m clients moves the clients' releases by √k·C together and "
+        "the ledger counts each copy's steps; split: a copy of an instance on k clients is clipped to C/√k, so its "
+        "copies together move the releases by ≤ C and the ledger counts one copy (at the same σ, the clipped part of "
+        "an instance on one client gets √m more signal per unit of noise). Needs batch_sample_rate 1 (every copy in "
+        "every step) and noise: local",
+    )  # fmt: skip
     noise: Literal["local", "shares"] = Field(
         "local",
         description="local: each client adds the full discrete Gaussian noise σ(C + γ√d) to each of its steps (DP-SGD "

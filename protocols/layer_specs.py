@@ -332,6 +332,12 @@ def _local_training_rules(plan: RunPlan, stack: list[str]) -> None:
             "privacy.local (DP-SGD in client training) cannot run on a ResNet: batch norm mixes a batch's samples, so no "
             "per-sample clip bounds one instance; use a model without batch norm (model.name: mlp | sparse_text)"
         )
+    if p.local is not None and p.local.copy_clip == "split" and (p.local.batch_sample_rate < 1.0 or p.local.noise != "local"):
+        raise ValueError(
+            "privacy.local.copy_clip: split needs batch_sample_rate 1 and noise: local: its ledger counts an instance's "
+            "k copies (each clipped to C/√k) as one copy only when every copy enters every step and each client's "
+            f"release is noised on its own (got batch_sample_rate {p.local.batch_sample_rate:g}, noise {p.local.noise})"
+        )
     if p.local is not None and bound is None and plan.partition.name == "positive_only" and not central:
         raise ValueError(
             "privacy.local on the positive_only partition needs privacy.local.max_labels_per_instance: an instance "
@@ -596,6 +602,10 @@ def _client_training_mechanism(plan: RunPlan, num_clients: int) -> tuple[Planned
     if not positive_only or plan.algorithm.capabilities.centralised:
         steps = t.rounds * copies_per_round(1, largest) * per_round
         note = "an instance sits on one client"
+    elif bound is not None and loc.copy_clip == "split":  # the k ≤ m copies, each clipped to C/√k, count as one
+        steps = t.rounds * per_round
+        note = (f"client_training counts one copy of an instance a round: privacy.local.copy_clip split clips each of "
+                f"its k ≤ {bound[0]} copies to C/√k, so together they move the clients' releases by ≤ C")  # fmt: skip
     elif bound is not None:  # the run's k is min(m, the label space's size): m is its public upper bound
         k = copies_per_round(bound[0], largest)
         steps = t.rounds * k * per_round

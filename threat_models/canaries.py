@@ -172,8 +172,11 @@ class _CanaryPrivatizer:
     def batch(self, n: int, step: str):
         return self.inner.batch(n, step)
 
-    def factors(self, norms):
-        return self.inner.factors(norms)
+    def clip_scales(self, copies):
+        return self.inner.clip_scales(copies)
+
+    def factors(self, norms, scales=None):
+        return self.inner.factors(norms, scales)
 
     def instance_uniforms(self, keys, m: int, step: str):
         return self.inner.instance_uniforms(keys, m, step)
@@ -182,8 +185,8 @@ class _CanaryPrivatizer:
     def applies_weight_terms(self) -> bool:
         return self.inner.applies_weight_terms
 
-    def clip_sum(self, grads):
-        return self.inner.clip_sum(grads)
+    def clip_sum(self, grads, scales=None):
+        return self.inner.clip_sum(grads, scales)
 
     def finish(self, sums, step: str):
         tag = int.from_bytes(hashlib.sha256(step.encode()).digest()[:8], "little")

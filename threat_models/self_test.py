@@ -88,7 +88,8 @@ class PlantedPrivatizer(LocalDPSGD):
 
     def __init__(self, base: LocalDPSGD, *, bug: str, cid: int, state: dict[str, Any]):
         super().__init__(clip_norm=base.clip_norm, noise_multiplier=base.noise_multiplier, sample_rate=base.sample_rate,
-                         divisor=base.divisor, stream=base.stream, label=base.label)  # fmt: skip
+                         divisor=base.divisor, stream=base.stream, label=base.label, copy_clip=base.copy_clip,
+                         copies_bound=base.copies_bound)  # fmt: skip
         self.bug, self.cid, self.state = bug, int(cid), state
         self.true_clip_norm = base.clip_norm
         self.examples = 0  # the client's example count, seen by batch()

@@ -82,7 +82,8 @@ def local_privatizer(layer, cid: int, round_idx: int) -> LocalDPSGD | None:
           "label": f"dp-sgd r{round_idx}"}  # fmt: skip
     if layer.local_shares:  # its clipped sum, kept for the share step (local_share_step)
         return LocalShareSums(sink=lambda sums: layer._local_sums.__setitem__(int(cid), sums), **kw)
-    return LocalDPSGD(**kw)
+    return LocalDPSGD(**kw, copy_clip=layer.settings.privacy.local.copy_clip,
+                      copies_bound=int(layer.env.max_clients_per_instance))  # fmt: skip
 
 
 def noise_share_reply(layer, reply: Payload, data: ClientData, *, std: float, rows: list[int] | None, label: str) -> Payload:

@@ -45,12 +45,22 @@ def per_sample_norms(grads: list[torch.Tensor]) -> torch.Tensor:
 class LocalDPSGD(GradientPrivatizer):
     """One client's DP-SGD in one round: sampling and noise from ``stream`` (the client's secret), addressed by
     ``label`` (the round) and the step, so a resumed run redraws the same batches and noise. ``divisor`` is the
-    public constant the noisy sum is divided by (``training.batch_size``)."""
+    public constant the noisy sum is divided by (``training.batch_size``).
+
+    ``copy_clip`` ``split`` (``privacy.local.copy_clip``): a sample whose instance sits on k clients is clipped to
+    C/√k (:meth:`clip_scales`), so the instance's clipped copies over all its clients have L2 norm ≤ C together; each
+    release's noise then covers C + √m·(γ√d + slack) (m = ``copies_bound``, the public bound on k): the k copies'
+    grid roundings add up in L2 (:meth:`noise_sensitivity`)."""
 
     def __init__(
         self, *, clip_norm: float, noise_multiplier: float, sample_rate: float, divisor: float, stream: SecretStream,
-        label: str,
+        label: str, copy_clip: str = "full", copies_bound: int = 1,
     ):  # fmt: skip
+        if copy_clip not in ("full", "split"):
+            raise ValueError(f"copy_clip is full or split, not {copy_clip!r}")
+        if int(copies_bound) < 1:
+            raise ValueError(f"copies_bound {copies_bound} must be ≥ 1")
+        self.copy_clip, self.copies_bound = copy_clip, int(copies_bound)
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.sample_rate = float(sample_rate)
@@ -71,22 +81,38 @@ class LocalDPSGD(GradientPrivatizer):
         instance's draws as they were."""
         return torch.from_numpy(self.stream.keyed_uniform(keys, m, f"{self.label} {step} per-instance"))
 
-    def factors(self, norms: torch.Tensor) -> torch.Tensor:
-        """(B,) float64 factors min(1, C(1 − 2^-20)/‖g_i‖) (:func:`~protocols.dp.exact_sums.clip_factors`: the computed
-        clipped vector's norm is ≤ C). The ghost-norm fast path calls this once for its whole batch, whose float64 sum
-        is accounted for at most :data:`~protocols.dp.exact_sums.MAX_FLOAT_BATCH` samples: a larger one is refused."""
+    def clip_scales(self, copies: torch.Tensor) -> torch.Tensor | None:
+        """``split``: (B,) float64 1/√k_i, k_i the clients sample i's instance sits on (≤ ``copies_bound``, else refused:
+        the noise covers √m grid roundings only); ``full``: None (every sample clipped to C)."""
+        if self.copy_clip != "split":
+            return None
+        k = torch.as_tensor(copies, dtype=torch.float64)
+        if len(k) and (k.min() < 1 or k.max() > self.copies_bound):
+            raise ValueError(f"an instance on {int(k.max())} clients exceeds the contribution bound {self.copies_bound}")
+        return k.rsqrt()
+
+    def factors(self, norms: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) float64 factors min(1, s_i·C(1 − 2^-20)/‖g_i‖) (:func:`~protocols.dp.exact_sums.clip_factors`: the
+        computed clipped vector's norm is ≤ s_i·C; s_i = 1 without ``scales``). The ghost-norm fast path calls this once
+        for its whole batch, whose float64 sum is accounted for at most :data:`~protocols.dp.exact_sums.MAX_FLOAT_BATCH`
+        samples: a larger one is refused."""
         check_float_batch(len(norms))
-        return clip_factors(norms, self.clip_norm)
+        if scales is None:
+            return clip_factors(norms, self.clip_norm)
+        scales = scales.to(device=norms.device, dtype=torch.float64)
+        if len(scales) != len(norms) or bool((scales <= 0).any() or (scales > 1).any()):
+            raise ValueError("clip scales: one per sample, each in (0, 1]")
+        return clip_factors(norms.double() / scales, self.clip_norm)
 
     def sum_grid(self, dim: int) -> float:
         """The release grid γ of this client's step over ``dim`` trained coordinates (the one :meth:`finish` snaps to)."""
         return release_grid(self.clip_norm, dim)[0]
 
-    def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def clip_sum(self, grads: dict[str, torch.Tensor], scales: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The chunk's clipped sum, exact: each sample's clipped vector rounded to the release grid on its own and the
         integer grid indices summed in float64 (:func:`~protocols.dp.exact_sums.grid_clipped_sum`; a rounded vector
         moves by ≤ γ√d/2, inside the accounted C + γ√d). Without DP (σ = 0 or C = ∞) a plain float64 sum."""
-        f = self.factors(per_sample_norms(list(grads.values())))
+        f = self.factors(per_sample_norms(list(grads.values())), scales)
         if self.noise_multiplier == 0.0 or not math.isfinite(self.clip_norm):
             return {n: torch.einsum("b,b...->...", f.to(g.device), g.double()) for n, g in grads.items()}
         grid = self.sum_grid(sum(g[0].numel() for g in grads.values()))
@@ -98,6 +124,15 @@ class LocalDPSGD(GradientPrivatizer):
         needs nothing, but which path runs is the model's, so every step's noise covers both."""
         return float64_sum_slack(self.clip_norm)
 
+    def noise_sensitivity(self, dim: int) -> tuple[float, float]:
+        """(γ, the L2 sensitivity σ multiplies) of a release over ``dim`` coordinates: C + γ√d + slack (one copy, or
+        ``full``); ``split``: C + √m·(γ√d + slack), the k ≤ m copies' clipped parts (√k·C/√k = C together) and each
+        copy's rounding and float64 error (added in L2 over the copies, each client's release noised on its own)."""
+        grid, corrected = release_grid(self.clip_norm, dim, slack=self.sensitivity_slack())
+        if self.copy_clip == "split":
+            corrected = self.clip_norm + math.sqrt(self.copies_bound) * (corrected - self.clip_norm)
+        return grid, corrected
+
     def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:
         """The released step: the clipped sums (float64; exact, or within the float64 bound) rounded to the public grid
         γ and γ·Z added, Z discrete Gaussian of std σ·(C + γ√d + slack)/γ (:mod:`protocols.dp.discrete_gaussian`, one
@@ -107,7 +142,7 @@ class LocalDPSGD(GradientPrivatizer):
         sizes = [sums[n].numel() for n in names]
         if self.noise_multiplier == 0.0:  # no DP noise (ε = ∞): the plain clipped step
             return {n: sums[n] / self.divisor for n in names}
-        grid, corrected = release_grid(self.clip_norm, sum(sizes), slack=self.sensitivity_slack())
+        grid, corrected = self.noise_sensitivity(sum(sizes))
         z = grid_noise(sum(sizes), self.noise_multiplier * corrected, grid, self.stream, f"{self.label} {step} noise")
         out, at = {}, 0
         for n, k in zip(names, sizes, strict=True):

@@ -27,6 +27,10 @@ def local_copies(settings: DPSettings, env: StackEnv) -> int:
     clients under Poisson sampling, else the fixed cohort size: ⌈fN⌉ or ``training.clients_per_round``). The
     ledger counts this worst case every round, whatever the realised cohort."""
     t = settings.training
+    if settings.privacy.local is not None and settings.privacy.local.copy_clip == "split":
+        # each copy clipped to C/√k: in every step (q = 1) the k copies' releases are k Gaussians of sensitivity C/√k
+        # at noise σC, whose RDP adds up to one Gaussian's of sensitivity C (k·α/(2σ²k)): one copy's steps
+        return 1
     n = env.num_clients
     largest = n if t.sampling == "poisson" else t.cohort_size(n)
     return copies_per_round(env.max_clients_per_instance, largest)
@@ -75,6 +79,11 @@ def _instance_mechanisms(settings: DPSettings, env: StackEnv) -> list[dict[str, 
                      f"enters up to {local_copies(settings, env)} clients' training a round (it sits on ≤ {k} clients), "
                      "each of their steps counted",
         })  # fmt: skip
+        if p.local.copy_clip == "split":
+            mechs[-1]["scope"] = (
+                f"DP-SGD in client training ({trained}), per-sample clipping with the clip split over an instance's "
+                f"copies: on k ≤ {k} clients each copy is clipped to C/√k, so its copies count as one copy's steps"
+            )
         if p.local.noise == "shares":
             mechs[-1]["scope"] = (
                 f"distributed DP-FedSGD in client training ({trained}): per-sample clipping, one "

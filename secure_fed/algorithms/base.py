@@ -63,6 +63,10 @@ class ClientData:
         num_labels: C, the size of the label space (public).
         eval_x, eval_y: its own held-out test rows (features ``(m, D)`` and full label vectors ``(m, C)``) in the
             general multi-label setting, where each client is evaluated on its own data (AmAP); else None.
+        copies: ``(n,)`` int64, how many clients each of its instances sits on, this client included (in the
+            positive-only setting the instance's labels after the contribution bound: what the bound's rule already
+            reads of the instance); None where every instance sits on one client. Held by the client, never sent: a
+            privatizer may scale each copy's clip by it (``privacy.local.copy_clip: split``).
         state: what the client keeps from one round to the next (e.g. ``local``'s own model); saved with the
             clients' checkpoint, never sent.
 
@@ -81,6 +85,7 @@ class ClientData:
     eval_x: torch.Tensor | None = None
     eval_y: np.ndarray | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    copies: torch.Tensor | None = None
 
     @property
     def num_examples(self) -> int:

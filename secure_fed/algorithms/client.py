@@ -321,8 +321,18 @@ class LocalTrainer:
                     uniforms=privatizer.instance_uniforms(keys, y.shape[1] + 1, step),
                 )  # fmt: skip
 
+            # each sample's clip scale (privacy.local.copy_clip: split), from how many clients its instance sits on
+            scales = None if data.copies is None else privatizer.clip_scales(data.copies[idx.cpu()])
+            done = [0]  # samples already summed: the chunks come in batch order
+
             def add(grads: dict[str, torch.Tensor], batch_losses: torch.Tensor) -> None:
-                for n, g in privatizer.clip_sum(grads).items():
+                b = len(batch_losses)
+                if scales is None:
+                    clipped = privatizer.clip_sum(grads)
+                else:
+                    clipped = privatizer.clip_sum(grads, scales[done[0] : done[0] + b])
+                done[0] += b
+                for n, g in clipped.items():
                     sums[n] += g.to(sums[n].dtype)
                 losses.append(batch_losses.float())
 
@@ -332,7 +342,8 @@ class LocalTrainer:
             if self.linear_fast_path and states is None and extra is None:
                 clipped, batch_losses = clipped_sum_linear(
                     family=self.family, model=self.model, rows=rows, x=x, targets=y, loss_fn=loss_fn,
-                    factors=privatizer.factors, precision=hp.precision,
+                    factors=privatizer.factors if scales is None else (lambda norms: privatizer.factors(norms, scales)),
+                    precision=hp.precision,
                 )  # fmt: skip
                 for n, g in clipped.items():
                     sums[n] += g.to(sums[n].dtype)

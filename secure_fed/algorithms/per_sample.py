@@ -53,15 +53,22 @@ class GradientPrivatizer(ABC):
         :func:`secure_fed.algorithms.instance_keys.instance_keys`), never of the batch order."""
         raise NotImplementedError(f"{type(self).__name__} draws no per-instance randomness (needed by label-masked models)")
 
-    @abstractmethod
-    def factors(self, norms: torch.Tensor) -> torch.Tensor:
-        """(B,) clipping factors from the (B,) norms of the per-sample gradients (min(1, C/‖g_i‖))."""
+    def clip_scales(self, copies: torch.Tensor) -> torch.Tensor | None:
+        """(B,) float64 factors s_i of each sample's clip norm (clipped to s_i·C), from the ``(B,)`` number of clients
+        each sample's instance sits on (:attr:`~secure_fed.algorithms.base.ClientData.copies`); None (the default):
+        every sample clipped to C. When not None, the trainer passes them to :meth:`factors` and :meth:`clip_sum`."""
+        return None
 
     @abstractmethod
-    def clip_sum(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def factors(self, norms: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) clipping factors from the (B,) norms of the per-sample gradients (min(1, s_i·C/‖g_i‖), s_i the
+        :meth:`clip_scales`, 1 when ``scales`` is None)."""
+
+    @abstractmethod
+    def clip_sum(self, grads: dict[str, torch.Tensor], scales: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Σ over the samples of the per-sample gradients (``(B, *shape)`` for each trained tensor, by name: θ's
         parameter names, and ``rows`` for the client's class rows; together one vector per sample), each
-        sample's vector clipped first; returns one ``shape`` tensor per name."""
+        sample's vector clipped first (to s_i·C with ``scales``); returns one ``shape`` tensor per name."""
 
     @abstractmethod
     def finish(self, sums: dict[str, torch.Tensor], step: str) -> dict[str, torch.Tensor]:

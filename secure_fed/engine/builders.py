@@ -241,6 +241,7 @@ def build_federation(
     # sits on every client of its labels: ~5 copies); dense rows: each client's own copy, as before
     store = SparseRows.from_csr(prep.transform_sparse(ds.train.features), device=device) if sparse else None
     clients = []
+    multi_copy = part.positive_only and not algorithm.centralized
     for s in shards:
         if s.label is not None:
             known = np.array([s.label])
@@ -249,6 +250,9 @@ def build_federation(
         else:
             known = np.flatnonzero(np.diff(labels[s.indices].tocsc().indptr))  # the labels its rows have
         rows = s.indices
+        # positive-only: each instance sits on one client per (kept) label; the client knows how many of its own
+        # instances' copies there are (what the bound's rule reads), never sends it
+        copies = torch.from_numpy(np.diff(labels[rows].indptr).astype(np.int64)) if multi_copy else None
         clients.append(
             ClientData(
                 client_id=s.client_id,
@@ -259,6 +263,7 @@ def build_federation(
                 known_labels=torch.from_numpy(known.astype(np.int64)),
                 raw=SharedRows(partial(_feature_rows, ds.train.features), rows),
                 num_labels=ds.num_labels,
+                copies=copies,
             )
         )
     x_test = encode(ds.test.features[:n_test])
