@@ -8,7 +8,7 @@ export OMP_NUM_THREADS=1
 out=results/private_recipes/bibtex
 # every candidate starts from "base", the config as the selection began (orthogonal 1836 → 512 → 512, uncentred
 # scores, rows as released: the pins below), and sets what it changes; the shipped config is the winner,
-# shared_orth1024 (d = 1024, rows without their shared direction, centred scores)
+# split_m8 (d = 1024, rows without their shared direction, centred scores, the clip split over copies, m = 8)
 BASE="--set model.embedding_dim=512 --set model.embed_dim=512 --set evaluation.center_scores=false --set evaluation.remove_shared_direction=false"
 run() { name=$1; shift; secure-fed tradeoff experiments/configs/bibtex_private.yaml --set dataset.evaluate_on=validation \
   --methods fedalc --epsilons 1,4,8,inf --seeds 0,1,2 --prior none --reference none --workers 2 \
@@ -41,6 +41,15 @@ run shared_orth1836 $S --set model.embedding_dim=1836 --set model.embed_dim=1836
 run shared_m1 $S --set privacy.local.max_labels_per_instance=1
 run shared_m3 $S --set privacy.local.max_labels_per_instance=3
 run shared_lr100 $S --set training.client_lr=100
+# the clip split over an instance's copies (privacy.local.copy_clip: split: each of its k copies clipped to C/√k, the
+# ledger counting one copy), on shared_orth1024 (the recipe before it), with the bound m, which split no longer pays
+# for in σ
+W="$S --set model.embedding_dim=1024 --set model.embed_dim=1024 --set privacy.local.copy_clip=split"
+run split_m2 $W
+run split_m4 $W --set privacy.local.max_labels_per_instance=4
+run split_m8 $W --set privacy.local.max_labels_per_instance=8
+run split_m16 $W --set privacy.local.max_labels_per_instance=16
+run split_m159 $W --set privacy.local.max_labels_per_instance=159
 python - "$out" <<'PY'
 import csv, sys
 from pathlib import Path
