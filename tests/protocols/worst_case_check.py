@@ -24,7 +24,8 @@ For a combination (:mod:`tests.protocols.worst_case_combinations`) on small synt
    each counted once: ``dp_accounting``'s RDP of the subsampled Gaussians and the group bound for client mechanisms
    written out here (log E_j exp(2α(α−1)j²/σ²)/(α−1), j ~ Binomial(k, q)), at Opacus's orders, converted by
    ``dp_accounting``'s RDP → (ε, δ), plus :data:`UPPER_TOL`; steps, σ and q are the public ones the combination
-   configures (k copies of round(1/q) DP-SGD steps, one W step, one client-level release a round).
+   configures (k copies of round(1/q) DP-SGD steps, or with ``copy_clip: split`` one full-batch step at the L2 shift
+   of the k copies, one W step, one client-level release a round).
 6. **(d) the same composition from below.** The reported ε is not below that composition (:data:`MATCH_REL`), and
    is ∞ exactly where it is ∞. This, not (b), is what a mechanism dropped from the graph or a group one too small
    fails: the realised pair moves a client's clipped update by ≪ 2C (measured: 0.07 to 0.94 C), so its PLD sits far
@@ -532,7 +533,11 @@ def check(c: Combination, tmp: Path, *, mutate=None, delta: float = 1e-5) -> Ver
             if other is not None and (dd := float(np.linalg.norm(seq[0][0] - other[0][0]))) > ZERO:
                 dists.append(dd)
                 std = seq[0][1]
-        if dists:
+        if dists and c.local == "split":  # k releases of their own noise, one step each: one Gaussian at the L2 shift
+            shift = math.sqrt(sum(dd * dd for dd in dists))
+            mechs.append((kind, "client_training", [shift], [0.0], 1.0, std, 1))
+            over.append((kind, shift, SENSITIVITY["dp_sgd"] * LOCAL_CLIP))
+        elif dists:
             q, per_client = (1.0, 1) if kind == "dp_sgd_shares" else (LOCAL_RATE, round(1 / LOCAL_RATE))
             mechs.append((kind, "client_training", [max(dists)], [0.0], q, std, k * per_client))
             over.append((kind, max(dists), SENSITIVITY["dp_sgd"] * LOCAL_CLIP))

@@ -48,7 +48,7 @@ GENERAL = {"fedavg_general", "flag_general", "fedlgt_general"}
 
 #: the factors other than the family, each value → the registered mechanism kinds it declares
 W_STEP = {"off": (), "on": ("w_step",)}
-LOCAL = {"off": (), "local": ("dp_sgd",), "shares": ("dp_sgd_shares",)}
+LOCAL = {"off": (), "local": ("dp_sgd",), "shares": ("dp_sgd_shares",), "split": ("dp_sgd",)}
 CLIENT = {"off": (), "server": ("client_server_noise",), "clients": ("client_noise_shares",), "tree": ("client_tree",),
           "adaptive": ("adaptive_clipping",), "banded": ("client_banded",)}  # fmt: skip
 ENCODER = ("trained", "fixed")
@@ -90,6 +90,9 @@ class Combination:
             out.append('privacy.instance={"noise_multiplier": 1.0, "sample_rate": 0.5, "clip_norm": 1.0' + kb + "}")
         if self.local == "local":
             out.append('privacy.local={"noise_multiplier": 1.0, "clip_norm": 1.0, "batch_sample_rate": 0.5' + kb + "}")
+        elif self.local == "split":  # the clip split over an instance's copies: full-batch steps, one a round here
+            out += ['privacy.local={"noise_multiplier": 1.0, "clip_norm": 1.0, "batch_sample_rate": 1.0, "copy_clip": "split"'
+                    + kb + "}", "training.local_epochs=1"]  # fmt: skip
         elif self.local == "shares":
             out += ['privacy.local={"noise_multiplier": 1.0, "clip_norm": 1.0, "batch_sample_rate": 1.0, "noise": "shares"'
                     + kb + "}", "training.local_epochs=1"]  # fmt: skip
