@@ -90,9 +90,9 @@ class LocalDPConfig(_DPUnitConfig):
         description="full: every copy of an instance (one per client it sits on: its labels in the positive_only "
         "partition) is clipped to C, so one instance on k ≤ m clients moves the clients' releases by √k·C together and "
         "the ledger counts each copy's steps; split: a copy of an instance on k clients is clipped to C/√k, so its "
-        "copies together move the releases by ≤ C and the ledger counts one copy (at the same σ, the clipped part of "
-        "an instance on one client gets √m more signal per unit of noise). Needs batch_sample_rate 1 (every copy in "
-        "every step) and noise: local",
+        "copies together move the releases by ≤ C and the ledger counts one copy (at the same ε, σ is √m times "
+        "smaller than with full: an instance on one client gets √m more signal per unit of noise, one on k clients "
+        "√(m/k) more on each copy). Needs batch_sample_rate 1 (every copy in every step) and noise: local",
     )  # fmt: skip
     noise: Literal["local", "shares"] = Field(
         "local",

@@ -73,7 +73,8 @@ def check_float_batch(n: int) -> None:
     if int(n) > MAX_FLOAT_BATCH:
         raise ValueError(
             f"a DP-SGD batch of {n} samples exceeds {MAX_FLOAT_BATCH}, the public cap of the float64 sum's accounted "
-            "error bound (protocols.dp.exact_sums): lower privacy.local.batch_sample_rate"
+            "error bound (protocols.dp.exact_sums): lower privacy.local.batch_sample_rate (copy_clip: split needs 1, so "
+            "use copy_clip: full with a lower rate)"
         )
 
 

@@ -6,17 +6,19 @@ Each local step of client c:
    (``privacy.local.batch_sample_rate``), drawn from the client's own secret; a local epoch is round(1/q)
    steps (Opacus's convention for Poisson loaders);
 2. **per-sample clipping**: each sample's gradient g_i (θ and, when the client trains them, its class rows,
-   as one vector) is scaled to ‖g_i‖ ≤ C;
+   as one vector) is scaled to ‖g_i‖ ≤ C (``copy_clip: split``: to C/√k_i, k_i the clients its instance sits on);
 3. **noise**: discrete Gaussian noise of std σ·(C + γ√d) on every coordinate of the sum rounded to the public grid
-   γ (:mod:`protocols.dp.discrete_gaussian`; γ√d ≤ 2^-10·C), from the client's own secret;
+   γ (:mod:`protocols.dp.discrete_gaussian`; γ√d ≤ 2^-10·C), from the client's own secret (``split``: σ·(C +
+   √m·(γ√d + slack)), :meth:`LocalDPSGD.noise_sensitivity`);
 4. the step's gradient is (Σ_i clip(g_i) + noise) / B with B = ``training.batch_size``, a *public* constant.
    (Opacus's ``DPOptimizer`` divides by the expected batch q·n; with the client's own n that divisor would
    change when an instance is added or removed, scaling every other gradient and the noise, which add/remove
    accounting at sensitivity C does not cover.)
 
 The per-sample gradients themselves come from the core (:mod:`secure_fed.algorithms.per_sample`); the
-accounting (one subsampled Gaussian step at (σ, q) per local step, for every client an instance sits on)
-is the layer's (:mod:`protocols.dp.layer`).
+accounting (one subsampled Gaussian step at (σ, q) per local step, for every client an instance sits on; with
+``split``, one full-batch Gaussian step per local step whatever the clients it sits on) is the layer's
+(:mod:`protocols.dp.layer`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class LocalDPSGD(GradientPrivatizer):
     ):  # fmt: skip
         if copy_clip not in ("full", "split"):
             raise ValueError(f"copy_clip is full or split, not {copy_clip!r}")
+        if copy_clip == "split" and float(sample_rate) < 1.0:  # its ledger holds only when every copy is in every step
+            raise ValueError(f"copy_clip split needs full-batch steps (sample rate 1), not {sample_rate:g}")
         if int(copies_bound) < 1:
             raise ValueError(f"copies_bound {copies_bound} must be ≥ 1")
         self.copy_clip, self.copies_bound = copy_clip, int(copies_bound)
@@ -81,10 +85,15 @@ class LocalDPSGD(GradientPrivatizer):
         instance's draws as they were."""
         return torch.from_numpy(self.stream.keyed_uniform(keys, m, f"{self.label} {step} per-instance"))
 
-    def clip_scales(self, copies: torch.Tensor) -> torch.Tensor | None:
+    def clip_scales(self, copies: torch.Tensor | None) -> torch.Tensor | None:
         """``split``: (B,) float64 1/√k_i, k_i the clients sample i's instance sits on (≤ ``copies_bound``, else refused:
-        the noise covers √m grid roundings only); ``full``: None (every sample clipped to C)."""
+        the noise covers √m grid roundings only); None where every instance sits on one client (``copies`` None and
+        a bound of 1). ``full``: None (every sample clipped to C)."""
         if self.copy_clip != "split":
+            return None
+        if copies is None:  # a clip of C per copy would break the one-copy ledger wherever an instance has several
+            if self.copies_bound > 1:
+                raise ValueError("copy_clip split needs each sample's copy count (ClientData.copies); the client has none")
             return None
         k = torch.as_tensor(copies, dtype=torch.float64)
         if len(k) and (k.min() < 1 or k.max() > self.copies_bound):

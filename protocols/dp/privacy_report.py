@@ -66,6 +66,13 @@ def _instance_sensitivities(layer, u: PrivacyUnit, rep: dict[str, Any]) -> None:
             "C per step: adding or removing the instance adds or removes one clipped per-sample gradient; it "
             f"enters up to {local_copies(layer.settings, layer.env)} clients' training a round, each of those steps counted"
         )
+        if layer.settings.privacy.local.copy_clip == "split":
+            target["sensitivity_note"] = (
+                "C per step: the instance enters up to "
+                f"{int(layer.env.max_clients_per_instance)} clients' training a round, each copy's per-sample gradient "
+                "clipped to C/√k on its k clients, so its copies move the clients' releases by ≤ C together; one copy's "
+                "steps counted"
+            )
         if layer.local_shares:
             target["sensitivity_note"] = (
                 "C per round: adding or removing the instance adds or removes one clipped per-sample gradient in "

@@ -21,15 +21,18 @@ CLIENT_SCOPE = "each client's whole update of θ and its class rows"
 
 
 def local_copies(settings: DPSettings, env: StackEnv) -> int:
-    """Client trainings one instance can enter per round: the clients it sits on (``k``: in the positive-only
-    setting the public bound ``max_labels_per_instance``, which every instance is bounded to before the partition;
-    1 in a CMDA/iid partition), capped by the largest cohort a round can have (all
-    clients under Poisson sampling, else the fixed cohort size: ⌈fN⌉ or ``training.clients_per_round``). The
-    ledger counts this worst case every round, whatever the realised cohort."""
+    """The copies of one instance the ledger counts in each DP-SGD step: the client trainings it can enter per round
+    (``k``: in the positive-only setting the public bound ``max_labels_per_instance``, which every instance is bounded
+    to before the partition; 1 in a CMDA/iid partition), capped by the largest cohort a round can have (all clients
+    under Poisson sampling, else the fixed cohort size: ⌈fN⌉ or ``training.clients_per_round``); the ledger counts
+    this worst case every round, whatever the realised cohort. With ``privacy.local.copy_clip: split``, 1: each of
+    the k copies is clipped to C/√k, so in every step (q = 1) its k releases, each noised by its own client, are k
+    Gaussians of sensitivity C/√k whose RDP adds up to one Gaussian's at sensitivity C (k·α/(2σ²k))."""
     t = settings.training
-    if settings.privacy.local is not None and settings.privacy.local.copy_clip == "split":
-        # each copy clipped to C/√k: in every step (q = 1) the k copies' releases are k Gaussians of sensitivity C/√k
-        # at noise σC, whose RDP adds up to one Gaussian's of sensitivity C (k·α/(2σ²k)): one copy's steps
+    loc = settings.privacy.local
+    if loc is not None and loc.copy_clip == "split":
+        if loc.batch_sample_rate < 1.0 or loc.noise != "local":  # validation refuses it first; never count it as one
+            raise ConfigError("privacy.local.copy_clip: split needs batch_sample_rate 1 and noise: local")
         return 1
     n = env.num_clients
     largest = n if t.sampling == "poisson" else t.cohort_size(n)

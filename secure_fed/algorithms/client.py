@@ -322,7 +322,7 @@ class LocalTrainer:
                 )  # fmt: skip
 
             # each sample's clip scale (privacy.local.copy_clip: split), from how many clients its instance sits on
-            scales = None if data.copies is None else privatizer.clip_scales(data.copies[idx.cpu()])
+            scales = privatizer.clip_scales(None if data.copies is None else data.copies[idx.cpu()])
             done = [0]  # samples already summed: the chunks come in batch order
 
             def add(grads: dict[str, torch.Tensor], batch_losses: torch.Tensor) -> None:
@@ -353,6 +353,8 @@ class LocalTrainer:
                     family=self.family, model=self.model, params=params, rows=rows,
                     x=x, targets=y, loss_fn=loss_fn, states=states, precision=hp.precision, on_chunk=add, extra=extra,
                 )  # fmt: skip
+                if done[0] != len(idx):  # every sample's scale was used once, in batch order
+                    raise RuntimeError(f"DP-SGD summed {done[0]} per-sample gradients of a batch of {len(idx)}")
         if not torch.equal(rng, torch.get_rng_state()):
             raise RuntimeError(
                 "a DP-SGD step drew from torch's global generator (dropout or another random op in the model): such draws "

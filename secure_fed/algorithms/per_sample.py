@@ -53,10 +53,11 @@ class GradientPrivatizer(ABC):
         :func:`secure_fed.algorithms.instance_keys.instance_keys`), never of the batch order."""
         raise NotImplementedError(f"{type(self).__name__} draws no per-instance randomness (needed by label-masked models)")
 
-    def clip_scales(self, copies: torch.Tensor) -> torch.Tensor | None:
+    def clip_scales(self, copies: torch.Tensor | None) -> torch.Tensor | None:
         """(B,) float64 factors s_i of each sample's clip norm (clipped to s_i·C), from the ``(B,)`` number of clients
-        each sample's instance sits on (:attr:`~secure_fed.algorithms.base.ClientData.copies`); None (the default):
-        every sample clipped to C. When not None, the trainer passes them to :meth:`factors` and :meth:`clip_sum`."""
+        each sample's instance sits on (:attr:`~secure_fed.algorithms.base.ClientData.copies`; None where the client
+        has none); None (the default): every sample clipped to C. When not None, the trainer passes them to
+        :meth:`factors` and :meth:`clip_sum`."""
         return None
 
     @abstractmethod

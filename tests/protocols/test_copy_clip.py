@@ -48,6 +48,34 @@ def test_full_clip_ignores_copies_and_split_refuses_more_copies_than_the_bound()
         _priv("split").factors(torch.ones(2), torch.tensor([0.5, 1.5]))
 
 
+def test_split_refuses_poisson_batches_and_a_client_without_copy_counts():
+    with pytest.raises(ValueError, match="full-batch steps"):
+        LocalDPSGD(clip_norm=1.0, noise_multiplier=1.0, sample_rate=0.5, divisor=1.0, stream=SecretStream.fresh(),
+                   label="r0", copy_clip="split", copies_bound=2)  # fmt: skip
+    with pytest.raises(ValueError, match="copy count"):
+        _priv("split", bound=2).clip_scales(None)
+    assert _priv("split", bound=1).clip_scales(None) is None  # every instance on one client: the plain clip
+
+
+def test_split_release_draws_the_noise_it_accounts(monkeypatch):
+    """The noise ``finish`` draws is σ·(C + √m·(γ√d + slack)), not one copy's σ·(C + γ√d + slack)."""
+    from protocols.dp import local_dpsgd
+
+    drawn = []
+
+    def grid_noise(n, std, grid, stream, label):
+        drawn.append(std)
+        return torch.zeros(n, dtype=torch.float64)
+
+    monkeypatch.setattr(local_dpsgd, "grid_noise", grid_noise)
+    sums = {"g": torch.zeros(10, 10, dtype=torch.float64)}
+    for copy_clip in ("full", "split"):
+        _priv(copy_clip, bound=9, sigma=2.0).finish(sums, "s0")
+    full = _priv("full", bound=9).noise_sensitivity(100)[1]
+    assert drawn[0] == pytest.approx(2.0 * full, rel=1e-12)
+    assert drawn[1] == pytest.approx(2.0 * (1.0 + 3.0 * (full - 1.0)), rel=1e-12)
+
+
 def test_split_noise_covers_the_copies_roundings_in_l2():
     full, split = _priv("full", bound=9), _priv("split", bound=9)
     grid, c_full = full.noise_sensitivity(100)
@@ -98,18 +126,27 @@ def test_one_instance_moves_its_clients_first_steps_by_at_most_c_together_under_
 
 
 def test_the_ledger_counts_one_copy_under_split(tmp_path):
-    """The reported ε: one Gaussian step at σ = 1, q = 1 (split), against k = 3 such steps (full), both from an
-    independent RDP computation (dp_accounting), converted at the same orders."""
+    """The reported ε of 2 rounds × 2 local epochs: 4 Gaussian steps at σ = 1, q = 1 (split), against k = 3 copies of
+    each (full), both from an independent RDP computation (dp_accounting), converted at the same orders; and
+    ``validate``'s plan of the same runs (its own count of the steps) gives the same steps and ε."""
+    import re
+
     from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
     from protocols.dp.mechanisms import ORDERS
+    from secure_fed.plugin_specs import layer_specs
 
-    for copy_clip, steps in (("split", 1), ("full", 3)):
-        exp = Experiment(load_plan(overrides=_overrides(copy_clip)), run_dir=tmp_path / copy_clip)
+    for copy_clip, steps in (("split", 4), ("full", 12)):
+        plan = load_plan(overrides=[*_overrides(copy_clip), "training.rounds=2", "training.local_epochs=2"])
+        line = next(x for x in layer_specs()["dp"].describe(plan, 6) if x.startswith("dp instance unit: "))
+        planned = re.search(r"client_training: σ 1 \(given\), q 1, (\d+) planned steps -> plans ε = ([\d.]+)", line)
+        assert planned is not None and int(planned.group(1)) == steps, line
+        exp = Experiment(plan, run_dir=tmp_path / copy_clip)
         exp.run(progress=False)
         eps = exp.privacy_summary()["units"]["instance"]["epsilon"]
         want, _ = rdp_lib.compute_epsilon(list(ORDERS), list(_sampled_gaussian_rdp(1.0, 1.0, steps)), 1e-5)
         assert eps == pytest.approx(want, rel=1e-6), copy_clip
+        assert float(planned.group(2)) == pytest.approx(want, rel=1e-3), line
 
 
 def test_split_is_refused_with_poisson_batches_and_with_noise_shares():

@@ -257,7 +257,13 @@ def run_round(
 
             def recorded(self, sums, step, _finish=finish):
                 flat = _flat(sums)
-                std = self.noise_multiplier * release_grid(self.clip_norm, flat.size)[1]
+                # the std the release draws: split's covers √m copies' roundings (LocalDPSGD.noise_sensitivity)
+                per_sigma = (
+                    self.noise_sensitivity(flat.size)[1]
+                    if self.copy_clip == "split"
+                    else release_grid(self.clip_norm, flat.size)[1]
+                )
+                std = self.noise_multiplier * per_sigma
                 rec.dp_sgd.setdefault(getattr(self, "_combo_cid", -1), []).append((flat, std))
                 return _finish(self, sums, step)
 
