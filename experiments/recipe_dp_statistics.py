@@ -4,7 +4,7 @@
                                                [--out runs/recipe_dp_statistics] [--data-root DIR]
 
 ``experiments/recipe_upper_bounds.py`` found that an exact label prior and an exact label co-occurrence, charged
-nowhere, add about 2 P@1 to the recipe at ε = 1 on the validation split. This script measures what is left when both
+nowhere, add 2 to 3 P@1 to the recipe at ε = 1 on the validation split. This script measures what is left when both
 statistics are DP releases that share the run's one budget, ε = 1 at δ = 1e-5 (RDP):
 
 * the class rows are the shipped recipe (``experiments/configs/bibtex_private.yaml``, FedALC) run at a smaller target

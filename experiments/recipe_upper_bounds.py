@@ -11,8 +11,9 @@ the validation split (``dataset.evaluate_on=validation``: 20% of the training sp
 test split is never read. ε = ∞ is the same config without the dp layer. The released ε of every run is the recipe's;
 the statistics the levers read are **not** charged anywhere.
 
-* ``recipe``: the shipped recipe as it is (orthogonal projection 1836 → 1024, rows without their shared direction,
-  scores centred per row); every lever below keeps the recipe's scoring.
+* ``recipe``: the shipped recipe as it is (orthogonal projection 1836 → 1024, m = 8 with the clip split over an
+  instance's copies, rows without their shared direction, scores centred per row); every lever below keeps the
+  recipe's scoring.
 * ``pca256``: the fixed encoder replaced by the top 256 principal directions of the training inputs (the uncentred
   second moment XᵀX of the preprocessed training rows, each instance once): what a DP-PCA encoder could reach at best.
 * ``low-rank r``: the recipe's class rows W truncated to their top r singular directions (then renormalised):
