@@ -7,9 +7,9 @@
 export OMP_NUM_THREADS=1
 out=results/private_recipes/bibtex
 # every candidate starts from "base", the config as the selection began (orthogonal 1836 → 512 → 512, uncentred
-# scores, rows as released: the pins below), and sets what it changes; the shipped config is the winner,
+# scores, rows as released, m = 2 with every copy clipped to C: the pins below), and sets what it changes; the shipped config is the winner,
 # split_m8 (d = 1024, rows without their shared direction, centred scores, the clip split over copies, m = 8)
-BASE="--set model.embedding_dim=512 --set model.embed_dim=512 --set evaluation.center_scores=false --set evaluation.remove_shared_direction=false"
+BASE="--set model.embedding_dim=512 --set model.embed_dim=512 --set evaluation.center_scores=false --set evaluation.remove_shared_direction=false --set privacy.local.max_labels_per_instance=2 --set privacy.local.copy_clip=full"
 run() { name=$1; shift; secure-fed tradeoff experiments/configs/bibtex_private.yaml --set dataset.evaluate_on=validation \
   --methods fedalc --epsilons 1,4,8,inf --seeds 0,1,2 --prior none --reference none --workers 2 \
   $BASE "$@" --out $out/$name > $out/$name.log 2>&1
