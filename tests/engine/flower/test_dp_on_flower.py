@@ -35,6 +35,10 @@ LOCAL = ["protocols=[dp]", "algorithm.name=fedaws", "training.rounds=2", "evalua
          "flower.num_supernodes=4",
              "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 0.5, "
              "max_labels_per_instance: 8}"]  # fmt: skip
+# the clip split over an instance's copies: each node clips its own clients' copies to C/√k from the copy counts
+# its own rows carry (ClientData.copies), as the in-process clients do
+LOCAL_SPLIT = [*LOCAL[:-1], "privacy.local={noise_multiplier: 1.0, clip_norm: 1.0, batch_sample_rate: 1.0, "
+               "max_labels_per_instance: 8, copy_clip: split}"]  # fmt: skip
 # distributed noise (noise: clients): each client adds its share from its own stream, inside the secure sum
 SHARES = ["protocols=[dp, secure_aggregation]", "algorithm.name=fedaws", "training.rounds=2", "evaluation.every=2",
           "flower.num_supernodes=4", "output.log_messages=true",
@@ -166,7 +170,7 @@ def test_the_dp_session_refuses_an_unclipped_plaintext_update(tmp_path):
     session.submit(0, at_s)
 
 
-@pytest.mark.parametrize("overrides", [LOCAL, SHARES], ids=["privacy.local", "noise-clients"])
+@pytest.mark.parametrize("overrides", [LOCAL, LOCAL_SPLIT, SHARES], ids=["privacy.local", "copy-clip-split", "noise-clients"])
 def test_client_secret_streams_on_flower(overrides, tmp_path):
     """The node draws exactly what the in-process client draws (same stream, same labels): DP-SGD's batches and
     noise, or the noise share (the plan's ``layer:dp.noise_share_step``); a node that skipped its draw (or drew from
