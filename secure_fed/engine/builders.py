@@ -214,7 +214,8 @@ def build_federation(
     val = None
     part = partitioner_from_config(plan.partition, seed=plan.seed)
     train, per_instance, bounded = ds.train, 1, 0
-    if part.positive_only and not algorithm.centralized:  # an instance sits on one client per label
+    multi_copy = part.positive_only and not algorithm.centralized  # an instance sits on one client per label
+    if multi_copy:
         per_instance = ds.num_labels
         if bound is not None:
             m, rule = bound
@@ -241,7 +242,9 @@ def build_federation(
     # sits on every client of its labels: ~5 copies); dense rows: each client's own copy, as before
     store = SparseRows.from_csr(prep.transform_sparse(ds.train.features), device=device) if sparse else None
     clients = []
-    multi_copy = part.positive_only and not algorithm.centralized
+    # positive-only: how many clients each training instance sits on (its kept labels); each client holds its own
+    # rows' counts (what the bound's rule reads of an instance), never sends them
+    row_copies = np.diff(labels.indptr).astype(np.int64) if multi_copy else None
     for s in shards:
         if s.label is not None:
             known = np.array([s.label])
@@ -250,9 +253,7 @@ def build_federation(
         else:
             known = np.flatnonzero(np.diff(labels[s.indices].tocsc().indptr))  # the labels its rows have
         rows = s.indices
-        # positive-only: each instance sits on one client per (kept) label; the client knows how many of its own
-        # instances' copies there are (what the bound's rule reads), never sends it
-        copies = torch.from_numpy(np.diff(labels[rows].indptr).astype(np.int64)) if multi_copy else None
+        copies = None if row_copies is None else torch.from_numpy(row_copies[rows])
         clients.append(
             ClientData(
                 client_id=s.client_id,
