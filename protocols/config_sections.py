@@ -24,7 +24,12 @@ class _Strict(BaseModel):
 class _DPUnitConfig(_Strict):
     clip_norm: float = Field(1.0, gt=0.0, le=1e12, description="L2 clipping bound C (per privacy unit's contribution)")
     noise_multiplier: float | None = Field(
-        None, gt=0.0, le=1e6, description="σ; noise std is σ·C. Omit to calibrate from target_epsilon"
+        None,
+        ge=0.0,
+        le=1e6,
+        description="σ; noise std is σ·C. Omit to calibrate from target_epsilon. 0: the noiseless control — the unit "
+        "clips, bounds and samples exactly as under DP but draws no noise, and its ε is reported as ∞ (a run's "
+        "ceiling with the same levers; no target_epsilon beside it)",
     )
     target_epsilon: float | None = Field(
         None,
@@ -33,6 +38,15 @@ class _DPUnitConfig(_Strict):
         description="budget: calibrates σ if noise_multiplier is unset; beside a given noise_multiplier, a cap: training "
         "stops before the step that would pass it (validate says after how many steps)",
     )
+
+    @model_validator(mode="after")
+    def _noiseless_has_no_budget(self) -> _DPUnitConfig:
+        if self.noise_multiplier == 0.0 and self.target_epsilon is not None:
+            raise ValueError(
+                f"noise_multiplier 0 (the noiseless control) reports ε = ∞, so target_epsilon {self.target_epsilon:g} "
+                "cannot hold: drop target_epsilon, or give σ > 0"
+            )
+        return self
 
 
 #: the contribution bound's description, shared by the units that can carry it
@@ -149,6 +163,11 @@ class ClientDPConfig(_DPUnitConfig):
     @model_validator(mode="after")
     def _count_noise_defines_update_noise(self) -> ClientDPConfig:
         a, sigma = self.adaptive_clipping, self.noise_multiplier
+        if sigma == 0.0 and (a is not None or self.mechanism != "gaussian"):
+            raise ValueError(
+                "noise_multiplier 0 (the noiseless control) needs mechanism: gaussian and no adaptive_clipping (the "
+                "tree's, the banded factorisation's and the clip count's noise all scale with σ)"
+            )
         if a is not None and sigma is not None and not a.count_noise_multiplier > sigma / 2:
             raise ValueError(
                 f"privacy.client.adaptive_clipping.count_noise_multiplier {a.count_noise_multiplier:g} must exceed "

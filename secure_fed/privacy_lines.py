@@ -65,6 +65,17 @@ def infinity_line(record: dict[str, Any], config: str = "its config.yaml") -> st
             f"noise ({eps} covers only part); details: secure-fed validate {config}")  # fmt: skip
 
 
+def noiseless_mechanisms(record: dict[str, Any]) -> list[str]:
+    """The mechanisms a privacy record lists with noise multiplier 0 (the noiseless control), in its order."""
+    out = []
+    for unit, u in (record.get("units") or {}).items():
+        mechs = u.get("mechanisms") or {}
+        out += [name for name, m in mechs.items() if m.get("noise_multiplier") == 0]
+        if not mechs and u.get("noise_multiplier") == 0:  # a unit with one mechanism: its numbers are the unit's
+            out.append(f"the {unit} unit")
+    return list(dict.fromkeys(out))
+
+
 def privacy_lines(record: dict[str, Any], config: str = "its config.yaml") -> list[str]:
     """The released privacy record (``summary.json``'s ``privacy``) as console lines: the released model's ε with δ
     and unit, then one line per DP unit; or, when the released model's ε is ∞, one short sentence (why, per unit,
@@ -76,6 +87,10 @@ def privacy_lines(record: dict[str, Any], config: str = "its config.yaml") -> li
     if not units:
         why = record.get("note") or record.get("why") or "no differential privacy mechanism in this run"
         return [f"  privacy: ε = ∞: {why}; nothing bounds what the released model and metrics reveal about the training data",
+                *findings]  # fmt: skip
+    if fmt_epsilon(eps) == "∞" and (noiseless := noiseless_mechanisms(record)):
+        return [f"  privacy: ε = ∞: the noiseless control (noise_multiplier 0 for {', '.join(noiseless)}): the units clip, "
+                "bound and sample as under DP but draw no noise, so nothing bounds what the released model reveals",
                 *findings]  # fmt: skip
     if fmt_epsilon(eps) == "∞":
         unnoised = any(u.get("unnoised") for u in units.values())

@@ -95,7 +95,9 @@ def ledger_history(report: dict) -> list[tuple[float, float, int]]:
 
 def gdp_mu_of_ledger(history) -> float | None:
     """The exact μ of a ledger of full-batch Gaussian mechanisms (every q = 1): √(Σ steps/σ²) under add/remove;
-    None when any mechanism is subsampled (its trade-off curve is then not Gaussian)."""
+    None when any mechanism is subsampled (its trade-off curve is then not Gaussian); ∞ with a noiseless one (σ = 0)."""
     if not history or any(q < 1.0 for _, q, _ in history):
         return None
+    if any(sigma == 0.0 for sigma, _, _ in history):
+        return math.inf
     return math.sqrt(sum(steps / sigma**2 for sigma, _, steps in history))

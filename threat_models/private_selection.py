@@ -291,7 +291,10 @@ def run_selection(args, points: list, *, attacks: list[str], workers: int, threa
             todo.append(((method, eps, seed, ov, run_dir), eps_r, total, None, []))
             continue
         mb = method_base(args.config, args.overrides, method)
-        pov = [*args.overrides, *point_overrides(mb, method=method, eps=eps_r, seed=seed, unit=args.unit, attacks=attacks)]
+        pov = [
+            *args.overrides,
+            *point_overrides(mb, method=method, eps=eps_r, seed=seed, unit=args.unit, attacks=attacks, infinity=args.infinity),
+        ]
         pdir = scratch / run_dir.name
         d = draw(pdir, len(grid), eta=eta, gamma=gamma)
         cands = []

@@ -6,7 +6,8 @@
 For every (method, ε, seed) it runs CONFIG with the method as ``algorithm.name``, the seed, and ε as the
 target of the privacy unit the config's DP protects (the instance unit: ``privacy.instance`` and
 ``privacy.local``; or ``privacy.client`` with ``--unit client``), σ calibrated to it (a fixed
-``noise_multiplier`` is dropped). ε = ``inf`` is the same run without the ``dp`` layer. A method that has no
+``noise_multiplier`` is dropped). ε = ``inf`` is the same run without the ``dp`` layer, or with ``--infinity
+noiseless`` the same dp layer with noise multiplier 0 (its clip, bound and sampling, no noise). A method that has no
 server step over label sets drops ``privacy.instance`` (its instance unit is client training alone).
 The attacks run on each finished run (their canaries and taps are inserted during training).
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from secure_fed.plugin_api.attacks import PRIVATE_DIR, SecureFedError, phase, unknown_name
 from threat_models.tradeoff_points import (
+    INFINITY_POINTS,
     _job,
     _label,
     central_reference_method,
@@ -86,7 +88,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         for eps in eps_list:
             for seed in seeds:
                 ov = [*args.overrides, *point_overrides(base, method=method, eps=eps, seed=seed, unit=args.unit,
-                                                         attacks=attacks)]  # fmt: skip
+                                                         attacks=attacks, infinity=args.infinity)]  # fmt: skip
                 try:
                     plan = load_plan(args.config, ov)
                 except ConfigError as exc:
@@ -175,7 +177,7 @@ def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: 
     write_csv(public, out / "results.csv")
     note = (
         f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
-        f"unit: {args.unit}; ε = ∞ runs have no dp layer. Bands: min–max over seeds {seeds}."
+        f"unit: {args.unit}; ε = ∞ runs: {INFINITY_POINTS[args.infinity]}. Bands: min–max over seeds {seeds}."
     )
     if args.select == "private":
         note += f" Private selection: {rows[0]['composed'] if rows else ''}; metrics on the report half of the test split."
@@ -260,7 +262,9 @@ def _finite(v) -> bool:
 def register(sub) -> None:
     p = sub.add_parser("tradeoff", help="privacy/utility study: methods × ε × seeds, attacks, results.csv, report.html")
     p.add_argument("config", nargs="?", default=None, help="config file (default: the embedded default)")
-    p.add_argument("--epsilons", default="1,2,4,8,inf", help="target ε values; inf = the run without the dp layer")
+    p.add_argument("--epsilons", default="1,2,4,8,inf", help="target ε values; inf: the point --infinity names")
+    p.add_argument("--infinity", choices=list(INFINITY_POINTS), default="no-dp",
+                   help="the ε = ∞ point: " + "; ".join(f"{k}: {v}" for k, v in INFINITY_POINTS.items()))  # fmt: skip
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--methods", default=None, help="comma-separated algorithm names (default: the config's)")
     p.add_argument("--attacks", default="", help="comma-separated attacks to run on every run (secure-fed list names them)")

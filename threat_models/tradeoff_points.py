@@ -39,9 +39,19 @@ def parse_epsilons(text: str) -> list[float]:
     return out
 
 
-def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: str, attacks: list[str]) -> list[str]:
+#: what the ε = ∞ point of a study runs (``--infinity``)
+INFINITY_POINTS = {
+    "no-dp": "the run without the dp layer (no clip, no bound, no noise)",
+    "noiseless": "the same dp layer with noise_multiplier 0 (the noiseless control: the same clip, bound and sampling)",
+}
+
+
+def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: str, attacks: list[str],
+                    infinity: str = "no-dp") -> list[str]:  # fmt: skip
     """The overrides that turn the base config (``base``: its plan, as :func:`method_base` reads it) into one grid
-    point."""
+    point. ``infinity`` (:data:`INFINITY_POINTS`) says what the ε = ∞ point runs."""
+    if infinity not in INFINITY_POINTS:
+        raise SecureFedError(f"--infinity {infinity!r}: choose one of {', '.join(INFINITY_POINTS)}")
     from protocols.layer_specs import LABEL_SET_ALGORITHMS
 
     ov = [f"algorithm.name={method}", f"seed={seed}", "output.progress=false", *central_reference(method)]
@@ -57,7 +67,7 @@ def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: 
             return [*ov, *nulls, f"protocols=[{', '.join(x for x in stack if x != 'dp')}]", f"privacy.{plugin}=null"]
         m = getattr(p, plugin).max_labels_per_instance  # the base plan's (method_base: the config's contribution bound)
         return [*ov, *nulls, f"privacy.{plugin}={{target_epsilon: {eps:g}, max_labels_per_instance: {m}}}"]
-    if math.isinf(eps):
+    if math.isinf(eps) and infinity == "no-dp":
         ov.append(f"protocols=[{', '.join(x for x in stack if x != 'dp')}]")
         ov += ["privacy.instance=null", "privacy.local=null", "privacy.client=null"]
         return ov
@@ -74,9 +84,13 @@ def point_overrides(base: RunPlan, *, method: str, eps: float, seed: int, unit: 
             + f" for {method}"
         )
     # every block gets the target; the sweep calibrates the σ of the blocks the config leaves free, and a block that
-    # gives its σ keeps it (e.g. a heavily noised W step beside calibrated DP-SGD), unless every block gives one
+    # gives its σ keeps it (e.g. a heavily noised W step beside calibrated DP-SGD), unless every block gives one; at
+    # ε = ∞ (noiseless) every block keeps its clip, bound and sampling and draws no noise
     free = [b for b in blocks if getattr(p, b).noise_multiplier is None] or blocks
     for b in blocks:
+        if math.isinf(eps):
+            ov += [f"privacy.{b}.target_epsilon=null", f"privacy.{b}.noise_multiplier=0"]
+            continue
         ov.append(f"privacy.{b}.target_epsilon={eps:g}")
         if b in free:
             ov.append(f"privacy.{b}.noise_multiplier=null")

@@ -95,7 +95,7 @@ class DPMechanism:
 
     def __init__(self, *, name: str, sigma: float, sample_rate: float, steps: int = 0, planned_steps: int = 0,
                  scope: str = "", clip_norm: float = 1.0, calibrated: bool = False):  # fmt: skip
-        if not (sigma > 0.0 and 0.0 < sample_rate <= 1.0 and steps >= 0):
+        if not (sigma >= 0.0 and 0.0 < sample_rate <= 1.0 and steps >= 0):  # σ = 0: the noiseless control
             raise ValueError(f"{self.kind or 'mechanism'} {name!r}: σ {sigma}, q {sample_rate}, steps {steps} out of range")
         self.name, self.scope = name, scope
         self.sigma, self.sample_rate, self.clip_norm = float(sigma), float(sample_rate), float(clip_norm)

@@ -118,6 +118,8 @@ class Graph:
             eps = epsilon_of(history, delta, accountant) if history else 0.0
             return {"epsilon": reported(eps), "composed": composed, "accountant": accountant, "notes": notes}
         total = np.sum(np.stack(curves), axis=0) if curves else np.zeros(len(ORDERS))
+        if np.isinf(total).all():  # a noiseless mechanism is the channel's best protection
+            return {"epsilon": "inf", "why": "noise_multiplier 0 (the noiseless control): the released values carry no noise"}
         eps = rdp_curve_epsilon(total, delta) if np.any(total) else 0.0
         used = "rdp"
         if len(own_views) == len(self.channels) and accountant != "rdp":  # the unit's own mechanisms alone, by its
@@ -137,8 +139,11 @@ class Graph:
         return 1.0 if adversary == "server" and m.sample_known_to_server else m.sample_rate
 
     def _curve(self, m: DPMechanism, unit: str, adversary: str) -> np.ndarray | None:
-        """The mechanism's RDP curve for ``unit`` (None: it bounds no such unit)."""
+        """The mechanism's RDP curve for ``unit`` (None: it bounds no such unit); ∞ at every order once a noiseless
+        step (σ = 0, the noiseless control) has run."""
         q = self._rate(m, adversary)
+        if m.sigma == 0.0 and m.steps > 0 and (m.unit == unit or (m.unit == CLIENT and unit == INSTANCE)):
+            return np.full(len(ORDERS), np.inf)
         if m.unit == unit:
             return m.rdp(ORDERS, sample_rate=q)
         if m.unit == CLIENT and unit == INSTANCE:

@@ -200,7 +200,7 @@ def test_compose_records_a_declared_mechanisms_history():
     assert acc.history == HISTORIES[3] and acc.get_epsilon(DELTA) == pytest.approx(google_pld(HISTORIES[3]), abs=1e-8)
 
 
-@pytest.mark.parametrize("entry", [(0.0, 0.1, 1), (-1.0, 0.1, 1), (1.0, 0.0, 1), (1.0, 1.5, 1), (1.0, 0.1, -1),
+@pytest.mark.parametrize("entry", [(-1e-12, 0.1, 1), (-1.0, 0.1, 1), (1.0, 0.0, 1), (1.0, 1.5, 1), (1.0, 0.1, -1),
                                    (1.0, 0.1, 1.5), (float("inf"), 0.1, 1)])  # fmt: skip
 def test_an_entry_that_is_no_subsampled_gaussian_is_refused(entry):
     with pytest.raises(ValueError, match="out of range|whole number"):

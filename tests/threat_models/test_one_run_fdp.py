@@ -132,6 +132,7 @@ def test_ledger_mu_only_for_full_batch_gaussians():
     assert gdp_mu_of_ledger([(2.0, 1.0, 4)]) == pytest.approx(1.0)
     assert gdp_mu_of_ledger([(2.0, 1.0, 4), (1.0, 1.0, 1)]) == pytest.approx(math.sqrt(2.0))
     assert gdp_mu_of_ledger([(2.0, 0.5, 4)]) is None and gdp_mu_of_ledger([]) is None
+    assert gdp_mu_of_ledger([(2.0, 1.0, 4), (0.0, 1.0, 1)]) == math.inf  # a noiseless step: no Gaussian bound
 
 
 def test_full_batch_dp_sgd_run_gdp_bound_above_steinkes_at_the_same_delta_and_below_the_accountant(tmp_path):

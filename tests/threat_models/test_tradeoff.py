@@ -177,3 +177,23 @@ def test_a_worker_killed_by_the_system_ends_the_study_with_one_clear_error():
     with pytest.raises(SecureFedError, match=r"worker process of the study died .*memory.*--workers"):
         with worker_pool(1) as pool:
             pool.submit(_die_like_the_oom_killer).result()
+
+
+def test_the_studys_noiseless_infinity_keeps_the_dp_layer_and_zeroes_every_blocks_sigma():
+    from secure_fed.config import build_plan
+    from secure_fed.plugin_api.attacks import SecureFedError
+    from tests.conftest import small_config
+    from threat_models.tradeoff_points import point_overrides
+
+    config = small_config("algorithm.name=fedalc", "algorithm.normalize_gamma=false", "protocols=[dp]",
+                          "privacy.instance={noise_multiplier: 20.0, sample_rate: 0.5}",
+                          "privacy.local={target_epsilon: 4.0, batch_sample_rate: 1.0, max_labels_per_instance: 2}")  # fmt: skip
+    base = build_plan(config)
+    ov = point_overrides(base, method="fedalc", eps=math.inf, seed=0, unit="instance", attacks=[], infinity="noiseless")
+    assert not any(o.startswith("protocols=") for o in ov), ov  # the dp layer stays
+    for block in ("instance", "local"):
+        assert f"privacy.{block}.noise_multiplier=0" in ov and f"privacy.{block}.target_epsilon=null" in ov, ov
+    plain = point_overrides(base, method="fedalc", eps=math.inf, seed=0, unit="instance", attacks=[])
+    assert "protocols=[]" in plain  # the default ε = ∞ point: no dp layer
+    with pytest.raises(SecureFedError, match="--infinity 'zero'"):
+        point_overrides(base, method="fedalc", eps=math.inf, seed=0, unit="instance", attacks=[], infinity="zero")

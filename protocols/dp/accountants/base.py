@@ -31,13 +31,14 @@ Entry = tuple[float, float, int]
 
 
 def check_entry(sigma: float, q: float, steps: int) -> Entry:
-    """An entry as the accountants hold it (floats σ and q, an int count); ValueError outside σ > 0, 0 < q ≤ 1, steps ≥ 0."""
+    """An entry as the accountants hold it (floats σ and q, an int count); ValueError outside σ ≥ 0, 0 < q ≤ 1,
+    steps ≥ 0. σ = 0 is a noiseless step (the noiseless control): its history's ε is ∞."""
     sigma, q = float(sigma), float(q)
     if int(steps) != steps:
         raise ValueError(f"accountant entry: steps {steps!r} is not a whole number")
     steps = int(steps)
-    if not (math.isfinite(sigma) and sigma > 0.0 and 0.0 < q <= 1.0 and steps >= 0):
-        raise ValueError(f"accountant entry: σ {sigma}, q {q}, steps {steps} out of range (σ > 0, 0 < q ≤ 1, steps ≥ 0)")
+    if not (math.isfinite(sigma) and sigma >= 0.0 and 0.0 < q <= 1.0 and steps >= 0):
+        raise ValueError(f"accountant entry: σ {sigma}, q {q}, steps {steps} out of range (σ ≥ 0, 0 < q ≤ 1, steps ≥ 0)")
     return sigma, q, steps
 
 
@@ -88,12 +89,15 @@ class Accountant:
         return rdp_epsilon(self.entries(), delta) > self.max_rdp_epsilon
 
     def get_epsilon(self, delta: float) -> float:
-        """ε at δ of the history (0 for an empty one); RDP's ε past :attr:`max_rdp_epsilon`."""
+        """ε at δ of the history (0 for an empty one; ∞ once a noiseless step, σ = 0, is in it); RDP's ε past
+        :attr:`max_rdp_epsilon`."""
         if not 0.0 < delta < 1.0:
             raise ValueError(f"δ {delta} out of range (0 < δ < 1)")
         entries = self.entries()
         if not entries:
             return 0.0
+        if any(sigma == 0.0 for sigma, _, _ in entries):
+            return math.inf
         if self.beyond_range(delta):
             return rdp_epsilon(entries, delta)
         return float(self._epsilon(entries, float(delta)))
