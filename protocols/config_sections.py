@@ -287,6 +287,19 @@ class PrivacyConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _noiseless_instance_unit_has_no_budget(self) -> PrivacyConfig:
+        blocks = {n: getattr(self, n) for n in type(self).model_fields if n != "client"}
+        blocks = {n: b for n, b in blocks.items() if isinstance(b, BaseModel)}
+        zero = [n for n, b in blocks.items() if getattr(b, "noise_multiplier", None) == 0.0]
+        targets = [n for n, b in blocks.items() if getattr(b, "target_epsilon", None) is not None]
+        if zero and targets:
+            raise ValueError(
+                f"privacy.{zero[0]}.noise_multiplier 0 (the noiseless control) makes the instance unit's ε ∞, so "
+                f"privacy.{targets[0]}.target_epsilon cannot hold: drop the target, or give σ > 0"
+            )
+        return self
+
     @field_validator("accountant", mode="before")
     @classmethod
     def _no_gdp(cls, v):

@@ -515,6 +515,12 @@ def _released_model_line(plan: RunPlan) -> str:
     units = [u for u, on in (("instance", instance_on), ("client", p.client is not None)) if on]
     head = "dp released model (the observer: sees θ, W and the files): "
     unnoised = unnoised_steps_of_plan(plan)
+    noiseless = [
+        f"privacy.{n}" for n in ("instance", "local", "client") if getattr(getattr(p, n), "noise_multiplier", None) == 0.0
+    ]
+    if not unnoised and noiseless:
+        return (head + f"ε = ∞: the noiseless control (noise_multiplier 0 in {', '.join(noiseless)}): every step that "
+                "shapes θ and W runs its DP mechanism's clip, bound and sampling, and no noise")  # fmt: skip
     if not unnoised:
         return (
             head + "covered: every step that shapes θ and W has a DP mechanism; its ε is the observer's plan per "

@@ -88,12 +88,12 @@ def privacy_lines(record: dict[str, Any], config: str = "its config.yaml") -> li
         why = record.get("note") or record.get("why") or "no differential privacy mechanism in this run"
         return [f"  privacy: ε = ∞: {why}; nothing bounds what the released model and metrics reveal about the training data",
                 *findings]  # fmt: skip
-    if fmt_epsilon(eps) == "∞" and (noiseless := noiseless_mechanisms(record)):
+    unnoised = any(u.get("unnoised") for u in units.values())
+    if fmt_epsilon(eps) == "∞" and not unnoised and (noiseless := noiseless_mechanisms(record)):
         return [f"  privacy: ε = ∞: the noiseless control (noise_multiplier 0 for {', '.join(noiseless)}): the units clip, "
                 "bound and sample as under DP but draw no noise, so nothing bounds what the released model reveals",
                 *findings]  # fmt: skip
     if fmt_epsilon(eps) == "∞":
-        unnoised = any(u.get("unnoised") for u in units.values())
         return [*([infinity_line(record, config)] if unnoised or not findings else []), *findings]
     head = f"  privacy: ε = {fmt_epsilon(eps)}, δ = {record.get('delta'):g} per {record.get('unit')} for the released model"
     return [head, *(unit_line(n, u) for n, u in units.items())]

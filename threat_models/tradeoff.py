@@ -37,6 +37,7 @@ from threat_models.tradeoff_points import (
     method_base,
     parse_epsilons,
     point_overrides,
+    statistic_mechanism,
     statistic_methods,
     worker_pool,
 )
@@ -177,7 +178,13 @@ def _write_study(args, out: Path, methods, seeds, rows, runs, failed, n_points: 
     write_csv(public, out / "results.csv")
     note = (
         f"config: {args.config or 'the embedded default'}; overrides: {' '.join(args.overrides) or 'none'}; "
-        f"unit: {args.unit}; ε = ∞ runs: {INFINITY_POINTS[args.infinity]}. Bands: min–max over seeds {seeds}."
+        f"unit: {args.unit}; ε = ∞ runs: {INFINITY_POINTS[args.infinity]}"
+        + (
+            "; a statistics-only method's (the label prior): its exact statistic, without the dp layer"
+            if any(statistic_mechanism(m) for m in methods)
+            else ""
+        )  # fmt: skip
+        + f". Bands: min–max over seeds {seeds}."
     )
     if args.select == "private":
         note += f" Private selection: {rows[0]['composed'] if rows else ''}; metrics on the report half of the test split."

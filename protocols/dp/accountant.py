@@ -49,6 +49,8 @@ def must_hold(accountant: str) -> list[str]:
 
 def _bisect_up(eps: Callable[[float], float], target: float, sigma: float) -> float:
     """The smallest σ' ≥ σ (to 0.1%, by bisection on log σ) with ``eps(σ') ≤ target``, for an ε decreasing in σ."""
+    if not sigma > 0.0:
+        raise ValueError(f"σ {sigma} cannot start a bisection on log σ")
     lo, hi = sigma, sigma * 2.0
     while eps(hi) > target:
         lo, hi = hi, hi * 2.0
@@ -195,6 +197,8 @@ def gdp_epsilon(history: list[tuple[float, float, int]], delta: float) -> tuple[
         merged[key] = merged.get(key, 0) + int(steps)
     if len(merged) > 1:
         raise ValueError(f"GDP accounting needs one (σ, q) throughout; the history has {sorted(merged)}")
+    if any(sigma == 0.0 and n for (sigma, _), n in merged.items()):
+        return math.inf, "a noiseless step (noise multiplier 0): no Gaussian bound"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         acc = GaussianAccountant()
@@ -373,7 +377,7 @@ class PrivacyUnit:
                     "epsilon_bound": f"RDP's (ε is past what the {self.accountant.title} accountant computes: "
                     f"RDP ε > {self.accountant.max_rdp_epsilon:g})"
                 }
-                if self.accountant.beyond_range(self.delta)
+                if math.isfinite(eps) and self.accountant.beyond_range(self.delta)
                 else {}
             ),  # fmt: skip
             "scope": self.scope,

@@ -38,6 +38,7 @@ class ClientBanded(_ClientGaussian):
     strategy C, every client in the rounds of its cyclic group; the run is one Gaussian of multiplier σ/sens."""
 
     kind, noise_by, sample_known_to_server = "client_banded", "server", True
+    allows_noiseless = False  # its ledger is one Gaussian at σ/sens
 
     def __init__(self, *, bands: int, period: int, **kw):
         self.bands, self.period = int(bands), int(period)

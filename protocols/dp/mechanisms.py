@@ -88,6 +88,8 @@ class DPMechanism:
     server_why: ClassVar[str] = ""
     #: the condition under which it holds against the server, where it does
     server_note: ClassVar[str] = ""
+    #: whether σ = 0 (the noiseless control: ε = ∞) is defined for it; not where the noise or a count scales with σ
+    allows_noiseless: ClassVar[bool] = True
     #: ``run``: one run's privacy graph composes it; ``study``: it composes whole runs (private selection)
     level: ClassVar[str] = "run"
     #: the DP mechanism plugin that declares it (:mod:`protocols.dp.mechanism_plugins`), or "" for a built-in
@@ -95,6 +97,8 @@ class DPMechanism:
 
     def __init__(self, *, name: str, sigma: float, sample_rate: float, steps: int = 0, planned_steps: int = 0,
                  scope: str = "", clip_norm: float = 1.0, calibrated: bool = False):  # fmt: skip
+        if sigma == 0.0 and not self.allows_noiseless:
+            raise ValueError(f"{self.kind or 'mechanism'} {name!r}: σ 0 (the noiseless control) is not defined for it")
         if not (sigma >= 0.0 and 0.0 < sample_rate <= 1.0 and steps >= 0):  # σ = 0: the noiseless control
             raise ValueError(f"{self.kind or 'mechanism'} {name!r}: σ {sigma}, q {sample_rate}, steps {steps} out of range")
         self.name, self.scope = name, scope
@@ -211,6 +215,7 @@ class AdaptiveClipping(ClientServerNoise):
     noise σ_b, one Gaussian of multiplier σ together (Andrew et al. 2021, Theorem 1); C_t is released."""
 
     kind, releases = "adaptive_clipping", ("theta", "rows", "clip_norm")
+    allows_noiseless = False  # σ_Δ = (σ^-2 − (2σ_b)^-2)^-1/2 is undefined at σ = 0
 
 
 @register_mechanism
@@ -219,6 +224,7 @@ class ClientTree(_ClientGaussian):
     multiplier σ/√K, held as K steps at (σ, q = 1) (:mod:`protocols.dp.tree_ledger`)."""
 
     kind, noise_by, sample_known_to_server = "client_tree", "server", True
+    allows_noiseless = False  # its ledger is one Gaussian at σ/√K
 
     def __init__(self, *, tree_rounds: int, **kw):
         self.tree_rounds = int(tree_rounds)  #: rounds a tree covers before it restarts

@@ -113,13 +113,15 @@ class Graph:
             mine = [m for m, _ in usable if m.unit == unit]
             if len(mine) == 1:
                 own_views.append(mine[0])
+        noiseless = [m.name for m in self.mechanisms if m.name in composed and m.sigma == 0.0 and m.steps > 0]
+        if noiseless and any(np.isinf(c).all() for c in curves):  # a channel whose best protection adds no noise
+            return {"epsilon": "inf", "why": f"noise_multiplier 0 (the noiseless control) in {', '.join(noiseless)}: "
+                    "the released values carry no noise"}  # fmt: skip
         if len(own) == len(self.channels) and own:  # rule 5: the unit's own accountant over its own history
             history = [h for m in own for h in m.history(sample_rate=self._rate(m, adversary))]
             eps = epsilon_of(history, delta, accountant) if history else 0.0
             return {"epsilon": reported(eps), "composed": composed, "accountant": accountant, "notes": notes}
         total = np.sum(np.stack(curves), axis=0) if curves else np.zeros(len(ORDERS))
-        if np.isinf(total).all():  # a noiseless mechanism is the channel's best protection
-            return {"epsilon": "inf", "why": "noise_multiplier 0 (the noiseless control): the released values carry no noise"}
         eps = rdp_curve_epsilon(total, delta) if np.any(total) else 0.0
         used = "rdp"
         if len(own_views) == len(self.channels) and accountant != "rdp":  # the unit's own mechanisms alone, by its
@@ -142,8 +144,8 @@ class Graph:
         """The mechanism's RDP curve for ``unit`` (None: it bounds no such unit); ∞ at every order once a noiseless
         step (σ = 0, the noiseless control) has run."""
         q = self._rate(m, adversary)
-        if m.sigma == 0.0 and m.steps > 0 and (m.unit == unit or (m.unit == CLIENT and unit == INSTANCE)):
-            return np.full(len(ORDERS), np.inf)
+        if m.sigma == 0.0 and (m.unit == unit or (m.unit == CLIENT and unit == INSTANCE)):
+            return np.full(len(ORDERS), np.inf if m.steps > 0 else 0.0)
         if m.unit == unit:
             return m.rdp(ORDERS, sample_rate=q)
         if m.unit == CLIENT and unit == INSTANCE:

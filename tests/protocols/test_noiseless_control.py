@@ -54,9 +54,10 @@ def _released_w(plan, run_dir) -> tuple[torch.Tensor, dict]:
 
 
 def test_the_noiseless_run_is_the_private_run_with_its_noise_draw_removed(tmp_path, monkeypatch):
-    """σ = 0 trains exactly what σ = 1 trains with the discrete Gaussian draw replaced by zeros (the same clip, bound
-    and split; an independent way to switch the noise off), differs from the run without the dp layer (the clip at
-    C = 0.05 acts), and reports ε = ∞ for the unit and the released model, with the console's noiseless line."""
+    """σ = 0 trains what σ = 1 trains with the discrete Gaussian draw replaced by zeros, up to the grid rounding a
+    noisy release snaps to (the same clip, bound and split; an independent way to switch the noise off), differs
+    from the run without the dp layer (the clip at C = 0.05 acts), and reports ε = ∞ for the unit and the released
+    model, with the console's noiseless line."""
     from protocols.dp import discrete_gaussian
     from secure_fed.privacy_lines import privacy_lines
 
@@ -104,3 +105,58 @@ def test_a_noiseless_client_unit_is_infinite_per_client_and_per_instance_unless_
     assert both["units"]["client"]["epsilon"] == "inf"
     eps = both["units"]["instance"]["epsilon"]
     assert math.isfinite(eps) and eps == pytest.approx(dp_sgd["units"]["instance"]["epsilon"], rel=1e-9)
+
+
+def test_the_base_accountant_reports_infinity_whatever_a_registered_accountant_computes(monkeypatch):
+    """A third party's accountant whose own computation would give a finite number for a σ = 0 step still reports ∞:
+    the interface answers before it."""
+    from protocols.dp import accountants
+    from protocols.dp.accountants.base import Accountant
+
+    class Optimist(Accountant):
+        name, title = "optimist", "optimist"
+
+        def _epsilon(self, entries, delta):
+            return 0.5
+
+    monkeypatch.setitem(accountants.ACCOUNTANTS, "optimist", Optimist)
+    assert make_accountant("optimist", [(1.0, 0.5, 3)]).get_epsilon(1e-5) == 0.5
+    assert make_accountant("optimist", [(1.0, 0.5, 3), (0.0, 0.5, 1)]).get_epsilon(1e-5) == math.inf
+
+
+def test_a_target_anywhere_in_the_instance_unit_beside_a_noiseless_block_is_refused():
+    with pytest.raises(ConfigError, match=r"privacy.instance.noise_multiplier 0 .* privacy.local.target_epsilon"):
+        small_config("algorithm.name=fedalc", "algorithm.normalize_gamma=false", "protocols=[dp]",
+                     "privacy.instance={noise_multiplier: 0}",
+                     "privacy.local={noise_multiplier: 1, target_epsilon: 40, batch_sample_rate: 1.0, "
+                     "max_labels_per_instance: 2}")  # fmt: skip
+
+
+def test_the_graph_says_why_and_a_noiseless_client_unit_reports_before_any_step(tmp_path):
+    """The observer's ∞ names the noiseless mechanism; a summary taken before round 1 (an interrupt) is 0, not an
+    error from the group bound; GDP (report_gdp) answers ∞, not a division by zero."""
+    from tests.conftest import small_plan
+
+    plan = small_plan("algorithm.name=fedaws", "protocols=[dp]", "privacy.report_gdp=true",
+                      "privacy.client={noise_multiplier: 0, max_labels_per_instance: 2}")  # fmt: skip
+    exp = Experiment(plan, run_dir=tmp_path / "r")
+    before = exp.privacy_summary()["units"]["client"]
+    assert before["epsilon"] == 0.0 and before["instance_level"]["epsilon"] == 0.0
+    exp.run(progress=False)
+    u = exp.privacy_summary()["units"]["client"]
+    assert u["adversaries"]["observer"]["epsilon"] == "inf"
+    assert "noiseless control" in u["adversaries"]["observer"]["why"], u["adversaries"]["observer"]
+    assert u["approximate"]["gdp"]["epsilon"] == "inf" and "epsilon_bound" not in u
+
+
+def test_a_step_with_no_mechanism_is_named_before_the_noiseless_control(tmp_path):
+    """FedALC's W step over label sets is released in the clear when only the client unit is set: the console names
+    it (the un-noised step), not the noiseless control, which would hide it."""
+    from secure_fed.privacy_lines import privacy_lines
+    from tests.conftest import small_plan
+
+    exp = Experiment(small_plan("protocols=[dp]", "privacy.client={noise_multiplier: 0, max_labels_per_instance: 2}"),
+                     run_dir=tmp_path / "r")  # fmt: skip
+    exp.run(progress=False)
+    line = privacy_lines(exp.privacy_summary())
+    assert "W's label-set step" in line[0] and "noiseless control" not in line[0], line

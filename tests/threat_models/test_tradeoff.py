@@ -197,3 +197,21 @@ def test_the_studys_noiseless_infinity_keeps_the_dp_layer_and_zeroes_every_block
     assert "protocols=[]" in plain  # the default ε = ∞ point: no dp layer
     with pytest.raises(SecureFedError, match="--infinity 'zero'"):
         point_overrides(base, method="fedalc", eps=math.inf, seed=0, unit="instance", attacks=[], infinity="zero")
+
+
+def test_the_noiseless_infinity_reaches_the_runs_and_the_note(tmp_path):
+    """``--infinity noiseless`` on the command line: the ε = ∞ run keeps the dp layer at σ = 0 (results.csv), and the
+    study's note says what its ε = ∞ points ran."""
+    sets = [x for o in [*SMALL, "training.rounds=1", "protocols=[dp]",
+                        'privacy.local={"batch_sample_rate": 1.0, "target_epsilon": 4.0, "max_labels_per_instance": 8}']
+            for x in ("--set", o)]  # fmt: skip
+    out = tmp_path / "study"
+    done = subprocess.run([sys.executable, "-m", "secure_fed.cli", "tradeoff", "--methods", "fedaws", "--epsilons", "inf",
+                           "--infinity", "noiseless", "--seeds", "0", "--workers", "1", "--reference", "none", *sets,
+                           "--out", str(out)], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["method"]: r for r in csv.DictReader((out / "results.csv").open())}
+    assert rows["fedaws"]["epsilon"] == "inf" and float(rows["fedaws"]["sigma"]) == 0.0, rows["fedaws"]
+    assert rows["label_prior"]["sigma"] == ""  # the label prior's ∞: its exact counts, no dp layer
+    page = (out / "report.html").read_text()
+    assert "the same dp layer with noise_multiplier 0" in page and "its exact statistic, without the dp layer" in page
