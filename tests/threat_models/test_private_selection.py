@@ -285,3 +285,21 @@ def test_half_metrics_rank_with_the_runs_scores_and_threshold_the_raw_ones(tmp_p
     assert n_sel == len(sel)
     for k in ("P@1", "P@3", "mAP", "C-F1", "O-F1", "C-P"):
         assert report[k] == pytest.approx(want[k], abs=1e-4), k
+
+
+def test_a_selected_infinity_point_runs_the_noiseless_control(tmp_path):
+    """``--select private --infinity noiseless``: the ε = ∞ point's candidates keep the dp layer at σ = 0, so the
+    released row has σ 0 and ε ∞ (with the default ``no-dp`` it would have no σ at all)."""
+    from secure_fed.cli import main
+    from tests.conftest import SMALL
+
+    sets = [x for o in [*SMALL, "training.rounds=1", "algorithm.name=fedaws", "protocols=[dp]",
+                        'privacy.local={"batch_sample_rate": 1.0, "target_epsilon": 4.0, "max_labels_per_instance": 8}']
+            for x in ("--set", o)]  # fmt: skip
+    out = tmp_path / "study"
+    code = main(["tradeoff", "--methods", "fedaws", "--epsilons", "inf", "--infinity", "noiseless", "--seeds", "0",
+                 "--attacks", "", "--workers", "1", "--reference", "none", "--prior", "none", "--select", "private",
+                 "--candidates", "training.client_lr=0.05", *sets, "--out", str(out)])  # fmt: skip
+    assert code == 0
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 1 and rows[0]["epsilon"] == "inf" and float(rows[0]["sigma"]) == 0.0, rows
