@@ -39,15 +39,6 @@ class _DPUnitConfig(_Strict):
         "stops before the step that would pass it (validate says after how many steps)",
     )
 
-    @model_validator(mode="after")
-    def _noiseless_has_no_budget(self) -> _DPUnitConfig:
-        if self.noise_multiplier == 0.0 and self.target_epsilon is not None:
-            raise ValueError(
-                f"noise_multiplier 0 (the noiseless control) reports ε = ∞, so target_epsilon {self.target_epsilon:g} "
-                "cannot hold: drop target_epsilon, or give σ > 0"
-            )
-        return self
-
 
 #: the contribution bound's description, shared by the units that can carry it
 _BOUND = (
@@ -288,16 +279,18 @@ class PrivacyConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _noiseless_instance_unit_has_no_budget(self) -> PrivacyConfig:
-        blocks = {n: getattr(self, n) for n in type(self).model_fields if n != "client"}
-        blocks = {n: b for n, b in blocks.items() if isinstance(b, BaseModel)}
-        zero = [n for n, b in blocks.items() if getattr(b, "noise_multiplier", None) == 0.0]
-        targets = [n for n, b in blocks.items() if getattr(b, "target_epsilon", None) is not None]
-        if zero and targets:
-            raise ValueError(
-                f"privacy.{zero[0]}.noise_multiplier 0 (the noiseless control) makes the instance unit's ε ∞, so "
-                f"privacy.{targets[0]}.target_epsilon cannot hold: drop the target, or give σ > 0"
-            )
+    def _noiseless_unit_has_no_budget(self) -> PrivacyConfig:
+        """A noiseless block (noise_multiplier 0) makes its unit's ε ∞: no target in that unit can hold (the client
+        unit is privacy.client; every other section, DP mechanism plugins included, spends the instance unit's)."""
+        blocks = {n: b for n in type(self).model_fields if isinstance(b := getattr(self, n), BaseModel)}
+        for unit, names in (("client", ["client"]), ("instance", [n for n in blocks if n != "client"])):
+            zero = [n for n in names if getattr(blocks.get(n), "noise_multiplier", None) == 0.0]
+            targets = [n for n in names if getattr(blocks.get(n), "target_epsilon", None) is not None]
+            if zero and targets:
+                raise ValueError(
+                    f"privacy.{zero[0]}.noise_multiplier 0 (the noiseless control) makes the {unit} unit's ε ∞, so "
+                    f"privacy.{targets[0]}.target_epsilon cannot hold: drop the target, or give σ > 0"
+                )
         return self
 
     @field_validator("accountant", mode="before")

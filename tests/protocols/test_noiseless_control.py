@@ -35,6 +35,8 @@ def test_a_budget_beside_no_noise_and_the_noise_that_scales_with_sigma_are_refus
     with pytest.raises(ConfigError, match="noise_multiplier 0 .* cannot hold"):
         small_config("algorithm.name=fedaws", "protocols=[dp]",
                      "privacy.local={noise_multiplier: 0, target_epsilon: 4, batch_sample_rate: 1.0}")  # fmt: skip
+    with pytest.raises(ConfigError, match="privacy.client.noise_multiplier 0 .* the client unit's ε ∞"):
+        small_config("protocols=[dp]", "privacy.client={noise_multiplier: 0, target_epsilon: 3}")
     for extra in ("mechanism: tree", "adaptive_clipping: {count_noise_multiplier: 1.0}"):
         with pytest.raises(ConfigError, match="noiseless control.* needs mechanism: gaussian"):
             small_config("protocols=[dp]", f"privacy.client={{noise_multiplier: 0, {extra}}}")
